@@ -1,0 +1,23 @@
+/*
+ * cli/cli.h — the kl subcommands.  Each is `int cmd_<name>(int argc, char **argv)` where
+ * argv[0] is the subcommand name; returns the process exit status:
+ *   0 clean, 1 the command ran and found problems, 2 usage or I/O error, 3 internal bug.
+ * Results go to stdout, everything else to stderr.
+ */
+#ifndef KL_CLI_CLI_H
+#define KL_CLI_CLI_H
+
+#define KL_VERSION "0.1.0"
+
+enum { KL_EXIT_OK = 0, KL_EXIT_PROBLEMS = 1, KL_EXIT_USAGE = 2, KL_EXIT_BUG = 3 };
+
+int cmd_audit(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_read(int argc, char **argv);
+
+/* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
+int kl_cli_parse_bytes(const char *s, unsigned long long *out);
+/* Parses a non-negative integer; 0 or -1. */
+int kl_cli_parse_u64(const char *s, unsigned long long *out);
+
+#endif

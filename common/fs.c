@@ -1,0 +1,189 @@
+/* common/fs.c — file helpers (see fs.h). */
+#include "common/fs.h"
+
+#include "common/mem.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot open");
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    struct stat st;
+    int rc = 0;
+    char *buf = NULL;
+    if (fstat(fd, &st) != 0) {
+        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot stat");
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = kl_fail_rule(err, KL_E_FORMAT, "FILE-NOT-REGULAR", "not a regular file");
+        goto done;
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        rc = kl_fail_rule(err, KL_E_FORMAT, "FILE-TOO-LARGE",
+                          "file is %lld bytes, more than the %zu allowed",
+                          (long long)st.st_size, max_bytes);
+        goto done;
+    }
+    size_t n = (size_t)st.st_size;
+    buf = kl_malloc(n + 1);
+    if (!buf) {
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory reading %zu bytes", n);
+        goto done;
+    }
+    rc = kl_pread_all(fd, buf, n, 0, path, err);
+    if (rc)
+        goto done;
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    buf = NULL;
+done:
+    kl_free(buf);
+    close(fd);
+    if (rc)
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+    return rc;
+}
+
+int kl_write_all(int fd, const void *buf, size_t n, const char *path, kl_err *err)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            kl_fail_sys(err, KL_E_IO, errno, "write failed");
+            kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+            return KL_E_IO;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int kl_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path, kl_err *err)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            kl_fail_sys(err, KL_E_IO, errno, "write failed");
+            kl_err_context(err, path, NULL, off, NULL);
+            return KL_E_IO;
+        }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+int kl_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path, kl_err *err)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t k = pread(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            kl_fail_sys(err, KL_E_IO, errno, "read failed");
+            kl_err_context(err, path, NULL, off, NULL);
+            return KL_E_IO;
+        }
+        if (k == 0) {
+            kl_fail_rule(err, KL_E_FORMAT, "FILE-SHORT", "file ends %zu bytes early", n);
+            kl_err_context(err, path, NULL, off, NULL);
+            return KL_E_FORMAT;
+        }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+int kl_path_join(char *out, size_t n, const char *dir, const char *name, kl_err *err)
+{
+    size_t dl = strlen(dir);
+    int k = (dl && dir[dl - 1] == '/') ? snprintf(out, n, "%s%s", dir, name)
+                                       : snprintf(out, n, "%s/%s", dir, name);
+    if (k < 0 || (size_t)k >= n)
+        return kl_fail(err, KL_E_USAGE, "path %s/%s is too long", dir, name);
+    return 0;
+}
+
+int kl_write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
+                         kl_err *err)
+{
+    char tmp[4096], dst[4096], tmpname[1024];
+    snprintf(tmpname, sizeof tmpname, ".%s.tmp", name);
+    if (kl_path_join(tmp, sizeof tmp, dir, tmpname, err) ||
+        kl_path_join(dst, sizeof dst, dir, name, err))
+        return KL_E_USAGE;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot create");
+        kl_err_context(err, tmp, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    int rc = kl_write_all(fd, data, n, tmp, err);
+    if (!rc && fsync(fd) != 0) {
+        rc = kl_fail_sys(err, KL_E_IO, errno, "fsync failed");
+        kl_err_context(err, tmp, NULL, KL_NO_OFFSET, NULL);
+    }
+    if (close(fd) != 0 && !rc) {
+        rc = kl_fail_sys(err, KL_E_IO, errno, "close failed");
+        kl_err_context(err, tmp, NULL, KL_NO_OFFSET, NULL);
+    }
+    if (!rc && rename(tmp, dst) != 0) {
+        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot rename into place");
+        kl_err_context(err, dst, NULL, KL_NO_OFFSET, NULL);
+    }
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+int kl_mkdir_p(const char *path, kl_err *err)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return kl_fail(err, KL_E_USAGE, "path too long");
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            goto fail;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        goto fail;
+    return 0;
+fail:
+    kl_fail_sys(err, KL_E_IO, errno, "cannot create directory");
+    kl_err_context(err, buf, NULL, KL_NO_OFFSET, NULL);
+    return KL_E_IO;
+}

@@ -1,0 +1,37 @@
+/*
+ * common/fs.h — small file helpers with kl_err reporting.
+ * All functions fill err (with the path as file context) on failure and never print.
+ */
+#ifndef KL_COMMON_FS_H
+#define KL_COMMON_FS_H
+
+#include "common/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Reads a whole regular file (at most max_bytes) into a NUL-terminated kl_malloc'd buffer.
+ * *out is owned by the caller (kl_free).  KL_E_IO, KL_E_FORMAT (too large, not a regular
+ * file) or KL_E_NOMEM. */
+int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err);
+
+/* Writes all n bytes at the current position, retrying short writes and EINTR. */
+int kl_write_all(int fd, const void *buf, size_t n, const char *path, kl_err *err);
+
+/* pwrite of all n bytes at off, retrying short writes and EINTR. */
+int kl_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path, kl_err *err);
+
+/* pread of exactly n bytes at off; KL_E_FORMAT with rule "FILE-SHORT" if the file ends first. */
+int kl_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path, kl_err *err);
+
+/* Joins dir and name with one '/' into out (size n); KL_E_USAGE if it does not fit. */
+int kl_path_join(char *out, size_t n, const char *dir, const char *name, kl_err *err);
+
+/* Writes data to dir/name atomically: dir/.name.tmp, fsync, rename, fsync(dir). */
+int kl_write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
+                         kl_err *err);
+
+/* Creates a directory (and its parents); ok if it exists. */
+int kl_mkdir_p(const char *path, kl_err *err);
+
+#endif

@@ -1,0 +1,68 @@
+/*
+ * loader/checkpoint.h — a checkpoint directory opened for metadata: config.json,
+ * model.safetensors.index.json and every shard header, joined into one tensor table.
+ *
+ * Opening never fails on a broken file: each file's parse result is kept (ok flag + kl_err)
+ * so audit can report every problem at once; the loader and converter call
+ * kl_ckpt_require_ok() to turn the first problem into an error.  Only an unreadable directory
+ * is an error of kl_ckpt_open itself.  Reads header bytes only, never tensor data, and never
+ * opens a file for writing.
+ *
+ * Shards: those named by the index, in index order; without an index, every *.safetensors file
+ * of the directory in name order (a single model.safetensors is the usual case).
+ * Ownership: everything belongs to the kl_checkpoint until kl_ckpt_close.
+ */
+#ifndef KL_LOADER_CHECKPOINT_H
+#define KL_LOADER_CHECKPOINT_H
+
+#include "common/err.h"
+#include "common/strmap.h"
+#include "loader/config.h"
+#include "loader/index.h"
+#include "loader/safetensors.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kl_ckpt_shard {
+    char       *name;          /* file name inside the directory */
+    char       *path;          /* dir/name */
+    bool        ok;            /* header parsed and valid */
+    kl_err      err;           /* why not, when !ok */
+    kl_st_file  st;            /* valid when ok */
+} kl_ckpt_shard;
+
+typedef struct kl_ckpt_tensor {
+    const char         *name;  /* borrowed from the shard header */
+    uint32_t            shard; /* index into shards */
+    const kl_st_tensor *t;     /* borrowed */
+} kl_ckpt_tensor;
+
+typedef struct kl_checkpoint {
+    char          *dir;
+    char          *config_path, *index_path;
+    bool           config_ok;
+    kl_err         config_err;
+    kl_config      config;
+    bool           has_index;  /* the index file exists */
+    bool           index_ok;
+    kl_err         index_err;
+    kl_index       index;
+    size_t         n_shards;
+    kl_ckpt_shard *shards;
+    size_t         n_tensors;
+    kl_ckpt_tensor *tensors;   /* every tensor of every valid shard, shard order then offset */
+    kl_strmap      by_name;    /* first occurrence of each name -> tensors index */
+    size_t         n_dup_across_shards; /* names found in more than one shard */
+} kl_checkpoint;
+
+int  kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err);
+void kl_ckpt_close(kl_checkpoint *ck);
+
+/* 0 if config, index (when present) and every shard parsed; else the first problem. */
+int kl_ckpt_require_ok(const kl_checkpoint *ck, kl_err *err);
+
+const kl_ckpt_tensor *kl_ckpt_find(const kl_checkpoint *ck, const char *name);
+
+#endif

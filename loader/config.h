@@ -1,0 +1,109 @@
+/*
+ * loader/config.h — config.json of a Kimi-Linear (or Kimi K3) checkpoint, typed.
+ *
+ * Accepts the official keys and the aliases transformers writes (num_local_experts,
+ * num_experts_per_tok, n_shared_experts, torch_dtype, max_position_embeddings).  Layer kinds
+ * come from linear_attn_config.{kda_layers,full_attn_layers}, which are 1-BASED in the file
+ * (layer i, 0-based, is KDA iff i+1 is listed in kda_layers); they are stored 0-based here.
+ * Family detection:
+ *   KL_FAMILY_KIMI_LINEAR        model_type "kimi_linear", no quantization_config
+ *   KL_FAMILY_KIMI_LINEAR_MXFP4  model_type "kimi_linear" with a compressed-tensors
+ *                                quantization_config whose format is "mxfp4-pack-quantized"
+ *   KL_FAMILY_KIMI_K3            model_type starting with "kimi_k3" (metadata-only audit)
+ * Rule ids: CFG-JSON (not a JSON object / wrong value type), CFG-MISSING (required key absent),
+ * CFG-RANGE (value out of range or inconsistent, e.g. a layer listed twice or in neither list,
+ * kv_lora_rank 0, top-k > experts, hidden_size not divisible), CFG-FAMILY (unknown
+ * model_type), CFG-QUANT (quantization_config present but not a supported scheme).
+ * Every failure names config.json (the path given) and the key in kl_err.tensor.
+ */
+#ifndef KL_LOADER_CONFIG_H
+#define KL_LOADER_CONFIG_H
+
+#include "common/err.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KL_MAX_LAYERS 256
+
+typedef enum kl_family {
+    KL_FAMILY_UNKNOWN = 0,
+    KL_FAMILY_KIMI_LINEAR,
+    KL_FAMILY_KIMI_LINEAR_MXFP4,
+    KL_FAMILY_KIMI_K3,
+} kl_family;
+
+typedef enum kl_attn_kind { KL_ATTN_KDA = 0, KL_ATTN_MLA = 1 } kl_attn_kind;
+
+typedef struct kl_config {
+    kl_family family;
+    char      model_type[48];
+    char      dtype[16];               /* "bfloat16" ... ("" if absent) */
+
+    /* sizes */
+    uint32_t  vocab_size;
+    uint32_t  hidden_size;
+    uint32_t  num_hidden_layers;
+    uint32_t  intermediate_size;       /* dense MLP of the first_k_dense_replace layers */
+    uint32_t  moe_intermediate_size;   /* each routed expert and each shared expert */
+    double    rms_norm_eps;
+    bool      tie_word_embeddings;
+    uint64_t  max_position;            /* model_max_length or max_position_embeddings, 0 if absent */
+    int64_t   bos_token_id, eos_token_id, pad_token_id;  /* -1 if absent */
+
+    /* MLA */
+    uint32_t  num_attention_heads;
+    uint32_t  num_key_value_heads;
+    uint32_t  q_lora_rank;             /* 0 = plain q_proj (null in the file) */
+    uint32_t  kv_lora_rank;
+    uint32_t  qk_nope_head_dim;
+    uint32_t  qk_rope_head_dim;
+    uint32_t  v_head_dim;
+    bool      mla_use_nope;
+
+    /* KDA (linear_attn_config) */
+    uint32_t  kda_num_heads;
+    uint32_t  kda_head_dim;
+    uint32_t  kda_conv_kernel;         /* short_conv_kernel_size */
+
+    /* MoE */
+    uint32_t  num_experts;
+    uint32_t  num_experts_per_token;
+    uint32_t  num_shared_experts;
+    uint32_t  first_k_dense_replace;   /* layers [0, this) use the dense MLP */
+    uint32_t  moe_layer_freq;
+    double    routed_scaling_factor;
+    bool      moe_renormalize;
+    bool      use_grouped_topk;
+    uint32_t  num_expert_group, topk_group;
+    char      moe_router_activation_func[16];
+    char      hidden_act[16];
+
+    /* per layer, 0-based */
+    kl_attn_kind layer_attn[KL_MAX_LAYERS];
+
+    /* quantization_config (compressed-tensors), if any */
+    bool      quantized;
+    char      quant_method[32];        /* "compressed-tensors" */
+    char      quant_format[48];        /* "mxfp4-pack-quantized" */
+    uint32_t  quant_group_size;        /* 32 */
+} kl_config;
+
+/* Reads and parses path (config.json).  On failure *c is zeroed. */
+int kl_config_open(kl_config *c, const char *path, kl_err *err);
+/* Parses JSON text; path only for messages. */
+int kl_config_parse(kl_config *c, const char *path, const char *json, size_t len, kl_err *err);
+
+/* Fills *c with the real Kimi-Linear-48B-A3B geometry (the `full` preset). */
+void kl_config_default_48b(kl_config *c);
+
+/* Serializes c as config.json text in the official layout (1-based layer lists, the official
+ * key names, a quantization_config when c->quantized).  *out is kl_malloc'd; caller frees. */
+int kl_config_to_json(const kl_config *c, char **out, kl_err *err);
+
+bool kl_config_is_moe_layer(const kl_config *c, uint32_t layer);
+uint32_t kl_config_count_attn(const kl_config *c, kl_attn_kind kind);
+const char *kl_family_name(kl_family f);
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * loader/reader.h — the staged reader: many extents in flight, bounded buffers, in-order
+ * delivery, optional SHA-256.
+ *
+ * The caller lists extents (file, offset, length).  The reader splits them into chunks of at
+ * most buf_bytes, keeps up to queue_depth chunks in flight in a ring of buffers allocated once
+ * (aligned for O_DIRECT), and calls the callback for each chunk IN ORDER (extent order, then
+ * offset order) from the calling thread.  The data pointer is borrowed: valid only during the
+ * callback; the buffer is reused for the next read afterwards.  Memory use is bounded by
+ * queue_depth * (buf_bytes + 2 * alignment), never by the file sizes.
+ *
+ * Backends: io_uring (O_DIRECT, registered buffers), libaio (O_DIRECT), pread (a pool of
+ * threads).  KL_IO_AUTO tries them in that order and falls back when one is unavailable
+ * (io_uring refused by seccomp/gVisor, io_setup failing).  O_DIRECT: KL_DIRECT_AUTO uses it when
+ * the file system accepts it and falls back to buffered reads when open(O_DIRECT) fails with
+ * EINVAL.  Unaligned starts and tails are handled by reading the enclosing aligned range and
+ * slicing; short reads are resubmitted for the rest; EINTR/EAGAIN are retried; a read that
+ * returns 0 before the requested end is an error (the file is shorter than the extent).
+ *
+ * Hashing: kl_reader_hash_file streams a whole file and returns its SHA-256 (OpenSSL EVP),
+ * computed from the same bytes that were read.
+ *
+ * Thread safety: one kl_reader per thread.  Errors: KL_E_IO (with the file and offset),
+ * KL_E_USAGE (bad extent), KL_E_CANCELLED (callback returned non-zero), KL_E_NOMEM.
+ */
+#ifndef KL_LOADER_READER_H
+#define KL_LOADER_READER_H
+
+#include "common/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kl_io_backend {
+    KL_IO_AUTO = 0,
+    KL_IO_URING,
+    KL_IO_AIO,
+    KL_IO_PREAD,
+} kl_io_backend;
+
+typedef enum kl_direct_mode {
+    KL_DIRECT_AUTO = 0,  /* O_DIRECT where the file system accepts it */
+    KL_DIRECT_ON,        /* O_DIRECT or fail */
+    KL_DIRECT_OFF,       /* buffered (page cache) */
+} kl_direct_mode;
+
+typedef struct kl_reader_opts {
+    kl_io_backend  backend;       /* default AUTO */
+    kl_direct_mode direct;        /* default AUTO */
+    size_t         buf_bytes;     /* chunk size, default 8 MiB (rounded to the alignment) */
+    unsigned       queue_depth;   /* chunks in flight, default 16 */
+    unsigned       threads;       /* pread backend worker threads, default queue_depth */
+} kl_reader_opts;
+
+typedef struct kl_extent {
+    uint32_t file;                /* index returned by kl_reader_add_file */
+    uint64_t off;                 /* byte offset in the file */
+    uint64_t len;                 /* bytes; 0 is allowed (no callback) */
+} kl_extent;
+
+/* Called once per chunk, in order.  ext_idx: index into the extents array; ext_off: offset of
+ * data within that extent.  Return 0 to continue, non-zero to cancel the run. */
+typedef int (*kl_reader_cb)(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data,
+                            size_t len);
+
+typedef struct kl_reader kl_reader;
+
+typedef struct kl_reader_stats {
+    kl_io_backend backend;        /* backend actually used */
+    int           direct;         /* 1 if O_DIRECT was used for every file */
+    uint64_t      bytes;          /* payload bytes delivered */
+    uint64_t      reads;          /* read operations submitted (including resubmits) */
+    uint64_t      short_reads;    /* reads that returned less than asked and were resubmitted */
+} kl_reader_stats;
+
+/* Creates a reader; opts may be NULL for defaults.  Falls back between backends as described
+ * above (unless a backend is forced, then KL_E_UNSUPPORTED if it cannot start). */
+int kl_reader_create(kl_reader **out, const kl_reader_opts *opts, kl_err *err);
+void kl_reader_destroy(kl_reader *r);  /* NULL ok; closes files */
+
+/* Opens path read-only (never for writing) and returns its index (>= 0) or a KL_E_* code. */
+int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err);
+uint64_t kl_reader_file_size(const kl_reader *r, uint32_t file);
+
+/* Reads every extent, calling cb for each chunk in order.  Returns 0 or a KL_E_* code; after
+ * an error the reader can be used again. */
+int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb cb, void *ctx,
+                  kl_err *err);
+
+/* Streams a whole file (added with kl_reader_add_file); if sha256 is non-NULL fills it with the
+ * file's SHA-256.  cb may be NULL. */
+int kl_reader_stream_file(kl_reader *r, uint32_t file, unsigned char sha256[32], kl_reader_cb cb,
+                          void *ctx, kl_err *err);
+
+void kl_reader_get_stats(const kl_reader *r, kl_reader_stats *st);
+const char *kl_io_backend_name(kl_io_backend b);
+/* "uring"|"aio"|"pread"|"auto" -> backend; -1 if unknown. */
+int kl_io_backend_parse(const char *s);
+
+#endif

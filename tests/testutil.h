@@ -1,0 +1,49 @@
+/*
+ * tests/testutil.h — helpers shared by the Check suites: temporary directories and files.
+ * Header-only so each test binary stays one file.
+ */
+#ifndef KL_TESTS_TESTUTIL_H
+#define KL_TESTS_TESTUTIL_H
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Creates a fresh directory under $TMPDIR (or /tmp); writes its path into buf. */
+static inline void t_mkdtemp(char *buf, size_t n)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(buf, n, "%s/kl-test-XXXXXX", base && *base ? base : "/tmp");
+    ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp(%s) failed", buf);
+}
+
+/* rm -rf path (test scratch only). */
+static inline void t_rmrf(const char *path)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", path);
+}
+
+static inline void t_write(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot create %s", path);
+    ck_assert_msg(fwrite(data, 1, n, f) == n, "short write to %s", path);
+    fclose(f);
+}
+
+/* Runs Check suite s and returns the process exit status. */
+static inline int t_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+#endif
