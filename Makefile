@@ -23,8 +23,8 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 HDRS     := $(sort $(foreach d,$(LIB_DIRS) cli tests,$(wildcard $(d)/*.h)))
 
-B  := build
-BA := build/asan
+B  ?= build
+BA ?= $(B)/asan
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(B)/obj/%.o)
@@ -73,7 +73,7 @@ demo:
 
 # ---- fuzzing (clang, libFuzzer) ----
 FUZZ_SECONDS ?= 60
-BF := build/fuzz
+BF ?= $(B)/fuzz
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BF)/%)
 $(BF)/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
 	@mkdir -p $(BF)
@@ -84,7 +84,7 @@ fuzz: $(FUZZ_BIN)
 	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=build/fuzz-$$n- build/fuzz-corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---- portable binary for the GPU machine ----
-BP := build/portable
+BP ?= $(B)/portable
 portable: $(B)/libkl.a $(CLI_OBJ)
 	@mkdir -p $(BP)
 	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -Wl,-Bdynamic -lcjson -lpthread -lm -ldl
