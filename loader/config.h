@@ -15,6 +15,42 @@
  * kv_lora_rank 0, top-k > experts, hidden_size not divisible), CFG-FAMILY (unknown
  * model_type), CFG-QUANT (quantization_config present but not a supported scheme).
  * Every failure names config.json (the path given) and the key in kl_err.tensor.
+ * Error codes: CFG-JSON, CFG-MISSING and CFG-RANGE return KL_E_FORMAT; CFG-FAMILY and CFG-QUANT
+ * return KL_E_UNSUPPORTED; an unreadable file KL_E_IO.
+ *
+ * Keys read (official spelling first, then the accepted aliases; "req" = required for
+ * kimi_linear, otherwise the default in brackets).  Two spellings of one key that are both
+ * present must agree (else CFG-RANGE).  JSON null counts as absent.  Unknown keys are ignored.
+ *   model_type (req)                      vocab_size, hidden_size, num_hidden_layers (req)
+ *   intermediate_size (req)               moe_intermediate_size (req)
+ *   num_attention_heads (req)             num_key_value_heads [= num_attention_heads]
+ *   q_lora_rank [null = 0]                kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+ *   v_head_dim (req)                      mla_use_nope [false]
+ *   num_experts | num_local_experts | n_routed_experts (req)
+ *   num_experts_per_token | num_experts_per_tok (req)
+ *   num_shared_experts | n_shared_experts (req: the two reference code bases default it
+ *                                         differently, so it is never guessed)
+ *   first_k_dense_replace (req, or derived from mlp_layer_types ["dense"|"sparse", ...])
+ *   moe_layer_freq [1]                    num_expert_group | n_group [1], topk_group [1]
+ *   moe_renormalize | norm_topk_prob [true]  use_grouped_topk [true]
+ *   routed_scaling_factor [1.0]           moe_router_activation_func ["sigmoid"]
+ *   hidden_act ["silu"]                   rms_norm_eps [1e-5]   tie_word_embeddings [false]
+ *   dtype | torch_dtype [""]              model_max_length | max_position_embeddings [0]
+ *   bos_token_id, eos_token_id (int or list: the first is kept), pad_token_id [-1]
+ *   num_nextn_predict_layers [0]          dense_ffn_hidden (overrides intermediate_size)
+ *   linear_attn_config.head_dim | linear_head_dim (req)
+ *   linear_attn_config.num_heads | linear_num_heads (req)
+ *   linear_attn_config.short_conv_kernel_size | linear_conv_kernel_dim (req)
+ *   linear_attn_config.kda_layers + .full_attn_layers (1-based; req, or layer_types
+ *                                         ["linear_attention"|"full_attention", ...])
+ *   quantization_config: quant_method, format, config_groups.*.{format, weights.{num_bits,
+ *                                         type, strategy, group_size}}
+ * Integers must be integral JSON numbers (2.5 -> CFG-JSON; negative or too large -> CFG-RANGE).
+ * Size caps (CFG-RANGE beyond them) keep a hostile config from asking for terabytes later:
+ * num_hidden_layers <= KL_MAX_LAYERS, num_experts <= KL_MAX_EXPERTS.
+ * Kimi K3 (model_type "kimi_k3*"): keys are read from "text_config" when present, every key is
+ * optional, and the quantization scheme is recorded but not enforced (metadata-only audit).
+ * Thread safety: no shared state; parse distinct configs concurrently.
  */
 #ifndef KL_LOADER_CONFIG_H
 #define KL_LOADER_CONFIG_H
@@ -26,6 +62,8 @@
 #include <stdint.h>
 
 #define KL_MAX_LAYERS 256
+#define KL_MAX_EXPERTS 4096                   /* routed experts per layer (K3 has 896) */
+#define KL_CONFIG_MAX_BYTES (16u << 20)       /* larger config.json files are refused */
 
 typedef enum kl_family {
     KL_FAMILY_UNKNOWN = 0,
@@ -79,6 +117,7 @@ typedef struct kl_config {
     uint32_t  num_expert_group, topk_group;
     char      moe_router_activation_func[16];
     char      hidden_act[16];
+    uint32_t  num_nextn_predict_layers; /* MTP layers (0 for Kimi-Linear); recorded only */
 
     /* per layer, 0-based */
     kl_attn_kind layer_attn[KL_MAX_LAYERS];

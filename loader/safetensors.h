@@ -24,6 +24,8 @@
  *   ST-OFFSET-GAP      entries sorted by offset do not start at 0 and follow each other
  *                      (a hole or an overlap)
  *   ST-FILE-LENGTH     8 + N + last end != file length (truncated or trailing bytes)
+ * kl_st_open also fails with KL_E_IO (open/stat/read errors, errno kept), FILE-NOT-REGULAR (a
+ * directory, FIFO, device...) and FILE-SHORT (the file shrank while being read).
  * Warnings (not errors) are flags in kl_st_file.warnings.
  *
  * Ownership: kl_st_file owns all its memory; tensor names and metadata strings are borrowed
@@ -92,6 +94,15 @@ int kl_st_parse(kl_st_file *f, const char *path, const uint8_t *hdr, uint64_t n,
                 uint64_t file_bytes, kl_err *err);
 
 void kl_st_close(kl_st_file *f);
+
+/* Strict lexical pre-check of JSON text for what cJSON lets through: invalid UTF-8 (cJSON does
+ * not validate it), raw control characters (in strings, or outside them other than the four JSON
+ * whitespace bytes), malformed numbers ("01", "1.", "1e"), and an escaped NUL (\u0000), which
+ * would silently cut a NUL-terminated name short.  Returns KL_JSON_TEXT_OK, or a problem kind
+ * with *bad_at = its byte position in p and *why = a static description.  Cannot fail
+ * otherwise; thread-safe.  Shared with loader/index.c. */
+enum { KL_JSON_TEXT_OK = 0, KL_JSON_TEXT_BAD_UTF8 = 1, KL_JSON_TEXT_BAD_JSON = 2 };
+int kl_st_check_json_text(const uint8_t *p, size_t n, size_t *bad_at, const char **why);
 
 /* Tensor by name, NULL if absent. */
 const kl_st_tensor *kl_st_find(const kl_st_file *f, const char *name);

@@ -11,6 +11,18 @@
  * (official) or "model.layers.L.block_sparse_moe.{gate,up,down}_proj.weight" (transformers).
  *
  * Ownership: the schema owns every string; entries are valid until kl_schema_free.
+ *
+ * Order, exactly: model.embed_tokens.weight; then layers 0..L-1, each layer's tensors sorted by
+ * canonical name with strcmp (so "experts.10" precedes "experts.2", and the packed/scale pairs
+ * of one expert are adjacent); then model.norm.weight and lm_head.weight (absent when
+ * tie_word_embeddings).  Dense MLP layers are those where kl_config_is_moe_layer is false.
+ * Dtypes: every float tensor accepts KL_DT_MASK_FLOAT; synth writes BF16, except A_log,
+ * dt_bias and e_score_correction_bias (F32).  PACKED accepts U8, SCALE U8 or F8_E8M0.
+ * Errors: KL_E_UNSUPPORTED (family K3/unknown, q_lora_rank > 0), KL_E_SCHEMA with rule
+ * CFG-RANGE (a dimension product overflows, an MXFP4 in-dimension not a multiple of the group
+ * size, more than KL_SCHEMA_MAX_ENTRIES entries or the caps of config.h exceeded),
+ * KL_E_NOMEM.  kl_err.tensor names the config key at fault.
+ * Thread safety: a built schema is read-only; concurrent readers are fine.
  */
 #ifndef KL_LOADER_SCHEMA_H
 #define KL_LOADER_SCHEMA_H
@@ -22,6 +34,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Entry cap of one schema: K3's 497,052 language tensors fit; a config that claims more
+ * fails cleanly instead of allocating gigabytes (~200 bytes per entry with its name). */
+#define KL_SCHEMA_MAX_ENTRIES ((size_t)1 << 21)
 
 typedef enum kl_role {
     KL_ROLE_EMBED, KL_ROLE_FINAL_NORM, KL_ROLE_LM_HEAD,
@@ -73,6 +89,10 @@ typedef struct kl_schema {
  * K3 and unknown).  On failure s is zeroed. */
 int kl_schema_build(kl_schema *s, const kl_config *c, kl_err *err);
 void kl_schema_free(kl_schema *s);
+
+/* Number of entries kl_schema_build would produce, computed in O(layers) without allocating;
+ * same errors as kl_schema_build except KL_E_NOMEM.  Lets a caller refuse a large schema. */
+int kl_schema_count(const kl_config *c, size_t *n, kl_err *err);
 
 /* Entry matching a canonical name or an alias, NULL if none. */
 const kl_schema_entry *kl_schema_find(const kl_schema *s, const char *name);

@@ -1,0 +1,113 @@
+/*
+ * audit/audit.h — check a checkpoint directory and collect findings.
+ *
+ * kl_audit_run opens the checkpoint's metadata (config, index, every shard header; never the
+ * tensor bytes unless hashing), and checks: the safetensors header rules (loader), the index
+ * against the headers, the tensor set against the schema of the config (missing, unexpected,
+ * wrong shape, wrong dtype), total_size, file sizes, the routed-expert region layout of every
+ * MoE layer, a memory plan per GPU for a TP size and context length, and with hashing the
+ * SHA-256 of every shard (in parallel), compared with expected values.
+ *
+ * A finding is data (severity + rule + file/tensor/offset + message), not an error: the run
+ * returns 0 when it could audit, whatever it found; it returns a KL_E_* code only when it could
+ * not run (directory unreadable, --expect file unreadable, out of memory).
+ * Never opens a checkpoint file for writing.
+ *
+ * Ownership: the report owns everything; free with kl_audit_report_free.
+ */
+#ifndef KL_AUDIT_AUDIT_H
+#define KL_AUDIT_AUDIT_H
+
+#include "common/err.h"
+#include "loader/config.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kl_severity { KL_SEV_INFO = 0, KL_SEV_WARN = 1, KL_SEV_ERROR = 2 } kl_severity;
+
+typedef struct kl_finding {
+    kl_severity severity;
+    char        rule[32];
+    char        file[256];
+    char        tensor[192];
+    uint64_t    offset;       /* KL_NO_OFFSET if none */
+    char        message[320];
+} kl_finding;
+
+typedef struct kl_audit_opts {
+    bool        hash;         /* SHA-256 every shard */
+    const char *expect;       /* sha256sum-format file or HF snapshot dir, or NULL */
+    unsigned    tp;           /* tensor-parallel size for the memory plan (default 1) */
+    uint64_t    context;      /* tokens of context for the memory plan (default 131072) */
+    unsigned    threads;      /* hashing threads (default: online CPUs) */
+} kl_audit_opts;
+
+/* Routed-expert region of one MoE layer. */
+typedef struct kl_expert_region {
+    uint32_t layer;
+    uint32_t n_tensors;       /* routed-expert tensors found for the layer */
+    uint32_t n_shards;        /* shards they are spread over */
+    bool     contiguous;      /* one shard, one gap-free run holding only these tensors */
+    uint32_t shard;           /* when contiguous */
+    uint64_t file_off;        /* when contiguous: absolute start of the region */
+    uint64_t n_bytes;         /* bytes of the layer's expert tensors */
+} kl_expert_region;
+
+typedef struct kl_memplan {
+    unsigned tp;
+    uint64_t context;
+    uint64_t weights_bytes;          /* per GPU */
+    uint64_t replicated_bytes;       /* part of weights_bytes that every GPU holds whole */
+    uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` (bf16) */
+    uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent (fp32) + conv state */
+    uint64_t total_bytes;            /* sum of the three */
+} kl_memplan;
+
+typedef struct kl_shard_hash {
+    char    *file;                   /* shard file name */
+    uint64_t size_bytes;
+    bool     hashed;                 /* false if reading failed (a finding says why) */
+    char     sha256[65];
+    bool     has_expected;
+    char     expected[65];
+    bool     match;
+} kl_shard_hash;
+
+typedef struct kl_audit_report {
+    char             *dir;
+    kl_family         family;
+    bool              config_ok;
+    kl_config         config;
+    size_t            n_findings, cap_findings;
+    kl_finding       *findings;
+    size_t            n_errors, n_warnings;
+    size_t            n_shards, n_tensors, n_expected_tensors;
+    uint64_t          tensor_bytes, file_bytes, header_bytes;
+    bool              has_total_size;
+    uint64_t          total_size;
+    size_t            n_regions;
+    kl_expert_region *regions;
+    bool              has_memplan;
+    kl_memplan        memplan;
+    size_t            n_hashes;
+    kl_shard_hash    *hashes;
+    double            metadata_s;    /* time to open and check the metadata */
+    double            hash_s;        /* time spent hashing */
+    uint64_t          hashed_bytes;
+} kl_audit_report;
+
+int  kl_audit_run(kl_audit_report *r, const char *dir, const kl_audit_opts *opts, kl_err *err);
+void kl_audit_report_free(kl_audit_report *r);
+
+/* 1 if the report holds any error-severity finding. */
+int kl_audit_has_problems(const kl_audit_report *r);
+
+/* Memory plan from a config alone (also used by the loader's planner). */
+int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t context,
+                       kl_err *err);
+
+const char *kl_severity_name(kl_severity s);
+
+#endif

@@ -1,0 +1,239 @@
+/*
+ * audit/report.c — text and JSON rendering of an audit report (see report.h).
+ */
+#include "audit/report.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+cJSON *kl_json_add_u64(cJSON *obj, const char *key, uint64_t v)
+{
+    if (v <= (1ull << 53))
+        return cJSON_AddNumberToObject(obj, key, (double)v);
+    char buf[24];
+    snprintf(buf, sizeof buf, "%" PRIu64, v);
+    return cJSON_AddStringToObject(obj, key, buf);
+}
+
+/* ---- text ---------------------------------------------------------------------------------- */
+
+static void print_finding(const kl_finding *f, FILE *out)
+{
+    fprintf(out, "  %-7s ", kl_severity_name(f->severity));
+    if (f->file[0])
+        fprintf(out, "%s: ", f->file);
+    if (f->tensor[0])
+        fprintf(out, "tensor %s", f->tensor);
+    if (f->offset != KL_NO_OFFSET)
+        fprintf(out, "%s@ %" PRIu64, f->tensor[0] ? " " : "", f->offset);
+    if (f->tensor[0] || f->offset != KL_NO_OFFSET)
+        fprintf(out, ": ");
+    fprintf(out, "[%s] %s\n", f->rule, f->message);
+}
+
+static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
+{
+    size_t contiguous = 0;
+    for (size_t i = 0; i < r->n_regions; i++)
+        contiguous += r->regions[i].contiguous;
+    fprintf(out, "  experts      %zu MoE layers: %zu as one contiguous region each, %zu spread "
+                 "over %s\n", r->n_regions, contiguous, r->n_regions - contiguous,
+            r->n_regions - contiguous ? "several extents" : "-");
+    if (!verbose)
+        return;
+    for (size_t i = 0; i < r->n_regions; i++) {
+        const kl_expert_region *g = &r->regions[i];
+        fprintf(out, "    layer %-3u %5u tensors %10.3f GiB  ", g->layer, g->n_tensors,
+                (double)g->n_bytes / GIB);
+        if (g->contiguous)
+            fprintf(out, "one extent: shard %u @ %" PRIu64 "\n", g->shard, g->file_off);
+        else
+            fprintf(out, "spread over %u shard(s)\n", g->n_shards);
+    }
+}
+
+static void print_memplan(const kl_memplan *m, FILE *out)
+{
+    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %.2f GiB + MLA cache %.2f "
+                 "GiB + KDA state %.1f MiB = %.2f GiB per GPU (one sequence)\n",
+            m->tp, m->context, (double)m->weights_bytes / GIB, (double)m->mla_cache_bytes / GIB,
+            (double)m->kda_state_bytes / (1024.0 * 1024.0), (double)m->total_bytes / GIB);
+}
+
+static void print_hashes(const kl_audit_report *r, FILE *out)
+{
+    size_t ok = 0, bad = 0, unchecked = 0;
+    for (size_t i = 0; i < r->n_hashes; i++) {
+        const kl_shard_hash *h = &r->hashes[i];
+        fprintf(out, "    %s  %s%s\n", h->hashed ? h->sha256 : "(unreadable)", h->file,
+                !h->has_expected ? "" : h->match ? "  OK" : "  MISMATCH");
+        if (!h->has_expected)
+            unchecked++;
+        else if (h->match)
+            ok++;
+        else
+            bad++;
+    }
+    fprintf(out, "  sha256       %zu shards hashed in %.2f s (%.2f GB/s): %zu match, %zu "
+                 "mismatch, %zu without expected value\n", r->n_hashes, r->hash_s,
+            r->hash_s > 0 ? (double)r->hashed_bytes / r->hash_s / 1e9 : 0.0, ok, bad,
+            unchecked);
+}
+
+void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose)
+{
+    fprintf(out, "kl audit %s\n", r->dir);
+    if (r->config_ok)
+        fprintf(out, "  family       %s (model_type %s, %u layers)\n", kl_family_name(r->family),
+                r->config.model_type, r->config.num_hidden_layers);
+    else
+        fprintf(out, "  family       unknown (config.json unusable)\n");
+    fprintf(out, "  shards       %zu, %.3f GB in files, %" PRIu64 " bytes of headers\n",
+            r->n_shards, (double)r->file_bytes / 1e9, r->header_bytes);
+    fprintf(out, "  tensors      %zu found", r->n_tensors);
+    if (r->n_expected_tensors)
+        fprintf(out, ", %zu expected by the schema", r->n_expected_tensors);
+    fprintf(out, ", %.3f GB of tensor data\n", (double)r->tensor_bytes / 1e9);
+    if (r->has_total_size)
+        fprintf(out, "  total_size   %" PRIu64 "%s\n", r->total_size,
+                r->total_size == r->tensor_bytes ? " (matches)" : " (see warnings)");
+    if (r->n_regions)
+        print_regions(r, out, verbose);
+    if (r->has_memplan)
+        print_memplan(&r->memplan, out);
+    if (r->n_hashes)
+        print_hashes(r, out);
+    fprintf(out, "  metadata     checked in %.3f s\n", r->metadata_s);
+    size_t shown = 0;
+    for (size_t i = 0; i < r->n_findings; i++) {
+        if (r->findings[i].severity == KL_SEV_INFO && !verbose)
+            continue;
+        if (!shown++)
+            fprintf(out, "findings:\n");
+        print_finding(&r->findings[i], out);
+    }
+    if (r->n_errors)
+        fprintf(out, "result: %zu problem(s), %zu warning(s)\n", r->n_errors, r->n_warnings);
+    else
+        fprintf(out, "result: clean (%zu warning(s))\n", r->n_warnings);
+}
+
+/* ---- JSON ---------------------------------------------------------------------------------- */
+
+static int add_findings(const kl_audit_report *r, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "findings");
+    if (!arr)
+        return KL_E_NOMEM;
+    for (size_t i = 0; i < r->n_findings; i++) {
+        const kl_finding *f = &r->findings[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o))
+            return KL_E_NOMEM;
+        cJSON_AddStringToObject(o, "severity", kl_severity_name(f->severity));
+        cJSON_AddStringToObject(o, "rule", f->rule);
+        cJSON_AddStringToObject(o, "file", f->file);
+        cJSON_AddStringToObject(o, "tensor", f->tensor);
+        if (f->offset == KL_NO_OFFSET)
+            cJSON_AddNullToObject(o, "offset");
+        else
+            kl_json_add_u64(o, "offset", f->offset);
+        cJSON_AddStringToObject(o, "message", f->message);
+    }
+    return 0;
+}
+
+static int add_regions(const kl_audit_report *r, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "expert_regions");
+    if (!arr)
+        return KL_E_NOMEM;
+    for (size_t i = 0; i < r->n_regions; i++) {
+        const kl_expert_region *g = &r->regions[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o))
+            return KL_E_NOMEM;
+        cJSON_AddNumberToObject(o, "layer", g->layer);
+        cJSON_AddNumberToObject(o, "tensors", g->n_tensors);
+        cJSON_AddNumberToObject(o, "shards", g->n_shards);
+        cJSON_AddBoolToObject(o, "contiguous", g->contiguous);
+        kl_json_add_u64(o, "size_bytes", g->n_bytes);
+        if (g->contiguous) {
+            cJSON_AddNumberToObject(o, "shard", g->shard);
+            kl_json_add_u64(o, "file_offset", g->file_off);
+        }
+    }
+    return 0;
+}
+
+static int add_memplan(const kl_memplan *m, cJSON *root)
+{
+    cJSON *o = cJSON_AddObjectToObject(root, "memory_plan");
+    if (!o)
+        return KL_E_NOMEM;
+    cJSON_AddNumberToObject(o, "tp", m->tp);
+    kl_json_add_u64(o, "context_tokens", m->context);
+    kl_json_add_u64(o, "weights_bytes_per_gpu", m->weights_bytes);
+    kl_json_add_u64(o, "replicated_weights_bytes", m->replicated_bytes);
+    kl_json_add_u64(o, "mla_cache_bytes_per_gpu", m->mla_cache_bytes);
+    kl_json_add_u64(o, "kda_state_bytes_per_gpu", m->kda_state_bytes);
+    kl_json_add_u64(o, "total_bytes_per_gpu", m->total_bytes);
+    return 0;
+}
+
+static int add_hashes(const kl_audit_report *r, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "hashes");
+    if (!arr)
+        return KL_E_NOMEM;
+    for (size_t i = 0; i < r->n_hashes; i++) {
+        const kl_shard_hash *h = &r->hashes[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o))
+            return KL_E_NOMEM;
+        cJSON_AddStringToObject(o, "file", h->file);
+        kl_json_add_u64(o, "size_bytes", h->size_bytes);
+        if (h->hashed)
+            cJSON_AddStringToObject(o, "sha256", h->sha256);
+        else
+            cJSON_AddNullToObject(o, "sha256");
+        if (h->has_expected) {
+            cJSON_AddStringToObject(o, "expected", h->expected);
+            cJSON_AddBoolToObject(o, "match", h->match);
+        } else {
+            cJSON_AddNullToObject(o, "expected");
+            cJSON_AddNullToObject(o, "match");
+        }
+    }
+    cJSON_AddNumberToObject(root, "hash_elapsed_s", r->hash_s);
+    kl_json_add_u64(root, "hashed_bytes", r->hashed_bytes);
+    return 0;
+}
+
+int kl_audit_to_json(const kl_audit_report *r, cJSON *root)
+{
+    cJSON_AddStringToObject(root, "dir", r->dir);
+    cJSON_AddStringToObject(root, "family", r->config_ok ? kl_family_name(r->family) : "unknown");
+    cJSON_AddNumberToObject(root, "errors", (double)r->n_errors);
+    cJSON_AddNumberToObject(root, "warnings", (double)r->n_warnings);
+    cJSON_AddNumberToObject(root, "shards", (double)r->n_shards);
+    cJSON_AddNumberToObject(root, "tensors", (double)r->n_tensors);
+    cJSON_AddNumberToObject(root, "expected_tensors", (double)r->n_expected_tensors);
+    kl_json_add_u64(root, "tensor_bytes", r->tensor_bytes);
+    kl_json_add_u64(root, "file_bytes", r->file_bytes);
+    kl_json_add_u64(root, "header_bytes", r->header_bytes);
+    if (r->has_total_size)
+        kl_json_add_u64(root, "total_size", r->total_size);
+    else
+        cJSON_AddNullToObject(root, "total_size");
+    cJSON_AddNumberToObject(root, "metadata_elapsed_s", r->metadata_s);
+    if (add_findings(r, root) || add_regions(r, root))
+        return KL_E_NOMEM;
+    if (r->has_memplan && add_memplan(&r->memplan, root))
+        return KL_E_NOMEM;
+    if (r->n_hashes && add_hashes(r, root))
+        return KL_E_NOMEM;
+    return 0;
+}

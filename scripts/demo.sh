@@ -1,0 +1,16 @@
+#!/bin/sh
+# `make demo`: install what is missing, build, then run the main job on an embedded default:
+# synthesize a tiny Kimi-Linear checkpoint and audit it (text, then JSON).
+set -eu
+cd "$(dirname "$0")/.."
+sh scripts/install-deps.sh
+make -j"$(nproc)" build/kl
+out="${KL_DEMO_DIR:-build/demo/tiny}"
+rm -rf "$out"
+echo "== kl synth $out --preset tiny --seed 1"
+build/kl synth "$out" --preset tiny --seed 1
+echo "== kl audit $out --hash --tp 2 --context 32768"
+build/kl audit "$out" --hash --tp 2 --context 32768
+echo "== kl audit $out --json"
+build/kl audit "$out" --json
+echo "demo: ok"

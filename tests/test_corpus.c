@@ -1,0 +1,561 @@
+/*
+ * tests/test_corpus.c — the broken-checkpoint corpus.
+ *
+ * Synthesizes one tiny checkpoint with the kl binary under test ($KL_BIN, the ASan/UBSan
+ * build), then for each case copies it, breaks it in one way, runs `kl audit --json` on it and
+ * checks the exit status (1 problems, 2 usage/I/O) and that the expected rule id is reported
+ * (in the JSON findings, or on stderr for exit 2).  A sanitizer report makes kl exit with a
+ * different status, so a crash fails the case.
+ */
+#include "tests/testutil.h"
+
+#include <cJSON.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+static char g_base[4096];      /* clean synthesized checkpoint */
+static char g_root[4096];      /* scratch root */
+static const char *g_kl;
+
+/* ---- file helpers -------------------------------------------------------------------------- */
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return buf;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Splits a shard into header text and data bytes. */
+typedef struct shard {
+    char  *header;     /* NUL-terminated header JSON */
+    size_t hlen;
+    char  *data;
+    size_t dlen;
+} shard;
+
+static shard shard_read(const char *path)
+{
+    size_t n;
+    char *all = slurp(path, &n);
+    ck_assert(n >= 8);
+    uint64_t h = le64((unsigned char *)all);
+    ck_assert(8 + h <= n);
+    shard s = {malloc(h + 1), h, malloc(n - 8 - h + 1), n - 8 - h};
+    memcpy(s.header, all + 8, h);
+    s.header[h] = 0;
+    memcpy(s.data, all + 8 + h, n - 8 - h);
+    free(all);
+    return s;
+}
+
+/* Writes header (length prefix = strlen(header) unless forced) + data. */
+static void shard_write(const char *path, const char *header, const char *data, size_t dlen,
+                        int64_t forced_len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert(f != NULL);
+    uint64_t h = forced_len >= 0 ? (uint64_t)forced_len : strlen(header);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)(h >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(header, 1, strlen(header), f);
+    fwrite(data, 1, dlen, f);
+    fclose(f);
+}
+
+static void shard_free(shard *s)
+{
+    free(s->header);
+    free(s->data);
+}
+
+static void first_shard(const char *dir, char *out, size_t n)
+{
+    snprintf(out, n, "%s/model-00001-of-", dir);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls %s/model-00001-of-*.safetensors", dir);
+    FILE *p = popen(cmd, "r");
+    ck_assert(p != NULL);
+    ck_assert(fgets(out, (int)n, p) != NULL);
+    pclose(p);
+    out[strcspn(out, "\n")] = 0;
+}
+
+/* Replaces the first occurrence of `from` with `to` in s (malloc'd result). */
+static char *replace(const char *s, const char *from, const char *to)
+{
+    const char *at = strstr(s, from);
+    ck_assert_msg(at != NULL, "mutation anchor '%s' not found", from);
+    size_t a = (size_t)(at - s), fl = strlen(from), tl = strlen(to), sl = strlen(s);
+    char *r = malloc(sl - fl + tl + 1);
+    memcpy(r, s, a);
+    memcpy(r + a, to, tl);
+    memcpy(r + a + tl, at + fl, sl - a - fl + 1);
+    return r;
+}
+
+/* Edits the first shard's header text. */
+static void edit_header(const char *dir, const char *from, const char *to)
+{
+    char path[4096];
+    first_shard(dir, path, sizeof path);
+    shard s = shard_read(path);
+    char *h = replace(s.header, from, to);
+    shard_write(path, h, s.data, s.dlen, -1);
+    free(h);
+    shard_free(&s);
+}
+
+static void edit_text_file(const char *dir, const char *name, const char *from, const char *to)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *t = slurp(path, NULL);
+    char *r = replace(t, from, to);
+    t_write(path, r, strlen(r));
+    free(t);
+    free(r);
+}
+
+/* The name of a tensor stored in the first shard (the one with the given suffix). */
+static void tensor_in_first_shard(const char *dir, const char *suffix, char *out, size_t n)
+{
+    char path[4096];
+    first_shard(dir, path, sizeof path);
+    shard s = shard_read(path);
+    cJSON *j = cJSON_Parse(s.header);
+    ck_assert(j != NULL);
+    out[0] = 0;
+    for (cJSON *c = j->child; c; c = c->next) {
+        size_t kl = strlen(c->string), sl = strlen(suffix);
+        if (kl >= sl && !strcmp(c->string + kl - sl, suffix)) {
+            snprintf(out, n, "%s", c->string);
+            break;
+        }
+    }
+    cJSON_Delete(j);
+    shard_free(&s);
+    ck_assert_msg(out[0], "no tensor ending in %s in the first shard", suffix);
+}
+
+/* ---- mutations ----------------------------------------------------------------------------- */
+
+static void m_none(const char *d) { (void)d; }
+
+static void m_file_tiny(const char *d)
+{
+    char p[4096];
+    first_shard(d, p, sizeof p);
+    ck_assert(truncate(p, 4) == 0);
+}
+
+static void set_header_len(const char *d, int64_t len)
+{
+    char p[4096];
+    first_shard(d, p, sizeof p);
+    shard s = shard_read(p);
+    shard_write(p, s.header, s.data, s.dlen, len);
+    shard_free(&s);
+}
+
+static void m_header_huge(const char *d) { set_header_len(d, 200000000); }
+static void m_header_past_eof(const char *d) { set_header_len(d, 50000000); }
+
+static void m_truncated(const char *d)
+{
+    char p[4096];
+    struct stat st;
+    first_shard(d, p, sizeof p);
+    ck_assert(stat(p, &st) == 0);
+    ck_assert(truncate(p, st.st_size - 100) == 0);
+}
+
+static void m_padded(const char *d)
+{
+    char p[4096];
+    first_shard(d, p, sizeof p);
+    FILE *f = fopen(p, "ab");
+    fputs("trailing garbage", f);
+    fclose(f);
+}
+
+static void m_not_utf8(const char *d) { edit_header(d, "\"format\"", "\"form\xff\xfe\""); }
+static void m_bad_json(const char *d) { edit_header(d, "{", "{{"); }
+static void m_not_object(const char *d) { edit_header(d, "{", "[{"); }
+static void m_bad_dtype(const char *d) { edit_header(d, "\"BF16\"", "\"BF17\""); }
+static void m_meta_number(const char *d) { edit_header(d, "\"pt\"", "7"); }
+static void m_negative_shape(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[-1,"); }
+static void m_fraction_offset(const char *d) { edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[0.5,"); }
+static void m_unknown_field(const char *d) { edit_header(d, "\"dtype\":", "\"stride\":1,\"dtype\":"); }
+static void m_rank9(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[1,1,1,1,1,1,1,1,"); }
+static void m_offset_huge(const char *d) { edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[300000000000000,"); }
+static void m_shape_overflow(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[4294967296,4294967296,4294967296,"); }
+
+static void m_meta_tensor(const char *d)
+{
+    edit_header(d, "\"__metadata__\":{\"format\":\"pt\"}",
+                "\"__metadata__\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[0,0]}");
+}
+
+/* Rename a tensor entry to the name of another one in the same header: a duplicate key. */
+static void m_duplicate(const char *d)
+{
+    char a[256], b[256], from[300], to[300];
+    tensor_in_first_shard(d, "input_layernorm.weight", a, sizeof a);
+    tensor_in_first_shard(d, "post_attention_layernorm.weight", b, sizeof b);
+    snprintf(from, sizeof from, "\"%s\"", b);
+    snprintf(to, sizeof to, "\"%s\"", a);
+    edit_header(d, from, to);
+}
+
+/* Shift one tensor's offsets to create a gap / overlap. */
+static void shift_first_begin(const char *d, const char *to)
+{
+    edit_header(d, "\"data_offsets\":[0,", to);
+}
+static void m_gap(const char *d) { shift_first_begin(d, "\"data_offsets\":[2,"); }
+
+static void m_size_mismatch(const char *d)
+{
+    char name[256], path[4096];
+    tensor_in_first_shard(d, "input_layernorm.weight", name, sizeof name);
+    first_shard(d, path, sizeof path);
+    shard s = shard_read(path);
+    cJSON *j = cJSON_Parse(s.header);
+    cJSON *t = cJSON_GetObjectItem(j, name);
+    cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray((int[]){3}, 1));
+    char *h = cJSON_PrintUnformatted(j);
+    shard_write(path, h, s.data, s.dlen, -1);
+    free(h);
+    cJSON_Delete(j);
+    shard_free(&s);
+}
+
+static void m_misaligned_f4(const char *d)
+{
+    char name[256], path[4096];
+    tensor_in_first_shard(d, "input_layernorm.weight", name, sizeof name);
+    first_shard(d, path, sizeof path);
+    shard s = shard_read(path);
+    cJSON *j = cJSON_Parse(s.header);
+    cJSON *t = cJSON_GetObjectItem(j, name);
+    cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString("F4"));
+    cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray((int[]){3}, 1));
+    char *h = cJSON_PrintUnformatted(j);
+    shard_write(path, h, s.data, s.dlen, -1);
+    free(h);
+    cJSON_Delete(j);
+    shard_free(&s);
+}
+
+/* Change a weight's dtype keeping its byte size (BF16 -> I16 or F16 -> ...). */
+static void retag(const char *d, const char *suffix, const char *dtype, int transpose)
+{
+    char name[256], path[4096];
+    tensor_in_first_shard(d, suffix, name, sizeof name);
+    first_shard(d, path, sizeof path);
+    shard s = shard_read(path);
+    cJSON *j = cJSON_Parse(s.header);
+    cJSON *t = cJSON_GetObjectItem(j, name);
+    if (dtype)
+        cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString(dtype));
+    if (transpose) {
+        cJSON *sh = cJSON_GetObjectItem(t, "shape");
+        int a = cJSON_GetArrayItem(sh, 0)->valueint, b = cJSON_GetArrayItem(sh, 1)->valueint;
+        ck_assert_msg(a != b, "transpose needs a non-square matrix");
+        cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray((int[]){b, a}, 2));
+    }
+    char *h = cJSON_PrintUnformatted(j);
+    shard_write(path, h, s.data, s.dlen, -1);
+    free(h);
+    cJSON_Delete(j);
+    shard_free(&s);
+}
+static void m_int_dtype(const char *d) { retag(d, "q_proj.weight", "I16", 0); }
+static void m_wrong_shape(const char *d) { retag(d, "o_proj.weight", NULL, 1); }
+
+/* Rename a tensor in the header and the index: missing + unexpected. */
+static void m_renamed(const char *d)
+{
+    char name[256], from[300], to[300];
+    tensor_in_first_shard(d, "q_proj.weight", name, sizeof name);
+    snprintf(from, sizeof from, "\"%s\"", name);
+    snprintf(to, sizeof to, "\"%s_renamed\"", name);
+    edit_header(d, from, to);
+    edit_text_file(d, "model.safetensors.index.json", from, to);
+}
+
+/* Remove the tensor with the highest offset from the first shard (header, data, index). */
+static void m_missing(const char *d)
+{
+    char path[4096];
+    first_shard(d, path, sizeof path);
+    shard s = shard_read(path);
+    cJSON *j = cJSON_Parse(s.header);
+    cJSON *last = NULL;
+    double best = -1;
+    for (cJSON *c = j->child; c; c = c->next) {
+        cJSON *off = cJSON_GetObjectItem(c, "data_offsets");
+        if (off && cJSON_GetArrayItem(off, 0)->valuedouble > best) {
+            best = cJSON_GetArrayItem(off, 0)->valuedouble;
+            last = c;
+        }
+    }
+    ck_assert(last != NULL);
+    char name[256];
+    snprintf(name, sizeof name, "%s", last->string);
+    cJSON_DeleteItemFromObject(j, name);
+    char *h = cJSON_PrintUnformatted(j);
+    shard_write(path, h, s.data, (size_t)best, -1);
+    free(h);
+    cJSON_Delete(j);
+    shard_free(&s);
+    /* drop it from the index too, so only the schema notices */
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
+    char *t = slurp(ipath, NULL);
+    cJSON *idx = cJSON_Parse(t);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(idx, "weight_map"), name);
+    char *out = cJSON_Print(idx);
+    t_write(ipath, out, strlen(out));
+    free(out);
+    free(t);
+    cJSON_Delete(idx);
+}
+
+static void index_edit(const char *d, void (*fn)(cJSON *wm, cJSON *root))
+{
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
+    char *t = slurp(ipath, NULL);
+    cJSON *idx = cJSON_Parse(t);
+    fn(cJSON_GetObjectItem(idx, "weight_map"), idx);
+    char *out = cJSON_Print(idx);
+    t_write(ipath, out, strlen(out));
+    free(out);
+    free(t);
+    cJSON_Delete(idx);
+}
+
+static void wm_wrong_shard(cJSON *wm, cJSON *root)
+{
+    (void)root;
+    /* point the first entry at the last shard, which does not hold it */
+    cJSON *first = wm->child, *last = wm->child;
+    while (last->next)
+        last = last->next;
+    ck_assert(strcmp(first->valuestring, last->valuestring) != 0);
+    cJSON_SetValuestring(first, last->valuestring);
+}
+static void wm_absent(cJSON *wm, cJSON *root)
+{
+    (void)root;
+    cJSON_AddStringToObject(wm, "model.layers.0.self_attn.ghost.weight", wm->child->valuestring);
+}
+static void wm_unlisted(cJSON *wm, cJSON *root)
+{
+    (void)root;
+    cJSON_DeleteItemFromObject(wm, wm->child->string);
+}
+static void wm_bad_shard_name(cJSON *wm, cJSON *root)
+{
+    (void)root;
+    cJSON_SetValuestring(wm->child, "../outside.safetensors");
+}
+static void wm_total_size(cJSON *wm, cJSON *root)
+{
+    (void)wm;
+    cJSON *meta = cJSON_GetObjectItem(root, "metadata");
+    cJSON_ReplaceItemInObject(meta, "total_size", cJSON_CreateNumber(12345));
+}
+static void m_index_wrong_shard(const char *d) { index_edit(d, wm_wrong_shard); }
+static void m_index_absent(const char *d) { index_edit(d, wm_absent); }
+static void m_index_unlisted(const char *d) { index_edit(d, wm_unlisted); }
+static void m_index_shard_name(const char *d) { index_edit(d, wm_bad_shard_name); }
+static void m_total_size(const char *d) { index_edit(d, wm_total_size); }
+
+static void m_index_duplicate(const char *d)
+{
+    edit_text_file(d, "model.safetensors.index.json", "\"weight_map\": {",
+                   "\"weight_map\": {\"lm_head.weight\": \"x.safetensors\",");
+}
+static void m_index_bad_json(const char *d)
+{
+    edit_text_file(d, "model.safetensors.index.json", "\"weight_map\"", "weight_map");
+}
+
+static void m_missing_shard(const char *d)
+{
+    char p[4096];
+    first_shard(d, p, sizeof p);
+    ck_assert(unlink(p) == 0);
+}
+
+static void m_shard_is_dir(const char *d)
+{
+    char p[4096];
+    first_shard(d, p, sizeof p);
+    ck_assert(unlink(p) == 0);
+    ck_assert(mkdir(p, 0755) == 0);
+}
+
+static void m_config_bad_json(const char *d) { edit_text_file(d, "config.json", "{", "{,"); }
+static void m_config_missing_key(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\"", "\"hidden_sizes\""); }
+static void m_config_type(const char *d) { edit_text_file(d, "config.json", "\"vocab_size\": ", "\"vocab_size\": \"x\", \"_was\": "); }
+static void m_config_family(const char *d) { edit_text_file(d, "config.json", "\"kimi_linear\"", "\"llama\""); }
+static void m_config_layers(const char *d) { edit_text_file(d, "config.json", "\"full_attn_layers\": [", "\"full_attn_layers\": [1, "); }
+static void m_config_missing(const char *d)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    ck_assert(unlink(p) == 0);
+}
+static void m_config_geometry(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\": 64", "\"hidden_size\": 96"); }
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+typedef struct corpus_case {
+    const char *name;
+    void (*mutate)(const char *dir);
+    int         exit_code;
+    const char *rule;       /* must appear in the output (JSON findings or stderr) */
+} corpus_case;
+
+static const corpus_case cases[] = {
+    {"clean", m_none, 0, NULL},
+    {"file shorter than 8 bytes", m_file_tiny, 1, "ST-HEADER-SMALL"},
+    {"header length over 100 MB", m_header_huge, 1, "ST-HEADER-LARGE"},
+    {"header length past end of file", m_header_past_eof, 1, "ST-HEADER-LENGTH"},
+    {"truncated shard", m_truncated, 1, "ST-FILE-LENGTH"},
+    {"padded shard", m_padded, 1, "ST-FILE-LENGTH"},
+    {"header not UTF-8", m_not_utf8, 1, "ST-UTF8"},
+    {"header not JSON", m_bad_json, 1, "ST-JSON"},
+    {"header not an object", m_not_object, 1, "ST-JSON"},
+    {"unknown dtype", m_bad_dtype, 1, "ST-DTYPE"},
+    {"non-string metadata", m_meta_number, 1, "ST-METADATA"},
+    {"tensor named __metadata__", m_meta_tensor, 1, "ST-"},
+    {"negative shape", m_negative_shape, 1, "ST-SHAPE"},
+    {"fractional offset", m_fraction_offset, 1, "ST-OFFSETS"},
+    {"unknown tensor field", m_unknown_field, 1, "ST-FIELD"},
+    {"rank above 8", m_rank9, 1, "ST-SHAPE"},
+    {"offset beyond 2^48", m_offset_huge, 1, "ST-OFFSETS"},
+    {"shape product overflows", m_shape_overflow, 1, "ST-OVERFLOW"},
+    {"duplicate tensor name", m_duplicate, 1, "ST-DUPLICATE"},
+    {"hole between tensors", m_gap, 1, "ST-"},
+    {"size does not match shape", m_size_mismatch, 1, "ST-SIZE"},
+    {"F4 with odd element count", m_misaligned_f4, 1, "ST-MISALIGNED"},
+    {"integer dtype for a weight", m_int_dtype, 1, "SCHEMA-DTYPE"},
+    {"transposed weight", m_wrong_shape, 1, "SCHEMA-SHAPE"},
+    {"renamed tensor", m_renamed, 1, "SCHEMA-UNEXPECTED"},
+    {"missing tensor", m_missing, 1, "SCHEMA-MISSING"},
+    {"index names the wrong shard", m_index_wrong_shard, 1, "IDX-WRONG-SHARD"},
+    {"index names an absent tensor", m_index_absent, 1, "IDX-ABSENT"},
+    {"tensor not in the index", m_index_unlisted, 1, "IDX-UNLISTED"},
+    {"index shard name escapes the directory", m_index_shard_name, 1, "IDX-SHARD-NAME"},
+    {"index duplicate key", m_index_duplicate, 1, "IDX-DUPLICATE"},
+    {"index not JSON", m_index_bad_json, 1, "IDX-JSON"},
+    {"total_size wrong (warning only)", m_total_size, 0, "IDX-TOTAL-SIZE"},
+    {"missing shard", m_missing_shard, 1, "ENOENT"},
+    {"shard is a directory", m_shard_is_dir, 1, "regular file"},
+    {"config not JSON", m_config_bad_json, 1, "CFG-JSON"},
+    {"config missing key", m_config_missing_key, 1, "CFG-MISSING"},
+    {"config wrong value type", m_config_type, 1, "CFG-JSON"},
+    {"config unknown model_type", m_config_family, 1, "CFG-FAMILY"},
+    {"config layer in both lists", m_config_layers, 1, "CFG-RANGE"},
+    {"config.json missing", m_config_missing, 1, "config.json"},
+    {"config geometry does not match tensors", m_config_geometry, 1, "SCHEMA-SHAPE"},
+};
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+static void run_case(const corpus_case *c, int idx)
+{
+    char dir[4096], cmd[8192], out[4200], errf[4200];
+    snprintf(dir, sizeof dir, "%s/case%02d", g_root, idx);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", g_base, dir);
+    ck_assert(system(cmd) == 0);
+    c->mutate(dir);
+    snprintf(out, sizeof out, "%s.out", dir);
+    snprintf(errf, sizeof errf, "%s.err", dir);
+    snprintf(cmd, sizeof cmd, "'%s' audit '%s' --json > '%s' 2> '%s'", g_kl, dir, out, errf);
+    int st = system(cmd);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char *o = slurp(out, NULL), *e = slurp(errf, NULL);
+    ck_assert_msg(code == c->exit_code, "case '%s': exit %d, expected %d\nstdout: %.600s\nstderr: %.600s",
+                  c->name, code, c->exit_code, o, e);
+    if (c->rule)
+        ck_assert_msg(strstr(o, c->rule) || strstr(e, c->rule),
+                      "case '%s': rule/message '%s' not reported\nstdout: %.900s\nstderr: %.600s",
+                      c->name, c->rule, o, e);
+    if (c->exit_code == 1) {
+        cJSON *j = cJSON_Parse(o);
+        ck_assert_msg(j != NULL, "case '%s': stdout is not JSON", c->name);
+        ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(j, "ok")), "case '%s': ok not false", c->name);
+        cJSON_Delete(j);
+    }
+    free(o);
+    free(e);
+    t_rmrf(dir);
+}
+
+START_TEST(corpus_case_is_reported)
+{
+    run_case(&cases[_i], _i);
+}
+END_TEST
+
+START_TEST(corpus_has_thirty_broken_checkpoints)
+{
+    size_t broken = 0;
+    for (size_t i = 0; i < N_CASES; i++)
+        broken += cases[i].exit_code != 0;
+    ck_assert_msg(broken >= 30, "only %zu broken cases", broken);
+}
+END_TEST
+
+static void setup(void)
+{
+    g_kl = getenv("KL_BIN");
+    ck_assert_msg(g_kl && *g_kl, "KL_BIN must name the kl binary under test");
+    t_mkdtemp(g_root, sizeof g_root);
+    snprintf(g_base, sizeof g_base, "%s/base", g_root);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 5 --shard-size 65536 -q > /dev/null",
+             g_kl, g_base);
+    ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
+}
+
+static void teardown(void)
+{
+    t_rmrf(g_root);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("corpus");
+    TCase *tc = tcase_create("broken checkpoints");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, corpus_case_is_reported, 0, (int)N_CASES);
+    tcase_add_test(tc, corpus_has_thirty_broken_checkpoints);
+    suite_add_tcase(s, tc);
+    return t_run_suite(s);
+}
