@@ -76,6 +76,9 @@ static int check_files(kl_audit_report *r, const kl_checkpoint *ck)
                            "no .safetensors shard found");
     for (size_t i = 0; i < ck->n_shards; i++) {
         const kl_ckpt_shard *s = &ck->shards[i];
+        if (ck->index_ok && !s->in_index)
+            rc |= kl_audit_add(r, KL_SEV_WARN, "CK-EXTRA-SHARD", s->path, NULL, KL_NO_OFFSET,
+                               "shard is not named by the index; its tensors are checked too");
         if (!s->ok) {
             rc |= add_from_err(r, &s->err, "ST-OPEN", s->path);
             continue;
@@ -107,7 +110,7 @@ static int check_index(kl_audit_report *r, const kl_checkpoint *ck)
     /* Every weight_map entry must sit in exactly the shard it names. */
     for (size_t i = 0; i < idx->n_entries; i++) {
         const kl_index_entry *e = &idx->entries[i];
-        const kl_ckpt_shard *named = &ck->shards[e->shard];
+        const kl_ckpt_shard *named = &ck->shards[ck->index_shard[e->shard]];
         if (!named->ok)
             continue; /* the shard's own finding says why */
         if (kl_st_find(&named->st, e->tensor))

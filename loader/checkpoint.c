@@ -8,7 +8,6 @@
 #include "common/fs.h"
 #include "common/mem.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,61 +43,58 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Without an index: every *.safetensors of the directory, in name order. */
-static int list_dir_shards(kl_checkpoint *ck, kl_err *err)
+static int grow_shards(kl_checkpoint *ck, size_t n, kl_err *err)
 {
-    DIR *d = opendir(ck->dir);
-    if (!d) {
-        kl_fail_sys(err, KL_E_IO, errno, "cannot open checkpoint directory");
-        kl_err_context(err, ck->dir, NULL, KL_NO_OFFSET, NULL);
-        return KL_E_IO;
-    }
-    size_t cap = 16, n = 0;
-    char **names = kl_malloc(cap * sizeof *names);
-    int rc = names ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (e->d_name[0] == '.' || len < 12 || strcmp(e->d_name + len - 12, ".safetensors"))
+    kl_ckpt_shard *s = kl_realloc(ck->shards, (n ? n : 1) * sizeof *s);
+    if (!s)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    ck->shards = s;
+    return 0;
+}
+
+/* Every *.safetensors of the directory that is not already a shard, in name order.  Without an
+ * index these are the shards (a single model.safetensors is the usual case); with one they are
+ * strays the audit reports, and their tensors are checked like the others. */
+static int add_dir_shards(kl_checkpoint *ck, kl_err *err)
+{
+    char **names = NULL;
+    size_t n = 0;
+    int rc = kl_list_files_with_suffix(ck->dir, ".safetensors", &names, &n, err);
+    if (!rc)
+        rc = grow_shards(ck, ck->n_shards + n, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (ck->index_ok && kl_strmap_get(&ck->index.by_shard, names[i], NULL))
             continue;
-        if (n == cap) {
-            char **bigger = kl_realloc(names, 2 * cap * sizeof *names);
-            if (!bigger) {
-                rc = kl_fail(err, KL_E_NOMEM, "out of memory");
-                break;
-            }
-            names = bigger;
-            cap *= 2;
-        }
-        if (!(names[n] = kl_strdup(e->d_name)))
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory");
-        else
-            n++;
+        if (!(rc = add_shard(ck, names[i], err)))
+            ck->shards[ck->n_shards - 1].in_index = false;
     }
-    closedir(d);
-    if (!rc) {
-        qsort(names, n, sizeof *names, cmp_str);
-        ck->shards = kl_calloc(n ? n : 1, sizeof *ck->shards);
-        if (!ck->shards)
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory");
-        for (size_t i = 0; !rc && i < n; i++)
-            rc = add_shard(ck, names[i], err);
-    }
-    for (size_t i = 0; i < n; i++)
-        kl_free(names[i]);
-    kl_free(names);
+    kl_free_name_list(names, n);
     return rc;
 }
 
-static int list_index_shards(kl_checkpoint *ck, kl_err *err)
+/* Shards named by the index, in name order (so reports list model-00001 first whatever the
+ * weight_map order); index_shard maps the index's shard numbers to ours. */
+static int add_index_shards(kl_checkpoint *ck, kl_err *err)
 {
-    ck->shards = kl_calloc(ck->index.n_shards ? ck->index.n_shards : 1, sizeof *ck->shards);
-    if (!ck->shards)
+    size_t n = ck->index.n_shards;
+    const char **names = kl_malloc((n ? n : 1) * sizeof *names);
+    ck->index_shard = kl_calloc(n ? n : 1, sizeof *ck->index_shard);
+    if (!names || !ck->index_shard || grow_shards(ck, n, err)) {
+        kl_free(names);
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < ck->index.n_shards; i++)
-        if (add_shard(ck, ck->index.shards[i], err))
-            return err ? err->code : KL_E_NOMEM;
-    return 0;
+    }
+    memcpy(names, ck->index.shards, n * sizeof *names);
+    qsort(names, n, sizeof *names, cmp_str);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!(rc = add_shard(ck, names[i], err)))
+            ck->shards[ck->n_shards - 1].in_index = true;
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char **at = bsearch(&ck->index.shards[i], names, n, sizeof *names, cmp_str);
+        ck->index_shard[i] = (uint32_t)(at - names);
+    }
+    kl_free(names);
+    return rc;
 }
 
 /* ---- tensor table -------------------------------------------------------------------------- */
@@ -179,8 +175,9 @@ int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
     if (exists)
         ck->index_ok = kl_index_open(&ck->index, path, &ck->index_err) == 0;
 
-    rc = ck->index_ok ? list_index_shards(ck, err) : list_dir_shards(ck, err);
-    if (rc)
+    if (ck->index_ok && (rc = add_index_shards(ck, err)))
+        goto fail;
+    if ((rc = add_dir_shards(ck, err)))
         goto fail;
     for (size_t i = 0; i < ck->n_shards; i++) {
         kl_ckpt_shard *s = &ck->shards[i];
@@ -204,6 +201,7 @@ void kl_ckpt_close(kl_checkpoint *ck)
         kl_free(ck->shards[i].path);
     }
     kl_free(ck->shards);
+    kl_free(ck->index_shard);
     kl_free(ck->tensors);
     kl_strmap_free(&ck->by_name);
     if (ck->index_ok)

@@ -8,8 +8,8 @@
  * is an error of kl_ckpt_open itself.  Reads header bytes only, never tensor data, and never
  * opens a file for writing.
  *
- * Shards: those named by the index, in index order; without an index, every *.safetensors file
- * of the directory in name order (a single model.safetensors is the usual case).
+ * Shards: those named by the index, in name order, then every other *.safetensors file of the
+ * directory in name order (without an index these are the shards; with one, strays).
  * Ownership: everything belongs to the kl_checkpoint until kl_ckpt_close.
  */
 #ifndef KL_LOADER_CHECKPOINT_H
@@ -28,6 +28,7 @@
 typedef struct kl_ckpt_shard {
     char       *name;          /* file name inside the directory */
     char       *path;          /* dir/name */
+    bool        in_index;      /* named by the index (false: no index, or a stray file) */
     bool        ok;            /* header parsed and valid */
     kl_err      err;           /* why not, when !ok */
     kl_st_file  st;            /* valid when ok */
@@ -50,7 +51,8 @@ typedef struct kl_checkpoint {
     kl_err         index_err;
     kl_index       index;
     size_t         n_shards;
-    kl_ckpt_shard *shards;
+    kl_ckpt_shard *shards;     /* name order */
+    uint32_t      *index_shard; /* [index.n_shards] index shard number -> shards index */
     size_t         n_tensors;
     kl_ckpt_tensor *tensors;   /* every tensor of every valid shard, shard order then offset */
     kl_strmap      by_name;    /* first occurrence of each name -> tensors index */

@@ -13,8 +13,8 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-static char g_base[4096];      /* clean synthesized checkpoint */
-static char g_root[4096];      /* scratch root */
+static char g_base[1024];      /* clean synthesized checkpoint */
+static char g_root[512];      /* scratch root */
 static const char *g_kl;
 
 /* ---- file helpers -------------------------------------------------------------------------- */
@@ -113,11 +113,24 @@ static char *replace(const char *s, const char *from, const char *to)
     return r;
 }
 
-/* Edits the first shard's header text. */
-static void edit_header(const char *dir, const char *from, const char *to)
+/* Rewrites a JSON file without whitespace so text edits have one spelling to match. */
+static void compact_json(const char *dir, const char *file)
 {
     char path[4096];
-    first_shard(dir, path, sizeof path);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *t = slurp(path, NULL);
+    cJSON *j = cJSON_Parse(t);
+    ck_assert_msg(j != NULL, "%s is not JSON", path);
+    char *out = cJSON_PrintUnformatted(j);
+    t_write(path, out, strlen(out));
+    free(out);
+    free(t);
+    cJSON_Delete(j);
+}
+
+/* Edits a shard's header text. */
+static void edit_shard_header(const char *path, const char *from, const char *to)
+{
     shard s = shard_read(path);
     char *h = replace(s.header, from, to);
     shard_write(path, h, s.data, s.dlen, -1);
@@ -125,8 +138,17 @@ static void edit_header(const char *dir, const char *from, const char *to)
     shard_free(&s);
 }
 
+/* Edits the first shard's header text. */
+static void edit_header(const char *dir, const char *from, const char *to)
+{
+    char path[4096];
+    first_shard(dir, path, sizeof path);
+    edit_shard_header(path, from, to);
+}
+
 static void edit_text_file(const char *dir, const char *name, const char *from, const char *to)
 {
+    compact_json(dir, name);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     char *t = slurp(path, NULL);
@@ -136,25 +158,27 @@ static void edit_text_file(const char *dir, const char *name, const char *from, 
     free(r);
 }
 
-/* The name of a tensor stored in the first shard (the one with the given suffix). */
-static void tensor_in_first_shard(const char *dir, const char *suffix, char *out, size_t n)
+/* The first tensor (in index order) whose name ends in suffix, and the path of its shard. */
+static void find_tensor(const char *dir, const char *suffix, char *name, size_t n, char *path,
+                        size_t pn)
 {
-    char path[4096];
-    first_shard(dir, path, sizeof path);
-    shard s = shard_read(path);
-    cJSON *j = cJSON_Parse(s.header);
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir);
+    char *t = slurp(ipath, NULL);
+    cJSON *j = cJSON_Parse(t);
     ck_assert(j != NULL);
-    out[0] = 0;
-    for (cJSON *c = j->child; c; c = c->next) {
+    name[0] = 0;
+    for (cJSON *c = cJSON_GetObjectItem(j, "weight_map")->child; c; c = c->next) {
         size_t kl = strlen(c->string), sl = strlen(suffix);
         if (kl >= sl && !strcmp(c->string + kl - sl, suffix)) {
-            snprintf(out, n, "%s", c->string);
+            snprintf(name, n, "%s", c->string);
+            snprintf(path, pn, "%s/%s", dir, c->valuestring);
             break;
         }
     }
     cJSON_Delete(j);
-    shard_free(&s);
-    ck_assert_msg(out[0], "no tensor ending in %s in the first shard", suffix);
+    free(t);
+    ck_assert_msg(name[0], "no tensor ending in %s", suffix);
 }
 
 /* ---- mutations ----------------------------------------------------------------------------- */
@@ -219,12 +243,14 @@ static void m_meta_tensor(const char *d)
 /* Rename a tensor entry to the name of another one in the same header: a duplicate key. */
 static void m_duplicate(const char *d)
 {
-    char a[256], b[256], from[300], to[300];
-    tensor_in_first_shard(d, "input_layernorm.weight", a, sizeof a);
-    tensor_in_first_shard(d, "post_attention_layernorm.weight", b, sizeof b);
+    /* layer 0's two norms share the first shard */
+    char a[256], b[256], pa[4096], pb[4096], from[300], to[300];
+    find_tensor(d, "0.input_layernorm.weight", a, sizeof a, pa, sizeof pa);
+    find_tensor(d, "0.post_attention_layernorm.weight", b, sizeof b, pb, sizeof pb);
+    ck_assert_str_eq(pa, pb);
     snprintf(from, sizeof from, "\"%s\"", b);
     snprintf(to, sizeof to, "\"%s\"", a);
-    edit_header(d, from, to);
+    edit_shard_header(pa, from, to);
 }
 
 /* Shift one tensor's offsets to create a gap / overlap. */
@@ -237,8 +263,7 @@ static void m_gap(const char *d) { shift_first_begin(d, "\"data_offsets\":[2,");
 static void m_size_mismatch(const char *d)
 {
     char name[256], path[4096];
-    tensor_in_first_shard(d, "input_layernorm.weight", name, sizeof name);
-    first_shard(d, path, sizeof path);
+    find_tensor(d, "input_layernorm.weight", name, sizeof name, path, sizeof path);
     shard s = shard_read(path);
     cJSON *j = cJSON_Parse(s.header);
     cJSON *t = cJSON_GetObjectItem(j, name);
@@ -253,8 +278,7 @@ static void m_size_mismatch(const char *d)
 static void m_misaligned_f4(const char *d)
 {
     char name[256], path[4096];
-    tensor_in_first_shard(d, "input_layernorm.weight", name, sizeof name);
-    first_shard(d, path, sizeof path);
+    find_tensor(d, "input_layernorm.weight", name, sizeof name, path, sizeof path);
     shard s = shard_read(path);
     cJSON *j = cJSON_Parse(s.header);
     cJSON *t = cJSON_GetObjectItem(j, name);
@@ -271,8 +295,7 @@ static void m_misaligned_f4(const char *d)
 static void retag(const char *d, const char *suffix, const char *dtype, int transpose)
 {
     char name[256], path[4096];
-    tensor_in_first_shard(d, suffix, name, sizeof name);
-    first_shard(d, path, sizeof path);
+    find_tensor(d, suffix, name, sizeof name, path, sizeof path);
     shard s = shard_read(path);
     cJSON *j = cJSON_Parse(s.header);
     cJSON *t = cJSON_GetObjectItem(j, name);
@@ -291,16 +314,16 @@ static void retag(const char *d, const char *suffix, const char *dtype, int tran
     shard_free(&s);
 }
 static void m_int_dtype(const char *d) { retag(d, "q_proj.weight", "I16", 0); }
-static void m_wrong_shape(const char *d) { retag(d, "o_proj.weight", NULL, 1); }
+static void m_wrong_shape(const char *d) { retag(d, "mlp.down_proj.weight", NULL, 1); }
 
 /* Rename a tensor in the header and the index: missing + unexpected. */
 static void m_renamed(const char *d)
 {
-    char name[256], from[300], to[300];
-    tensor_in_first_shard(d, "q_proj.weight", name, sizeof name);
+    char name[256], path[4096], from[300], to[300];
+    find_tensor(d, "q_proj.weight", name, sizeof name, path, sizeof path);
     snprintf(from, sizeof from, "\"%s\"", name);
     snprintf(to, sizeof to, "\"%s_renamed\"", name);
-    edit_header(d, from, to);
+    edit_shard_header(path, from, to);
     edit_text_file(d, "model.safetensors.index.json", from, to);
 }
 
@@ -359,12 +382,12 @@ static void index_edit(const char *d, void (*fn)(cJSON *wm, cJSON *root))
 static void wm_wrong_shard(cJSON *wm, cJSON *root)
 {
     (void)root;
-    /* point the first entry at the last shard, which does not hold it */
-    cJSON *first = wm->child, *last = wm->child;
-    while (last->next)
-        last = last->next;
-    ck_assert(strcmp(first->valuestring, last->valuestring) != 0);
-    cJSON_SetValuestring(first, last->valuestring);
+    /* point the first entry at another shard, which does not hold it */
+    cJSON *first = wm->child, *other = wm->child;
+    while (other && !strcmp(other->valuestring, first->valuestring))
+        other = other->next;
+    ck_assert_msg(other != NULL, "need two shards");
+    cJSON_SetValuestring(first, other->valuestring);
 }
 static void wm_absent(cJSON *wm, cJSON *root)
 {
@@ -395,8 +418,8 @@ static void m_total_size(const char *d) { index_edit(d, wm_total_size); }
 
 static void m_index_duplicate(const char *d)
 {
-    edit_text_file(d, "model.safetensors.index.json", "\"weight_map\": {",
-                   "\"weight_map\": {\"lm_head.weight\": \"x.safetensors\",");
+    edit_text_file(d, "model.safetensors.index.json", "\"weight_map\":{",
+                   "\"weight_map\":{\"lm_head.weight\":\"x.safetensors\",");
 }
 static void m_index_bad_json(const char *d)
 {
@@ -419,17 +442,17 @@ static void m_shard_is_dir(const char *d)
 }
 
 static void m_config_bad_json(const char *d) { edit_text_file(d, "config.json", "{", "{,"); }
-static void m_config_missing_key(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\"", "\"hidden_sizes\""); }
-static void m_config_type(const char *d) { edit_text_file(d, "config.json", "\"vocab_size\": ", "\"vocab_size\": \"x\", \"_was\": "); }
+static void m_config_missing_key(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\":", "\"hidden_sizes\":"); }
+static void m_config_type(const char *d) { edit_text_file(d, "config.json", "\"vocab_size\":", "\"vocab_size\":\"x\",\"_was\":"); }
 static void m_config_family(const char *d) { edit_text_file(d, "config.json", "\"kimi_linear\"", "\"llama\""); }
-static void m_config_layers(const char *d) { edit_text_file(d, "config.json", "\"full_attn_layers\": [", "\"full_attn_layers\": [1, "); }
+static void m_config_layers(const char *d) { edit_text_file(d, "config.json", "\"full_attn_layers\":[", "\"full_attn_layers\":[1,"); }
 static void m_config_missing(const char *d)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", d);
     ck_assert(unlink(p) == 0);
 }
-static void m_config_geometry(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\": 64", "\"hidden_size\": 96"); }
+static void m_config_geometry(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":96"); }
 
 /* ---- the table ----------------------------------------------------------------------------- */
 
@@ -474,8 +497,8 @@ static const corpus_case cases[] = {
     {"index duplicate key", m_index_duplicate, 1, "IDX-DUPLICATE"},
     {"index not JSON", m_index_bad_json, 1, "IDX-JSON"},
     {"total_size wrong (warning only)", m_total_size, 0, "IDX-TOTAL-SIZE"},
-    {"missing shard", m_missing_shard, 1, "ENOENT"},
-    {"shard is a directory", m_shard_is_dir, 1, "regular file"},
+    {"missing shard", m_missing_shard, 1, "No such file"},
+    {"shard is a directory", m_shard_is_dir, 1, "FILE-NOT-REGULAR"},
     {"config not JSON", m_config_bad_json, 1, "CFG-JSON"},
     {"config missing key", m_config_missing_key, 1, "CFG-MISSING"},
     {"config wrong value type", m_config_type, 1, "CFG-JSON"},
@@ -488,7 +511,7 @@ static const corpus_case cases[] = {
 
 static void run_case(const corpus_case *c, int idx)
 {
-    char dir[4096], cmd[8192], out[4200], errf[4200];
+    char dir[1100], cmd[8192], out[1200], errf[1200];
     snprintf(dir, sizeof dir, "%s/case%02d", g_root, idx);
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", g_base, dir);
     ck_assert(system(cmd) == 0);
@@ -538,7 +561,7 @@ static void setup(void)
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_base, sizeof g_base, "%s/base", g_root);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 5 --shard-size 65536 -q > /dev/null",
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 5 -q > /dev/null",
              g_kl, g_base);
     ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
 }
