@@ -21,6 +21,31 @@ static void set_text(char *dst, size_t n, const char *src)
         snprintf(dst, n, "%s", src);
 }
 
+/* Copies src into dst (size n) with control bytes escaped (\n, \t, \r, \xNN), cutting only
+ * between whole escapes.  Messages and names often carry text from files (tensor names,
+ * JSON keys): unescaped, a newline would break the one-line format and an ESC byte would reach
+ * the user's terminal. */
+static void escape_controls(char *dst, size_t n, const char *src)
+{
+    size_t used = 0;
+    for (; *src; src++) {
+        unsigned char c = (unsigned char)*src;
+        char esc[5];
+        if (c == '\n' || c == '\t' || c == '\r')
+            snprintf(esc, sizeof esc, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
+        else if (c < 0x20 || c == 0x7f)
+            snprintf(esc, sizeof esc, "\\x%02x", c);
+        else
+            esc[0] = (char)c, esc[1] = 0;
+        size_t k = strlen(esc);
+        if (used + k >= n)
+            break;
+        memcpy(dst + used, esc, k);
+        used += k;
+    }
+    dst[used] = 0;
+}
+
 static int record(kl_err *err, int code, int sys_errno, const char *rule, const char *fmt,
                   va_list ap)
 {
@@ -32,7 +57,9 @@ static int record(kl_err *err, int code, int sys_errno, const char *rule, const 
     err->sys_errno = sys_errno;
     if (rule)
         set_text(err->rule, sizeof err->rule, rule);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    char raw[sizeof err->msg];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    escape_controls(err->msg, sizeof err->msg, raw);
     return code;
 }
 
@@ -87,10 +114,16 @@ char *kl_err_format(const kl_err *err, char *buf, size_t n)
         if (k_ > 0)                                                                           \
             used = (size_t)k_ >= n - used ? n - 1 : used + (size_t)k_;                        \
     } while (0)
-    if (err->file[0])
-        PUT("%s: ", err->file);
-    if (err->tensor[0])
-        PUT("tensor %s", err->tensor);
+    /* file and tensor are stored raw (JSON output escapes them itself); escape for text. */
+    char safe[4 * sizeof err->file];
+    if (err->file[0]) {
+        escape_controls(safe, sizeof safe, err->file);
+        PUT("%s: ", safe);
+    }
+    if (err->tensor[0]) {
+        escape_controls(safe, sizeof safe, err->tensor);
+        PUT("tensor %s", safe);
+    }
     if (err->offset != KL_NO_OFFSET)
         PUT("%s@ %" PRIu64, err->tensor[0] ? " " : "", err->offset);
     if (err->tensor[0] || err->offset != KL_NO_OFFSET)

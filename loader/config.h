@@ -12,7 +12,8 @@
  *   KL_FAMILY_KIMI_K3            model_type starting with "kimi_k3" (metadata-only audit)
  * Rule ids: CFG-JSON (not a JSON object / wrong value type), CFG-MISSING (required key absent),
  * CFG-RANGE (value out of range or inconsistent, e.g. a layer listed twice or in neither list,
- * kv_lora_rank 0, top-k > experts, hidden_size not divisible), CFG-FAMILY (unknown
+ * kv_lora_rank 0, top-k > experts, hidden_size or moe_intermediate_size not divisible by the
+ * MXFP4 group size), CFG-FAMILY (unknown
  * model_type), CFG-QUANT (quantization_config present but not a supported scheme).
  * Every failure names config.json (the path given) and the key in kl_err.tensor.
  * Error codes: CFG-JSON, CFG-MISSING and CFG-RANGE return KL_E_FORMAT; CFG-FAMILY and CFG-QUANT
@@ -36,6 +37,7 @@
  *   routed_scaling_factor [1.0]           moe_router_activation_func ["sigmoid"]
  *   hidden_act ["silu"]                   rms_norm_eps [1e-5]   tie_word_embeddings [false]
  *   dtype | torch_dtype [""]              model_max_length | max_position_embeddings [0]
+ *                                         (these two are informational: first present wins)
  *   bos_token_id, eos_token_id (int or list: the first is kept), pad_token_id [-1]
  *   num_nextn_predict_layers [0]          dense_ffn_hidden (overrides intermediate_size)
  *   linear_attn_config.head_dim | linear_head_dim (req)

@@ -4,6 +4,7 @@
 #ifndef KL_LOADER_DTYPE_H
 #define KL_LOADER_DTYPE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum kl_dtype {

@@ -11,7 +11,9 @@
  *   IDX-DUPLICATE   the same tensor name twice in weight_map
  *   IDX-SHARD-NAME  a shard name that is absolute, contains "/" or "..", or does not end in
  *                   ".safetensors"
- *   IDX-TOTAL-SIZE  metadata.total_size present but not a non-negative integer
+ *   IDX-TOTAL-SIZE  metadata.total_size present but not a non-negative integer (<= 2^53, once)
+ * Also IDX-JSON: "metadata" not an object, "metadata" or "weight_map" twice.  kl_index_open
+ * adds KL_E_IO and FILE-NOT-REGULAR / FILE-TOO-LARGE (common/fs.h).
  * Ownership: kl_index owns everything; names are valid until kl_index_free.
  */
 #ifndef KL_LOADER_INDEX_H
@@ -22,6 +24,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* kl_index_open refuses larger files (FILE-TOO-LARGE): the 48B index is about 2 MB. */
+#define KL_INDEX_MAX_BYTES 100000000u
 
 typedef struct kl_index_entry {
     const char *tensor;             /* borrowed */

@@ -89,11 +89,17 @@ int kl_st_open(kl_st_file *f, const char *path, kl_err *err);
 
 /* Parses a header held in memory: hdr points at the N JSON bytes (not the length prefix),
  * file_bytes is the length of the whole file it came from.  Used by kl_st_open and the fuzzer.
- * path is used for messages and copied. */
+ * path is used for messages and copied (NULL = "").  hdr may be NULL only when n is 0. */
 int kl_st_parse(kl_st_file *f, const char *path, const uint8_t *hdr, uint64_t n,
                 uint64_t file_bytes, kl_err *err);
 
 void kl_st_close(kl_st_file *f);
+
+/* Tensor by name, NULL if absent. */
+const kl_st_tensor *kl_st_find(const kl_st_file *f, const char *name);
+
+/* __metadata__ value by key, NULL if absent. */
+const char *kl_st_meta_get(const kl_st_file *f, const char *key);
 
 /* Strict lexical pre-check of JSON text for what cJSON lets through: invalid UTF-8 (cJSON does
  * not validate it), raw control characters (in strings, or outside them other than the four JSON
@@ -103,11 +109,5 @@ void kl_st_close(kl_st_file *f);
  * otherwise; thread-safe.  Shared with loader/index.c. */
 enum { KL_JSON_TEXT_OK = 0, KL_JSON_TEXT_BAD_UTF8 = 1, KL_JSON_TEXT_BAD_JSON = 2 };
 int kl_st_check_json_text(const uint8_t *p, size_t n, size_t *bad_at, const char **why);
-
-/* Tensor by name, NULL if absent. */
-const kl_st_tensor *kl_st_find(const kl_st_file *f, const char *name);
-
-/* __metadata__ value by key, NULL if absent. */
-const char *kl_st_meta_get(const kl_st_file *f, const char *key);
 
 #endif

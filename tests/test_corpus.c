@@ -554,6 +554,71 @@ START_TEST(corpus_has_thirty_broken_checkpoints)
 }
 END_TEST
 
+
+/* Runs kl with args (a shell fragment) and returns the exit status; output in *out. */
+static int run_kl(const char *args, char **out)
+{
+    char cmd[8192], outf[1100];
+    snprintf(outf, sizeof outf, "%s/run.out", g_root);
+    snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", g_kl, args, outf);
+    int st = system(cmd);
+    *out = slurp(outf, NULL);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(transformers_written_checkpoint_audits_clean)
+{
+    /* tests/fixtures/ref_tiny was written by transformers (kimi_ref.py make --preset tiny). */
+    char *o;
+    int code = run_kl("audit tests/fixtures/ref_tiny --json", &o);
+    ck_assert_msg(code == 0, "exit %d: %.2000s", code, o);
+    cJSON *j = cJSON_Parse(o);
+    ck_assert_msg(j != NULL, "not JSON: %.500s", o);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")));
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "tensors")->valueint, 151);
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "expected_tensors")->valueint, 151);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "findings")), 0);
+    cJSON_Delete(j);
+    free(o);
+}
+END_TEST
+
+START_TEST(audit_hash_equals_sha256sum_and_catches_a_flipped_byte)
+{
+    char dir[1100], cmd[8192], args[4096];
+    snprintf(dir, sizeof dir, "%s/hashcase", g_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && cd '%s' && sha256sum *.safetensors > ../SUMS",
+             g_base, dir, dir);
+    ck_assert(system(cmd) == 0);
+    char *o;
+    snprintf(args, sizeof args, "audit '%s' --expect '%s/SUMS' --json", dir, g_root);
+    int code = run_kl(args, &o);
+    ck_assert_msg(code == 0, "exit %d: %.2000s", code, o);
+    cJSON *j = cJSON_Parse(o);
+    cJSON *hashes = cJSON_GetObjectItem(j, "hashes");
+    ck_assert_int_ge(cJSON_GetArraySize(hashes), 2);
+    for (cJSON *h = hashes->child; h; h = h->next)
+        ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(h, "match")), "%s does not match",
+                      cJSON_GetObjectItem(h, "file")->valuestring);
+    cJSON_Delete(j);
+    free(o);
+    /* flip one payload byte of the first shard: same size, valid header, wrong hash */
+    char path[4096];
+    first_shard(dir, path, sizeof path);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, -1, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -1, SEEK_END);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+    code = run_kl(args, &o);
+    ck_assert_msg(code == 1, "exit %d after a flipped byte: %.2000s", code, o);
+    ck_assert_msg(strstr(o, "HASH-MISMATCH") != NULL, "no HASH-MISMATCH: %.2000s", o);
+    free(o);
+    t_rmrf(dir);
+}
+END_TEST
+
 static void setup(void)
 {
     g_kl = getenv("KL_BIN");
@@ -579,6 +644,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, corpus_case_is_reported, 0, (int)N_CASES);
     tcase_add_test(tc, corpus_has_thirty_broken_checkpoints);
+    tcase_add_test(tc, transformers_written_checkpoint_audits_clean);
+    tcase_add_test(tc, audit_hash_equals_sha256sum_and_catches_a_flipped_byte);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }

@@ -1,0 +1,296 @@
+/*
+ * loader/index.c — model.safetensors.index.json parser (see index.h).
+ *
+ * Divisions: includes and helpers; metadata; weight_map; public API in header order.
+ * The text goes through the same strict lexical pre-check as shard headers
+ * (kl_st_check_json_text) before cJSON builds the tree; duplicate keys, which cJSON keeps as
+ * sibling members, are found with kl_strmap.
+ */
+#include "loader/index.h"
+
+#include "common/fs.h"
+#include "common/mem.h"
+#include "loader/safetensors.h"
+
+#include <cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SHARD_SUFFIX ".safetensors"
+/* Exact integers in a double: total_size above this cannot be trusted to the byte. */
+#define MAX_EXACT_DOUBLE 9007199254740992.0 /* 2^53 */
+
+/* State of one kl_index_parse call. */
+typedef struct idx_parse {
+    kl_index *idx;
+    char     *str_next;  /* next free byte of idx->strings */
+    kl_err   *err;
+} idx_parse;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                    */
+
+/* KL_E_FORMAT with rule, tensor (may be NULL) and byte offset; the path is added by the caller
+ * of the public function. */
+KL_PRINTF(5, 6)
+static int fail_at(kl_err *err, const char *rule, const char *tensor, uint64_t off,
+                   const char *fmt, ...)
+{
+    char msg[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kl_fail_rule(err, KL_E_FORMAT, rule, "%s", msg);
+    kl_err_context(err, NULL, tensor, off, NULL);
+    return KL_E_FORMAT;
+}
+
+static int is_json_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static const char *keep_str(idx_parse *ps, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *dst = ps->str_next;
+    memcpy(dst, s, n);
+    ps->str_next += n;
+    return dst;
+}
+
+/* Root members other than metadata and weight_map are ignored (writers may add their own), but
+ * a repeated key is ambiguous: which one would another reader use? */
+static int find_root_members(idx_parse *ps, const cJSON *root, const cJSON **meta,
+                             const cJSON **wmap)
+{
+    *meta = *wmap = NULL;
+    for (const cJSON *c = root->child; c; c = c->next) {
+        const cJSON **slot = strcmp(c->string, "metadata") == 0     ? meta
+                             : strcmp(c->string, "weight_map") == 0 ? wmap
+                                                                    : NULL;
+        if (!slot)
+            continue;
+        if (*slot)
+            return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET, "\"%s\" appears twice",
+                           c->string);
+        *slot = c;
+    }
+    if (!*wmap || !cJSON_IsObject(*wmap))
+        return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET,
+                       *wmap ? "weight_map is not an object" : "weight_map missing");
+    if (*meta && !cJSON_IsObject(*meta))
+        return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET, "metadata is not an object");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* metadata                                                                                   */
+
+/* total_size is optional; when present it must be an exact non-negative integer. */
+static int parse_total_size(idx_parse *ps, const cJSON *meta)
+{
+    const cJSON *ts = NULL;
+    if (!meta)
+        return 0;
+    for (const cJSON *c = meta->child; c; c = c->next) {
+        if (strcmp(c->string, "total_size") != 0)
+            continue;
+        if (ts)
+            return fail_at(ps->err, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
+                           "metadata.total_size appears twice");
+        ts = c;
+    }
+    if (!ts)
+        return 0;
+    double d = cJSON_IsNumber(ts) ? ts->valuedouble : -1.0;
+    if (!(d >= 0 && d <= MAX_EXACT_DOUBLE) || (double)(uint64_t)d != d)
+        return fail_at(ps->err, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
+                       "metadata.total_size is not a non-negative integer (at most 2^53)");
+    ps->idx->has_total_size = 1;
+    ps->idx->total_size = (uint64_t)d;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* weight_map                                                                                 */
+
+static int ends_with(const char *s, size_t len, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return len >= k && memcmp(s + len - k, suffix, k) == 0;
+}
+
+/* A shard name must stay inside the checkpoint directory: a plain file name, no path parts. */
+static int check_shard_name(idx_parse *ps, const char *tensor, const char *file)
+{
+    size_t len = strlen(file);
+    const char *why = NULL;
+    if (file[0] == '/')
+        why = "is an absolute path";
+    else if (strchr(file, '/'))
+        why = "contains '/'";
+    else if (strstr(file, ".."))
+        why = "contains \"..\"";
+    else if (!ends_with(file, len, SHARD_SUFFIX) || len == strlen(SHARD_SUFFIX))
+        why = "is not a NAME.safetensors file name";
+    if (why)
+        return fail_at(ps->err, "IDX-SHARD-NAME", tensor, KL_NO_OFFSET, "shard \"%.128s\" %s",
+                       file, why);
+    return 0;
+}
+
+/* Shard index of file, adding it on first sight. */
+static int shard_id(idx_parse *ps, const char *file, uint32_t *id)
+{
+    kl_index *idx = ps->idx;
+    if (kl_strmap_get(&idx->by_shard, file, id))
+        return 0;
+    const char *kept = keep_str(ps, file);
+    *id = (uint32_t)idx->n_shards;
+    if (kl_strmap_put(&idx->by_shard, kept, *id, NULL) < 0)
+        return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing shards");
+    idx->shards[idx->n_shards++] = kept;
+    return 0;
+}
+
+static int parse_entry(idx_parse *ps, const cJSON *c)
+{
+    kl_index *idx = ps->idx;
+    const char *tensor = c->string;
+    if (!tensor[0])
+        return fail_at(ps->err, "IDX-ENTRY", NULL, KL_NO_OFFSET, "empty tensor name");
+    if (!cJSON_IsString(c) || !c->valuestring[0])
+        return fail_at(ps->err, "IDX-ENTRY", tensor, KL_NO_OFFSET,
+                       "shard file must be a non-empty string");
+    int rc = check_shard_name(ps, tensor, c->valuestring);
+    if (rc)
+        return rc;
+    kl_index_entry *e = &idx->entries[idx->n_entries];
+    e->tensor = keep_str(ps, tensor);
+    if ((rc = shard_id(ps, c->valuestring, &e->shard)))
+        return rc;
+    int put = kl_strmap_put(&idx->by_tensor, e->tensor, (uint32_t)idx->n_entries, NULL);
+    if (put < 0)
+        return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing tensors");
+    if (put == 1)
+        return fail_at(ps->err, "IDX-DUPLICATE", tensor, KL_NO_OFFSET,
+                       "tensor appears twice in weight_map");
+    idx->n_entries++;
+    return 0;
+}
+
+static int parse_weight_map(idx_parse *ps, const cJSON *wmap)
+{
+    kl_index *idx = ps->idx;
+    size_t n = 0, bytes = 1;
+    for (const cJSON *c = wmap->child; c; c = c->next) {
+        n++;
+        bytes += strlen(c->string) + 1 + (cJSON_IsString(c) ? strlen(c->valuestring) + 1 : 0);
+    }
+    idx->entries = kl_calloc(n ? n : 1, sizeof *idx->entries);
+    idx->shards = kl_calloc(n ? n : 1, sizeof *idx->shards);
+    idx->strings = kl_malloc(bytes);
+    if (!idx->entries || !idx->shards || !idx->strings ||
+        kl_strmap_init(&idx->by_tensor, n) || kl_strmap_init(&idx->by_shard, 16))
+        return kl_fail(ps->err, KL_E_NOMEM, "out of memory for %zu weight_map entries", n);
+    ps->str_next = idx->strings;
+    for (const cJSON *c = wmap->child; c; c = c->next) {
+        int rc = parse_entry(ps, c);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public API                                                                                 */
+
+int kl_index_open(kl_index *idx, const char *path, kl_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    memset(idx, 0, sizeof *idx);
+    int rc = kl_read_file(path, KL_INDEX_MAX_BYTES, &text, &len, err);
+    if (!rc)
+        rc = kl_index_parse(idx, path, text, len, err);
+    kl_free(text);
+    return rc;
+}
+
+/* Lexical pre-check, cJSON, and only whitespace after the root object. */
+static int parse_text(idx_parse *ps, const char *json, size_t len, cJSON **out)
+{
+    size_t at = 0;
+    const char *why = NULL, *end = NULL;
+    int kind = kl_st_check_json_text((const uint8_t *)json, len, &at, &why);
+    if (kind == KL_JSON_TEXT_BAD_UTF8)
+        return fail_at(ps->err, "IDX-UTF8", NULL, at, "not valid UTF-8: %s", why);
+    if (kind != KL_JSON_TEXT_OK)
+        return fail_at(ps->err, "IDX-JSON", NULL, at, "not valid JSON: %s", why);
+    size_t i = 0;
+    while (i < len && is_json_space(json[i]))
+        i++;
+    /* cJSON would skip a UTF-8 byte-order mark; JSON (RFC 8259) does not allow one. */
+    if (i == len || json[i] != '{')
+        return fail_at(ps->err, "IDX-JSON", NULL, i, "not a JSON object");
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    size_t pos = end ? (size_t)(end - json) : 0;
+    if (!root)
+        return fail_at(ps->err, "IDX-JSON", NULL, pos, "not valid JSON");
+    while (pos < len && is_json_space(json[pos]))
+        pos++;
+    if (pos < len || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fail_at(ps->err, "IDX-JSON", NULL, pos, "unexpected bytes after the JSON object");
+    }
+    *out = root;
+    return 0;
+}
+
+int kl_index_parse(kl_index *idx, const char *path, const char *json, size_t len, kl_err *err)
+{
+    idx_parse ps = {.idx = idx, .str_next = NULL, .err = err};
+    const cJSON *meta = NULL, *wmap = NULL;
+    cJSON *root = NULL;
+    memset(idx, 0, sizeof *idx);
+    int rc = 0;
+    if (!json && len)
+        rc = kl_fail(err, KL_E_USAGE, "NULL index text");
+    if (!rc)
+        rc = parse_text(&ps, json ? json : "", len, &root);
+    if (!rc)
+        rc = find_root_members(&ps, root, &meta, &wmap);
+    if (!rc)
+        rc = parse_total_size(&ps, meta);
+    if (!rc)
+        rc = parse_weight_map(&ps, wmap);
+    cJSON_Delete(root);
+    if (rc) {
+        kl_index_free(idx);
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+    }
+    return rc;
+}
+
+void kl_index_free(kl_index *idx)
+{
+    if (!idx)
+        return;
+    kl_free(idx->entries);
+    kl_free((void *)idx->shards);
+    kl_free(idx->strings);
+    kl_strmap_free(&idx->by_tensor);
+    kl_strmap_free(&idx->by_shard);
+    memset(idx, 0, sizeof *idx);
+}
+
+int kl_index_shard_of(const kl_index *idx, const char *tensor)
+{
+    uint32_t i;
+    if (!idx || !tensor || !kl_strmap_get(&idx->by_tensor, tensor, &i))
+        return -1;
+    return (int)idx->entries[i].shard;
+}
