@@ -1,0 +1,27 @@
+/*
+ * common/membench.h — the host memory-read ceiling: how fast this machine's CPUs can read
+ * a buffer much larger than the caches once, with several threads.
+ *
+ * Used as the denominator of page-cache read rates (`kl read --ceiling`): a buffered read of a
+ * cached file cannot move bytes faster than the CPUs can read RAM.  Allocates `bytes` (counted,
+ * released before returning), touches every page first, then times `passes` single passes of
+ * `threads` threads summing disjoint slices; returns the best pass.
+ */
+#ifndef KL_COMMON_MEMBENCH_H
+#define KL_COMMON_MEMBENCH_H
+
+#include "common/err.h"
+
+#include <stddef.h>
+
+typedef struct kl_membench_result {
+    size_t   bytes;
+    unsigned threads;
+    double   best_s;        /* fastest single pass */
+    double   read_gbps;     /* bytes / best_s / 1e9 */
+} kl_membench_result;
+
+int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
+                     kl_err *err);
+
+#endif
