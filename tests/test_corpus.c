@@ -619,6 +619,41 @@ START_TEST(audit_hash_equals_sha256sum_and_catches_a_flipped_byte)
 }
 END_TEST
 
+START_TEST(audit_reads_expected_hashes_from_a_hub_cache_snapshot)
+{
+    /* models--x--y/blobs/<sha256> and snapshots/<rev>/<shard> -> ../../blobs/<sha256>, as the
+     * Hugging Face cache lays them out; the blob names are the expected hashes. */
+    char root[1100], cmd[8192], args[4096];
+    snprintf(root, sizeof root, "%s/models--t--tiny", g_root);
+    snprintf(cmd, sizeof cmd,
+             "set -e; mkdir -p '%s/blobs' '%s/snapshots/rev1'; cd '%s'; "
+             "for f in *; do h=$(sha256sum \"$f\" | cut -c1-64); cp \"$f\" '%s/blobs/'$h; "
+             "ln -s ../../blobs/$h '%s/snapshots/rev1/'\"$f\"; done",
+             root, root, g_base, root, root);
+    ck_assert_msg(system(cmd) == 0, "cannot build the snapshot");
+    char *o;
+    snprintf(args, sizeof args, "audit '%s/snapshots/rev1' --hash --json", root);
+    int code = run_kl(args, &o);
+    ck_assert_msg(code == 0, "exit %d: %.2000s", code, o);
+    cJSON *j = cJSON_Parse(o);
+    cJSON *hashes = cJSON_GetObjectItem(j, "hashes");
+    ck_assert_int_ge(cJSON_GetArraySize(hashes), 2);
+    for (cJSON *h = hashes->child; h; h = h->next)
+        ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(h, "match")), "%s: no match",
+                      cJSON_GetObjectItem(h, "file")->valuestring);
+    cJSON_Delete(j);
+    free(o);
+    /* a blob overwritten through its link keeps its name but not its hash */
+    snprintf(cmd, sizeof cmd, "f=$(ls '%s/snapshots/rev1/'*.safetensors | head -1); "
+             "printf 'x' | dd of=\"$f\" bs=1 seek=100 conv=notrunc status=none", root);
+    ck_assert(system(cmd) == 0);
+    code = run_kl(args, &o);
+    ck_assert_msg(code == 1 && strstr(o, "HASH-MISMATCH"), "exit %d: %.2000s", code, o);
+    free(o);
+    t_rmrf(root);
+}
+END_TEST
+
 static void setup(void)
 {
     g_kl = getenv("KL_BIN");
@@ -646,6 +681,7 @@ int main(void)
     tcase_add_test(tc, corpus_has_thirty_broken_checkpoints);
     tcase_add_test(tc, transformers_written_checkpoint_audits_clean);
     tcase_add_test(tc, audit_hash_equals_sha256sum_and_catches_a_flipped_byte);
+    tcase_add_test(tc, audit_reads_expected_hashes_from_a_hub_cache_snapshot);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }
