@@ -72,7 +72,7 @@ static int layout(const kl_st_wtensor *t, size_t n, uint64_t *begin, uint64_t *n
     int rc = 0;
     size_t i;
     for (i = 0; i < n; i++) {
-        uint64_t sz;
+        uint64_t sz = 0;
         rc = tensor_size(&t[i], &sz, err);
         if (rc)
             break;
@@ -188,12 +188,15 @@ done:
 
 static void writer_reset(kl_st_writer *w)
 {
+    if (w->direct && w->dfd >= 0)
+        close(w->dfd);
     kl_free(w->path);
     kl_free(w->tmp_path);
     kl_free(w->begin);
     kl_free(w->n_bytes);
     memset(w, 0, sizeof *w);
     w->fd = -1;
+    w->dfd = -1;
 }
 
 int kl_st_writer_open(kl_st_writer *w, const char *path, const kl_st_wtensor *t, size_t n,
@@ -201,7 +204,12 @@ int kl_st_writer_open(kl_st_writer *w, const char *path, const kl_st_wtensor *t,
 {
     memset(w, 0, sizeof *w);
     w->fd = -1;
+    w->dfd = -1;
     uint32_t align = opts ? opts->data_align : 0;
+    int want_direct = opts && opts->direct;
+    if (want_direct && align && align < KL_ST_WRITER_DIRECT_ALIGN)
+        return kl_fail(err, KL_E_USAGE, "O_DIRECT needs a data alignment of at least %u",
+                       KL_ST_WRITER_DIRECT_ALIGN);
     w->early_writeback = opts ? opts->early_writeback : 0;
     size_t plen = strlen(path);
     w->path = kl_strdup(path);
@@ -241,6 +249,10 @@ int kl_st_writer_open(kl_st_writer *w, const char *path, const kl_st_wtensor *t,
         kl_err_context(err, w->tmp_path, NULL, KL_NO_OFFSET, NULL);
         goto fail;
     }
+    if (want_direct) {
+        w->dfd = open(w->tmp_path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        w->direct = w->dfd >= 0; /* EINVAL on file systems without O_DIRECT: stay buffered */
+    }
     kl_free(hdr);
     return 0;
 fail:
@@ -259,17 +271,46 @@ uint64_t kl_st_writer_tensor_bytes(const kl_st_writer *w, size_t i)
     return w->n_bytes[i];
 }
 
+/* Writes at absolute file position pos: the aligned part through O_DIRECT when possible. */
+static int write_at(kl_st_writer *w, uint64_t pos, const void *buf, size_t n, kl_err *err)
+{
+    const uint8_t *p = buf;
+    if (w->direct && pos % KL_ST_WRITER_DIRECT_ALIGN == 0 &&
+        (uintptr_t)p % KL_ST_WRITER_DIRECT_ALIGN == 0) {
+        size_t na = n / KL_ST_WRITER_DIRECT_ALIGN * KL_ST_WRITER_DIRECT_ALIGN;
+        if (na) {
+            int rc = kl_pwrite_all(w->dfd, p, na, pos, w->tmp_path, err);
+            if (rc)
+                return rc;
+            p += na;
+            pos += na;
+            n -= na;
+        }
+    }
+    if (!n)
+        return 0;
+    int rc = kl_pwrite_all(w->fd, p, n, pos, w->tmp_path, err);
+    if (!rc && w->early_writeback)
+        (void)sync_file_range(w->fd, (off_t)pos, (off_t)n, SYNC_FILE_RANGE_WRITE);
+    return rc;
+}
+
 int kl_st_writer_pwrite(kl_st_writer *w, size_t i, uint64_t off, const void *buf, size_t n,
                         kl_err *err)
 {
     if (!w->is_open || i >= w->n_tensors || off > w->n_bytes[i] || n > w->n_bytes[i] - off)
         return kl_fail(err, KL_E_USAGE, "write of %zu bytes at %" PRIu64 " outside tensor %zu",
                        n, off, i);
-    uint64_t pos = w->data_off + w->begin[i] + off;
-    int rc = kl_pwrite_all(w->fd, buf, n, pos, w->tmp_path, err);
-    if (!rc && w->early_writeback && n)
-        (void)sync_file_range(w->fd, (off_t)pos, (off_t)n, SYNC_FILE_RANGE_WRITE);
-    return rc;
+    return write_at(w, w->data_off + w->begin[i] + off, buf, n, err);
+}
+
+int kl_st_writer_pwrite_data(kl_st_writer *w, uint64_t off, const void *buf, size_t n,
+                             kl_err *err)
+{
+    if (!w->is_open || off > w->tensor_bytes || n > w->tensor_bytes - off)
+        return kl_fail(err, KL_E_USAGE, "write of %zu bytes at data offset %" PRIu64
+                       " past the end of the data (%" PRIu64 " bytes)", n, off, w->tensor_bytes);
+    return write_at(w, w->data_off + off, buf, n, err);
 }
 
 /* fsync of the directory holding path, so the rename itself is durable. */
@@ -304,6 +345,11 @@ int kl_st_writer_commit(kl_st_writer *w, kl_err *err)
         kl_fail_sys(err, KL_E_IO, errno, "fsync failed");
         kl_err_context(err, w->tmp_path, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
+    }
+    if (w->direct) {
+        close(w->dfd); /* its writes are in the file: the fsync above covered them */
+        w->dfd = -1;
+        w->direct = 0;
     }
     int rc = close(w->fd);
     w->fd = -1;

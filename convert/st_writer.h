@@ -50,16 +50,26 @@ typedef struct kl_st_wtensor {
     uint64_t    shape[KL_ST_WRITER_MAX_RANK];
 } kl_st_wtensor;
 
+#define KL_ST_WRITER_DIRECT_ALIGN 4096u /* O_DIRECT offset, length and buffer alignment */
+
 typedef struct kl_st_writer_opts {
     uint32_t data_align;      /* data section start alignment, power of two >= 8; 0 = 4096 */
-    int      early_writeback; /* start writeback of each pwrite at once (sync_file_range), so
-                                 dirty pages stay few and the final fsync is short */
+    int      early_writeback; /* start writeback of each buffered pwrite at once
+                                 (sync_file_range), so dirty pages stay few and the final
+                                 fsync is short */
+    int      direct;          /* also open the file with O_DIRECT (needs data_align >= 4096);
+                                 writes whose file offset and buffer are 4096-aligned go
+                                 through it (their 4096-multiple part; any rest is buffered).
+                                 Falls back to buffered writes where the file system refuses
+                                 O_DIRECT; kl_st_writer.direct says which. */
 } kl_st_writer_opts;
 
 typedef struct kl_st_writer {
     char     *path;           /* owned: final name */
     char     *tmp_path;       /* owned: PATH.partial */
     int       fd;             /* valid while is_open */
+    int       dfd;            /* O_DIRECT descriptor of the same file, valid while direct */
+    int       direct;         /* O_DIRECT writes in use */
     int       is_open;        /* the .partial file exists and fd is open */
     int       committed;
     int       early_writeback;
@@ -92,6 +102,11 @@ uint64_t kl_st_writer_tensor_bytes(const kl_st_writer *w, size_t i);
 /* Writes n bytes at byte `off` inside tensor i.  KL_E_USAGE if the range leaves the tensor. */
 int kl_st_writer_pwrite(kl_st_writer *w, size_t i, uint64_t off, const void *buf, size_t n,
                         kl_err *err);
+
+/* Writes n bytes at byte `off` of the data section (the tensors' bytes back to back, in the
+ * order given to open).  KL_E_USAGE if the range passes the end of the data. */
+int kl_st_writer_pwrite_data(kl_st_writer *w, uint64_t off, const void *buf, size_t n,
+                             kl_err *err);
 
 /* fsync, close, rename PATH.partial -> PATH, fsync the directory. */
 int kl_st_writer_commit(kl_st_writer *w, kl_err *err);
