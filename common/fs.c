@@ -3,9 +3,11 @@
 
 #include "common/mem.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -186,4 +188,83 @@ fail:
     kl_fail_sys(err, KL_E_IO, errno, "cannot create directory");
     kl_err_context(err, buf, NULL, KL_NO_OFFSET, NULL);
     return KL_E_IO;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void kl_free_name_list(char **names, size_t n)
+{
+    if (!names)
+        return;
+    for (size_t i = 0; i < n; i++)
+        kl_free(names[i]);
+    kl_free(names);
+}
+
+/* 1 if dir/name is a directory (following symlinks); 0 otherwise, also when stat fails. */
+static int is_dir_entry(int dfd, const struct dirent *e)
+{
+    if (e->d_type == DT_DIR)
+        return 1;
+    if (e->d_type != DT_UNKNOWN && e->d_type != DT_LNK)
+        return 0;
+    struct stat st;
+    return fstatat(dfd, e->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
+}
+
+int kl_list_files_with_suffix(const char *dir, const char *suffix, char ***names, size_t *n,
+                              kl_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot open directory");
+        kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    size_t slen = strlen(suffix), count = 0, cap = 0;
+    char **list = NULL;
+    int rc = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (!e) {
+            if (errno) {
+                rc = kl_fail_sys(err, KL_E_IO, errno, "cannot read directory");
+                kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
+            }
+            break;
+        }
+        size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' || len < slen || strcmp(e->d_name + len - slen, suffix) != 0 ||
+            is_dir_entry(dirfd(d), e))
+            continue;
+        if (count == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            char **nl = kl_realloc(list, ncap * sizeof *nl);
+            if (!nl) {
+                rc = kl_fail(err, KL_E_NOMEM, "out of memory listing %s", dir);
+                break;
+            }
+            list = nl;
+            cap = ncap;
+        }
+        if (!(list[count] = kl_strndup(e->d_name, len))) {
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory listing %s", dir);
+            break;
+        }
+        count++;
+    }
+    closedir(d);
+    if (rc) {
+        kl_free_name_list(list, count);
+        return rc;
+    }
+    if (count > 1)
+        qsort(list, count, sizeof *list, cmp_names);
+    *names = list;
+    *n = count;
+    return 0;
 }

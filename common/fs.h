@@ -34,4 +34,14 @@ int kl_write_file_atomic(const char *dir, const char *name, const void *data, si
 /* Creates a directory (and its parents); ok if it exists. */
 int kl_mkdir_p(const char *path, kl_err *err);
 
+/* Lists the entries of dir whose names end in suffix (e.g. ".safetensors"), sorted by name
+ * (strcmp order), skipping names that start with '.' and entries that are directories
+ * (symlinks are followed; a dangling link is listed, so opening it reports the problem).
+ * *names is a kl_malloc'd array of *n kl_malloc'd names (without dir); free it with
+ * kl_free_name_list.  An empty result is not an error (*names NULL, *n 0).
+ * KL_E_IO if dir cannot be read, KL_E_NOMEM. */
+int kl_list_files_with_suffix(const char *dir, const char *suffix, char ***names, size_t *n,
+                              kl_err *err);
+void kl_free_name_list(char **names, size_t n);  /* NULL ok */
+
 #endif

@@ -66,7 +66,7 @@ typedef struct kl_rfile {
     uint64_t size;       /* bytes, from fstat at kl_reader_add_file */
 } kl_rfile;
 
-enum { KL_SLOT_FREE = 0, KL_SLOT_BUSY, KL_SLOT_DONE };
+enum { KL_SLOT_FREE = 0, KL_SLOT_BUSY, KL_SLOT_DONE, KL_SLOT_FAILED };
 
 /* One ring entry: an aligned buffer and the chunk it holds.  File offsets: rd_off <= payload
  * start < need_end <= rd_end; buf[0] holds the byte at rd_off. */
@@ -89,6 +89,12 @@ typedef struct kl_slot {
     size_t   op_len;
     uint64_t op_off;
     ssize_t  op_res;     /* pread backend: bytes or -errno */
+    /* why the chunk failed (KL_SLOT_FAILED); reported when delivery reaches it, so every
+     * chunk before a failed one is still delivered */
+    int      err_code;   /* KL_E_* */
+    int      err_errno;
+    uint64_t err_off;    /* file offset of the failure */
+    char     err_msg[192];
 } kl_slot;
 
 typedef struct kl_backend_ops {
@@ -120,13 +126,14 @@ struct kl_reader {
     /* run state */
     unsigned              inflight;   /* ops handed to the backend and not completed */
     int                   draining;   /* after an error: completions only retire ops */
+    int                   any_failed; /* a slot failed: plan no more chunks */
     int                   run_rc;     /* first error of the current run */
     kl_err               *run_err;    /* caller's err for the current run (may be NULL) */
 };
 
 /* Called by a backend for every finished op, with the byte count or -errno.  Decrements
  * inflight, then resubmits the rest of a short read, retries EINTR/EAGAIN, or marks the slot
- * done; on failure records the first error in r->run_rc / r->run_err. */
+ * done or failed (the error is kept in the slot until delivery reaches it). */
 void kl_rd_complete(kl_reader *r, kl_slot *s, ssize_t res);
 
 #endif
