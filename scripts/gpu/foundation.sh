@@ -66,23 +66,29 @@ if has read; then
     fi
     du -sh "$D"
     drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo "(caches dropped)" || echo "(drop_caches FAILED)"; }
-    for rep in 1 2; do
-        drop
-        t0=$(date +%s.%N); total=0
-        for f in "$D"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; total=$((total + $(stat -c %s "$f"))); done
+    ddread() {  # one dd per shard, back to back; prints the aggregate rate
+        local t0 t1 total=0
+        t0=$(date +%s.%N)
+        for f in "$D"/*.safetensors; do
+            dd if="$f" of=/dev/null bs=64M iflag=direct status=none
+            total=$((total + $(stat -c %s "$f")))
+        done
         t1=$(date +%s.%N)
-        echo "dd iflag=direct bs=64M: $total bytes $(echo "$t1 - $t0" | bc) s $(echo "scale=3; $total / ($t1 - $t0) / 1000000000" | bc) GB/s"
-        for io in uring aio pread; do
+        python3 -c "import sys; b,t0,t1=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]); print(f'dd iflag=direct bs=64M: {b} bytes in {t1-t0:.3f} s = {b/(t1-t0)/1e9:.3f} GB/s')" "$total" "$t0" "$t1"
+    }
+    for rep in 1 2 3; do
+        drop; ddread
+        for io in auto uring aio pread; do
             drop
             "$KL" read "$D" --direct --io $io --json
         done
     done
     echo "-- page cache"
     cat "$D"/*.safetensors > /dev/null
-    for io in pread uring; do
-        "$KL" read "$D" --buffered --io $io --json
-        "$KL" read "$D" --buffered --io $io --json
+    for rep in 1 2 3; do
+        for io in pread uring; do
+            "$KL" read "$D" --buffered --io $io --json --ceiling
+        done
     done
-    "$KL" read "$D" --ceiling --json || true
 fi
 echo "== done $(date -u +%FT%TZ)"
