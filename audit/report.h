@@ -16,8 +16,4 @@ void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose);
 /* Adds the report's fields to an existing JSON object; 0 or KL_E_NOMEM. */
 int kl_audit_to_json(const kl_audit_report *r, cJSON *root);
 
-/* Adds an unsigned integer: a number up to 2^53, a decimal string above (cJSON stores
- * doubles).  Returns the item or NULL on allocation failure. */
-cJSON *kl_json_add_u64(cJSON *obj, const char *key, uint64_t v);
-
 #endif

@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "common/fs.h"
 #include "common/mem.h"
+#include "common/jsonout.h"
 #include "common/membench.h"
 #include "loader/hashpass.h"
 #include "loader/reader.h"
@@ -40,7 +41,7 @@ static const char usage_text[] =
     "  --threads N      with --hash: files hashed at once (default min(CPUs, files));\n"
     "                   otherwise pread worker threads (default: the queue depth; the number\n"
     "                   of CPUs with --buffered)\n"
-    "  --ceiling        also measure the host memory-read ceiling (1 GiB, one thread per CPU)\n"
+    "  --ceiling        also measure the host memory-read ceiling (4 GiB, one thread per CPU)\n"
     "                   and report the read rate as a fraction of it\n"
     "  -h, --help       this text\n"
     "\n"
@@ -319,29 +320,17 @@ static int hash_all(const read_args *a, const file_list *l, kl_hashpass_file *fi
     return rc;
 }
 
-/* --ceiling: best of three single passes over 1 GiB of RAM, one thread per CPU. */
+/* --ceiling: best of five single passes over 4 GiB of RAM, one thread per CPU. */
 static int measure_ceiling(read_result *res, kl_err *err)
 {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = nproc < 1 ? 1 : nproc > 256 ? 256 : (unsigned)nproc;
-    int rc = kl_membench_read((size_t)1 << 30, threads, 3, &res->ceiling, err);
+    int rc = kl_membench_read((size_t)4 << 30, threads, 5, &res->ceiling, err);
     res->has_ceiling = rc == 0;
     return rc;
 }
 
 /* ---- output -------------------------------------------------------------------------------- */
-
-/* cJSON stores doubles: integers above 2^53 go out as strings. */
-static void json_add_u64(cJSON *o, const char *key, uint64_t v)
-{
-    if (v <= (1ull << 53)) {
-        cJSON_AddNumberToObject(o, key, (double)v);
-    } else {
-        char buf[24];
-        snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
-        cJSON_AddStringToObject(o, key, buf);
-    }
-}
 
 static double gbps(const read_result *res)
 {
@@ -392,7 +381,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
     cJSON_AddStringToObject(root, "backend", kl_io_backend_name(res->backend));
     cJSON_AddBoolToObject(root, "direct", res->direct);
     cJSON_AddNumberToObject(root, "files", (double)l->n);
-    json_add_u64(root, "bytes", res->bytes);
+    kl_json_add_u64(root, "bytes", res->bytes);
     cJSON_AddNumberToObject(root, "elapsed_s", res->elapsed_s);
     cJSON_AddNumberToObject(root, "read_gbps", gbps(res));
     if (res->has_ceiling) {
@@ -407,7 +396,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
             kl_sha256_hex(files[i].sha256, hex);
             cJSON *f = cJSON_CreateObject();
             cJSON_AddStringToObject(f, "file", files[i].path);
-            json_add_u64(f, "size_bytes", files[i].size_bytes);
+            kl_json_add_u64(f, "size_bytes", files[i].size_bytes);
             cJSON_AddStringToObject(f, "sha256", hex);
             cJSON_AddItemToArray(arr, f);
         }
@@ -426,7 +415,7 @@ static int report_error(const read_args *a, const kl_err *err)
         cJSON_AddStringToObject(e, "code", kl_err_code_name(err->code));
         cJSON_AddStringToObject(e, "file", err->file);
         if (err->offset != KL_NO_OFFSET)
-            json_add_u64(e, "offset", err->offset);
+            kl_json_add_u64(e, "offset", err->offset);
         else
             cJSON_AddNullToObject(e, "offset");
         cJSON_AddStringToObject(e, "message", line);

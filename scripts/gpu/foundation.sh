@@ -7,7 +7,7 @@
 #   3. kl synth --preset full --sparse, then kl audit timing (< 0.2 s target).
 #   4. a 20+ GB synthetic checkpoint: dd iflag=direct vs kl read --direct (cache dropped),
 #      then page-cache reads vs the memory-read ceiling.
-# Usage: scripts/gpu/foundation.sh [STEPS]   STEPS: any of "ref synth sparse read" (default all)
+# Usage: scripts/gpu/foundation.sh [STEPS]   STEPS: any of "ref synth sparse read cache" (default all)
 set -u
 OUT=${OUT:-/tmp/kl-out}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ exec > >(tee -a "$OUT/foundation.log") 2>&1
 export LD_LIBRARY_PATH="$PWD/build/portable${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 KL="$PWD/build/portable/kl"
 W=${W:-/tmp/klwork}
-STEPS=${1:-"ref synth sparse read"}
+STEPS=${1:-"ref synth sparse read cache"}
 mkdir -p "$W"
 echo "== $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
@@ -83,6 +83,12 @@ if has read; then
             "$KL" read "$D" --direct --io $io --json
         done
     done
+fi
+
+if has cache; then
+    D="$W/big"
+    LAYERS=${LAYERS:-6}
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --layers "$LAYERS" --seed 3 --json
     echo "-- page cache"
     cat "$D"/*.safetensors > /dev/null
     for rep in 1 2 3; do
