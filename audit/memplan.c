@@ -18,13 +18,17 @@
 static int replicated_role(kl_role role)
 {
     switch (role) {
-    case KL_ROLE_FINAL_NORM: case KL_ROLE_INPUT_NORM: case KL_ROLE_POST_ATTN_NORM:
-    case KL_ROLE_ROUTER: case KL_ROLE_ROUTER_BIAS: case KL_ROLE_MLA_KV_A:
-    case KL_ROLE_MLA_KV_A_NORM: case KL_ROLE_KDA_F_A: case KL_ROLE_KDA_G_A:
-    case KL_ROLE_KDA_O_NORM:
-        return 1;
-    default:
-        return 0;
+    case KL_ROLE_FINAL_NORM:
+    case KL_ROLE_INPUT_NORM:
+    case KL_ROLE_POST_ATTN_NORM:
+    case KL_ROLE_ROUTER:
+    case KL_ROLE_ROUTER_BIAS:
+    case KL_ROLE_MLA_KV_A:
+    case KL_ROLE_MLA_KV_A_NORM:
+    case KL_ROLE_KDA_F_A:
+    case KL_ROLE_KDA_G_A:
+    case KL_ROLE_KDA_O_NORM: return 1;
+    default: return 0;
     }
 }
 
@@ -56,7 +60,8 @@ int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t 
     m->mla_cache_bytes = n_mla * context * (c->kv_lora_rank + c->qk_rope_head_dim) * 2;
     uint64_t heads = (c->kda_num_heads + tp - 1) / tp;
     uint64_t state = heads * c->kda_head_dim * c->kda_head_dim * 4;
-    uint64_t conv = 3 * heads * c->kda_head_dim * (c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0) * 4;
+    uint64_t conv =
+        3 * heads * c->kda_head_dim * (c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0) * 4;
     m->kda_state_bytes = n_kda * (state + conv);
     m->total_bytes = m->weights_bytes + m->mla_cache_bytes + m->kda_state_bytes;
     return 0;

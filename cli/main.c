@@ -22,12 +22,15 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out, "kl %s — audit, convert, load and serve Kimi-Linear checkpoints\n\n"
-                 "usage: kl COMMAND [ARGS]\n\ncommands:\n", KL_VERSION);
+    fprintf(out,
+            "kl %s — audit, convert, load and serve Kimi-Linear checkpoints\n\n"
+            "usage: kl COMMAND [ARGS]\n\ncommands:\n",
+            KL_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "  %-8s %s\n", "help", "this text; `kl COMMAND --help` for one command");
-    fprintf(out, "\nExit status: 0 clean, 1 problems found, 2 usage or I/O error, 3 internal bug.\n");
+    fprintf(out,
+            "\nExit status: 0 clean, 1 problems found, 2 usage or I/O error, 3 internal bug.\n");
 }
 
 int main(int argc, char **argv)

@@ -90,6 +90,17 @@ int kl_fail_sys(kl_err *err, int code, int sys_errno, const char *fmt, ...)
     return code;
 }
 
+int kl_fail_at(kl_err *err, int code, const char *rule, const char *tensor, uint64_t offset,
+               const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(err, code, 0, rule, fmt, ap);
+    va_end(ap);
+    kl_err_context(err, NULL, tensor, offset, NULL);
+    return code;
+}
+
 void kl_err_context(kl_err *err, const char *file, const char *tensor, uint64_t offset,
                     const char *rule)
 {

@@ -56,6 +56,11 @@ int kl_fail(kl_err *err, int code, const char *fmt, ...) KL_PRINTF(3, 4);
 int kl_fail_rule(kl_err *err, int code, const char *rule, const char *fmt, ...) KL_PRINTF(4, 5);
 int kl_fail_sys(kl_err *err, int code, int sys_errno, const char *fmt, ...) KL_PRINTF(4, 5);
 
+/* As kl_fail_rule, also recording the tensor (may be NULL) and byte offset (KL_NO_OFFSET if
+ * none) of the failure: the form parsers use. */
+int kl_fail_at(kl_err *err, int code, const char *rule, const char *tensor, uint64_t offset,
+               const char *fmt, ...) KL_PRINTF(6, 7);
+
 /* Adds context to an already recorded error: each non-NULL / non-KL_NO_OFFSET argument is
  * stored only if that field is still empty.  No-op when err is NULL. */
 void kl_err_context(kl_err *err, const char *file, const char *tensor, uint64_t offset,

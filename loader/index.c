@@ -24,28 +24,12 @@
 /* State of one kl_index_parse call. */
 typedef struct idx_parse {
     kl_index *idx;
-    char     *str_next;  /* next free byte of idx->strings */
-    kl_err   *err;
+    char *str_next; /* next free byte of idx->strings */
+    kl_err *err;
 } idx_parse;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                    */
-
-/* KL_E_FORMAT with rule, tensor (may be NULL) and byte offset; the path is added by the caller
- * of the public function. */
-KL_PRINTF(5, 6)
-static int fail_at(kl_err *err, const char *rule, const char *tensor, uint64_t off,
-                   const char *fmt, ...)
-{
-    char msg[sizeof err->msg];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    kl_fail_rule(err, KL_E_FORMAT, rule, "%s", msg);
-    kl_err_context(err, NULL, tensor, off, NULL);
-    return KL_E_FORMAT;
-}
 
 static int is_json_space(char c)
 {
@@ -74,15 +58,16 @@ static int find_root_members(idx_parse *ps, const cJSON *root, const cJSON **met
         if (!slot)
             continue;
         if (*slot)
-            return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET, "\"%s\" appears twice",
-                           c->string);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, KL_NO_OFFSET,
+                              "\"%s\" appears twice", c->string);
         *slot = c;
     }
     if (!*wmap || !cJSON_IsObject(*wmap))
-        return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET,
-                       *wmap ? "weight_map is not an object" : "weight_map missing");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, KL_NO_OFFSET,
+                          *wmap ? "weight_map is not an object" : "weight_map missing");
     if (*meta && !cJSON_IsObject(*meta))
-        return fail_at(ps->err, "IDX-JSON", NULL, KL_NO_OFFSET, "metadata is not an object");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, KL_NO_OFFSET,
+                          "metadata is not an object");
     return 0;
 }
 
@@ -99,16 +84,16 @@ static int parse_total_size(idx_parse *ps, const cJSON *meta)
         if (strcmp(c->string, "total_size") != 0)
             continue;
         if (ts)
-            return fail_at(ps->err, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
-                           "metadata.total_size appears twice");
+            return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
+                              "metadata.total_size appears twice");
         ts = c;
     }
     if (!ts)
         return 0;
     double d = cJSON_IsNumber(ts) ? ts->valuedouble : -1.0;
     if (!(d >= 0 && d <= MAX_EXACT_DOUBLE) || (double)(uint64_t)d != d)
-        return fail_at(ps->err, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
-                       "metadata.total_size is not a non-negative integer (at most 2^53)");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
+                          "metadata.total_size is not a non-negative integer (at most 2^53)");
     ps->idx->has_total_size = 1;
     ps->idx->total_size = (uint64_t)d;
     return 0;
@@ -137,8 +122,8 @@ static int check_shard_name(idx_parse *ps, const char *tensor, const char *file)
     else if (!ends_with(file, len, SHARD_SUFFIX) || len == strlen(SHARD_SUFFIX))
         why = "is not a NAME.safetensors file name";
     if (why)
-        return fail_at(ps->err, "IDX-SHARD-NAME", tensor, KL_NO_OFFSET, "shard \"%.128s\" %s",
-                       file, why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-SHARD-NAME", tensor, KL_NO_OFFSET,
+                          "shard \"%.128s\" %s", file, why);
     return 0;
 }
 
@@ -161,10 +146,11 @@ static int parse_entry(idx_parse *ps, const cJSON *c)
     kl_index *idx = ps->idx;
     const char *tensor = c->string;
     if (!tensor[0])
-        return fail_at(ps->err, "IDX-ENTRY", NULL, KL_NO_OFFSET, "empty tensor name");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-ENTRY", NULL, KL_NO_OFFSET,
+                          "empty tensor name");
     if (!cJSON_IsString(c) || !c->valuestring[0])
-        return fail_at(ps->err, "IDX-ENTRY", tensor, KL_NO_OFFSET,
-                       "shard file must be a non-empty string");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-ENTRY", tensor, KL_NO_OFFSET,
+                          "shard file must be a non-empty string");
     int rc = check_shard_name(ps, tensor, c->valuestring);
     if (rc)
         return rc;
@@ -176,8 +162,8 @@ static int parse_entry(idx_parse *ps, const cJSON *c)
     if (put < 0)
         return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing tensors");
     if (put == 1)
-        return fail_at(ps->err, "IDX-DUPLICATE", tensor, KL_NO_OFFSET,
-                       "tensor appears twice in weight_map");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-DUPLICATE", tensor, KL_NO_OFFSET,
+                          "tensor appears twice in weight_map");
     idx->n_entries++;
     return 0;
 }
@@ -193,8 +179,8 @@ static int parse_weight_map(idx_parse *ps, const cJSON *wmap)
     idx->entries = kl_calloc(n ? n : 1, sizeof *idx->entries);
     idx->shards = kl_calloc(n ? n : 1, sizeof *idx->shards);
     idx->strings = kl_malloc(bytes);
-    if (!idx->entries || !idx->shards || !idx->strings ||
-        kl_strmap_init(&idx->by_tensor, n) || kl_strmap_init(&idx->by_shard, 16))
+    if (!idx->entries || !idx->shards || !idx->strings || kl_strmap_init(&idx->by_tensor, n) ||
+        kl_strmap_init(&idx->by_shard, 16))
         return kl_fail(ps->err, KL_E_NOMEM, "out of memory for %zu weight_map entries", n);
     ps->str_next = idx->strings;
     for (const cJSON *c = wmap->child; c; c = c->next) {
@@ -227,24 +213,25 @@ static int parse_text(idx_parse *ps, const char *json, size_t len, cJSON **out)
     const char *why = NULL, *end = NULL;
     int kind = kl_st_check_json_text((const uint8_t *)json, len, &at, &why);
     if (kind == KL_JSON_TEXT_BAD_UTF8)
-        return fail_at(ps->err, "IDX-UTF8", NULL, at, "not valid UTF-8: %s", why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-UTF8", NULL, at, "not valid UTF-8: %s", why);
     if (kind != KL_JSON_TEXT_OK)
-        return fail_at(ps->err, "IDX-JSON", NULL, at, "not valid JSON: %s", why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, at, "not valid JSON: %s", why);
     size_t i = 0;
     while (i < len && is_json_space(json[i]))
         i++;
     /* cJSON would skip a UTF-8 byte-order mark; JSON (RFC 8259) does not allow one. */
     if (i == len || json[i] != '{')
-        return fail_at(ps->err, "IDX-JSON", NULL, i, "not a JSON object");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, i, "not a JSON object");
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     size_t pos = end ? (size_t)(end - json) : 0;
     if (!root)
-        return fail_at(ps->err, "IDX-JSON", NULL, pos, "not valid JSON");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, pos, "not valid JSON");
     while (pos < len && is_json_space(json[pos]))
         pos++;
     if (pos < len || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail_at(ps->err, "IDX-JSON", NULL, pos, "unexpected bytes after the JSON object");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, pos,
+                          "unexpected bytes after the JSON object");
     }
     *out = root;
     return 0;

@@ -34,28 +34,12 @@
 /* State of one kl_st_parse call. */
 typedef struct st_parse {
     kl_st_file *f;
-    char       *str_next;  /* next free byte of f->strings */
-    kl_err     *err;
+    char *str_next; /* next free byte of f->strings */
+    kl_err *err;
 } st_parse;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Error helpers                                                                              */
-
-/* Records a KL_E_FORMAT failure with its rule, the tensor (may be NULL) and the file offset
- * (KL_NO_OFFSET if none).  The path is added once, by kl_st_parse / kl_st_open. */
-KL_PRINTF(5, 6)
-static int fail_at(kl_err *err, const char *rule, const char *tensor, uint64_t off,
-                   const char *fmt, ...)
-{
-    char msg[sizeof err->msg];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    kl_fail_rule(err, KL_E_FORMAT, rule, "%s", msg);
-    kl_err_context(err, NULL, tensor, off, NULL);
-    return KL_E_FORMAT;
-}
 
 /* The JSON type of v with its article, for messages ("an array"). */
 static const char *json_type_name(const cJSON *v)
@@ -149,8 +133,8 @@ static size_t json_number_len(const uint8_t *p, size_t n)
             i++;
     }
     /* A number must not run on into more number characters ("01", "1.2.3", "1-2"). */
-    if (i < n && (is_digit(p[i]) || p[i] == '.' || p[i] == 'e' || p[i] == 'E' ||
-                  p[i] == '+' || p[i] == '-'))
+    if (i < n &&
+        (is_digit(p[i]) || p[i] == '.' || p[i] == 'e' || p[i] == 'E' || p[i] == '+' || p[i] == '-'))
         return 0;
     return i;
 }
@@ -287,15 +271,15 @@ static int parse_metadata(st_parse *ps, const cJSON *v)
 {
     kl_st_file *f = ps->f;
     if (f->has_metadata)
-        return fail_at(ps->err, "ST-DUPLICATE", NULL, KL_NO_OFFSET,
-                       "__metadata__ appears twice");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-DUPLICATE", NULL, KL_NO_OFFSET,
+                          "__metadata__ appears twice");
     if (!cJSON_IsObject(v))
-        return fail_at(ps->err, "ST-NAME", META_KEY, KL_NO_OFFSET,
-                       "__metadata__ is reserved for an object of strings, found %s",
-                       json_type_name(v));
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-NAME", META_KEY, KL_NO_OFFSET,
+                          "__metadata__ is reserved for an object of strings, found %s",
+                          json_type_name(v));
     if (looks_like_tensor(v))
-        return fail_at(ps->err, "ST-NAME", META_KEY, KL_NO_OFFSET,
-                       "a tensor may not be named __metadata__ (reserved key)");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-NAME", META_KEY, KL_NO_OFFSET,
+                          "a tensor may not be named __metadata__ (reserved key)");
     size_t n = count_children(v);
     kl_strmap seen;
     f->meta = kl_calloc(n ? n : 1, sizeof *f->meta);
@@ -304,9 +288,9 @@ static int parse_metadata(st_parse *ps, const cJSON *v)
     int rc = 0;
     for (const cJSON *m = v->child; m && !rc; m = m->next) {
         if (!cJSON_IsString(m)) {
-            rc = fail_at(ps->err, "ST-METADATA", NULL, KL_NO_OFFSET,
-                         "__metadata__ value of \"%.64s\" is %s, not a string", m->string,
-                         json_type_name(m));
+            rc = kl_fail_at(ps->err, KL_E_FORMAT, "ST-METADATA", NULL, KL_NO_OFFSET,
+                            "__metadata__ value of \"%.64s\" is %s, not a string", m->string,
+                            json_type_name(m));
             break;
         }
         kl_st_meta *e = &f->meta[f->n_meta];
@@ -316,8 +300,8 @@ static int parse_metadata(st_parse *ps, const cJSON *v)
         if (put < 0)
             rc = kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing metadata");
         else if (put == 1)
-            rc = fail_at(ps->err, "ST-METADATA", NULL, KL_NO_OFFSET,
-                         "__metadata__ key \"%.64s\" appears twice", e->key);
+            rc = kl_fail_at(ps->err, KL_E_FORMAT, "ST-METADATA", NULL, KL_NO_OFFSET,
+                            "__metadata__ key \"%.64s\" appears twice", e->key);
         f->n_meta++;
     }
     kl_strmap_free(&seen);
@@ -342,11 +326,11 @@ static int collect_fields(st_parse *ps, const cJSON *ent, tensor_fields *tf)
         else if (strcmp(c->string, "data_offsets") == 0)
             slot = &tf->offsets;
         if (!slot)
-            return fail_at(ps->err, "ST-FIELD", ent->string, KL_NO_OFFSET,
-                           "unknown field \"%.64s\" in tensor entry", c->string);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FIELD", ent->string, KL_NO_OFFSET,
+                              "unknown field \"%.64s\" in tensor entry", c->string);
         if (*slot)
-            return fail_at(ps->err, "ST-FIELD", ent->string, KL_NO_OFFSET,
-                           "field \"%s\" appears twice", c->string);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FIELD", ent->string, KL_NO_OFFSET,
+                              "field \"%s\" appears twice", c->string);
         *slot = c;
     }
     return 0;
@@ -356,19 +340,20 @@ static int parse_offsets(st_parse *ps, const char *name, const cJSON *v, kl_st_t
 {
     const char *why = NULL;
     if (!v)
-        return fail_at(ps->err, "ST-OFFSETS", name, KL_NO_OFFSET, "data_offsets missing");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSETS", name, KL_NO_OFFSET,
+                          "data_offsets missing");
     if (!cJSON_IsArray(v) || count_children(v) != 2)
-        return fail_at(ps->err, "ST-OFFSETS", name, KL_NO_OFFSET,
-                       "data_offsets must be an array of two integers");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSETS", name, KL_NO_OFFSET,
+                          "data_offsets must be an array of two integers");
     if ((why = get_u48(v->child, &t->begin)) || (why = get_u48(v->child->next, &t->end)))
-        return fail_at(ps->err, "ST-OFFSETS", name, KL_NO_OFFSET, "data_offsets entry %s",
-                       why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSETS", name, KL_NO_OFFSET,
+                          "data_offsets entry %s", why);
     /* data_off <= file_bytes and begin < 2^48: the sum cannot wrap. */
     t->file_off = ps->f->data_off + t->begin;
     if (t->end < t->begin)
-        return fail_at(ps->err, "ST-OFFSETS", name, t->file_off,
-                       "data_offsets end %" PRIu64 " is before begin %" PRIu64, t->end,
-                       t->begin);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSETS", name, t->file_off,
+                          "data_offsets end %" PRIu64 " is before begin %" PRIu64, t->end,
+                          t->begin);
     t->n_bytes = t->end - t->begin;
     return 0;
 }
@@ -376,34 +361,35 @@ static int parse_offsets(st_parse *ps, const char *name, const cJSON *v, kl_st_t
 static int parse_dtype(st_parse *ps, const char *name, const cJSON *v, kl_st_tensor *t)
 {
     if (!v)
-        return fail_at(ps->err, "ST-DTYPE", name, t->file_off, "dtype missing");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-DTYPE", name, t->file_off, "dtype missing");
     if (!cJSON_IsString(v))
-        return fail_at(ps->err, "ST-DTYPE", name, t->file_off, "dtype is %s, not a string",
-                       json_type_name(v));
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-DTYPE", name, t->file_off,
+                          "dtype is %s, not a string", json_type_name(v));
     t->dtype = kl_dtype_parse(v->valuestring, strlen(v->valuestring));
     if (t->dtype == KL_DT_INVALID)
-        return fail_at(ps->err, "ST-DTYPE", name, t->file_off, "unknown dtype \"%.32s\"",
-                       v->valuestring);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-DTYPE", name, t->file_off,
+                          "unknown dtype \"%.32s\"", v->valuestring);
     return 0;
 }
 
 static int parse_shape(st_parse *ps, const char *name, const cJSON *v, kl_st_tensor *t)
 {
     if (!v)
-        return fail_at(ps->err, "ST-SHAPE", name, t->file_off, "shape missing");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-SHAPE", name, t->file_off, "shape missing");
     if (!cJSON_IsArray(v))
-        return fail_at(ps->err, "ST-SHAPE", name, t->file_off, "shape is %s, not an array",
-                       json_type_name(v));
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-SHAPE", name, t->file_off,
+                          "shape is %s, not an array", json_type_name(v));
     size_t rank = count_children(v);
     if (rank > KL_ST_MAX_RANK)
-        return fail_at(ps->err, "ST-SHAPE", name, t->file_off,
-                       "rank %zu is above the supported maximum of %d", rank, KL_ST_MAX_RANK);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-SHAPE", name, t->file_off,
+                          "rank %zu is above the supported maximum of %d", rank, KL_ST_MAX_RANK);
     t->rank = (int)rank;
     int i = 0;
     for (const cJSON *d = v->child; d; d = d->next, i++) {
         const char *why = get_u48(d, &t->shape[i]);
         if (why)
-            return fail_at(ps->err, "ST-SHAPE", name, t->file_off, "shape[%d] %s", i, why);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-SHAPE", name, t->file_off, "shape[%d] %s",
+                              i, why);
     }
     return 0;
 }
@@ -415,21 +401,21 @@ static int check_tensor_size(st_parse *ps, kl_st_tensor *t)
     uint64_t numel = 1, bits;
     for (int i = 0; i < t->rank; i++)
         if (kl_mul_u64(numel, t->shape[i], &numel))
-            return fail_at(ps->err, "ST-OVERFLOW", t->name, t->file_off,
-                           "shape product overflows 64 bits");
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OVERFLOW", t->name, t->file_off,
+                              "shape product overflows 64 bits");
     t->numel = numel;
     if (kl_mul_u64(numel, kl_dtype_bits(t->dtype), &bits))
-        return fail_at(ps->err, "ST-OVERFLOW", t->name, t->file_off,
-                       "size in bits of %" PRIu64 " %s elements overflows 64 bits", numel,
-                       kl_dtype_name(t->dtype));
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OVERFLOW", t->name, t->file_off,
+                          "size in bits of %" PRIu64 " %s elements overflows 64 bits", numel,
+                          kl_dtype_name(t->dtype));
     if (bits % 8)
-        return fail_at(ps->err, "ST-MISALIGNED", t->name, t->file_off,
-                       "%" PRIu64 " %s elements are %" PRIu64 " bits, not whole bytes", numel,
-                       kl_dtype_name(t->dtype), bits);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-MISALIGNED", t->name, t->file_off,
+                          "%" PRIu64 " %s elements are %" PRIu64 " bits, not whole bytes", numel,
+                          kl_dtype_name(t->dtype), bits);
     if (bits / 8 != t->n_bytes)
-        return fail_at(ps->err, "ST-SIZE", t->name, t->file_off,
-                       "data_offsets span %" PRIu64 " bytes, shape and dtype %s need %" PRIu64,
-                       t->n_bytes, kl_dtype_name(t->dtype), bits / 8);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-SIZE", t->name, t->file_off,
+                          "data_offsets span %" PRIu64 " bytes, shape and dtype %s need %" PRIu64,
+                          t->n_bytes, kl_dtype_name(t->dtype), bits / 8);
     return 0;
 }
 
@@ -441,10 +427,10 @@ static int parse_tensor(st_parse *ps, const cJSON *ent, kl_st_tensor *t)
     memset(t, 0, sizeof *t);
     t->file_off = KL_NO_OFFSET;
     if (!name[0])
-        return fail_at(ps->err, "ST-NAME", NULL, KL_NO_OFFSET, "empty tensor name");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-NAME", NULL, KL_NO_OFFSET, "empty tensor name");
     if (!cJSON_IsObject(ent))
-        return fail_at(ps->err, "ST-JSON", name, KL_NO_OFFSET,
-                       "tensor entry is %s, not an object", json_type_name(ent));
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", name, KL_NO_OFFSET,
+                          "tensor entry is %s, not an object", json_type_name(ent));
     /* Offsets first, so that every later message can point at the tensor's bytes. */
     if ((rc = collect_fields(ps, ent, &tf)) || (rc = parse_offsets(ps, name, tf.offsets, t)) ||
         (rc = parse_dtype(ps, name, tf.dtype, t)) || (rc = parse_shape(ps, name, tf.shape, t)))
@@ -495,9 +481,9 @@ static int index_names(st_parse *ps)
         if (put < 0)
             return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing tensors");
         if (put == 1)
-            return fail_at(ps->err, "ST-DUPLICATE", t->name, t->file_off,
-                           "tensor name appears twice (other entry at offset %" PRIu64 ")",
-                           f->tensors[first].file_off);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-DUPLICATE", t->name, t->file_off,
+                              "tensor name appears twice (other entry at offset %" PRIu64 ")",
+                              f->tensors[first].file_off);
     }
     return 0;
 }
@@ -511,15 +497,15 @@ static int check_contiguous(st_parse *ps)
     for (size_t i = 0; i < f->n_tensors; i++) {
         const kl_st_tensor *t = &f->tensors[i];
         if (t->begin > expect)
-            return fail_at(ps->err, "ST-OFFSET-GAP", t->name, t->file_off,
-                           "hole of %" PRIu64 " bytes before this tensor: data offsets %" PRIu64
-                           "..%" PRIu64 " belong to no tensor",
-                           t->begin - expect, expect, t->begin);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSET-GAP", t->name, t->file_off,
+                              "hole of %" PRIu64 " bytes before this tensor: data offsets %" PRIu64
+                              "..%" PRIu64 " belong to no tensor",
+                              t->begin - expect, expect, t->begin);
         if (t->begin < expect)
-            return fail_at(ps->err, "ST-OFFSET-GAP", t->name, t->file_off,
-                           "overlaps %s, which ends at data offset %" PRIu64
-                           " (this one begins at %" PRIu64 ")",
-                           f->tensors[i - 1].name, expect, t->begin);
+            return kl_fail_at(ps->err, KL_E_FORMAT, "ST-OFFSET-GAP", t->name, t->file_off,
+                              "overlaps %s, which ends at data offset %" PRIu64
+                              " (this one begins at %" PRIu64 ")",
+                              f->tensors[i - 1].name, expect, t->begin);
         expect = t->end;
     }
     return 0;
@@ -531,17 +517,17 @@ static int check_file_length(st_parse *ps)
     uint64_t data_bytes = f->n_tensors ? f->tensors[f->n_tensors - 1].end : 0, want;
     const char *last = f->n_tensors ? f->tensors[f->n_tensors - 1].name : NULL;
     if (kl_add_u64(f->data_off, data_bytes, &want))
-        return fail_at(ps->err, "ST-FILE-LENGTH", last, KL_NO_OFFSET,
-                       "data section end overflows 64 bits");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FILE-LENGTH", last, KL_NO_OFFSET,
+                          "data section end overflows 64 bits");
     if (want < f->file_bytes)
-        return fail_at(ps->err, "ST-FILE-LENGTH", NULL, want,
-                       "%" PRIu64 " trailing bytes after the data section (file is %" PRIu64
-                       " bytes, tensors end at %" PRIu64 ")",
-                       f->file_bytes - want, f->file_bytes, want);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FILE-LENGTH", NULL, want,
+                          "%" PRIu64 " trailing bytes after the data section (file is %" PRIu64
+                          " bytes, tensors end at %" PRIu64 ")",
+                          f->file_bytes - want, f->file_bytes, want);
     if (want > f->file_bytes)
-        return fail_at(ps->err, "ST-FILE-LENGTH", last, f->file_bytes,
-                       "file is truncated: %" PRIu64 " bytes, tensors end at %" PRIu64,
-                       f->file_bytes, want);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FILE-LENGTH", last, f->file_bytes,
+                          "file is truncated: %" PRIu64 " bytes, tensors end at %" PRIu64,
+                          f->file_bytes, want);
     return 0;
 }
 
@@ -552,18 +538,18 @@ static int check_file_length(st_parse *ps)
 static int check_lengths(uint64_t n, uint64_t file_bytes, kl_err *err)
 {
     if (file_bytes < 8)
-        return fail_at(err, "ST-HEADER-SMALL", NULL, 0,
-                       "file is %" PRIu64 " bytes, too short for the 8-byte header length",
-                       file_bytes);
+        return kl_fail_at(err, KL_E_FORMAT, "ST-HEADER-SMALL", NULL, 0,
+                          "file is %" PRIu64 " bytes, too short for the 8-byte header length",
+                          file_bytes);
     if (n > KL_ST_MAX_HEADER)
-        return fail_at(err, "ST-HEADER-LARGE", NULL, 0,
-                       "header length %" PRIu64 " is above the limit of %llu bytes", n,
-                       KL_ST_MAX_HEADER);
+        return kl_fail_at(err, KL_E_FORMAT, "ST-HEADER-LARGE", NULL, 0,
+                          "header length %" PRIu64 " is above the limit of %llu bytes", n,
+                          KL_ST_MAX_HEADER);
     if (n > file_bytes - 8)
-        return fail_at(err, "ST-HEADER-LENGTH", NULL, 0,
-                       "header length %" PRIu64 " runs past the end of the file (%" PRIu64
-                       " bytes)",
-                       n, file_bytes);
+        return kl_fail_at(err, KL_E_FORMAT, "ST-HEADER-LENGTH", NULL, 0,
+                          "header length %" PRIu64 " runs past the end of the file (%" PRIu64
+                          " bytes)",
+                          n, file_bytes);
     return 0;
 }
 
@@ -575,15 +561,18 @@ static int check_text(st_parse *ps, const uint8_t *hdr, size_t n)
     const char *why = NULL;
     int kind = n ? kl_st_check_json_text(hdr, n, &at, &why) : KL_JSON_TEXT_OK;
     if (kind == KL_JSON_TEXT_BAD_UTF8)
-        return fail_at(ps->err, "ST-UTF8", NULL, 8 + at, "header is not valid UTF-8: %s", why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-UTF8", NULL, 8 + at,
+                          "header is not valid UTF-8: %s", why);
     if (kind != KL_JSON_TEXT_OK)
-        return fail_at(ps->err, "ST-JSON", NULL, 8 + at, "header is not valid JSON: %s", why);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + at,
+                          "header is not valid JSON: %s", why);
     while (i < n && is_json_space(hdr[i]))
         i++;
     if (i == n)
-        return fail_at(ps->err, "ST-JSON", NULL, 8, "header is empty");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8, "header is empty");
     if (hdr[i] != '{')
-        return fail_at(ps->err, "ST-JSON", NULL, 8 + i, "header does not start with '{'");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + i,
+                          "header does not start with '{'");
     if (i > 0)
         ps->f->warnings |= KL_ST_WARN_LEADING_SPACE;
     return 0;
@@ -596,13 +585,14 @@ static int parse_json(st_parse *ps, const uint8_t *hdr, size_t n, cJSON **out)
     cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, n, &end, 0);
     size_t pos = end ? (size_t)(end - (const char *)hdr) : 0;
     if (!root)
-        return fail_at(ps->err, "ST-JSON", NULL, 8 + pos, "header is not valid JSON");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + pos,
+                          "header is not valid JSON");
     while (pos < n && is_json_space(hdr[pos]))
         pos++;
     if (pos < n || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail_at(ps->err, "ST-JSON", NULL, 8 + pos,
-                       "unexpected bytes after the header's JSON object");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + pos,
+                          "unexpected bytes after the header's JSON object");
     }
     *out = root;
     return 0;
@@ -645,8 +635,8 @@ static int read_header(int fd, const char *path, uint8_t **hdr, uint64_t *n, uin
     if (fstat(fd, &st) != 0)
         return kl_fail_sys(err, KL_E_IO, errno, "cannot stat");
     if (!S_ISREG(st.st_mode))
-        return kl_fail_rule(err, KL_E_FORMAT, "FILE-NOT-REGULAR",
-                            "is %s, not a safetensors file", file_type_name(st.st_mode));
+        return kl_fail_rule(err, KL_E_FORMAT, "FILE-NOT-REGULAR", "is %s, not a safetensors file",
+                            file_type_name(st.st_mode));
     *size = (uint64_t)st.st_size;
     int rc = check_lengths(0, *size, err);
     if (!rc)
@@ -713,8 +703,7 @@ int kl_st_parse(kl_st_file *f, const char *path, const uint8_t *hdr, uint64_t n,
         (rc = alloc_tables(&ps, root)) || (rc = parse_entries(&ps, root)))
         goto done;
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_offsets);
-    if ((rc = index_names(&ps)) || (rc = check_contiguous(&ps)) ||
-        (rc = check_file_length(&ps)))
+    if ((rc = index_names(&ps)) || (rc = check_contiguous(&ps)) || (rc = check_file_length(&ps)))
         goto done;
     if (n > KL_ST_HUB_MAX_HEADER)
         f->warnings |= KL_ST_WARN_HUB_LIMIT;

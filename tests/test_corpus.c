@@ -13,8 +13,8 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-static char g_base[1024];      /* clean synthesized checkpoint */
-static char g_root[512];      /* scratch root */
+static char g_base[1024]; /* clean synthesized checkpoint */
+static char g_root[512];  /* scratch root */
 static const char *g_kl;
 
 /* ---- file helpers -------------------------------------------------------------------------- */
@@ -45,9 +45,9 @@ static uint64_t le64(const unsigned char *p)
 
 /* Splits a shard into header text and data bytes. */
 typedef struct shard {
-    char  *header;     /* NUL-terminated header JSON */
+    char *header; /* NUL-terminated header JSON */
     size_t hlen;
-    char  *data;
+    char *data;
     size_t dlen;
 } shard;
 
@@ -183,7 +183,10 @@ static void find_tensor(const char *dir, const char *suffix, char *name, size_t 
 
 /* ---- mutations ----------------------------------------------------------------------------- */
 
-static void m_none(const char *d) { (void)d; }
+static void m_none(const char *d)
+{
+    (void)d;
+}
 
 static void m_file_tiny(const char *d)
 {
@@ -201,8 +204,14 @@ static void set_header_len(const char *d, int64_t len)
     shard_free(&s);
 }
 
-static void m_header_huge(const char *d) { set_header_len(d, 200000000); }
-static void m_header_past_eof(const char *d) { set_header_len(d, 50000000); }
+static void m_header_huge(const char *d)
+{
+    set_header_len(d, 200000000);
+}
+static void m_header_past_eof(const char *d)
+{
+    set_header_len(d, 50000000);
+}
 
 static void m_truncated(const char *d)
 {
@@ -222,17 +231,50 @@ static void m_padded(const char *d)
     fclose(f);
 }
 
-static void m_not_utf8(const char *d) { edit_header(d, "\"format\"", "\"form\xff\xfe\""); }
-static void m_bad_json(const char *d) { edit_header(d, "{", "{{"); }
-static void m_not_object(const char *d) { edit_header(d, "{", "[{"); }
-static void m_bad_dtype(const char *d) { edit_header(d, "\"BF16\"", "\"BF17\""); }
-static void m_meta_number(const char *d) { edit_header(d, "\"pt\"", "7"); }
-static void m_negative_shape(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[-1,"); }
-static void m_fraction_offset(const char *d) { edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[0.5,"); }
-static void m_unknown_field(const char *d) { edit_header(d, "\"dtype\":", "\"stride\":1,\"dtype\":"); }
-static void m_rank9(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[1,1,1,1,1,1,1,1,"); }
-static void m_offset_huge(const char *d) { edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[300000000000000,"); }
-static void m_shape_overflow(const char *d) { edit_header(d, "\"shape\":[", "\"shape\":[4294967296,4294967296,4294967296,"); }
+static void m_not_utf8(const char *d)
+{
+    edit_header(d, "\"format\"", "\"form\xff\xfe\"");
+}
+static void m_bad_json(const char *d)
+{
+    edit_header(d, "{", "{{");
+}
+static void m_not_object(const char *d)
+{
+    edit_header(d, "{", "[{");
+}
+static void m_bad_dtype(const char *d)
+{
+    edit_header(d, "\"BF16\"", "\"BF17\"");
+}
+static void m_meta_number(const char *d)
+{
+    edit_header(d, "\"pt\"", "7");
+}
+static void m_negative_shape(const char *d)
+{
+    edit_header(d, "\"shape\":[", "\"shape\":[-1,");
+}
+static void m_fraction_offset(const char *d)
+{
+    edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[0.5,");
+}
+static void m_unknown_field(const char *d)
+{
+    edit_header(d, "\"dtype\":", "\"stride\":1,\"dtype\":");
+}
+static void m_rank9(const char *d)
+{
+    edit_header(d, "\"shape\":[", "\"shape\":[1,1,1,1,1,1,1,1,");
+}
+static void m_offset_huge(const char *d)
+{
+    edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[300000000000000,");
+}
+static void m_shape_overflow(const char *d)
+{
+    edit_header(d, "\"shape\":[", "\"shape\":[4294967296,4294967296,4294967296,");
+}
 
 static void m_meta_tensor(const char *d)
 {
@@ -258,7 +300,10 @@ static void shift_first_begin(const char *d, const char *to)
 {
     edit_header(d, "\"data_offsets\":[0,", to);
 }
-static void m_gap(const char *d) { shift_first_begin(d, "\"data_offsets\":[2,"); }
+static void m_gap(const char *d)
+{
+    shift_first_begin(d, "\"data_offsets\":[2,");
+}
 
 static void m_size_mismatch(const char *d)
 {
@@ -313,8 +358,14 @@ static void retag(const char *d, const char *suffix, const char *dtype, int tran
     cJSON_Delete(j);
     shard_free(&s);
 }
-static void m_int_dtype(const char *d) { retag(d, "q_proj.weight", "I16", 0); }
-static void m_wrong_shape(const char *d) { retag(d, "mlp.down_proj.weight", NULL, 1); }
+static void m_int_dtype(const char *d)
+{
+    retag(d, "q_proj.weight", "I16", 0);
+}
+static void m_wrong_shape(const char *d)
+{
+    retag(d, "mlp.down_proj.weight", NULL, 1);
+}
 
 /* Rename a tensor in the header and the index: missing + unexpected. */
 static void m_renamed(const char *d)
@@ -410,11 +461,26 @@ static void wm_total_size(cJSON *wm, cJSON *root)
     cJSON *meta = cJSON_GetObjectItem(root, "metadata");
     cJSON_ReplaceItemInObject(meta, "total_size", cJSON_CreateNumber(12345));
 }
-static void m_index_wrong_shard(const char *d) { index_edit(d, wm_wrong_shard); }
-static void m_index_absent(const char *d) { index_edit(d, wm_absent); }
-static void m_index_unlisted(const char *d) { index_edit(d, wm_unlisted); }
-static void m_index_shard_name(const char *d) { index_edit(d, wm_bad_shard_name); }
-static void m_total_size(const char *d) { index_edit(d, wm_total_size); }
+static void m_index_wrong_shard(const char *d)
+{
+    index_edit(d, wm_wrong_shard);
+}
+static void m_index_absent(const char *d)
+{
+    index_edit(d, wm_absent);
+}
+static void m_index_unlisted(const char *d)
+{
+    index_edit(d, wm_unlisted);
+}
+static void m_index_shard_name(const char *d)
+{
+    index_edit(d, wm_bad_shard_name);
+}
+static void m_total_size(const char *d)
+{
+    index_edit(d, wm_total_size);
+}
 
 static void m_index_duplicate(const char *d)
 {
@@ -441,26 +507,44 @@ static void m_shard_is_dir(const char *d)
     ck_assert(mkdir(p, 0755) == 0);
 }
 
-static void m_config_bad_json(const char *d) { edit_text_file(d, "config.json", "{", "{,"); }
-static void m_config_missing_key(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\":", "\"hidden_sizes\":"); }
-static void m_config_type(const char *d) { edit_text_file(d, "config.json", "\"vocab_size\":", "\"vocab_size\":\"x\",\"_was\":"); }
-static void m_config_family(const char *d) { edit_text_file(d, "config.json", "\"kimi_linear\"", "\"llama\""); }
-static void m_config_layers(const char *d) { edit_text_file(d, "config.json", "\"full_attn_layers\":[", "\"full_attn_layers\":[1,"); }
+static void m_config_bad_json(const char *d)
+{
+    edit_text_file(d, "config.json", "{", "{,");
+}
+static void m_config_missing_key(const char *d)
+{
+    edit_text_file(d, "config.json", "\"hidden_size\":", "\"hidden_sizes\":");
+}
+static void m_config_type(const char *d)
+{
+    edit_text_file(d, "config.json", "\"vocab_size\":", "\"vocab_size\":\"x\",\"_was\":");
+}
+static void m_config_family(const char *d)
+{
+    edit_text_file(d, "config.json", "\"kimi_linear\"", "\"llama\"");
+}
+static void m_config_layers(const char *d)
+{
+    edit_text_file(d, "config.json", "\"full_attn_layers\":[", "\"full_attn_layers\":[1,");
+}
 static void m_config_missing(const char *d)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", d);
     ck_assert(unlink(p) == 0);
 }
-static void m_config_geometry(const char *d) { edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":96"); }
+static void m_config_geometry(const char *d)
+{
+    edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":96");
+}
 
 /* ---- the table ----------------------------------------------------------------------------- */
 
 typedef struct corpus_case {
     const char *name;
     void (*mutate)(const char *dir);
-    int         exit_code;
-    const char *rule;       /* must appear in the output (JSON findings or stderr) */
+    int exit_code;
+    const char *rule; /* must appear in the output (JSON findings or stderr) */
 } corpus_case;
 
 static const corpus_case cases[] = {
@@ -522,8 +606,9 @@ static void run_case(const corpus_case *c, int idx)
     int st = system(cmd);
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     char *o = slurp(out, NULL), *e = slurp(errf, NULL);
-    ck_assert_msg(code == c->exit_code, "case '%s': exit %d, expected %d\nstdout: %.600s\nstderr: %.600s",
-                  c->name, code, c->exit_code, o, e);
+    ck_assert_msg(code == c->exit_code,
+                  "case '%s': exit %d, expected %d\nstdout: %.600s\nstderr: %.600s", c->name, code,
+                  c->exit_code, o, e);
     if (c->rule)
         ck_assert_msg(strstr(o, c->rule) || strstr(e, c->rule),
                       "case '%s': rule/message '%s' not reported\nstdout: %.900s\nstderr: %.600s",
@@ -531,7 +616,8 @@ static void run_case(const corpus_case *c, int idx)
     if (c->exit_code == 1) {
         cJSON *j = cJSON_Parse(o);
         ck_assert_msg(j != NULL, "case '%s': stdout is not JSON", c->name);
-        ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(j, "ok")), "case '%s': ok not false", c->name);
+        ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(j, "ok")), "case '%s': ok not false",
+                      c->name);
         cJSON_Delete(j);
     }
     free(o);
@@ -553,7 +639,6 @@ START_TEST(corpus_has_thirty_broken_checkpoints)
     ck_assert_msg(broken >= 30, "only %zu broken cases", broken);
 }
 END_TEST
-
 
 /* Runs kl with args (a shell fragment) and returns the exit status; output in *out. */
 static int run_kl(const char *args, char **out)
@@ -644,8 +729,11 @@ START_TEST(audit_reads_expected_hashes_from_a_hub_cache_snapshot)
     cJSON_Delete(j);
     free(o);
     /* a blob overwritten through its link keeps its name but not its hash */
-    snprintf(cmd, sizeof cmd, "f=$(ls '%s/snapshots/rev1/'*.safetensors | head -1); "
-             "printf 'x' | dd of=\"$f\" bs=1 seek=$(($(stat -c %%s \"$f\") - 1)) conv=notrunc status=none", root);
+    snprintf(cmd, sizeof cmd,
+             "f=$(ls '%s/snapshots/rev1/'*.safetensors | head -1); "
+             "printf 'x' | dd of=\"$f\" bs=1 seek=$(($(stat -c %%s \"$f\") - 1)) conv=notrunc "
+             "status=none",
+             root);
     ck_assert(system(cmd) == 0);
     code = run_kl(args, &o);
     ck_assert_msg(code == 1 && strstr(o, "HASH-MISMATCH"), "exit %d: %.2000s", code, o);
@@ -661,8 +749,8 @@ static void setup(void)
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_base, sizeof g_base, "%s/base", g_root);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 5 -q > /dev/null",
-             g_kl, g_base);
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 5 -q > /dev/null", g_kl,
+             g_base);
     ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
 }
 
