@@ -11,13 +11,18 @@
  *
  * Backends: io_uring (O_DIRECT, registered buffers), libaio (O_DIRECT), pread (a pool of
  * threads).  KL_IO_AUTO tries them in that order and falls back when one is unavailable
- * (io_uring refused by seccomp/gVisor, io_setup failing).  O_DIRECT: KL_DIRECT_AUTO uses it when
+ * (io_uring refused by seccomp/gVisor, io_setup failing); with KL_DIRECT_OFF it picks pread
+ * threads at once (page-cache copies scale with threads).  io_uring reads of buffered files are
+ * marked IOSQE_ASYNC so the kernel copies in parallel.  O_DIRECT: KL_DIRECT_AUTO uses it when
  * the file system accepts it and falls back to buffered reads when open(O_DIRECT) fails with
- * EINVAL.  Unaligned starts and tails are handled by reading the enclosing aligned range and
- * slicing; short reads are resubmitted for the rest; EINTR/EAGAIN are retried; a read that
- * returns 0 before the requested end is an error (the file is shorter than the extent).
+ * EINVAL or the file reports no direct-I/O support; KL_DIRECT_ON then fails with
+ * KL_E_UNSUPPORTED.  Unaligned starts and tails are handled by reading the enclosing aligned
+ * range and slicing; short reads are resubmitted for the rest; EINTR/EAGAIN are retried (up to
+ * 1000 times in a row); a read that returns 0 before the requested end is an error (the file
+ * is shorter than the extent).  An extent past the size a file had when it was added fails
+ * before any read.  After a read error, every chunk before the failing one has been delivered.
  *
- * Hashing: kl_reader_hash_file streams a whole file and returns its SHA-256 (OpenSSL EVP),
+ * Hashing: kl_reader_stream_file streams a whole file and returns its SHA-256 (OpenSSL EVP),
  * computed from the same bytes that were read.
  *
  * Thread safety: one kl_reader per thread.  Errors: KL_E_IO (with the file and offset),
@@ -82,8 +87,8 @@ void kl_reader_destroy(kl_reader *r);  /* NULL ok; closes files */
 int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err);
 uint64_t kl_reader_file_size(const kl_reader *r, uint32_t file);
 
-/* Reads every extent, calling cb for each chunk in order.  Returns 0 or a KL_E_* code; after
- * an error the reader can be used again. */
+/* Reads every extent, calling cb (may be NULL) for each chunk in order.  Returns 0 or a
+ * KL_E_* code; after an error the reader can be used again. */
 int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb cb, void *ctx,
                   kl_err *err);
 
