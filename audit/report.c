@@ -3,12 +3,11 @@
  */
 #include "audit/report.h"
 
+#include "common/fmt.h"
 #include "common/jsonout.h"
 
 #include <inttypes.h>
 #include <string.h>
-
-#define GIB (1024.0 * 1024.0 * 1024.0)
 
 /* ---- text ---------------------------------------------------------------------------------- */
 
@@ -38,8 +37,9 @@ static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
         return;
     for (size_t i = 0; i < r->n_regions; i++) {
         const kl_expert_region *g = &r->regions[i];
-        fprintf(out, "    layer %-3u %5u tensors %10.3f GiB  ", g->layer, g->n_tensors,
-                (double)g->n_bytes / GIB);
+        char size[32];
+        fprintf(out, "    layer %-3u %5u tensors %11s  ", g->layer, g->n_tensors,
+                kl_fmt_bytes(size, sizeof size, g->n_bytes));
         if (g->contiguous)
             fprintf(out, "one extent: shard %u @ %" PRIu64 "\n", g->shard, g->file_off);
         else
@@ -49,10 +49,13 @@ static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
 
 static void print_memplan(const kl_memplan *m, FILE *out)
 {
-    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %.2f GiB + MLA cache %.2f "
-                 "GiB + KDA state %.1f MiB = %.2f GiB per GPU (one sequence)\n",
-            m->tp, m->context, (double)m->weights_bytes / GIB, (double)m->mla_cache_bytes / GIB,
-            (double)m->kda_state_bytes / (1024.0 * 1024.0), (double)m->total_bytes / GIB);
+    char w[32], mla[32], kda[32], tot[32];
+    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s + KDA state "
+                 "%s = %s per GPU (one sequence)\n",
+            m->tp, m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
+            kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes),
+            kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes),
+            kl_fmt_bytes(tot, sizeof tot, m->total_bytes));
 }
 
 static void print_hashes(const kl_audit_report *r, FILE *out)
