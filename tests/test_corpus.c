@@ -305,39 +305,10 @@ static void m_gap(const char *d)
     shift_first_begin(d, "\"data_offsets\":[2,");
 }
 
-static void m_size_mismatch(const char *d)
-{
-    char name[256], path[4096];
-    find_tensor(d, "input_layernorm.weight", name, sizeof name, path, sizeof path);
-    shard s = shard_read(path);
-    cJSON *j = cJSON_Parse(s.header);
-    cJSON *t = cJSON_GetObjectItem(j, name);
-    cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray((int[]){3}, 1));
-    char *h = cJSON_PrintUnformatted(j);
-    shard_write(path, h, s.data, s.dlen, -1);
-    free(h);
-    cJSON_Delete(j);
-    shard_free(&s);
-}
-
-static void m_misaligned_f4(const char *d)
-{
-    char name[256], path[4096];
-    find_tensor(d, "input_layernorm.weight", name, sizeof name, path, sizeof path);
-    shard s = shard_read(path);
-    cJSON *j = cJSON_Parse(s.header);
-    cJSON *t = cJSON_GetObjectItem(j, name);
-    cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString("F4"));
-    cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray((int[]){3}, 1));
-    char *h = cJSON_PrintUnformatted(j);
-    shard_write(path, h, s.data, s.dlen, -1);
-    free(h);
-    cJSON_Delete(j);
-    shard_free(&s);
-}
-
-/* Change a weight's dtype keeping its byte size (BF16 -> I16 or F16 -> ...). */
-static void retag(const char *d, const char *suffix, const char *dtype, int transpose)
+/* Edits one tensor entry (the first whose name ends in suffix) of its shard's header as JSON:
+ * a NULL dtype or rank 0 leaves that field alone; transpose swaps the two dims of a matrix. */
+static void retag(const char *d, const char *suffix, const char *dtype, int rank, const int *shape,
+                  int transpose)
 {
     char name[256], path[4096];
     find_tensor(d, suffix, name, sizeof name, path, sizeof path);
@@ -346,6 +317,8 @@ static void retag(const char *d, const char *suffix, const char *dtype, int tran
     cJSON *t = cJSON_GetObjectItem(j, name);
     if (dtype)
         cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString(dtype));
+    if (rank)
+        cJSON_ReplaceItemInObject(t, "shape", cJSON_CreateIntArray(shape, rank));
     if (transpose) {
         cJSON *sh = cJSON_GetObjectItem(t, "shape");
         int a = cJSON_GetArrayItem(sh, 0)->valueint, b = cJSON_GetArrayItem(sh, 1)->valueint;
@@ -358,13 +331,21 @@ static void retag(const char *d, const char *suffix, const char *dtype, int tran
     cJSON_Delete(j);
     shard_free(&s);
 }
+static void m_size_mismatch(const char *d)
+{
+    retag(d, "input_layernorm.weight", NULL, 1, (int[]){3}, 0);
+}
+static void m_misaligned_f4(const char *d)
+{
+    retag(d, "input_layernorm.weight", "F4", 1, (int[]){3}, 0);
+}
 static void m_int_dtype(const char *d)
 {
-    retag(d, "q_proj.weight", "I16", 0);
+    retag(d, "q_proj.weight", "I16", 0, NULL, 0);
 }
 static void m_wrong_shape(const char *d)
 {
-    retag(d, "mlp.down_proj.weight", NULL, 1);
+    retag(d, "mlp.down_proj.weight", NULL, 0, NULL, 1);
 }
 
 /* Rename a tensor in the header and the index: missing + unexpected. */
@@ -376,6 +357,27 @@ static void m_renamed(const char *d)
     snprintf(to, sizeof to, "\"%s_renamed\"", name);
     edit_shard_header(path, from, to);
     edit_text_file(d, "model.safetensors.index.json", from, to);
+}
+
+/* Rewrites the index after fn edited its JSON (weight_map and root). */
+static void index_edit(const char *d, void (*fn)(cJSON *wm, cJSON *root, void *ctx), void *ctx)
+{
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
+    char *t = slurp(ipath, NULL);
+    cJSON *idx = cJSON_Parse(t);
+    fn(cJSON_GetObjectItem(idx, "weight_map"), idx, ctx);
+    char *out = cJSON_Print(idx);
+    t_write(ipath, out, strlen(out));
+    free(out);
+    free(t);
+    cJSON_Delete(idx);
+}
+
+static void wm_drop(cJSON *wm, cJSON *root, void *name)
+{
+    (void)root;
+    cJSON_DeleteItemFromObject(wm, name);
 }
 
 /* Remove the tensor with the highest offset from the first shard (header, data, index). */
@@ -404,34 +406,12 @@ static void m_missing(const char *d)
     cJSON_Delete(j);
     shard_free(&s);
     /* drop it from the index too, so only the schema notices */
-    char ipath[4096];
-    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
-    char *t = slurp(ipath, NULL);
-    cJSON *idx = cJSON_Parse(t);
-    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(idx, "weight_map"), name);
-    char *out = cJSON_Print(idx);
-    t_write(ipath, out, strlen(out));
-    free(out);
-    free(t);
-    cJSON_Delete(idx);
+    index_edit(d, wm_drop, name);
 }
 
-static void index_edit(const char *d, void (*fn)(cJSON *wm, cJSON *root))
+static void wm_wrong_shard(cJSON *wm, cJSON *root, void *ctx)
 {
-    char ipath[4096];
-    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
-    char *t = slurp(ipath, NULL);
-    cJSON *idx = cJSON_Parse(t);
-    fn(cJSON_GetObjectItem(idx, "weight_map"), idx);
-    char *out = cJSON_Print(idx);
-    t_write(ipath, out, strlen(out));
-    free(out);
-    free(t);
-    cJSON_Delete(idx);
-}
-
-static void wm_wrong_shard(cJSON *wm, cJSON *root)
-{
+    (void)ctx;
     (void)root;
     /* point the first entry at another shard, which does not hold it */
     cJSON *first = wm->child, *other = wm->child;
@@ -440,46 +420,50 @@ static void wm_wrong_shard(cJSON *wm, cJSON *root)
     ck_assert_msg(other != NULL, "need two shards");
     cJSON_SetValuestring(first, other->valuestring);
 }
-static void wm_absent(cJSON *wm, cJSON *root)
+static void wm_absent(cJSON *wm, cJSON *root, void *ctx)
 {
+    (void)ctx;
     (void)root;
     cJSON_AddStringToObject(wm, "model.layers.0.self_attn.ghost.weight", wm->child->valuestring);
 }
-static void wm_unlisted(cJSON *wm, cJSON *root)
+static void wm_unlisted(cJSON *wm, cJSON *root, void *ctx)
 {
+    (void)ctx;
     (void)root;
     cJSON_DeleteItemFromObject(wm, wm->child->string);
 }
-static void wm_bad_shard_name(cJSON *wm, cJSON *root)
+static void wm_bad_shard_name(cJSON *wm, cJSON *root, void *ctx)
 {
+    (void)ctx;
     (void)root;
     cJSON_SetValuestring(wm->child, "../outside.safetensors");
 }
-static void wm_total_size(cJSON *wm, cJSON *root)
+static void wm_total_size(cJSON *wm, cJSON *root, void *ctx)
 {
+    (void)ctx;
     (void)wm;
     cJSON *meta = cJSON_GetObjectItem(root, "metadata");
     cJSON_ReplaceItemInObject(meta, "total_size", cJSON_CreateNumber(12345));
 }
 static void m_index_wrong_shard(const char *d)
 {
-    index_edit(d, wm_wrong_shard);
+    index_edit(d, wm_wrong_shard, NULL);
 }
 static void m_index_absent(const char *d)
 {
-    index_edit(d, wm_absent);
+    index_edit(d, wm_absent, NULL);
 }
 static void m_index_unlisted(const char *d)
 {
-    index_edit(d, wm_unlisted);
+    index_edit(d, wm_unlisted, NULL);
 }
 static void m_index_shard_name(const char *d)
 {
-    index_edit(d, wm_bad_shard_name);
+    index_edit(d, wm_bad_shard_name, NULL);
 }
 static void m_total_size(const char *d)
 {
-    index_edit(d, wm_total_size);
+    index_edit(d, wm_total_size, NULL);
 }
 
 static void m_index_duplicate(const char *d)
