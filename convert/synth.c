@@ -1,6 +1,8 @@
 /* convert/synth.c — synthetic checkpoints (see synth.h). */
 #include "convert/synth.h"
 
+#include "convert/layout.h"
+
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/mem.h"
@@ -247,10 +249,11 @@ typedef struct synth_ctx {
     const kl_synth_opts *o;
     kl_config            cfg;
     kl_schema            schema;
-    size_t              *order;        /* [schema.n] schema indices in file order */
+    kl_layout            layout;       /* file order and shard cuts */
+    const size_t        *order;        /* [schema.n] schema indices in file order (layout) */
     uint64_t            *bytes;        /* [schema.n] payload bytes per schema entry */
     int32_t             *partner;      /* [schema.n] schema index keying the RNG stream */
-    uint64_t            *begin;        /* [schema.n] by file position: data offset in its shard */
+    const uint64_t      *begin;        /* [schema.n] by file position: offset in its shard */
     shard_plan          *shards;
     size_t               n_shards;
     task                *tasks;
@@ -272,84 +275,29 @@ typedef struct synth_ctx {
     int                  rc;
 } synth_ctx;
 
-static int cmp_name(const void *a, const void *b, void *ctx)
-{
-    const kl_schema *s = ctx;
-    return strcmp(s->entries[*(const size_t *)a].name, s->entries[*(const size_t *)b].name);
-}
-
-static int is_mx_expert(const synth_ctx *c, const kl_schema_entry *e)
-{
-    return c->o->format == KL_SYNTH_MXFP4 && kl_role_is_expert(e->role) &&
-           e->part != KL_PART_WEIGHT;
-}
-
-/* Lists tensors in file order and cuts them into shards (see synth.h for the rules). */
+/* Lists tensors in file order and cuts them into shards (convert/layout.h). */
 static int plan_shards(synth_ctx *c, uint64_t shard_bytes, kl_err *err)
 {
-    const kl_schema *s = &c->schema;
-    size_t n = s->n, pos = 0;
-    uint8_t *region_done = kl_calloc(KL_MAX_LAYERS + 1, 1);
-    if (!region_done)
-        return kl_fail(err, KL_E_NOMEM, "out of memory planning %zu tensors", n);
-    size_t cap = 0;
-    shard_plan *cur = NULL;
-    for (size_t i = 0; i < n; i++) {
-        const kl_schema_entry *e = &s->entries[i];
-        size_t start = pos;
-        uint64_t unit = 0;
-        if (is_mx_expert(c, e)) {
-            int32_t L = e->layer;
-            if (L < 0 || L >= KL_MAX_LAYERS) {
-                kl_free(region_done);
-                return kl_fail(err, KL_E_BUG, "expert tensor %s outside a layer", e->name);
-            }
-            if (region_done[L])
-                continue;
-            region_done[L] = 1;
-            for (size_t j = i; j < n; j++)
-                if (s->entries[j].layer == L && is_mx_expert(c, &s->entries[j]))
-                    c->order[pos++] = j;
-            qsort_r(c->order + start, pos - start, sizeof *c->order, cmp_name, (void *)s);
-        } else {
-            c->order[pos++] = i;
-        }
-        for (size_t j = start; j < pos; j++)
-            unit += c->bytes[c->order[j]];
-        if (!cur || (cur->count && cur->tensor_bytes + unit > shard_bytes)) {
-            if (c->n_shards == cap) {
-                size_t ncap = cap ? cap * 2 : 16;
-                shard_plan *sh = kl_realloc(c->shards, ncap * sizeof *sh);
-                if (!sh) {
-                    kl_free(region_done);
-                    return kl_fail(err, KL_E_NOMEM, "out of memory planning shards");
-                }
-                memset(sh + cap, 0, (ncap - cap) * sizeof *sh);
-                c->shards = sh;
-                cap = ncap;
-            }
-            cur = &c->shards[c->n_shards++];
-            cur->first = start;
-        }
-        for (size_t j = start; j < pos; j++) {
-            c->begin[j] = cur->tensor_bytes; /* back to back, as the writer lays them out */
-            cur->tensor_bytes += c->bytes[c->order[j]];
-        }
-        cur->count += pos - start;
-    }
-    kl_free(region_done);
-    if (pos != n)
-        return kl_fail(err, KL_E_BUG, "shard plan lists %zu of %zu tensors", pos, n);
-    if (c->n_shards > 99999)
-        return kl_fail(err, KL_E_USAGE, "%zu shards: raise the shard size", c->n_shards);
+    int rc = kl_layout_plan(&c->layout, &c->schema, c->bytes, shard_bytes, err);
+    if (rc)
+        return rc;
+    c->order = c->layout.order;
+    c->begin = c->layout.begin;
+    c->shards = kl_calloc(c->layout.n_shards ? c->layout.n_shards : 1, sizeof *c->shards);
+    if (!c->shards)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning shards");
+    c->n_shards = c->layout.n_shards;
     for (size_t k = 0; k < c->n_shards; k++) {
         shard_plan *sh = &c->shards[k];
-        snprintf(sh->name, sizeof sh->name, "model-%05zu-of-%05zu.safetensors", k + 1,
-                 c->n_shards);
+        const kl_layout_shard *ls = &c->layout.shards[k];
+        sh->first = ls->first;
+        sh->count = ls->count;
+        sh->tensor_bytes = ls->tensor_bytes;
+        snprintf(sh->name, sizeof sh->name, "%s", ls->name);
         if (kl_path_join(sh->path, sizeof sh->path, c->o->out_dir, sh->name, err))
             return KL_E_USAGE;
     }
-    for (size_t k = 0; k < c->n_shards; k++) /* the array no longer moves */
+    for (size_t k = 0; k < c->n_shards; k++)
         pthread_mutex_init(&c->shards[k].lock, NULL);
     c->shard_locks = 1;
     return 0;
@@ -812,10 +760,9 @@ static void ctx_free(synth_ctx *c, int failed)
         mx_pool_free(&c->pools[j]);
     kl_free(c->shards);
     kl_free(c->tasks);
-    kl_free(c->order);
     kl_free(c->bytes);
     kl_free(c->partner);
-    kl_free(c->begin);
+    kl_layout_free(&c->layout);
     kl_schema_free(&c->schema);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -930,11 +877,9 @@ int kl_synth_write(const kl_synth_opts *o, kl_err *err)
     if (rc)
         goto done;
     size_t n = c.schema.n;
-    c.order = kl_calloc(n ? n : 1, sizeof *c.order);
     c.bytes = kl_calloc(n ? n : 1, sizeof *c.bytes);
     c.partner = kl_calloc(n ? n : 1, sizeof *c.partner);
-    c.begin = kl_calloc(n ? n : 1, sizeof *c.begin);
-    if (!c.order || !c.bytes || !c.partner || !c.begin) {
+    if (!c.bytes || !c.partner) {
         rc = kl_fail(err, KL_E_NOMEM, "out of memory for %zu tensors", n);
         goto done;
     }
