@@ -5,6 +5,7 @@
  * Results on stdout (text or one JSON object), errors and progress on stderr.
  */
 #include "cli/cli.h"
+#include "cli/progress.h"
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -63,11 +64,6 @@ typedef struct file_list {
     size_t  n, cap;
 } file_list;
 
-typedef struct progress {
-    int      on;                /* stderr is a terminal */
-    double   t0, last;
-    uint64_t bytes;
-} progress;
 
 /* ---- arguments ----------------------------------------------------------------------------- */
 
@@ -207,36 +203,24 @@ static int collect(file_list *l, const char *path, kl_err *err)
 
 /* ---- progress ------------------------------------------------------------------------------ */
 
-/* One stderr line redrawn at most 10 times a second, only on a terminal. */
-static void progress_show(progress *p, uint64_t bytes)
-{
-    double now = kl_now_s();
-    if (!p->on || now - p->last < 0.1)
-        return;
-    p->last = now;
-    double dt = now - p->t0;
-    fprintf(stderr, "\rkl read: %.2f GB, %.2f GB/s   ", (double)bytes / 1e9,
-            dt > 0 ? (double)bytes / dt / 1e9 : 0.0);
-}
-
-static void progress_end(const progress *p)
-{
-    if (p->on && p->last > 0)
-        fprintf(stderr, "\r%60s\r", "");
-}
+typedef struct read_progress {
+    kl_progress line;
+    uint64_t    bytes;
+} read_progress;
 
 static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
 {
     (void)ext_idx, (void)ext_off, (void)data;
-    progress *p = ctx;
+    read_progress *p = ctx;
     p->bytes += len;
-    progress_show(p, p->bytes);
+    kl_progress_show(&p->line, p->bytes, 0);
     return 0;
 }
 
 static void on_hash_progress(void *ctx, uint64_t bytes_done)
 {
-    progress_show(ctx, bytes_done);
+    read_progress *p = ctx;
+    kl_progress_show(&p->line, bytes_done, 0);
 }
 
 /* ---- the two modes ------------------------------------------------------------------------- */
@@ -283,10 +267,11 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
                              .len = kl_reader_file_size(r, (uint32_t)idx)};
     }
     if (!rc) {
-        progress pr = {.on = isatty(STDERR_FILENO), .t0 = kl_now_s()};
+        read_progress pr = {.bytes = 0};
+        kl_progress_init(&pr.line, "kl read", 0);
         rc = kl_reader_run(r, ext, l->n, on_chunk, &pr, err);
-        res->elapsed_s = kl_now_s() - pr.t0;
-        progress_end(&pr);
+        res->elapsed_s = kl_now_s() - pr.line.t0;
+        kl_progress_end(&pr.line);
         kl_reader_stats st;
         kl_reader_get_stats(r, &st);
         res->backend = st.backend;
@@ -302,7 +287,8 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
 static int hash_all(const read_args *a, const file_list *l, kl_hashpass_file *files,
                     read_result *res, kl_err *err)
 {
-    progress pr = {.on = isatty(STDERR_FILENO), .t0 = kl_now_s()};
+    read_progress pr = {.bytes = 0};
+    kl_progress_init(&pr.line, "kl read", 0);
     kl_hashpass_opts ho = {.threads = a->threads, .reader = a->ro};
     ho.progress = on_hash_progress;
     ho.progress_ctx = &pr;
@@ -310,7 +296,7 @@ static int hash_all(const read_args *a, const file_list *l, kl_hashpass_file *fi
         files[i].path = l->paths[i];
     kl_hashpass_stats st;
     int rc = kl_hashpass_run(files, l->n, &ho, &st, err);
-    progress_end(&pr);
+    kl_progress_end(&pr.line);
     if (!rc) {
         res->backend = st.backend;
         res->direct = st.direct;

@@ -6,6 +6,7 @@
  * terminal (and not with -q); the summary (or one JSON object with --json) goes to stdout.
  */
 #include "cli/cli.h"
+#include "cli/progress.h"
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -42,20 +43,9 @@ static const char usage_text[] =
     "  --json            print one JSON object instead of the text summary\n"
     "  -q                errors only on stderr\n";
 
-typedef struct progress_state {
-    double t0;
-    int    drawn;
-} progress_state;
-
 static int draw_progress(void *ctx, uint64_t done, uint64_t total)
 {
-    progress_state *p = ctx;
-    double el = kl_now_s() - p->t0, rate = el > 0 ? (double)done / el : 0;
-    double eta = rate > 0 && total > done ? (double)(total - done) / rate : 0;
-    fprintf(stderr, "\rsynth: %.2f / %.2f GB  %.2f GB/s  ETA %.0f s   ", (double)done / 1e9,
-            (double)total / 1e9, rate / 1e9, eta);
-    fflush(stderr);
-    p->drawn = 1;
+    kl_progress_show(ctx, done, total);
     return 0;
 }
 
@@ -210,8 +200,9 @@ int cmd_synth(int argc, char **argv)
     if (refuse_out(o.out_dir))
         return KL_EXIT_USAGE;
 
-    progress_state ps = {kl_now_s(), 0};
-    if (!quiet && isatty(STDERR_FILENO)) {
+    kl_progress ps;
+    kl_progress_init(&ps, "synth", quiet);
+    if (ps.on) {
         o.progress = draw_progress;
         o.progress_ctx = &ps;
     }
@@ -221,8 +212,7 @@ int cmd_synth(int argc, char **argv)
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_synth_write(&o, &err);
-    if (ps.drawn)
-        fputc('\n', stderr);
+    kl_progress_end(&ps);
     if (rc) {
         char msg[1200];
         fprintf(stderr, "kl synth: %s\n", kl_err_format(&err, msg, sizeof msg));

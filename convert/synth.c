@@ -815,11 +815,7 @@ int kl_synth_config(const kl_synth_opts *o, kl_config *c, kl_err *err)
     for (uint32_t i = 0; i < L; i++) /* 1-based full-attention layers 4, 8, ... and the last */
         c->layer_attn[i] = ((i + 1) % 4 == 0 || i + 1 == L) ? KL_ATTN_MLA : KL_ATTN_KDA;
     if (o->format == KL_SYNTH_MXFP4) {
-        c->family = KL_FAMILY_KIMI_LINEAR_MXFP4;
-        c->quantized = true;
-        snprintf(c->quant_method, sizeof c->quant_method, "compressed-tensors");
-        snprintf(c->quant_format, sizeof c->quant_format, "mxfp4-pack-quantized");
-        c->quant_group_size = MX_GROUP;
+        kl_config_set_mxfp4(c);
     } else {
         c->family = KL_FAMILY_KIMI_LINEAR;
         c->quantized = false;

@@ -1056,6 +1056,15 @@ int kl_config_to_json(const kl_config *c, char **out, kl_err *err)
     return 0;
 }
 
+void kl_config_set_mxfp4(kl_config *c)
+{
+    c->family = KL_FAMILY_KIMI_LINEAR_MXFP4;
+    c->quantized = true;
+    snprintf(c->quant_method, sizeof c->quant_method, "compressed-tensors");
+    snprintf(c->quant_format, sizeof c->quant_format, "mxfp4-pack-quantized");
+    c->quant_group_size = 32;
+}
+
 bool kl_config_is_moe_layer(const kl_config *c, uint32_t layer)
 {
     /* HF remote code: experts exist and layer_idx >= first_k_dense_replace and

@@ -143,6 +143,9 @@ void kl_config_default_48b(kl_config *c);
  * key names, a quantization_config when c->quantized).  *out is kl_malloc'd; caller frees. */
 int kl_config_to_json(const kl_config *c, char **out, kl_err *err);
 
+/* Marks c as the MXFP4 family: compressed-tensors mxfp4-pack-quantized, group size 32. */
+void kl_config_set_mxfp4(kl_config *c);
+
 bool kl_config_is_moe_layer(const kl_config *c, uint32_t layer);
 uint32_t kl_config_count_attn(const kl_config *c, kl_attn_kind kind);
 const char *kl_family_name(kl_family f);
