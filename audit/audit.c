@@ -35,13 +35,15 @@ int kl_audit_add(kl_audit_report *r, kl_severity sev, const char *rule, const ch
     memset(f, 0, sizeof *f);
     f->severity = sev;
     f->offset = offset;
-    snprintf(f->rule, sizeof f->rule, "%s", rule ? rule : "");
-    snprintf(f->file, sizeof f->file, "%s", file ? file : "");
-    snprintf(f->tensor, sizeof f->tensor, "%s", tensor ? tensor : "");
+    kl_copy_text(f->rule, sizeof f->rule, rule ? rule : "");
+    kl_copy_text(f->file, sizeof f->file, file ? file : "");
+    kl_copy_text(f->tensor, sizeof f->tensor, tensor ? tensor : "");
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(f->message, sizeof f->message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    kl_copy_text(f->message, sizeof f->message, msg);
     if (sev == KL_SEV_ERROR)
         r->n_errors++;
     else if (sev == KL_SEV_WARN)
@@ -65,9 +67,9 @@ static int check_files(kl_audit_report *r, const kl_checkpoint *ck)
 {
     int rc = 0;
     if (!ck->config_ok)
-        rc |= add_from_err(r, &ck->config_err, "CFG-JSON", ck->config_path);
+        rc |= add_from_err(r, &ck->config_err, "FILE-OPEN", ck->config_path);
     if (ck->has_index && !ck->index_ok)
-        rc |= add_from_err(r, &ck->index_err, "IDX-JSON", ck->index_path);
+        rc |= add_from_err(r, &ck->index_err, "FILE-OPEN", ck->index_path);
     if (!ck->has_index && ck->n_shards > 1)
         rc |= kl_audit_add(r, KL_SEV_ERROR, "IDX-MISSING", ck->index_path, NULL, KL_NO_OFFSET,
                            "%zu shards but no index file", ck->n_shards);
@@ -80,7 +82,7 @@ static int check_files(kl_audit_report *r, const kl_checkpoint *ck)
             rc |= kl_audit_add(r, KL_SEV_WARN, "CK-EXTRA-SHARD", s->path, NULL, KL_NO_OFFSET,
                                "shard is not named by the index; its tensors are checked too");
         if (!s->ok) {
-            rc |= add_from_err(r, &s->err, "ST-OPEN", s->path);
+            rc |= add_from_err(r, &s->err, "FILE-OPEN", s->path);
             continue;
         }
         r->file_bytes += s->st.file_bytes;

@@ -22,16 +22,19 @@ static int record_results(kl_audit_report *r, const kl_checkpoint *ck,
         const kl_hashpass_file *f = &files[i];
         if (!(h->file = kl_strdup(ck->shards[i].name)))
             return KL_E_NOMEM;
+        r->n_hashes = i + 1; /* so kl_audit_report_free releases what is filled */
         h->size_bytes = f->size_bytes;
         h->hashed = f->rc == 0;
         if (h->hashed) {
             kl_sha256_hex(f->sha256, h->sha256);
             r->hashed_bytes += f->size_bytes;
         } else {
-            char msg[600];
             rc |= kl_audit_add(r, KL_SEV_ERROR, "HASH-READ", ck->shards[i].path, NULL,
-                               f->err.offset, "cannot hash: %s",
-                               kl_err_format(&f->err, msg, sizeof msg));
+                               f->err.offset, "cannot hash%s%s%s: %s%s%s",
+                               f->err.rule[0] ? " [" : "", f->err.rule,
+                               f->err.rule[0] ? "]" : "", f->err.msg,
+                               f->err.sys_errno > 0 ? ": " : "",
+                               f->err.sys_errno > 0 ? strerror(f->err.sys_errno) : "");
         }
         h->has_expected = kl_expect_lookup(ex, ck->shards[i].name, h->expected) == 1;
         h->match = h->hashed && h->has_expected && !strcmp(h->sha256, h->expected);
@@ -39,7 +42,6 @@ static int record_results(kl_audit_report *r, const kl_checkpoint *ck,
             rc |= kl_audit_add(r, KL_SEV_ERROR, "HASH-MISMATCH", ck->shards[i].path, NULL,
                                KL_NO_OFFSET, "SHA-256 %s, expected %s", h->sha256, h->expected);
     }
-    r->n_hashes = ck->n_shards;
     return rc ? KL_E_NOMEM : 0;
 }
 

@@ -11,6 +11,7 @@
  */
 #include "audit/audit.h"
 
+#include "common/checked.h"
 #include "loader/schema.h"
 
 #include <string.h>
@@ -55,14 +56,23 @@ int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t 
         }
     }
     kl_schema_free(&s);
+    /* Config values are 32-bit and context reaches 2^40: every product is checked. */
     uint64_t n_mla = kl_config_count_attn(c, KL_ATTN_MLA);
     uint64_t n_kda = kl_config_count_attn(c, KL_ATTN_KDA);
-    m->mla_cache_bytes = n_mla * context * (c->kv_lora_rank + c->qk_rope_head_dim) * 2;
-    uint64_t heads = (c->kda_num_heads + tp - 1) / tp;
-    uint64_t state = heads * c->kda_head_dim * c->kda_head_dim * 4;
-    uint64_t conv =
-        3 * heads * c->kda_head_dim * (c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0) * 4;
-    m->kda_state_bytes = n_kda * (state + conv);
-    m->total_bytes = m->weights_bytes + m->mla_cache_bytes + m->kda_state_bytes;
+    uint64_t latent = (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    uint64_t heads = ((uint64_t)c->kda_num_heads + tp - 1) / tp;
+    uint64_t window = c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0, hd = c->kda_head_dim;
+    uint64_t mla, state, conv, per_layer, kda, sum;
+    if (kl_mul_u64(n_mla, context, &mla) || kl_mul_u64(mla, latent, &mla) ||
+        kl_mul_u64(mla, 2, &mla) || kl_mul_u64(heads, hd, &state) ||
+        kl_mul_u64(state, hd, &state) || kl_mul_u64(state, 4, &state) ||
+        kl_mul_u64(heads * 3, hd, &conv) || kl_mul_u64(conv, window * 4, &conv) ||
+        kl_add_u64(state, conv, &per_layer) || kl_mul_u64(n_kda, per_layer, &kda) ||
+        kl_add_u64(m->weights_bytes, mla, &sum) || kl_add_u64(sum, kda, &sum))
+        return kl_fail_rule(err, KL_E_FORMAT, "MEM-PLAN",
+                            "memory plan overflows 64 bits for this config and context");
+    m->mla_cache_bytes = mla;
+    m->kda_state_bytes = kda;
+    m->total_bytes = sum;
     return 0;
 }

@@ -13,26 +13,37 @@
 
 static void print_finding(const kl_finding *f, FILE *out)
 {
+    /* Names come from files: escape control bytes so none can forge lines or reach the
+     * terminal (JSON output escapes them by itself). */
+    char file[1100], tensor[800], msg[1300];
+    kl_escape_controls(file, sizeof file, f->file);
+    kl_escape_controls(tensor, sizeof tensor, f->tensor);
+    kl_escape_controls(msg, sizeof msg, f->message);
     fprintf(out, "  %-7s ", kl_severity_name(f->severity));
-    if (f->file[0])
-        fprintf(out, "%s: ", f->file);
-    if (f->tensor[0])
-        fprintf(out, "tensor %s", f->tensor);
+    if (file[0])
+        fprintf(out, "%s: ", file);
+    if (tensor[0])
+        fprintf(out, "tensor %s", tensor);
     if (f->offset != KL_NO_OFFSET)
-        fprintf(out, "%s@ %" PRIu64, f->tensor[0] ? " " : "", f->offset);
-    if (f->tensor[0] || f->offset != KL_NO_OFFSET)
+        fprintf(out, "%s@ %" PRIu64, tensor[0] ? " " : "", f->offset);
+    if (tensor[0] || f->offset != KL_NO_OFFSET)
         fprintf(out, ": ");
-    fprintf(out, "[%s] %s\n", f->rule, f->message);
+    fprintf(out, "[%s] %s\n", f->rule, msg);
 }
 
 static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
 {
-    size_t contiguous = 0;
-    for (size_t i = 0; i < r->n_regions; i++)
+    size_t contiguous = 0, absent = 0;
+    for (size_t i = 0; i < r->n_regions; i++) {
         contiguous += r->regions[i].contiguous;
+        absent += r->regions[i].n_tensors == 0;
+    }
+    size_t spread = r->n_regions - contiguous - absent;
     fprintf(out, "  experts      %zu MoE layers: %zu as one contiguous region each, %zu spread "
-                 "over %s\n", r->n_regions, contiguous, r->n_regions - contiguous,
-            r->n_regions - contiguous ? "several extents" : "-");
+                 "over several extents%s", r->n_regions, contiguous, spread,
+            absent ? "" : "\n");
+    if (absent)
+        fprintf(out, ", %zu without expert tensors\n", absent);
     if (!verbose)
         return;
     for (size_t i = 0; i < r->n_regions; i++) {
@@ -42,6 +53,8 @@ static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
                 kl_fmt_bytes(size, sizeof size, g->n_bytes));
         if (g->contiguous)
             fprintf(out, "one extent: shard %u @ %" PRIu64 "\n", g->shard, g->file_off);
+        else if (!g->n_tensors)
+            fprintf(out, "no expert tensors found\n");
         else
             fprintf(out, "spread over %u shard(s)\n", g->n_shards);
     }
@@ -63,7 +76,9 @@ static void print_hashes(const kl_audit_report *r, FILE *out)
     size_t ok = 0, bad = 0, unchecked = 0;
     for (size_t i = 0; i < r->n_hashes; i++) {
         const kl_shard_hash *h = &r->hashes[i];
-        fprintf(out, "    %s  %s%s\n", h->hashed ? h->sha256 : "(unreadable)", h->file,
+        char name[1100];
+        kl_escape_controls(name, sizeof name, h->file);
+        fprintf(out, "    %s  %s%s\n", h->hashed ? h->sha256 : "(unreadable)", name,
                 !h->has_expected ? "" : h->match ? "  OK" : "  MISMATCH");
         if (!h->has_expected)
             unchecked++;
@@ -72,7 +87,7 @@ static void print_hashes(const kl_audit_report *r, FILE *out)
         else
             bad++;
     }
-    fprintf(out, "  sha256       %zu shards hashed in %.2f s (%.2f GB/s): %zu match, %zu "
+    fprintf(out, "  sha256       %zu shard(s) hashed in %.2f s (%.2f GB/s): %zu match, %zu "
                  "mismatch, %zu without expected value\n", r->n_hashes, r->hash_s,
             r->hash_s > 0 ? (double)r->hashed_bytes / r->hash_s / 1e9 : 0.0, ok, bad,
             unchecked);
@@ -80,7 +95,9 @@ static void print_hashes(const kl_audit_report *r, FILE *out)
 
 void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose)
 {
-    fprintf(out, "kl audit %s\n", r->dir);
+    char dir[1100];
+    kl_escape_controls(dir, sizeof dir, r->dir);
+    fprintf(out, "kl audit %s\n", dir);
     if (r->config_ok)
         fprintf(out, "  family       %s (model_type %s, %u layers)\n", kl_family_name(r->family),
                 r->config.model_type, r->config.num_hidden_layers);

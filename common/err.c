@@ -15,17 +15,33 @@ void kl_err_clear(kl_err *err)
     err->offset = KL_NO_OFFSET;
 }
 
+void kl_copy_text(char *dst, size_t n, const char *src)
+{
+    if (!n)
+        return;
+    size_t len = strlen(src);
+    if (len >= n) {
+        /* Cut before a UTF-8 continuation byte run so the copy stays valid UTF-8 (names end
+         * up in JSON output, which strict decoders reject otherwise). */
+        len = n - 1;
+        while (len && ((unsigned char)src[len] & 0xC0) == 0x80)
+            len--;
+    }
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
 static void set_text(char *dst, size_t n, const char *src)
 {
     if (src && !dst[0])
-        snprintf(dst, n, "%s", src);
+        kl_copy_text(dst, n, src);
 }
 
 /* Copies src into dst (size n) with control bytes escaped (\n, \t, \r, \xNN), cutting only
  * between whole escapes.  Messages and names often carry text from files (tensor names,
  * JSON keys): unescaped, a newline would break the one-line format and an ESC byte would reach
  * the user's terminal. */
-static void escape_controls(char *dst, size_t n, const char *src)
+void kl_escape_controls(char *dst, size_t n, const char *src)
 {
     size_t used = 0;
     for (; *src; src++) {
@@ -38,8 +54,16 @@ static void escape_controls(char *dst, size_t n, const char *src)
         else
             esc[0] = (char)c, esc[1] = 0;
         size_t k = strlen(esc);
-        if (used + k >= n)
+        if (used + k >= n) {
+            /* do not leave half a UTF-8 character behind */
+            if ((c & 0xC0) == 0x80) {
+                while (used && ((unsigned char)dst[used - 1] & 0xC0) == 0x80)
+                    used--;
+                if (used && ((unsigned char)dst[used - 1] & 0xC0) == 0xC0)
+                    used--;
+            }
             break;
+        }
         memcpy(dst + used, esc, k);
         used += k;
     }
@@ -59,7 +83,7 @@ static int record(kl_err *err, int code, int sys_errno, const char *rule, const 
         set_text(err->rule, sizeof err->rule, rule);
     char raw[sizeof err->msg];
     vsnprintf(raw, sizeof raw, fmt, ap);
-    escape_controls(err->msg, sizeof err->msg, raw);
+    kl_escape_controls(err->msg, sizeof err->msg, raw);
     return code;
 }
 
@@ -128,11 +152,11 @@ char *kl_err_format(const kl_err *err, char *buf, size_t n)
     /* file and tensor are stored raw (JSON output escapes them itself); escape for text. */
     char safe[4 * sizeof err->file];
     if (err->file[0]) {
-        escape_controls(safe, sizeof safe, err->file);
+        kl_escape_controls(safe, sizeof safe, err->file);
         PUT("%s: ", safe);
     }
     if (err->tensor[0]) {
-        escape_controls(safe, sizeof safe, err->tensor);
+        kl_escape_controls(safe, sizeof safe, err->tensor);
         PUT("tensor %s", safe);
     }
     if (err->offset != KL_NO_OFFSET)

@@ -69,6 +69,13 @@ void kl_err_context(kl_err *err, const char *file, const char *tensor, uint64_t 
 /* Renders "FILE: tensor NAME @ OFFSET: [RULE] message (strerror)" into buf; returns buf. */
 char *kl_err_format(const kl_err *err, char *buf, size_t n);
 
+/* Copies src into dst (size n), truncating at a UTF-8 character boundary. */
+void kl_copy_text(char *dst, size_t n, const char *src);
+
+/* Copies src into dst (size n) with control bytes escaped (\n, \t, \r, \xNN), so text from
+ * files cannot break one-line output or reach a terminal as escape sequences. */
+void kl_escape_controls(char *dst, size_t n, const char *src);
+
 /* Name of a KL_E_* code ("io", "format", ...). */
 const char *kl_err_code_name(int code);
 

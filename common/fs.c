@@ -14,9 +14,11 @@
 
 int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat below refuses it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         kl_fail_sys(err, KL_E_IO, errno, "cannot open");
+        kl_err_context(err, NULL, NULL, KL_NO_OFFSET, "FILE-OPEN");
         kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
     }
@@ -137,7 +139,8 @@ int kl_write_file_atomic(const char *dir, const char *name, const void *data, si
     if (kl_path_join(tmp, sizeof tmp, dir, tmpname, err) ||
         kl_path_join(dst, sizeof dst, dir, name, err))
         return KL_E_USAGE;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unlink(tmp); /* never follow a link planted under the temporary name */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         kl_fail_sys(err, KL_E_IO, errno, "cannot create");
         kl_err_context(err, tmp, NULL, KL_NO_OFFSET, NULL);

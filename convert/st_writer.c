@@ -233,7 +233,9 @@ int kl_st_writer_open(kl_st_writer *w, const char *path, const kl_st_wtensor *t,
         w->tensor_bytes += w->n_bytes[i];
     w->file_bytes = w->data_off + w->tensor_bytes;
 
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A stale .partial is ours to replace; never follow a link planted under that name. */
+    unlink(w->tmp_path);
+    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         rc = kl_fail_sys(err, KL_E_IO, errno, "cannot create");
         kl_err_context(err, w->tmp_path, NULL, KL_NO_OFFSET, NULL);

@@ -579,7 +579,7 @@ static int shard_open(synth_ctx *c, shard_plan *sh, kl_err *err)
 static int shard_commit(shard_plan *sh, kl_err *err)
 {
     int rc = kl_st_writer_commit(&sh->w, err);
-    if (!rc)
+    if (sh->w.committed) /* renamed into place, even if the directory fsync then failed */
         sh->committed = 1;
     kl_st_writer_close(&sh->w);
     return rc;

@@ -147,8 +147,10 @@ int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
     kl_err_clear(&ck->config_err);
     kl_err_clear(&ck->index_err);
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        kl_fail_sys(err, KL_E_IO, errno ? errno : ENOTDIR, "not a readable checkpoint directory");
+    int st_rc = stat(dir, &st);
+    if (st_rc != 0 || !S_ISDIR(st.st_mode)) {
+        kl_fail_sys(err, KL_E_IO, st_rc != 0 ? errno : ENOTDIR,
+                    "not a readable checkpoint directory");
         kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
     }

@@ -121,6 +121,8 @@ static int check_shard_name(idx_parse *ps, const char *tensor, const char *file)
         why = "contains \"..\"";
     else if (!ends_with(file, len, SHARD_SUFFIX) || len == strlen(SHARD_SUFFIX))
         why = "is not a NAME.safetensors file name";
+    else if (len > 255)
+        why = "is longer than a file name may be (255 bytes)";
     if (why)
         return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-SHARD-NAME", tensor, KL_NO_OFFSET,
                           "shard \"%.128s\" %s", file, why);

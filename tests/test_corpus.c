@@ -565,7 +565,7 @@ static const corpus_case cases[] = {
     {"index duplicate key", m_index_duplicate, 1, "IDX-DUPLICATE"},
     {"index not JSON", m_index_bad_json, 1, "IDX-JSON"},
     {"total_size wrong (warning only)", m_total_size, 0, "IDX-TOTAL-SIZE"},
-    {"missing shard", m_missing_shard, 1, "No such file"},
+    {"missing shard", m_missing_shard, 1, "FILE-OPEN"},
     {"shard is a directory", m_shard_is_dir, 1, "FILE-NOT-REGULAR"},
     {"config not JSON", m_config_bad_json, 1, "CFG-JSON"},
     {"config missing key", m_config_missing_key, 1, "CFG-MISSING"},
