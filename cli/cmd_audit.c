@@ -102,6 +102,29 @@ static int print_json(const kl_audit_report *r)
     return 0;
 }
 
+static void print_error_json(const kl_err *err, const char *msg)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = root ? cJSON_CreateObject() : NULL;
+    if (!e) {
+        cJSON_Delete(root);
+        return;
+    }
+    cJSON_AddStringToObject(root, "kl_version", KL_VERSION);
+    cJSON_AddStringToObject(root, "command", "audit");
+    cJSON_AddBoolToObject(root, "ok", 0);
+    cJSON_AddStringToObject(e, "code", kl_err_code_name(err->code));
+    cJSON_AddStringToObject(e, "file", err->file);
+    cJSON_AddStringToObject(e, "rule", err->rule);
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddItemToObject(root, "error", e);
+    char *text = cJSON_PrintUnformatted(root);
+    if (text)
+        puts(text);
+    cJSON_free(text);
+    cJSON_Delete(root);
+}
+
 int cmd_audit(int argc, char **argv)
 {
     audit_args a;
@@ -114,8 +137,11 @@ int cmd_audit(int argc, char **argv)
     kl_err_clear(&err);
     if (kl_audit_run(&r, a.dir, &a.opts, &err)) {
         char msg[1024];
-        fprintf(stderr, "kl audit: %s\n", kl_err_format(&err, msg, sizeof msg));
-        return KL_EXIT_USAGE;
+        kl_err_format(&err, msg, sizeof msg);
+        fprintf(stderr, "kl audit: %s\n", msg);
+        if (a.json) /* one object on stdout, also when the audit could not run */
+            print_error_json(&err, msg);
+        return err.code == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE;
     }
     int rc = 0;
     if (a.json)

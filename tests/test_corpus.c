@@ -517,6 +517,13 @@ static void m_config_missing(const char *d)
     snprintf(p, sizeof p, "%s/config.json", d);
     ck_assert(unlink(p) == 0);
 }
+static void m_config_fifo(const char *d)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    ck_assert(unlink(p) == 0);
+    ck_assert(mkfifo(p, 0644) == 0); /* opening it must not wait for a writer */
+}
 static void m_config_geometry(const char *d)
 {
     edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":96");
@@ -573,6 +580,7 @@ static const corpus_case cases[] = {
     {"config unknown model_type", m_config_family, 1, "CFG-FAMILY"},
     {"config layer in both lists", m_config_layers, 1, "CFG-RANGE"},
     {"config.json missing", m_config_missing, 1, "config.json"},
+    {"config.json is a FIFO", m_config_fifo, 1, "FILE-NOT-REGULAR"},
     {"config geometry does not match tensors", m_config_geometry, 1, "SCHEMA-SHAPE"},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
