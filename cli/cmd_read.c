@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +51,7 @@ static const char usage_text[] =
 
 #define DEFAULT_QD 32u                     /* O_DIRECT: deep queue of 8 MiB chunks */
 #define BUFFERED_CHUNK ((size_t)2 << 20)   /* --buffered: small chunks, see read_all */
+#define MAX_BATCH 64u                      /* files open at once, see batch_files */
 
 typedef struct read_args {
     const char   **paths;       /* [n_paths] borrowed from argv */
@@ -234,7 +236,20 @@ typedef struct read_result {
     kl_membench_result ceiling;   /* valid when has_ceiling */
 } read_result;
 
-/* One reader over every file, whole files as extents, deep queue. */
+/* Files open at once in read_all: at most MAX_BATCH and a quarter of RLIMIT_NOFILE, so a
+ * checkpoint with more shards than descriptors can still be read. */
+static size_t batch_files(void)
+{
+    size_t b = MAX_BATCH;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 4 < b)
+        b = (size_t)(rl.rlim_cur / 4);
+    return b ? b : 1;
+}
+
+/* One reader over every file, whole files as extents, deep queue.  Files are opened, read and
+ * closed in batches of batch_files(); the ring drains only at a batch boundary. */
 static int read_all(const read_args *a, const file_list *l, read_result *res, kl_err *err)
 {
     kl_reader_opts ro = a->ro;
@@ -254,22 +269,30 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
     }
     if (!ro.queue_depth)
         ro.queue_depth = DEFAULT_QD;
+    size_t batch = batch_files();
     kl_reader *r = NULL;
-    kl_extent *ext = kl_calloc(l->n, sizeof *ext);
+    kl_extent *ext = kl_calloc(batch, sizeof *ext);
     int rc = ext ? kl_reader_create(&r, &ro, err) : kl_fail(err, KL_E_NOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < l->n; i++) {
-        int idx = kl_reader_add_file(r, l->paths[i], err);
-        if (idx < 0) {
-            rc = idx;
-            break;
-        }
-        ext[i] = (kl_extent){.file = (uint32_t)idx, .off = 0,
-                             .len = kl_reader_file_size(r, (uint32_t)idx)};
-    }
-    if (!rc) {
-        read_progress pr = {.bytes = 0};
+    read_progress pr = {.bytes = 0};
+    if (!rc)
         kl_progress_init(&pr.line, "kl read", 0);
-        rc = kl_reader_run(r, ext, l->n, on_chunk, &pr, err);
+    for (size_t first = 0; !rc && first < l->n; first += batch) {
+        size_t n = l->n - first < batch ? l->n - first : batch, added = 0;
+        for (; added < n; added++) {
+            int idx = kl_reader_add_file(r, l->paths[first + added], err);
+            if (idx < 0) {
+                rc = idx;
+                break;
+            }
+            ext[added] = (kl_extent){.file = (uint32_t)idx, .off = 0,
+                                     .len = kl_reader_file_size(r, (uint32_t)idx)};
+        }
+        if (!rc)
+            rc = kl_reader_run(r, ext, n, on_chunk, &pr, err);
+        for (size_t i = 0; i < added; i++)
+            kl_reader_close_file(r, ext[i].file, NULL);
+    }
+    if (r) {
         res->elapsed_s = kl_now_s() - pr.line.t0;
         kl_progress_end(&pr.line);
         kl_reader_stats st;

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -98,6 +99,8 @@ static void hash_one(worker *w, kl_hashpass_file *f)
     f->rc = kl_reader_stream_file(w->r, (uint32_t)idx, f->sha256, on_chunk, w->p, &f->err);
     if (f->rc)
         kl_err_context(&f->err, f->path, NULL, KL_NO_OFFSET, NULL);
+    /* One descriptor per worker at a time, however many files the pass has. */
+    kl_reader_close_file(w->r, (uint32_t)idx, NULL);
 }
 
 static void *work(void *arg)
@@ -121,6 +124,14 @@ static unsigned pick_threads(const kl_hashpass_opts *o, size_t n_files)
     if (!t) {
         long nproc = sysconf(_SC_NPROCESSORS_ONLN);
         t = nproc > 0 ? (unsigned)nproc : 1;
+    }
+    /* A worker holds up to two descriptors (its file, an io_uring ring): stay well inside
+     * RLIMIT_NOFILE, leaving half of it to the rest of the process. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t cap = rl.rlim_cur / 4;
+        if ((rlim_t)t > cap)
+            t = (unsigned)cap;
     }
     if (t > n_files)
         t = (unsigned)n_files;
@@ -201,8 +212,10 @@ int kl_hashpass_run(kl_hashpass_file *files, size_t n_files, const kl_hashpass_o
     fill_stats(st, w, nt, &p, t0);
     for (size_t i = 0; i < n_files; i++) {
         if (files[i].rc) {
-            rc = kl_fail_sys(err, files[i].rc, files[i].err.sys_errno, "%s", files[i].err.msg);
-            kl_err_context(err, files[i].err.file, NULL, files[i].err.offset, NULL);
+            /* The whole record (rule, tensor, offset), unless err already holds an error. */
+            rc = files[i].rc;
+            if (err && !err->code)
+                *err = files[i].err;
             break;
         }
     }

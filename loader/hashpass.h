@@ -8,10 +8,13 @@
  *
  * Contract: every entry of files gets size_bytes, sha256 (valid when rc == 0), rc and err,
  * whatever happens to the other files.  kl_hashpass_run returns 0 when every file was hashed;
- * otherwise the rc of the first failed file in array order, with its kl_err copied to err.
+ * otherwise the rc of the first failed file in array order, with its whole kl_err (file,
+ * tensor, offset, rule, message) copied to err unless err already holds an error.
  * A reader that cannot be created (forced backend unavailable, bad options) fails the whole
  * call before any file is read: then the per-file fields are left unset.
- * Memory: threads * queue_depth * (buf_bytes + 8 KiB).
+ * Memory: threads * queue_depth * (buf_bytes + 8 KiB).  Descriptors: each worker closes a file
+ * once hashed, so at most two per worker (file, io_uring ring) are open, whatever n_files is;
+ * the thread count is also capped at a quarter of RLIMIT_NOFILE.
  * Thread safety: the call itself may run from any thread; progress is called from workers.
  */
 #ifndef KL_LOADER_HASHPASS_H
@@ -36,7 +39,7 @@ typedef struct kl_hashpass_file {
 typedef void (*kl_hashpass_progress)(void *ctx, uint64_t bytes_done);
 
 typedef struct kl_hashpass_opts {
-    unsigned             threads;      /* 0: min(online CPUs, n_files) */
+    unsigned             threads;      /* 0: online CPUs; always <= n_files, RLIMIT_NOFILE / 4 */
     kl_reader_opts       reader;       /* per worker; zero queue_depth/buf_bytes take 4 x 8 MiB */
     kl_hashpass_progress progress;     /* may be NULL */
     void                *progress_ctx;

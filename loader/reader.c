@@ -67,6 +67,16 @@ static int real_aio_setup(int nr_events, struct io_context **ctx)
     return io_setup(nr_events, ctx);
 }
 
+static int real_uring_wait(struct io_uring *ring, unsigned wait_nr)
+{
+    return io_uring_submit_and_wait(ring, wait_nr);
+}
+
+static int real_aio_getevents(struct io_context *ctx, long min_nr, long nr, struct io_event *ev)
+{
+    return io_getevents(ctx, min_nr, nr, ev, NULL);
+}
+
 static kl_reader_sys sys_override;  /* test hook; zero = all real */
 
 void kl_reader_set_sys(const kl_reader_sys *sys)
@@ -94,6 +104,10 @@ static void resolve_sys(kl_reader_sys *s)
         s->uring_init = real_uring_init;
     if (!s->aio_setup)
         s->aio_setup = real_aio_setup;
+    if (!s->uring_wait)
+        s->uring_wait = real_uring_wait;
+    if (!s->aio_getevents)
+        s->aio_getevents = real_aio_getevents;
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -101,6 +115,8 @@ static void resolve_sys(kl_reader_sys *s)
 #define DEFAULT_BUF_BYTES ((size_t)8 << 20)
 #define DEFAULT_QD 16u
 #define MAX_THREADS 1024u
+/* Consecutive failed reaps while draining before the backend is restarted. */
+#define DRAIN_ATTEMPTS 3u
 
 static uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
 
@@ -264,44 +280,97 @@ static int file_fail(kl_err *err, int code, int sys_errno, const char *path, con
     return code;
 }
 
-/* Opens path, with O_DIRECT when the mode asks for it and the file system takes it.  Sets
- * *direct and *align (1 for buffered files). */
-static int open_file(kl_reader *r, const char *path, int *fd_out, int *direct, uint32_t *align,
-                     kl_err *err)
+/* The error every call returns once the reader is broken (see reader.h). */
+static int broken_fail(const kl_reader *r, kl_err *err)
 {
-    const int base = O_RDONLY | O_CLOEXEC;
+    return kl_fail(err, KL_E_IO,
+                   "reader is unusable: %u reads submitted earlier never completed", r->inflight);
+}
+
+/* Changes the status flags of fd: sets `set`, clears `clear`.  0 or -1 with errno. */
+static int set_fl(int fd, int set, int clear)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0)
+        return -1;
+    int nfl = (fl | set) & ~clear;
+    return nfl == fl ? 0 : fcntl(fd, F_SETFL, nfl);
+}
+
+/* Refuses anything but a regular file and makes fd blocking again.  The open used O_NONBLOCK
+ * so that a FIFO (no writer) or a terminal cannot block it forever; it must not stay set, as
+ * io_uring treats O_NONBLOCK files as no-wait and would fail reads with EAGAIN.  Closes fd on
+ * failure. */
+static int check_regular(kl_reader *r, int fd, const char *path, struct stat *st, kl_err *err)
+{
+    int rc = 0;
+    if (r->sys.fstat(fd, st) != 0)
+        rc = file_fail(err, KL_E_IO, errno, path, "cannot stat");
+    else if (!S_ISREG(st->st_mode)) {
+        rc = kl_fail_rule(err, KL_E_FORMAT, "FILE-NOT-REGULAR",
+                          "not a regular file (a FIFO, device, socket or directory)");
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+    } else if (set_fl(fd, 0, O_NONBLOCK) != 0)
+        rc = file_fail(err, KL_E_IO, errno, path, "cannot clear O_NONBLOCK");
+    if (rc)
+        r->sys.close(fd);
+    return rc;
+}
+
+/* Opens path as a regular file, with O_DIRECT when the mode asks for it and the file system
+ * takes it; fills fd, direct, align (1 for buffered files) and size of f.  open(O_DIRECT)
+ * fails with EINVAL both when the file system refuses direct I/O and for FIFOs and devices,
+ * so on EINVAL the file is opened again without it to tell the two apart. */
+static int open_file(kl_reader *r, const char *path, kl_rfile *f, kl_err *err)
+{
+    const int base = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
     kl_direct_mode mode = r->opts.direct;
-    int fd = -1;
-    *direct = 0;
-    *align = 1;
+    int fd = -1, refused = 0;
     if (mode != KL_DIRECT_OFF) {
         fd = r->sys.open(path, base | O_DIRECT);
-        if (fd < 0 && (errno != EINVAL || mode == KL_DIRECT_ON))
-            return file_fail(err, errno == EINVAL ? KL_E_UNSUPPORTED : KL_E_IO, errno, path,
-                             errno == EINVAL ? "the file system refuses O_DIRECT"
-                                             : "cannot open for reading");
+        if (fd < 0 && errno != EINVAL)
+            return file_fail(err, KL_E_IO, errno, path, "cannot open for reading");
+        refused = fd < 0;
     }
-    if (fd >= 0) {
-        uint32_t mem = 0, off = 0;
-        int known = r->sys.dio_align(fd, &mem, &off);
-        uint32_t a = known > 0 ? (mem > off ? mem : off) : (known == 0 ? KL_RD_MAX_ALIGN : 0);
-        if (a && is_pow2(a) && a <= KL_RD_MAX_ALIGN) {
-            *fd_out = fd;
-            *direct = 1;
-            *align = a;
-            return 0;
-        }
+    if (fd < 0) {
+        fd = r->sys.open(path, base);
+        if (fd < 0)
+            return file_fail(err, KL_E_IO, errno, path, "cannot open for reading");
+    }
+    struct stat st;
+    int rc = check_regular(r, fd, path, &st, err);
+    if (rc)
+        return rc;
+    f->size = (uint64_t)st.st_size;
+    if (refused && mode == KL_DIRECT_ON) {
         r->sys.close(fd);
-        fd = -1;
-        if (mode == KL_DIRECT_ON)
-            return file_fail(err, KL_E_UNSUPPORTED, 0, path,
-                             known < 0 ? "the file does not support direct I/O"
-                                       : "the file's direct-I/O alignment is above 4096 bytes");
+        return file_fail(err, KL_E_UNSUPPORTED, EINVAL, path, "the file system refuses O_DIRECT");
     }
-    fd = r->sys.open(path, base);
-    if (fd < 0)
-        return file_fail(err, KL_E_IO, errno, path, "cannot open for reading");
-    *fd_out = fd;
+    f->fd = fd;
+    if (mode == KL_DIRECT_OFF || refused)
+        return 0;
+    uint32_t mem = 0, off = 0;
+    int known = r->sys.dio_align(fd, &mem, &off);
+    uint32_t a = known > 0 ? (mem > off ? mem : off) : (known == 0 ? KL_RD_MAX_ALIGN : 0);
+    if (a && is_pow2(a) && a <= KL_RD_MAX_ALIGN) {
+        f->direct = 1;
+        f->align = a;
+        return 0;
+    }
+    if (mode == KL_DIRECT_ON) {
+        r->sys.close(fd);
+        f->fd = -1;
+        return file_fail(err, KL_E_UNSUPPORTED, 0, path,
+                         known < 0 ? "the file does not support direct I/O"
+                                   : "the file's direct-I/O alignment is above 4096 bytes");
+    }
+    /* AUTO: read this file buffered through the same descriptor. */
+    if (set_fl(fd, 0, O_DIRECT) != 0) {
+        int e = errno;
+        r->sys.close(fd);
+        f->fd = -1;
+        return file_fail(err, KL_E_IO, e, path, "cannot clear O_DIRECT");
+    }
     return 0;
 }
 
@@ -309,6 +378,8 @@ int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err)
 {
     if (!r || !path)
         return kl_fail(err, KL_E_USAGE, "kl_reader_add_file: reader or path is NULL");
+    if (r->broken)
+        return broken_fail(r, err);
     if (r->n_files >= (uint32_t)INT32_MAX)
         return file_fail(err, KL_E_USAGE, 0, path, "too many files in one reader");
     if (r->n_files == r->files_cap) {
@@ -319,22 +390,14 @@ int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err)
         r->files = nf;
         r->files_cap = ncap;
     }
-    kl_rfile f = {.fd = -1};
-    int rc = open_file(r, path, &f.fd, &f.direct, &f.align, err);
-    if (rc)
-        return rc;
-    struct stat st;
-    if (r->sys.fstat(f.fd, &st) != 0)
-        rc = file_fail(err, KL_E_IO, errno, path, "cannot stat");
-    else if (!S_ISREG(st.st_mode))
-        rc = file_fail(err, KL_E_USAGE, 0, path, "not a regular file");
-    else if (!(f.path = kl_strdup(path)))
-        rc = file_fail(err, KL_E_NOMEM, 0, path, "out of memory");
+    kl_rfile f = {.fd = -1, .align = 1};
+    if (!(f.path = kl_strdup(path)))
+        return file_fail(err, KL_E_NOMEM, 0, path, "out of memory");
+    int rc = open_file(r, path, &f, err);
     if (rc) {
-        r->sys.close(f.fd);
+        kl_free(f.path);
         return rc;
     }
-    f.size = (uint64_t)st.st_size;
     r->files[r->n_files] = f;
     return (int)r->n_files++;
 }
@@ -342,6 +405,24 @@ int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err)
 uint64_t kl_reader_file_size(const kl_reader *r, uint32_t file)
 {
     return r && file < r->n_files ? r->files[file].size : 0;
+}
+
+int kl_reader_close_file(kl_reader *r, uint32_t file, kl_err *err)
+{
+    if (!r || file >= r->n_files)
+        return kl_fail(err, KL_E_USAGE, "kl_reader_close_file: no file %" PRIu32, file);
+    if (r->running)
+        return file_fail(err, KL_E_USAGE, 0, r->files[file].path,
+                         "kl_reader_close_file called during a run");
+    /* The backends keep no per-file state (no io_uring registered files) and, outside a run,
+     * no op is in flight (drain waits for them, or the reader is broken): closing the
+     * descriptor is all there is to do.  close() errors are moot for a read-only file. */
+    kl_rfile *f = &r->files[file];
+    if (f->fd >= 0) {
+        r->sys.close(f->fd);
+        f->fd = -1;
+    }
+    return 0;
 }
 
 /* ---- completion handling ------------------------------------------------------------------- */
@@ -499,6 +580,9 @@ static int check_extents(const kl_reader *r, const kl_extent *ext, size_t n_ext,
         if (e->file >= r->n_files)
             return kl_fail(err, KL_E_USAGE, "extent %zu names file %" PRIu32 " of %" PRIu32, i,
                            e->file, r->n_files);
+        if (r->files[e->file].fd < 0)
+            return file_fail(err, KL_E_USAGE, 0, r->files[e->file].path,
+                             "an extent names a file closed with kl_reader_close_file");
         if (kl_add_u64(e->off, e->len, &end) || end > (uint64_t)INT64_MAX) {
             kl_fail(err, KL_E_USAGE, "extent %zu [%" PRIu64 " + %" PRIu64 ") overflows", i,
                     e->off, e->len);
@@ -533,19 +617,36 @@ static void wait_slot(kl_reader *r, kl_slot *s)
     }
 }
 
-/* After an error: lets every op in flight finish so no buffer is written behind our back. */
+/* After an error: lets every op in flight finish so no buffer is written behind our back.
+ * When the backend cannot report completions any more (its ring failed), it is restarted if
+ * it can guarantee that nothing is in flight afterwards (libaio: io_destroy waits; pread:
+ * joining the workers waits); otherwise the reader is marked broken. */
 static void drain(kl_reader *r)
 {
     r->draining = 1;
+    unsigned failures = 0;
     while (r->inflight) {
         kl_err rerr;
         kl_err_clear(&rerr);
-        if (r->ops->reap(r, &rerr)) {
-            char line[512];
-            kl_log(KL_LOG_ERROR, "reader: cannot drain %u reads: %s", r->inflight,
-                   kl_err_format(&rerr, line, sizeof line));
+        if (!r->ops->reap(r, &rerr)) {
+            failures = 0;
+            continue;
+        }
+        char line[512];
+        kl_log(KL_LOG_WARN, "reader: cannot collect %u reads: %s", r->inflight,
+               kl_err_format(&rerr, line, sizeof line));
+        if (++failures < DRAIN_ATTEMPTS)
+            continue;
+        kl_err_clear(&rerr);
+        if (r->ops->reset && r->ops->reset(r, &rerr) == 0) {
+            r->inflight = 0;
             break;
         }
+        kl_log(KL_LOG_ERROR, "reader: %u reads are lost in the kernel; the reader is unusable%s%s",
+               r->inflight, rerr.code ? ": " : "",
+               rerr.code ? kl_err_format(&rerr, line, sizeof line) : "");
+        r->broken = 1;
+        break;
     }
     r->draining = 0;
 }
@@ -555,8 +656,8 @@ int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb
 {
     if (!r || (n_ext && !ext))
         return kl_fail(err, KL_E_USAGE, "kl_reader_run: reader or extents is NULL");
-    if (r->inflight)
-        return kl_fail(err, KL_E_IO, "reader is unusable: %u reads never completed", r->inflight);
+    if (r->broken)
+        return broken_fail(r, err);
     int rc = check_extents(r, ext, n_ext, err);
     if (rc)
         return rc;
@@ -566,6 +667,7 @@ int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb
     r->run_rc = 0;
     r->any_failed = 0;
     r->run_err = err;
+    r->running = 1;
     chunk_iter it = {.ext = ext, .n_ext = n_ext};
     uint64_t issued = 0, delivered = 0;
     for (;;) {
@@ -610,6 +712,7 @@ int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb
     r->run_rc = 0;
     r->any_failed = 0;
     r->run_err = NULL;
+    r->running = 0;
     return rc;
 }
 

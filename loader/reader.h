@@ -25,8 +25,25 @@
  * Hashing: kl_reader_stream_file streams a whole file and returns its SHA-256 (OpenSSL EVP),
  * computed from the same bytes that were read.
  *
+ * Files: only regular files are read.  Each path is opened with O_NONBLOCK so that a FIFO or a
+ * terminal cannot block the open, then anything else (FIFO, device, socket, directory) is
+ * refused with KL_E_FORMAT, rule "FILE-NOT-REGULAR", naming the path; O_NONBLOCK is cleared
+ * again before any read.  Every added file holds one descriptor until kl_reader_close_file or
+ * kl_reader_destroy: a caller going through more files than RLIMIT_NOFILE allows closes each
+ * one when done with it.
+ *
+ * Errors and reuse: after any error of kl_reader_run (I/O error, bad extent, cancel) the
+ * reader can be used again: the run waits for every read it submitted before returning.  The
+ * one exception is a ring that stops reporting completions (io_uring_enter or io_getevents
+ * failing with an unexpected errno several times in a row): libaio and pread backends are then
+ * restarted (that waits for their reads), but an io_uring ring cannot be, and the reader
+ * becomes broken: kl_reader_run, kl_reader_stream_file and kl_reader_add_file fail with
+ * KL_E_IO "reader is unusable"; kl_reader_close_file, the getters and kl_reader_destroy work.
+ *
  * Thread safety: one kl_reader per thread.  Errors: KL_E_IO (with the file and offset),
- * KL_E_USAGE (bad extent), KL_E_CANCELLED (callback returned non-zero), KL_E_NOMEM.
+ * KL_E_FORMAT (not a regular file), KL_E_USAGE (bad extent, closed file), KL_E_CANCELLED
+ * (callback returned non-zero), KL_E_NOMEM, KL_E_UNSUPPORTED (O_DIRECT refused with
+ * KL_DIRECT_ON, backend unavailable).
  */
 #ifndef KL_LOADER_READER_H
 #define KL_LOADER_READER_H
@@ -83,12 +100,21 @@ typedef struct kl_reader_stats {
 int kl_reader_create(kl_reader **out, const kl_reader_opts *opts, kl_err *err);
 void kl_reader_destroy(kl_reader *r);  /* NULL ok; closes files */
 
-/* Opens path read-only (never for writing) and returns its index (>= 0) or a KL_E_* code. */
+/* Opens path read-only (never for writing) and returns its index (>= 0) or a KL_E_* code.
+ * Indices count up from 0 in the order of successful adds and are never reused, also not
+ * after kl_reader_close_file. */
 int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err);
+/* Size in bytes when the file was added (also after it was closed); 0 for an unknown index. */
 uint64_t kl_reader_file_size(const kl_reader *r, uint32_t file);
 
+/* Closes the file's descriptor.  The index stays taken: a later add gets a new index, and an
+ * extent naming a closed file fails the run with KL_E_USAGE.  Closing a closed file is a
+ * no-op.  Returns 0, or KL_E_USAGE for an unknown index or when called from a callback
+ * during kl_reader_run (reads of the file may be in flight). */
+int kl_reader_close_file(kl_reader *r, uint32_t file, kl_err *err);
+
 /* Reads every extent, calling cb (may be NULL) for each chunk in order.  Returns 0 or a
- * KL_E_* code; after an error the reader can be used again. */
+ * KL_E_* code; after an error the reader can be used again (see "Errors and reuse"). */
 int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb cb, void *ctx,
                   kl_err *err);
 

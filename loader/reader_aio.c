@@ -120,7 +120,7 @@ static int aio_reap(kl_reader *r, kl_err *err)
         return 0;
     }
     for (;;) {
-        int n = io_getevents(be->ctx, 1, (long)r->opts.queue_depth, be->events, NULL);
+        int n = r->sys.aio_getevents(be->ctx, 1, (long)r->opts.queue_depth, be->events);
         if (n == -EINTR)
             continue;
         if (n < 0)
@@ -135,6 +135,13 @@ static int aio_reap(kl_reader *r, kl_err *err)
     }
 }
 
+/* io_destroy cancels or waits for every iocb in flight, so a new context starts clean. */
+static int aio_reset(kl_reader *r, kl_err *err)
+{
+    aio_fini(r);
+    return aio_init(r, err);
+}
+
 const kl_backend_ops kl_rd_aio_ops = {
     .id = KL_IO_AIO,
     .init = aio_init,
@@ -142,4 +149,5 @@ const kl_backend_ops kl_rd_aio_ops = {
     .queue = aio_queue,
     .flush = aio_flush,
     .reap = aio_reap,
+    .reset = aio_reset,
 };

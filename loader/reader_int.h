@@ -9,9 +9,11 @@
  * its result through kl_rd_complete(); it never interprets results.
  *
  * Syscall table: every system call the reader makes on files (open, close, fstat, statx,
- * pread) and the two ring set-ups go through kl_reader_sys, so tests can inject short reads,
- * EINTR, EIO or an unavailable io_uring.  A reader copies the table when it is created, so a
- * test must install its table before kl_reader_create and restore it (NULL) afterwards.
+ * pread), the two ring set-ups and the two completion waits go through kl_reader_sys, so tests
+ * can inject short reads, EINTR, EIO, an unavailable io_uring or a failing ring.  A reader
+ * copies the table when it is created, so a test must install its table before
+ * kl_reader_create and restore it (NULL) afterwards.  fcntl(F_GETFL/F_SETFL), used to clear
+ * O_NONBLOCK and O_DIRECT on a descriptor the table's open returned, is called directly.
  */
 #ifndef KL_LOADER_READER_INT_H
 #define KL_LOADER_READER_INT_H
@@ -25,11 +27,13 @@
 
 struct io_uring;
 struct io_context;
+struct io_event;
 
 /* ---- syscall table ---------------------------------------------------------------------- */
 
 typedef struct kl_reader_sys {
-    /* open(2) without a mode: the reader only ever passes O_RDONLY | O_CLOEXEC [| O_DIRECT]. */
+    /* open(2) without a mode: the reader only ever passes
+     * O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK [| O_DIRECT]. */
     int     (*open)(const char *path, int flags);
     int     (*close)(int fd);
     int     (*fstat)(int fd, struct stat *st);
@@ -40,6 +44,9 @@ typedef struct kl_reader_sys {
     /* liburing's io_uring_queue_init and libaio's io_setup: 0 or -errno. */
     int     (*uring_init)(unsigned entries, struct io_uring *ring, unsigned flags);
     int     (*aio_setup)(int nr_events, struct io_context **ctx);
+    /* io_uring_submit_and_wait and io_getevents (no timeout): as liburing / libaio return. */
+    int     (*uring_wait)(struct io_uring *ring, unsigned wait_nr);
+    int     (*aio_getevents)(struct io_context *ctx, long min_nr, long nr, struct io_event *ev);
 } kl_reader_sys;
 
 /* Installs a table for readers created afterwards; NULL fields (or sys == NULL) mean the real
@@ -59,8 +66,8 @@ void kl_reader_set_sys(const kl_reader_sys *sys);
 #define KL_RD_MAX_RETRIES 1000u
 
 typedef struct kl_rfile {
-    char    *path;       /* owned, kl_strdup */
-    int      fd;         /* read-only */
+    char    *path;       /* owned, kl_strdup; kept after kl_reader_close_file */
+    int      fd;         /* read-only, blocking; -1 after kl_reader_close_file */
     int      direct;     /* O_DIRECT in effect on fd */
     uint32_t align;      /* offset/length/memory alignment of reads: dio alignment, 1 buffered */
     uint64_t size;       /* bytes, from fstat at kl_reader_add_file */
@@ -107,6 +114,11 @@ typedef struct kl_backend_ops {
     int  (*flush)(kl_reader *r, kl_err *err);
     /* Waits for at least one op to finish and calls kl_rd_complete for every finished one. */
     int  (*reap)(kl_reader *r, kl_err *err);
+    /* After reap kept failing while ops were in flight: restarts the backend such that no op
+     * can touch a slot buffer afterwards; ops not yet finished are dropped without
+     * kl_rd_complete.  NULL when the backend cannot promise that (io_uring: closing a ring does
+     * not wait for its reads).  0 or KL_E_*; on failure r->be may be NULL. */
+    int  (*reset)(kl_reader *r, kl_err *err);
 } kl_backend_ops;
 
 extern const kl_backend_ops kl_rd_uring_ops;
@@ -129,6 +141,8 @@ struct kl_reader {
     int                   any_failed; /* a slot failed: plan no more chunks */
     int                   run_rc;     /* first error of the current run */
     kl_err               *run_err;    /* caller's err for the current run (may be NULL) */
+    int                   running;    /* inside kl_reader_run: files may not be closed */
+    int                   broken;     /* ops lost in a failed ring: every call fails */
 };
 
 /* Called by a backend for every finished op, with the byte count or -errno.  Decrements

@@ -162,6 +162,14 @@ static int pread_reap(kl_reader *r, kl_err *err)
     return 0;
 }
 
+/* Joining the workers waits for the preads in progress; queued jobs are dropped.  (reap never
+ * fails here, so drain does not need this today.) */
+static int pread_reset(kl_reader *r, kl_err *err)
+{
+    pread_fini(r);
+    return pread_init(r, err);
+}
+
 const kl_backend_ops kl_rd_pread_ops = {
     .id = KL_IO_PREAD,
     .init = pread_init,
@@ -169,4 +177,5 @@ const kl_backend_ops kl_rd_pread_ops = {
     .queue = pread_queue,
     .flush = pread_flush,
     .reap = pread_reap,
+    .reset = pread_reset,
 };

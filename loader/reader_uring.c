@@ -5,7 +5,8 @@
  * IORING_OP_READ_FIXED (no per-read page pinning).  When registration is refused (memlock
  * limit) plain IORING_OP_READ is used.  Reads of buffered (non-O_DIRECT) files carry
  * IOSQE_ASYNC so page-cache copies run on io-wq workers in parallel instead of inline in
- * io_uring_submit.  user_data is the slot.  Results go to kl_rd_complete unchanged.
+ * io_uring_submit.  user_data is the slot.  Results go to kl_rd_complete unchanged.  No
+ * files are registered with the ring, so closing a reader file needs nothing from here.
  */
 #include "loader/reader_int.h"
 
@@ -56,6 +57,17 @@ static void uring_fini(kl_reader *r)
     uring_be *be = r->be;
     if (!be)
         return;
+    /* A broken reader (reap kept failing) may still have reads in the kernel, and closing the
+     * ring does not wait for them: give them a bounded chance to finish before the slot
+     * buffers are freed.  Nothing to do in the normal case (inflight == 0). */
+    for (unsigned tries = 0; r->inflight && tries < 100; tries++) {
+        struct io_uring_cqe *cqe;
+        struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = 10 * 1000 * 1000};
+        if (io_uring_wait_cqe_timeout(&be->ring, &cqe, &ts) == 0) {
+            r->inflight--;
+            io_uring_cqe_seen(&be->ring, cqe);
+        }
+    }
     io_uring_queue_exit(&be->ring);  /* also drops the buffer registration */
     kl_free(be);
     r->be = NULL;
@@ -104,7 +116,7 @@ static int uring_reap(kl_reader *r, kl_err *err)
 {
     uring_be *be = r->be;
     for (;;) {
-        int rc = io_uring_submit_and_wait(&be->ring, 1);
+        int rc = r->sys.uring_wait(&be->ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
             return kl_fail_sys(err, KL_E_IO, -rc, "io_uring_submit_and_wait failed");
         unsigned head, n = 0;
@@ -127,4 +139,5 @@ const kl_backend_ops kl_rd_uring_ops = {
     .queue = uring_queue,
     .flush = uring_flush,
     .reap = uring_reap,
+    .reset = NULL,  /* io_uring_queue_exit does not wait for reads in flight */
 };

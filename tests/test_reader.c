@@ -23,9 +23,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <libaio.h>
+#include <liburing.h>
 #include <openssl/evp.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -675,8 +678,9 @@ START_TEST(bad_options_and_files_are_rejected)
                   "missing file: got %d: %s", rc, fmt_err(&err));
     kl_err_clear(&err);
     rc = kl_reader_add_file(r, fixdir, &err);
-    ck_assert_msg(rc < 0 && !strcmp(err.file, fixdir), "directory: got %d: %s", rc,
-                  fmt_err(&err));
+    ck_assert_msg(rc == KL_E_FORMAT && !strcmp(err.rule, "FILE-NOT-REGULAR") &&
+                      !strcmp(err.file, fixdir),
+                  "directory: got %d: %s", rc, fmt_err(&err));
     ck_assert(kl_io_backend_parse("uring") == KL_IO_URING);
     ck_assert(kl_io_backend_parse("aio") == KL_IO_AIO);
     ck_assert(kl_io_backend_parse("pread") == KL_IO_PREAD);
@@ -879,6 +883,264 @@ START_TEST(kl_read_usage_and_io_errors_exit_2)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* Files that are not regular, descriptor limits, closing files                               */
+
+/* A FIFO with no writer would block open(2) forever: every configuration must refuse it at
+ * once with FILE-NOT-REGULAR naming the path, and leave regular files blocking. */
+START_TEST(reader_fifo_is_refused_at_once_and_regular_files_stay_blocking)
+{
+    const cfg *c = &cfgs[_i];
+    char dir[1024], fifo[1200];
+    t_mkdtemp(dir, sizeof dir);
+    snprintf(fifo, sizeof fifo, "%s/model.safetensors", dir);
+    ck_assert_msg(mkfifo(fifo, 0644) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+    kl_reader *r;
+    if (open_cfg(c, 64 << 10, 4, &r)) {
+        t_rmrf(dir);
+        return;
+    }
+    const char *others[] = {fifo, dir, "/dev/null"};
+    for (size_t i = 0; i < 3; i++) {
+        struct stat st;
+        if (stat(others[i], &st) != 0)
+            continue;
+        kl_err err;
+        kl_err_clear(&err);
+        int rc = kl_reader_add_file(r, others[i], &err);
+        ck_assert_msg(rc == KL_E_FORMAT && !strcmp(err.rule, "FILE-NOT-REGULAR") &&
+                          !strcmp(err.file, others[i]),
+                      "%s: %s: expected KL_E_FORMAT [FILE-NOT-REGULAR] naming the path, got %d: %s",
+                      c->name, others[i], rc, fmt_err(&err));
+    }
+    for (uint32_t f = 0; f < N_FILES; f++) {
+        int fl = fcntl(r->files[f].fd, F_GETFL);
+        ck_assert_msg(fl >= 0 && !(fl & O_NONBLOCK), "%s: file %u still has O_NONBLOCK", c->name,
+                      f);
+    }
+    /* The refused paths took no index. */
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_reader_add_file(r, paths[1], &err) == N_FILES, "%s: next index: %s",
+                  c->name, fmt_err(&err));
+    kl_extent ext[] = {{5, 0, file_sizes[5]}, {4, 1, 4096}};
+    run_and_check(r, ext, 2, c->name);
+    unsigned char md[32];
+    ck_assert_msg(kl_reader_stream_file(r, N_FILES, md, NULL, NULL, &err) == 0, "%s: %s",
+                  c->name, fmt_err(&err));
+    ck_assert_msg(!memcmp(md, digests[1], 32), "%s: SHA-256 of the file added last", c->name);
+    kl_reader_destroy(r);
+    t_rmrf(dir);
+}
+END_TEST
+
+START_TEST(hashpass_and_kl_read_refuse_a_fifo_with_the_whole_error)
+{
+    char dir[1024], fifo[1200];
+    t_mkdtemp(dir, sizeof dir);
+    snprintf(fifo, sizeof fifo, "%s/model.safetensors", dir);
+    ck_assert(mkfifo(fifo, 0644) == 0);
+    kl_hashpass_file files[2];
+    memset(files, 0, sizeof files);
+    files[0].path = paths[4];
+    files[1].path = fifo;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_hashpass_run(files, 2, NULL, NULL, &err);
+    ck_assert_msg(rc == KL_E_FORMAT && err.code == KL_E_FORMAT &&
+                      !strcmp(err.rule, "FILE-NOT-REGULAR") && !strcmp(err.file, fifo) &&
+                      !strcmp(err.msg, files[1].err.msg),
+                  "hashpass: expected the file's whole error, got %d: %s", rc, fmt_err(&err));
+    ck_assert_msg(files[0].rc == 0 && !memcmp(files[0].sha256, digests[4], 32),
+                  "the regular file is still hashed: rc %d", files[0].rc);
+    static char out[1 << 14];
+    const char *plain[] = {dir};
+    const char *hash[] = {dir, "--hash"};
+    ck_assert_int_eq(run_read(plain, 1, out, sizeof out), 2);
+    ck_assert_int_eq(run_read(hash, 2, out, sizeof out), 2);
+    t_rmrf(dir);
+}
+END_TEST
+
+START_TEST(closed_file_keeps_its_index_and_size_and_cannot_be_read)
+{
+    kl_reader_opts o = {.backend = KL_IO_PREAD, .buf_bytes = 4096, .queue_depth = 2};
+    kl_reader *r = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_reader_create(&r, &o, &err) == 0, "%s", fmt_err(&err));
+    ck_assert(kl_reader_add_file(r, paths[2], &err) == 0);
+    ck_assert(kl_reader_add_file(r, paths[3], &err) == 1);
+    ck_assert_msg(kl_reader_close_file(r, 0, &err) == 0, "close: %s", fmt_err(&err));
+    ck_assert_msg(kl_reader_close_file(r, 0, &err) == 0, "second close: %s", fmt_err(&err));
+    ck_assert_msg(kl_reader_close_file(r, 7, &err) == KL_E_USAGE, "unknown index");
+    ck_assert_msg(kl_reader_file_size(r, 0) == file_sizes[2], "size after close");
+    kl_err_clear(&err);
+    ck_assert_msg(kl_reader_add_file(r, paths[2], &err) == 2, "closed index reused: %s",
+                  fmt_err(&err));
+    kl_extent e = {0, 0, 1};
+    kl_err_clear(&err);
+    int rc = kl_reader_run(r, &e, 1, NULL, NULL, &err);
+    ck_assert_msg(rc == KL_E_USAGE && !strcmp(err.file, paths[2]),
+                  "extent on a closed file: expected KL_E_USAGE naming it, got %d: %s", rc,
+                  fmt_err(&err));
+    kl_err_clear(&err);
+    ck_assert(kl_reader_stream_file(r, 0, NULL, NULL, NULL, &err) == KL_E_USAGE);
+    /* The other files are unaffected. */
+    unsigned char md[32];
+    ck_assert(kl_reader_stream_file(r, 1, md, NULL, NULL, &err) == 0);
+    ck_assert_msg(!memcmp(md, digests[3], 32), "file 1: SHA-256 differs");
+    ck_assert(kl_reader_stream_file(r, 2, md, NULL, NULL, &err) == 0);
+    ck_assert_msg(!memcmp(md, digests[2], 32), "file 2: SHA-256 differs");
+    kl_reader_destroy(r);
+}
+END_TEST
+
+/* Writes n small distinct files f000.safetensors... into dir; fills their SHA-256. */
+static void write_many(const char *dir, size_t n, unsigned char (*md)[32])
+{
+    for (size_t i = 0; i < n; i++) {
+        char p[1200];
+        uint8_t buf[700];
+        size_t len = 1 + i * 7 % sizeof buf;
+        for (size_t k = 0; k < len; k++)
+            buf[k] = pattern((uint32_t)i, k);
+        snprintf(p, sizeof p, "%s/f%03zu.safetensors", dir, i);
+        t_write(p, buf, len);
+        sha256_mem(buf, len, md[i]);
+    }
+}
+
+/* More files than RLIMIT_NOFILE allows open at once: hash pass, kl read and kl read --hash
+ * keep descriptors bounded.  Check forks each test, so the limit stays in this test. */
+START_TEST(more_files_than_rlimit_nofile_are_read_and_hashed)
+{
+    enum { N = 100 };
+    static unsigned char md[N][32];
+    static char names[N][1200];
+    char dir[1024];
+    t_mkdtemp(dir, sizeof dir);
+    write_many(dir, N, md);
+    struct rlimit old, low;
+    ck_assert(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = 64;
+    ck_assert_msg(setrlimit(RLIMIT_NOFILE, &low) == 0, "setrlimit: %s", strerror(errno));
+
+    kl_hashpass_file files[N];
+    memset(files, 0, sizeof files);
+    for (size_t i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "%s/f%03zu.safetensors", dir, i);
+        files[i].path = names[i];
+    }
+    kl_err err;
+    for (int b = 0; b < 3; b++) {
+        kl_hashpass_opts o = {.threads = 4, .reader = {.backend = (kl_io_backend)(KL_IO_URING + b),
+                                                       .queue_depth = 2, .buf_bytes = 4096}};
+        kl_err_clear(&err);
+        int rc = kl_hashpass_run(files, N, &o, NULL, &err);
+        if (rc == KL_E_UNSUPPORTED)
+            continue;
+        ck_assert_msg(rc == 0, "hashpass %s with RLIMIT_NOFILE 64: %s",
+                      kl_io_backend_name(o.reader.backend), fmt_err(&err));
+        for (size_t i = 0; i < N; i++)
+            ck_assert_msg(!memcmp(files[i].sha256, md[i], 32), "%s: file %zu: SHA-256 differs",
+                          kl_io_backend_name(o.reader.backend), i);
+    }
+    static char out[1 << 16];
+    const char *runs[][4] = {{dir, "--io", "uring", "--json"},
+                             {dir, "--io", "pread", "--json"},
+                             {dir, "--buffered", "--json", NULL},
+                             {dir, "--hash", "--json", NULL}};
+    for (size_t i = 0; i < 4; i++) {
+        size_t n = runs[i][3] ? 4 : 3;
+        int status = run_read(runs[i], n, out, sizeof out);
+        ck_assert_msg(status == 0, "kl read run %zu: exit %d: %s", i, status, out);
+        cJSON *j = cJSON_Parse(out);
+        ck_assert_msg(j && cJSON_GetObjectItem(j, "files")->valuedouble == N, "run %zu: %s", i,
+                      out);
+        cJSON_Delete(j);
+    }
+    ck_assert(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    t_rmrf(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* A ring that stops reporting completions                                                    */
+
+static atomic_int ring_fails;  /* fail the completion wait while set */
+
+static int failing_getevents(struct io_context *ctx, long min_nr, long nr, struct io_event *ev)
+{
+    if (atomic_load(&ring_fails))
+        return -EINVAL;
+    return io_getevents(ctx, min_nr, nr, ev, NULL);
+}
+
+static int failing_uring_wait(struct io_uring *ring, unsigned wait_nr)
+{
+    if (atomic_load(&ring_fails))
+        return -EBADFD;
+    return io_uring_submit_and_wait(ring, wait_nr);
+}
+
+START_TEST(aio_reader_is_reusable_after_the_ring_fails)
+{
+    kl_reader_sys sys = {.aio_getevents = failing_getevents};
+    kl_reader_set_sys(&sys);
+    atomic_store(&ring_fails, 0);
+    const cfg *c = &cfgs[_i ? 3 : 2];
+    kl_reader *r;
+    if (open_cfg(c, 64 << 10, 4, &r))
+        return;
+    kl_extent e = {5, 0, file_sizes[5]};
+    atomic_store(&ring_fails, 1);
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_reader_run(r, &e, 1, NULL, NULL, &err);
+    atomic_store(&ring_fails, 0);
+    ck_assert_msg(rc == KL_E_IO && err.sys_errno == EINVAL && !strcmp(err.file, paths[5]),
+                  "%s: expected KL_E_IO/EINVAL naming the file, got %d: %s", c->name, rc,
+                  fmt_err(&err));
+    ck_assert_msg(r->inflight == 0 && !r->broken, "%s: inflight %u broken %d after the error",
+                  c->name, r->inflight, r->broken);
+    run_and_check(r, &e, 1, c->name);
+    kl_reader_destroy(r);
+}
+END_TEST
+
+START_TEST(uring_reader_whose_ring_fails_is_unusable_and_says_so)
+{
+    kl_reader_sys sys = {.uring_wait = failing_uring_wait};
+    kl_reader_set_sys(&sys);
+    atomic_store(&ring_fails, 0);
+    const cfg *c = &cfgs[_i ? 1 : 0];
+    kl_reader *r;
+    if (open_cfg(c, 64 << 10, 4, &r))
+        return;
+    kl_extent e = {5, 0, file_sizes[5]};
+    atomic_store(&ring_fails, 1);
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_reader_run(r, &e, 1, NULL, NULL, &err);
+    ck_assert_msg(rc == KL_E_IO && err.sys_errno == EBADFD,
+                  "%s: expected KL_E_IO/EBADFD, got %d: %s", c->name, rc, fmt_err(&err));
+    kl_err_clear(&err);
+    rc = kl_reader_run(r, &e, 1, NULL, NULL, &err);
+    ck_assert_msg(rc == KL_E_IO && strstr(err.msg, "unusable"),
+                  "%s: next run: expected 'reader is unusable', got %d: %s", c->name, rc,
+                  fmt_err(&err));
+    kl_err_clear(&err);
+    rc = kl_reader_add_file(r, paths[1], &err);
+    ck_assert_msg(rc == KL_E_IO && strstr(err.msg, "unusable"), "%s: add: got %d: %s", c->name,
+                  rc, fmt_err(&err));
+    ck_assert(kl_reader_close_file(r, 5, &err) == 0);
+    atomic_store(&ring_fails, 0);
+    kl_reader_destroy(r);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 /* Suite                                                                                      */
 
 static Suite *reader_suite(void)
@@ -922,6 +1184,24 @@ static Suite *reader_suite(void)
     tcase_add_checked_fixture(tc, mem_setup, mem_teardown);
     tcase_add_test(tc, kl_read_json_hash_lists_every_file_with_its_sha256);
     tcase_add_test(tc, kl_read_usage_and_io_errors_exit_2);
+    suite_add_tcase(s, tc);
+
+    /* Short timeout: a regression here is a hang on a FIFO. */
+    tc = tcase_create("files");
+    tcase_set_timeout(tc, 20);
+    tcase_add_checked_fixture(tc, mem_setup, mem_teardown);
+    tcase_add_loop_test(tc, reader_fifo_is_refused_at_once_and_regular_files_stay_blocking, 0,
+                        N_CFGS);
+    tcase_add_test(tc, hashpass_and_kl_read_refuse_a_fifo_with_the_whole_error);
+    tcase_add_test(tc, closed_file_keeps_its_index_and_size_and_cannot_be_read);
+    tcase_add_test(tc, more_files_than_rlimit_nofile_are_read_and_hashed);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("broken rings");
+    tcase_set_timeout(tc, 20);
+    tcase_add_checked_fixture(tc, mem_setup, mem_teardown);
+    tcase_add_loop_test(tc, aio_reader_is_reusable_after_the_ring_fails, 0, 2);
+    tcase_add_loop_test(tc, uring_reader_whose_ring_fails_is_unusable_and_says_so, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
