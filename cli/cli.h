@@ -14,6 +14,8 @@ enum { KL_EXIT_OK = 0, KL_EXIT_PROBLEMS = 1, KL_EXIT_USAGE = 2, KL_EXIT_BUG = 3 
 int cmd_audit(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_read(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);

@@ -17,6 +17,8 @@ typedef struct command {
 static const command commands[] = {
     {"audit", cmd_audit, "check a checkpoint: headers, index, schema, layout, memory, hashes"},
     {"synth", cmd_synth, "write a synthetic checkpoint (tiny, small or the full 48B geometry)"},
+    {"convert", cmd_convert, "BF16 checkpoint -> MXFP4 routed experts (compressed-tensors)"},
+    {"bench", cmd_bench, "measured figures beside their ceilings (bench mxfp4: the quantizer)"},
     {"read", cmd_read, "stream a checkpoint through the staged reader and report GB/s"},
 };
 

@@ -56,6 +56,9 @@ int kl_mxfp4_quantize_row_f32(const float *in, size_t n, kl_scale_rule rule, uin
 int kl_mxfp4_quantize_row_bf16_scalar(const uint16_t *in, size_t n, kl_scale_rule rule,
                                       uint8_t *packed, uint8_t *scale, size_t *bad_block,
                                       kl_err *err);
+int kl_mxfp4_quantize_row_f32_scalar(const float *in, size_t n, kl_scale_rule rule,
+                                     uint8_t *packed, uint8_t *scale, size_t *bad_block,
+                                     kl_err *err);
 
 /* Dequantizes one row: out[n] = E2M1(code) * 2^(scale - 127); scale 255 gives NaN. */
 void kl_mxfp4_dequantize_row(const uint8_t *packed, const uint8_t *scale, size_t n, float *out);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # `make demo`: install what is missing, build, then run the main job on an embedded default:
-# synthesize a tiny Kimi-Linear checkpoint and audit it (text, then JSON).
+# synthesize a tiny Kimi-Linear checkpoint, audit it (text, then JSON), convert it to MXFP4
+# experts and audit the result.
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/install-deps.sh
@@ -13,4 +14,9 @@ echo "== kl audit $out --hash --tp 2 --context 32768"
 build/kl audit "$out" --hash --tp 2 --context 32768
 echo "== kl audit $out --json"
 build/kl audit "$out" --json
+rm -rf "$out-mxfp4"
+echo "== kl convert $out $out-mxfp4"
+build/kl convert "$out" "$out-mxfp4"
+echo "== kl audit $out-mxfp4"
+build/kl audit "$out-mxfp4"
 echo "demo: ok"

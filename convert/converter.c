@@ -1,0 +1,680 @@
+/*
+ * convert/converter.c — BF16 -> MXFP4 experts, streaming and crash-safe (see converter.h).
+ *
+ * Sections: the plan (what goes where), the journal (what is already done), one shard
+ * (read, quantize or copy, write), the small files (config, index, tokenizer), public API.
+ */
+#include "convert/converter.h"
+
+#include "audit/audit.h"
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/mem.h"
+#include "common/pool.h"
+#include "convert/layout.h"
+#include "convert/st_writer.h"
+#include "loader/checkpoint.h"
+#include "loader/hashpass.h"
+#include "loader/reader.h"
+#include "loader/schema.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define JOURNAL_NAME "kl-convert.journal"
+#define JOURNAL_VERSION "kl-convert-journal 1"
+#define DEFAULT_SHARD_BYTES 5000000000ull
+#define DEFAULT_MAX_MEMORY (2ull << 30)
+#define CHUNK_BYTES (8u << 20)       /* reader chunk: the largest batch of rows */
+#define CARRY_BYTES (256u << 10)     /* the longest source row */
+
+/* ---- the plan ------------------------------------------------------------------------------ */
+
+/* What produces one output tensor. */
+typedef struct out_src {
+    const kl_ckpt_tensor *src;   /* source tensor (for PACKED and SCALE: the BF16 weight) */
+    kl_dtype              dtype; /* output dtype */
+} out_src;
+
+typedef struct conv {
+    const kl_convert_opts *o;
+    kl_checkpoint          ck;
+    kl_config              cfg;        /* output config (MXFP4 family) */
+    kl_schema              schema;     /* output schema */
+    kl_layout              layout;
+    out_src               *srcs;       /* [schema.n] */
+    uint64_t              *bytes;      /* [schema.n] output payload bytes */
+    char                   partial[PATH_MAX];
+    kl_reader             *reader;
+    uint32_t              *reader_file; /* [ck.n_shards] reader file index per source shard */
+    kl_pool               *pool;
+    uint64_t               total_out, done_out;
+    double                 t0, last_progress;
+    kl_convert_result      res;
+} conv;
+
+/* Source tensor for output entry e: the same name (or its alias), or for MXFP4 parts the
+ * BF16 weight they are made from. */
+static const kl_ckpt_tensor *find_source(const conv *c, const kl_schema_entry *e)
+{
+    if (e->part == KL_PART_WEIGHT) {
+        const kl_ckpt_tensor *t = kl_ckpt_find(&c->ck, e->name);
+        return t ? t : e->alias ? kl_ckpt_find(&c->ck, e->alias) : NULL;
+    }
+    char name[256];
+    const char *dot = strrchr(e->name, '.'); /* ".weight_packed" / ".weight_scale" */
+    if (!dot || (size_t)(dot - e->name) + 8 > sizeof name)
+        return NULL;
+    snprintf(name, sizeof name, "%.*s.weight", (int)(dot - e->name), e->name);
+    return kl_ckpt_find(&c->ck, name);
+}
+
+static int plan(conv *c, kl_err *err)
+{
+    c->cfg = c->ck.config;
+    kl_config_set_mxfp4(&c->cfg);
+    int rc = kl_schema_build(&c->schema, &c->cfg, err);
+    if (rc)
+        return rc;
+    size_t n = c->schema.n;
+    c->srcs = kl_calloc(n, sizeof *c->srcs);
+    c->bytes = kl_calloc(n, sizeof *c->bytes);
+    if (!c->srcs || !c->bytes)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning %zu tensors", n);
+    for (size_t i = 0; i < n; i++) {
+        const kl_schema_entry *e = &c->schema.entries[i];
+        const kl_ckpt_tensor *t = find_source(c, e);
+        if (!t)
+            return kl_fail_at(err, KL_E_SCHEMA, "SCHEMA-MISSING", e->name, KL_NO_OFFSET,
+                              "no source tensor for this output tensor");
+        if (e->part != KL_PART_WEIGHT && t->t->dtype != KL_DT_BF16 && t->t->dtype != KL_DT_F32)
+            return kl_fail_at(err, KL_E_UNSUPPORTED, "CONVERT-DTYPE", t->name, KL_NO_OFFSET,
+                              "expert weights must be BF16 or F32 to quantize, not %s",
+                              kl_dtype_name(t->t->dtype));
+        c->srcs[i].src = t;
+        c->srcs[i].dtype = e->part == KL_PART_WEIGHT ? t->t->dtype : KL_DT_U8;
+        c->bytes[i] = e->part == KL_PART_WEIGHT ? t->t->n_bytes : e->numel;
+        c->total_out += c->bytes[i];
+    }
+    uint64_t shard_bytes = c->o->shard_bytes ? c->o->shard_bytes : DEFAULT_SHARD_BYTES;
+    return kl_layout_plan(&c->layout, &c->schema, c->bytes, shard_bytes, err);
+}
+
+/* ---- the journal --------------------------------------------------------------------------- */
+
+/* The plan's fingerprint: a rerun may reuse shards only if source, rule and layout agree. */
+static void fingerprint(const conv *c, char *out, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+#define MIX(v)                                                                                \
+    do {                                                                                      \
+        h ^= (uint64_t)(v);                                                                   \
+        h *= 1099511628211ull;                                                                \
+    } while (0)
+    for (size_t i = 0; i < c->ck.n_shards; i++) {
+        for (const char *p = c->ck.shards[i].name; *p; p++)
+            MIX((unsigned char)*p);
+        MIX(c->ck.shards[i].st.file_bytes);
+    }
+    MIX(c->o->rule);
+    for (size_t k = 0; k < c->layout.n_shards; k++) {
+        MIX(c->layout.shards[k].count);
+        MIX(c->layout.shards[k].tensor_bytes);
+    }
+#undef MIX
+    snprintf(out, n, "%s plan=%016llx rule=%s", JOURNAL_VERSION, (unsigned long long)h,
+             kl_scale_rule_name(c->o->rule));
+}
+
+/* 1 if the journal in DST.partial records shard `name` complete with the file's current size
+ * and hash.  A journal with another fingerprint proves nothing. */
+static int journal_says_done(const conv *c, const char *journal, const char *name)
+{
+    char fp[128], path[PATH_MAX];
+    fingerprint(c, fp, sizeof fp);
+    size_t fl = strlen(fp);
+    if (strncmp(journal, fp, fl) || journal[fl] != '\n')
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "\ndone %s ", name);
+    const char *at = strstr(journal + fl, key);
+    unsigned long long size;
+    char hex[65];
+    if (!at || sscanf(at + strlen(key), "%llu %64s", &size, hex) != 2)
+        return 0;
+    if (kl_path_join(path, sizeof path, c->partial, name, NULL))
+        return 0;
+    struct stat st;
+    if (stat(path, &st) != 0 || (unsigned long long)st.st_size != size)
+        return 0;
+    kl_hashpass_file f = {.path = path};
+    if (kl_hashpass_run(&f, 1, NULL, NULL, NULL) != 0)
+        return 0;
+    char got[65];
+    kl_sha256_hex(f.sha256, got);
+    return strcmp(got, hex) == 0;
+}
+
+/* Starts a fresh journal (fingerprint line) unless the existing one has the same plan. */
+static int journal_open(const conv *c, char **text, kl_err *err)
+{
+    char path[PATH_MAX], fp[128];
+    fingerprint(c, fp, sizeof fp);
+    *text = NULL;
+    if (kl_path_join(path, sizeof path, c->partial, JOURNAL_NAME, err))
+        return KL_E_USAGE;
+    size_t len;
+    kl_err ignore;
+    kl_err_clear(&ignore);
+    if (kl_read_file(path, 16u << 20, text, &len, &ignore) == 0 && !strncmp(*text, fp, strlen(fp)))
+        return 0;
+    kl_free(*text);
+    *text = NULL;
+    char line[160];
+    int n = snprintf(line, sizeof line, "%s\n", fp);
+    return kl_write_file_atomic(c->partial, JOURNAL_NAME, line, (size_t)n, err);
+}
+
+/* Appends "done NAME SIZE SHA256" and fsyncs, after the shard itself is durable. */
+static int journal_add(const conv *c, const char *name, kl_err *err)
+{
+    char path[PATH_MAX], jpath[PATH_MAX];
+    if (kl_path_join(path, sizeof path, c->partial, name, err) ||
+        kl_path_join(jpath, sizeof jpath, c->partial, JOURNAL_NAME, err))
+        return KL_E_USAGE;
+    kl_hashpass_file f = {.path = path};
+    int rc = kl_hashpass_run(&f, 1, NULL, NULL, err);
+    if (rc)
+        return rc;
+    char hex[65], line[256];
+    kl_sha256_hex(f.sha256, hex);
+    int n = snprintf(line, sizeof line, "done %s %llu %s\n", name,
+                     (unsigned long long)f.size_bytes, hex);
+    int fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot open the journal");
+        kl_err_context(err, jpath, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    rc = kl_write_all(fd, line, (size_t)n, jpath, err);
+    if (!rc && fsync(fd) != 0)
+        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot fsync the journal");
+    close(fd);
+    return rc;
+}
+
+/* ---- one shard ----------------------------------------------------------------------------- */
+
+/* One source tensor being streamed into one or two output tensors. */
+typedef struct job {
+    size_t          packed, scale;  /* writer indices (scale unused for copies) */
+    int             quantize;
+    const kl_ckpt_tensor *src;
+    uint64_t        row_in_bytes;   /* source bytes per row (quantized tensors) */
+    uint64_t        n_in;           /* elements per row */
+    uint64_t        row;            /* next row to quantize */
+} job;
+
+typedef struct shard_run {
+    conv          *c;
+    kl_st_writer   w;
+    job           *jobs;
+    size_t         n_jobs;
+    uint8_t       *carry;           /* partial row between chunks */
+    size_t         carry_len;
+    /* quantization of one batch of rows */
+    const uint8_t *rows;
+    size_t         n_rows;
+    job           *cur;
+    uint8_t       *packed, *scale;  /* output staging for the batch */
+    atomic_int     qrc;             /* first quantizer failure of the batch */
+    size_t         bad_row, bad_block;
+    kl_err         row_err;         /* its details */
+    kl_err         cb_err;          /* why the reader callback stopped */
+} shard_run;
+
+static void quantize_one(void *arg, size_t i)
+{
+    shard_run *s = arg;
+    const job *j = s->cur;
+    const uint8_t *in = s->rows + i * j->row_in_bytes;
+    uint8_t *pk = s->packed + i * (j->n_in / 2), *sc = s->scale + i * (j->n_in / 32);
+    size_t bad = 0;
+    kl_err e;
+    kl_err_clear(&e);
+    int rc;
+    if (j->src->t->dtype == KL_DT_BF16)
+        rc = kl_mxfp4_quantize_row_bf16((const uint16_t *)in, j->n_in, s->c->o->rule, pk, sc,
+                                        &bad, &e);
+    else
+        rc = kl_mxfp4_quantize_row_f32((const float *)in, j->n_in, s->c->o->rule, pk, sc, &bad,
+                                       &e);
+    int none = 0;
+    if (rc && atomic_compare_exchange_strong(&s->qrc, &none, rc)) { /* first failure wins */
+        s->bad_row = j->row + i;
+        s->bad_block = bad;
+        s->row_err = e;
+    }
+}
+
+/* Quantizes n whole rows at `rows` and writes their packed codes and scales. */
+static int quantize_rows(shard_run *s, job *j, const uint8_t *rows, size_t n, kl_err *err)
+{
+    s->rows = rows;
+    s->n_rows = n;
+    s->cur = j;
+    kl_pool_run(s->c->pool, n, quantize_one, s);
+    if (atomic_load(&s->qrc))
+        return kl_fail_at(err, atomic_load(&s->qrc), "MXFP4-NONFINITE", j->src->name,
+                          KL_NO_OFFSET, "row %zu block %zu: %s", s->bad_row, s->bad_block,
+                          s->row_err.msg);
+    int rc = kl_st_writer_pwrite(&s->w, j->packed, j->row * (j->n_in / 2), s->packed,
+                                 n * (j->n_in / 2), err);
+    if (!rc)
+        rc = kl_st_writer_pwrite(&s->w, j->scale, j->row * (j->n_in / 32), s->scale,
+                                 n * (j->n_in / 32), err);
+    j->row += n;
+    return rc;
+}
+
+static int report_progress(conv *c)
+{
+    double now = kl_now_s();
+    if (!c->o->progress || now - c->last_progress < 0.1)
+        return 0;
+    c->last_progress = now;
+    return c->o->progress(c->o->progress_ctx, c->done_out, c->total_out);
+}
+
+/* Reader callback: data is the next piece of source tensor ext_idx, in order. */
+static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+{
+    shard_run *s = ctx;
+    job *j = &s->jobs[ext_idx];
+    kl_err *err = &s->cb_err;
+    int rc = 0;
+    s->c->res.read_bytes += len;
+    if (!j->quantize) {
+        rc = kl_st_writer_pwrite(&s->w, j->packed, ext_off, data, len, err);
+        s->c->done_out += len;
+        return rc ? rc : report_progress(s->c);
+    }
+    /* Whole rows only: finish a row carried over from the last chunk, then batch the rest. */
+    if (s->carry_len) {
+        size_t take = (size_t)j->row_in_bytes - s->carry_len;
+        take = take < len ? take : len;
+        memcpy(s->carry + s->carry_len, data, take);
+        s->carry_len += take;
+        data += take;
+        len -= take;
+        if (s->carry_len == j->row_in_bytes) {
+            s->carry_len = 0;
+            if ((rc = quantize_rows(s, j, s->carry, 1, err)))
+                return rc;
+        }
+    }
+    size_t n = len / j->row_in_bytes;
+    if (n && (rc = quantize_rows(s, j, data, n, err)))
+        return rc;
+    size_t rest = len - n * j->row_in_bytes;
+    memcpy(s->carry + s->carry_len, data + n * j->row_in_bytes, rest);
+    s->carry_len += rest;
+    s->c->done_out += (n * j->n_in) / 2 + (n * j->n_in) / 32;
+    return report_progress(s->c);
+}
+
+/* The writer's tensor list and the jobs (one per source tensor) of shard k. */
+static int shard_setup(shard_run *s, size_t k, kl_st_wtensor *wt, kl_extent *ext, kl_err *err)
+{
+    conv *c = s->c;
+    const kl_layout_shard *ls = &c->layout.shards[k];
+    for (size_t i = 0; i < ls->count; i++) {
+        size_t si = c->layout.order[ls->first + i];
+        const kl_schema_entry *e = &c->schema.entries[si];
+        wt[i].name = e->name;
+        wt[i].dtype = c->srcs[si].dtype;
+        wt[i].rank = e->rank;
+        memcpy(wt[i].shape, e->shape, sizeof e->shape);
+        if (e->part == KL_PART_SCALE)
+            continue; /* produced with its weight_packed, which sorts just before it */
+        const kl_ckpt_tensor *t = c->srcs[si].src;
+        job *j = &s->jobs[s->n_jobs];
+        memset(j, 0, sizeof *j);
+        j->packed = i;
+        j->src = t;
+        j->quantize = e->part == KL_PART_PACKED;
+        if (j->quantize) {
+            if (i + 1 >= ls->count ||
+                c->schema.entries[c->layout.order[ls->first + i + 1]].part != KL_PART_SCALE)
+                return kl_fail(err, KL_E_BUG, "%s: weight_scale does not follow", e->name);
+            j->scale = i + 1;
+            j->n_in = t->t->shape[1];
+            j->row_in_bytes = j->n_in * kl_dtype_bits(t->t->dtype) / 8;
+            if (j->row_in_bytes > CARRY_BYTES || j->n_in % 32)
+                return kl_fail_at(err, KL_E_UNSUPPORTED, "CONVERT-ROW", t->name, KL_NO_OFFSET,
+                                  "rows of %llu elements cannot be quantized here",
+                                  (unsigned long long)j->n_in);
+        }
+        ext[s->n_jobs] = (kl_extent){c->reader_file[t->shard], t->t->file_off, t->t->n_bytes};
+        s->n_jobs++;
+    }
+    return 0;
+}
+
+static int convert_shard(conv *c, size_t k, kl_err *err)
+{
+    const kl_layout_shard *ls = &c->layout.shards[k];
+    shard_run s;
+    memset(&s, 0, sizeof s);
+    s.c = c;
+    kl_err_clear(&s.cb_err);
+    kl_err_clear(&s.row_err);
+    kl_st_wtensor *wt = kl_calloc(ls->count ? ls->count : 1, sizeof *wt);
+    kl_extent *ext = kl_calloc(ls->count ? ls->count : 1, sizeof *ext);
+    s.jobs = kl_calloc(ls->count ? ls->count : 1, sizeof *s.jobs);
+    /* Staging for one chunk's rows: at most CHUNK_BYTES of BF16 input per batch. */
+    s.carry = kl_malloc(CARRY_BYTES);
+    s.packed = kl_malloc(CHUNK_BYTES / 2 + 4096);
+    s.scale = kl_malloc(CHUNK_BYTES / 32 + 4096);
+    char path[PATH_MAX];
+    int rc = (!wt || !ext || !s.jobs || !s.carry || !s.packed || !s.scale)
+                 ? kl_fail(err, KL_E_NOMEM, "out of memory for shard %s", ls->name)
+                 : kl_path_join(path, sizeof path, c->partial, ls->name, err);
+    if (!rc)
+        rc = shard_setup(&s, k, wt, ext, err);
+    if (!rc) {
+        /* early writeback: the disk writes while we read and quantize, so the commit's
+         * fsync finds little left to do. */
+        kl_st_writer_opts wo = {.early_writeback = 1};
+        rc = kl_st_writer_open(&s.w, path, wt, ls->count, &wo, err);
+    }
+    if (!rc) {
+        rc = kl_reader_run(c->reader, ext, s.n_jobs, on_chunk, &s, err);
+        if (rc == KL_E_CANCELLED && s.cb_err.code) { /* the callback's own error */
+            if (err)
+                *err = s.cb_err;
+            rc = s.cb_err.code;
+        }
+    }
+    if (!rc)
+        rc = kl_st_writer_commit(&s.w, err);
+    kl_st_writer_close(&s.w);
+    kl_free(wt);
+    kl_free(ext);
+    kl_free(s.jobs);
+    kl_free(s.carry);
+    kl_free(s.packed);
+    kl_free(s.scale);
+    return rc;
+}
+
+/* ---- the small files ----------------------------------------------------------------------- */
+
+/* config.json: the source's own keys (architectures, auto_map, ...) plus our
+ * quantization_config, so engines that read compressed-tensors see the scheme. */
+static int write_config(const conv *c, kl_err *err)
+{
+    char *ours = NULL, *src_text = NULL, *out = NULL;
+    size_t len;
+    cJSON *src = NULL, *mine = NULL;
+    int rc = kl_config_to_json(&c->cfg, &ours, err);
+    if (!rc)
+        rc = kl_read_file(c->ck.config_path, 16u << 20, &src_text, &len, err);
+    if (!rc) {
+        src = cJSON_ParseWithLength(src_text, len);
+        mine = cJSON_Parse(ours);
+        cJSON *q = mine ? cJSON_DetachItemFromObject(mine, "quantization_config") : NULL;
+        if (!src || !q) {
+            cJSON_Delete(q);
+            rc = kl_fail(err, KL_E_BUG, "cannot build config.json");
+        } else {
+            cJSON_DeleteItemFromObject(src, "quantization_config");
+            cJSON_AddItemToObject(src, "quantization_config", q);
+            out = cJSON_Print(src);
+            rc = out ? kl_write_file_atomic(c->partial, "config.json", out, strlen(out), err)
+                     : kl_fail(err, KL_E_NOMEM, "out of memory");
+        }
+    }
+    cJSON_free(out);
+    cJSON_Delete(src);
+    cJSON_Delete(mine);
+    kl_free(ours);
+    kl_free(src_text);
+    return rc;
+}
+
+static int write_index(const conv *c, kl_err *err)
+{
+    kl_st_index_entry *e = kl_calloc(c->schema.n ? c->schema.n : 1, sizeof *e);
+    if (!e)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < c->layout.n_shards; k++) {
+        const kl_layout_shard *ls = &c->layout.shards[k];
+        for (size_t i = 0; i < ls->count; i++) {
+            size_t pos = ls->first + i;
+            e[pos].tensor = c->schema.entries[c->layout.order[pos]].name;
+            e[pos].shard = ls->name;
+        }
+    }
+    int rc = kl_st_index_write(c->partial, e, c->schema.n, c->total_out, err);
+    kl_free(e);
+    return rc;
+}
+
+/* Every other top-level regular file of SRC (tokenizer, chat template, generation config,
+ * remote code): copied as is. */
+static int copy_side_files(const conv *c, kl_err *err)
+{
+    char **names = NULL;
+    size_t n = 0;
+    int rc = kl_list_files_with_suffix(c->ck.dir, "", &names, &n, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char *nm = names[i];
+        size_t l = strlen(nm);
+        if ((l >= 12 && !strcmp(nm + l - 12, ".safetensors")) || !strcmp(nm, "config.json") ||
+            !strcmp(nm, "model.safetensors.index.json"))
+            continue;
+        char path[PATH_MAX], *data = NULL;
+        size_t len;
+        rc = kl_path_join(path, sizeof path, c->ck.dir, nm, err);
+        if (!rc)
+            rc = kl_read_file(path, 1u << 30, &data, &len, err);
+        if (!rc)
+            rc = kl_write_file_atomic(c->partial, nm, data, len, err);
+        kl_free(data);
+    }
+    kl_free_name_list(names, n);
+    return rc;
+}
+
+/* ---- public API ---------------------------------------------------------------------------- */
+
+/* DST must not exist, must not be SRC or inside it (compared after resolving links). */
+static int check_paths(conv *c, kl_err *err)
+{
+    char src[PATH_MAX], parent[PATH_MAX], dst[PATH_MAX];
+    if (!realpath(c->o->src, src)) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot resolve the source directory");
+        kl_err_context(err, c->o->src, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    snprintf(parent, sizeof parent, "%s", c->o->dst);
+    size_t pl = strlen(parent);
+    while (pl > 1 && parent[pl - 1] == '/') /* "out/" names the directory "out" */
+        parent[--pl] = 0;
+    char base[NAME_MAX + 1];
+    char *slash = strrchr(parent, '/');
+    const char *b = slash ? slash + 1 : parent;
+    if (strlen(b) > NAME_MAX)
+        return kl_fail(err, KL_E_USAGE, "destination name is longer than %d bytes", NAME_MAX);
+    memcpy(base, b, strlen(b) + 1);
+    if (slash == parent)
+        parent[1] = 0;
+    else if (slash)
+        *slash = 0;
+    else
+        snprintf(parent, sizeof parent, ".");
+    char rparent[PATH_MAX];
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return kl_fail(err, KL_E_USAGE, "destination %s must name a new directory", c->o->dst);
+    if (!realpath(parent, rparent)) {
+        kl_fail_sys(err, KL_E_IO, errno, "the destination's parent directory does not exist");
+        kl_err_context(err, c->o->dst, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    int k = snprintf(dst, sizeof dst, "%s/%s", strcmp(rparent, "/") ? rparent : "", base);
+    if (k < 0 || (size_t)k >= sizeof dst)
+        return kl_fail(err, KL_E_USAGE, "destination path too long");
+    size_t sl = strlen(src);
+    if (!strcmp(dst, src) || (!strncmp(dst, src, sl) && dst[sl] == '/'))
+        return kl_fail(err, KL_E_USAGE, "destination %s is inside the source %s", dst, src);
+    struct stat st;
+    if (lstat(c->o->dst, &st) == 0)
+        return kl_fail(err, KL_E_USAGE, "destination %s already exists", c->o->dst);
+    k = snprintf(c->partial, sizeof c->partial, "%s.partial", dst);
+    if (k < 0 || (size_t)k >= sizeof c->partial)
+        return kl_fail(err, KL_E_USAGE, "destination path too long");
+    return 0;
+}
+
+/* The audit's first problem becomes the refusal. */
+static int audit_source(conv *c, kl_err *err)
+{
+    kl_audit_report r;
+    kl_audit_opts ao = {.tp = 1, .context = 1};
+    int rc = kl_audit_run(&r, c->o->src, &ao, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < r.n_findings; i++) {
+        const kl_finding *f = &r.findings[i];
+        if (f->severity != KL_SEV_ERROR)
+            continue;
+        rc = kl_fail_at(err, KL_E_FORMAT, f->rule, f->tensor[0] ? f->tensor : NULL, f->offset,
+                        "source refused (%zu problem(s); run kl audit): %s", r.n_errors,
+                        f->message);
+        kl_err_context(err, f->file, NULL, KL_NO_OFFSET, NULL);
+        break;
+    }
+    kl_audit_report_free(&r);
+    return rc;
+}
+
+static int open_inputs(conv *c, kl_err *err)
+{
+    int rc = kl_ckpt_open(&c->ck, c->o->src, err);
+    if (!rc)
+        rc = kl_ckpt_require_ok(&c->ck, err);
+    if (rc)
+        return rc;
+    if (c->ck.config.family != KL_FAMILY_KIMI_LINEAR)
+        return kl_fail(err, KL_E_UNSUPPORTED, "%s is a %s checkpoint; kl convert reads BF16 "
+                       "Kimi-Linear", c->o->src, kl_family_name(c->ck.config.family));
+    /* Reader memory: queue_depth chunks of CHUNK_BYTES within a quarter of the budget. */
+    uint64_t budget = c->o->max_memory ? c->o->max_memory : DEFAULT_MAX_MEMORY;
+    unsigned qd = (unsigned)(budget / 4 / CHUNK_BYTES);
+    kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES, .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : qd};
+    if ((rc = kl_reader_create(&c->reader, &ro, err)))
+        return rc;
+    c->reader_file = kl_calloc(c->ck.n_shards ? c->ck.n_shards : 1, sizeof *c->reader_file);
+    if (!c->reader_file)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < c->ck.n_shards; i++) {
+        int idx = kl_reader_add_file(c->reader, c->ck.shards[i].path, err);
+        if (idx < 0)
+            return idx;
+        c->reader_file[i] = (uint32_t)idx;
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
+    return kl_pool_create(&c->pool, threads, err);
+}
+
+static int convert_all(conv *c, kl_err *err)
+{
+    if (kl_mkdir_p(c->partial, err))
+        return err ? err->code : KL_E_IO;
+    char *journal = NULL;
+    int rc = journal_open(c, &journal, err);
+    for (size_t k = 0; !rc && k < c->layout.n_shards; k++) {
+        const char *name = c->layout.shards[k].name;
+        if (journal && journal_says_done(c, journal, name)) {
+            c->res.n_shards_resumed++;
+            c->done_out += c->layout.shards[k].tensor_bytes;
+            continue;
+        }
+        rc = convert_shard(c, k, err);
+        if (!rc)
+            rc = journal_add(c, name, err);
+    }
+    kl_free(journal);
+    if (!rc)
+        rc = write_config(c, err);
+    if (!rc)
+        rc = write_index(c, err);
+    if (!rc)
+        rc = copy_side_files(c, err);
+    if (rc)
+        return rc;
+    /* Everything is durable in DST.partial: the journal has done its job, then publish. */
+    char jpath[PATH_MAX];
+    if (!kl_path_join(jpath, sizeof jpath, c->partial, JOURNAL_NAME, NULL))
+        unlink(jpath);
+    if (rename(c->partial, c->o->dst) != 0) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot rename %s into place", c->partial);
+        kl_err_context(err, c->o->dst, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    return 0;
+}
+
+static void conv_free(conv *c)
+{
+    kl_pool_destroy(c->pool);
+    kl_reader_destroy(c->reader);
+    kl_free(c->reader_file);
+    kl_free(c->srcs);
+    kl_free(c->bytes);
+    kl_layout_free(&c->layout);
+    kl_schema_free(&c->schema);
+    kl_ckpt_close(&c->ck);
+}
+
+int kl_convert(const kl_convert_opts *o, kl_err *err)
+{
+    if (!o || !o->src || !o->dst)
+        return kl_fail(err, KL_E_USAGE, "kl convert needs SRC and DST");
+    if ((unsigned)o->rule >= KL_SCALE_RULE_COUNT)
+        return kl_fail(err, KL_E_USAGE, "unknown scale rule %d", (int)o->rule);
+    conv c;
+    memset(&c, 0, sizeof c);
+    c.o = o;
+    c.t0 = kl_now_s();
+    int rc = check_paths(&c, err);
+    if (!rc)
+        rc = audit_source(&c, err);
+    if (!rc)
+        rc = open_inputs(&c, err);
+    if (!rc)
+        rc = plan(&c, err);
+    if (!rc)
+        rc = convert_all(&c, err);
+    if (!rc && o->result) {
+        c.res.n_tensors = c.schema.n;
+        for (size_t i = 0; i < c.schema.n; i++)
+            c.res.n_quantized += c.schema.entries[i].part == KL_PART_PACKED;
+        c.res.n_shards = c.layout.n_shards;
+        c.res.written_bytes = c.total_out;
+        c.res.elapsed_s = kl_now_s() - c.t0;
+        *o->result = c.res;
+    }
+    conv_free(&c);
+    return rc;
+}

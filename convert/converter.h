@@ -1,0 +1,59 @@
+/*
+ * convert/converter.h — BF16 Kimi-Linear checkpoint -> MXFP4 routed experts
+ * (compressed-tensors "mxfp4-pack-quantized"), streaming and crash-safe.
+ *
+ * kl_convert audits SRC first (metadata only) and refuses a source with problems; then, for
+ * every tensor of the MXFP4 schema in the order of convert/layout.h (each layer's experts one
+ * contiguous region of one shard, each expert's six tensors adjacent):
+ *   - routed-expert w1/w2/w3: the BF16 source rows are quantized (convert/mxfp4.h) into
+ *     NAME.weight_packed (U8 [out, in/2]) and NAME.weight_scale (U8 [out, in/32]);
+ *   - every other tensor is copied byte for byte under its official name (the layer-0 dense MLP
+ *     may be spelled block_sparse_moe.* in the source);
+ * writes the index (total_size = tensor bytes), config.json (the source's keys plus a
+ * compressed-tensors quantization_config) and copies every other top-level file (tokenizer,
+ * chat template, generation config, code).
+ *
+ * Safety: SRC is only ever opened read-only; DST must not be SRC or inside it, and must not
+ * exist yet.  Everything is built in DST.partial/; each finished shard is fsynced, renamed from
+ * NAME.partial and recorded in DST.partial/kl-convert.journal with its size and SHA-256.  A
+ * rerun after a crash (kill -9 anywhere) keeps the shards the journal proves complete (same
+ * plan, same size, same hash) and redoes the rest; the result is byte-identical to an
+ * uninterrupted run.  DST.partial is renamed to DST only when everything is on disk.
+ * Memory: bounded by the reader's ring and per-thread buffers (≤ max_memory, default 2 GiB),
+ * never by the model size.
+ */
+#ifndef KL_CONVERT_CONVERTER_H
+#define KL_CONVERT_CONVERTER_H
+
+#include "common/err.h"
+#include "convert/mxfp4.h"
+
+#include <stdint.h>
+
+typedef struct kl_convert_result {
+    size_t   n_tensors, n_quantized, n_shards, n_shards_resumed;
+    uint64_t read_bytes;       /* source bytes read */
+    uint64_t written_bytes;    /* output tensor bytes */
+    double   elapsed_s;
+} kl_convert_result;
+
+/* Called from the converting thread at most ~10 times a second; return non-zero to cancel. */
+typedef int (*kl_convert_progress_fn)(void *ctx, uint64_t done_bytes, uint64_t total_bytes);
+
+typedef struct kl_convert_opts {
+    const char            *src, *dst;
+    kl_scale_rule          rule;          /* default KL_SCALE_OCP */
+    unsigned               threads;       /* quantizer threads; 0 = online CPUs */
+    uint64_t               max_memory;    /* 0 = 2 GiB */
+    uint64_t               shard_bytes;   /* 0 = 5e9 */
+    kl_convert_progress_fn progress;
+    void                  *progress_ctx;
+    kl_convert_result     *result;        /* filled on success if non-NULL */
+} kl_convert_opts;
+
+/* Errors: KL_E_USAGE (paths), KL_E_FORMAT/KL_E_SCHEMA (source refused: the message is the
+ * audit's first problem, with its file, tensor and rule), KL_E_UNSUPPORTED (source not a BF16
+ * Kimi-Linear checkpoint), KL_E_IO, KL_E_NOMEM, KL_E_CANCELLED. */
+int kl_convert(const kl_convert_opts *o, kl_err *err);
+
+#endif

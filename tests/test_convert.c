@@ -1,0 +1,250 @@
+/*
+ * tests/test_convert.c — kl convert: BF16 -> MXFP4 experts.
+ *
+ * Converts synthetic checkpoints (written by kl_synth_write) and checks the result with the
+ * project's own readers: the audit is clean, every non-expert tensor is byte-identical, every
+ * quantized expert dequantizes close to its source, refusals name the rule; and a conversion
+ * killed with SIGKILL at several points then rerun gives byte-identical output.
+ */
+#include "tests/testutil.h"
+
+#include "audit/audit.h"
+#include "common/fs.h"
+#include "common/mem.h"
+#include "common/numfmt.h"
+#include "convert/converter.h"
+#include "convert/mxfp4.h"
+#include "convert/synth.h"
+#include "loader/checkpoint.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+static char g_root[512], g_src[700];
+
+static void synth(const char *dir, const char *preset)
+{
+    kl_synth_opts o = {.out_dir = dir, .preset = preset, .seed = 11, .threads = 2};
+    kl_err err;
+    kl_err_clear(&err);
+    char msg[1024];
+    ck_assert_msg(kl_synth_write(&o, &err) == 0, "synth: %s", kl_err_format(&err, msg, sizeof msg));
+}
+
+static int convert(const char *src, const char *dst, kl_err *err)
+{
+    kl_convert_opts o = {.src = src, .dst = dst, .threads = 2};
+    kl_err_clear(err);
+    return kl_convert(&o, err);
+}
+
+static void setup(void)
+{
+    t_mkdtemp(g_root, sizeof g_root);
+    snprintf(g_src, sizeof g_src, "%s/src", g_root);
+    synth(g_src, "tiny");
+}
+
+static void teardown(void)
+{
+    t_rmrf(g_root);
+}
+
+/* Bytes of tensor t (borrowed checkpoint), kl_malloc'd. */
+static uint8_t *tensor_bytes(const kl_checkpoint *ck, const kl_ckpt_tensor *t)
+{
+    uint8_t *buf = kl_malloc(t->t->n_bytes ? t->t->n_bytes : 1);
+    int fd = open(ck->shards[t->shard].path, O_RDONLY);
+    ck_assert(fd >= 0);
+    ck_assert(kl_pread_all(fd, buf, t->t->n_bytes, t->t->file_off, "", NULL) == 0);
+    close(fd);
+    return buf;
+}
+
+START_TEST(converted_tiny_checkpoint_is_clean_exact_and_close)
+{
+    char dst[700], msg[1024];
+    snprintf(dst, sizeof dst, "%s/dst", g_root);
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+
+    kl_audit_report r;
+    ck_assert(kl_audit_run(&r, dst, NULL, &err) == 0);
+    ck_assert_msg(r.n_errors == 0 && r.n_warnings == 0, "audit of the output: %zu errors: %s",
+                  r.n_errors, r.n_findings ? r.findings[0].message : "");
+    ck_assert_int_eq(r.family, KL_FAMILY_KIMI_LINEAR_MXFP4);
+    for (size_t i = 0; i < r.n_regions; i++)
+        ck_assert_msg(r.regions[i].contiguous, "layer %u experts not contiguous",
+                      r.regions[i].layer);
+    kl_audit_report_free(&r);
+
+    kl_checkpoint a, b;
+    ck_assert(kl_ckpt_open(&a, g_src, &err) == 0);
+    ck_assert(kl_ckpt_open(&b, dst, &err) == 0);
+    size_t copied = 0, quantized = 0;
+    for (size_t i = 0; i < b.n_tensors; i++) {
+        const kl_ckpt_tensor *t = &b.tensors[i];
+        size_t len = strlen(t->name);
+        if (len > 14 && !strcmp(t->name + len - 14, ".weight_packed")) {
+            char src_name[256], scale_name[256];
+            snprintf(src_name, sizeof src_name, "%.*s.weight", (int)(len - 14), t->name);
+            snprintf(scale_name, sizeof scale_name, "%.*s.weight_scale", (int)(len - 14), t->name);
+            const kl_ckpt_tensor *s = kl_ckpt_find(&a, src_name), *sc = kl_ckpt_find(&b, scale_name);
+            ck_assert_msg(s && sc, "%s: source or scale missing", t->name);
+            uint8_t *pk = tensor_bytes(&b, t), *scale = tensor_bytes(&b, sc), *src = tensor_bytes(&a, s);
+            uint64_t rows = s->t->shape[0], n = s->t->shape[1];
+            float *deq = kl_malloc(n * sizeof *deq);
+            double se = 0, ss = 0;
+            for (uint64_t row = 0; row < rows; row++) {
+                kl_mxfp4_dequantize_row(pk + row * n / 2, scale + row * n / 32, n, deq);
+                for (uint64_t k = 0; k < n; k++) {
+                    uint16_t h;
+                    memcpy(&h, src + 2 * (row * n + k), 2);
+                    double x = kl_bf16_to_f32(h), d = deq[k] - x;
+                    se += d * d;
+                    ss += x * x;
+                }
+            }
+            double rel = sqrt(se / ss);
+            /* E2M1 with a shared power-of-two scale: about 10-20% RMS on Gaussian data */
+            ck_assert_msg(rel < 0.25, "%s: relative RMSE %.3f", t->name, rel);
+            kl_free(deq);
+            kl_free(pk);
+            kl_free(scale);
+            kl_free(src);
+            quantized++;
+        } else if (len > 13 && !strcmp(t->name + len - 13, ".weight_scale")) {
+            continue;
+        } else {
+            const kl_ckpt_tensor *s = kl_ckpt_find(&a, t->name);
+            ck_assert_msg(s != NULL, "%s not in the source", t->name);
+            ck_assert_int_eq(s->t->dtype, t->t->dtype);
+            ck_assert(s->t->n_bytes == t->t->n_bytes);
+            uint8_t *x = tensor_bytes(&a, s), *y = tensor_bytes(&b, t);
+            ck_assert_msg(!memcmp(x, y, s->t->n_bytes), "%s differs from the source", t->name);
+            kl_free(x);
+            kl_free(y);
+            copied++;
+        }
+    }
+    ck_assert_int_eq(quantized, 3 * 8 * 3); /* 3 MoE layers x 8 experts x w1/w2/w3 */
+    ck_assert_int_eq(copied + 2 * quantized, b.n_tensors);
+    kl_ckpt_close(&a);
+    kl_ckpt_close(&b);
+    char tok[800];
+    snprintf(tok, sizeof tok, "%s/tiktoken.model", dst);
+    ck_assert_msg(access(tok, R_OK) == 0, "tokenizer not copied");
+    snprintf(tok, sizeof tok, "%s.partial", dst);
+    ck_assert_msg(access(tok, F_OK) != 0, "DST.partial left behind");
+}
+END_TEST
+
+START_TEST(destination_inside_the_source_is_refused)
+{
+    char dst[800];
+    snprintf(dst, sizeof dst, "%s/inner", g_src);
+    kl_err err;
+    ck_assert_int_eq(convert(g_src, dst, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "inside the source"), "message: %s", err.msg);
+    ck_assert_int_eq(convert(g_src, g_src, &err), KL_E_USAGE);
+}
+END_TEST
+
+START_TEST(existing_destination_is_refused)
+{
+    kl_err err;
+    ck_assert_int_eq(convert(g_src, g_root, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "already exists"), "message: %s", err.msg);
+}
+END_TEST
+
+START_TEST(broken_source_is_refused_with_the_audit_rule)
+{
+    char bad[700], dst[700], cmd[2400];
+    snprintf(bad, sizeof bad, "%s/bad", g_root);
+    snprintf(dst, sizeof dst, "%s/bad-out", g_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && truncate -s -10 '%s/model-00001-of-00004.safetensors'",
+             g_src, bad, bad);
+    ck_assert(system(cmd) == 0);
+    kl_err err;
+    ck_assert_int_eq(convert(bad, dst, &err), KL_E_FORMAT);
+    ck_assert_str_eq(err.rule, "ST-FILE-LENGTH");
+    ck_assert_msg(strstr(err.file, "model-00001"), "file: %s", err.file);
+    ck_assert_msg(access(dst, F_OK) != 0, "output created for a refused source");
+}
+END_TEST
+
+START_TEST(mxfp4_source_is_refused)
+{
+    char mx[700], dst[700];
+    snprintf(mx, sizeof mx, "%s/mx", g_root);
+    snprintf(dst, sizeof dst, "%s/mx-out", g_root);
+    kl_synth_opts o = {.out_dir = mx, .preset = "tiny", .format = KL_SYNTH_MXFP4, .threads = 2};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_synth_write(&o, &err) == 0);
+    ck_assert_int_eq(convert(mx, dst, &err), KL_E_UNSUPPORTED);
+}
+END_TEST
+
+/* sha256sum of every file of dir, one string. */
+static char *digest_dir(const char *dir)
+{
+    char cmd[1200], path[800];
+    snprintf(path, sizeof path, "%s/../digest.txt", dir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && sha256sum * > '%s'", dir, path);
+    ck_assert(system(cmd) == 0);
+    char *text;
+    size_t len;
+    ck_assert(kl_read_file(path, 1 << 20, &text, &len, NULL) == 0);
+    return text;
+}
+
+START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    char src[700], ref[700], out[700], cmd[3000];
+    snprintf(src, sizeof src, "%s/small", g_root);
+    snprintf(ref, sizeof ref, "%s/ref-out", g_root);
+    snprintf(out, sizeof out, "%s/killed-out", g_root);
+    synth(src, "small");
+    /* many small shards so kills land between and inside shard writes */
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src, ref);
+    ck_assert(system(cmd) == 0);
+    char *want = digest_dir(ref);
+    static const char *const delays[] = {"0.05", "0.15", "0.3", "0.6", "1.0", "1.5"};
+    for (size_t i = 0; i < sizeof delays / sizeof *delays; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "timeout -s KILL %s '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q "
+                 ">/dev/null 2>&1", delays[i], kl, src, out);
+        int st = system(cmd); /* killed or finished: either way the rerun must complete it */
+        (void)st;
+    }
+    snprintf(cmd, sizeof cmd, "test -d '%s' || '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q",
+             out, kl, src, out);
+    ck_assert_msg(system(cmd) == 0, "final rerun failed");
+    char *got = digest_dir(out);
+    ck_assert_msg(!strcmp(want, got), "resumed output differs:\n%s\nvs\n%s", want, got);
+    kl_free(want);
+    kl_free(got);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("convert");
+    TCase *tc = tcase_create("convert");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, converted_tiny_checkpoint_is_clean_exact_and_close);
+    tcase_add_test(tc, destination_inside_the_source_is_refused);
+    tcase_add_test(tc, existing_destination_is_refused);
+    tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);
+    tcase_add_test(tc, mxfp4_source_is_refused);
+    tcase_add_test(tc, conversion_killed_anywhere_resumes_to_identical_bytes);
+    suite_add_tcase(s, tc);
+    return t_run_suite(s);
+}
