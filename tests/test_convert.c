@@ -15,6 +15,7 @@
 #include "convert/converter.h"
 #include "convert/mxfp4.h"
 #include "convert/synth.h"
+#include "convert/verify.h"
 #include "loader/checkpoint.h"
 
 #include <fcntl.h>
@@ -91,9 +92,11 @@ START_TEST(converted_tiny_checkpoint_is_clean_exact_and_close)
             char src_name[256], scale_name[256];
             snprintf(src_name, sizeof src_name, "%.*s.weight", (int)(len - 14), t->name);
             snprintf(scale_name, sizeof scale_name, "%.*s.weight_scale", (int)(len - 14), t->name);
-            const kl_ckpt_tensor *s = kl_ckpt_find(&a, src_name), *sc = kl_ckpt_find(&b, scale_name);
+            const kl_ckpt_tensor *s = kl_ckpt_find(&a, src_name),
+                                 *sc = kl_ckpt_find(&b, scale_name);
             ck_assert_msg(s && sc, "%s: source or scale missing", t->name);
-            uint8_t *pk = tensor_bytes(&b, t), *scale = tensor_bytes(&b, sc), *src = tensor_bytes(&a, s);
+            uint8_t *pk = tensor_bytes(&b, t), *scale = tensor_bytes(&b, sc),
+                    *src = tensor_bytes(&a, s);
             uint64_t rows = s->t->shape[0], n = s->t->shape[1];
             float *deq = kl_malloc(n * sizeof *deq);
             double se = 0, ss = 0;
@@ -141,6 +144,50 @@ START_TEST(converted_tiny_checkpoint_is_clean_exact_and_close)
 }
 END_TEST
 
+START_TEST(verify_finds_exact_copies_and_bounded_expert_error)
+{
+    char dst[700], msg[1024];
+    snprintf(dst, sizeof dst, "%s/dst-verify", g_root);
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+    kl_verify_result v;
+    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert_int_eq(v.copies_differing, 0);
+    ck_assert_int_eq(v.copies_checked, 151 - 72);
+    ck_assert_int_eq(v.experts.tensors, 72);
+    ck_assert_msg(v.experts.mean_rel_rmse > 0.01 && v.experts.max_rel_rmse < 0.25,
+                  "relative RMSE mean %g max %g", v.experts.mean_rel_rmse, v.experts.max_rel_rmse);
+    /* a changed copy is found: the shard's last byte belongs to a copied tensor (lm_head or
+     * the final norm sort after the expert regions) */
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "f='%s/model-00001-of-00001.safetensors'; printf 'x' | dd of=\"$f\" bs=1 "
+             "seek=$(($(stat -c %%s \"$f\") - 1)) conv=notrunc status=none",
+             dst);
+    ck_assert(system(cmd) == 0);
+    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert_int_eq(v.copies_differing, 1);
+}
+END_TEST
+
+START_TEST(compare_rules_reports_every_rule)
+{
+    kl_quant_stats st[KL_SCALE_RULE_COUNT];
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_convert_compare_rules(g_src, 4, 2, st, &err) == 0);
+    for (int r = 0; r < KL_SCALE_RULE_COUNT; r++) {
+        ck_assert_int_eq(st[r].tensors, 12);
+        ck_assert_msg(st[r].mean_rel_rmse > 0.01 && st[r].mean_rel_rmse < 0.3, "rule %d: %g", r,
+                      st[r].mean_rel_rmse);
+    }
+    /* mse picks, per block, the exponent with the least squared error among the others' */
+    ck_assert(st[KL_SCALE_MSE].mean_rel_rmse <= st[KL_SCALE_OCP].mean_rel_rmse + 1e-12);
+    ck_assert(st[KL_SCALE_MSE].mean_rel_rmse <= st[KL_SCALE_ROUND].mean_rel_rmse + 1e-12);
+    ck_assert(st[KL_SCALE_MSE].mean_rel_rmse <= st[KL_SCALE_CEIL].mean_rel_rmse + 1e-12);
+}
+END_TEST
+
 START_TEST(destination_inside_the_source_is_refused)
 {
     char dst[800];
@@ -165,8 +212,9 @@ START_TEST(broken_source_is_refused_with_the_audit_rule)
     char bad[700], dst[700], cmd[2400];
     snprintf(bad, sizeof bad, "%s/bad", g_root);
     snprintf(dst, sizeof dst, "%s/bad-out", g_root);
-    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && truncate -s -10 '%s/model-00001-of-00004.safetensors'",
-             g_src, bad, bad);
+    snprintf(cmd, sizeof cmd,
+             "cp -r '%s' '%s' && truncate -s -10 '%s/model-00001-of-00004.safetensors'", g_src, bad,
+             bad);
     ck_assert(system(cmd) == 0);
     kl_err err;
     ck_assert_int_eq(convert(bad, dst, &err), KL_E_FORMAT);
@@ -212,19 +260,22 @@ START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
     snprintf(out, sizeof out, "%s/killed-out", g_root);
     synth(src, "small");
     /* many small shards so kills land between and inside shard writes */
-    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src, ref);
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src,
+             ref);
     ck_assert(system(cmd) == 0);
     char *want = digest_dir(ref);
     static const char *const delays[] = {"0.05", "0.15", "0.3", "0.6", "1.0", "1.5"};
     for (size_t i = 0; i < sizeof delays / sizeof *delays; i++) {
         snprintf(cmd, sizeof cmd,
                  "timeout -s KILL %s '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q "
-                 ">/dev/null 2>&1", delays[i], kl, src, out);
+                 ">/dev/null 2>&1",
+                 delays[i], kl, src, out);
         int st = system(cmd); /* killed or finished: either way the rerun must complete it */
         (void)st;
     }
-    snprintf(cmd, sizeof cmd, "test -d '%s' || '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q",
-             out, kl, src, out);
+    snprintf(cmd, sizeof cmd,
+             "test -d '%s' || '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", out, kl, src,
+             out);
     ck_assert_msg(system(cmd) == 0, "final rerun failed");
     char *got = digest_dir(out);
     ck_assert_msg(!strcmp(want, got), "resumed output differs:\n%s\nvs\n%s", want, got);
@@ -240,6 +291,8 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, converted_tiny_checkpoint_is_clean_exact_and_close);
+    tcase_add_test(tc, verify_finds_exact_copies_and_bounded_expert_error);
+    tcase_add_test(tc, compare_rules_reports_every_rule);
     tcase_add_test(tc, destination_inside_the_source_is_refused);
     tcase_add_test(tc, existing_destination_is_refused);
     tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);

@@ -1,0 +1,47 @@
+/*
+ * convert/verify.h — checking a conversion, and choosing a scale rule.
+ *
+ * kl_convert_verify re-reads SRC (BF16) and DST (MXFP4 experts): every tensor that should be a
+ * copy must be byte-identical; every quantized expert is dequantized and compared with its
+ * source (relative RMSE = sqrt(sum (q - x)^2 / sum x^2), and max |q - x|).
+ * kl_convert_compare_rules quantizes a sample of SRC's routed experts with every scale rule and
+ * reports the same statistics per rule.  Both read with pread in bounded chunks, never write,
+ * and never hold more than a few tensors in memory.
+ */
+#ifndef KL_CONVERT_VERIFY_H
+#define KL_CONVERT_VERIFY_H
+
+#include "common/err.h"
+#include "convert/mxfp4.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kl_quant_stats {
+    size_t tensors;
+    double mean_rel_rmse;       /* mean over tensors */
+    double max_rel_rmse;
+    double max_abs_err;
+    char   worst[192];          /* tensor with the largest relative RMSE */
+} kl_quant_stats;
+
+typedef struct kl_verify_result {
+    size_t         copies_checked, copies_differing;
+    char           first_differing[192];
+    kl_quant_stats experts;
+} kl_verify_result;
+
+/* 0 when the comparison ran (differences are in *res); KL_E_* when it could not. */
+int kl_convert_verify(const char *src, const char *dst, unsigned threads, kl_verify_result *res,
+                      kl_err *err);
+
+/* stats[r] for every rule r < KL_SCALE_RULE_COUNT, over `sample` experts' w1/w2/w3 spread
+ * evenly over SRC's MoE layers (0 = 16 experts). */
+int kl_convert_compare_rules(const char *src, size_t sample, unsigned threads,
+                             kl_quant_stats stats[KL_SCALE_RULE_COUNT], kl_err *err);
+
+/* Quantizes rows (BF16) with rule and accumulates the error of one tensor. */
+int kl_quant_error_bf16(const uint16_t *rows, size_t n_rows, size_t n_in, kl_scale_rule rule,
+                        double *rel_rmse, double *max_abs, kl_err *err);
+
+#endif
