@@ -41,12 +41,19 @@ if has perf; then
     dd if=/dev/zero of="$W/ddout" bs=64M count=$((outbytes / 67108864)) oflag=direct status=none
     echo "write output-sized file (dd oflag=direct): $(rate $((outbytes / 67108864 * 67108864)) $(echo "$(date +%s.%N) $t0" | awk '{print $1-$2}'))"
     rm -f "$W/ddout"
-    for rep in 1 2; do
+    # Can the disk read and write at full speed at once?  The same dd read and write together.
+    drop; t0=$(date +%s.%N)
+    ( for f in "$S"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done ) &
+    dd if=/dev/zero of="$W/ddout" bs=64M count=$((outbytes / 67108864)) oflag=direct status=none
+    wait
+    echo "read and write together: $(echo "$(date +%s.%N) $t0" | awk '{printf "%.2f s", $1-$2}')"
+    rm -f "$W/ddout"
+    for rep in $(seq 1 ${REPS:-2}); do
         rm -rf "$D" "$D.partial"; drop
         /usr/bin/time -v "$KL" convert "$S" "$D" --json 2> "$W/time.txt"
         grep -E "Elapsed|Maximum resident" "$W/time.txt"
     done
     du -sh "$D"; "$KL" audit "$D" -q
-    "$KL" bench mxfp4
+    for r in ocp mse; do "$KL" bench mxfp4 --rule $r; done
 fi
 echo "== done $(date -u +%FT%TZ)"
