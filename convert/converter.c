@@ -178,6 +178,18 @@ static int journal_open(const conv *c, char **text, kl_err *err)
         return 0;
     kl_free(*text);
     *text = NULL;
+    /* Another plan (or no journal): nothing in DST.partial can be trusted or kept, and a stale
+     * shard of another plan must not end up in DST. */
+    char **names = NULL;
+    size_t n_names = 0;
+    if (kl_list_files_with_suffix(c->partial, "", &names, &n_names, err))
+        return err ? err->code : KL_E_IO;
+    for (size_t i = 0; i < n_names; i++) {
+        char stale[PATH_MAX];
+        if (!kl_path_join(stale, sizeof stale, c->partial, names[i], NULL))
+            unlink(stale);
+    }
+    kl_free_name_list(names, n_names);
     char line[160];
     int n = snprintf(line, sizeof line, "%s\n", fp);
     return kl_write_file_atomic(c->partial, JOURNAL_NAME, line, (size_t)n, err);

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 static char g_root[512], g_src[700];
@@ -188,6 +189,31 @@ START_TEST(compare_rules_reports_every_rule)
 }
 END_TEST
 
+START_TEST(leftovers_of_another_plan_are_discarded)
+{
+    /* a DST.partial from an earlier run with other options: its journal does not match */
+    char dst[700], partial[800], path[900], msg[1024];
+    snprintf(dst, sizeof dst, "%s/dst-stale", g_root);
+    snprintf(partial, sizeof partial, "%s.partial", dst);
+    ck_assert(mkdir(partial, 0755) == 0);
+    snprintf(path, sizeof path, "%s/model-00007-of-00009.safetensors", partial);
+    t_write(path, "stale", 5);
+    snprintf(path, sizeof path, "%s/kl-convert.journal", partial);
+    const char *j = "kl-convert-journal 1 plan=0000000000000000 rule=ocp\n"
+                    "done model-00007-of-00009.safetensors 5 "
+                    "0000000000000000000000000000000000000000000000000000000000000000\n";
+    t_write(path, j, strlen(j));
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+    snprintf(path, sizeof path, "%s/model-00007-of-00009.safetensors", dst);
+    ck_assert_msg(access(path, F_OK) != 0, "a stale shard of another plan reached DST");
+    kl_audit_report r;
+    ck_assert(kl_audit_run(&r, dst, NULL, &err) == 0);
+    ck_assert_int_eq(r.n_errors + r.n_warnings, 0);
+    kl_audit_report_free(&r);
+}
+END_TEST
+
 START_TEST(destination_inside_the_source_is_refused)
 {
     char dst[800];
@@ -293,6 +319,7 @@ int main(void)
     tcase_add_test(tc, converted_tiny_checkpoint_is_clean_exact_and_close);
     tcase_add_test(tc, verify_finds_exact_copies_and_bounded_expert_error);
     tcase_add_test(tc, compare_rules_reports_every_rule);
+    tcase_add_test(tc, leftovers_of_another_plan_are_discarded);
     tcase_add_test(tc, destination_inside_the_source_is_refused);
     tcase_add_test(tc, existing_destination_is_refused);
     tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);
