@@ -367,6 +367,41 @@ START_TEST(values_next_to_ties_round_to_the_nearest)
 }
 END_TEST
 
+START_TEST(every_bf16_mantissa_codes_as_the_oracle_at_every_scale_offset)
+{
+    /* all 128 mantissas x 2 signs at exponents 2^-24 .. 2^3 next to a fixed amax, so q = x/X
+     * takes every BF16 value from far below 0.25 to 8 (saturation); both paths, every rule */
+    static const float amax[3] = {7.9375f, 6.0f, 4.0f};
+    float x[BLK];
+    uint8_t packed[BLK / 2], scale[1];
+    for (int a = 0; a < 3; a++)
+        for (int r = 0; r < N_RULES; r++) {
+            int n = 0;
+            for (int ex = -24; ex <= 3; ex++)
+                for (int m = 0; m < 256; m++) {
+                    x[1 + n++] =
+                        ldexpf((1.0f + (float)(m & 127) / 128.0f) * (m & 128 ? -1 : 1), ex) *
+                        (ex == 3 ? 0.5f : 1.0f); /* 2^3 row: [4, 8) next to amax */
+                    if (n < BLK - 1 && !(ex == 3 && m == 255))
+                        continue;
+                    x[0] = amax[a];
+                    for (int i = 1 + n; i < BLK; i++)
+                        x[i] = 0;
+                    for (int i = 1; i <= n; i++) /* keep |x| <= amax */
+                        if (fabsf(x[i]) > amax[a])
+                            x[i] = copysignf(amax[a], x[i]);
+                    quant_bf16(x, BLK, k_rules[r], packed, scale);
+                    for (int i = 0; i < BLK; i++)
+                        CHECK(code_at(packed, (size_t)i) == oracle_code(x[i], scale[0] - 127),
+                              "rule %s amax %g: %a at X 2^%d -> %u, oracle %u",
+                              kl_scale_rule_name(k_rules[r]), amax[a], (double)x[i], scale[0] - 127,
+                              code_at(packed, (size_t)i), oracle_code(x[i], scale[0] - 127));
+                    n = 0;
+                }
+        }
+}
+END_TEST
+
 START_TEST(magnitudes_above_six_x_saturate)
 {
     /* ocp: amax 7.5 -> X = 1, 7.5 and -7.9 -> +-6; round: 8 -> X = 1 -> 6; ceil never clips */
@@ -717,6 +752,16 @@ START_TEST(dequantize_applies_e8m0_scales)
     ck_assert(out[2 * BLK] == 0x1p127f && out[2 * BLK + 1] == 0.0f);
     for (int i = 0; i < BLK; i++)
         ck_assert(isnan(out[3 * BLK + i]));
+    /* a row that ends inside a block (n = 40) stops at n, nibbles in element order */
+    uint8_t pk[20], sc[2] = {127, 128};
+    for (int i = 0; i < 20; i++)
+        pk[i] = (uint8_t)(i * 0x13 + 5);
+    float part[41];
+    part[40] = 123.0f;
+    kl_mxfp4_dequantize_row(pk, sc, 40, part);
+    for (int i = 0; i < 40; i++)
+        ck_assert_msg(part[i] == (float)deq_at(pk, sc, (size_t)i), "element %d: %g", i, part[i]);
+    ck_assert(part[40] == 123.0f);
 }
 END_TEST
 
@@ -918,6 +963,7 @@ int main(void)
     tcase_add_test(tc, every_e2m1_value_round_trips_under_every_rule);
     tcase_add_test(tc, ties_round_to_the_even_mantissa);
     tcase_add_test(tc, values_next_to_ties_round_to_the_nearest);
+    tcase_add_test(tc, every_bf16_mantissa_codes_as_the_oracle_at_every_scale_offset);
     tcase_add_test(tc, magnitudes_above_six_x_saturate);
     tcase_add_test(tc, nibble_order_puts_element_zero_low);
     tcase_add_test(tc, small_negative_values_get_code_zero_never_minus_zero);
