@@ -44,8 +44,9 @@ if has perf; then
     # Can the disk read and write at full speed at once?  The same dd read and write together.
     drop; t0=$(date +%s.%N)
     ( for f in "$S"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done ) &
+    reader=$!
     dd if=/dev/zero of="$W/ddout" bs=64M count=$((outbytes / 67108864)) oflag=direct status=none
-    wait
+    wait "$reader" # not a bare wait: the tee behind `exec >` is a child too and never exits
     echo "read and write together: $(echo "$(date +%s.%N) $t0" | awk '{printf "%.2f s", $1-$2}')"
     rm -f "$W/ddout"
     for rep in $(seq 1 ${REPS:-2}); do
