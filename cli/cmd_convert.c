@@ -6,12 +6,14 @@
 
 #include "common/jsonout.h"
 #include "common/log.h"
+#include "common/mem.h"
 #include "convert/converter.h"
 #include "convert/verify.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static const char usage_text[] =
     "usage: kl convert SRC DST [--scale-rule ocp|round|ceil|mse] [--threads N]\n"
@@ -111,6 +113,10 @@ static void print_result(const kl_convert_opts *o, const kl_convert_result *r, i
     kl_json_add_u64(j, "read_bytes", r->read_bytes);
     kl_json_add_u64(j, "written_bytes", r->written_bytes);
     cJSON_AddNumberToObject(j, "elapsed_s", r->elapsed_s);
+    kl_json_add_u64(j, "peak_counted_bytes", kl_mem_peak());
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        kl_json_add_u64(j, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
     print_json(j);
 }
 

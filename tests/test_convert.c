@@ -310,6 +310,62 @@ START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
 }
 END_TEST
 
+/* Runs a shell command; returns its exit status. */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(memory_stays_within_max_memory)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert(kl && *kl);
+    char dst[700], cmd[3000], outf[800];
+    snprintf(dst, sizeof dst, "%s/dst-mem", g_root);
+    snprintf(outf, sizeof outf, "%s/mem.json", g_root);
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --max-memory 64M --json > '%s'", kl, g_src,
+             dst, outf);
+    ck_assert_int_eq(sh(cmd), 0);
+    char *text;
+    size_t len;
+    ck_assert(kl_read_file(outf, 1 << 20, &text, &len, NULL) == 0);
+    const char *p = strstr(text, "\"peak_counted_bytes\":");
+    ck_assert_msg(p != NULL, "%s", text);
+    double peak = atof(p + strlen("\"peak_counted_bytes\":"));
+    ck_assert_msg(peak > 0 && peak <= 64.0 * 1024 * 1024, "peak %.0f bytes > 64 MiB", peak);
+    kl_free(text);
+}
+END_TEST
+
+START_TEST(a_write_error_leaves_no_complete_looking_output_and_resumes)
+{
+    /* A file-size limit makes writes fail with EFBIG, as a full disk fails them with ENOSPC. */
+    const char *kl = getenv("KL_BIN");
+    ck_assert(kl && *kl);
+    char dst[700], cmd[3000], errf[800];
+    snprintf(dst, sizeof dst, "%s/dst-full", g_root);
+    snprintf(errf, sizeof errf, "%s/full.err", g_root);
+    snprintf(cmd, sizeof cmd,
+             "sh -c \"trap '' XFSZ; ulimit -f 100; exec '%s' convert '%s' '%s' -q\" 2> '%s'", kl,
+             g_src, dst, errf);
+    int code = sh(cmd);
+    char *text;
+    size_t len;
+    ck_assert(kl_read_file(errf, 1 << 20, &text, &len, NULL) == 0);
+    ck_assert_msg(code == 2, "exit %d: %s", code, text);
+    ck_assert_msg(strstr(text, "File too large"), "no write error reported: %s", text);
+    ck_assert_msg(access(dst, F_OK) != 0, "an output directory exists after a failed write");
+    kl_free(text);
+    kl_err err;
+    ck_assert(convert(g_src, dst, &err) == 0); /* the same command, with room, finishes */
+    kl_audit_report r;
+    ck_assert(kl_audit_run(&r, dst, NULL, &err) == 0);
+    ck_assert_int_eq(r.n_errors, 0);
+    kl_audit_report_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("convert");
@@ -320,6 +376,8 @@ int main(void)
     tcase_add_test(tc, verify_finds_exact_copies_and_bounded_expert_error);
     tcase_add_test(tc, compare_rules_reports_every_rule);
     tcase_add_test(tc, leftovers_of_another_plan_are_discarded);
+    tcase_add_test(tc, memory_stays_within_max_memory);
+    tcase_add_test(tc, a_write_error_leaves_no_complete_looking_output_and_resumes);
     tcase_add_test(tc, destination_inside_the_source_is_refused);
     tcase_add_test(tc, existing_destination_is_refused);
     tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);
