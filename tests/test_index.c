@@ -27,20 +27,6 @@ static int parse(kl_index *idx, const char *json, kl_err *err)
     return kl_index_parse(idx, "model.safetensors.index.json", json, strlen(json), err);
 }
 
-/* 1 if s holds a control byte: messages must stay one printable line. */
-static int has_control(const char *s)
-{
-    for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f)
-            return 1;
-    return 0;
-}
-
-static const char *fmt_err(const kl_err *err)
-{
-    static char buf[1024];
-    return kl_err_format(err, buf, sizeof buf);
-}
 
 static char tmpdir[1024];
 
@@ -122,18 +108,18 @@ START_TEST(index_rule_violations_are_rejected_with_their_rule)
     size_t mem0 = kl_mem_in_use();
     int rc = parse(&idx, r->json, &err);
     ck_assert_msg(rc == KL_E_FORMAT, "%s: expected KL_E_FORMAT, got %d (%s)", r->what, rc,
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_msg(strcmp(err.rule, r->rule) == 0, "%s: expected rule %s, got %s (%s)", r->what,
-                  r->rule, err.rule, fmt_err(&err));
+                  r->rule, err.rule, t_fmt_err(&err));
     ck_assert_msg(strcmp(err.tensor, r->tensor) == 0, "%s [%s]: expected tensor \"%s\", got \"%s\"",
                   r->what, r->rule, r->tensor, err.tensor);
     if (r->tensor[0])
-        ck_assert_msg(strstr(fmt_err(&err), r->tensor) != NULL,
+        ck_assert_msg(strstr(t_fmt_err(&err), r->tensor) != NULL,
                       "%s [%s]: message does not name tensor %s: %s", r->what, r->rule,
-                      r->tensor, fmt_err(&err));
+                      r->tensor, t_fmt_err(&err));
     ck_assert_msg(strcmp(err.file, "model.safetensors.index.json") == 0,
                   "%s: expected file context, got %s", r->what, err.file);
-    ck_assert_msg(err.msg[0] && !has_control(err.msg) && !has_control(fmt_err(&err)),
+    ck_assert_msg(err.msg[0] && !t_has_control(err.msg) && !t_has_control(t_fmt_err(&err)),
                   "%s: message must be one printable line: %s", r->what, err.msg);
     ck_assert_msg(idx.entries == NULL && idx.n_entries == 0 && idx.strings == NULL,
                   "%s: kl_index must be zeroed on failure", r->what);
@@ -162,7 +148,7 @@ START_TEST(index_valid_file_maps_tensors_to_shards)
     kl_index idx;
     kl_err err;
     size_t mem0 = kl_mem_in_use();
-    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_int_eq(idx.has_total_size, 1);
     ck_assert_uint_eq(idx.total_size, 1234);
     ck_assert_uint_eq(idx.n_entries, 3);
@@ -189,7 +175,7 @@ START_TEST(index_without_metadata_has_no_total_size)
     kl_index idx;
     kl_err err;
     ck_assert_msg(parse(&idx, "{\"weight_map\":{" E("a", SHARD1) "}}", &err) == 0, "%s",
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_int_eq(idx.has_total_size, 0);
     ck_assert_uint_eq(idx.n_entries, 1);
     kl_index_free(&idx);
@@ -200,7 +186,7 @@ START_TEST(index_empty_weight_map_is_valid)
 {
     kl_index idx;
     kl_err err;
-    ck_assert_msg(parse(&idx, INDEX("0", ""), &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, INDEX("0", ""), &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(idx.n_entries, 0);
     ck_assert_uint_eq(idx.n_shards, 0);
     ck_assert_int_eq(kl_index_shard_of(&idx, "a"), -1);
@@ -215,7 +201,7 @@ START_TEST(index_extra_keys_and_whitespace_are_accepted)
                        E("caf\xc3\xa9", "a.b-00001.safetensors") "}}\t\r\n ";
     kl_index idx;
     kl_err err;
-    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(idx.total_size, 281474976710656ull);
     ck_assert_int_eq(kl_index_shard_of(&idx, "caf\xc3\xa9"), 0);
     kl_index_free(&idx);
@@ -226,10 +212,10 @@ START_TEST(index_total_size_zero_and_2_pow_53_are_accepted)
 {
     kl_index idx;
     kl_err err;
-    ck_assert_msg(parse(&idx, INDEX("0", ""), &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, INDEX("0", ""), &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(idx.total_size, 0);
     kl_index_free(&idx);
-    ck_assert_msg(parse(&idx, INDEX("9007199254740992", ""), &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, INDEX("9007199254740992", ""), &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(idx.total_size, 9007199254740992ull);
     kl_index_free(&idx);
 }
@@ -250,7 +236,7 @@ START_TEST(index_many_entries_are_all_found)
     snprintf(json + used, cap - used, "}}");
     kl_index idx;
     kl_err err;
-    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse(&idx, json, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(idx.n_entries, N);
     ck_assert_uint_eq(idx.n_shards, 37);
     for (int i = 0; i < N; i++) {
@@ -276,7 +262,7 @@ START_TEST(index_open_reads_a_file)
     kl_index idx;
     kl_err err;
     kl_err_clear(&err);
-    ck_assert_msg(kl_index_open(&idx, path, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(kl_index_open(&idx, path, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_int_eq(kl_index_shard_of(&idx, "a"), 0);
     kl_index_free(&idx);
 }

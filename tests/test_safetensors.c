@@ -39,20 +39,6 @@ static int parse_str(kl_st_file *f, const char *json, int64_t data_bytes, kl_err
     return parse_mem(f, json, strlen(json), data_bytes, err);
 }
 
-/* 1 if s holds a control byte: messages must stay one printable line. */
-static int has_control(const char *s)
-{
-    for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f)
-            return 1;
-    return 0;
-}
-
-static const char *fmt_err(const kl_err *err)
-{
-    static char buf[1024];
-    return kl_err_format(err, buf, sizeof buf);
-}
 
 /* Writes an 8-byte length, the header, then data_bytes zero bytes. */
 static void write_st(const char *path, const char *json, uint64_t n, uint64_t data_bytes)
@@ -261,18 +247,18 @@ START_TEST(st_header_rule_violations_are_rejected_with_their_rule)
     size_t mem0 = kl_mem_in_use();
     int rc = parse_str(&f, r->json, r->data_bytes, &err);
     ck_assert_msg(rc == KL_E_FORMAT, "%s: expected KL_E_FORMAT, got %d (%s)", r->what, rc,
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_msg(strcmp(err.rule, r->rule) == 0, "%s: expected rule %s, got %s (%s)", r->what,
-                  r->rule, err.rule, fmt_err(&err));
+                  r->rule, err.rule, t_fmt_err(&err));
     ck_assert_msg(strcmp(err.tensor, r->tensor) == 0, "%s [%s]: expected tensor \"%s\", got \"%s\"",
                   r->what, r->rule, r->tensor, err.tensor);
     if (r->tensor[0])
-        ck_assert_msg(strstr(fmt_err(&err), r->tensor) != NULL,
+        ck_assert_msg(strstr(t_fmt_err(&err), r->tensor) != NULL,
                       "%s [%s]: message does not name tensor %s: %s", r->what, r->rule,
-                      r->tensor, fmt_err(&err));
+                      r->tensor, t_fmt_err(&err));
     ck_assert_msg(strcmp(err.file, "mem.safetensors") == 0, "%s: expected file context, got %s",
                   r->what, err.file);
-    ck_assert_msg(err.msg[0] && !has_control(err.msg) && !has_control(fmt_err(&err)),
+    ck_assert_msg(err.msg[0] && !t_has_control(err.msg) && !t_has_control(t_fmt_err(&err)),
                   "%s: message must be one printable line: %s", r->what, err.msg);
     ck_assert_msg(f.tensors == NULL && f.n_tensors == 0 && f.strings == NULL && f.path == NULL,
                   "%s: kl_st_file must be zeroed on failure", r->what);
@@ -289,7 +275,7 @@ START_TEST(st_error_text_escapes_control_characters_of_names)
     kl_err err;
     ck_assert_int_eq(parse_str(&f, json, 0, &err), KL_E_FORMAT);
     ck_assert_str_eq(err.tensor, "a\nb");
-    ck_assert_msg(strstr(fmt_err(&err), "tensor a\\nb") != NULL, "got: %s", fmt_err(&err));
+    ck_assert_msg(strstr(t_fmt_err(&err), "tensor a\\nb") != NULL, "got: %s", t_fmt_err(&err));
 }
 END_TEST
 
@@ -371,7 +357,7 @@ START_TEST(st_valid_header_is_parsed_sorted_and_indexed)
     kl_err err;
     size_t n = strlen(json);
     int rc = parse_str(&f, json, 28, &err);
-    ck_assert_msg(rc == 0, "expected success, got %d (%s)", rc, fmt_err(&err));
+    ck_assert_msg(rc == 0, "expected success, got %d (%s)", rc, t_fmt_err(&err));
     ck_assert_uint_eq(f.n_tensors, 2);
     ck_assert_uint_eq(f.header_bytes, n);
     ck_assert_uint_eq(f.data_off, 8 + n);
@@ -409,7 +395,7 @@ START_TEST(st_empty_metadata_object_is_accepted)
     const char *json = "{\"__metadata__\":{}," T("w", "F16", "[2]", "0,4") "}";
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, 4, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, 4, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_int_eq(f.has_metadata, 1);
     ck_assert_uint_eq(f.n_meta, 0);
     ck_assert_uint_eq(f.warnings & KL_ST_WARN_NO_METADATA, 0);
@@ -423,7 +409,7 @@ START_TEST(st_missing_metadata_gives_a_warning_only)
     kl_st_file f;
     kl_err err;
     ck_assert_msg(parse_str(&f, "{" T("w", "U8", "[3]", "0,3") "}", 3, &err) == 0, "%s",
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_int_eq(f.has_metadata, 0);
     ck_assert_uint_eq(f.warnings, KL_ST_WARN_NO_METADATA);
     kl_st_close(&f);
@@ -435,7 +421,7 @@ START_TEST(st_metadata_entries_keep_file_order)
     const char *json = "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"caf\\u00e9\",\"\":\"\"}}";
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, 0, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, 0, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.n_meta, 3);
     ck_assert_str_eq(f.meta[0].key, "format");
     ck_assert_str_eq(f.meta[1].key, "note");
@@ -449,7 +435,7 @@ START_TEST(st_header_without_tensors_is_valid)
 {
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, "{}", 0, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, "{}", 0, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.n_tensors, 0);
     ck_assert_ptr_null(kl_st_find(&f, "a"));
     kl_st_close(&f);
@@ -464,7 +450,7 @@ START_TEST(st_zero_size_tensors_are_accepted_anywhere)
                        T("b", "U8", "[2]", "4,6") "," T("z3", "F4", "[0]", "6,6") "}";
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, 6, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, 6, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.n_tensors, 6);
     const char *order[] = {"z0", "a", "z1", "z2", "b", "z3"};
     for (int i = 0; i < 6; i++)
@@ -482,7 +468,7 @@ START_TEST(st_rank0_scalar_has_one_element)
     kl_st_file f;
     kl_err err;
     ck_assert_msg(parse_str(&f, "{" T("s", "F32", "[]", "0,4") "}", 4, &err) == 0, "%s",
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_int_eq(f.tensors[0].rank, 0);
     ck_assert_uint_eq(f.tensors[0].numel, 1);
     ck_assert_uint_eq(f.tensors[0].n_bytes, 4);
@@ -496,7 +482,7 @@ START_TEST(st_rank8_and_largest_dimension_are_accepted)
                        T("big", "U8", "[281474976710655,0]", "2,2") "}";
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, 2, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, 2, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_int_eq(kl_st_find(&f, "r8")->rank, 8);
     ck_assert_uint_eq(kl_st_find(&f, "big")->shape[0], KL_ST_MAX_DIM);
     kl_st_close(&f);
@@ -521,7 +507,7 @@ START_TEST(st_all_22_dtypes_are_accepted)
     snprintf(json + used, sizeof json - used, "}");
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, (int64_t)off, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, (int64_t)off, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.n_tensors, KL_DT_COUNT);
     for (int d = 0; d < KL_DT_COUNT; d++) {
         char name[16];
@@ -540,7 +526,7 @@ START_TEST(st_f4_with_even_element_count_is_accepted)
     kl_st_file f;
     kl_err err;
     ck_assert_msg(parse_str(&f, "{" T("q", "F4", "[3,2]", "0,3") "}", 3, &err) == 0, "%s",
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_uint_eq(f.tensors[0].numel, 6);
     ck_assert_uint_eq(f.tensors[0].n_bytes, 3);
     kl_st_close(&f);
@@ -551,7 +537,7 @@ START_TEST(st_leading_whitespace_is_accepted_with_a_warning)
 {
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, " \t\r\n{" META_PT "}", 0, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, " \t\r\n{" META_PT "}", 0, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.warnings, KL_ST_WARN_LEADING_SPACE);
     kl_st_close(&f);
 }
@@ -561,7 +547,7 @@ START_TEST(st_trailing_space_padding_is_accepted_silently)
 {
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, "{" META_PT "}      \n", 0, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, "{" META_PT "}      \n", 0, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.warnings, 0);
     kl_st_close(&f);
 }
@@ -573,7 +559,7 @@ START_TEST(st_utf8_and_escaped_names_are_decoded)
                        T("q\\\"\\u00e9\\ud83d\\ude00", "U8", "[1]", "1,2") "}";
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_str(&f, json, 2, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_str(&f, json, 2, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_ptr_nonnull(kl_st_find(&f, "caf\xc3\xa9.\xf0\x9f\x98\x80"));
     ck_assert_ptr_nonnull(kl_st_find(&f, "q\"\xc3\xa9\xf0\x9f\x98\x80"));
     kl_st_close(&f);
@@ -589,7 +575,7 @@ START_TEST(st_header_above_hub_limit_gives_a_warning)
     memcpy(json, "{}", 2);
     kl_st_file f;
     kl_err err;
-    ck_assert_msg(parse_mem(&f, json, n, 0, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(parse_mem(&f, json, n, 0, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_uint_eq(f.warnings & KL_ST_WARN_HUB_LIMIT, KL_ST_WARN_HUB_LIMIT);
     kl_st_close(&f);
     free(json);
@@ -609,7 +595,7 @@ START_TEST(st_open_reads_a_valid_file)
     kl_err err;
     kl_err_clear(&err);
     size_t mem0 = kl_mem_in_use();
-    ck_assert_msg(kl_st_open(&f, path, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(kl_st_open(&f, path, &err) == 0, "%s", t_fmt_err(&err));
     ck_assert_str_eq(f.path, path);
     ck_assert_uint_eq(f.n_tensors, 1);
     ck_assert_uint_eq(f.file_bytes, 8 + strlen(json) + 16);
@@ -658,9 +644,9 @@ START_TEST(st_open_rejects_broken_files_with_their_rule)
     size_t mem0 = kl_mem_in_use();
     int rc = kl_st_open(&f, path, &err);
     ck_assert_msg(rc == KL_E_FORMAT, "%s: expected KL_E_FORMAT, got %d (%s)", r->what, rc,
-                  fmt_err(&err));
+                  t_fmt_err(&err));
     ck_assert_msg(strcmp(err.rule, r->rule) == 0, "%s: expected %s, got %s (%s)", r->what,
-                  r->rule, err.rule, fmt_err(&err));
+                  r->rule, err.rule, t_fmt_err(&err));
     ck_assert_msg(strcmp(err.tensor, r->tensor) == 0, "%s: expected tensor \"%s\", got \"%s\"",
                   r->what, r->tensor, err.tensor);
     ck_assert_msg(strcmp(err.file, path) == 0, "%s: expected file %s, got %s", r->what, path,

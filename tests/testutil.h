@@ -36,6 +36,24 @@ static inline void t_write(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
+/* 1 if s holds a control byte: messages must stay one printable line. */
+static inline int t_has_control(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return 1;
+    return 0;
+}
+
+/* kl_err rendered for assertion messages (static buffer: one at a time). */
+#ifdef KL_COMMON_ERR_H
+static inline const char *t_fmt_err(const kl_err *err)
+{
+    static char buf[1024];
+    return kl_err_format(err, buf, sizeof buf);
+}
+#endif
+
 /* Runs Check suite s and returns the process exit status. */
 static inline int t_run_suite(Suite *s)
 {
