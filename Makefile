@@ -4,7 +4,7 @@
 #   make test       unit + corpus tests under AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       install missing packages, build, synthesize a tiny checkpoint and audit it
 #   make fuzz       build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
-#   make portable   build/portable/kl with liburing, libaio and libcrypto linked statically
+#   make portable   build/portable/kl with liburing, libaio, libcrypto and libpcre2-8 linked statically
 #                   (for the GPU machine, which has no -dev packages)
 
 CC       ?= cc
@@ -12,7 +12,7 @@ CSTD     := -std=c11 -D_GNU_SOURCE
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O2 -g
 CPPFLAGS := -I. -I/usr/include/cjson
-LDLIBS   := -luring -laio -lcrypto -lcjson -lpthread -lm
+LDLIBS   := -luring -laio -lcrypto -lcjson -lpcre2-8 -lpthread -lm
 ASANFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
@@ -32,6 +32,8 @@ ALIB_OBJ := $(LIB_SRC:%.c=$(BA)/obj/%.o)
 ACLI_OBJ := $(CLI_SRC:%.c=$(BA)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BA)/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BA)/replay_%)
+# tokenizer parity with OpenAI's tiktoken core (node; packages from scripts/install-deps.sh)
+TEST_SCRIPTS := tests/tokenizer/parity.sh
 
 .PHONY: all test demo fuzz portable clean deps
 all: $(B)/kl
@@ -66,7 +68,7 @@ $(BA)/replay_%: tests/fuzz/%.c tests/fuzz/replay_main.c $(BA)/libkl.a $(HDRS)
 	$(CC) $(CSTD) $(WARN) $(ASANFLAGS) $(CPPFLAGS) -o $@ $< tests/fuzz/replay_main.c $(BA)/libkl.a $(LDLIBS)
 
 test: $(BA)/kl $(TEST_BIN) $(REPLAY_BIN)
-	@KL_BIN=$(abspath $(BA)/kl) sh tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN)
+	@KL_BIN=$(abspath $(BA)/kl) sh tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN) $(TEST_SCRIPTS)
 
 demo:
 	@sh scripts/demo.sh
@@ -87,7 +89,7 @@ fuzz: $(FUZZ_BIN)
 BP ?= $(B)/portable
 portable: $(B)/libkl.a $(CLI_OBJ)
 	@mkdir -p $(BP)
-	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -Wl,-Bdynamic -lcjson -lpthread -lm -ldl
+	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 -Wl,-Bdynamic -lcjson -lpthread -lm -ldl
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BP)/
 
 deps:

@@ -20,6 +20,8 @@ static const command commands[] = {
     {"convert", cmd_convert, "BF16 checkpoint -> MXFP4 routed experts (compressed-tensors)"},
     {"bench", cmd_bench, "measured figures beside their ceilings (bench mxfp4: the quantizer)"},
     {"read", cmd_read, "stream a checkpoint through the staged reader and report GB/s"},
+    {"tokenize", cmd_tokenize, "text -> token ids with a checkpoint's tokenizer"},
+    {"detokenize", cmd_detokenize, "token ids -> text with a checkpoint's tokenizer"},
 };
 
 static void usage(FILE *out)
@@ -29,8 +31,8 @@ static void usage(FILE *out)
             "usage: kl COMMAND [ARGS]\n\ncommands:\n",
             KL_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "  %-8s %s\n", "help", "this text; `kl COMMAND --help` for one command");
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "  %-10s %s\n", "help", "this text; `kl COMMAND --help` for one command");
     fprintf(out,
             "\nExit status: 0 clean, 1 problems found, 2 usage or I/O error, 3 internal bug.\n");
 }
