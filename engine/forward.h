@@ -1,0 +1,63 @@
+/*
+ * engine/forward.h — the Kimi-Linear forward pass on the CPU (kimi-linear.md §3), fp32
+ * activations, weights read in their stored dtype (engine/model.h).
+ *
+ * Per-sequence state (kl_state): for every KDA layer the last conv_kernel-1 pre-conv inputs of
+ * q, k and v and the fp32 delta-rule state [heads, head_dim(k), head_dim(v)]; for every MLA
+ * layer a latent cache of kv_lora_rank + qk_rope_head_dim values per token (kv_a_layernorm'd
+ * latent, then the un-normalised shared rope key), grown as tokens arrive.  Scratch buffers
+ * also live in the state, so a model can serve several states one kl_forward at a time.
+ *
+ * kl_forward processes n tokens in order.  Prefill is token by token through the same code as
+ * decode (the recurrence is the exact reference, kimi-linear.md §3.2), so any split of a prompt
+ * into calls gives bit-identical results.  MLA uses the absorbed form (exact without RoPE).
+ *
+ * Numerics: the reference fixtures come from transformers in fp32, where RMSNorm's "cast to the
+ * input dtype" is a no-op; this engine keeps every activation in fp32 and does not round to
+ * BF16 between steps.
+ *
+ * Errors: KL_E_USAGE (token id out of range, n == 0), KL_E_NOMEM (MLA cache growth).
+ * Ownership: the state owns its buffers; kl_state_free releases them (idempotent, safe on a
+ * zeroed struct).  Thread safety: one kl_forward at a time per model (shared thread pool).
+ */
+#ifndef KL_ENGINE_FORWARD_H
+#define KL_ENGINE_FORWARD_H
+
+#include "common/err.h"
+#include "engine/model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kl_kda_state {
+    float *conv[3];   /* q, k, v: [D, conv_kernel-1] fp32, column 0 = oldest input */
+    float *S;         /* [heads, K, V] fp32 delta-rule state, S[h][i][j] (key i, value j) */
+} kl_kda_state;
+
+typedef struct kl_mla_cache {
+    float  *c;        /* [cap, kv_lora_rank + qk_rope_head_dim] fp32 */
+    float  *scores;   /* [cap] fp32 attention scratch */
+    size_t  n, cap;   /* tokens held, tokens allocated */
+} kl_mla_cache;
+
+typedef struct kl_state {
+    const kl_model *m;
+    size_t        pos;        /* tokens processed */
+    kl_kda_state *kda;        /* [num_hidden_layers] (zero for MLA layers) */
+    kl_mla_cache *mla;        /* [num_hidden_layers] (zero for KDA layers) */
+    float        *scratch;    /* one block carved into the buffers below */
+    size_t        scratch_floats;
+} kl_state;
+
+/* Allocates the state for m (bound until kl_state_free; m must outlive it). */
+int  kl_state_init(kl_state *s, const kl_model *m, kl_err *err);
+void kl_state_free(kl_state *s);
+/* Back to an empty sequence: zero conv windows and recurrent states, empty MLA caches. */
+void kl_state_reset(kl_state *s);
+
+/* Feeds ids[0..n) after the tokens already in s; writes the logits after the last one into
+ * logits_last[vocab] (may be NULL).  On error the state is unspecified: reset it. */
+int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
+               kl_err *err);
+
+#endif

@@ -1,0 +1,400 @@
+/*
+ * engine/model.c — checkpoint binding and weight-row helpers (see model.h).
+ *
+ * Sections: row helpers; binding (slot lookup, vector copies); loading through the reader;
+ * public API.
+ */
+#include "engine/model.h"
+
+#include "common/mem.h"
+#include "common/numfmt.h"
+#include "convert/mxfp4.h"
+#include "loader/checkpoint.h"
+#include "loader/reader.h"
+
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Row helpers                                                                                */
+
+void kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out)
+{
+    uint64_t n = w->cols;
+    switch (w->kind) {
+    case KL_W_F32:
+        memcpy(out, (const float *)w->data + r * n, n * sizeof *out);
+        break;
+    case KL_W_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (uint64_t c = 0; c < n; c++)
+            out[c] = kl_bf16_to_f32(p[c]);
+        break;
+    }
+    case KL_W_MXFP4:
+        kl_mxfp4_dequantize_row(w->packed + r * (n / 2), w->scale + r * (n / KL_MXFP4_BLOCK), n,
+                                out);
+        break;
+    default:
+        memset(out, 0, n * sizeof *out);
+    }
+}
+
+float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x)
+{
+    uint64_t n = w->cols;
+    float acc = 0.0f;
+    switch (w->kind) {
+    case KL_W_F32: {
+        const float *p = (const float *)w->data + r * n;
+        for (uint64_t c = 0; c < n; c++)
+            acc += p[c] * x[c];
+        break;
+    }
+    case KL_W_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (uint64_t c = 0; c < n; c++)
+            acc += kl_bf16_to_f32(p[c]) * x[c];
+        break;
+    }
+    case KL_W_MXFP4: {
+        /* dequantize one 32-block at a time: no row-sized scratch */
+        const uint8_t *pk = w->packed + r * (n / 2);
+        const uint8_t *sc = w->scale + r * (n / KL_MXFP4_BLOCK);
+        float blk[KL_MXFP4_BLOCK];
+        for (uint64_t b = 0; b < n / KL_MXFP4_BLOCK; b++) {
+            kl_mxfp4_dequantize_row(pk + b * (KL_MXFP4_BLOCK / 2), sc + b, KL_MXFP4_BLOCK, blk);
+            const float *xb = x + b * KL_MXFP4_BLOCK;
+            for (int i = 0; i < KL_MXFP4_BLOCK; i++)
+                acc += blk[i] * xb[i];
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    return acc;
+}
+
+#define MATVEC_ROWS 16  /* rows per pool item */
+
+typedef struct matvec_job {
+    const kl_wmat *w;
+    const float   *x;
+    float         *y;
+} matvec_job;
+
+static void matvec_item(void *ctx, size_t i)
+{
+    const matvec_job *j = ctx;
+    uint64_t r0 = (uint64_t)i * MATVEC_ROWS, r1 = r0 + MATVEC_ROWS;
+    if (r1 > j->w->rows)
+        r1 = j->w->rows;
+    for (uint64_t r = r0; r < r1; r++)
+        j->y[r] = kl_wmat_dot(j->w, r, j->x);
+}
+
+void kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool)
+{
+    matvec_job j = {w, x, y};
+    size_t items = (size_t)((w->rows + MATVEC_ROWS - 1) / MATVEC_ROWS);
+    if (!pool || items < 4) {
+        for (size_t i = 0; i < items; i++)
+            matvec_item(&j, i);
+        return;
+    }
+    kl_pool_run(pool, items, matvec_item, &j);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Binding                                                                                    */
+
+/* Roles read element-wise by the forward pass: kept also as fp32 vectors. */
+static int role_is_vector(kl_role r)
+{
+    switch (r) {
+    case KL_ROLE_INPUT_NORM: case KL_ROLE_POST_ATTN_NORM:
+    case KL_ROLE_KDA_Q_CONV: case KL_ROLE_KDA_K_CONV: case KL_ROLE_KDA_V_CONV:
+    case KL_ROLE_KDA_A_LOG: case KL_ROLE_KDA_DT_BIAS: case KL_ROLE_KDA_O_NORM:
+    case KL_ROLE_MLA_KV_A_NORM: case KL_ROLE_ROUTER_BIAS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The kl_wmat an entry binds to, NULL if its layer/expert is out of range. */
+static kl_wmat *slot_for(kl_model *m, const kl_schema_entry *e)
+{
+    if (e->layer < 0) {
+        switch (e->role) {
+        case KL_ROLE_EMBED: return &m->embed;
+        case KL_ROLE_LM_HEAD: return &m->lm_head;
+        default: return NULL;
+        }
+    }
+    if ((uint32_t)e->layer >= m->cfg.num_hidden_layers)
+        return NULL;
+    kl_layer *L = &m->layers[e->layer];
+    if (kl_role_is_expert(e->role)) {
+        if (e->expert < 0 || (uint32_t)e->expert >= m->cfg.num_experts)
+            return NULL;
+        return &L->experts[e->role - KL_ROLE_EXPERT_W1][e->expert];
+    }
+    return &L->w[e->role];
+}
+
+static float *vec_f32(const kl_wmat *w)
+{
+    uint64_t n = w->rows * w->cols;
+    float *v = kl_malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    for (uint64_t r = 0; r < w->rows; r++)
+        kl_wmat_row_f32(w, r, v + r * w->cols);
+    return v;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Loading                                                                                    */
+
+typedef struct load_ctx {
+    uint8_t **dst;    /* [n_ext] */
+} load_ctx;
+
+static int load_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+{
+    load_ctx *c = ctx;
+    memcpy(c->dst[ext_idx] + ext_off, data, len);
+    return 0;
+}
+
+/* Fills w from a tensor's metadata and payload for schema entry e. */
+static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
+                      const kl_st_tensor *t, const void *buf, kl_err *err)
+{
+    if (e->role == KL_ROLE_FINAL_NORM)
+        w = final_norm;
+    uint64_t rows = e->rank >= 2 ? e->shape[0] : 1;
+    uint64_t cols = rows ? e->numel / rows : 0;
+    if (e->part == KL_PART_PACKED) {
+        w->kind = KL_W_MXFP4;
+        w->rows = rows;
+        w->cols = cols * 2;
+        w->packed = buf;
+        return 0;
+    }
+    if (e->part == KL_PART_SCALE) {
+        w->kind = KL_W_MXFP4;
+        w->scale = buf;
+        return 0;
+    }
+    if (t->dtype == KL_DT_BF16)
+        w->kind = KL_W_BF16;
+    else if (t->dtype == KL_DT_F32)
+        w->kind = KL_W_F32;
+    else
+        return kl_fail_at(err, KL_E_UNSUPPORTED, "", e->name, KL_NO_OFFSET,
+                          "dtype %s is not supported by the CPU engine (BF16 or F32)",
+                          kl_dtype_name(t->dtype));
+    w->rows = rows;
+    w->cols = cols;
+    w->data = buf;
+    return 0;
+}
+
+/* Reads every schema tensor into its own buffer and binds it. */
+static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl_err *err)
+{
+    kl_reader *rd = NULL;
+    kl_extent *ext = NULL;
+    uint32_t *fid = NULL;
+    const kl_st_tensor **ts = NULL;
+    kl_wmat final_norm = {0};
+    int rc;
+
+    m->bufs = kl_calloc(s->n ? s->n : 1, sizeof *m->bufs);
+    ext = kl_calloc(s->n ? s->n : 1, sizeof *ext);
+    ts = kl_calloc(s->n ? s->n : 1, sizeof *ts);
+    fid = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *fid);
+    if (!m->bufs || !ext || !ts || !fid) {
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory binding %zu tensors", s->n);
+        goto out;
+    }
+    m->n_bufs = s->n;
+    if ((rc = kl_reader_create(&rd, NULL, err)))
+        goto out;
+    for (size_t i = 0; i < ck->n_shards; i++) {
+        int f = kl_reader_add_file(rd, ck->shards[i].path, err);
+        if (f < 0) {
+            rc = f;
+            goto out;
+        }
+        fid[i] = (uint32_t)f;
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        const kl_schema_entry *e = &s->entries[i];
+        const kl_ckpt_tensor *ct = kl_ckpt_find(ck, e->name);
+        if (!ct && e->alias)
+            ct = kl_ckpt_find(ck, e->alias);
+        if (!ct) {
+            rc = kl_fail_at(err, KL_E_SCHEMA, "", e->name, KL_NO_OFFSET,
+                            "tensor required by the schema is missing");
+            goto out;
+        }
+        const kl_st_tensor *t = ct->t;
+        /* matrices must match the schema shape exactly (a transposed tensor has the same
+         * numel); element-wise vectors only by count, as their leading 1s vary by writer */
+        int shape_ok = t->numel == e->numel;
+        if (shape_ok && !role_is_vector(e->role)) {
+            shape_ok = t->rank == e->rank;
+            for (int k = 0; shape_ok && k < e->rank; k++)
+                shape_ok = t->shape[k] == e->shape[k];
+        }
+        if (!shape_ok || !(e->dtype_mask & KL_DT_BIT(t->dtype))) {
+            rc = kl_fail_at(err, KL_E_SCHEMA, "", e->name, t->file_off,
+                            "tensor is %" PRIu64 " %s elements of rank %d, schema wants %" PRIu64
+                            " of rank %d", t->numel, kl_dtype_name(t->dtype), t->rank, e->numel,
+                            e->rank);
+            kl_err_context(err, ck->shards[ct->shard].path, NULL, KL_NO_OFFSET, NULL);
+            goto out;
+        }
+        ts[i] = t;
+        m->bufs[i] = kl_malloc(t->n_bytes ? (size_t)t->n_bytes : 1);
+        if (!m->bufs[i]) {
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory for %" PRIu64 " bytes", t->n_bytes);
+            kl_err_context(err, NULL, e->name, KL_NO_OFFSET, NULL);
+            goto out;
+        }
+        ext[i] = (kl_extent){fid[ct->shard], t->file_off, t->n_bytes};
+        m->weight_bytes += t->n_bytes;
+    }
+    load_ctx lc = {(uint8_t **)m->bufs};
+    if ((rc = kl_reader_run(rd, ext, s->n, load_cb, &lc, err)))
+        goto out;
+    for (size_t i = 0; i < s->n; i++) {
+        const kl_schema_entry *e = &s->entries[i];
+        kl_wmat *w = e->role == KL_ROLE_FINAL_NORM ? &final_norm : slot_for(m, e);
+        if (!w) {
+            rc = kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET, "schema entry has no slot");
+            goto out;
+        }
+        if ((rc = bind_entry(w, &final_norm, e, ts[i], m->bufs[i], err)))
+            goto out;
+    }
+    if (m->cfg.tie_word_embeddings)
+        m->lm_head = m->embed;
+    if (!(m->final_norm = vec_f32(&final_norm))) {
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        kl_layer *L = &m->layers[l];
+        for (int r = 0; r < KL_ROLE_COUNT; r++) {
+            if (!role_is_vector((kl_role)r) || L->w[r].kind == KL_W_NONE)
+                continue;
+            if (!(L->vec[r] = vec_f32(&L->w[r]))) {
+                rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    kl_reader_destroy(rd);
+    kl_free(ext);
+    kl_free(ts);
+    kl_free(fid);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public API                                                                                 */
+
+int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err)
+{
+    kl_checkpoint ck;
+    kl_schema s;
+    int rc;
+    int ck_open = 0, s_built = 0;
+    kl_model *m = kl_calloc(1, sizeof *m);
+    if (!m)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    memset(&s, 0, sizeof s);
+    if ((rc = kl_ckpt_open(&ck, dir, err)))
+        goto fail;
+    ck_open = 1;
+    if ((rc = kl_ckpt_require_ok(&ck, err)))
+        goto fail;
+    m->cfg = ck.config;
+    if (m->cfg.family != KL_FAMILY_KIMI_LINEAR && m->cfg.family != KL_FAMILY_KIMI_LINEAR_MXFP4) {
+        rc = kl_fail(err, KL_E_UNSUPPORTED, "model family %s has no forward pass",
+                     kl_family_name(m->cfg.family));
+        goto fail;
+    }
+    if ((rc = kl_schema_build(&s, &m->cfg, err)))
+        goto fail;
+    s_built = 1;
+    m->route_weights = opts ? opts->route_weights : KL_ROUTE_UNBIASED;
+    m->layers = kl_calloc(m->cfg.num_hidden_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        kl_layer *L = &m->layers[l];
+        L->attn = m->cfg.layer_attn[l];
+        L->moe = kl_config_is_moe_layer(&m->cfg, l);
+        if (!L->moe)
+            continue;
+        for (int k = 0; k < 3; k++) {
+            if (!(L->experts[k] = kl_calloc(m->cfg.num_experts, sizeof(kl_wmat)))) {
+                rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
+    }
+    if ((rc = load_all(m, &ck, &s, err)))
+        goto fail;
+    unsigned threads = opts && opts->threads ? opts->threads : 0;
+    if (!threads) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (unsigned)(n > 64 ? 64 : n) : 1;
+    }
+    if ((rc = kl_pool_create(&m->pool, threads, err)))
+        goto fail;
+    kl_schema_free(&s);
+    kl_ckpt_close(&ck);
+    *out = m;
+    return 0;
+fail:
+    kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
+    if (s_built)
+        kl_schema_free(&s);
+    if (ck_open)
+        kl_ckpt_close(&ck);
+    kl_model_close(m);
+    return rc;
+}
+
+void kl_model_close(kl_model *m)
+{
+    if (!m)
+        return;
+    kl_pool_destroy(m->pool);
+    if (m->layers) {
+        for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+            for (int r = 0; r < KL_ROLE_COUNT; r++)
+                kl_free(m->layers[l].vec[r]);
+            for (int k = 0; k < 3; k++)
+                kl_free(m->layers[l].experts[k]);
+        }
+    }
+    kl_free(m->layers);
+    for (size_t i = 0; i < m->n_bufs; i++)
+        kl_free(m->bufs[i]);
+    kl_free(m->bufs);
+    kl_free(m->final_norm);
+    kl_free(m);
+}

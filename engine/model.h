@@ -1,0 +1,88 @@
+/*
+ * engine/model.h — a Kimi-Linear checkpoint bound into host memory for the CPU forward pass.
+ *
+ * kl_model_open opens the checkpoint directory (loader/checkpoint.h), requires it to be
+ * clean, builds the schema (loader/schema.h) and reads every schema tensor through the staged
+ * reader (loader/reader.h, one extent per tensor) into its own kl_malloc'd buffer: no mmap,
+ * extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored
+ * dtype (BF16 or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales).
+ * Small per-channel vectors (norm weights, conv taps, A_log, dt_bias, router bias) are also
+ * copied to fp32.  Tensors are bound by schema role / layer / expert; the dense MLP is found
+ * under either spelling (the schema's alias).
+ *
+ * Row helpers read one row of a weight matrix (BF16, F32 or MXFP4 dequantized per 32-block on
+ * the fly) and accumulate in fp32.  kl_wmat_matvec splits rows over the model's thread pool;
+ * each row's sum is computed by one thread in a fixed order, so results do not depend on the
+ * thread count.
+ *
+ * Errors: those of kl_ckpt_open / kl_ckpt_require_ok / kl_schema_build / the reader;
+ * KL_E_SCHEMA (a schema tensor missing, or of the wrong shape), KL_E_UNSUPPORTED (a float
+ * tensor stored in a dtype other than BF16/F32), KL_E_NOMEM.
+ * Ownership: the model owns every buffer until kl_model_close.  Thread safety: a bound model is
+ * read-only except for its pool: one kl_forward at a time per model.
+ */
+#ifndef KL_ENGINE_MODEL_H
+#define KL_ENGINE_MODEL_H
+
+#include "common/err.h"
+#include "common/pool.h"
+#include "loader/config.h"
+#include "loader/schema.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kl_wkind { KL_W_NONE = 0, KL_W_F32, KL_W_BF16, KL_W_MXFP4 } kl_wkind;
+
+/* One weight matrix [rows, cols] in its stored form (a vector is rows = 1). */
+typedef struct kl_wmat {
+    kl_wkind       kind;
+    uint64_t       rows, cols;
+    const void    *data;       /* F32 / BF16: [rows, cols] row-major */
+    const uint8_t *packed;     /* MXFP4: [rows, cols/2] u8, element 2i in the low nibble */
+    const uint8_t *scale;      /* MXFP4: [rows, cols/32] E8M0 bytes */
+} kl_wmat;
+
+/* MoE routing weights: unbiased (vLLM, SGLang, llama.cpp, transformers-native) or biased
+ * (HF remote code's in-place aliasing: weights read from sigmoid + correction bias). */
+typedef enum kl_route_weights { KL_ROUTE_UNBIASED = 0, KL_ROUTE_BIASED = 1 } kl_route_weights;
+
+typedef struct kl_layer {
+    kl_attn_kind attn;
+    int          moe;                     /* 1: MoE FFN, 0: dense MLP */
+    kl_wmat      w[KL_ROLE_COUNT];        /* non-expert tensors by role (KL_W_NONE if absent) */
+    float       *vec[KL_ROLE_COUNT];      /* fp32 copies of vector roles (norms, conv, A_log,
+                                             dt_bias, router bias), NULL otherwise */
+    kl_wmat     *experts[3];              /* [num_experts] w1 (gate), w2 (down), w3 (up) */
+} kl_layer;
+
+typedef struct kl_model_opts {
+    unsigned         threads;             /* 0 = online CPUs */
+    kl_route_weights route_weights;       /* default unbiased */
+} kl_model_opts;
+
+typedef struct kl_model {
+    kl_config        cfg;
+    kl_route_weights route_weights;       /* may be changed between kl_forward calls */
+    kl_wmat          embed;               /* [vocab, hidden] */
+    kl_wmat          lm_head;             /* [vocab, hidden] (= embed when tied) */
+    float           *final_norm;          /* [hidden] fp32 */
+    kl_layer        *layers;              /* [num_hidden_layers] */
+    kl_pool         *pool;
+    size_t           n_bufs;
+    void           **bufs;                /* [n_bufs] owned tensor payloads */
+    uint64_t         weight_bytes;        /* sum of tensor payload bytes held */
+} kl_model;
+
+/* Opens dir and binds every tensor; opts may be NULL.  *out is owned: kl_model_close. */
+int  kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err);
+void kl_model_close(kl_model *m);  /* NULL ok */
+
+/* Row r of w as fp32 into out[w->cols]. */
+void  kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out);
+/* Σ_c w[r][c] · x[c], fp32 accumulation in column order. */
+float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x);
+/* y[rows] = W x over the pool (pool may be NULL: serial). */
+void  kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool);
+
+#endif

@@ -1,0 +1,288 @@
+/*
+ * tests/test_forward.c — engine/model + engine/forward: binding of synthetic tiny checkpoints
+ * (BF16 and MXFP4) and the CPU forward pass.
+ *
+ * No reference logits yet (golden fixtures from transformers come with kimi_ref.py): these
+ * tests check self-consistency only: a 24-token prompt fed token by token, in one call and in
+ * chunks of 5 gives the same last-position logits (relative L2 <= 1e-5); logits are finite and
+ * not constant; a reset state reproduces them; both route-weight modes run and differ; the
+ * MXFP4 checkpoint runs; bad token ids are refused.
+ */
+#include "common/err.h"
+#include "common/mem.h"
+#include "convert/synth.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fixture: tiny BF16 and tiny MXFP4 written once into a temp dir                             */
+
+static char g_root[512], g_bf16[600], g_mxfp4[600];
+
+#define N_PROMPT 24
+#define REL_TOL 1e-5
+
+static void synth(const char *dir, kl_synth_format fmt)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_synth_opts o = {0};
+    o.out_dir = dir;
+    o.preset = "tiny";
+    o.format = fmt;
+    o.seed = 7;
+    o.buffered = 1;
+    o.threads = 2;
+    int rc = kl_synth_write(&o, &err);
+    ck_assert_msg(rc == 0, "kl_synth_write(%s): expected 0, got %d (%s)", dir, rc,
+                  t_fmt_err(&err));
+}
+
+static void setup_ckpts(void)
+{
+    t_mkdtemp(g_root, sizeof g_root);
+    snprintf(g_bf16, sizeof g_bf16, "%s/tiny-bf16", g_root);
+    snprintf(g_mxfp4, sizeof g_mxfp4, "%s/tiny-mxfp4", g_root);
+    synth(g_bf16, KL_SYNTH_BF16);
+    synth(g_mxfp4, KL_SYNTH_MXFP4);
+}
+
+static void teardown_ckpts(void)
+{
+    if (g_root[0])
+        t_rmrf(g_root);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                    */
+
+static void prompt(int32_t *ids, uint32_t vocab)
+{
+    for (int i = 0; i < N_PROMPT; i++)
+        ids[i] = (int32_t)((uint32_t)(i * 37 + 11) % (vocab - 256));
+}
+
+static kl_model *open_model(const char *dir, unsigned threads)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model *m = NULL;
+    kl_model_opts o = {threads, KL_ROUTE_UNBIASED};
+    int rc = kl_model_open(&m, dir, &o, &err);
+    ck_assert_msg(rc == 0 && m, "kl_model_open(%s): expected 0, got %d (%s)", dir, rc,
+                  t_fmt_err(&err));
+    return m;
+}
+
+/* Feeds ids in chunks of `chunk` tokens (0 = one call) into a fresh state; logits of the last. */
+static void run_chunks(kl_model *m, kl_state *s, const int32_t *ids, size_t n, size_t chunk,
+                       float *logits)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_state_reset(s);
+    if (!chunk)
+        chunk = n;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        int rc = kl_forward(m, s, ids + i, k, i + k == n ? logits : NULL, &err);
+        ck_assert_msg(rc == 0, "kl_forward(chunk %zu at %zu): expected 0, got %d (%s)", chunk, i,
+                      rc, t_fmt_err(&err));
+    }
+    ck_assert_msg(s->pos == n, "state position: expected %zu, got %zu", n, s->pos);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_sane(const float *l, size_t n, const char *what)
+{
+    float lo = l[0], hi = l[0];
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(isfinite(l[i]), "%s: logit %zu is not finite (%g)", what, i, (double)l[i]);
+        lo = l[i] < lo ? l[i] : lo;
+        hi = l[i] > hi ? l[i] : hi;
+    }
+    ck_assert_msg(hi - lo > 1e-3f, "%s: logits are constant (min %g, max %g)", what, (double)lo,
+                  (double)hi);
+}
+
+/* Token by token vs one call vs chunks of 5, all on one state (reset between). */
+static void check_split_invariance(const char *dir, const char *what)
+{
+    kl_model *m = open_model(dir, 4);
+    size_t V = m->cfg.vocab_size;
+    int32_t ids[N_PROMPT];
+    prompt(ids, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
+    kl_state s;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_state_init(&s, m, &err);
+    ck_assert_msg(rc == 0, "kl_state_init: expected 0, got %d (%s)", rc, t_fmt_err(&err));
+
+    run_chunks(m, &s, ids, N_PROMPT, 1, a);
+    run_chunks(m, &s, ids, N_PROMPT, 0, b);
+    run_chunks(m, &s, ids, N_PROMPT, 5, c);
+    check_sane(a, V, what);
+    double e1 = rel_l2(b, a, V), e5 = rel_l2(c, a, V);
+    ck_assert_msg(e1 <= REL_TOL, "%s: one call vs token by token: rel L2 %g > %g", what, e1,
+                  REL_TOL);
+    ck_assert_msg(e5 <= REL_TOL, "%s: chunks of 5 vs token by token: rel L2 %g > %g", what, e5,
+                  REL_TOL);
+
+    kl_state_free(&s);
+    kl_free(a);
+    kl_free(b);
+    kl_free(c);
+    kl_model_close(m);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tests                                                                                      */
+
+START_TEST(bf16_prompt_split_gives_same_logits)
+{
+    check_split_invariance(g_bf16, "tiny bf16");
+}
+END_TEST
+
+START_TEST(mxfp4_prompt_split_gives_same_logits)
+{
+    check_split_invariance(g_mxfp4, "tiny mxfp4");
+}
+END_TEST
+
+START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
+{
+    kl_model *m = open_model(g_bf16, 1);
+    kl_model *m4 = open_model(g_bf16, 4);
+    size_t V = m->cfg.vocab_size;
+    int32_t ids[N_PROMPT];
+    prompt(ids, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
+    kl_state s, s4;
+    ck_assert(kl_state_init(&s, m, NULL) == 0);
+    ck_assert(kl_state_init(&s4, m4, NULL) == 0);
+    run_chunks(m, &s, ids, N_PROMPT, 7, a);
+    /* a different prompt in between, then reset and the first one again */
+    int32_t other[3] = {1, 2, 3};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_forward(m, &s, other, 3, NULL, &err) == 0);
+    run_chunks(m, &s, ids, N_PROMPT, 7, b);
+    ck_assert_msg(memcmp(a, b, V * sizeof *a) == 0, "logits after reset differ (rel L2 %g)",
+                  rel_l2(b, a, V));
+    run_chunks(m4, &s4, ids, N_PROMPT, 7, c);
+    ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "1 vs 4 threads differ (rel L2 %g)",
+                  rel_l2(c, a, V));
+    kl_state_free(&s);
+    kl_state_free(&s4);
+    kl_free(a);
+    kl_free(b);
+    kl_free(c);
+    kl_model_close(m);
+    kl_model_close(m4);
+}
+END_TEST
+
+START_TEST(both_route_weight_modes_run_and_differ)
+{
+    const char *dirs[2] = {g_bf16, g_mxfp4};
+    for (int k = 0; k < 2; k++) {
+        kl_model *m = open_model(dirs[k], 2);
+        size_t V = m->cfg.vocab_size;
+        int32_t ids[N_PROMPT];
+        prompt(ids, m->cfg.vocab_size);
+        float *u = kl_malloc(V * sizeof *u), *b = kl_malloc(V * sizeof *b);
+        kl_state s;
+        ck_assert(kl_state_init(&s, m, NULL) == 0);
+        m->route_weights = KL_ROUTE_UNBIASED;
+        run_chunks(m, &s, ids, N_PROMPT, 0, u);
+        m->route_weights = KL_ROUTE_BIASED;
+        run_chunks(m, &s, ids, N_PROMPT, 0, b);
+        check_sane(u, V, dirs[k]);
+        check_sane(b, V, dirs[k]);
+        double e = rel_l2(b, u, V);
+        ck_assert_msg(e > 0.0, "%s: biased and unbiased routing give identical logits", dirs[k]);
+        kl_state_free(&s);
+        kl_free(u);
+        kl_free(b);
+        kl_model_close(m);
+    }
+}
+END_TEST
+
+START_TEST(mxfp4_model_binds_experts_packed)
+{
+    kl_model *m = open_model(g_mxfp4, 2);
+    ck_assert_msg(m->cfg.family == KL_FAMILY_KIMI_LINEAR_MXFP4, "family: expected mxfp4, got %s",
+                  kl_family_name(m->cfg.family));
+    int seen = 0;
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const kl_layer *L = &m->layers[l];
+        if (!L->moe)
+            continue;
+        for (uint32_t e = 0; e < m->cfg.num_experts; e++)
+            for (int k = 0; k < 3; k++) {
+                const kl_wmat *w = &L->experts[k][e];
+                ck_assert_msg(w->kind == KL_W_MXFP4 && w->packed && w->scale,
+                              "layer %u expert %u w%d: not bound as MXFP4", l, e, k + 1);
+                seen++;
+            }
+    }
+    ck_assert_msg(seen > 0, "no MoE layer in the tiny preset");
+    kl_model_close(m);
+}
+END_TEST
+
+START_TEST(token_id_outside_vocabulary_is_refused)
+{
+    kl_model *m = open_model(g_bf16, 1);
+    kl_state s;
+    ck_assert(kl_state_init(&s, m, NULL) == 0);
+    int32_t bad[2] = {5, (int32_t)m->cfg.vocab_size};
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_forward(m, &s, bad, 2, NULL, &err);
+    ck_assert_msg(rc == KL_E_USAGE, "expected KL_E_USAGE, got %d", rc);
+    ck_assert_msg(s.pos == 0, "state advanced on a refused call: pos %zu", s.pos);
+    kl_state_free(&s);
+    kl_model_close(m);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+
+static Suite *forward_suite(void)
+{
+    Suite *s = suite_create("forward");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_unchecked_fixture(tc, setup_ckpts, teardown_ckpts);
+    tcase_add_test(tc, bf16_prompt_split_gives_same_logits);
+    tcase_add_test(tc, mxfp4_prompt_split_gives_same_logits);
+    tcase_add_test(tc, state_reset_reproduces_logits_and_thread_count_does_not_matter);
+    tcase_add_test(tc, both_route_weight_modes_run_and_differ);
+    tcase_add_test(tc, mxfp4_model_binds_experts_packed);
+    tcase_add_test(tc, token_id_outside_vocabulary_is_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return t_run_suite(forward_suite());
+}
