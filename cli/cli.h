@@ -18,6 +18,7 @@ int cmd_convert(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);

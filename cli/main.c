@@ -22,6 +22,7 @@ static const command commands[] = {
     {"read", cmd_read, "stream a checkpoint through the staged reader and report GB/s"},
     {"tokenize", cmd_tokenize, "text -> token ids with a checkpoint's tokenizer"},
     {"detokenize", cmd_detokenize, "token ids -> text with a checkpoint's tokenizer"},
+    {"run", cmd_run, "generate from a prompt on the CPU (or teacher-force and dump logits)"},
 };
 
 static void usage(FILE *out)

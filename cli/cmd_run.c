@@ -1,0 +1,625 @@
+/*
+ * cli/cmd_run.c — `kl run`: one prompt through the CPU engine, then sampled generation or
+ * teacher forcing (kimi_ref.py run's steps) with the logits written to a file.
+ * Generated text on stdout (flushed per token) or one JSON object; timings on stderr.
+ */
+#include "cli/cli.h"
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/mem.h"
+#include "engine/chat.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+#include <cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- usage and arguments ------------------------------------------------------------------ */
+
+static const char run_usage[] =
+    "usage: kl run MODEL (-p TEXT | --chat TEXT | --ids 1,2,3) [-n N] [--temp T] [--top-p P]\n"
+    "              [--top-k K] [--min-p M] [--seed S] [--device cpu|gpu|auto] [--threads N]\n"
+    "              [--route-weights unbiased|biased] [--json]\n"
+    "              [--force-ids 4,5,6 --logits-out FILE]\n"
+    "\n"
+    "Feeds a prompt to the checkpoint in MODEL on the CPU and generates up to N tokens, stopping\n"
+    "early at <|im_end|>, [EOS] or [EOT] (the stop id is not printed).  Text streams to stdout,\n"
+    "timings and tok/s go to stderr.\n"
+    "\n"
+    "  -p TEXT            prompt text, encoded with MODEL's tokenizer (no BOS added)\n"
+    "  --chat TEXT        one user turn rendered with Kimi's chat format plus the generation\n"
+    "                     prompt, then encoded\n"
+    "  --ids LIST         prompt token ids, separated by commas or spaces\n"
+    "  -n N               tokens to generate (default 128; 0 = prompt only)\n"
+    "  --temp T           temperature (default 0 = greedy)\n"
+    "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
+    "  --top-p P          keep the smallest set of mass >= P (default 1 = off)\n"
+    "  --min-p M          keep tokens with p >= M * p_max (default 0 = off)\n"
+    "  --seed S           sampling seed (default 0); order: temp, top-k, top-p, min-p, sample\n"
+    "  --device D         cpu, gpu or auto (default auto = cpu)\n"
+    "  --threads N        worker threads (default: online CPUs)\n"
+    "  --route-weights W  MoE weights unbiased (default) or biased (HF remote code)\n"
+    "  --json             print one JSON object instead of the text\n"
+    "  --force-ids LIST   teacher forcing: feed these ids after the prompt instead of sampling\n"
+    "                     (-n is ignored); needs --logits-out\n"
+    "  --logits-out FILE  write float32 little-endian logits, one vocab-sized row per step: after\n"
+    "                     the prompt, then after each fed token (forced ids: len+1 rows;\n"
+    "                     generation: one row per sampled token, at least one)\n"
+    "  -h, --help         this text\n"
+    "\n"
+    "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "
+    "bug.\n";
+
+typedef struct run_args {
+    const char      *model;        /* checkpoint directory */
+    const char      *prompt;       /* -p */
+    const char      *chat;         /* --chat */
+    const char      *ids;          /* --ids */
+    const char      *force_ids;    /* --force-ids */
+    const char      *logits_out;   /* --logits-out */
+    unsigned long long n_predict;
+    kl_sampler_opts  samp;
+    unsigned         threads;      /* 0 = online CPUs */
+    kl_route_weights route;
+    int              json;
+} run_args;
+
+static int usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, "kl run: %s%s\n\n%s", what, arg, run_usage);
+    return KL_EXIT_USAGE;
+}
+
+/* Library error -> exit status: a broken checkpoint or tokenizer is a problem found (1);
+ * bad input from the command line, I/O and memory are "could not run" (2). */
+static int report(const kl_err *err)
+{
+    char buf[1024];
+    fprintf(stderr, "kl run: %s\n", kl_err_format(err, buf, sizeof buf));
+    switch (err->code) {
+    case KL_E_FORMAT:
+    case KL_E_SCHEMA:
+    case KL_E_UNSUPPORTED: return KL_EXIT_PROBLEMS;
+    case KL_E_BUG: return KL_EXIT_BUG;
+    default: return KL_EXIT_USAGE;
+    }
+}
+
+/* Matches "--name VALUE" and "--name=VALUE"; advances *i past the value (NULL if missing). */
+static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0)
+        return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != 0)
+        return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    if (!s || !*s)
+        return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v))
+        return -1;
+    *out = (float)v;
+    return 0;
+}
+
+/* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array; -1 on a bad number or
+ * no memory.  An empty list gives *n = 0 and *out = NULL. */
+static int parse_ids(const char *s, uint32_t **out, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',' || isspace((unsigned char)*p);
+    uint32_t *ids = kl_malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    size_t k = 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p))
+            p++;
+        if (!*p)
+            break;
+        if (!isdigit((unsigned char)*p))
+            goto bad;
+        errno = 0;
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v > INT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end)))
+            goto bad;
+        ids[k++] = (uint32_t)v;
+        p = end;
+    }
+    if (k == 0) {
+        kl_free(ids);
+        ids = NULL;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+bad:
+    kl_free(ids);
+    return -1;
+}
+
+/* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
+static int parse_one(int argc, char **argv, int *i, run_args *a, const char **device)
+{
+    const char *arg = argv[*i], *v = NULL;
+    unsigned long long u;
+    if (!strcmp(arg, "--json")) {
+        a->json = 1;
+    } else if (opt_value(argc, argv, i, "-p", &v) || opt_value(argc, argv, i, "--prompt", &v)) {
+        if (!v)
+            return usage_error("-p wants a text", "");
+        a->prompt = v;
+    } else if (opt_value(argc, argv, i, "--chat", &v)) {
+        if (!v)
+            return usage_error("--chat wants a text", "");
+        a->chat = v;
+    } else if (opt_value(argc, argv, i, "--ids", &v)) {
+        if (!v)
+            return usage_error("--ids wants a list of ids", "");
+        a->ids = v;
+    } else if (opt_value(argc, argv, i, "--force-ids", &v)) {
+        if (!v)
+            return usage_error("--force-ids wants a list of ids", "");
+        a->force_ids = v;
+    } else if (opt_value(argc, argv, i, "--logits-out", &v)) {
+        if (!v || !*v)
+            return usage_error("--logits-out wants a file", "");
+        a->logits_out = v;
+    } else if (opt_value(argc, argv, i, "-n", &v)) {
+        if (kl_cli_parse_u64(v, &a->n_predict))
+            return usage_error("-n wants a count, not ", v ? v : "nothing");
+    } else if (opt_value(argc, argv, i, "--temp", &v)) {
+        if (parse_float(v, &a->samp.temperature) || a->samp.temperature < 0)
+            return usage_error("--temp wants a number >= 0, not ", v ? v : "nothing");
+    } else if (opt_value(argc, argv, i, "--top-p", &v)) {
+        if (parse_float(v, &a->samp.top_p) || !(a->samp.top_p > 0 && a->samp.top_p <= 1))
+            return usage_error("--top-p wants a number in (0, 1], not ", v ? v : "nothing");
+    } else if (opt_value(argc, argv, i, "--min-p", &v)) {
+        if (parse_float(v, &a->samp.min_p) || !(a->samp.min_p >= 0 && a->samp.min_p <= 1))
+            return usage_error("--min-p wants a number in [0, 1], not ", v ? v : "nothing");
+    } else if (opt_value(argc, argv, i, "--top-k", &v)) {
+        if (kl_cli_parse_u64(v, &u) || u > UINT32_MAX)
+            return usage_error("--top-k wants a count, not ", v ? v : "nothing");
+        a->samp.top_k = (uint32_t)u;
+    } else if (opt_value(argc, argv, i, "--seed", &v)) {
+        if (kl_cli_parse_u64(v, &u))
+            return usage_error("--seed wants a non-negative integer, not ", v ? v : "nothing");
+        a->samp.seed = u;
+    } else if (opt_value(argc, argv, i, "--threads", &v)) {
+        if (kl_cli_parse_u64(v, &u) || u == 0 || u > 4096)
+            return usage_error("--threads wants a count in 1..4096, not ", v ? v : "nothing");
+        a->threads = (unsigned)u;
+    } else if (opt_value(argc, argv, i, "--device", &v)) {
+        if (!v || (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")))
+            return usage_error("--device wants cpu, gpu or auto, not ", v ? v : "nothing");
+        *device = v;
+    } else if (opt_value(argc, argv, i, "--route-weights", &v)) {
+        if (v && !strcmp(v, "unbiased"))
+            a->route = KL_ROUTE_UNBIASED;
+        else if (v && !strcmp(v, "biased"))
+            a->route = KL_ROUTE_BIASED;
+        else
+            return usage_error("--route-weights wants unbiased or biased, not ",
+                               v ? v : "nothing");
+    } else if (arg[0] == '-' && arg[1]) {
+        return usage_error("unknown option ", arg);
+    } else if (a->model) {
+        return usage_error("more than one model directory: ", arg);
+    } else {
+        a->model = arg;
+    }
+    return KL_EXIT_OK;
+}
+
+/* Parses argv into a; KL_EXIT_OK, or a usage exit (help: -1 after printing it). */
+static int parse_args(int argc, char **argv, run_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->n_predict = 128;
+    a->samp.top_p = 1;
+    const char *device = "auto";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(run_usage, stdout);
+            return -1;
+        }
+        int rc = parse_one(argc, argv, &i, a, &device);
+        if (rc != KL_EXIT_OK)
+            return rc;
+    }
+    if (!a->model)
+        return usage_error("no model directory given", "");
+    if (!!a->prompt + !!a->chat + !!a->ids != 1)
+        return usage_error("give exactly one of -p, --chat and --ids", "");
+    if (a->force_ids && !a->logits_out)
+        return usage_error("--force-ids needs --logits-out", "");
+    if (!strcmp(device, "gpu")) {
+        fprintf(stderr, "kl run: --device gpu: GPU engine not built yet\n");
+        return KL_EXIT_USAGE;
+    }
+    return KL_EXIT_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+/* Everything a run holds; released by run_free whatever was built. */
+typedef struct run_ctx {
+    kl_tokenizer *tok;
+    kl_model     *m;
+    kl_state      st;
+    kl_sampler    samp;
+    kl_tok_stream stream;
+    uint32_t     *prompt;      /* [n_prompt] */
+    size_t        n_prompt;
+    uint32_t     *force;       /* [n_force] */
+    size_t        n_force;
+    uint32_t     *gen;         /* [n_predict] generated ids */
+    size_t        n_gen;
+    char         *text;        /* generated text (kl_malloc'd), text_len bytes */
+    size_t        text_len, text_cap;
+    float        *logits;      /* [vocab] fp32 */
+    uint8_t      *row;         /* [vocab * 4] little-endian logits row */
+    FILE         *logits_f;
+    uint32_t      vocab;
+    size_t        n_rows;      /* logits rows written */
+    double        prefill_s, decode_s;
+    size_t        n_decode;    /* tokens fed after the prompt */
+    const char   *stop_reason; /* "stop", "length" or "forced" */
+} run_ctx;
+
+static void run_free(run_ctx *c)
+{
+    kl_tok_stream_free(&c->stream);
+    kl_sampler_free(&c->samp);
+    kl_state_free(&c->st);
+    kl_model_close(c->m);
+    kl_tok_close(c->tok);
+    kl_free(c->prompt);
+    kl_free(c->force);
+    kl_free(c->gen);
+    kl_free(c->text);
+    kl_free(c->logits);
+    kl_free(c->row);
+    if (c->logits_f)
+        fclose(c->logits_f);
+    memset(c, 0, sizeof *c);
+}
+
+/* The prompt ids from -p, --chat or --ids. */
+static int build_prompt(const run_args *a, run_ctx *c, kl_err *err)
+{
+    if (a->ids) {
+        if (parse_ids(a->ids, &c->prompt, &c->n_prompt))
+            return kl_fail(err, KL_E_USAGE, "--ids wants numbers below 2^31, not \"%.64s\"",
+                           a->ids);
+        return 0;
+    }
+    const char *text = a->prompt;
+    char *rendered = NULL;
+    if (a->chat) {
+        kl_chat_msg msg = {.role = "user", .content = a->chat};
+        int rc = kl_chat_render(&msg, 1, NULL, 1, &rendered, err);
+        if (rc)
+            return rc;
+        text = rendered;
+    }
+    int rc = kl_tok_encode(c->tok, text, strlen(text), &c->prompt, &c->n_prompt, err);
+    kl_free(rendered);
+    return rc;
+}
+
+/* Appends bytes to the collected text. */
+static int text_append(run_ctx *c, const char *s, size_t n, kl_err *err)
+{
+    if (c->text_len + n + 1 > c->text_cap) {
+        size_t cap = c->text_cap ? c->text_cap : 256;
+        while (cap < c->text_len + n + 1)
+            cap *= 2;
+        char *t = kl_realloc(c->text, cap);
+        if (!t)
+            return kl_fail(err, KL_E_NOMEM, "generated text of %zu bytes", c->text_len + n);
+        c->text = t;
+        c->text_cap = cap;
+    }
+    memcpy(c->text + c->text_len, s, n);
+    c->text_len += n;
+    c->text[c->text_len] = 0;
+    return 0;
+}
+
+/* Emits the bytes now safe to print: to stdout (flushed) unless --json, and to c->text. */
+static int emit(run_ctx *c, const run_args *a, const char *s, size_t n, kl_err *err)
+{
+    if (!n)
+        return 0;
+    if (!a->json && (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0))
+        return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
+    return text_append(c, s, n, err);
+}
+
+/* Writes c->logits as one float32 little-endian row when --logits-out is given. */
+static int write_row(run_ctx *c, const run_args *a, kl_err *err)
+{
+    if (!c->logits_f)
+        return 0;
+    for (uint32_t i = 0; i < c->vocab; i++) {
+        uint32_t b;
+        memcpy(&b, &c->logits[i], 4);
+        for (int k = 0; k < 4; k++)
+            c->row[(size_t)i * 4 + (size_t)k] = (uint8_t)(b >> (8 * k));
+    }
+    size_t n = (size_t)c->vocab * 4;
+    if (fwrite(c->row, 1, n, c->logits_f) != n) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot write logits row %zu", c->n_rows);
+        kl_err_context(err, a->logits_out, NULL, KL_NO_OFFSET, NULL);
+        return err ? err->code : KL_E_IO;
+    }
+    c->n_rows++;
+    return 0;
+}
+
+/* Feeds one id and writes the logits row after it. */
+static int feed_one(run_ctx *c, const run_args *a, uint32_t id, kl_err *err)
+{
+    int32_t x = (int32_t)id;
+    int rc = kl_forward(c->m, &c->st, &x, 1, c->logits, err);
+    if (rc)
+        return rc;
+    c->n_decode++;
+    return write_row(c, a, err);
+}
+
+/* Sampling loop: up to n_predict ids, stopping at a stop id; each id but the last is fed. */
+static int generate(run_ctx *c, const run_args *a, kl_err *err)
+{
+    uint32_t stop[KL_CHAT_MAX_STOP];
+    size_t n_stop = 0;
+    int rc = kl_chat_stop_ids(c->tok, stop, &n_stop, err);
+    if (rc)
+        return rc;
+    if ((rc = kl_tok_stream_init(&c->stream, c->tok, 0, err)))
+        return rc;
+    c->stop_reason = "length";
+    for (size_t step = 0; step < a->n_predict; step++) {
+        uint32_t id;
+        if ((rc = kl_sampler_sample(&c->samp, c->logits, &id, err)))
+            return rc;
+        int is_stop = 0;
+        for (size_t k = 0; k < n_stop; k++)
+            is_stop |= id == stop[k];
+        if (is_stop) {
+            c->stop_reason = "stop";
+            break;
+        }
+        c->gen[c->n_gen++] = id;
+        const char *s;
+        size_t n;
+        if ((rc = kl_tok_stream_push(&c->stream, id, &s, &n, err)) ||
+            (rc = emit(c, a, s, n, err)))
+            return rc;
+        if (step + 1 < a->n_predict && (rc = feed_one(c, a, id, err)))
+            return rc;
+    }
+    const char *s;
+    size_t n;
+    kl_tok_stream_flush(&c->stream, &s, &n);
+    return emit(c, a, s, n, err);
+}
+
+/* Loads everything, runs the prompt, then generation or teacher forcing. */
+static int run(const run_args *a, run_ctx *c, kl_err *err)
+{
+    int rc;
+    if (a->logits_out && !(c->logits_f = fopen(a->logits_out, "wb"))) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot create the logits file");
+        kl_err_context(err, a->logits_out, NULL, KL_NO_OFFSET, NULL);
+        return err->code;
+    }
+    if (a->force_ids && parse_ids(a->force_ids, &c->force, &c->n_force))
+        return kl_fail(err, KL_E_USAGE, "--force-ids wants numbers below 2^31, not \"%.64s\"",
+                       a->force_ids);
+    if ((rc = kl_tok_open(a->model, &c->tok, err)) || (rc = build_prompt(a, c, err)))
+        return rc;
+    if (c->n_prompt == 0)
+        return kl_fail(err, KL_E_USAGE, "the prompt is empty: nothing to feed the model");
+    kl_model_opts mo = {.threads = a->threads, .route_weights = a->route};
+    if ((rc = kl_model_open(&c->m, a->model, &mo, err)))
+        return rc;
+    c->vocab = c->m->cfg.vocab_size;
+    for (size_t i = 0; i < c->n_prompt + c->n_force; i++) {
+        uint32_t id = i < c->n_prompt ? c->prompt[i] : c->force[i - c->n_prompt];
+        if (id >= c->vocab)
+            return kl_fail(err, KL_E_USAGE, "token id %u is outside the model's vocabulary (%u)",
+                           (unsigned)id, (unsigned)c->vocab);
+    }
+    size_t n_gen_cap = a->force_ids ? 1 : (size_t)(a->n_predict ? a->n_predict : 1);
+    if (a->n_predict > SIZE_MAX / 8)
+        return kl_fail(err, KL_E_USAGE, "-n %llu is too large", a->n_predict);
+    c->logits = kl_calloc(c->vocab, sizeof *c->logits);
+    c->row = kl_calloc(c->vocab, 4);
+    c->gen = kl_calloc(n_gen_cap, sizeof *c->gen);
+    int32_t *x = kl_calloc(c->n_prompt, sizeof *x);
+    if (!c->logits || !c->row || !c->gen || !x) {
+        kl_free(x);
+        return kl_fail(err, KL_E_NOMEM, "buffers for a vocabulary of %u", (unsigned)c->vocab);
+    }
+    for (size_t i = 0; i < c->n_prompt; i++)
+        x[i] = (int32_t)c->prompt[i];
+    if ((rc = kl_state_init(&c->st, c->m, err)) ||
+        (rc = kl_sampler_init(&c->samp, c->vocab, &a->samp, err))) {
+        kl_free(x);
+        return rc;
+    }
+    /* prefill */
+    double t0 = kl_now_s();
+    rc = kl_forward(c->m, &c->st, x, c->n_prompt, c->logits, err);
+    kl_free(x);
+    c->prefill_s = kl_now_s() - t0;
+    if (rc || (rc = write_row(c, a, err)))
+        return rc;
+    /* decode: teacher forcing or sampling */
+    t0 = kl_now_s();
+    if (a->force_ids) {
+        c->stop_reason = "forced";
+        for (size_t i = 0; i < c->n_force && !rc; i++)
+            rc = feed_one(c, a, c->force[i], err);
+    } else {
+        rc = generate(c, a, err);
+    }
+    c->decode_s = kl_now_s() - t0;
+    if (rc)
+        return rc;
+    if (c->logits_f) {
+        int bad = fclose(c->logits_f) != 0;
+        c->logits_f = NULL;
+        if (bad) {
+            kl_fail_sys(err, KL_E_IO, errno, "cannot write the logits file");
+            kl_err_context(err, a->logits_out, NULL, KL_NO_OFFSET, NULL);
+            return err->code;
+        }
+    }
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static double rate(size_t n, double s)
+{
+    return s > 0 ? (double)n / s : 0.0;
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), 0 if the bytes there are not one. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char b = s[0];
+    size_t len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
+                 : b >= 0xf0 && b <= 0xf4                ? 4
+                                                         : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t k = 1; k < len; k++)
+        if ((s[k] & 0xc0) != 0x80)
+            return 0;
+    if ((b == 0xe0 && s[1] < 0xa0) || (b == 0xed && s[1] > 0x9f) ||  /* overlong, surrogate */
+        (b == 0xf0 && s[1] < 0x90) || (b == 0xf4 && s[1] > 0x8f))    /* overlong, > U+10FFFF */
+        return 0;
+    return len;
+}
+
+/* text with every byte that is not part of valid UTF-8 replaced by U+FFFD, so the JSON stays
+ * valid UTF-8 (the streamed stdout text keeps the raw bytes).  kl_malloc'd; NULL on no memory. */
+static char *utf8_for_json(const char *text, size_t n)
+{
+    char *out = kl_malloc(n * 3 + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *s = (const unsigned char *)text;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_seq(s + i, n - i);
+        if (len) {
+            memcpy(out + o, s + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+static void print_json(const run_ctx *c, int ok, const kl_err *err)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
+    cJSON_AddStringToObject(j, "command", "run");
+    cJSON_AddBoolToObject(j, "ok", ok);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)c->n_prompt);
+    cJSON *ids = cJSON_AddArrayToObject(j, "generated_ids");
+    for (size_t i = 0; i < c->n_gen; i++)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)c->gen[i]));
+    char *text = utf8_for_json(c->text ? c->text : "", c->text_len);
+    cJSON_AddStringToObject(j, "text", text ? text : "");
+    kl_free(text);
+    cJSON_AddNumberToObject(j, "prefill_s", c->prefill_s);
+    cJSON_AddNumberToObject(j, "decode_s", c->decode_s);
+    cJSON_AddNumberToObject(j, "decode_tok_s", rate(c->n_decode, c->decode_s));
+    if (c->stop_reason)
+        cJSON_AddStringToObject(j, "stop_reason", c->stop_reason);
+    if (c->logits_f || c->n_rows)
+        cJSON_AddNumberToObject(j, "logits_rows", (double)c->n_rows);
+    if (!ok) {
+        char buf[1024];
+        cJSON_AddStringToObject(j, "error", kl_err_format(err, buf, sizeof buf));
+    }
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(j);
+}
+
+/* ---- command ------------------------------------------------------------------------------ */
+
+int cmd_run(int argc, char **argv)
+{
+    run_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc < 0)
+        return KL_EXIT_OK;
+    if (rc != KL_EXIT_OK)
+        return rc;
+    kl_err err;
+    kl_err_clear(&err);
+    run_ctx c;
+    memset(&c, 0, sizeof c);
+    int lrc = run(&a, &c, &err);
+    rc = lrc ? report(&err) : KL_EXIT_OK;
+    if (a.json)
+        print_json(&c, lrc == 0, &err);
+    if (fflush(stdout) != 0 && rc == KL_EXIT_OK) {
+        fprintf(stderr, "kl run: cannot write standard output: %s\n", strerror(errno));
+        rc = KL_EXIT_USAGE;
+    }
+    if (lrc == 0) {
+        /* a newline first: the streamed text does not end in one */
+        fprintf(stderr,
+                "%skl run: prompt %zu tokens in %.3f s (%.1f tok/s); %s %zu tokens, decode "
+                "%.3f s (%.2f tok/s)\n",
+                a.json ? "" : "\n", c.n_prompt, c.prefill_s, rate(c.n_prompt, c.prefill_s),
+                a.force_ids ? "forced" : "generated", a.force_ids ? c.n_force : c.n_gen,
+                c.decode_s, rate(c.n_decode, c.decode_s));
+        if (c.n_rows)
+            fprintf(stderr, "kl run: %zu logits rows of %u floats -> %s\n", c.n_rows,
+                    (unsigned)c.vocab, a.logits_out);
+    }
+    run_free(&c);
+    return rc;
+}

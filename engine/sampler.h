@@ -1,0 +1,75 @@
+/*
+ * engine/sampler.h — picks the next token from a row of logits: greedy, temperature, top-k,
+ * top-p (nucleus), min-p, with a seeded deterministic random stream (common/rng.h).
+ *
+ * Order of operations (kl_sampler_pick), on the logits of one position:
+ *   1. temperature: temperature == 0 (or top_k == 1) is greedy: the argmax, lowest id on ties,
+ *      and nothing below applies.  Otherwise z_i = logit_i / temperature.
+ *   2. candidates: every id with a non-NaN logit, ordered by z descending, id ascending on ties
+ *      (the order is only materialised when top-k or top-p needs it).
+ *   3. top-k (top_k > 0): keep the first top_k candidates.
+ *   4. top-p (top_p < 1): softmax over the kept candidates; keep the shortest prefix whose
+ *      probability mass reaches top_p (always at least one candidate).
+ *   5. min-p (min_p > 0): keep candidates with p >= min_p * p_max.  min-p is a ratio to the most
+ *      likely candidate, so it does not matter whether p is renormalised after steps 3-4.
+ *   6. sample: renormalise the kept probabilities and walk their cumulative sum in candidate
+ *      order to the first one that exceeds u * total, u uniform in [0, 1).
+ * Probabilities are computed in double: exp(z_i - z_max).  An id whose logit is -inf has
+ * probability 0 and is never sampled unless every logit is -inf (then the lowest such id).
+ *
+ * kl_sampler_pick is a pure function of (options, logits, u): the sampler only lends scratch
+ * memory.  kl_sampler_sample draws u from the sampler's stream (kl_rng_seed(seed, 0)), exactly
+ * one draw per call, greedy or not, so equal seeds and logits give equal ids on every machine.
+ *
+ * Errors: KL_E_USAGE (bad options: temperature < 0 or not finite, top_p outside (0, 1], min_p
+ * outside [0, 1], n_vocab == 0; every logit NaN), KL_E_NOMEM.
+ * Ownership: the sampler owns its scratch until kl_sampler_free (idempotent, safe on a zeroed
+ * struct); logits are borrowed for the call.  Thread safety: a sampler belongs to one thread.
+ */
+#ifndef KL_ENGINE_SAMPLER_H
+#define KL_ENGINE_SAMPLER_H
+
+#include "common/err.h"
+#include "common/rng.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kl_sampler_opts {
+    float    temperature;  /* 0 = greedy */
+    uint32_t top_k;        /* 0 = off */
+    float    top_p;        /* (0, 1]; 1 = off (0 in a zeroed struct is read as 1) */
+    float    min_p;        /* [0, 1]; 0 = off */
+    uint64_t seed;         /* stream of kl_sampler_sample */
+} kl_sampler_opts;
+
+/* One candidate of the filtered distribution (scratch). */
+typedef struct kl_sample_cand {
+    float    z;            /* logit / temperature */
+    uint32_t id;
+} kl_sample_cand;
+
+typedef struct kl_sampler {
+    kl_sampler_opts opts;
+    uint32_t        n_vocab;
+    kl_rng          rng;
+    kl_sample_cand *cand;  /* [n_vocab] candidates, scratch */
+    double         *p;     /* [n_vocab] unnormalised probabilities of cand, scratch */
+} kl_sampler;
+
+/* Validates o (NULL = greedy defaults) and allocates scratch for n_vocab logits. */
+int  kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, kl_err *err);
+
+/* Argmax of logits[0..n) (NaN skipped, lowest id on ties); 0 if n == 0 or all are NaN. */
+uint32_t kl_sample_argmax(const float *logits, uint32_t n);
+
+/* Picks from logits[n_vocab] with the uniform draw u in [0, 1) by the steps above; *id is
+ * written on success. */
+int  kl_sampler_pick(kl_sampler *s, const float *logits, double u, uint32_t *id, kl_err *err);
+
+/* kl_sampler_pick with the next draw of the sampler's stream. */
+int  kl_sampler_sample(kl_sampler *s, const float *logits, uint32_t *id, kl_err *err);
+
+void kl_sampler_free(kl_sampler *s);
+
+#endif
