@@ -1,7 +1,7 @@
 #!/bin/sh
 # `make demo`: install what is missing, build, then run the main job on an embedded default:
 # synthesize a tiny Kimi-Linear checkpoint, audit it (text, then JSON), convert it to MXFP4
-# experts and audit the result.
+# experts, audit the result and generate a reply with the CPU engine.
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/install-deps.sh
@@ -19,4 +19,7 @@ echo "== kl convert $out $out-mxfp4"
 build/kl convert "$out" "$out-mxfp4"
 echo "== kl audit $out-mxfp4"
 build/kl audit "$out-mxfp4"
+echo "== kl run $out-mxfp4 --chat \"Hello\" -n 16   (a random tiny model: the reply is noise)"
+build/kl run "$out-mxfp4" --chat "Hello" -n 16
+echo
 echo "demo: ok"
