@@ -19,9 +19,15 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);
+/* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: 1 and *val set (NULL when the value is
+ * missing), advancing *i past a separate value; 0 if argv[*i] is another option. */
+int kl_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val);
+/* Parses a finite float; 0 or -1. */
+int kl_cli_parse_float(const char *s, float *out);
 /* Parses a non-negative integer; 0 or -1. */
 int kl_cli_parse_u64(const char *s, unsigned long long *out);
 

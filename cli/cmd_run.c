@@ -4,12 +4,14 @@
  * Generated text on stdout (flushed per token) or one JSON object; timings on stderr.
  */
 #include "cli/cli.h"
+#include "common/utf8.h"
 
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/mem.h"
 #include "engine/chat.h"
 #include "engine/forward.h"
+#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -59,17 +61,17 @@ static const char run_usage[] =
     "bug.\n";
 
 typedef struct run_args {
-    const char      *model;        /* checkpoint directory */
-    const char      *prompt;       /* -p */
-    const char      *chat;         /* --chat */
-    const char      *ids;          /* --ids */
-    const char      *force_ids;    /* --force-ids */
-    const char      *logits_out;   /* --logits-out */
+    const char *model;      /* checkpoint directory */
+    const char *prompt;     /* -p */
+    const char *chat;       /* --chat */
+    const char *ids;        /* --ids */
+    const char *force_ids;  /* --force-ids */
+    const char *logits_out; /* --logits-out */
     unsigned long long n_predict;
-    kl_sampler_opts  samp;
-    unsigned         threads;      /* 0 = online CPUs */
+    kl_sampler_opts samp;
+    unsigned threads; /* 0 = online CPUs */
     kl_route_weights route;
-    int              json;
+    int json;
 } run_args;
 
 static int usage_error(const char *what, const char *arg)
@@ -91,36 +93,6 @@ static int report(const kl_err *err)
     case KL_E_BUG: return KL_EXIT_BUG;
     default: return KL_EXIT_USAGE;
     }
-}
-
-/* Matches "--name VALUE" and "--name=VALUE"; advances *i past the value (NULL if missing). */
-static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0)
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
-static int parse_float(const char *s, float *out)
-{
-    if (!s || !*s)
-        return -1;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v))
-        return -1;
-    *out = (float)v;
-    return 0;
 }
 
 /* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array; -1 on a bad number or
@@ -169,62 +141,62 @@ static int parse_one(int argc, char **argv, int *i, run_args *a, const char **de
     unsigned long long u;
     if (!strcmp(arg, "--json")) {
         a->json = 1;
-    } else if (opt_value(argc, argv, i, "-p", &v) || opt_value(argc, argv, i, "--prompt", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "-p", &v) ||
+               kl_cli_opt_value(argc, argv, i, "--prompt", &v)) {
         if (!v)
             return usage_error("-p wants a text", "");
         a->prompt = v;
-    } else if (opt_value(argc, argv, i, "--chat", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--chat", &v)) {
         if (!v)
             return usage_error("--chat wants a text", "");
         a->chat = v;
-    } else if (opt_value(argc, argv, i, "--ids", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--ids", &v)) {
         if (!v)
             return usage_error("--ids wants a list of ids", "");
         a->ids = v;
-    } else if (opt_value(argc, argv, i, "--force-ids", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--force-ids", &v)) {
         if (!v)
             return usage_error("--force-ids wants a list of ids", "");
         a->force_ids = v;
-    } else if (opt_value(argc, argv, i, "--logits-out", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--logits-out", &v)) {
         if (!v || !*v)
             return usage_error("--logits-out wants a file", "");
         a->logits_out = v;
-    } else if (opt_value(argc, argv, i, "-n", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "-n", &v)) {
         if (kl_cli_parse_u64(v, &a->n_predict))
             return usage_error("-n wants a count, not ", v ? v : "nothing");
-    } else if (opt_value(argc, argv, i, "--temp", &v)) {
-        if (parse_float(v, &a->samp.temperature) || a->samp.temperature < 0)
+    } else if (kl_cli_opt_value(argc, argv, i, "--temp", &v)) {
+        if (kl_cli_parse_float(v, &a->samp.temperature) || a->samp.temperature < 0)
             return usage_error("--temp wants a number >= 0, not ", v ? v : "nothing");
-    } else if (opt_value(argc, argv, i, "--top-p", &v)) {
-        if (parse_float(v, &a->samp.top_p) || !(a->samp.top_p > 0 && a->samp.top_p <= 1))
+    } else if (kl_cli_opt_value(argc, argv, i, "--top-p", &v)) {
+        if (kl_cli_parse_float(v, &a->samp.top_p) || !(a->samp.top_p > 0 && a->samp.top_p <= 1))
             return usage_error("--top-p wants a number in (0, 1], not ", v ? v : "nothing");
-    } else if (opt_value(argc, argv, i, "--min-p", &v)) {
-        if (parse_float(v, &a->samp.min_p) || !(a->samp.min_p >= 0 && a->samp.min_p <= 1))
+    } else if (kl_cli_opt_value(argc, argv, i, "--min-p", &v)) {
+        if (kl_cli_parse_float(v, &a->samp.min_p) || !(a->samp.min_p >= 0 && a->samp.min_p <= 1))
             return usage_error("--min-p wants a number in [0, 1], not ", v ? v : "nothing");
-    } else if (opt_value(argc, argv, i, "--top-k", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--top-k", &v)) {
         if (kl_cli_parse_u64(v, &u) || u > UINT32_MAX)
             return usage_error("--top-k wants a count, not ", v ? v : "nothing");
         a->samp.top_k = (uint32_t)u;
-    } else if (opt_value(argc, argv, i, "--seed", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--seed", &v)) {
         if (kl_cli_parse_u64(v, &u))
             return usage_error("--seed wants a non-negative integer, not ", v ? v : "nothing");
         a->samp.seed = u;
-    } else if (opt_value(argc, argv, i, "--threads", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--threads", &v)) {
         if (kl_cli_parse_u64(v, &u) || u == 0 || u > 4096)
             return usage_error("--threads wants a count in 1..4096, not ", v ? v : "nothing");
         a->threads = (unsigned)u;
-    } else if (opt_value(argc, argv, i, "--device", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--device", &v)) {
         if (!v || (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")))
             return usage_error("--device wants cpu, gpu or auto, not ", v ? v : "nothing");
         *device = v;
-    } else if (opt_value(argc, argv, i, "--route-weights", &v)) {
+    } else if (kl_cli_opt_value(argc, argv, i, "--route-weights", &v)) {
         if (v && !strcmp(v, "unbiased"))
             a->route = KL_ROUTE_UNBIASED;
         else if (v && !strcmp(v, "biased"))
             a->route = KL_ROUTE_BIASED;
         else
-            return usage_error("--route-weights wants unbiased or biased, not ",
-                               v ? v : "nothing");
+            return usage_error("--route-weights wants unbiased or biased, not ", v ? v : "nothing");
     } else if (arg[0] == '-' && arg[1]) {
         return usage_error("unknown option ", arg);
     } else if (a->model) {
@@ -269,31 +241,30 @@ static int parse_args(int argc, char **argv, run_args *a)
 /* Everything a run holds; released by run_free whatever was built. */
 typedef struct run_ctx {
     kl_tokenizer *tok;
-    kl_model     *m;
-    kl_state      st;
-    kl_sampler    samp;
-    kl_tok_stream stream;
-    uint32_t     *prompt;      /* [n_prompt] */
-    size_t        n_prompt;
-    uint32_t     *force;       /* [n_force] */
-    size_t        n_force;
-    uint32_t     *gen;         /* [n_predict] generated ids */
-    size_t        n_gen;
-    char         *text;        /* generated text (kl_malloc'd), text_len bytes */
-    size_t        text_len, text_cap;
-    float        *logits;      /* [vocab] fp32 */
-    uint8_t      *row;         /* [vocab * 4] little-endian logits row */
-    FILE         *logits_f;
-    uint32_t      vocab;
-    size_t        n_rows;      /* logits rows written */
-    double        prefill_s, decode_s;
-    size_t        n_decode;    /* tokens fed after the prompt */
-    const char   *stop_reason; /* "stop", "length" or "forced" */
+    kl_model *m;
+    kl_state st;
+    kl_sampler samp;
+    const run_args *args; /* for the generation callbacks */
+    uint32_t *prompt;     /* [n_prompt] */
+    size_t n_prompt;
+    uint32_t *force; /* [n_force] */
+    size_t n_force;
+    uint32_t *gen; /* [n_predict] generated ids */
+    size_t n_gen;
+    char *text; /* generated text (kl_malloc'd), text_len bytes */
+    size_t text_len, text_cap;
+    float *logits; /* [vocab] fp32 */
+    uint8_t *row;  /* [vocab * 4] little-endian logits row */
+    FILE *logits_f;
+    uint32_t vocab;
+    size_t n_rows; /* logits rows written */
+    double prefill_s, decode_s;
+    size_t n_decode;         /* tokens fed after the prompt */
+    const char *stop_reason; /* "stop", "length" or "forced" */
 } run_ctx;
 
 static void run_free(run_ctx *c)
 {
-    kl_tok_stream_free(&c->stream);
     kl_sampler_free(&c->samp);
     kl_state_free(&c->st);
     kl_model_close(c->m);
@@ -393,41 +364,37 @@ static int feed_one(run_ctx *c, const run_args *a, uint32_t id, kl_err *err)
     return write_row(c, a, err);
 }
 
-/* Sampling loop: up to n_predict ids, stopping at a stop id; each id but the last is fed. */
+static int emit_cb(void *user, const char *s, size_t n, kl_err *err)
+{
+    run_ctx *c = user;
+    return emit(c, c->args, s, n, err);
+}
+
+static int fed_cb(void *user, const float *logits, kl_err *err)
+{
+    run_ctx *c = user;
+    c->n_decode++;
+    return write_row(c, c->args, err);
+}
+
+/* Sampling loop (engine/generate.h): up to n_predict ids, stopping at a stop id. */
 static int generate(run_ctx *c, const run_args *a, kl_err *err)
 {
-    uint32_t stop[KL_CHAT_MAX_STOP];
-    size_t n_stop = 0;
-    int rc = kl_chat_stop_ids(c->tok, stop, &n_stop, err);
-    if (rc)
-        return rc;
-    if ((rc = kl_tok_stream_init(&c->stream, c->tok, 0, err)))
-        return rc;
-    c->stop_reason = "length";
-    for (size_t step = 0; step < a->n_predict; step++) {
-        uint32_t id;
-        if ((rc = kl_sampler_sample(&c->samp, c->logits, &id, err)))
-            return rc;
-        int is_stop = 0;
-        for (size_t k = 0; k < n_stop; k++)
-            is_stop |= id == stop[k];
-        if (is_stop) {
-            c->stop_reason = "stop";
-            break;
-        }
-        c->gen[c->n_gen++] = id;
-        const char *s;
-        size_t n;
-        if ((rc = kl_tok_stream_push(&c->stream, id, &s, &n, err)) ||
-            (rc = emit(c, a, s, n, err)))
-            return rc;
-        if (step + 1 < a->n_predict && (rc = feed_one(c, a, id, err)))
-            return rc;
-    }
-    const char *s;
-    size_t n;
-    kl_tok_stream_flush(&c->stream, &s, &n);
-    return emit(c, a, s, n, err);
+    kl_gen g = {.m = c->m,
+                .st = &c->st,
+                .samp = &c->samp,
+                .tok = c->tok,
+                .logits = c->logits,
+                .n_predict = (size_t)a->n_predict,
+                .ids = c->gen,
+                .emit = emit_cb,
+                .on_fed = fed_cb,
+                .user = c};
+    c->args = a;
+    int rc = kl_generate(&g, err);
+    c->n_gen = g.n_ids;
+    c->stop_reason = g.stopped ? "stop" : "length";
+    return rc;
 }
 
 /* Loads everything, runs the prompt, then generation or teacher forcing. */
@@ -512,49 +479,6 @@ static double rate(size_t n, double s)
     return s > 0 ? (double)n / s : 0.0;
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n), 0 if the bytes there are not one. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char b = s[0];
-    size_t len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
-                 : b >= 0xf0 && b <= 0xf4                ? 4
-                                                         : 0;
-    if (len == 0 || len > n)
-        return 0;
-    for (size_t k = 1; k < len; k++)
-        if ((s[k] & 0xc0) != 0x80)
-            return 0;
-    if ((b == 0xe0 && s[1] < 0xa0) || (b == 0xed && s[1] > 0x9f) ||  /* overlong, surrogate */
-        (b == 0xf0 && s[1] < 0x90) || (b == 0xf4 && s[1] > 0x8f))    /* overlong, > U+10FFFF */
-        return 0;
-    return len;
-}
-
-/* text with every byte that is not part of valid UTF-8 replaced by U+FFFD, so the JSON stays
- * valid UTF-8 (the streamed stdout text keeps the raw bytes).  kl_malloc'd; NULL on no memory. */
-static char *utf8_for_json(const char *text, size_t n)
-{
-    char *out = kl_malloc(n * 3 + 1);
-    if (!out)
-        return NULL;
-    const unsigned char *s = (const unsigned char *)text;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t len = utf8_seq(s + i, n - i);
-        if (len) {
-            memcpy(out + o, s + i, len);
-            o += len;
-            i += len;
-        } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    out[o] = 0;
-    return out;
-}
-
 static void print_json(const run_ctx *c, int ok, const kl_err *err)
 {
     cJSON *j = cJSON_CreateObject();
@@ -565,7 +489,7 @@ static void print_json(const run_ctx *c, int ok, const kl_err *err)
     cJSON *ids = cJSON_AddArrayToObject(j, "generated_ids");
     for (size_t i = 0; i < c->n_gen; i++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)c->gen[i]));
-    char *text = utf8_for_json(c->text ? c->text : "", c->text_len);
+    char *text = kl_utf8_sanitize(c->text ? c->text : "", c->text_len);
     cJSON_AddStringToObject(j, "text", text ? text : "");
     kl_free(text);
     cJSON_AddNumberToObject(j, "prefill_s", c->prefill_s);
@@ -614,8 +538,8 @@ int cmd_run(int argc, char **argv)
                 "%skl run: prompt %zu tokens in %.3f s (%.1f tok/s); %s %zu tokens, decode "
                 "%.3f s (%.2f tok/s)\n",
                 a.json ? "" : "\n", c.n_prompt, c.prefill_s, rate(c.n_prompt, c.prefill_s),
-                a.force_ids ? "forced" : "generated", a.force_ids ? c.n_force : c.n_gen,
-                c.decode_s, rate(c.n_decode, c.decode_s));
+                a.force_ids ? "forced" : "generated", a.force_ids ? c.n_force : c.n_gen, c.decode_s,
+                rate(c.n_decode, c.decode_s));
         if (c.n_rows)
             fprintf(stderr, "kl run: %zu logits rows of %u floats -> %s\n", c.n_rows,
                     (unsigned)c.vocab, a.logits_out);

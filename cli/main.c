@@ -23,6 +23,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "text -> token ids with a checkpoint's tokenizer"},
     {"detokenize", cmd_detokenize, "token ids -> text with a checkpoint's tokenizer"},
     {"run", cmd_run, "generate from a prompt on the CPU (or teacher-force and dump logits)"},
+    {"chat", cmd_chat, "interactive multi-turn chat on the CPU, reusing the shared prefix"},
 };
 
 static void usage(FILE *out)

@@ -453,6 +453,34 @@ static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
     return 0;
 }
 
+int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
+{
+    if (dst == src)
+        return 0;
+    if (!dst->m || dst->m != src->m)
+        return kl_fail(err, KL_E_USAGE, "state copy between states of different models");
+    dims d;
+    get_dims(src->m, &d);
+    int rc = reserve_mla(dst, &d, src->pos, err);
+    if (rc)
+        return rc;
+    size_t conv_n = d.kD * (d.kw > 1 ? d.kw - 1 : 1);
+    for (uint32_t l = 0; l < src->m->cfg.num_hidden_layers; l++) {
+        if (src->kda[l].S) {
+            for (int k = 0; k < 3; k++)
+                memcpy(dst->kda[l].conv[k], src->kda[l].conv[k], conv_n * sizeof(float));
+            memcpy(dst->kda[l].S, src->kda[l].S, d.kh * d.kd * d.kd * sizeof(float));
+        }
+        /* MLA rows beyond n are never read, so only the held tokens travel */
+        size_t n = src->mla[l].n;
+        if (n)
+            memcpy(dst->mla[l].c, src->mla[l].c, n * (d.R + d.dr) * sizeof(float));
+        dst->mla[l].n = n;
+    }
+    dst->pos = src->pos;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Forward                                                                                    */
 

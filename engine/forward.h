@@ -54,6 +54,13 @@ int  kl_state_init(kl_state *s, const kl_model *m, kl_err *err);
 void kl_state_free(kl_state *s);
 /* Back to an empty sequence: zero conv windows and recurrent states, empty MLA caches. */
 void kl_state_reset(kl_state *s);
+/* Makes dst the same sequence as src (conv windows, recurrent states, MLA caches, position):
+ * a snapshot, or a restore of one.  Both must be initialised for the same model; dst's MLA
+ * caches grow as needed and src is not modified.  Feeding the same ids to dst afterwards gives
+ * bit-identical logits to feeding them to src (kl chat's prefix reuse, architecture.md).
+ * KL_E_USAGE (different models), KL_E_NOMEM (MLA cache growth fails before anything is copied:
+ * dst still holds its old sequence). */
+int  kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err);
 
 /* Feeds ids[0..n) after the tokens already in s; writes the logits after the last one into
  * logits_last[vocab] (may be NULL).  On error the state is unspecified: reset it. */

@@ -1,0 +1,343 @@
+/*
+ * tests/test_generate.c — state snapshots (kl_state_copy), the shared sampling loop
+ * (kl_generate) and `kl chat`'s prefix reuse.
+ *
+ * Engine (on a tiny synthetic checkpoint): a second chat turn fed from the snapshot taken at the
+ * end of the first prompt gives the same logits (≤ 1e-5 relative L2; in practice bit-identical)
+ * as a fresh state fed the whole rendered conversation, even after the live state went on
+ * generating; continuing the live state after kl_generate matches a fresh prefill of the same
+ * ids.  CLI (through $KL_BIN): `kl chat` with two lines on stdin exits 0, prints two replies
+ * and reports reused tokens on turn 2; bad flags exit 2.
+ */
+#include "common/err.h"
+#include "common/mem.h"
+#include "convert/synth.h"
+#include "engine/chat.h"
+#include "engine/forward.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <sys/wait.h>
+
+static char g_root[512], g_model[600];
+static const char *g_kl;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fixture and helpers                                                                         */
+
+static void setup_model(void)
+{
+    g_kl = getenv("KL_BIN");
+    t_mkdtemp(g_root, sizeof g_root);
+    snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
+    kl_err err;
+    kl_err_clear(&err);
+    kl_synth_opts o = {0};
+    o.out_dir = g_model;
+    o.preset = "tiny";
+    o.seed = 5;
+    o.buffered = 1;
+    o.threads = 2;
+    int rc = kl_synth_write(&o, &err);
+    ck_assert_msg(rc == 0, "kl_synth_write(%s): expected 0, got %d (%s)", g_model, rc,
+                  t_fmt_err(&err));
+}
+
+static void teardown_model(void)
+{
+    if (g_root[0])
+        t_rmrf(g_root);
+}
+
+/* The model and tokenizer of the fixture, opened per test. */
+typedef struct eng {
+    kl_model     *m;
+    kl_tokenizer *tok;
+    uint32_t      vocab;
+} eng;
+
+static void eng_open(eng *e)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model_opts mo = {.threads = 2};
+    int rc = kl_tok_open(g_model, &e->tok, &err);
+    ck_assert_msg(rc == 0, "kl_tok_open: %s", t_fmt_err(&err));
+    rc = kl_model_open(&e->m, g_model, &mo, &err);
+    ck_assert_msg(rc == 0, "kl_model_open: %s", t_fmt_err(&err));
+    e->vocab = e->m->cfg.vocab_size;
+}
+
+static void eng_close(eng *e)
+{
+    kl_model_close(e->m);
+    kl_tok_close(e->tok);
+}
+
+/* Renders msgs[0..n) with the generation prompt and encodes it; *ids kl_malloc'd. */
+static size_t render_ids(const eng *e, const kl_chat_msg *msgs, size_t n, uint32_t **ids)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    char *text = NULL;
+    size_t n_ids = 0;
+    int rc = kl_chat_render(msgs, n, NULL, 1, &text, &err);
+    ck_assert_msg(rc == 0, "kl_chat_render: %s", t_fmt_err(&err));
+    rc = kl_tok_encode(e->tok, text, strlen(text), ids, &n_ids, &err);
+    ck_assert_msg(rc == 0, "kl_tok_encode(\"%s\"): %s", text, t_fmt_err(&err));
+    kl_free(text);
+    return n_ids;
+}
+
+/* Feeds ids[0..n) to s; logits after the last into out (may be NULL). */
+static void feed(eng *e, kl_state *s, const uint32_t *ids, size_t n, float *out)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    int32_t *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (int32_t)ids[i];
+    int rc = kl_forward(e->m, s, x, n, out, &err);
+    free(x);
+    ck_assert_msg(rc == 0, "kl_forward of %zu ids: %s", n, t_fmt_err(&err));
+}
+
+/* ||a - b|| / ||b|| over n floats. */
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static void state_init(eng *e, kl_state *s)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_state_init(s, e->m, &err);
+    ck_assert_msg(rc == 0, "kl_state_init: %s", t_fmt_err(&err));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Engine                                                                                      */
+
+START_TEST(resumed_turn_from_snapshot_matches_fresh_prefill)
+{
+    eng e;
+    eng_open(&e);
+    kl_err err;
+    kl_err_clear(&err);
+    kl_chat_msg conv[4] = {
+        {.role = "system", .content = "You are terse."},
+        {.role = "user", .content = "What is the capital of France?"},
+        {.role = "assistant", .content = "Paris."},
+        {.role = "user", .content = "And of Italy?"},
+    };
+    uint32_t *t1, *t2;
+    size_t n1 = render_ids(&e, conv, 2, &t1), n2 = render_ids(&e, conv, 4, &t2);
+    ck_assert_msg(n1 > 0 && n2 > n1 && !memcmp(t1, t2, n1 * sizeof *t1),
+                  "turn 2's ids (%zu) must extend turn 1's (%zu)", n2, n1);
+
+    kl_state live, snap, fresh;
+    state_init(&e, &live);
+    state_init(&e, &snap);
+    state_init(&e, &fresh);
+    float *lg = calloc(e.vocab, sizeof *lg), *resumed = calloc(e.vocab, sizeof *resumed);
+    float *ref = calloc(e.vocab, sizeof *ref);
+    feed(&e, &live, t1, n1, lg);
+    int rc = kl_state_copy(&snap, &live, &err);
+    ck_assert_msg(rc == 0, "kl_state_copy (snapshot): %s", t_fmt_err(&err));
+    ck_assert_msg(snap.pos == n1, "snapshot position: expected %zu, got %zu", n1, snap.pos);
+
+    /* the live state moves on (a reply of other ids), then is restored from the snapshot */
+    feed(&e, &live, t2 + n1, n2 - n1, NULL);
+    feed(&e, &live, t1, n1, NULL);
+    rc = kl_state_copy(&live, &snap, &err);
+    ck_assert_msg(rc == 0, "kl_state_copy (restore): %s", t_fmt_err(&err));
+    feed(&e, &live, t2 + n1, n2 - n1, resumed);
+    feed(&e, &fresh, t2, n2, ref);
+
+    double rel = rel_l2(resumed, ref, e.vocab);
+    ck_assert_msg(rel <= 1e-5, "resumed vs fresh logits (%zu + %zu ids): expected rel L2 <= 1e-5, "
+                  "got %g", n1, n2 - n1, rel);
+    ck_assert_msg(!memcmp(resumed, ref, e.vocab * sizeof *ref),
+                  "resumed vs fresh logits: expected bit-identical (rel L2 %g)", rel);
+
+    free(lg);
+    free(resumed);
+    free(ref);
+    kl_free(t1);
+    kl_free(t2);
+    kl_state_free(&live);
+    kl_state_free(&snap);
+    kl_state_free(&fresh);
+    eng_close(&e);
+}
+END_TEST
+
+START_TEST(live_state_after_generate_matches_fresh_prefill)
+{
+    eng e;
+    eng_open(&e);
+    kl_err err;
+    kl_err_clear(&err);
+    kl_chat_msg msg = {.role = "user", .content = "Count to five."};
+    uint32_t *t1;
+    size_t n1 = render_ids(&e, &msg, 1, &t1);
+
+    kl_state live, fresh;
+    state_init(&e, &live);
+    state_init(&e, &fresh);
+    kl_sampler samp;
+    kl_sampler_opts so = {.top_p = 1};
+    ck_assert(kl_sampler_init(&samp, e.vocab, &so, &err) == 0);
+    float *lg = calloc(e.vocab, sizeof *lg), *ref = calloc(e.vocab, sizeof *ref);
+    uint32_t gen[8];
+    feed(&e, &live, t1, n1, lg);
+    kl_gen g = {.m = e.m, .st = &live, .samp = &samp, .tok = e.tok, .logits = lg,
+                .n_predict = 8, .ids = gen};
+    int rc = kl_generate(&g, &err);
+    ck_assert_msg(rc == 0, "kl_generate: %s", t_fmt_err(&err));
+    ck_assert_msg(g.n_ids <= 8 && (g.n_fed == g.n_ids || g.n_fed + 1 == g.n_ids),
+                  "kl_generate: %zu ids, %zu fed (n_predict 8, stopped %d)", g.n_ids, g.n_fed,
+                  g.stopped);
+    ck_assert_msg(live.pos == n1 + g.n_fed, "live position: expected %zu, got %zu",
+                  n1 + g.n_fed, live.pos);
+
+    /* the next prompt extends prompt + fed ids: only the tail is new */
+    uint32_t tail[3] = {7, 11, 13};
+    size_t n_all = n1 + g.n_fed + 3;
+    uint32_t *all = malloc(n_all * sizeof *all);
+    memcpy(all, t1, n1 * sizeof *all);
+    memcpy(all + n1, gen, g.n_fed * sizeof *all);
+    memcpy(all + n1 + g.n_fed, tail, sizeof tail);
+    feed(&e, &live, tail, 3, lg);
+    feed(&e, &fresh, all, n_all, ref);
+    double rel = rel_l2(lg, ref, e.vocab);
+    ck_assert_msg(rel <= 1e-5, "live continuation vs fresh (%zu ids): expected rel L2 <= 1e-5, "
+                  "got %g", n_all, rel);
+
+    free(all);
+    free(lg);
+    free(ref);
+    kl_free(t1);
+    kl_sampler_free(&samp);
+    kl_state_free(&live);
+    kl_state_free(&fresh);
+    eng_close(&e);
+}
+END_TEST
+
+START_TEST(state_copy_onto_itself_is_a_no_op)
+{
+    eng e;
+    eng_open(&e);
+    kl_err err;
+    kl_err_clear(&err);
+    kl_state s;
+    state_init(&e, &s);
+    uint32_t ids[2] = {3, 4};
+    feed(&e, &s, ids, 2, NULL);
+    ck_assert_msg(kl_state_copy(&s, &s, &err) == 0 && s.pos == 2,
+                  "copy onto itself: expected 0 and pos 2, got pos %zu", s.pos);
+    kl_state_free(&s);
+    eng_close(&e);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* CLI                                                                                         */
+
+/* Runs `printf INPUT | $KL_BIN chat MODEL args`, stdout/stderr into g_root/out, g_root/err. */
+static int kl_chat(const char *input, const char *args)
+{
+    ck_assert_msg(g_kl && *g_kl, "KL_BIN must name the kl binary under test");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "printf '%s' | '%s' chat '%s' %s > '%s/out' 2> '%s/err'", input,
+             g_kl, g_model, args, g_root, g_root);
+    int st = system(cmd);
+    ck_assert_msg(st != -1 && WIFEXITED(st), "`%s` did not exit normally", cmd);
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *name)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", g_root, name);
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+START_TEST(chat_two_turns_exit_0_and_reuse_the_prefix)
+{
+    int rc = kl_chat("hello there\\nand once more\\n", "-n 6 --threads 2 --system 'be brief'");
+    char *err = slurp("err"), *out = slurp("out");
+    ck_assert_msg(rc == 0, "kl chat: expected exit 0, got %d; stderr: %s", rc, err);
+    size_t lines = 0;
+    for (const char *p = out; *p; p++)
+        lines += *p == '\n';
+    ck_assert_msg(lines >= 2, "stdout: expected two replies (newline-terminated), got %zu: %s",
+                  lines, out);
+    const char *t1 = strstr(err, "in: "), *t2 = t1 ? strstr(t1 + 4, "in: ") : NULL;
+    ck_assert_msg(t1 && t2, "stderr: expected an \"in: R + N\" line per turn, got: %s", err);
+    unsigned long r1, n1, r2, n2;
+    ck_assert_msg(sscanf(t1, "in: %lu + %lu", &r1, &n1) == 2 &&
+                      sscanf(t2, "in: %lu + %lu", &r2, &n2) == 2,
+                  "stderr: unparsable counts: %s", err);
+    ck_assert_msg(r1 == 0 && n1 > 0, "turn 1: expected 0 + N>0, got %lu + %lu", r1, n1);
+    ck_assert_msg(r2 >= n1 && n2 > 0, "turn 2: expected >= %lu reused and new ids, got %lu + %lu",
+                  n1, r2, n2);
+    free(err);
+    free(out);
+}
+END_TEST
+
+START_TEST(chat_bad_flags_exit_2)
+{
+    const char *bad[] = {"--temp -1", "--top-p 0", "-n x", "--bogus", "--threads 0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = kl_chat("hi\\n", bad[i]);
+        ck_assert_msg(rc == 2, "kl chat %s: expected exit 2, got %d", bad[i], rc);
+    }
+}
+END_TEST
+
+static Suite *generate_suite(void)
+{
+    Suite *s = suite_create("generate");
+    TCase *tc = tcase_create("engine");
+    tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, resumed_turn_from_snapshot_matches_fresh_prefill);
+    tcase_add_test(tc, live_state_after_generate_matches_fresh_prefill);
+    tcase_add_test(tc, state_copy_onto_itself_is_a_no_op);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cli");
+    tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, chat_two_turns_exit_0_and_reuse_the_prefix);
+    tcase_add_test(tc, chat_bad_flags_exit_2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return t_run_suite(generate_suite());
+}
