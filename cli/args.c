@@ -1,6 +1,8 @@
 /* cli/args.c — argument helpers shared by the subcommands (see cli.h). */
 #include "cli/cli.h"
 
+#include "common/mem.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -76,5 +78,39 @@ int kl_cli_parse_float(const char *s, float *out)
     if (errno || *end || !isfinite(v))
         return -1;
     *out = (float)v;
+    return 0;
+}
+
+int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',' || isspace((unsigned char)*p);
+    uint32_t *ids = kl_malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    size_t k = 0;
+    for (const char *p = s;;) {
+        while (*p == ',' || isspace((unsigned char)*p))
+            p++;
+        if (!*p)
+            break;
+        errno = 0;
+        char *end;
+        unsigned long long v = isdigit((unsigned char)*p) ? strtoull(p, &end, 10) : 0;
+        if (!isdigit((unsigned char)*p) || errno || v > max ||
+            (*end && *end != ',' && !isspace((unsigned char)*end))) {
+            kl_free(ids);
+            return -1;
+        }
+        ids[k++] = (uint32_t)v;
+        p = end;
+    }
+    if (!k) {
+        kl_free(ids);
+        ids = NULL;
+    }
+    *out = ids;
+    *n = k;
     return 0;
 }

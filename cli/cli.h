@@ -7,6 +7,9 @@
 #ifndef KL_CLI_CLI_H
 #define KL_CLI_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #define KL_VERSION "0.1.0"
 
 enum { KL_EXIT_OK = 0, KL_EXIT_PROBLEMS = 1, KL_EXIT_USAGE = 2, KL_EXIT_BUG = 3 };
@@ -26,6 +29,9 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out);
 /* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: 1 and *val set (NULL when the value is
  * missing), advancing *i past a separate value; 0 if argv[*i] is another option. */
 int kl_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val);
+/* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array of ids <= max; -1 on a
+ * bad or too large number or no memory.  An empty list gives *n = 0 and *out = NULL. */
+int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n);
 /* Parses a finite float; 0 or -1. */
 int kl_cli_parse_float(const char *s, float *out);
 /* Parses a non-negative integer; 0 or -1. */

@@ -33,8 +33,8 @@ static const char usage_text[] =
     "Example: kl audit ~/models/Kimi-Linear-48B-A3B-Instruct --tp 2 --context 1048576\n";
 
 typedef struct audit_args {
-    const char   *dir;
-    int           json, verbose, quiet;
+    const char *dir;
+    int json, verbose, quiet;
     kl_audit_opts opts;
 } audit_args;
 

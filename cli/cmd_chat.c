@@ -9,6 +9,7 @@
  * assistant turn of the next rendering.  "in: REUSED + NEW" per turn goes to stderr.
  */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "common/utf8.h"
 
 #include "common/err.h"
@@ -55,10 +56,7 @@ static const char chat_usage[] =
 typedef struct chat_args {
     const char *model;  /* checkpoint directory */
     const char *system; /* --system */
-    unsigned long long n_predict;
-    kl_sampler_opts samp;
-    unsigned threads; /* 0 = online CPUs */
-    kl_route_weights route;
+    kl_gen_flags gen;   /* -n, sampling, --threads, --route-weights */
 } chat_args;
 
 static int usage_error(const char *what, const char *arg)
@@ -83,43 +81,15 @@ static int report(const kl_err *err)
 /* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
 static int parse_one(int argc, char **argv, int *i, chat_args *a)
 {
-    const char *arg = argv[*i], *v = NULL;
-    unsigned long long u;
+    const char *arg = argv[*i], *v = NULL, *why = NULL, *bad = NULL;
+    int g;
     if (kl_cli_opt_value(argc, argv, i, "--system", &v)) {
         if (!v)
             return usage_error("--system wants a text", "");
         a->system = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "-n", &v)) {
-        if (kl_cli_parse_u64(v, &a->n_predict) || a->n_predict > ((size_t)-1) / 8)
-            return usage_error("-n wants a count, not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--temp", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.temperature) || a->samp.temperature < 0)
-            return usage_error("--temp wants a number >= 0, not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--top-p", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.top_p) || !(a->samp.top_p > 0 && a->samp.top_p <= 1))
-            return usage_error("--top-p wants a number in (0, 1], not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--min-p", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.min_p) || !(a->samp.min_p >= 0 && a->samp.min_p <= 1))
-            return usage_error("--min-p wants a number in [0, 1], not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--top-k", &v)) {
-        if (kl_cli_parse_u64(v, &u) || u > UINT32_MAX)
-            return usage_error("--top-k wants a count, not ", v ? v : "nothing");
-        a->samp.top_k = (uint32_t)u;
-    } else if (kl_cli_opt_value(argc, argv, i, "--seed", &v)) {
-        if (kl_cli_parse_u64(v, &u))
-            return usage_error("--seed wants a non-negative integer, not ", v ? v : "nothing");
-        a->samp.seed = u;
-    } else if (kl_cli_opt_value(argc, argv, i, "--threads", &v)) {
-        if (kl_cli_parse_u64(v, &u) || u == 0 || u > 4096)
-            return usage_error("--threads wants a count in 1..4096, not ", v ? v : "nothing");
-        a->threads = (unsigned)u;
-    } else if (kl_cli_opt_value(argc, argv, i, "--route-weights", &v)) {
-        if (v && !strcmp(v, "unbiased"))
-            a->route = KL_ROUTE_UNBIASED;
-        else if (v && !strcmp(v, "biased"))
-            a->route = KL_ROUTE_BIASED;
-        else
-            return usage_error("--route-weights wants unbiased or biased, not ", v ? v : "nothing");
+    } else if ((g = kl_gen_flag(argc, argv, i, &a->gen, &why, &bad)) != 0) {
+        if (g < 0)
+            return usage_error(why, bad);
     } else if (arg[0] == '-' && arg[1]) {
         return usage_error("unknown option ", arg);
     } else if (a->model) {
@@ -134,8 +104,8 @@ static int parse_one(int argc, char **argv, int *i, chat_args *a)
 static int parse_args(int argc, char **argv, chat_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->n_predict = 512;
-    a->samp.top_p = 1;
+    a->gen.n_predict = 512;
+    a->gen.samp.top_p = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(chat_usage, stdout);
@@ -340,7 +310,7 @@ static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
                 .samp = &c->samp,
                 .tok = c->tok,
                 .logits = c->logits,
-                .n_predict = (size_t)a->n_predict,
+                .n_predict = (size_t)a->gen.n_predict,
                 .ids = c->gen,
                 .emit = emit_cb,
                 .user = c};
@@ -371,16 +341,16 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
     int rc;
     if ((rc = kl_tok_open(a->model, &c->tok, err)))
         return rc;
-    kl_model_opts mo = {.threads = a->threads, .route_weights = a->route};
+    kl_model_opts mo = {.threads = a->gen.threads, .route_weights = a->gen.route};
     if ((rc = kl_model_open(&c->m, a->model, &mo, err)))
         return rc;
     uint32_t vocab = c->m->cfg.vocab_size;
     c->logits = kl_calloc(vocab, sizeof *c->logits);
-    c->gen = kl_calloc(a->n_predict ? (size_t)a->n_predict : 1, sizeof *c->gen);
+    c->gen = kl_calloc(a->gen.n_predict ? (size_t)a->gen.n_predict : 1, sizeof *c->gen);
     if (!c->logits || !c->gen)
         return kl_fail(err, KL_E_NOMEM, "buffers for a vocabulary of %u", (unsigned)vocab);
     if ((rc = kl_state_init(&c->live, c->m, err)) || (rc = kl_state_init(&c->snap, c->m, err)) ||
-        (rc = kl_sampler_init(&c->samp, vocab, &a->samp, err)))
+        (rc = kl_sampler_init(&c->samp, vocab, &a->gen.samp, err)))
         return rc;
     if (a->system && (rc = add_msg(c, "system", a->system, err)))
         return rc;

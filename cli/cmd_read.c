@@ -49,23 +49,22 @@ static const char usage_text[] =
     "\n"
     "Exit status: 0 ok, 2 usage or I/O error.\n";
 
-#define DEFAULT_QD 32u                     /* O_DIRECT: deep queue of 8 MiB chunks */
-#define BUFFERED_CHUNK ((size_t)2 << 20)   /* --buffered: small chunks, see read_all */
-#define MAX_BATCH 64u                      /* files open at once, see batch_files */
+#define DEFAULT_QD     32u               /* O_DIRECT: deep queue of 8 MiB chunks */
+#define BUFFERED_CHUNK ((size_t)2 << 20) /* --buffered: small chunks, see read_all */
+#define MAX_BATCH      64u               /* files open at once, see batch_files */
 
 typedef struct read_args {
-    const char   **paths;       /* [n_paths] borrowed from argv */
-    size_t         n_paths;
-    kl_reader_opts ro;          /* zero fields take the defaults */
-    unsigned       threads;     /* --threads, 0 if not given */
-    int            hash, json, ceiling;
+    const char **paths; /* [n_paths] borrowed from argv */
+    size_t n_paths;
+    kl_reader_opts ro; /* zero fields take the defaults */
+    unsigned threads;  /* --threads, 0 if not given */
+    int hash, json, ceiling;
 } read_args;
 
 typedef struct file_list {
-    char  **paths;              /* [n] kl_malloc'd */
-    size_t  n, cap;
+    char **paths; /* [n] kl_malloc'd */
+    size_t n, cap;
 } file_list;
-
 
 /* ---- arguments ----------------------------------------------------------------------------- */
 
@@ -75,23 +74,6 @@ static int usage_error(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n\n%s", usage_text);
     return KL_EXIT_USAGE;
-}
-
-/* Matches "--name VALUE" and "--name=VALUE"; advances *i past the value. */
-static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0)
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
 }
 
 /* 0 ok, -1 help printed (exit 0), or an exit status. */
@@ -118,24 +100,23 @@ static int parse_args(int argc, char **argv, read_args *a)
             a->json = 1;
         } else if (!strcmp(arg, "--ceiling")) {
             a->ceiling = 1;
-        } else if (opt_value(argc, argv, &i, "--io", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--io", &v)) {
             int b = kl_io_backend_parse(v);
             if (b < 0)
                 return usage_error("--io wants uring, aio, pread or auto, not '%s'", v ? v : "");
             a->ro.backend = (kl_io_backend)b;
-        } else if (opt_value(argc, argv, &i, "--queue-depth", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--queue-depth", &v)) {
             if (kl_cli_parse_u64(v, &num) || num < 1 || num > 4096)
                 return usage_error("--queue-depth wants a number from 1 to 4096, not '%s'",
                                    v ? v : "");
             a->ro.queue_depth = (unsigned)num;
-        } else if (opt_value(argc, argv, &i, "--chunk", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--chunk", &v)) {
             if (kl_cli_parse_bytes(v, &num) || num < 4096 || num > (1ull << 30))
                 return usage_error("--chunk wants a size from 4K to 1G, not '%s'", v ? v : "");
             a->ro.buf_bytes = (size_t)num;
-        } else if (opt_value(argc, argv, &i, "--threads", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--threads", &v)) {
             if (kl_cli_parse_u64(v, &num) || num < 1 || num > 1024)
-                return usage_error("--threads wants a number from 1 to 1024, not '%s'",
-                                   v ? v : "");
+                return usage_error("--threads wants a number from 1 to 1024, not '%s'", v ? v : "");
             a->threads = (unsigned)num;
         } else {
             return usage_error("unknown option '%s'", arg);
@@ -207,7 +188,7 @@ static int collect(file_list *l, const char *path, kl_err *err)
 
 typedef struct read_progress {
     kl_progress line;
-    uint64_t    bytes;
+    uint64_t bytes;
 } read_progress;
 
 static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
@@ -228,12 +209,12 @@ static void on_hash_progress(void *ctx, uint64_t bytes_done)
 /* ---- the two modes ------------------------------------------------------------------------- */
 
 typedef struct read_result {
-    kl_io_backend      backend;
-    int                direct;
-    uint64_t           bytes;
-    double             elapsed_s;
-    int                has_ceiling;
-    kl_membench_result ceiling;   /* valid when has_ceiling */
+    kl_io_backend backend;
+    int direct;
+    uint64_t bytes;
+    double elapsed_s;
+    int has_ceiling;
+    kl_membench_result ceiling; /* valid when has_ceiling */
 } read_result;
 
 /* Files open at once in read_all: at most MAX_BATCH and a quarter of RLIMIT_NOFILE, so a
@@ -242,8 +223,7 @@ static size_t batch_files(void)
 {
     size_t b = MAX_BATCH;
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur / 4 < b)
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < b)
         b = (size_t)(rl.rlim_cur / 4);
     return b ? b : 1;
 }
@@ -284,8 +264,8 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
                 rc = idx;
                 break;
             }
-            ext[added] = (kl_extent){.file = (uint32_t)idx, .off = 0,
-                                     .len = kl_reader_file_size(r, (uint32_t)idx)};
+            ext[added] = (kl_extent){
+                .file = (uint32_t)idx, .off = 0, .len = kl_reader_file_size(r, (uint32_t)idx)};
         }
         if (!rc)
             rc = kl_reader_run(r, ext, n, on_chunk, &pr, err);
@@ -375,7 +355,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
         for (size_t i = 0; files && i < l->n; i++) {
             char hex[65];
             kl_sha256_hex(files[i].sha256, hex);
-            printf("%s  %s\n", hex, files[i].path);  /* the sha256sum line format */
+            printf("%s  %s\n", hex, files[i].path); /* the sha256sum line format */
         }
         printf("%zu file%s, %llu bytes in %.3f s: %.3f GB/s (backend %s, direct %s)\n", l->n,
                l->n == 1 ? "" : "s", (unsigned long long)res->bytes, res->elapsed_s, gbps(res),

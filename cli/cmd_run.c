@@ -4,6 +4,7 @@
  * Generated text on stdout (flushed per token) or one JSON object; timings on stderr.
  */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "common/utf8.h"
 
 #include "common/clock.h"
@@ -67,10 +68,7 @@ typedef struct run_args {
     const char *ids;        /* --ids */
     const char *force_ids;  /* --force-ids */
     const char *logits_out; /* --logits-out */
-    unsigned long long n_predict;
-    kl_sampler_opts samp;
-    unsigned threads; /* 0 = online CPUs */
-    kl_route_weights route;
+    kl_gen_flags gen;       /* -n, sampling, --threads, --route-weights */
     int json;
 } run_args;
 
@@ -95,50 +93,11 @@ static int report(const kl_err *err)
     }
 }
 
-/* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array; -1 on a bad number or
- * no memory.  An empty list gives *n = 0 and *out = NULL. */
-static int parse_ids(const char *s, uint32_t **out, size_t *n)
-{
-    size_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',' || isspace((unsigned char)*p);
-    uint32_t *ids = kl_malloc(cap * sizeof *ids);
-    if (!ids)
-        return -1;
-    size_t k = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || isspace((unsigned char)*p))
-            p++;
-        if (!*p)
-            break;
-        if (!isdigit((unsigned char)*p))
-            goto bad;
-        errno = 0;
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || v > INT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end)))
-            goto bad;
-        ids[k++] = (uint32_t)v;
-        p = end;
-    }
-    if (k == 0) {
-        kl_free(ids);
-        ids = NULL;
-    }
-    *out = ids;
-    *n = k;
-    return 0;
-bad:
-    kl_free(ids);
-    return -1;
-}
-
 /* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
 static int parse_one(int argc, char **argv, int *i, run_args *a, const char **device)
 {
-    const char *arg = argv[*i], *v = NULL;
-    unsigned long long u;
+    const char *arg = argv[*i], *v = NULL, *why = NULL, *bad = NULL;
+    int g;
     if (!strcmp(arg, "--json")) {
         a->json = 1;
     } else if (kl_cli_opt_value(argc, argv, i, "-p", &v) ||
@@ -162,41 +121,13 @@ static int parse_one(int argc, char **argv, int *i, run_args *a, const char **de
         if (!v || !*v)
             return usage_error("--logits-out wants a file", "");
         a->logits_out = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "-n", &v)) {
-        if (kl_cli_parse_u64(v, &a->n_predict))
-            return usage_error("-n wants a count, not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--temp", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.temperature) || a->samp.temperature < 0)
-            return usage_error("--temp wants a number >= 0, not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--top-p", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.top_p) || !(a->samp.top_p > 0 && a->samp.top_p <= 1))
-            return usage_error("--top-p wants a number in (0, 1], not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--min-p", &v)) {
-        if (kl_cli_parse_float(v, &a->samp.min_p) || !(a->samp.min_p >= 0 && a->samp.min_p <= 1))
-            return usage_error("--min-p wants a number in [0, 1], not ", v ? v : "nothing");
-    } else if (kl_cli_opt_value(argc, argv, i, "--top-k", &v)) {
-        if (kl_cli_parse_u64(v, &u) || u > UINT32_MAX)
-            return usage_error("--top-k wants a count, not ", v ? v : "nothing");
-        a->samp.top_k = (uint32_t)u;
-    } else if (kl_cli_opt_value(argc, argv, i, "--seed", &v)) {
-        if (kl_cli_parse_u64(v, &u))
-            return usage_error("--seed wants a non-negative integer, not ", v ? v : "nothing");
-        a->samp.seed = u;
-    } else if (kl_cli_opt_value(argc, argv, i, "--threads", &v)) {
-        if (kl_cli_parse_u64(v, &u) || u == 0 || u > 4096)
-            return usage_error("--threads wants a count in 1..4096, not ", v ? v : "nothing");
-        a->threads = (unsigned)u;
     } else if (kl_cli_opt_value(argc, argv, i, "--device", &v)) {
         if (!v || (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")))
             return usage_error("--device wants cpu, gpu or auto, not ", v ? v : "nothing");
         *device = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--route-weights", &v)) {
-        if (v && !strcmp(v, "unbiased"))
-            a->route = KL_ROUTE_UNBIASED;
-        else if (v && !strcmp(v, "biased"))
-            a->route = KL_ROUTE_BIASED;
-        else
-            return usage_error("--route-weights wants unbiased or biased, not ", v ? v : "nothing");
+    } else if ((g = kl_gen_flag(argc, argv, i, &a->gen, &why, &bad)) != 0) {
+        if (g < 0)
+            return usage_error(why, bad);
     } else if (arg[0] == '-' && arg[1]) {
         return usage_error("unknown option ", arg);
     } else if (a->model) {
@@ -211,8 +142,8 @@ static int parse_one(int argc, char **argv, int *i, run_args *a, const char **de
 static int parse_args(int argc, char **argv, run_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->n_predict = 128;
-    a->samp.top_p = 1;
+    a->gen.n_predict = 128;
+    a->gen.samp.top_p = 1;
     const char *device = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -284,7 +215,7 @@ static void run_free(run_ctx *c)
 static int build_prompt(const run_args *a, run_ctx *c, kl_err *err)
 {
     if (a->ids) {
-        if (parse_ids(a->ids, &c->prompt, &c->n_prompt))
+        if (kl_cli_parse_ids(a->ids, INT32_MAX, &c->prompt, &c->n_prompt))
             return kl_fail(err, KL_E_USAGE, "--ids wants numbers below 2^31, not \"%.64s\"",
                            a->ids);
         return 0;
@@ -385,7 +316,7 @@ static int generate(run_ctx *c, const run_args *a, kl_err *err)
                 .samp = &c->samp,
                 .tok = c->tok,
                 .logits = c->logits,
-                .n_predict = (size_t)a->n_predict,
+                .n_predict = (size_t)a->gen.n_predict,
                 .ids = c->gen,
                 .emit = emit_cb,
                 .on_fed = fed_cb,
@@ -406,14 +337,14 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
         kl_err_context(err, a->logits_out, NULL, KL_NO_OFFSET, NULL);
         return err->code;
     }
-    if (a->force_ids && parse_ids(a->force_ids, &c->force, &c->n_force))
+    if (a->force_ids && kl_cli_parse_ids(a->force_ids, INT32_MAX, &c->force, &c->n_force))
         return kl_fail(err, KL_E_USAGE, "--force-ids wants numbers below 2^31, not \"%.64s\"",
                        a->force_ids);
     if ((rc = kl_tok_open(a->model, &c->tok, err)) || (rc = build_prompt(a, c, err)))
         return rc;
     if (c->n_prompt == 0)
         return kl_fail(err, KL_E_USAGE, "the prompt is empty: nothing to feed the model");
-    kl_model_opts mo = {.threads = a->threads, .route_weights = a->route};
+    kl_model_opts mo = {.threads = a->gen.threads, .route_weights = a->gen.route};
     if ((rc = kl_model_open(&c->m, a->model, &mo, err)))
         return rc;
     c->vocab = c->m->cfg.vocab_size;
@@ -423,9 +354,9 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
             return kl_fail(err, KL_E_USAGE, "token id %u is outside the model's vocabulary (%u)",
                            (unsigned)id, (unsigned)c->vocab);
     }
-    size_t n_gen_cap = a->force_ids ? 1 : (size_t)(a->n_predict ? a->n_predict : 1);
-    if (a->n_predict > SIZE_MAX / 8)
-        return kl_fail(err, KL_E_USAGE, "-n %llu is too large", a->n_predict);
+    size_t n_gen_cap = a->force_ids ? 1 : (size_t)(a->gen.n_predict ? a->gen.n_predict : 1);
+    if (a->gen.n_predict > SIZE_MAX / 8)
+        return kl_fail(err, KL_E_USAGE, "-n %llu is too large", a->gen.n_predict);
     c->logits = kl_calloc(c->vocab, sizeof *c->logits);
     c->row = kl_calloc(c->vocab, 4);
     c->gen = kl_calloc(n_gen_cap, sizeof *c->gen);
@@ -437,7 +368,7 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
     for (size_t i = 0; i < c->n_prompt; i++)
         x[i] = (int32_t)c->prompt[i];
     if ((rc = kl_state_init(&c->st, c->m, err)) ||
-        (rc = kl_sampler_init(&c->samp, c->vocab, &a->samp, err))) {
+        (rc = kl_sampler_init(&c->samp, c->vocab, &a->gen.samp, err))) {
         kl_free(x);
         return rc;
     }

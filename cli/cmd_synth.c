@@ -74,8 +74,10 @@ static int refuse_out(const char *path)
         busy = strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
     closedir(d);
     if (busy)
-        fprintf(stderr, "kl synth: %s is not empty; synth writes only into a new or empty "
-                        "directory\n", path);
+        fprintf(stderr,
+                "kl synth: %s is not empty; synth writes only into a new or empty "
+                "directory\n",
+                path);
     return busy;
 }
 
@@ -88,8 +90,7 @@ static int bad_usage(const char *fmt, const char *arg)
     return KL_EXIT_USAGE;
 }
 
-static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const kl_err *err,
-                       int rc)
+static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const kl_err *err, int rc)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
@@ -105,9 +106,8 @@ static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const k
         cJSON_AddNumberToObject(j, "total_bytes", (double)r->tensor_bytes);
         cJSON_AddNumberToObject(j, "file_bytes", (double)r->file_bytes);
         cJSON_AddNumberToObject(j, "elapsed_s", r->elapsed_s);
-        cJSON_AddNumberToObject(j, "write_gbps",
-                                r->elapsed_s > 0 ? (double)r->tensor_bytes / r->elapsed_s / 1e9
-                                                 : 0);
+        cJSON_AddNumberToObject(
+            j, "write_gbps", r->elapsed_s > 0 ? (double)r->tensor_bytes / r->elapsed_s / 1e9 : 0);
     } else {
         char msg[1200];
         cJSON *e = cJSON_AddObjectToObject(j, "error");
@@ -134,8 +134,8 @@ int cmd_synth(int argc, char **argv)
         const char *val = NULL;
         unsigned long long v;
         /* options with a value accept "--opt VALUE" and "--opt=VALUE" */
-        static const char *const with_value[] = {"--preset", "--layers", "--format", "--seed",
-                                                 "--shard-size", "--threads"};
+        static const char *const with_value[] = {"--preset", "--layers",     "--format",
+                                                 "--seed",   "--shard-size", "--threads"};
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) {
             size_t len = strlen(with_value[k]);
             if (!strncmp(a, with_value[k], len) && (a[len] == 0 || a[len] == '=')) {
@@ -225,8 +225,8 @@ int cmd_synth(int argc, char **argv)
                "%.2f GB/s\n",
                o.out_dir, o.preset, o.format == KL_SYNTH_MXFP4 ? "mxfp4" : "bf16",
                o.sparse ? ", sparse" : "", res.n_tensors, res.n_shards,
-               (unsigned long long)res.tensor_bytes, (double)res.tensor_bytes / 1e9,
-               res.elapsed_s, gbps);
+               (unsigned long long)res.tensor_bytes, (double)res.tensor_bytes / 1e9, res.elapsed_s,
+               gbps);
     }
     if (!rc)
         return KL_EXIT_OK;

@@ -48,8 +48,8 @@ static const char detokenize_usage[] =
 #define MAX_INPUT_BYTES ((size_t)1 << 30)
 
 typedef struct tok_input {
-    const char *text;   /* borrowed from argv, or NULL when path is set */
-    const char *path;   /* borrowed from argv */
+    const char *text; /* borrowed from argv, or NULL when path is set */
+    const char *path; /* borrowed from argv */
 } tok_input;
 
 static int usage_error(const char *cmd, const char *usage, const char *what, const char *arg)
@@ -61,8 +61,8 @@ static int usage_error(const char *cmd, const char *usage, const char *what, con
 static int exit_for(int code)
 {
     return code == KL_E_FORMAT || code == KL_E_USAGE ? KL_EXIT_PROBLEMS
-           : code == KL_E_BUG                         ? KL_EXIT_BUG
-                                                      : KL_EXIT_USAGE;
+           : code == KL_E_BUG                        ? KL_EXIT_BUG
+                                                     : KL_EXIT_USAGE;
 }
 
 static int report(const char *cmd, const kl_err *err)
@@ -70,23 +70,6 @@ static int report(const char *cmd, const kl_err *err)
     char buf[1024];
     fprintf(stderr, "kl %s: %s\n", cmd, kl_err_format(err, buf, sizeof buf));
     return exit_for(err->code);
-}
-
-/* Matches "--name VALUE" and "--name=VALUE"; advances *i past the value. */
-static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0)
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
 }
 
 static int read_stdin(char **out, size_t *len, kl_err *err)
@@ -193,11 +176,11 @@ int cmd_tokenize(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--stats")) {
             stats = 1;
-        } else if (opt_value(argc, argv, &i, "--text", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--text", &v)) {
             if (!v)
                 rc = usage_error("tokenize", tokenize_usage, "--text wants a value", "");
             in[n_in++].text = v;
-        } else if (opt_value(argc, argv, &i, "--file", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--file", &v)) {
             if (!v)
                 rc = usage_error("tokenize", tokenize_usage, "--file wants a path", "");
             in[n_in++].path = v;
@@ -245,40 +228,6 @@ int cmd_tokenize(int argc, char **argv)
     return rc;
 }
 
-/* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array; -1 on a bad number. */
-static int parse_ids(const char *s, uint32_t **out, size_t *n)
-{
-    size_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',' || isspace((unsigned char)*p);
-    uint32_t *ids = kl_malloc(cap * sizeof *ids);
-    if (!ids)
-        return -1;
-    size_t k = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || isspace((unsigned char)*p))
-            p++;
-        if (!*p)
-            break;
-        if (!isdigit((unsigned char)*p))
-            goto bad;
-        errno = 0;
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || v > UINT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end)))
-            goto bad;
-        ids[k++] = (uint32_t)v;
-        p = end;
-    }
-    *out = ids;
-    *n = k;
-    return 0;
-bad:
-    kl_free(ids);
-    return -1;
-}
-
 int cmd_detokenize(int argc, char **argv)
 {
     const char *dir = NULL, *ids_text = NULL;
@@ -290,7 +239,7 @@ int cmd_detokenize(int argc, char **argv)
             return KL_EXIT_OK;
         } else if (!strcmp(a, "--skip-special")) {
             flags |= KL_TOK_SKIP_CONTROL;
-        } else if (opt_value(argc, argv, &i, "--ids", &v)) {
+        } else if (kl_cli_opt_value(argc, argv, &i, "--ids", &v)) {
             if (!v)
                 return usage_error("detokenize", detokenize_usage, "--ids wants a list", "");
             ids_text = v;
@@ -307,9 +256,8 @@ int cmd_detokenize(int argc, char **argv)
                            !dir ? "no tokenizer directory given" : "no --ids given", "");
     uint32_t *ids = NULL;
     size_t n = 0;
-    if (parse_ids(ids_text, &ids, &n))
-        return usage_error("detokenize", detokenize_usage, "--ids wants numbers, not ",
-                           ids_text);
+    if (kl_cli_parse_ids(ids_text, UINT32_MAX, &ids, &n))
+        return usage_error("detokenize", detokenize_usage, "--ids wants numbers, not ", ids_text);
     kl_err err;
     kl_err_clear(&err);
     kl_tokenizer *tok = NULL;

@@ -8,10 +8,10 @@
 #include <stdint.h>
 
 typedef struct kl_progress {
-    const char *label;   /* "kl read", ... */
-    int         on;      /* stderr is a terminal and not quiet */
-    int         drawn;
-    double      t0, last;
+    const char *label; /* "kl read", ... */
+    int on;            /* stderr is a terminal and not quiet */
+    int drawn;
+    double t0, last;
 } kl_progress;
 
 void kl_progress_init(kl_progress *p, const char *label, int quiet);
