@@ -1,0 +1,33 @@
+#!/bin/bash
+# Issue 4 golden fixtures on the GPU machine (carry build/portable and .ref):
+# transformers writes random checkpoints, computes fp32 reference logits teacher-forced, and
+# kl's CPU engine is compared step by step on the spot (scripts/gpu/golden_compare.py).
+# Fixtures (checkpoint + prompt + reference JSON) come back under $OUT as tarballs to commit
+# in tests/fixtures/golden/.
+#   configs: tiny; small (real head geometry); multi (6 layers, MLA at 2,4,6, 2 shared
+#   experts, 2 dense layers); tiny converted to MXFP4 by kl.  Both route-weight modes.
+set -u
+OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/golden.log") 2>&1
+export LD_LIBRARY_PATH="$PWD/build/portable${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+KL="$PWD/build/portable/kl"; W=${W:-/tmp/klgold}; mkdir -p "$W"
+REF="python3 .ref/kimi_ref.py"
+PROMPT=$(python3 -c "import random; r=random.Random(4); print(','.join(str(r.randrange(1, 700)) for _ in range(112)))")
+mk() { local name=$1; shift; rm -rf "$W/$name"; $REF make --out "$W/$name" "$@" > /dev/null; }
+compare() {  # dir, route
+    local d=$1 route=$2 tag=$(basename "$1")-$2
+    $REF run --model "$d" --ids "$PROMPT" --steps 16 --all-logits --route-weights $route --out "$W/$tag.json" > /dev/null
+    local greedy=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$W/$tag.json")
+    "$KL" run "$d" --ids "$PROMPT" --force-ids "$greedy" --logits-out "$W/$tag.bin" --route-weights $route > /dev/null
+    python3 scripts/gpu/golden_compare.py "$W/$tag.json" "$W/$tag.bin" | python3 -c "import json,sys; d=json.load(sys.stdin); print('$tag', 'max_rel_l2=%.3g' % d['max_rel_l2'], 'argmax_ok=%s' % d['argmax_ok'], 'PASS' if d['pass'] else 'FAIL')"
+}
+mk tiny --preset tiny --seed 1
+mk small --preset small --seed 2
+mk multi --preset tiny --seed 3 --layers 6 --full-attn-layers 2,4,6 --shared-experts 2 --first-dense 2
+rm -rf "$W/tiny-mxfp4"; "$KL" convert "$W/tiny" "$W/tiny-mxfp4" -q
+for d in tiny small multi tiny-mxfp4; do
+    for route in unbiased biased; do compare "$W/$d" $route; done
+done
+echo "$PROMPT" > "$W/prompt.txt"
+tar -C "$W" -czf "$OUT/golden-fixtures.tgz" tiny multi tiny-mxfp4 prompt.txt $(cd "$W" && ls *.json)
+ls -la "$OUT"
