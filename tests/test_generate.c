@@ -35,17 +35,7 @@ static void setup_model(void)
     g_kl = getenv("KL_BIN");
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
-    kl_err err;
-    kl_err_clear(&err);
-    kl_synth_opts o = {0};
-    o.out_dir = g_model;
-    o.preset = "tiny";
-    o.seed = 5;
-    o.buffered = 1;
-    o.threads = 2;
-    int rc = kl_synth_write(&o, &err);
-    ck_assert_msg(rc == 0, "kl_synth_write(%s): expected 0, got %d (%s)", g_model, rc,
-                  t_fmt_err(&err));
+    t_synth_tiny(g_model, 5);
 }
 
 static void teardown_model(void)

@@ -54,6 +54,24 @@ static inline const char *t_fmt_err(const kl_err *err)
 }
 #endif
 
+#ifdef KL_CONVERT_SYNTH_H
+/* Synthesizes the tiny preset (BF16) into dir with the given seed; fails the test on error. */
+static inline void t_synth_tiny(const char *dir, uint64_t seed)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_synth_opts o = {0};
+    o.out_dir = dir;
+    o.preset = "tiny";
+    o.seed = seed;
+    o.buffered = 1;
+    o.threads = 2;
+    int rc = kl_synth_write(&o, &err);
+    ck_assert_msg(rc == 0, "kl_synth_write(%s): expected 0, got %d (%s)", dir, rc,
+                  t_fmt_err(&err));
+}
+#endif
+
 /* Runs Check suite s and returns the process exit status. */
 static inline int t_run_suite(Suite *s)
 {
