@@ -52,7 +52,8 @@ static const char run_usage[] =
     "  --route-weights W  MoE weights unbiased (default) or biased (HF remote code)\n"
     "  --json             print one JSON object instead of the text\n"
     "  --force-ids LIST   teacher forcing: feed these ids after the prompt instead of sampling\n"
-    "                     (-n is ignored); needs --logits-out\n"
+    "                     (-n is ignored); needs --logits-out; with --ids the model\n"
+    "                     directory needs no tokenizer files\n"
     "  --logits-out FILE  write float32 little-endian logits, one vocab-sized row per step: after\n"
     "                     the prompt, then after each fed token (forced ids: len+1 rows;\n"
     "                     generation: one row per sampled token, at least one)\n"
@@ -340,7 +341,11 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
     if (a->force_ids && kl_cli_parse_ids(a->force_ids, INT32_MAX, &c->force, &c->n_force))
         return kl_fail(err, KL_E_USAGE, "--force-ids wants numbers below 2^31, not \"%.64s\"",
                        a->force_ids);
-    if ((rc = kl_tok_open(a->model, &c->tok, err)) || (rc = build_prompt(a, c, err)))
+    /* Teacher forcing from ids never touches text: checkpoints without tokenizer files (as
+     * the reference writes them) can still be checked. */
+    int need_tokenizer = !(a->ids && a->force_ids);
+    if ((need_tokenizer && (rc = kl_tok_open(a->model, &c->tok, err))) ||
+        (rc = build_prompt(a, c, err)))
         return rc;
     if (c->n_prompt == 0)
         return kl_fail(err, KL_E_USAGE, "the prompt is empty: nothing to feed the model");

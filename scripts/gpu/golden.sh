@@ -4,8 +4,10 @@
 # kl's CPU engine is compared step by step on the spot (scripts/gpu/golden_compare.py).
 # Fixtures (checkpoint + prompt + reference JSON) come back under $OUT as tarballs to commit
 # in tests/fixtures/golden/.
-#   configs: tiny; small (real head geometry); multi (6 layers, MLA at 2,4,6, 2 shared
+#   configs: tiny; small4 (real head geometry: KDA 128-wide heads, MLA 512 latent, 4 layers,
+#   8 experts, vocab 1024 so the fixture stays small); multi (6 layers, MLA at 2,4,6, 2 shared
 #   experts, 2 dense layers); tiny converted to MXFP4 by kl.  Both route-weight modes.
+#   The full `small` preset (8 layers, 32 experts, vocab 4096) is compared too, not kept.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/golden.log") 2>&1
@@ -23,11 +25,12 @@ compare() {  # dir, route
 }
 mk tiny --preset tiny --seed 1
 mk small --preset small --seed 2
+mk small4 --preset small --seed 2 --layers 4 --full-attn-layers 2,4 --set num_experts=8 --set vocab_size=1024
 mk multi --preset tiny --seed 3 --layers 6 --full-attn-layers 2,4,6 --shared-experts 2 --first-dense 2
 rm -rf "$W/tiny-mxfp4"; "$KL" convert "$W/tiny" "$W/tiny-mxfp4" -q
-for d in tiny small multi tiny-mxfp4; do
+for d in tiny small4 multi tiny-mxfp4 small; do
     for route in unbiased biased; do compare "$W/$d" $route; done
 done
 echo "$PROMPT" > "$W/prompt.txt"
-tar -C "$W" -czf "$OUT/golden-fixtures.tgz" tiny multi tiny-mxfp4 prompt.txt $(cd "$W" && ls *.json)
+tar -C "$W" -czf "$OUT/golden-fixtures.tgz" tiny small4 multi tiny-mxfp4 prompt.txt $(cd "$W" && ls *.json | grep -v "^small-")
 ls -la "$OUT"
