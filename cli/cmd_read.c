@@ -1,7 +1,8 @@
 /*
  * cli/cmd_read.c — `kl read`: stream whole checkpoint files through the staged reader and
  * report bytes, seconds, GB/s, the backend used and whether O_DIRECT was used; with --hash also
- * the SHA-256 of every file (files hashed in parallel, one reader per worker).
+ * the SHA-256 of every file (files hashed in parallel, one reader per worker); with --mapped
+ * through the zero-copy mapped reader (loader/mapped.h), every byte read once by a CPU.
  * Results on stdout (text or one JSON object), errors and progress on stderr.
  */
 #include "cli/cli.h"
@@ -14,6 +15,7 @@
 #include "common/jsonout.h"
 #include "common/membench.h"
 #include "loader/hashpass.h"
+#include "loader/mapped.h"
 #include "loader/reader.h"
 
 #include <cJSON.h>
@@ -26,7 +28,8 @@
 
 static const char usage_text[] =
     "usage: kl read DIR|FILE... [--io uring|aio|pread|auto] [--direct|--buffered] [--hash]\n"
-    "               [--json] [--queue-depth N] [--chunk BYTES] [--threads N] [--ceiling]\n"
+    "               [--mapped] [--json] [--queue-depth N] [--chunk BYTES] [--threads N]\n"
+    "               [--ceiling]\n"
     "\n"
     "Streams every *.safetensors file of each checkpoint directory (or each FILE given) whole\n"
     "and reports bytes, seconds, GB/s, the I/O backend and whether O_DIRECT was used.\n"
@@ -35,14 +38,19 @@ static const char usage_text[] =
     "                   (pread threads directly with --buffered)\n"
     "  --direct         O_DIRECT or fail (default: O_DIRECT where the file system allows it)\n"
     "  --buffered       read through the page cache\n"
+    "  --mapped         zero-copy from the page cache: map the files, populate chunks in\n"
+    "                   parallel (MADV_POPULATE_READ, Linux 5.14+) and have the workers read\n"
+    "                   every byte once; the zero-copy path for uploads from the cache.\n"
+    "                   Not with --hash, --direct or --io\n"
     "  --hash           SHA-256 of every file; files are hashed in parallel\n"
     "  --json           one JSON object on stdout\n"
     "  --queue-depth N  chunks in flight per reader (default 32; 2 per CPU with --buffered;\n"
     "                   4 per worker with --hash)\n"
-    "  --chunk BYTES    chunk size such as 8M (default 8 MiB; 2 MiB with --buffered)\n"
+    "  --chunk BYTES    chunk size such as 8M (default 8 MiB; 2 MiB with --buffered and\n"
+    "                   --mapped)\n"
     "  --threads N      with --hash: files hashed at once (default min(CPUs, files));\n"
     "                   otherwise pread worker threads (default: the queue depth; the number\n"
-    "                   of CPUs with --buffered)\n"
+    "                   of CPUs with --buffered and --mapped)\n"
     "  --ceiling        also measure the host memory-read ceiling (4 GiB, one thread per CPU)\n"
     "                   and report the read rate as a fraction of it\n"
     "  -h, --help       this text\n"
@@ -58,7 +66,8 @@ typedef struct read_args {
     size_t n_paths;
     kl_reader_opts ro; /* zero fields take the defaults */
     unsigned threads;  /* --threads, 0 if not given */
-    int hash, json, ceiling;
+    int hash, json, ceiling, mapped;
+    int io_given;      /* --io was given */
 } read_args;
 
 typedef struct file_list {
@@ -98,6 +107,8 @@ static int parse_args(int argc, char **argv, read_args *a)
             a->hash = 1;
         } else if (!strcmp(arg, "--json")) {
             a->json = 1;
+        } else if (!strcmp(arg, "--mapped")) {
+            a->mapped = 1;
         } else if (!strcmp(arg, "--ceiling")) {
             a->ceiling = 1;
         } else if (kl_cli_opt_value(argc, argv, &i, "--io", &v)) {
@@ -105,6 +116,7 @@ static int parse_args(int argc, char **argv, read_args *a)
             if (b < 0)
                 return usage_error("--io wants uring, aio, pread or auto, not '%s'", v ? v : "");
             a->ro.backend = (kl_io_backend)b;
+            a->io_given = 1;
         } else if (kl_cli_opt_value(argc, argv, &i, "--queue-depth", &v)) {
             if (kl_cli_parse_u64(v, &num) || num < 1 || num > 4096)
                 return usage_error("--queue-depth wants a number from 1 to 4096, not '%s'",
@@ -124,6 +136,9 @@ static int parse_args(int argc, char **argv, read_args *a)
     }
     if (!a->n_paths)
         return usage_error("%s", "no checkpoint directory or file given");
+    if (a->mapped && (a->hash || a->io_given || a->ro.direct == KL_DIRECT_ON))
+        return usage_error("%s", "--mapped reads cached pages in place: not with --hash, --io "
+                                 "or --direct");
     return 0;
 }
 
@@ -209,7 +224,7 @@ static void on_hash_progress(void *ctx, uint64_t bytes_done)
 /* ---- the two modes ------------------------------------------------------------------------- */
 
 typedef struct read_result {
-    kl_io_backend backend;
+    const char *backend;        /* kl_io_backend_name, or "mapped" */
     int direct;
     uint64_t bytes;
     double elapsed_s;
@@ -277,7 +292,7 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
         kl_progress_end(&pr.line);
         kl_reader_stats st;
         kl_reader_get_stats(r, &st);
-        res->backend = st.backend;
+        res->backend = kl_io_backend_name(st.backend);
         res->direct = st.direct;
         res->bytes = st.bytes;
     }
@@ -301,11 +316,33 @@ static int hash_all(const read_args *a, const file_list *l, kl_hashpass_file *fi
     int rc = kl_hashpass_run(files, l->n, &ho, &st, err);
     kl_progress_end(&pr.line);
     if (!rc) {
-        res->backend = st.backend;
+        res->backend = kl_io_backend_name(st.backend);
         res->direct = st.direct;
         res->bytes = st.bytes;
         res->elapsed_s = st.elapsed_s;
     }
+    return rc;
+}
+
+static int on_mapped_chunk(void *ctx, size_t file, uint64_t off, const uint8_t *data,
+                           size_t len)
+{
+    return on_chunk(ctx, file, off, data, len);
+}
+
+/* --mapped: every file through the mapped reader, the workers reading every byte once. */
+static int read_mapped(const read_args *a, const file_list *l, read_result *res, kl_err *err)
+{
+    kl_mapped_opts mo = {.threads = a->threads, .chunk_bytes = a->ro.buf_bytes, .touch = 1};
+    read_progress pr = {.bytes = 0};
+    kl_progress_init(&pr.line, "kl read", 0);
+    kl_mapped_stats st;
+    int rc = kl_mapped_read((const char *const *)l->paths, l->n, &mo, on_mapped_chunk, &pr, &st,
+                            err);
+    kl_progress_end(&pr.line);
+    res->backend = "mapped";
+    res->bytes = st.bytes;
+    res->elapsed_s = st.elapsed_s;
     return rc;
 }
 
@@ -359,7 +396,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
         }
         printf("%zu file%s, %llu bytes in %.3f s: %.3f GB/s (backend %s, direct %s)\n", l->n,
                l->n == 1 ? "" : "s", (unsigned long long)res->bytes, res->elapsed_s, gbps(res),
-               kl_io_backend_name(res->backend), res->direct ? "yes" : "no");
+               res->backend, res->direct ? "yes" : "no");
         if (res->has_ceiling)
             printf("memory-read ceiling %.3f GB/s (%u threads): the read ran at %.1f%% of it\n",
                    res->ceiling.read_gbps, res->ceiling.threads,
@@ -367,7 +404,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
         return fflush(stdout) == 0 ? KL_EXIT_OK : KL_EXIT_USAGE;
     }
     cJSON *root = json_head(1);
-    cJSON_AddStringToObject(root, "backend", kl_io_backend_name(res->backend));
+    cJSON_AddStringToObject(root, "backend", res->backend);
     cJSON_AddBoolToObject(root, "direct", res->direct);
     cJSON_AddNumberToObject(root, "files", (double)l->n);
     kl_json_add_u64(root, "bytes", res->bytes);
@@ -441,6 +478,8 @@ int cmd_read(int argc, char **argv)
         files = kl_calloc(l.n, sizeof *files);
         rc = files ? hash_all(&a, &l, files, &res, &err)
                    : kl_fail(&err, KL_E_NOMEM, "out of memory");
+    } else if (!rc && a.mapped) {
+        rc = read_mapped(&a, &l, &res, &err);
     } else if (!rc) {
         rc = read_all(&a, &l, &res, &err);
     }

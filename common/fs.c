@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err)
+int kl_open_regular(const char *path, uint64_t *size, kl_err *err)
 {
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat below refuses it. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -24,22 +24,34 @@ int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl
     }
     struct stat st;
     int rc = 0;
-    char *buf = NULL;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, &st) != 0)
         rc = kl_fail_sys(err, KL_E_IO, errno, "cannot stat");
-        goto done;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    else if (!S_ISREG(st.st_mode))
         rc = kl_fail_rule(err, KL_E_FORMAT, "FILE-NOT-REGULAR", "not a regular file");
-        goto done;
+    if (rc) {
+        close(fd);
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+        return rc;
     }
-    if ((uint64_t)st.st_size > max_bytes) {
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
+
+int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err)
+{
+    uint64_t size = 0;
+    int fd = kl_open_regular(path, &size, err);
+    if (fd < 0)
+        return fd;
+    int rc = 0;
+    char *buf = NULL;
+    if (size > max_bytes) {
         rc = kl_fail_rule(err, KL_E_FORMAT, "FILE-TOO-LARGE",
-                          "file is %lld bytes, more than the %zu allowed",
-                          (long long)st.st_size, max_bytes);
+                          "file is %llu bytes, more than the %zu allowed",
+                          (unsigned long long)size, max_bytes);
         goto done;
     }
-    size_t n = (size_t)st.st_size;
+    size_t n = (size_t)size;
     buf = kl_malloc(n + 1);
     if (!buf) {
         rc = kl_fail(err, KL_E_NOMEM, "out of memory reading %zu bytes", n);

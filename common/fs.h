@@ -13,6 +13,10 @@
 /* Reads a whole regular file (at most max_bytes) into a NUL-terminated kl_malloc'd buffer.
  * *out is owned by the caller (kl_free).  KL_E_IO, KL_E_FORMAT (too large, not a regular
  * file) or KL_E_NOMEM. */
+/* Opens path read-only (O_NONBLOCK while opening, so a FIFO cannot block; the flag stays set,
+ * which regular files ignore) and refuses anything but a regular file (FILE-NOT-REGULAR).
+ * Returns the descriptor and the size, or a negative KL_E_* code (FILE-OPEN, naming the path). */
+int kl_open_regular(const char *path, uint64_t *size, kl_err *err);
 int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err);
 
 /* Writes all n bytes at the current position, retrying short writes and EINTR. */

@@ -42,6 +42,16 @@ static uint64_t sum_range(const v2u64 *p, size_t n)
     return s[0] + s[1];
 }
 
+uint64_t kl_mem_sum(const void *p, size_t bytes)
+{
+    size_t n_vec = bytes / sizeof(v2u64);
+    uint64_t s = sum_range(p, n_vec);
+    const uint8_t *tail = (const uint8_t *)p + n_vec * sizeof(v2u64);
+    for (size_t i = 0; i < bytes % sizeof(v2u64); i++)
+        s += tail[i];
+    return s;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;

@@ -1,0 +1,238 @@
+/* loader/mapped.c — zero-copy, in-order reads of cached files (see mapped.h). */
+#include "loader/mapped.h"
+
+#include "common/clock.h"
+#include "common/fs.h"
+#include "common/membench.h"
+#include "common/mem.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+
+#define DEFAULT_CHUNK ((size_t)2 << 20)
+#define MAX_THREADS 64u
+
+enum { CHUNK_PENDING = 0, CHUNK_READY, CHUNK_FAILED };
+
+typedef struct mapped_file {
+    const char *path;     /* borrowed */
+    uint8_t    *map;      /* NULL when empty or unmapped */
+    uint64_t    size;
+    size_t      first;    /* index of its first chunk */
+    size_t      n_chunks;
+} mapped_file;
+
+typedef struct mapped_chunk {
+    uint32_t   file;
+    uint64_t   off;
+    size_t     len;
+    atomic_int state;     /* CHUNK_* */
+    int        sys_errno; /* CHUNK_FAILED */
+} mapped_chunk;
+
+typedef struct mapped_run {
+    mapped_file    *files;
+    size_t          n_files;
+    mapped_chunk   *chunks;
+    size_t          n_chunks;
+    int             touch;
+    atomic_size_t   next;      /* next chunk a worker takes */
+    atomic_int      stop;
+    atomic_uint_fast64_t checksum;
+    pthread_mutex_t mu;
+    pthread_cond_t  ready_cv;  /* a chunk became ready or failed */
+} mapped_run;
+
+/* ---- workers -------------------------------------------------------------------------------- */
+
+static void finish_chunk(mapped_run *run, mapped_chunk *c, int state)
+{
+    pthread_mutex_lock(&run->mu);
+    atomic_store(&c->state, state);
+    pthread_cond_broadcast(&run->ready_cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+static void *worker_main(void *arg)
+{
+    mapped_run *run = arg;
+    uint64_t sum = 0;
+    for (;;) {
+        size_t i = atomic_fetch_add(&run->next, 1);
+        if (i >= run->n_chunks || atomic_load(&run->stop))
+            break;
+        mapped_chunk *c = &run->chunks[i];
+        uint8_t *p = run->files[c->file].map + c->off;
+        if (madvise(p, c->len, MADV_POPULATE_READ) != 0) {
+            c->sys_errno = errno;
+            finish_chunk(run, c, CHUNK_FAILED);
+            continue;
+        }
+        if (run->touch)
+            sum += kl_mem_sum(p, c->len);
+        finish_chunk(run, c, CHUNK_READY);
+    }
+    atomic_fetch_add(&run->checksum, sum);
+    return NULL;
+}
+
+/* ---- set-up --------------------------------------------------------------------------------- */
+
+static int map_file(mapped_file *f, kl_err *err)
+{
+    int fd = kl_open_regular(f->path, &f->size, err);
+    if (fd < 0)
+        return fd;
+    int rc = 0;
+    if (f->size > 0) {
+        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            rc = kl_fail_sys(err, errno == ENOMEM ? KL_E_NOMEM : KL_E_IO, errno,
+                             "cannot map %llu bytes", (unsigned long long)f->size);
+            kl_err_context(err, f->path, NULL, KL_NO_OFFSET, NULL);
+        } else {
+            f->map = m;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+static void unmap_file(mapped_file *f)
+{
+    if (f->map)
+        munmap(f->map, (size_t)f->size);
+    f->map = NULL;
+}
+
+/* Maps every file and cuts them into chunks. */
+static int plan(mapped_run *run, const char *const *paths, size_t chunk, kl_err *err)
+{
+    for (size_t i = 0; i < run->n_files; i++) {
+        mapped_file *f = &run->files[i];
+        f->path = paths[i];
+        int rc = map_file(f, err);
+        if (rc)
+            return rc;
+        f->first = run->n_chunks;
+        f->n_chunks = (size_t)((f->size + chunk - 1) / chunk);
+        run->n_chunks += f->n_chunks;
+    }
+    run->chunks = kl_calloc(run->n_chunks ? run->n_chunks : 1, sizeof *run->chunks);
+    if (!run->chunks)
+        return kl_fail(err, KL_E_NOMEM, "out of memory for %zu chunks", run->n_chunks);
+    for (size_t i = 0; i < run->n_files; i++) {
+        const mapped_file *f = &run->files[i];
+        for (size_t k = 0; k < f->n_chunks; k++) {
+            mapped_chunk *c = &run->chunks[f->first + k];
+            c->file = (uint32_t)i;
+            c->off = (uint64_t)k * chunk;
+            c->len = (size_t)(f->size - c->off < chunk ? f->size - c->off : chunk);
+        }
+    }
+    return 0;
+}
+
+/* ---- delivery ------------------------------------------------------------------------------- */
+
+static int chunk_error(const mapped_run *run, const mapped_chunk *c, kl_err *err)
+{
+    const mapped_file *f = &run->files[c->file];
+    int code = c->sys_errno == EINVAL ? KL_E_UNSUPPORTED : KL_E_IO;
+    if (code == KL_E_UNSUPPORTED)
+        kl_fail(err, code, "mapped reads need MADV_POPULATE_READ (Linux 5.14 or later)");
+    else
+        kl_fail_sys(err, code, c->sys_errno, "cannot read the mapped file (did it shrink?)");
+    kl_err_context(err, f->path, NULL, c->off, NULL);
+    return code;
+}
+
+/* Waits for chunks in order and hands them to cb; unmaps each file after its last chunk. */
+static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats *st,
+                   kl_err *err)
+{
+    for (size_t i = 0; i < run->n_chunks; i++) {
+        mapped_chunk *c = &run->chunks[i];
+        pthread_mutex_lock(&run->mu);
+        while (atomic_load(&c->state) == CHUNK_PENDING)
+            pthread_cond_wait(&run->ready_cv, &run->mu);
+        pthread_mutex_unlock(&run->mu);
+        if (atomic_load(&c->state) == CHUNK_FAILED)
+            return chunk_error(run, c, err);
+        mapped_file *f = &run->files[c->file];
+        if (cb && cb(ctx, c->file, c->off, f->map + c->off, c->len))
+            return kl_fail(err, KL_E_CANCELLED, "cancelled by the consumer");
+        st->bytes += c->len;
+        st->chunks++;
+        if (i + 1 == f->first + f->n_chunks)
+            unmap_file(f);
+    }
+    return 0;
+}
+
+static unsigned resolve_threads(unsigned want)
+{
+    if (!want) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        want = n > 0 ? (unsigned)n : 4;
+    }
+    return want > MAX_THREADS ? MAX_THREADS : want;
+}
+
+static size_t resolve_chunk(size_t want)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!want)
+        want = DEFAULT_CHUNK;
+    return (want + page - 1) / page * page;
+}
+
+int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opts,
+                   kl_mapped_cb cb, void *ctx, kl_mapped_stats *stats, kl_err *err)
+{
+    kl_mapped_opts o = opts ? *opts : (kl_mapped_opts){0};
+    if (o.threads > MAX_THREADS || o.chunk_bytes > ((size_t)1 << 30))
+        return kl_fail(err, KL_E_USAGE, "mapped read: at most %u threads and 1 GiB chunks",
+                       MAX_THREADS);
+    kl_mapped_stats st = {.threads = resolve_threads(o.threads)};
+    double t0 = kl_now_s();
+    mapped_run run = {.n_files = n, .touch = o.touch};
+    pthread_mutex_init(&run.mu, NULL);
+    pthread_cond_init(&run.ready_cv, NULL);
+    run.files = kl_calloc(n ? n : 1, sizeof *run.files);
+    int rc = run.files ? plan(&run, paths, resolve_chunk(o.chunk_bytes), err)
+                       : kl_fail(err, KL_E_NOMEM, "out of memory for %zu files", n);
+    pthread_t tid[MAX_THREADS];
+    unsigned started = 0;
+    for (; !rc && started < st.threads; started++)
+        if (pthread_create(&tid[started], NULL, worker_main, &run) != 0) {
+            if (!started)
+                rc = kl_fail(err, KL_E_NOMEM, "cannot start a populating thread");
+            break;
+        }
+    if (!rc)
+        rc = deliver(&run, cb, ctx, &st, err);
+    atomic_store(&run.stop, 1);
+    for (unsigned t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+    for (size_t i = 0; run.files && i < n; i++)
+        unmap_file(&run.files[i]);
+    st.threads = started;
+    st.checksum = atomic_load(&run.checksum);
+    st.elapsed_s = kl_now_s() - t0;
+    kl_free(run.chunks);
+    kl_free(run.files);
+    pthread_cond_destroy(&run.ready_cv);
+    pthread_mutex_destroy(&run.mu);
+    if (stats)
+        *stats = st;
+    return rc;
+}
