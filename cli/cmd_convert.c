@@ -113,6 +113,10 @@ static void print_result(const kl_convert_opts *o, const kl_convert_result *r, i
     kl_json_add_u64(j, "read_bytes", r->read_bytes);
     kl_json_add_u64(j, "written_bytes", r->written_bytes);
     cJSON_AddNumberToObject(j, "elapsed_s", r->elapsed_s);
+    cJSON_AddNumberToObject(j, "quantize_s", r->quantize_s);
+    cJSON_AddNumberToObject(j, "write_s", r->write_s);
+    cJSON_AddNumberToObject(j, "write_wait_s", r->write_wait_s);
+    cJSON_AddNumberToObject(j, "commit_s", r->commit_s);
     kl_json_add_u64(j, "peak_counted_bytes", kl_mem_peak());
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)

@@ -13,6 +13,7 @@
 #include "common/pool.h"
 #include "convert/layout.h"
 #include "convert/st_writer.h"
+#include "convert/write_behind.h"
 #include "loader/checkpoint.h"
 #include "loader/hashpass.h"
 #include "loader/reader.h"
@@ -59,6 +60,7 @@ typedef struct conv {
     uint64_t               total_out, done_out;
     double                 t0, last_progress;
     kl_convert_result      res;
+    kl_wb                 *wb;       /* output bytes go through this write-behind queue */
 } conv;
 
 /* Source tensor for output entry e: the same name (or its alias), or for MXFP4 parts the
@@ -283,16 +285,20 @@ static int quantize_rows(shard_run *s, job *j, const uint8_t *rows, size_t n, kl
     s->rows = rows;
     s->n_rows = n;
     s->cur = j;
+    double t0 = kl_now_s();
     kl_pool_run(s->c->pool, n, quantize_one, s);
+    s->c->res.quantize_s += kl_now_s() - t0;
     if (atomic_load(&s->qrc))
         return kl_fail_at(err, atomic_load(&s->qrc), "MXFP4-NONFINITE", j->src->name,
                           KL_NO_OFFSET, "row %zu block %zu: %s", s->bad_row, s->bad_block,
                           s->row_err.msg);
-    int rc = kl_st_writer_pwrite(&s->w, j->packed, j->row * (j->n_in / 2), s->packed,
-                                 n * (j->n_in / 2), err);
+    t0 = kl_now_s();
+    int rc = kl_wb_write(s->c->wb, &s->w, j->packed, j->row * (j->n_in / 2), s->packed,
+                         n * (j->n_in / 2), err);
     if (!rc)
-        rc = kl_st_writer_pwrite(&s->w, j->scale, j->row * (j->n_in / 32), s->scale,
-                                 n * (j->n_in / 32), err);
+        rc = kl_wb_write(s->c->wb, &s->w, j->scale, j->row * (j->n_in / 32), s->scale,
+                         n * (j->n_in / 32), err);
+    s->c->res.write_s += kl_now_s() - t0;
     j->row += n;
     return rc;
 }
@@ -315,7 +321,9 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
     int rc = 0;
     s->c->res.read_bytes += len;
     if (!j->quantize) {
-        rc = kl_st_writer_pwrite(&s->w, j->packed, ext_off, data, len, err);
+        double t0 = kl_now_s();
+        rc = kl_wb_write(s->c->wb, &s->w, j->packed, ext_off, data, len, err);
+        s->c->res.write_s += kl_now_s() - t0;
         s->c->done_out += len;
         return rc ? rc : report_progress(s->c);
     }
@@ -416,8 +424,19 @@ static int convert_shard(conv *c, size_t k, kl_err *err)
             rc = s.cb_err.code;
         }
     }
-    if (!rc)
+    /* Always wait for queued writes: none may touch the writer after it is closed. */
+    kl_err drain_err;
+    int drc = kl_wb_drain(c->wb, &drain_err);
+    if (!rc && drc) {
+        if (err)
+            *err = drain_err;
+        rc = drc;
+    }
+    if (!rc) {
+        double t0 = kl_now_s();
         rc = kl_st_writer_commit(&s.w, err);
+        c->res.commit_s += kl_now_s() - t0;
+    }
     kl_st_writer_close(&s.w);
     kl_free(wt);
     kl_free(ext);
@@ -595,6 +614,10 @@ static int open_inputs(conv *c, kl_err *err)
     kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES, .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : qd};
     if ((rc = kl_reader_create(&c->reader, &ro, err)))
         return rc;
+    /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting. */
+    uint64_t wb_cap = budget / 8 < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : budget / 8;
+    if ((rc = kl_wb_create(&c->wb, (size_t)wb_cap, err)))
+        return rc;
     c->reader_file = kl_calloc(c->ck.n_shards ? c->ck.n_shards : 1, sizeof *c->reader_file);
     if (!c->reader_file)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -650,6 +673,7 @@ static int convert_all(conv *c, kl_err *err)
 static void conv_free(conv *c)
 {
     kl_pool_destroy(c->pool);
+    kl_wb_destroy(c->wb);
     kl_reader_destroy(c->reader);
     kl_free(c->reader_file);
     kl_free(c->srcs);
@@ -685,6 +709,7 @@ int kl_convert(const kl_convert_opts *o, kl_err *err)
         c.res.n_shards = c.layout.n_shards;
         c.res.written_bytes = c.total_out;
         c.res.elapsed_s = kl_now_s() - c.t0;
+        c.res.write_wait_s = kl_wb_wait_s(c.wb);
         *o->result = c.res;
     }
     conv_free(&c);

@@ -35,6 +35,11 @@ typedef struct kl_convert_result {
     uint64_t read_bytes;       /* source bytes read */
     uint64_t written_bytes;    /* output tensor bytes */
     double   elapsed_s;
+    /* where the converting thread spent its time (the rest is waiting for source reads) */
+    double   quantize_s;       /* quantizer pool runs */
+    double   write_s;          /* handing output bytes to the write-behind queue */
+    double   write_wait_s;     /* of which blocked on a full queue (the disk behind) */
+    double   commit_s;         /* per-shard fsync + rename */
 } kl_convert_result;
 
 /* Called from the converting thread at most ~10 times a second; return non-zero to cancel. */
