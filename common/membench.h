@@ -5,7 +5,7 @@
  * Used as the denominator of page-cache read rates (`kl read --ceiling`): a buffered read of a
  * cached file cannot move bytes faster than the CPUs can read RAM.  Allocates `bytes` (counted,
  * released before returning), touches every page first, then times `passes` single passes of
- * `threads` threads summing disjoint slices; returns the best pass.
+ * `threads` threads summing 2 MiB pieces taken from a shared counter; returns the best pass.
  */
 #ifndef KL_COMMON_MEMBENCH_H
 #define KL_COMMON_MEMBENCH_H
