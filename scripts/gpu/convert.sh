@@ -5,7 +5,10 @@
 #   perf:     synth --preset full --layers 8 (about 30 GB BF16); with caches dropped: dd read of
 #             the source, dd write of an output-sized file, then kl convert end to end (peak
 #             RSS from /usr/bin/time); kl bench mxfp4 on all cores.
-# Usage: scripts/gpu/convert.sh [STEPS]  (STEPS: "fidelity perf", default both)
+#   split:    the same source with the output in tmpfs, then the source in tmpfs and the output
+#             on the disk: conversion time vs the one device's own read or write time.
+# Usage: scripts/gpu/convert.sh [STEPS]  (STEPS: any of "fidelity perf split"; default the
+#        first two)
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/convert.log") 2>&1
@@ -56,5 +59,34 @@ if has perf; then
     done
     du -sh "$D"; "$KL" audit "$D" -q
     for r in ocp mse; do "$KL" bench mxfp4 --rule $r; done
+fi
+if has split; then
+    # Source and output on different devices (the case the 1.1x target assumes): once with
+    # the output in tmpfs (the disk only reads), once with the source in tmpfs (it only writes).
+    S="$W/src8"; M=/dev/shm/klconv; mkdir -p "$M"
+    [ -f "$S/config.json" ] || "$KL" synth "$S" --preset full --layers 8 --seed 9 -q
+    secs() { echo "$(date +%s.%N) $1" | awk '{printf "%.2f", $1-$2}'; }
+    drop; t0=$(date +%s.%N)
+    for f in "$S"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done
+    echo "disk -> tmpfs: read source from disk (dd iflag=direct): $(secs $t0) s"
+    t0=$(date +%s.%N); dd if=/dev/zero of="$M/ddout" bs=64M count=141 status=none
+    echo "disk -> tmpfs: write 9.46 GB to tmpfs (dd): $(secs $t0) s"; rm -f "$M/ddout"
+    for rep in 1 2; do
+        rm -rf "$M/out8" "$M/out8.partial"; drop
+        "$KL" convert "$S" "$M/out8" --json
+    done
+    rm -rf "$M/out8"
+    cp -r "$S" "$M/src8"
+    t0=$(date +%s.%N); cat "$M"/src8/*.safetensors > /dev/null
+    echo "tmpfs -> disk: read source from tmpfs (cat): $(secs $t0) s"
+    drop; t0=$(date +%s.%N)
+    dd if=/dev/zero of="$W/ddout" bs=64M count=141 oflag=direct status=none; sync
+    echo "tmpfs -> disk: write 9.46 GB to disk (dd oflag=direct): $(secs $t0) s"; rm -f "$W/ddout"
+    for rep in 1 2; do
+        rm -rf "$W/out8s" "$W/out8s.partial"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+        cat "$M"/src8/*.safetensors > /dev/null
+        "$KL" convert "$M/src8" "$W/out8s" --json
+    done
+    rm -rf "$M" "$W/out8s"
 fi
 echo "== done $(date -u +%FT%TZ)"

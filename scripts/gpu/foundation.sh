@@ -91,10 +91,14 @@ if has cache; then
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --layers "$LAYERS" --seed 3 --json
     echo "-- page cache"
     cat "$D"/*.safetensors > /dev/null
-    for rep in 1 2 3; do
-        for io in pread uring; do
-            "$KL" read "$D" --buffered --io $io --json --ceiling
-        done
+    # zero-copy mapped reads (every byte read once by the workers) vs the ceiling, then the
+    # buffered copy for comparison; a short sweep of the mapped chunk size and threads
+    for rep in $(seq 1 ${CACHE_REPS:-8}); do
+        "$KL" read "$D" --mapped --json --ceiling
+    done
+    for rep in 1 2; do "$KL" read "$D" --buffered --io pread --json --ceiling; done
+    for opt in "--chunk 512K" "--chunk 8M" "--chunk 32M" "--threads 8" "--threads 32"; do
+        echo "mapped $opt"; "$KL" read "$D" --mapped $opt --json --ceiling
     done
 fi
 echo "== done $(date -u +%FT%TZ)"
