@@ -44,7 +44,9 @@ typedef struct mapped_run {
     mapped_chunk   *chunks;
     size_t          n_chunks;
     int             touch;
-    atomic_size_t   next;      /* next chunk a worker takes */
+    atomic_size_t   next;      /* next chunk a worker populates */
+    atomic_size_t   delivered; /* chunks the callback is done with */
+    atomic_size_t   released;  /* chunks whose page-table entries were dropped */
     atomic_int      stop;
     atomic_uint_fast64_t checksum;
     pthread_mutex_t mu;
@@ -61,11 +63,28 @@ static void finish_chunk(mapped_run *run, mapped_chunk *c, int state)
     pthread_mutex_unlock(&run->mu);
 }
 
+/* Drops the page-table entries of one delivered chunk, if there is one; 1 when it did.
+ * MADV_DONTNEED runs under the mmap lock held for reading, so workers release in parallel
+ * with each other and with populating; a munmap of a whole file would take the lock for
+ * writing and stall every populating worker while it tears down a million entries. */
+static int release_one(mapped_run *run)
+{
+    size_t r = atomic_load(&run->released);
+    if (r >= atomic_load(&run->delivered) ||
+        !atomic_compare_exchange_strong(&run->released, &r, r + 1))
+        return 0;
+    const mapped_chunk *c = &run->chunks[r];
+    (void)madvise(run->files[c->file].map + c->off, c->len, MADV_DONTNEED);
+    return 1;
+}
+
 static void *worker_main(void *arg)
 {
     mapped_run *run = arg;
     uint64_t sum = 0;
     for (;;) {
+        if (release_one(run))
+            continue;
         size_t i = atomic_fetch_add(&run->next, 1);
         if (i >= run->n_chunks || atomic_load(&run->stop))
             break;
@@ -155,7 +174,7 @@ static int chunk_error(const mapped_run *run, const mapped_chunk *c, kl_err *err
     return code;
 }
 
-/* Waits for chunks in order and hands them to cb; unmaps each file after its last chunk. */
+/* Waits for chunks in order and hands them to cb; the workers release delivered chunks. */
 static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats *st,
                    kl_err *err)
 {
@@ -172,8 +191,7 @@ static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats 
             return kl_fail(err, KL_E_CANCELLED, "cancelled by the consumer");
         st->bytes += c->len;
         st->chunks++;
-        if (i + 1 == f->first + f->n_chunks)
-            unmap_file(f);
+        atomic_store(&run->delivered, i + 1);
     }
     return 0;
 }

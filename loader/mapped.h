@@ -16,8 +16,10 @@
  *
  * Files: regular files only (FILE-NOT-REGULAR otherwise, naming the path); each is opened
  * O_RDONLY (never for writing), mapped PROT_READ/MAP_SHARED, and its descriptor closed at once
- * (the mapping keeps the file), so any number of files works under RLIMIT_NOFILE.  A file is
- * unmapped as soon as its last chunk has been delivered.  Empty files deliver nothing.
+ * (the mapping keeps the file), so any number of files works under RLIMIT_NOFILE.  Workers drop
+ * the page-table entries of delivered chunks (MADV_DONTNEED: the cached pages stay) between
+ * populating others, so page tables stay small and the files' final unmap is cheap.  Empty
+ * files deliver nothing.
  *
  * Errors: an I/O error while populating (MADV_POPULATE_READ returns EFAULT/EIO: the file
  * shrank or the disk failed) is reported as KL_E_IO with the file and offset, after every
