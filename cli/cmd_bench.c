@@ -4,7 +4,12 @@
  *   kl bench mxfp4 [--threads N] [--mib N] [--rule R]
  *       BF16 -> MXFP4 quantizer throughput on Gaussian rows (2304 wide, like the experts'
  *       w1/w3 rows), per core and on N cores, against the host memory-read ceiling.
- * JSON on stdout (one object), as every figure of a benchmark should be machine-readable.
+ *   kl bench rules [--rows N]
+ *       relative RMSE of every scale rule on several weight distributions.
+ *   kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N] [--json]
+ *       CPU engine prefill and greedy decode tok/s, the weight bytes a decoded token reads,
+ *       and the bandwidth that implies against the host memory-read ceiling.
+ * mxfp4 and rules print one JSON object; decode prints text, or one JSON object with --json.
  */
 #include "cli/cli.h"
 
@@ -16,6 +21,9 @@
 #include "common/rng.h"
 #include "convert/mxfp4.h"
 #include "convert/verify.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 
@@ -27,13 +35,21 @@
 static const char usage_text[] =
     "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse]\n"
     "       kl bench rules [--rows N]\n"
+    "       kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N] [--json]\n"
     "\n"
     "Quantizes N MiB (default 512) of random BF16 rows of 2304 values to MXFP4 with one thread\n"
     "and with N threads (default: all CPUs) and prints one JSON object: GB/s of BF16 input per\n"
     "core and in total, and the host memory-read ceiling measured in the same run.\n"
     "`rules` quantizes rows drawn from several weight distributions (Gaussian, Laplace,\n"
-    "Student-t with 3 degrees of freedom, Gaussian with 0.1%% outliers at 10 sigma) with every\n"
-    "scale rule and prints the relative RMSE of each (one JSON object).\n";
+    "Student-t with 3 degrees of freedom, Gaussian with 0.1% outliers at 10 sigma) with every\n"
+    "scale rule and prints the relative RMSE of each (one JSON object).\n"
+    "`decode` loads MODEL, feeds a prompt of N random ids (default 64, fixed seed) in one call,\n"
+    "then decodes N greedy tokens (default 32) one at a time on the CPU engine, and reports\n"
+    "prefill and decode tok/s, the weight bytes one decoded token reads (non-expert weights,\n"
+    "shared experts, the top-k routed experts of each MoE layer, lm_head and one embedding row,\n"
+    "from the model's tensors), the bandwidth that implies (bytes x tok/s) and the host\n"
+    "memory-read ceiling measured in the same run.  Text, or one JSON object with --json.\n"
+    "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
 
 #define ROW 2304
 
@@ -136,10 +152,233 @@ static int bench_rules(int argc, char **argv)
     return rc ? KL_EXIT_BUG : KL_EXIT_OK;
 }
 
+/* ---- bench decode ------------------------------------------------------------------------- */
+
+typedef struct decode_args {
+    const char        *model;
+    unsigned long long threads, prompt_tokens, tokens;
+    int                json;
+} decode_args;
+
+/* Weight bytes one decoded token reads, by part (all from the bound tensors). */
+typedef struct token_bytes {
+    double non_expert;      /* attention, norms, routers, dense MLP */
+    double shared_experts;
+    double routed_experts;  /* top-k experts of every MoE layer (their mean size) */
+    double lm_head;
+    double embedding_row;
+    double total;
+} token_bytes;
+
+typedef struct decode_result {
+    double      prefill_s, decode_s;
+    token_bytes bytes;
+    kl_membench_result ceiling;
+} decode_result;
+
+static int is_shared_role(int r)
+{
+    return r == KL_ROLE_SHARED_GATE || r == KL_ROLE_SHARED_UP || r == KL_ROLE_SHARED_DOWN;
+}
+
+static void count_token_bytes(const kl_model *m, token_bytes *tb)
+{
+    const kl_config *c = &m->cfg;
+    memset(tb, 0, sizeof *tb);
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+        const kl_layer *L = &m->layers[l];
+        for (int r = 0; r < KL_ROLE_COUNT; r++)
+            *(is_shared_role(r) ? &tb->shared_experts : &tb->non_expert) +=
+                (double)kl_wmat_bytes(&L->w[r]);
+        if (!L->moe || !c->num_experts)
+            continue;
+        double all = 0;
+        for (int k = 0; k < 3; k++)
+            for (uint32_t e = 0; e < c->num_experts; e++)
+                all += (double)kl_wmat_bytes(&L->experts[k][e]);
+        tb->routed_experts += all / c->num_experts * c->num_experts_per_token;
+    }
+    tb->non_expert += (double)c->hidden_size * sizeof(float); /* the final norm */
+    tb->lm_head = (double)kl_wmat_bytes(&m->lm_head);
+    tb->embedding_row = m->embed.rows ? (double)kl_wmat_bytes(&m->embed) / m->embed.rows : 0;
+    tb->total = tb->non_expert + tb->shared_experts + tb->routed_experts + tb->lm_head +
+                tb->embedding_row;
+}
+
+/* Prefill of random ids, then greedy decode steps; timings into res. */
+static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl_err *err)
+{
+    kl_state st;
+    uint32_t V = m->cfg.vocab_size;
+    int32_t *ids = kl_malloc((size_t)a->prompt_tokens * sizeof *ids);
+    float *logits = kl_malloc((size_t)V * sizeof *logits);
+    int rc = !ids || !logits ? kl_fail(err, KL_E_NOMEM, "out of memory for the prompt")
+                             : kl_state_init(&st, m, err);
+    if (rc) {
+        kl_free(ids);
+        kl_free(logits);
+        return rc;
+    }
+    kl_rng r;
+    kl_rng_seed(&r, 1, 0);
+    for (size_t i = 0; i < a->prompt_tokens; i++)
+        ids[i] = (int32_t)(kl_rng_next(&r) % V);
+    double t0 = kl_now_s();
+    rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
+    res->prefill_s = kl_now_s() - t0;
+    t0 = kl_now_s();
+    for (size_t i = 0; i < a->tokens && !rc; i++) {
+        int32_t id = (int32_t)kl_sample_argmax(logits, V);
+        rc = kl_forward(m, &st, &id, 1, logits, err);
+    }
+    res->decode_s = kl_now_s() - t0;
+    kl_state_free(&st);
+    kl_free(ids);
+    kl_free(logits);
+    return rc;
+}
+
+static double per_s(double n, double s)
+{
+    return s > 0 ? n / s : 0;
+}
+
+static void print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r)
+{
+    const token_bytes *b = &r->bytes;
+    double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
+    cJSON_AddStringToObject(j, "command", "bench decode");
+    cJSON_AddBoolToObject(j, "ok", 1);
+    cJSON_AddStringToObject(j, "model", a->model);
+    cJSON_AddNumberToObject(j, "threads", kl_pool_threads(m->pool));
+    cJSON_AddStringToObject(j, "kernels", kl_matvec_kernels_name(kl_matvec_kernels()));
+    cJSON_AddNumberToObject(j, "weight_bytes", (double)m->weight_bytes);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)a->prompt_tokens);
+    cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
+    cJSON_AddNumberToObject(j, "prefill_tok_s", per_s((double)a->prompt_tokens, r->prefill_s));
+    cJSON_AddNumberToObject(j, "decode_tokens", (double)a->tokens);
+    cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
+    cJSON_AddNumberToObject(j, "decode_tok_s", tok_s);
+    cJSON_AddNumberToObject(j, "bytes_per_token", b->total);
+    cJSON *parts = cJSON_AddObjectToObject(j, "bytes_per_token_parts");
+    cJSON_AddNumberToObject(parts, "non_expert", b->non_expert);
+    cJSON_AddNumberToObject(parts, "shared_experts", b->shared_experts);
+    cJSON_AddNumberToObject(parts, "routed_experts", b->routed_experts);
+    cJSON_AddNumberToObject(parts, "lm_head", b->lm_head);
+    cJSON_AddNumberToObject(parts, "embedding_row", b->embedding_row);
+    cJSON_AddNumberToObject(j, "effective_gbps", eff);
+    cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
+    cJSON_AddNumberToObject(j, "ratio_to_ceiling",
+                            r->ceiling.read_gbps > 0 ? eff / r->ceiling.read_gbps : 0);
+    char *text = cJSON_PrintUnformatted(j);
+    puts(text ? text : "{}");
+    cJSON_free(text);
+    cJSON_Delete(j);
+}
+
+static void print_decode_text(const decode_args *a, const kl_model *m, const decode_result *r)
+{
+    const token_bytes *b = &r->bytes;
+    double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
+    printf("kl bench decode: %s (%u threads, %s kernels, %.3f GB of weights)\n", a->model,
+           kl_pool_threads(m->pool), kl_matvec_kernels_name(kl_matvec_kernels()),
+           (double)m->weight_bytes / 1e9);
+    printf("  prefill  %llu tokens in %.3f s: %.1f tok/s\n", a->prompt_tokens, r->prefill_s,
+           per_s((double)a->prompt_tokens, r->prefill_s));
+    printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
+    printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
+           "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
+           b->non_expert / 1e9, b->shared_experts / 1e9, b->routed_experts / 1e9,
+           b->lm_head / 1e9, b->embedding_row / 1e9);
+    printf("  effective bandwidth %.2f GB/s; host memory-read ceiling %.2f GB/s (ratio %.2f)\n",
+           eff, r->ceiling.read_gbps,
+           r->ceiling.read_gbps > 0 ? eff / r->ceiling.read_gbps : 0);
+}
+
+static int parse_decode(int argc, char **argv, decode_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->prompt_tokens = 64;
+    a->tokens = 32;
+    for (int i = 2; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--json")) {
+            a->json = 1;
+        } else if (kl_cli_opt_value(argc, argv, &i, "--threads", &v)) {
+            if (!v || kl_cli_parse_u64(v, &a->threads) || a->threads < 1 || a->threads > 256)
+                goto bad;
+        } else if (kl_cli_opt_value(argc, argv, &i, "--prompt-tokens", &v)) {
+            if (!v || kl_cli_parse_u64(v, &a->prompt_tokens) || a->prompt_tokens < 1 ||
+                a->prompt_tokens > (1u << 20))
+                goto bad;
+        } else if (kl_cli_opt_value(argc, argv, &i, "--tokens", &v)) {
+            if (!v || kl_cli_parse_u64(v, &a->tokens) || a->tokens > (1u << 20))
+                goto bad;
+        } else if (argv[i][0] != '-' && !a->model) {
+            a->model = argv[i];
+        } else {
+            goto bad;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "kl bench decode: bad argument '%s'\n\n%s", argv[i], usage_text);
+        return KL_EXIT_USAGE;
+    }
+    if (!a->model) {
+        fprintf(stderr, "kl bench decode: no model directory given\n\n%s", usage_text);
+        return KL_EXIT_USAGE;
+    }
+    return KL_EXIT_OK;
+}
+
+/* A library error as an exit status: a broken checkpoint is a problem found (1). */
+static int decode_error(const kl_err *err)
+{
+    char buf[1024];
+    fprintf(stderr, "kl bench decode: %s\n", kl_err_format(err, buf, sizeof buf));
+    if (err->code == KL_E_FORMAT || err->code == KL_E_SCHEMA || err->code == KL_E_UNSUPPORTED)
+        return KL_EXIT_PROBLEMS;
+    return err->code == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE;
+}
+
+static int bench_decode(int argc, char **argv)
+{
+    decode_args a;
+    int rc = parse_decode(argc, argv, &a);
+    if (rc != KL_EXIT_OK)
+        return rc;
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model *m = NULL;
+    kl_model_opts mo = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED};
+    decode_result res;
+    memset(&res, 0, sizeof res);
+    if (kl_model_open(&m, a.model, &mo, &err) || time_decode(m, &a, &res, &err)) {
+        kl_model_close(m);
+        return decode_error(&err);
+    }
+    count_token_bytes(m, &res.bytes);
+    /* the ceiling with as many threads as the engine, measured after the model is loaded */
+    if (kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling, &err))
+        fprintf(stderr, "kl bench decode: no memory-read ceiling: %s\n", err.msg);
+    if (a.json)
+        print_decode_json(&a, m, &res);
+    else
+        print_decode_text(&a, m, &res);
+    kl_model_close(m);
+    return KL_EXIT_OK;
+}
+
+/* ---- command ------------------------------------------------------------------------------ */
+
 int cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "rules"))
         return bench_rules(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "decode"))
+        return bench_decode(argc, argv);
     if (argc < 2 || strcmp(argv[1], "mxfp4")) {
         fputs(usage_text, argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
         return argc >= 2 && !strcmp(argv[1], "--help") ? KL_EXIT_OK : KL_EXIT_USAGE;

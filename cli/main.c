@@ -18,7 +18,7 @@ static const command commands[] = {
     {"audit", cmd_audit, "check a checkpoint: headers, index, schema, layout, memory, hashes"},
     {"synth", cmd_synth, "write a synthetic checkpoint (tiny, small or the full 48B geometry)"},
     {"convert", cmd_convert, "BF16 checkpoint -> MXFP4 routed experts (compressed-tensors)"},
-    {"bench", cmd_bench, "measured figures beside their ceilings (bench mxfp4: the quantizer)"},
+    {"bench", cmd_bench, "measured figures beside their ceilings (mxfp4, rules, decode)"},
     {"read", cmd_read, "stream a checkpoint through the staged reader and report GB/s"},
     {"tokenize", cmd_tokenize, "text -> token ids with a checkpoint's tokenizer"},
     {"detokenize", cmd_detokenize, "token ids -> text with a checkpoint's tokenizer"},

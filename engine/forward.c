@@ -3,6 +3,14 @@
  *
  * Sections: dimensions and scratch; elementwise helpers; KDA; MLA; FFN (dense, MoE);
  * state API; kl_forward.
+ *
+ * Tokens travel in chunks of up to KL_FORWARD_CHUNK.  Activations of a chunk are row-major
+ * [tokens, width] matrices, so every projection is one kl_wmat_matmul (engine/matvec.h).
+ * What is sequential in the model stays sequential per token (conv windows, the delta rule,
+ * causal attention); what is independent runs in parallel (KDA and MLA heads over the pool).
+ * No value of a token depends on the other tokens of its chunk except through the model's own
+ * causal dependencies, and each is computed in the same order whatever the chunk: that is
+ * what makes logits bit-identical for any split of a prompt.
  */
 #include "engine/forward.h"
 
@@ -14,30 +22,53 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Dimensions and scratch                                                                     */
 
+#define CHUNK    KL_FORWARD_CHUNK
+#define MAX_TOPK 64   /* larger configs are refused */
+
 typedef struct dims {
     size_t hidden, vocab;
     size_t kh, kd, kD, kw;        /* KDA heads, head dim, heads*dim, conv kernel */
     size_t nh, dn, dr, dv, R;     /* MLA heads, nope, rope, v dims, kv_lora_rank */
-    size_t big;                   /* size of every non-hidden scratch buffer */
+    size_t E, topk;               /* routed experts, experts per token */
+    size_t wide;                  /* widest attention projection or gate */
+    size_t low;                   /* widest low-rank output (KDA gate ranks, MLA kv_a) */
+    size_t ffn;                   /* FFN intermediate floats per token: the dense MLP's, or
+                                     top_k routed experts' plus the shared experts' */
+    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [R] + [CHUNK, dv] */
 } dims;
 
 typedef struct bufs {
-    float *x, *xn, *y, *acc;      /* [hidden] residual, normed input, block output, MoE sum */
-    float *q, *k, *v, *f, *g, *o; /* [big] projections, gates, attention output */
-    float *lr;                    /* [big] low-rank / latent scratch */
-    float *qlat;                  /* [big] MLA absorbed queries [nh, R] */
-    float *ctx;                   /* [big] MLA attention-weighted latent [R] */
-    float *row;                   /* [big] one weight row */
-    float *h1, *h2;               /* [big] FFN intermediates */
-    float *router;                /* [big] router scores */
+    float *x, *xn, *y;            /* [T, hidden] residual stream, normed input, block output */
+    float *q, *k, *v, *f, *g, *o; /* [T, wide] projections, gates, attention output */
+    float *lr, *lr2;              /* [T, low] low-rank gate inputs / MLA kv_a output */
+    float *beta;                  /* [T, kh] KDA beta */
+    float *heads;                 /* [nh, head_floats] MLA per-head scratch */
+    float *h1, *h2;               /* [T, ffn] FFN intermediates (MoE: routed rows in list
+                                     order, then the shared experts' [T, shared inter]) */
+    float *xe;                    /* [T * topk, hidden] routed tokens in list order */
+    float *eo;                    /* [T * topk, hidden] routed expert outputs, list order */
+    float *ys;                    /* [T, hidden] shared experts' output */
+    float *router;                /* [T, E] router logits, then sigmoid scores */
+    float *sel;                   /* [E] one token's selection scores */
+    float *wt;                    /* [T, topk] routing weights */
+    int32_t *idx;                 /* [T, topk] chosen experts */
+    int32_t *list;                /* [T * topk] slots (t * topk + k) grouped by expert */
+    int32_t *inv;                 /* [T * topk] position of each slot in list */
+    int32_t *start;               /* [E + 1] first entry of each expert in list */
 } bufs;
-
-#define N_BIG 13
-#define MAX_TOPK 64   /* experts per token held on the stack; larger configs are refused */
 
 static size_t max2(size_t a, size_t b)
 {
     return a > b ? a : b;
+}
+
+/* The largest row count of role r over all layers. */
+static size_t max_rows(const kl_model *m, kl_role r)
+{
+    size_t n = 0;
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        n = max2(n, (size_t)m->layers[l].w[r].rows);
+    return n;
 }
 
 static void get_dims(const kl_model *m, dims *d)
@@ -54,37 +85,97 @@ static void get_dims(const kl_model *m, dims *d)
     d->dr = c->qk_rope_head_dim;
     d->dv = c->v_head_dim;
     d->R = c->kv_lora_rank;
-    size_t b = max2(d->kD, d->nh * (d->dn + d->dr));
-    b = max2(b, d->nh * d->dv);
-    b = max2(b, d->nh * d->R);
-    b = max2(b, d->R + d->dr);
-    b = max2(b, d->hidden);
-    b = max2(b, c->intermediate_size);
-    b = max2(b, c->num_experts);
-    /* low-rank gate projections and shared experts: take the bound tensors' sizes */
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
-        const kl_layer *L = &m->layers[l];
-        for (int r = 0; r < KL_ROLE_COUNT; r++)
-            b = max2(b, (size_t)L->w[r].rows);
-        if (L->moe && L->experts[0])
-            b = max2(b, (size_t)L->experts[0][0].rows);
-    }
-    d->big = b;
+    d->E = c->num_experts;
+    d->topk = c->num_experts_per_token;
+    /* sizes from the bound tensors too (the low-rank gates have no config key) */
+    static const kl_role wide_roles[] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V,
+                                         KL_ROLE_KDA_F_B, KL_ROLE_KDA_G_B, KL_ROLE_MLA_Q};
+    d->wide = max2(d->kD, max2(d->nh * (d->dn + d->dr), d->nh * d->dv));
+    for (size_t i = 0; i < sizeof wide_roles / sizeof *wide_roles; i++)
+        d->wide = max2(d->wide, max_rows(m, wide_roles[i]));
+    d->low = max2(d->R + d->dr, max2(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
+    size_t routed = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        if (m->layers[l].moe && m->layers[l].experts[0])
+            routed = max2(routed, (size_t)m->layers[l].experts[0][0].rows);
+    d->ffn = max2(max_rows(m, KL_ROLE_MLP_GATE),
+                  d->topk * routed + max_rows(m, KL_ROLE_SHARED_GATE));
+    d->head_floats = CHUNK * d->R + d->R + CHUNK * d->dv;
 }
 
-static void carve(const kl_state *s, const dims *d, bufs *b)
+/* Carves p into the chunk buffers; returns the floats they take (p NULL: just the count). */
+static size_t carve(float *p, const dims *d, bufs *b)
 {
-    float *p = s->scratch;
-    b->x = p; p += d->hidden;
-    b->xn = p; p += d->hidden;
-    b->y = p; p += d->hidden;
-    b->acc = p; p += d->hidden;
-    float **big[N_BIG] = {&b->q, &b->k, &b->v, &b->f, &b->g, &b->o, &b->lr,
-                          &b->qlat, &b->ctx, &b->row, &b->h1, &b->h2, &b->router};
-    for (int i = 0; i < N_BIG; i++) {
-        *big[i] = p;
-        p += d->big;
+    size_t T = CHUNK, H = d->hidden;
+    struct { float **buf; size_t n; } t[] = {
+        {&b->x, T * H}, {&b->xn, T * H}, {&b->y, T * H},
+        {&b->q, T * d->wide}, {&b->k, T * d->wide}, {&b->v, T * d->wide},
+        {&b->f, T * d->wide}, {&b->g, T * d->wide}, {&b->o, T * d->wide},
+        {&b->lr, T * d->low}, {&b->lr2, T * d->low}, {&b->beta, T * d->kh},
+        {&b->heads, d->nh * d->head_floats}, {&b->h1, T * d->ffn}, {&b->h2, T * d->ffn},
+        {&b->xe, T * d->topk * H}, {&b->eo, T * d->topk * H}, {&b->ys, T * H},
+        {&b->router, T * d->E}, {&b->sel, d->E}, {&b->wt, T * d->topk},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        *t[i].buf = p ? p + total : NULL;
+        total += t[i].n;
     }
+    return total;
+}
+
+static size_t route_ints(const dims *d)
+{
+    return 3 * CHUNK * d->topk + d->E + 1;
+}
+
+static void carve_ints(int32_t *p, const dims *d, bufs *b)
+{
+    b->idx = p;
+    b->list = p + CHUNK * d->topk;
+    b->inv = p + 2 * CHUNK * d->topk;
+    b->start = p + 3 * CHUNK * d->topk;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Passes over the pool: batched products, per-head loops                                     */
+
+/* Every pass wakes the pool (about 10 us on a 2-vCPU VM), so independent projections are
+ * queued and run together, and small per-head loops stay in the caller. */
+#define MM_BATCH          64
+#define HEADS_SERIAL_MACS (1u << 19)   /* per-head work below which the caller runs it all */
+
+typedef struct mm_list {
+    kl_pool  *pool;
+    size_t    n;
+    kl_matmul mm[MM_BATCH];
+} mm_list;
+
+static void mm_flush(mm_list *l)
+{
+    kl_wmat_matmul_batch(l->mm, l->n, l->pool);
+    l->n = 0;
+}
+
+/* Queues y [n, w->rows] = x [n, w->cols] Wᵀ; runs the queue first when it is full. */
+static void mm_add(mm_list *l, const kl_wmat *w, const float *x, size_t n, float *y)
+{
+    if (l->n == MM_BATCH)
+        mm_flush(l);
+    l->mm[l->n++] = (kl_matmul){w, x, n, y};
+}
+
+/* fn(ctx, h) for every head h < n_heads, over the pool unless the work is small
+ * (which thread runs a head never changes its result). */
+static void run_heads(kl_pool *pool, size_t n_heads, void (*fn)(void *, size_t), void *ctx,
+                      double macs)
+{
+    if (macs >= HEADS_SERIAL_MACS) {
+        kl_pool_run(pool, n_heads, fn, ctx);
+        return;
+    }
+    for (size_t h = 0; h < n_heads; h++)
+        fn(ctx, h);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -117,201 +208,271 @@ static void rmsnorm(float *y, const float *x, const float *w, size_t n, float ep
         y[i] = w[i] * (x[i] * inv);
 }
 
+/* RMSNorm of T rows of width n. */
+static void rmsnorm_rows(float *y, const float *x, const float *w, size_t T, size_t n, float eps)
+{
+    for (size_t t = 0; t < T; t++)
+        rmsnorm(y + t * n, x + t * n, w, n, eps);
+}
+
+static void add_into(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
-/* Causal depthwise conv with SiLU over one token, updating the window; x in, y out [D]. */
-static void short_conv(float *y, const float *x, const float *w, float *win, size_t D, size_t W)
+/* Causal depthwise conv with SiLU over T tokens x [T, D], in place, updating the window: each
+ * channel goes through its tokens in order, exactly as one token at a time would. */
+static void short_conv(float *x, const float *w, float *win, size_t D, size_t W, size_t T)
 {
     for (size_t c = 0; c < D; c++) {
         const float *wc = w + c * W;
         float *st = win + c * (W - 1);
-        float a = wc[W - 1] * x[c];               /* tap W-1: the current token */
-        for (size_t j = 0; j + 1 < W; j++)
-            a += wc[j] * st[j];
-        for (size_t j = 0; j + 2 < W; j++)        /* slide: drop the oldest input */
-            st[j] = st[j + 1];
-        if (W > 1)
-            st[W - 2] = x[c];
-        y[c] = silu(a);
+        for (size_t t = 0; t < T; t++) {
+            float in = x[t * D + c];
+            float a = wc[W - 1] * in;                 /* tap W-1: the current token */
+            for (size_t j = 0; j + 1 < W; j++)
+                a += wc[j] * st[j];
+            for (size_t j = 0; j + 2 < W; j++)        /* slide: drop the oldest input */
+                st[j] = st[j + 1];
+            if (W > 1)
+                st[W - 2] = in;
+            x[t * D + c] = silu(a);
+        }
     }
 }
 
-static void kda_step(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs *b)
+/* g = -exp(A_log[h]) · softplus(f + dt_bias) per channel, log space, for T tokens in place */
+static void forget_gate(float *f, const float *a_log, const float *dt, const dims *d, size_t T)
+{
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < d->kD; c++)
+            f[t * d->kD + c] = -expf(a_log[c / d->kd]) * softplus(f[t * d->kD + c] + dt[c]);
+}
+
+typedef struct kda_job {
+    const kl_layer *L;
+    kl_kda_state   *ks;
+    const dims     *d;
+    const bufs     *b;
+    size_t          T;
+    float           eps;
+} kda_job;
+
+/* q̂ = q / sqrt(Σq² + 1e-6) · qscale and k̂ = k / sqrt(Σk² + 1e-6), eps inside the sqrt */
+static void l2norm_qk(float *q, float *k, size_t K, float qscale)
+{
+    float qq = 0.0f, kk = 0.0f;
+    for (size_t i = 0; i < K; i++) {
+        qq += q[i] * q[i];
+        kk += k[i] * k[i];
+    }
+    float qn = qscale / sqrtf(qq + 1e-6f), kn = 1.0f / sqrtf(kk + 1e-6f);
+    for (size_t i = 0; i < K; i++) {
+        q[i] *= qn;
+        k[i] *= kn;
+    }
+}
+
+/* Steps 6-7b of one head for one token (offset off into the [T, D] buffers). */
+static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
+{
+    const bufs *b = j->b;
+    size_t K = j->d->kd;
+    float *q = b->q + off, *k = b->k + off, *v = b->v + off, *o = b->o + off;
+    const float *gh = b->f + off, *gate = b->g + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    l2norm_qk(q, k, K, 1.0f / sqrtf((float)K));
+    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed row (into o) */
+    memset(o, 0, K * sizeof *o);
+    for (size_t i = 0; i < K; i++)
+        kl_vec_scale_axpy(S + i * K, expf(gh[i]), o, k[i], K);
+    /* u = β (v − Sᵀ k̂), kept in v */
+    for (size_t c = 0; c < K; c++)
+        v[c] = beta * (v[c] - o[c]);
+    /* S += k̂ uᵀ, then read out o = Sᵀ q̂ from the updated row */
+    memset(o, 0, K * sizeof *o);
+    for (size_t i = 0; i < K; i++)
+        kl_vec_axpy_axpy(S + i * K, k[i], v, o, q[i], K);
+    /* 7b. gated RMSNorm per head, sigmoid gate */
+    float ss = 0.0f;
+    for (size_t c = 0; c < K; c++)
+        ss += o[c] * o[c];
+    float inv = 1.0f / sqrtf(ss / (float)K + j->eps);
+    for (size_t c = 0; c < K; c++)
+        o[c] = o[c] * inv * onorm[c] * sigmoid(gate[c]);
+}
+
+/* One head over the chunk's tokens, in order (pool item h). */
+static void kda_head(void *ctx, size_t h)
+{
+    const kda_job *j = ctx;
+    size_t K = j->d->kd;
+    float *S = j->ks->S + h * K * K;
+    for (size_t t = 0; t < j->T; t++)
+        kda_head_token(j, S, t * j->d->kD + h * K, j->b->beta[t * j->d->kh + h]);
+}
+
+static void kda_chunk(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs *b, size_t T)
 {
     const kl_layer *L = &m->layers[l];
     kl_kda_state *ks = &s->kda[l];
-    size_t H = d->kh, K = d->kd, D = d->kD, W = d->kw;
-    float eps = (float)m->cfg.rms_norm_eps;
+    size_t D = d->kD, W = d->kw;
 
-    /* 1. projections (pre-conv values into f/g/o as scratch) */
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_Q], b->xn, b->f, m->pool);
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_K], b->xn, b->g, m->pool);
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_V], b->xn, b->o, m->pool);
+    const kl_wmat *wb = &L->w[KL_ROLE_KDA_B];
+    mm_list mm = {.pool = m->pool};
+
+    /* 1, 3a, 4a, 7a. every projection of x for the whole chunk, one pass over the pool */
+    mm_add(&mm, &L->w[KL_ROLE_KDA_Q], b->xn, T, b->q);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_K], b->xn, T, b->k);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_V], b->xn, T, b->v);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_F_A], b->xn, T, b->lr);
+    mm_add(&mm, wb, b->xn, T, b->beta);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
+    mm_flush(&mm);
     /* 2. short causal conv + SiLU */
-    short_conv(b->q, b->f, L->vec[KL_ROLE_KDA_Q_CONV], ks->conv[0], D, W);
-    short_conv(b->k, b->g, L->vec[KL_ROLE_KDA_K_CONV], ks->conv[1], D, W);
-    short_conv(b->v, b->o, L->vec[KL_ROLE_KDA_V_CONV], ks->conv[2], D, W);
-    /* 3. forget gate g = -exp(A_log[h]) · softplus(f_b(f_a x) + dt_bias), log space */
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_F_A], b->xn, b->lr, m->pool);
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_F_B], b->lr, b->f, m->pool);
-    const float *a_log = L->vec[KL_ROLE_KDA_A_LOG], *dt = L->vec[KL_ROLE_KDA_DT_BIAS];
-    for (size_t c = 0; c < D; c++)
-        b->f[c] = -expf(a_log[c / K]) * softplus(b->f[c] + dt[c]);
-    /* 4. beta per head (into router scratch) */
-    float *beta = b->router;
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_B], b->xn, beta, m->pool);
-    for (size_t h = 0; h < H; h++)
-        beta[h] = sigmoid(beta[h]);
-    /* 7a. output gate (low rank), computed before the recurrence reuses lr */
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_G_A], b->xn, b->lr, m->pool);
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_G_B], b->lr, b->g, m->pool);
-
-    const float *onorm = L->vec[KL_ROLE_KDA_O_NORM];
-    float qscale = 1.0f / sqrtf((float)K);
-    for (size_t h = 0; h < H; h++) {
-        float *q = b->q + h * K, *k = b->k + h * K, *v = b->v + h * K, *o = b->o + h * K;
-        const float *gh = b->f + h * K, *gate = b->g + h * K;
-        float *S = ks->S + h * K * K;
-        /* 6. L2 norm with eps inside the sqrt; q scaled by 1/sqrt(K) */
-        float qq = 0.0f, kk = 0.0f;
-        for (size_t i = 0; i < K; i++) {
-            qq += q[i] * q[i];
-            kk += k[i] * k[i];
-        }
-        float qn = qscale / sqrtf(qq + 1e-6f), kn = 1.0f / sqrtf(kk + 1e-6f);
-        for (size_t i = 0; i < K; i++) {
-            q[i] *= qn;
-            k[i] *= kn;
-        }
-        /* decay: row i of S times exp(g[i]) */
-        for (size_t i = 0; i < K; i++) {
-            float e = expf(gh[i]);
-            for (size_t j = 0; j < K; j++)
-                S[i * K + j] *= e;
-        }
-        /* delta update: u = β (v − Sᵀ k̂); S += k̂ uᵀ  (u kept in o) */
-        for (size_t j = 0; j < K; j++)
-            o[j] = 0.0f;
-        for (size_t i = 0; i < K; i++)
-            for (size_t j = 0; j < K; j++)
-                o[j] += S[i * K + j] * k[i];
-        for (size_t j = 0; j < K; j++)
-            o[j] = beta[h] * (v[j] - o[j]);
-        for (size_t i = 0; i < K; i++)
-            for (size_t j = 0; j < K; j++)
-                S[i * K + j] += k[i] * o[j];
-        /* read-out with the updated state: o = Sᵀ q̂ */
-        for (size_t j = 0; j < K; j++)
-            o[j] = 0.0f;
-        for (size_t i = 0; i < K; i++)
-            for (size_t j = 0; j < K; j++)
-                o[j] += S[i * K + j] * q[i];
-        /* 7b. gated RMSNorm per head, sigmoid gate */
-        float ss = 0.0f;
-        for (size_t j = 0; j < K; j++)
-            ss += o[j] * o[j];
-        float inv = 1.0f / sqrtf(ss / (float)K + eps);
-        for (size_t j = 0; j < K; j++)
-            o[j] = o[j] * inv * onorm[j] * sigmoid(gate[j]);
-    }
+    short_conv(b->q, L->vec[KL_ROLE_KDA_Q_CONV], ks->conv[0], D, W, T);
+    short_conv(b->k, L->vec[KL_ROLE_KDA_K_CONV], ks->conv[1], D, W, T);
+    short_conv(b->v, L->vec[KL_ROLE_KDA_V_CONV], ks->conv[2], D, W, T);
+    /* 3b, 7b. up-projections of the low-rank forget and output gates */
+    mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
+    mm_flush(&mm);
+    /* 3c. forget gate in log space */
+    forget_gate(b->f, L->vec[KL_ROLE_KDA_A_LOG], L->vec[KL_ROLE_KDA_DT_BIAS], d, T);
+    /* 4b. beta per head */
+    for (size_t i = 0; i < T * wb->rows; i++)
+        b->beta[i] = sigmoid(b->beta[i]);
+    /* 5-7b. recurrence and gated norm: heads in parallel, each head's tokens in order */
+    kda_job j = {L, ks, d, b, T, (float)m->cfg.rms_norm_eps};
+    run_heads(m->pool, d->kh, kda_head, &j, 4.0 * (double)T * (double)(D * d->kd));
     /* 8. o_proj */
-    kl_wmat_matvec(&L->w[KL_ROLE_KDA_O], b->o, b->y, m->pool);
+    kl_wmat_matmul(&L->w[KL_ROLE_KDA_O], b->o, T, b->y, m->pool);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* MLA without RoPE, absorbed form (§3.3)                                                     */
 
-static void mla_step(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs *b)
+typedef struct mla_job {
+    const kl_wmat      *kvb;
+    const kl_mla_cache *mc;
+    float              *scores;   /* [nh, scores_cap] */
+    size_t              scores_cap;
+    const dims         *d;
+    const bufs         *b;
+    size_t              T, base;  /* chunk tokens; cache entries before the chunk */
+} mla_job;
+
+/* Token t of head h attends to the cache up to itself (causal); ql [R] holds its absorbed
+ * query on entry and its attention-weighted latent (ctx) on return. */
+static void mla_attend(const mla_job *j, size_t h, size_t t, float *ql)
+{
+    const dims *d = j->d;
+    size_t R = d->R, dr = d->dr, cw = R + dr, qw = d->dn + dr;
+    size_t n = j->base + t + 1;
+    const float *qr = j->b->q + t * d->nh * qw + h * qw + d->dn;
+    float *sc = j->scores + h * j->scores_cap;
+    float scale = 1.0f / sqrtf((float)qw), mx = -INFINITY;
+    /* scores (latent part + shared rope part), fp32 softmax */
+    for (size_t u = 0; u < n; u++) {
+        const float *cu = j->mc->c + u * cw;
+        sc[u] = (kl_vec_dot(ql, cu, R) + kl_vec_dot(qr, cu + R, dr)) * scale;
+        if (sc[u] > mx)
+            mx = sc[u];
+    }
+    float sum = 0.0f;
+    for (size_t u = 0; u < n; u++) {
+        sc[u] = expf(sc[u] - mx);
+        sum += sc[u];
+    }
+    /* ctx = Σ p_u c_u, over the spent query */
+    memset(ql, 0, R * sizeof *ql);
+    for (size_t u = 0; u < n; u++)
+        kl_vec_axpy(ql, sc[u] / sum, j->mc->c + u * cw, R);
+}
+
+/* One head for the whole chunk (pool item h): absorbed queries, attention, W_vb. */
+static void mla_head(void *ctx, size_t h)
+{
+    const mla_job *j = ctx;
+    const dims *d = j->d;
+    size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, T = j->T;
+    float *ql = j->b->heads + h * d->head_floats;   /* [T, R] queries, then contexts */
+    float *row = ql + CHUNK * R;                    /* [R] one row of W_kb */
+    float *yo = row + R;                            /* [T, dv] this head's output */
+    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t; each row of W_kb read once per chunk */
+    memset(ql, 0, T * R * sizeof *ql);
+    for (size_t i = 0; i < dn; i++) {
+        kl_wmat_row_f32(j->kvb, h * (dn + dv) + i, row);
+        for (size_t t = 0; t < T; t++)
+            kl_vec_axpy(ql + t * R, j->b->q[t * d->nh * qw + h * qw + i], row, R);
+    }
+    for (size_t t = 0; t < T; t++)
+        mla_attend(j, h, t, ql + t * R);
+    /* out_h = W_vb,h ctx for every token (serial: this is already one pool item) */
+    kl_wmat vb = kl_wmat_rows(j->kvb, h * (dn + dv) + dn, dv);
+    kl_wmat_matmul(&vb, ql, T, yo, NULL);
+    for (size_t t = 0; t < T; t++)
+        memcpy(j->b->o + t * d->nh * dv + h * dv, yo + t * dv, dv * sizeof *yo);
+}
+
+static void mla_chunk(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs *b, size_t T)
 {
     const kl_layer *L = &m->layers[l];
     kl_mla_cache *mc = &s->mla[l];
-    size_t nh = d->nh, dn = d->dn, dr = d->dr, dv = d->dv, R = d->R, cw = R + dr;
-    const kl_wmat *kvb = &L->w[KL_ROLE_MLA_KV_B];
+    size_t R = d->R, dr = d->dr, cw = R + dr;
 
-    /* 1. q = W_q x  [nh, dn+dr] */
-    kl_wmat_matvec(&L->w[KL_ROLE_MLA_Q], b->xn, b->q, m->pool);
-    /* 2-3. latent c (normed, eps 1e-6) and shared k_r (not normed) into the cache */
-    kl_wmat_matvec(&L->w[KL_ROLE_MLA_KV_A], b->xn, b->lr, m->pool);
-    float *cn = mc->c + mc->n * cw;
-    rmsnorm(cn, b->lr, L->vec[KL_ROLE_MLA_KV_A_NORM], R, 1e-6f);
-    memcpy(cn + R, b->lr + R, dr * sizeof *cn);
-    mc->n++;
-    /* absorbed query: qlat_h = W_kb,hᵀ q_nope,h  [nh, R] */
-    for (size_t h = 0; h < nh; h++) {
-        float *ql = b->qlat + h * R;
-        const float *qh = b->q + h * (dn + dr);
-        for (size_t r = 0; r < R; r++)
-            ql[r] = 0.0f;
-        for (size_t i = 0; i < dn; i++) {
-            kl_wmat_row_f32(kvb, h * (dn + dv) + i, b->row);
-            for (size_t r = 0; r < R; r++)
-                ql[r] += qh[i] * b->row[r];
-        }
+    /* 1-2. q = W_q x [T, nh, dn+dr] and ckv = W_kva x [T, R+dr], one pass over the pool */
+    mm_list mm = {.pool = m->pool};
+    mm_add(&mm, &L->w[KL_ROLE_MLA_Q], b->xn, T, b->q);
+    mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], b->xn, T, b->lr);
+    mm_flush(&mm);
+    /* 3. latent c (normed, eps 1e-6) and shared k_r (not normed) appended to the cache */
+    for (size_t t = 0; t < T; t++) {
+        float *cn = mc->c + (mc->n + t) * cw;
+        rmsnorm(cn, b->lr + t * cw, L->vec[KL_ROLE_MLA_KV_A_NORM], R, 1e-6f);
+        memcpy(cn + R, b->lr + t * cw + R, dr * sizeof *cn);
     }
-    float scale = 1.0f / sqrtf((float)(dn + dr));
-    for (size_t h = 0; h < nh; h++) {
-        const float *ql = b->qlat + h * R, *qr = b->q + h * (dn + dr) + dn;
-        /* scores over every cached token (causal: the cache holds tokens 0..t), fp32 softmax */
-        float mx = -INFINITY;
-        for (size_t t = 0; t < mc->n; t++) {
-            const float *ct = mc->c + t * cw;
-            float sc = 0.0f;
-            for (size_t r = 0; r < R; r++)
-                sc += ql[r] * ct[r];
-            for (size_t r = 0; r < dr; r++)
-                sc += qr[r] * ct[R + r];
-            mc->scores[t] = sc * scale;
-            if (mc->scores[t] > mx)
-                mx = mc->scores[t];
-        }
-        float sum = 0.0f;
-        for (size_t t = 0; t < mc->n; t++) {
-            mc->scores[t] = expf(mc->scores[t] - mx);
-            sum += mc->scores[t];
-        }
-        /* ctx = Σ p_t c_t; out_h = W_vb,h ctx */
-        for (size_t r = 0; r < R; r++)
-            b->ctx[r] = 0.0f;
-        for (size_t t = 0; t < mc->n; t++) {
-            float p = mc->scores[t] / sum;
-            const float *ct = mc->c + t * cw;
-            for (size_t r = 0; r < R; r++)
-                b->ctx[r] += p * ct[r];
-        }
-        for (size_t j = 0; j < dv; j++)
-            b->o[h * dv + j] = kl_wmat_dot(kvb, h * (dn + dv) + dn + j, b->ctx);
-    }
-    kl_wmat_matvec(&L->w[KL_ROLE_MLA_O], b->o, b->y, m->pool);
+    mla_job j = {&L->w[KL_ROLE_MLA_KV_B], mc, s->scores, s->scores_cap, d, b, T, mc->n};
+    mc->n += T;
+    /* 4-7. heads in parallel, each head's tokens in order */
+    double per_head = (double)(d->dn + d->dv) * (double)R + 2.0 * (double)mc->n * (double)cw;
+    run_heads(m->pool, d->nh, mla_head, &j, (double)T * (double)d->nh * per_head);
+    /* 8. o_proj */
+    kl_wmat_matmul(&L->w[KL_ROLE_MLA_O], b->o, T, b->y, m->pool);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* FFN: SiLU-gated MLP, dense (§3.5) and MoE (§3.4)                                           */
 
-/* out = down(SiLU(gate x) ⊙ (up x)) */
-static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wmat *down,
-                const float *x, float *out, bufs *b)
+/* h1 = SiLU(h1) ⊙ h2 over n values */
+static void silu_mul(float *h1, const float *h2, size_t n)
 {
-    kl_wmat_matvec(gate, x, b->h1, m->pool);
-    kl_wmat_matvec(up, x, b->h2, m->pool);
-    for (uint64_t i = 0; i < gate->rows; i++)
-        b->h1[i] = silu(b->h1[i]) * b->h2[i];
-    kl_wmat_matvec(down, b->h1, out, m->pool);
+    for (size_t i = 0; i < n; i++)
+        h1[i] = silu(h1[i]) * h2[i];
 }
 
-static void moe_step(kl_model *m, uint32_t l, const dims *d, bufs *b)
+/* out[T] = down(SiLU(gate x) ⊙ (up x)) for T tokens x [T, cols] */
+static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wmat *down,
+                const float *x, size_t T, float *out, bufs *b)
 {
-    const kl_layer *L = &m->layers[l];
+    mm_list mm = {.pool = m->pool};
+    mm_add(&mm, gate, x, T, b->h1);
+    mm_add(&mm, up, x, T, b->h2);
+    mm_flush(&mm);
+    silu_mul(b->h1, b->h2, T * gate->rows);
+    kl_wmat_matmul(down, b->h1, T, out, m->pool);
+}
+
+/* Steps 1-4 for one token: s [E] router logits (sigmoid scores on return) -> idx/wt [topk]. */
+static void route_token(const kl_model *m, const float *bias, float *s, float *sel, int32_t *idx,
+                        float *wt)
+{
     const kl_config *c = &m->cfg;
     size_t E = c->num_experts, topk = c->num_experts_per_token;
-    const float *bias = L->vec[KL_ROLE_ROUTER_BIAS];
-    float *s = b->router;              /* sigmoid scores [E] */
-    float *sel = b->lr;                /* selection scores [E] (may be -inf once taken) */
-    int32_t idx[MAX_TOPK];
-    float wt[MAX_TOPK];
-
-    /* 1. fp32 router, sigmoid */
-    kl_wmat_matvec(&L->w[KL_ROLE_ROUTER], b->xn, s, m->pool);
+    /* 1. sigmoid; selection score = score + correction bias */
     for (size_t e = 0; e < E; e++) {
         s[e] = sigmoid(s[e]);
         sel[e] = s[e] + (bias ? bias[e] : 0.0f);
@@ -339,23 +500,90 @@ static void moe_step(kl_model *m, uint32_t l, const dims *d, bufs *b)
             wt[k] /= wsum + 1e-20f;
         wt[k] *= (float)c->routed_scaling_factor;
     }
-    /* 5-6. routed experts, summed in fp32 */
-    for (size_t i = 0; i < d->hidden; i++)
-        b->acc[i] = 0.0f;
-    for (size_t k = 0; k < topk; k++) {
-        size_t e = (size_t)idx[k];
-        glu(m, &L->experts[0][e], &L->experts[2][e], &L->experts[1][e], b->xn, b->y, b);
-        for (size_t i = 0; i < d->hidden; i++)
-            b->acc[i] += wt[k] * b->y[i];
+}
+
+/* Slots 0..n-1 grouped by expert (a stable counting sort): list[start[e] .. start[e+1]) holds
+ * expert e's slots in increasing order; inv[slot] is the slot's position in list. */
+static void group_by_expert(const int32_t *idx, size_t n, size_t E, bufs *b)
+{
+    int32_t *start = b->start, *list = b->list;
+    memset(start, 0, (E + 1) * sizeof *start);
+    for (size_t i = 0; i < n; i++)
+        start[idx[i] + 1]++;
+    for (size_t e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    for (size_t i = 0; i < n; i++)                 /* start[e] advances to expert e's end */
+        list[start[idx[i]]++] = (int32_t)i;
+    for (size_t e = E; e > 0; e--)                 /* shift back to the starts */
+        start[e] = start[e - 1];
+    start[0] = 0;
+    for (size_t p = 0; p < n; p++)
+        b->inv[list[p]] = (int32_t)p;
+}
+
+/* Step 5: every chosen expert once for the chunk (its weights read once, on all the tokens that
+ * chose it), and the shared experts, as two passes over the pool: gate and up, then down.
+ * Routed outputs land in b->eo in list order, the shared experts' in b->ys. */
+static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, size_t T)
+{
+    size_t H = d->hidden, n = T * d->topk, I = (size_t)L->experts[0][0].rows;
+    const kl_wmat *sg = &L->w[KL_ROLE_SHARED_GATE];
+    int shared = sg->kind != KL_W_NONE;
+    float *hs1 = b->h1 + n * I, *hs2 = b->h2 + n * I;   /* the shared experts' rows */
+    /* each slot's token, in list order: expert e's tokens are rows start[e].. of xe */
+    for (size_t p = 0; p < n; p++)
+        memcpy(b->xe + p * H, b->xn + (size_t)b->list[p] / d->topk * H, H * sizeof *b->xe);
+    mm_list mm = {.pool = m->pool};
+    for (size_t e = 0; e < d->E; e++) {
+        size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
+        if (!ne)
+            continue;
+        mm_add(&mm, &L->experts[0][e], b->xe + s0 * H, ne, b->h1 + s0 * I);
+        mm_add(&mm, &L->experts[2][e], b->xe + s0 * H, ne, b->h2 + s0 * I);
     }
-    /* 7-8. shared experts, unscaled */
-    if (L->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE) {
-        glu(m, &L->w[KL_ROLE_SHARED_GATE], &L->w[KL_ROLE_SHARED_UP], &L->w[KL_ROLE_SHARED_DOWN],
-            b->xn, b->y, b);
-        for (size_t i = 0; i < d->hidden; i++)
-            b->acc[i] += b->y[i];
+    if (shared) {
+        mm_add(&mm, sg, b->xn, T, hs1);
+        mm_add(&mm, &L->w[KL_ROLE_SHARED_UP], b->xn, T, hs2);
     }
-    memcpy(b->y, b->acc, d->hidden * sizeof *b->y);
+    mm_flush(&mm);
+    silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
+    for (size_t e = 0; e < d->E; e++) {
+        size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
+        if (ne)
+            mm_add(&mm, &L->experts[1][e], b->h1 + s0 * I, ne, b->eo + s0 * H);
+    }
+    if (shared)
+        mm_add(&mm, &L->w[KL_ROLE_SHARED_DOWN], hs1, T, b->ys);
+    mm_flush(&mm);
+}
+
+static void moe_chunk(kl_model *m, uint32_t l, const dims *d, bufs *b, size_t T)
+{
+    const kl_layer *L = &m->layers[l];
+    size_t E = d->E, topk = d->topk, H = d->hidden;
+
+    /* 1-4. fp32 router for the chunk, then each token's top-k and weights */
+    kl_wmat_matmul(&L->w[KL_ROLE_ROUTER], b->xn, T, b->router, m->pool);
+    for (size_t t = 0; t < T; t++)
+        route_token(m, L->vec[KL_ROLE_ROUTER_BIAS], b->router + t * E, b->sel, b->idx + t * topk,
+                    b->wt + t * topk);
+    /* 5, 7. routed and shared experts */
+    group_by_expert(b->idx, T * topk, E, b);
+    run_experts(m, L, d, b, T);
+    /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order */
+    for (size_t t = 0; t < T; t++) {
+        float *y = b->y + t * H;
+        memset(y, 0, H * sizeof *y);
+        for (size_t k = 0; k < topk; k++) {
+            const float *ek = b->eo + (size_t)b->inv[t * topk + k] * H;
+            float w = b->wt[t * topk + k];
+            for (size_t i = 0; i < H; i++)
+                y[i] += w * ek[i];
+        }
+    }
+    /* 8. plus the shared experts, unscaled */
+    if (L->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE)
+        add_into(b->y, b->ys, T * H);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -365,14 +593,16 @@ int kl_state_init(kl_state *s, const kl_model *m, kl_err *err)
 {
     memset(s, 0, sizeof *s);
     dims d;
+    bufs b;
     get_dims(m, &d);
     uint32_t nl = m->cfg.num_hidden_layers;
     s->m = m;
     s->kda = kl_calloc(nl ? nl : 1, sizeof *s->kda);
     s->mla = kl_calloc(nl ? nl : 1, sizeof *s->mla);
-    s->scratch_floats = 4 * d.hidden + N_BIG * d.big;
+    s->scratch_floats = carve(NULL, &d, &b);
     s->scratch = kl_calloc(s->scratch_floats, sizeof(float));
-    if (!s->kda || !s->mla || !s->scratch)
+    s->route = kl_calloc(route_ints(&d), sizeof *s->route);
+    if (!s->kda || !s->mla || !s->scratch || !s->route)
         goto nomem;
     for (uint32_t l = 0; l < nl; l++) {
         if (m->layers[l].attn != KL_ATTN_KDA)
@@ -403,15 +633,15 @@ void kl_state_free(kl_state *s)
                     kl_free(s->kda[l].conv[k]);
                 kl_free(s->kda[l].S);
             }
-            if (s->mla) {
+            if (s->mla)
                 kl_free(s->mla[l].c);
-                kl_free(s->mla[l].scores);
-            }
         }
     }
     kl_free(s->kda);
     kl_free(s->mla);
     kl_free(s->scratch);
+    kl_free(s->route);
+    kl_free(s->scores);
     memset(s, 0, sizeof *s);
 }
 
@@ -430,7 +660,8 @@ void kl_state_reset(kl_state *s)
     s->pos = 0;
 }
 
-/* Grows every MLA cache to hold at least need tokens (doubling). */
+/* Grows every MLA cache, and the attention-weight scratch, to hold at least need tokens
+ * (doubling). */
 static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
 {
     for (uint32_t l = 0; l < s->m->cfg.num_hidden_layers; l++) {
@@ -444,11 +675,16 @@ static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
         if (!c)
             return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", cap);
         mc->c = c;
-        float *sc = kl_realloc(mc->scores, cap * sizeof *sc);
-        if (!sc)
-            return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", cap);
-        mc->scores = sc;
         mc->cap = cap;
+        if (s->scores_cap < cap) {
+            /* scratch: nothing to keep, so free first and halve the peak */
+            kl_free(s->scores);
+            s->scores_cap = 0;
+            if (!(s->scores = kl_malloc(d->nh * cap * sizeof *s->scores)))
+                return kl_fail(err, KL_E_NOMEM, "out of memory for attention weights of %zu "
+                               "tokens", cap);
+            s->scores_cap = cap;
+        }
     }
     return 0;
 }
@@ -484,6 +720,36 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
 /* ------------------------------------------------------------------------------------------ */
 /* Forward                                                                                    */
 
+/* T <= CHUNK tokens through every layer; leaves their final hidden states in b->x. */
+static void forward_chunk(kl_model *m, kl_state *s, const int32_t *ids, size_t T, const dims *d,
+                          bufs *b)
+{
+    size_t H = d->hidden;
+    float eps = (float)m->cfg.rms_norm_eps;
+    /* embedding: no scaling, no positions */
+    for (size_t t = 0; t < T; t++)
+        kl_wmat_row_f32(&m->embed, (uint64_t)ids[t], b->x + t * H);
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const kl_layer *L = &m->layers[l];
+        /* h += Attn(RMSNorm_in(h)) */
+        rmsnorm_rows(b->xn, b->x, L->vec[KL_ROLE_INPUT_NORM], T, H, eps);
+        if (L->attn == KL_ATTN_KDA)
+            kda_chunk(m, s, l, d, b, T);
+        else
+            mla_chunk(m, s, l, d, b, T);
+        add_into(b->x, b->y, T * H);
+        /* h += FFN(RMSNorm_post(h)) */
+        rmsnorm_rows(b->xn, b->x, L->vec[KL_ROLE_POST_ATTN_NORM], T, H, eps);
+        if (L->moe)
+            moe_chunk(m, l, d, b, T);
+        else
+            glu(m, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN],
+                b->xn, T, b->y, b);
+        add_into(b->x, b->y, T * H);
+    }
+    s->pos += T;
+}
+
 int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
                kl_err *err)
 {
@@ -495,46 +761,28 @@ int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *lo
         if (ids[i] < 0 || (uint32_t)ids[i] >= m->cfg.vocab_size)
             return kl_fail(err, KL_E_USAGE, "token id %d at %zu is outside the vocabulary (%u)",
                            (int)ids[i], i, m->cfg.vocab_size);
-    if (m->cfg.num_experts_per_token > MAX_TOPK)
-        return kl_fail(err, KL_E_UNSUPPORTED, "%u experts per token (at most %d)",
-                       m->cfg.num_experts_per_token, MAX_TOPK);
+    if (m->cfg.num_experts_per_token > MAX_TOPK ||
+        m->cfg.num_experts_per_token > m->cfg.num_experts)
+        return kl_fail(err, KL_E_UNSUPPORTED, "%u experts per token of %u (at most %d)",
+                       m->cfg.num_experts_per_token, m->cfg.num_experts, MAX_TOPK);
     dims d;
     bufs b;
     get_dims(m, &d);
-    carve(s, &d, &b);
+    carve(s->scratch, &d, &b);
+    carve_ints(s->route, &d, &b);
     int rc = reserve_mla(s, &d, s->pos + n, err);
     if (rc)
         return rc;
-    float eps = (float)m->cfg.rms_norm_eps;
 
-    for (size_t t = 0; t < n; t++) {
-        /* embedding: no scaling, no positions */
-        kl_wmat_row_f32(&m->embed, (uint64_t)ids[t], b.x);
-        for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
-            const kl_layer *L = &m->layers[l];
-            /* h += Attn(RMSNorm_in(h)) */
-            rmsnorm(b.xn, b.x, L->vec[KL_ROLE_INPUT_NORM], d.hidden, eps);
-            if (L->attn == KL_ATTN_KDA)
-                kda_step(m, s, l, &d, &b);
-            else
-                mla_step(m, s, l, &d, &b);
-            for (size_t i = 0; i < d.hidden; i++)
-                b.x[i] += b.y[i];
-            /* h += FFN(RMSNorm_post(h)) */
-            rmsnorm(b.xn, b.x, L->vec[KL_ROLE_POST_ATTN_NORM], d.hidden, eps);
-            if (L->moe)
-                moe_step(m, l, &d, &b);
-            else
-                glu(m, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN],
-                    b.xn, b.y, &b);
-            for (size_t i = 0; i < d.hidden; i++)
-                b.x[i] += b.y[i];
-        }
-        s->pos++;
+    size_t last = 0;   /* tokens in the last chunk: its final row is the last token's */
+    for (size_t i = 0; i < n; i += last) {
+        last = n - i < CHUNK ? n - i : CHUNK;
+        forward_chunk(m, s, ids + i, last, &d, &b);
     }
     /* final norm and lm_head for the last position only */
     if (logits_last) {
-        rmsnorm(b.xn, b.x, m->final_norm, d.hidden, eps);
+        rmsnorm(b.xn, b.x + (last - 1) * d.hidden, m->final_norm, d.hidden,
+                (float)m->cfg.rms_norm_eps);
         kl_wmat_matvec(&m->lm_head, b.xn, logits_last, m->pool);
     }
     return 0;

@@ -6,11 +6,16 @@
  * q, k and v and the fp32 delta-rule state [heads, head_dim(k), head_dim(v)]; for every MLA
  * layer a latent cache of kv_lora_rank + qk_rope_head_dim values per token (kv_a_layernorm'd
  * latent, then the un-normalised shared rope key), grown as tokens arrive.  Scratch buffers
- * also live in the state, so a model can serve several states one kl_forward at a time.
+ * (sized for KL_FORWARD_CHUNK tokens) also live in the state, so a model can serve several
+ * states one kl_forward at a time.
  *
- * kl_forward processes n tokens in order.  Prefill is token by token through the same code as
- * decode (the recurrence is the exact reference, kimi-linear.md §3.2), so any split of a prompt
- * into calls gives bit-identical results.  MLA uses the absorbed form (exact without RoPE).
+ * kl_forward processes n tokens in chunks of up to KL_FORWARD_CHUNK.  Within a chunk every
+ * projection is one matrix x chunk product (each weight row read once per chunk), routed
+ * experts run once per chunk on the tokens that chose them, while the KDA conv and delta-rule
+ * recurrence (the exact reference, kimi-linear.md §3.2) and MLA's causal attention still go
+ * token by token.  Every value of a token is computed in an order that does not depend on the
+ * chunk it travels in (engine/matvec.h), so any split of a prompt into calls gives
+ * bit-identical logits.  MLA uses the absorbed form (exact without RoPE).
  *
  * Numerics: the reference fixtures come from transformers in fp32, where RMSNorm's "cast to the
  * input dtype" is a no-op; this engine keeps every activation in fp32 and does not round to
@@ -36,17 +41,22 @@ typedef struct kl_kda_state {
 
 typedef struct kl_mla_cache {
     float  *c;        /* [cap, kv_lora_rank + qk_rope_head_dim] fp32 */
-    float  *scores;   /* [cap] fp32 attention scratch */
     size_t  n, cap;   /* tokens held, tokens allocated */
 } kl_mla_cache;
+
+/* Tokens per prefill chunk: bounds the scratch (about 32 MB per state at the 48B geometry). */
+#define KL_FORWARD_CHUNK 64
 
 typedef struct kl_state {
     const kl_model *m;
     size_t        pos;        /* tokens processed */
     kl_kda_state *kda;        /* [num_hidden_layers] (zero for MLA layers) */
     kl_mla_cache *mla;        /* [num_hidden_layers] (zero for KDA layers) */
-    float        *scratch;    /* one block carved into the buffers below */
+    float        *scratch;    /* one block carved into the chunk buffers (forward.c) */
     size_t        scratch_floats;
+    int32_t      *route;      /* MoE routing scratch [chunk * top_k * 3 + num_experts + 1] */
+    float        *scores;     /* MLA attention weights [num_attention_heads, scores_cap] */
+    size_t        scores_cap; /* tokens per head row of scores (>= every MLA cache's cap) */
 } kl_state;
 
 /* Allocates the state for m (bound until kl_state_free; m must outlive it). */

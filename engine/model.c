@@ -1,111 +1,17 @@
 /*
- * engine/model.c — checkpoint binding and weight-row helpers (see model.h).
+ * engine/model.c — checkpoint binding (see model.h; the weight kernels are in matvec.c).
  *
- * Sections: row helpers; binding (slot lookup, vector copies); loading through the reader;
- * public API.
+ * Sections: binding (slot lookup, vector copies); loading through the reader; public API.
  */
 #include "engine/model.h"
 
 #include "common/mem.h"
-#include "common/numfmt.h"
-#include "convert/mxfp4.h"
 #include "loader/checkpoint.h"
 #include "loader/reader.h"
 
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------------------------------------ */
-/* Row helpers                                                                                */
-
-void kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out)
-{
-    uint64_t n = w->cols;
-    switch (w->kind) {
-    case KL_W_F32:
-        memcpy(out, (const float *)w->data + r * n, n * sizeof *out);
-        break;
-    case KL_W_BF16: {
-        const uint16_t *p = (const uint16_t *)w->data + r * n;
-        for (uint64_t c = 0; c < n; c++)
-            out[c] = kl_bf16_to_f32(p[c]);
-        break;
-    }
-    case KL_W_MXFP4:
-        kl_mxfp4_dequantize_row(w->packed + r * (n / 2), w->scale + r * (n / KL_MXFP4_BLOCK), n,
-                                out);
-        break;
-    default:
-        memset(out, 0, n * sizeof *out);
-    }
-}
-
-float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x)
-{
-    uint64_t n = w->cols;
-    float acc = 0.0f;
-    switch (w->kind) {
-    case KL_W_F32: {
-        const float *p = (const float *)w->data + r * n;
-        for (uint64_t c = 0; c < n; c++)
-            acc += p[c] * x[c];
-        break;
-    }
-    case KL_W_BF16: {
-        const uint16_t *p = (const uint16_t *)w->data + r * n;
-        for (uint64_t c = 0; c < n; c++)
-            acc += kl_bf16_to_f32(p[c]) * x[c];
-        break;
-    }
-    case KL_W_MXFP4: {
-        /* dequantize one 32-block at a time: no row-sized scratch */
-        const uint8_t *pk = w->packed + r * (n / 2);
-        const uint8_t *sc = w->scale + r * (n / KL_MXFP4_BLOCK);
-        float blk[KL_MXFP4_BLOCK];
-        for (uint64_t b = 0; b < n / KL_MXFP4_BLOCK; b++) {
-            kl_mxfp4_dequantize_row(pk + b * (KL_MXFP4_BLOCK / 2), sc + b, KL_MXFP4_BLOCK, blk);
-            const float *xb = x + b * KL_MXFP4_BLOCK;
-            for (int i = 0; i < KL_MXFP4_BLOCK; i++)
-                acc += blk[i] * xb[i];
-        }
-        break;
-    }
-    default:
-        break;
-    }
-    return acc;
-}
-
-#define MATVEC_ROWS 16  /* rows per pool item */
-
-typedef struct matvec_job {
-    const kl_wmat *w;
-    const float   *x;
-    float         *y;
-} matvec_job;
-
-static void matvec_item(void *ctx, size_t i)
-{
-    const matvec_job *j = ctx;
-    uint64_t r0 = (uint64_t)i * MATVEC_ROWS, r1 = r0 + MATVEC_ROWS;
-    if (r1 > j->w->rows)
-        r1 = j->w->rows;
-    for (uint64_t r = r0; r < r1; r++)
-        j->y[r] = kl_wmat_dot(j->w, r, j->x);
-}
-
-void kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool)
-{
-    matvec_job j = {w, x, y};
-    size_t items = (size_t)((w->rows + MATVEC_ROWS - 1) / MATVEC_ROWS);
-    if (!pool || items < 4) {
-        for (size_t i = 0; i < items; i++)
-            matvec_item(&j, i);
-        return;
-    }
-    kl_pool_run(pool, items, matvec_item, &j);
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Binding                                                                                    */

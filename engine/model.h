@@ -10,10 +10,9 @@
  * copied to fp32.  Tensors are bound by schema role / layer / expert; the dense MLP is found
  * under either spelling (the schema's alias).
  *
- * Row helpers read one row of a weight matrix (BF16, F32 or MXFP4 dequantized per 32-block on
- * the fly) and accumulate in fp32.  kl_wmat_matvec splits rows over the model's thread pool;
- * each row's sum is computed by one thread in a fixed order, so results do not depend on the
- * thread count.
+ * The weight matrices (kl_wmat) and the kernels that multiply them are in engine/matvec.h;
+ * products split rows over the model's thread pool, each row's sum computed by one thread in a
+ * fixed order, so results do not depend on the thread count or on how many tokens share a call.
  *
  * Errors: those of kl_ckpt_open / kl_ckpt_require_ok / kl_schema_build / the reader;
  * KL_E_SCHEMA (a schema tensor missing, or of the wrong shape), KL_E_UNSUPPORTED (a float
@@ -26,22 +25,12 @@
 
 #include "common/err.h"
 #include "common/pool.h"
+#include "engine/matvec.h"
 #include "loader/config.h"
 #include "loader/schema.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum kl_wkind { KL_W_NONE = 0, KL_W_F32, KL_W_BF16, KL_W_MXFP4 } kl_wkind;
-
-/* One weight matrix [rows, cols] in its stored form (a vector is rows = 1). */
-typedef struct kl_wmat {
-    kl_wkind       kind;
-    uint64_t       rows, cols;
-    const void    *data;       /* F32 / BF16: [rows, cols] row-major */
-    const uint8_t *packed;     /* MXFP4: [rows, cols/2] u8, element 2i in the low nibble */
-    const uint8_t *scale;      /* MXFP4: [rows, cols/32] E8M0 bytes */
-} kl_wmat;
 
 /* MoE routing weights: unbiased (vLLM, SGLang, llama.cpp, transformers-native) or biased
  * (HF remote code's in-place aliasing: weights read from sigmoid + correction bias). */
@@ -77,12 +66,5 @@ typedef struct kl_model {
 /* Opens dir and binds every tensor; opts may be NULL.  *out is owned: kl_model_close. */
 int  kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err);
 void kl_model_close(kl_model *m);  /* NULL ok */
-
-/* Row r of w as fp32 into out[w->cols]. */
-void  kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out);
-/* Σ_c w[r][c] · x[c], fp32 accumulation in column order. */
-float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x);
-/* y[rows] = W x over the pool (pool may be NULL: serial). */
-void  kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool);
 
 #endif

@@ -2,16 +2,18 @@
  * tests/test_forward.c — engine/model + engine/forward: binding of synthetic tiny checkpoints
  * (BF16 and MXFP4) and the CPU forward pass.
  *
- * No reference logits yet (golden fixtures from transformers come with kimi_ref.py): these
- * tests check self-consistency only: a 24-token prompt fed token by token, in one call and in
- * chunks of 5 gives the same last-position logits (relative L2 <= 1e-5); logits are finite and
- * not constant; a reset state reproduces them; both route-weight modes run and differ; the
- * MXFP4 checkpoint runs; bad token ids are refused.
+ * Agreement with transformers is tests/test_golden.c's; these tests check self-consistency:
+ * a prompt longer than two prefill chunks fed token by token, in one call, in calls of 5, 63,
+ * 64 and 65 tokens, and resumed from a copied state gives bit-identical last-position logits;
+ * the scalar kernels agree with the AVX2 ones (relative L2 <= 1e-5); logits are finite and not
+ * constant; a reset state reproduces them and the thread count changes no bit; both
+ * route-weight modes run and differ; the MXFP4 checkpoint runs; bad token ids are refused.
  */
 #include "common/err.h"
 #include "common/mem.h"
 #include "convert/synth.h"
 #include "engine/forward.h"
+#include "engine/matvec.h"
 #include "engine/model.h"
 #include "tests/testutil.h"
 
@@ -24,6 +26,7 @@
 static char g_root[512], g_bf16[600], g_mxfp4[600];
 
 #define N_PROMPT 24
+#define N_LONG   (2 * KL_FORWARD_CHUNK + 22)   /* three prefill chunks in one call */
 #define REL_TOL 1e-5
 
 static void synth(const char *dir, kl_synth_format fmt)
@@ -60,10 +63,15 @@ static void teardown_ckpts(void)
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                    */
 
+static void prompt_n(int32_t *ids, size_t n, uint32_t vocab)
+{
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (int32_t)((uint32_t)(i * 37 + 11) % (vocab - 256));
+}
+
 static void prompt(int32_t *ids, uint32_t vocab)
 {
-    for (int i = 0; i < N_PROMPT; i++)
-        ids[i] = (int32_t)((uint32_t)(i * 37 + 11) % (vocab - 256));
+    prompt_n(ids, N_PROMPT, vocab);
 }
 
 static kl_model *open_model(const char *dir, unsigned threads)
@@ -119,49 +127,137 @@ static void check_sane(const float *l, size_t n, const char *what)
                   (double)hi);
 }
 
-/* Token by token vs one call vs chunks of 5, all on one state (reset between). */
+static void assert_same_logits(const float *got, const float *want, size_t V, const char *what,
+                               const char *how)
+{
+    ck_assert_msg(memcmp(got, want, V * sizeof *got) == 0,
+                  "%s: %s vs token by token: logits differ (rel L2 %g)", what, how,
+                  rel_l2(got, want, V));
+}
+
+/* Token by token vs one call vs calls of 5, 63, 64, 65 tokens: all bit-identical. */
 static void check_split_invariance(const char *dir, const char *what)
 {
+    static const size_t splits[] = {0, 5, KL_FORWARD_CHUNK - 1, KL_FORWARD_CHUNK,
+                                    KL_FORWARD_CHUNK + 1};
     kl_model *m = open_model(dir, 4);
     size_t V = m->cfg.vocab_size;
-    int32_t ids[N_PROMPT];
-    prompt(ids, m->cfg.vocab_size);
-    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
+    int32_t ids[N_LONG];
+    prompt_n(ids, N_LONG, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b);
     kl_state s;
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_state_init(&s, m, &err);
     ck_assert_msg(rc == 0, "kl_state_init: expected 0, got %d (%s)", rc, t_fmt_err(&err));
 
-    run_chunks(m, &s, ids, N_PROMPT, 1, a);
-    run_chunks(m, &s, ids, N_PROMPT, 0, b);
-    run_chunks(m, &s, ids, N_PROMPT, 5, c);
+    run_chunks(m, &s, ids, N_LONG, 1, a);
     check_sane(a, V, what);
-    double e1 = rel_l2(b, a, V), e5 = rel_l2(c, a, V);
-    ck_assert_msg(e1 <= REL_TOL, "%s: one call vs token by token: rel L2 %g > %g", what, e1,
-                  REL_TOL);
-    ck_assert_msg(e5 <= REL_TOL, "%s: chunks of 5 vs token by token: rel L2 %g > %g", what, e5,
-                  REL_TOL);
+    for (size_t i = 0; i < sizeof splits / sizeof *splits; i++) {
+        char how[48];
+        snprintf(how, sizeof how, "calls of %zu tokens", splits[i] ? splits[i] : (size_t)N_LONG);
+        run_chunks(m, &s, ids, N_LONG, splits[i], b);
+        assert_same_logits(b, a, V, what, how);
+    }
 
     kl_state_free(&s);
+    kl_free(a);
+    kl_free(b);
+    kl_model_close(m);
+}
+
+/* A state copied after 70 tokens and fed the rest in one call matches the original, which a
+ * copy must not disturb. */
+static void check_resumed_state(const char *dir, const char *what)
+{
+    size_t cut = KL_FORWARD_CHUNK + 6;
+    kl_model *m = open_model(dir, 2);
+    size_t V = m->cfg.vocab_size;
+    int32_t ids[N_LONG];
+    prompt_n(ids, N_LONG, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
+    kl_state s, s2;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(&s, m, NULL) == 0 && kl_state_init(&s2, m, NULL) == 0);
+    run_chunks(m, &s, ids, N_LONG, 1, a);
+
+    kl_state_reset(&s);
+    ck_assert(kl_forward(m, &s, ids, cut, NULL, &err) == 0);
+    int rc = kl_state_copy(&s2, &s, &err);
+    ck_assert_msg(rc == 0, "kl_state_copy: expected 0, got %d (%s)", rc, t_fmt_err(&err));
+    ck_assert(kl_forward(m, &s2, ids + cut, N_LONG - cut, b, &err) == 0);
+    assert_same_logits(b, a, V, what, "resumed copy");
+    ck_assert(kl_forward(m, &s, ids + cut, N_LONG - cut, c, &err) == 0);
+    assert_same_logits(c, a, V, what, "original after the copy");
+
+    kl_state_free(&s);
+    kl_state_free(&s2);
     kl_free(a);
     kl_free(b);
     kl_free(c);
     kl_model_close(m);
 }
 
+/* Scalar kernels against the AVX2 ones: the prompt's logits and a few decode steps. */
+static void check_scalar_kernels(const char *dir, const char *what)
+{
+    kl_model *m = open_model(dir, 2);
+    size_t V = m->cfg.vocab_size;
+    int32_t ids[N_LONG];
+    prompt_n(ids, N_LONG, m->cfg.vocab_size);
+    float *l[2];
+    kl_state s;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(&s, m, NULL) == 0);
+    if (kl_matvec_set_kernels(KL_KERNELS_AVX2) != KL_KERNELS_AVX2)
+        fprintf(stderr, "note: no AVX2/FMA on this CPU: scalar checked against itself\n");
+    for (int k = 0; k < 2; k++) {
+        l[k] = kl_malloc(4 * V * sizeof *l[k]);
+        kl_matvec_set_kernels(k ? KL_KERNELS_SCALAR : KL_KERNELS_AVX2);
+        run_chunks(m, &s, ids, N_LONG, 0, l[k]);
+        for (int step = 1; step < 4; step++)
+            ck_assert(kl_forward(m, &s, &ids[step], 1, l[k] + step * V, &err) == 0);
+    }
+    for (int step = 0; step < 4; step++) {
+        double e = rel_l2(l[1] + step * V, l[0] + step * V, V);
+        ck_assert_msg(e <= REL_TOL, "%s: step %d: scalar vs avx2 rel L2 %g > %g", what, step, e,
+                      REL_TOL);
+    }
+    kl_matvec_set_kernels(KL_KERNELS_AUTO);
+    kl_state_free(&s);
+    kl_free(l[0]);
+    kl_free(l[1]);
+    kl_model_close(m);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tests                                                                                      */
 
-START_TEST(bf16_prompt_split_gives_same_logits)
+START_TEST(bf16_any_prompt_split_gives_identical_logits)
 {
     check_split_invariance(g_bf16, "tiny bf16");
 }
 END_TEST
 
-START_TEST(mxfp4_prompt_split_gives_same_logits)
+START_TEST(mxfp4_any_prompt_split_gives_identical_logits)
 {
     check_split_invariance(g_mxfp4, "tiny mxfp4");
+}
+END_TEST
+
+START_TEST(resumed_state_gives_identical_logits)
+{
+    check_resumed_state(g_bf16, "tiny bf16");
+    check_resumed_state(g_mxfp4, "tiny mxfp4");
+}
+END_TEST
+
+START_TEST(scalar_kernels_agree_with_avx2)
+{
+    check_scalar_kernels(g_bf16, "tiny bf16");
+    check_scalar_kernels(g_mxfp4, "tiny mxfp4");
 }
 END_TEST
 
@@ -188,6 +284,13 @@ START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
     run_chunks(m4, &s4, ids, N_PROMPT, 7, c);
     ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "1 vs 4 threads differ (rel L2 %g)",
                   rel_l2(c, a, V));
+    /* whole chunks: big enough batches for the pool to take part */
+    int32_t lids[N_LONG];
+    prompt_n(lids, N_LONG, m->cfg.vocab_size);
+    run_chunks(m, &s, lids, N_LONG, 0, a);
+    run_chunks(m4, &s4, lids, N_LONG, 0, c);
+    ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "%d tokens: 1 vs 4 threads differ (rel L2 %g)",
+                  N_LONG, rel_l2(c, a, V));
     kl_state_free(&s);
     kl_state_free(&s4);
     kl_free(a);
@@ -272,8 +375,10 @@ static Suite *forward_suite(void)
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 300);
     tcase_add_unchecked_fixture(tc, setup_ckpts, teardown_ckpts);
-    tcase_add_test(tc, bf16_prompt_split_gives_same_logits);
-    tcase_add_test(tc, mxfp4_prompt_split_gives_same_logits);
+    tcase_add_test(tc, bf16_any_prompt_split_gives_identical_logits);
+    tcase_add_test(tc, mxfp4_any_prompt_split_gives_identical_logits);
+    tcase_add_test(tc, resumed_state_gives_identical_logits);
+    tcase_add_test(tc, scalar_kernels_agree_with_avx2);
     tcase_add_test(tc, state_reset_reproduces_logits_and_thread_count_does_not_matter);
     tcase_add_test(tc, both_route_weight_modes_run_and_differ);
     tcase_add_test(tc, mxfp4_model_binds_experts_packed);

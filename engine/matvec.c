@@ -1,0 +1,684 @@
+/*
+ * engine/matvec.c — CPU weight kernels (see matvec.h).
+ *
+ * Divisions, in order: includes and constants; kernel selection; scalar reference; AVX2 path;
+ * products over the pool; public API in header order.  Keep new code in its division.
+ *
+ * Every kernel computes "rows [r0, r1) of W against n activation vectors" (rows_fn).  A row's
+ * value for one vector never depends on r0, r1 or n: the AVX2 code keeps its own accumulators
+ * per (row, vector) and runs the same sequence of operations for each; only the number of
+ * vectors that share one load or decode of the weights (a token tile) changes.
+ *
+ * Why the dense chains are per row: one token (decode) must stream the weights at memory speed.
+ * A thread reading one row at a time is one sequential stream, which the hardware prefetchers
+ * follow; interleaving 2-4 rows (more chains per load of x) halved the DRAM rate measured on an
+ * AMD EPYC VM.  Four chains per row keep the FMA latency hidden with a single stream.
+ */
+#include "engine/matvec.h"
+
+#include "common/numfmt.h"
+#include "convert/mxfp4.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define KL_MATVEC_X86 1
+#include <immintrin.h>
+#else
+#define KL_MATVEC_X86 0
+#endif
+
+#define BLOCK         32   /* columns per block: the MXFP4 block, and the AVX2 unit for all kinds */
+#define ROWS_PER_ITEM 16   /* rows per pool item */
+/* Below this many multiply-adds a product runs in the caller: waking the pool costs more. */
+#define SERIAL_MACS   (1u << 19)
+
+/* Rows [r0, r1) of w against n vectors x [n, w->cols]; writes y[t * ldy + (r - r0)]. */
+typedef struct mm_args {
+    const kl_wmat *w;
+    const float   *x;     /* [n, w->cols] */
+    size_t         n;
+    float         *y;     /* output of row r0, vector 0 */
+    size_t         ldy;   /* distance between two vectors' outputs */
+} mm_args;
+
+typedef void (*rows_fn)(const mm_args *a, uint64_t r0, uint64_t r1);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernel selection                                                                           */
+
+static atomic_int g_kernels = KL_KERNELS_AUTO;
+
+static int cpu_has_avx2(void)
+{
+#if KL_MATVEC_X86
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static kl_cpu_kernels resolve(kl_cpu_kernels want)
+{
+    if (want == KL_KERNELS_AUTO) {
+        const char *e = getenv("KL_CPU_KERNELS");
+        want = e && !strcmp(e, "scalar") ? KL_KERNELS_SCALAR : KL_KERNELS_AVX2;
+    }
+    return want == KL_KERNELS_AVX2 && cpu_has_avx2() ? KL_KERNELS_AVX2 : KL_KERNELS_SCALAR;
+}
+
+static kl_cpu_kernels current(void)
+{
+    int k = atomic_load_explicit(&g_kernels, memory_order_relaxed);
+    if (k == KL_KERNELS_AUTO) {
+        /* a race here stores the same answer twice */
+        k = (int)resolve(KL_KERNELS_AUTO);
+        atomic_store_explicit(&g_kernels, k, memory_order_relaxed);
+    }
+    return (kl_cpu_kernels)k;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scalar reference: column order, one vector at a time                                       */
+
+static float dot_scalar(const kl_wmat *w, uint64_t r, const float *x)
+{
+    uint64_t n = w->cols;
+    float acc = 0.0f;
+    switch (w->kind) {
+    case KL_W_F32: {
+        const float *p = (const float *)w->data + r * n;
+        for (uint64_t c = 0; c < n; c++)
+            acc += p[c] * x[c];
+        break;
+    }
+    case KL_W_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (uint64_t c = 0; c < n; c++)
+            acc += kl_bf16_to_f32(p[c]) * x[c];
+        break;
+    }
+    case KL_W_MXFP4: {
+        /* dequantize one 32-block at a time: no row-sized scratch */
+        const uint8_t *pk = w->packed + r * (n / 2);
+        const uint8_t *sc = w->scale + r * (n / KL_MXFP4_BLOCK);
+        float blk[KL_MXFP4_BLOCK];
+        for (uint64_t b = 0; b < n / KL_MXFP4_BLOCK; b++) {
+            kl_mxfp4_dequantize_row(pk + b * (KL_MXFP4_BLOCK / 2), sc + b, KL_MXFP4_BLOCK, blk);
+            const float *xb = x + b * KL_MXFP4_BLOCK;
+            for (int i = 0; i < KL_MXFP4_BLOCK; i++)
+                acc += blk[i] * xb[i];
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    return acc;
+}
+
+static void rows_scalar(const mm_args *a, uint64_t r0, uint64_t r1)
+{
+    for (uint64_t r = r0; r < r1; r++)
+        for (size_t t = 0; t < a->n; t++)
+            a->y[t * a->ldy + (r - r0)] = dot_scalar(a->w, r, a->x + t * a->w->cols);
+}
+
+static float vdot_scalar(const float *a, const float *b, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void axpy_scalar(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void scale_axpy_scalar(float *x, float s, float *y, float a, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        x[i] *= s;
+        y[i] += a * x[i];
+    }
+}
+
+static void axpy_axpy_scalar(float *x, float a, const float *u, float *y, float b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        x[i] += a * u[i];
+        y[i] += b * x[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* AVX2 path                                                                                  */
+
+#if KL_MATVEC_X86
+
+#define AVX2_FN     __attribute__((target("avx2,fma")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+/* the tile loops must become straight code so that the accumulators stay in registers */
+#define UNROLL      _Pragma("GCC unroll 4")
+#define TILE        4   /* MXFP4: vectors sharing one decode of a weight block (registers: 4
+                           weights, 4 accumulators, 2 partials, 1 scale) */
+
+/* Sum of the 8 lanes in a fixed tree: (lo + hi) halves, then pairs, then the last two. */
+AVX2_INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Σ of one MXFP4 32-block, w (4 vectors) times x[0..32): two partial chains, then their sum. */
+AVX2_INLINE __m256 block_dot(const __m256 *w, const float *x)
+{
+    __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+    __m256 p1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(x + 16));
+    p0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), p0);
+    p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p1);
+    return _mm256_add_ps(p0, p1);
+}
+
+/* 32 E2M1 codes (16 bytes) as floats times 2: a 16-entry int8 table looked up by pshufb gives
+ * exact small integers (2 * {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign); the 1/2 is folded into
+ * the block scale (scale_half). */
+AVX2_INLINE void load_mxfp4(const uint8_t *p, __m256 *w)
+{
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+    /* interleaving low and high nibbles restores element order: 0..15, then 16..31 */
+    __m128i e0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+    __m128i e1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(e0, e0)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(e1, e1)));
+}
+
+/* Bits of 2^(s - 128) = half the E8M0 value, exact (subnormal for s <= 1); 255 stays NaN. */
+static inline uint32_t scale_half_bits(uint8_t s)
+{
+    return s == 255 ? 0x7fc00000u : s >= 2 ? (uint32_t)(s - 1) << 23 : 0x00200000u << s;
+}
+
+/* ---- dense rows (F32, BF16): micro-tiles of up to 4 rows x 4 tokens ---- */
+
+#define MICRO  3   /* tokens of a micro-tile */
+#define CHAINS 4   /* FMA chains per (row, token) */
+
+/* The dense row's pointer (F32 or BF16). */
+static inline const void *dense_row(const kl_wmat *w, uint64_t r)
+{
+    if (w->kind == KL_W_F32)
+        return (const float *)w->data + r * w->cols;
+    return (const uint16_t *)w->data + r * w->cols;
+}
+
+/* 8 weights of a dense row from column c as fp32 (bf16 -> f32 is a 16-bit left shift). */
+AVX2_INLINE __m256 load8_dense(kl_wkind kind, const void *row, uint64_t c)
+{
+    if (kind == KL_W_F32)
+        return _mm256_loadu_ps((const float *)row + c);
+    const __m128i *p = (const __m128i *)((const uint16_t *)row + c);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
+}
+
+/* The last m < 8 weights from column c, zero-padded to 8. */
+AVX2_INLINE __m256 load_tail_dense(kl_wkind kind, const void *row, uint64_t c, uint64_t m)
+{
+    float p[8] = {0};
+    for (uint64_t i = 0; i < m; i++)
+        p[i] = kind == KL_W_F32 ? ((const float *)row)[c + i]
+                                : kl_bf16_to_f32(((const uint16_t *)row)[c + i]);
+    return _mm256_loadu_ps(p);
+}
+
+/* Lanes [0, m) set: a masked load of a partial chunk of x reads nothing past the row's end
+ * and gives zeros in the other lanes. */
+AVX2_INLINE __m256i tail_mask(uint64_t m)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* One dense row against G vectors: what the chunk helpers share. */
+typedef struct dense_tile {
+    const void  *row;    /* the row's weights, F32 or BF16 [cols] */
+    const float *x;      /* vector g at x + g * cols */
+    uint64_t     cols;
+} dense_tile;
+
+/* acc[g][k] += w · x_g[c .. c+8) for the G vectors (chain k of each). */
+AVX2_INLINE void fma_chunk(__m256 acc[][CHAINS], int k, __m256 w, const dense_tile *d,
+                           uint64_t c, int G)
+{
+    UNROLL
+    for (int g = 0; g < G; g++)
+        acc[g][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(d->x + (size_t)g * d->cols + c),
+                                    acc[g][k]);
+}
+
+/* The last, partial chunk (columns c .. cols, fewer than 8) into chain k: weights zero-padded,
+ * x read with a mask. */
+AVX2_INLINE void fma_tail(__m256 acc[][CHAINS], int k, const dense_tile *d, uint64_t c, int G,
+                          kl_wkind kind)
+{
+    __m256 w = load_tail_dense(kind, d->row, c, d->cols - c);
+    __m256i mask = tail_mask(d->cols - c);
+    UNROLL
+    for (int g = 0; g < G; g++)
+        acc[g][k] = _mm256_fmadd_ps(
+            w, _mm256_maskload_ps(d->x + (size_t)g * d->cols + c, mask), acc[g][k]);
+}
+
+/* Row r against vectors t .. t+G (G <= MICRO, a constant after inlining).  Each (row, vector)
+ * runs CHAINS 8-lane FMA chains, 8-column chunk c feeding chain c mod CHAINS (the last partial
+ * chunk zero-padded), summed as (c0 + c1) + (c2 + c3), then hsum8: the same operations for
+ * any G, which only decides how many vectors share each weight load.  The row is one
+ * sequential stream (what the hardware prefetchers follow best) and one vector alone still
+ * has four independent chains. */
+AVX2_INLINE void micro_dense(const mm_args *a, uint64_t r0, uint64_t r, size_t t, int G,
+                             kl_wkind kind)
+{
+    const kl_wmat *w = a->w;
+    uint64_t cols = w->cols, nc = cols / 8, nq = nc / CHAINS, rest = nc % CHAINS, m = cols % 8;
+    const dense_tile d = {dense_row(w, r), a->x + t * cols, cols};
+    __m256 acc[MICRO][CHAINS];
+    UNROLL
+    for (int g = 0; g < G; g++)
+        UNROLL
+        for (int k = 0; k < CHAINS; k++)
+            acc[g][k] = _mm256_setzero_ps();
+    for (uint64_t q = 0; q < nq; q++) {
+        uint64_t c = q * CHAINS * 8;
+        __m256 w0 = load8_dense(kind, d.row, c), w1 = load8_dense(kind, d.row, c + 8);
+        __m256 w2 = load8_dense(kind, d.row, c + 16), w3 = load8_dense(kind, d.row, c + 24);
+        fma_chunk(acc, 0, w0, &d, c, G);
+        fma_chunk(acc, 1, w1, &d, c + 8, G);
+        fma_chunk(acc, 2, w2, &d, c + 16, G);
+        fma_chunk(acc, 3, w3, &d, c + 24, G);
+    }
+    /* whole chunks after the last group of four, then the partial one, each in its chain */
+    uint64_t c = nq * CHAINS * 8;
+    UNROLL
+    for (int k = 0; k < CHAINS - 1; k++) {
+        uint64_t ck = c + 8 * (uint64_t)k;
+        if ((uint64_t)k < rest)
+            fma_chunk(acc, k, load8_dense(kind, d.row, ck), &d, ck, G);
+        else if ((uint64_t)k == rest && m)
+            fma_tail(acc, k, &d, ck, G, kind);
+    }
+    if (rest == CHAINS - 1 && m)
+        fma_tail(acc, CHAINS - 1, &d, c + 8 * (CHAINS - 1), G, kind);
+    UNROLL
+    for (int g = 0; g < G; g++) {
+        __m256 s = _mm256_add_ps(_mm256_add_ps(acc[g][0], acc[g][1]),
+                                 _mm256_add_ps(acc[g][2], acc[g][3]));
+        a->y[(t + (size_t)g) * a->ldy + (r - r0)] = hsum8(s);
+    }
+}
+
+/* Rows [r0, r1) against tokens t .. t+G, rows inner so the G vectors stay in L1. */
+AVX2_INLINE void micro_rows(const mm_args *a, uint64_t r0, uint64_t r1, size_t t, int G,
+                            kl_wkind kind)
+{
+    for (uint64_t r = r0; r < r1; r++)
+        micro_dense(a, r0, r, t, G, kind);
+}
+
+/* Tokens in tiles of 3 (12 accumulators and 4 weights in the 16 ymm registers; x read from
+ * memory by the FMAs). */
+AVX2_INLINE void rows_dense(const mm_args *a, uint64_t r0, uint64_t r1, kl_wkind kind)
+{
+    size_t t = 0;
+    for (; t + MICRO <= a->n; t += MICRO)
+        micro_rows(a, r0, r1, t, MICRO, kind);
+    switch (a->n - t) {
+    case 2: micro_rows(a, r0, r1, t, 2, kind); break;
+    case 1: micro_rows(a, r0, r1, t, 1, kind); break;
+    default: break;
+    }
+}
+
+static AVX2_FN void rows_f32_avx2(const mm_args *a, uint64_t r0, uint64_t r1)
+{
+    rows_dense(a, r0, r1, KL_W_F32);
+}
+
+static AVX2_FN void rows_bf16_avx2(const mm_args *a, uint64_t r0, uint64_t r1)
+{
+    rows_dense(a, r0, r1, KL_W_BF16);
+}
+
+/* ---- MXFP4 rows: one row against up to TILE tokens ---- */
+
+/* One MXFP4 row (cols a multiple of 32) against g vectors: Σ_b scale_b · Σ_block code · x. */
+AVX2_INLINE void tile_mxfp4(const mm_args *a, uint64_t r, const float *x, int g, float *y)
+{
+    const kl_wmat *w = a->w;
+    uint64_t cols = w->cols, nb = cols / BLOCK;
+    const uint8_t *pk = w->packed + r * (cols / 2), *sc = w->scale + r * nb;
+    __m256 acc[TILE], wv[4];
+    UNROLL
+    for (int j = 0; j < g; j++)
+        acc[j] = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        load_mxfp4(pk + b * (BLOCK / 2), wv);
+        __m256 s = _mm256_castsi256_ps(_mm256_set1_epi32((int)scale_half_bits(sc[b])));
+        UNROLL
+        for (int j = 0; j < g; j++)
+            acc[j] = _mm256_fmadd_ps(block_dot(wv, x + j * cols + b * BLOCK), s, acc[j]);
+    }
+    UNROLL
+    for (int j = 0; j < g; j++)
+        y[j * a->ldy] = hsum8(acc[j]);
+}
+
+/* Rows [r0, r1) against tokens [t, t + g): rows inner, so the g vectors stay in cache while
+ * the item's rows pass. */
+AVX2_INLINE void mxfp4_rows(const mm_args *a, uint64_t r0, uint64_t r1, size_t t, int g)
+{
+    const float *x = a->x + t * a->w->cols;
+    for (uint64_t r = r0; r < r1; r++)
+        tile_mxfp4(a, r, x, g, a->y + t * a->ldy + (r - r0));
+}
+
+/* Whole tiles of TILE vectors, then the rest as one smaller tile (each g a constant, so the
+ * accumulators stay in registers). */
+static AVX2_FN void rows_mxfp4_avx2(const mm_args *a, uint64_t r0, uint64_t r1)
+{
+    size_t t = 0;
+    for (; t + TILE <= a->n; t += TILE)
+        mxfp4_rows(a, r0, r1, t, TILE);
+    switch (a->n - t) {
+    case 3: mxfp4_rows(a, r0, r1, t, 3); break;
+    case 2: mxfp4_rows(a, r0, r1, t, 2); break;
+    case 1: mxfp4_rows(a, r0, r1, t, 1); break;
+    default: break;
+    }
+}
+
+/* bf16 -> f32 of a whole row, 8 at a time (exact, like the scalar loop) */
+static AVX2_FN void row_bf16_avx2(const uint16_t *p, uint64_t n, float *out)
+{
+    uint64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + c)));
+        _mm256_storeu_ps(out + c, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+    }
+    for (; c < n; c++)
+        out[c] = kl_bf16_to_f32(p[c]);
+}
+
+static AVX2_FN float vdot_avx2(const float *a, const float *b, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static AVX2_FN void axpy_avx2(float *y, float a, const float *x, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static AVX2_FN void scale_axpy_avx2(float *x, float s, float *y, float a, size_t n)
+{
+    __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        _mm256_storeu_ps(x + i, v);
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, v, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        x[i] *= s;
+        y[i] += a * x[i];
+    }
+}
+
+static AVX2_FN void axpy_axpy_avx2(float *x, float a, const float *u, float *y, float b, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_fmadd_ps(va, _mm256_loadu_ps(u + i), _mm256_loadu_ps(x + i));
+        _mm256_storeu_ps(x + i, v);
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vb, v, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        x[i] += a * u[i];
+        y[i] += b * x[i];
+    }
+}
+
+#endif /* KL_MATVEC_X86 */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Products over the pool                                                                     */
+
+/* The row kernel for w in the current set; MXFP4 rows that are not whole blocks (no valid
+ * checkpoint has them) stay on the scalar path. */
+static rows_fn pick_rows(const kl_wmat *w)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        if (w->kind == KL_W_F32)
+            return rows_f32_avx2;
+        if (w->kind == KL_W_BF16)
+            return rows_bf16_avx2;
+        if (w->kind == KL_W_MXFP4 && w->cols % BLOCK == 0)
+            return rows_mxfp4_avx2;
+    }
+#endif
+    return rows_scalar;
+}
+
+#define BATCH_MAX 64   /* products per pool pass */
+
+/* Pool items of up to BATCH_MAX products: product j owns items [first[j], first[j+1]). */
+typedef struct batch_job {
+    const kl_matmul *mm;
+    size_t           n_mm;
+    size_t           first[BATCH_MAX + 1];
+    rows_fn          fn[BATCH_MAX];
+} batch_job;
+
+static void batch_item(void *ctx, size_t i)
+{
+    const batch_job *b = ctx;
+    size_t lo = 0, hi = b->n_mm;   /* binary search: first[lo] <= i < first[lo + 1] */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (b->first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const kl_matmul *p = &b->mm[lo];
+    uint64_t r0 = (uint64_t)(i - b->first[lo]) * ROWS_PER_ITEM, r1 = r0 + ROWS_PER_ITEM;
+    if (r1 > p->w->rows)
+        r1 = p->w->rows;
+    mm_args a = {p->w, p->x, p->n, p->y + r0, (size_t)p->w->rows};
+    b->fn[lo](&a, r0, r1);
+}
+
+static void run_batch(const kl_matmul *mm, size_t n_mm, kl_pool *pool)
+{
+    batch_job b = {.mm = mm, .n_mm = n_mm};
+    double macs = 0;
+    for (size_t j = 0; j < n_mm; j++) {
+        const kl_wmat *w = mm[j].w;
+        size_t items = mm[j].n ? (size_t)((w->rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM) : 0;
+        b.fn[j] = pick_rows(w);
+        b.first[j + 1] = b.first[j] + items;
+        macs += (double)w->rows * (double)w->cols * (double)mm[j].n;
+    }
+    size_t items = b.first[n_mm];
+    if (!pool || items < 2 || macs < SERIAL_MACS) {
+        for (size_t i = 0; i < items; i++)
+            batch_item(&b, i);
+        return;
+    }
+    kl_pool_run(pool, items, batch_item, &b);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public API                                                                                 */
+
+kl_wmat kl_wmat_rows(const kl_wmat *w, uint64_t r0, uint64_t n)
+{
+    kl_wmat v = *w;
+    v.rows = n;
+    switch (w->kind) {
+    case KL_W_F32: v.data = (const float *)w->data + r0 * w->cols; break;
+    case KL_W_BF16: v.data = (const uint16_t *)w->data + r0 * w->cols; break;
+    case KL_W_MXFP4:
+        v.packed = w->packed + r0 * (w->cols / 2);
+        v.scale = w->scale + r0 * (w->cols / KL_MXFP4_BLOCK);
+        break;
+    default: break;
+    }
+    return v;
+}
+
+uint64_t kl_wmat_bytes(const kl_wmat *w)
+{
+    switch (w->kind) {
+    case KL_W_F32: return w->rows * w->cols * 4;
+    case KL_W_BF16: return w->rows * w->cols * 2;
+    case KL_W_MXFP4: return w->rows * (w->cols / 2 + w->cols / KL_MXFP4_BLOCK);
+    default: return 0;
+    }
+}
+
+kl_cpu_kernels kl_matvec_kernels(void)
+{
+    return current();
+}
+
+kl_cpu_kernels kl_matvec_set_kernels(kl_cpu_kernels want)
+{
+    kl_cpu_kernels k = resolve(want);
+    atomic_store_explicit(&g_kernels, (int)k, memory_order_relaxed);
+    return k;
+}
+
+const char *kl_matvec_kernels_name(kl_cpu_kernels k)
+{
+    return k == KL_KERNELS_AVX2 ? "avx2" : "scalar";
+}
+
+void kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out)
+{
+    uint64_t n = w->cols;
+    switch (w->kind) {
+    case KL_W_F32:
+        memcpy(out, (const float *)w->data + r * n, n * sizeof *out);
+        break;
+    case KL_W_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+#if KL_MATVEC_X86
+        if (current() == KL_KERNELS_AVX2) {
+            row_bf16_avx2(p, n, out);
+            break;
+        }
+#endif
+        for (uint64_t c = 0; c < n; c++)
+            out[c] = kl_bf16_to_f32(p[c]);
+        break;
+    }
+    case KL_W_MXFP4:
+        kl_mxfp4_dequantize_row(w->packed + r * (n / 2), w->scale + r * (n / KL_MXFP4_BLOCK), n,
+                                out);
+        break;
+    default:
+        memset(out, 0, n * sizeof *out);
+    }
+}
+
+float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x)
+{
+    float y = 0.0f;
+    mm_args a = {w, x, 1, &y, 1};
+    pick_rows(w)(&a, r, r + 1);
+    return y;
+}
+
+void kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool)
+{
+    kl_wmat_matmul(w, x, 1, y, pool);
+}
+
+void kl_wmat_matmul(const kl_wmat *w, const float *x, size_t n, float *y, kl_pool *pool)
+{
+    kl_matmul mm = {w, x, n, y};
+    run_batch(&mm, 1, pool);
+}
+
+void kl_wmat_matmul_batch(const kl_matmul *mm, size_t n_mm, kl_pool *pool)
+{
+    for (size_t i = 0; i < n_mm; i += BATCH_MAX)
+        run_batch(mm + i, n_mm - i < BATCH_MAX ? n_mm - i : BATCH_MAX, pool);
+}
+
+float kl_vec_dot(const float *a, const float *b, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2)
+        return vdot_avx2(a, b, n);
+#endif
+    return vdot_scalar(a, b, n);
+}
+
+void kl_vec_axpy(float *y, float a, const float *x, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_avx2(y, a, x, n);
+        return;
+    }
+#endif
+    axpy_scalar(y, a, x, n);
+}
+
+void kl_vec_scale_axpy(float *x, float s, float *y, float a, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        scale_axpy_avx2(x, s, y, a, n);
+        return;
+    }
+#endif
+    scale_axpy_scalar(x, s, y, a, n);
+}
+
+void kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_axpy_avx2(x, a, u, y, b, n);
+        return;
+    }
+#endif
+    axpy_axpy_scalar(x, a, u, y, b, n);
+}

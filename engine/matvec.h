@@ -1,0 +1,109 @@
+/*
+ * engine/matvec.h — weight matrices in their stored form and the CPU kernels that multiply
+ * them with fp32 activations: row dots, matrix x vector, matrix x token-chunk, plus the few
+ * fp32 vector primitives the attention recurrences use.
+ *
+ * Weight kinds (kl_wmat): F32 and BF16 row-major [rows, cols]; MXFP4 as packed E2M1 codes
+ * [rows, cols/2] (element 2i in the low nibble) plus one E8M0 scale byte per 32 elements,
+ * value = E2M1(code) * 2^(byte - 127) (convert/mxfp4.h).
+ *
+ * Kernels: a scalar reference and an AVX2/FMA set, picked at run time: AVX2 when the CPU has
+ * AVX2 and FMA, unless the environment holds KL_CPU_KERNELS=scalar (read at the first use) or
+ * kl_matvec_set_kernels() forced a set.  The two sets agree to fp32 rounding (they sum in
+ * different orders), not bit for bit.
+ *
+ * Order of summation (the contract the forward pass builds on): within one kernel set, the
+ * value of row r against vector x is computed by one thread in a fixed order that depends only
+ * on the row's length, never on the thread count, on which other rows or how many vectors are
+ * processed in the same call.  So kl_wmat_dot, kl_wmat_matvec and every token of
+ * kl_wmat_matmul give bit-identical results for the same row and vector, and a prompt fed in
+ * any split gives identical logits.  AVX2, F32/BF16: four 8-lane FMA chains, 8-column chunk c
+ * feeding chain c mod 4 (a last partial chunk zero-padded), summed (c0 + c1) + (c2 + c3);
+ * MXFP4: per 32-column block, two 8-lane partial products summed, then times the block scale
+ * into one 8-lane accumulator (fused); then the 8 lanes in a fixed tree.  Scalar: column order.
+ * The vector primitives follow the same rule (their order depends only on n).
+ *
+ * Ownership: kl_wmat only borrows its payloads (engine/model.h owns them).  Thread safety: all
+ * functions are thread-safe; kl_matvec_set_kernels must not race with running kernels (call it
+ * between forward passes).
+ */
+#ifndef KL_ENGINE_MATVEC_H
+#define KL_ENGINE_MATVEC_H
+
+#include "common/pool.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- weight matrices ---------------------------------------------------------------------- */
+
+typedef enum kl_wkind { KL_W_NONE = 0, KL_W_F32, KL_W_BF16, KL_W_MXFP4 } kl_wkind;
+
+/* One weight matrix [rows, cols] in its stored form (a vector is rows = 1). */
+typedef struct kl_wmat {
+    kl_wkind       kind;
+    uint64_t       rows, cols;
+    const void    *data;       /* F32 / BF16: [rows, cols] row-major */
+    const uint8_t *packed;     /* MXFP4: [rows, cols/2] u8, element 2i in the low nibble */
+    const uint8_t *scale;      /* MXFP4: [rows, cols/32] E8M0 bytes */
+} kl_wmat;
+
+/* Rows [r0, r0 + n) of w as a matrix of its own (borrowing w's payload); r0 + n <= w->rows. */
+kl_wmat  kl_wmat_rows(const kl_wmat *w, uint64_t r0, uint64_t n);
+/* Payload bytes of w as stored (MXFP4: packed codes plus scales). */
+uint64_t kl_wmat_bytes(const kl_wmat *w);
+
+/* ---- kernel selection --------------------------------------------------------------------- */
+
+typedef enum kl_cpu_kernels {
+    KL_KERNELS_AUTO = -1,   /* AVX2 if the CPU has it, unless KL_CPU_KERNELS=scalar */
+    KL_KERNELS_SCALAR = 0,
+    KL_KERNELS_AVX2 = 1,
+} kl_cpu_kernels;
+
+/* The set in use (never KL_KERNELS_AUTO). */
+kl_cpu_kernels kl_matvec_kernels(void);
+/* Selects a set for the whole process and returns the one now in use: asking for AVX2 on a CPU
+ * without AVX2 and FMA gives scalar; AUTO re-reads the environment. */
+kl_cpu_kernels kl_matvec_set_kernels(kl_cpu_kernels want);
+/* "scalar" or "avx2". */
+const char    *kl_matvec_kernels_name(kl_cpu_kernels k);
+
+/* ---- products ----------------------------------------------------------------------------- */
+
+/* Row r of w as fp32 into out[w->cols] (exact: every stored value is an fp32). */
+void  kl_wmat_row_f32(const kl_wmat *w, uint64_t r, float *out);
+/* Σ_c w[r][c] · x[c] in fp32, in the fixed order of the kernel set in use. */
+float kl_wmat_dot(const kl_wmat *w, uint64_t r, const float *x);
+/* y[rows] = W x; rows split over the pool (NULL: serial). */
+void  kl_wmat_matvec(const kl_wmat *w, const float *x, float *y, kl_pool *pool);
+/* Y = X Wᵀ for n vectors: x [n, cols] row-major, y [n, rows] row-major.  Each weight row is
+ * read once per call for all n vectors; rows are split over the pool (NULL: serial).  Every
+ * y[t][r] equals kl_wmat_dot(w, r, x + t * cols) bit for bit. */
+void  kl_wmat_matmul(const kl_wmat *w, const float *x, size_t n, float *y, kl_pool *pool);
+
+/* One product of a batch: y [n, w->rows] = x [n, w->cols] Wᵀ. */
+typedef struct kl_matmul {
+    const kl_wmat *w;
+    const float   *x;
+    size_t         n;
+    float         *y;
+} kl_matmul;
+
+/* Runs the products mm[0..n_mm) (independent: no y may overlap another's x or y) in one pass
+ * over the pool per 64 products: the rows of all of them are split together, so small
+ * matrices do not each pay for waking the pool.  Each result is that of kl_wmat_matmul. */
+void  kl_wmat_matmul_batch(const kl_matmul *mm, size_t n_mm, kl_pool *pool);
+
+/* ---- fp32 vector primitives (same kernel set; fixed order for a given n) ------------------ */
+
+/* Σ a[i] · b[i] */
+float kl_vec_dot(const float *a, const float *b, size_t n);
+/* y += a · x */
+void  kl_vec_axpy(float *y, float a, const float *x, size_t n);
+/* x *= s, then y += a · x (with the scaled x) */
+void  kl_vec_scale_axpy(float *x, float s, float *y, float a, size_t n);
+/* x += a · u, then y += b · x (with the updated x) */
+void  kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size_t n);
+
+#endif
