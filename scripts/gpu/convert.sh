@@ -71,7 +71,7 @@ if has split; then
     echo "disk -> tmpfs: read source from disk (dd iflag=direct): $(secs $t0) s"
     t0=$(date +%s.%N); dd if=/dev/zero of="$M/ddout" bs=64M count=141 status=none
     echo "disk -> tmpfs: write 9.46 GB to tmpfs (dd): $(secs $t0) s"; rm -f "$M/ddout"
-    for rep in 1 2; do
+    for rep in $(seq 1 ${REPS:-2}); do
         rm -rf "$M/out8" "$M/out8.partial"; drop
         "$KL" convert "$S" "$M/out8" --json
     done
@@ -82,7 +82,7 @@ if has split; then
     drop; t0=$(date +%s.%N)
     dd if=/dev/zero of="$W/ddout" bs=64M count=141 oflag=direct status=none; sync
     echo "tmpfs -> disk: write 9.46 GB to disk (dd oflag=direct): $(secs $t0) s"; rm -f "$W/ddout"
-    for rep in 1 2; do
+    for rep in $(seq 1 ${REPS:-2}); do
         rm -rf "$W/out8s" "$W/out8s.partial"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
         cat "$M"/src8/*.safetensors > /dev/null
         "$KL" convert "$M/src8" "$W/out8s" --json
