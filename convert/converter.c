@@ -253,6 +253,10 @@ typedef struct shard_run {
     size_t         bad_row, bad_block;
     kl_err         row_err;         /* its details */
     kl_err         cb_err;          /* why the reader callback stopped */
+    /* reads: runs of source-contiguous jobs, each run one extent (see merge_reads) */
+    kl_extent     *runs;
+    size_t         n_runs;
+    size_t         next_job;        /* first job not yet complete, in delivery order */
 } shard_run;
 
 static void quantize_one(void *arg, size_t i)
@@ -312,10 +316,10 @@ static int report_progress(conv *c)
     return c->o->progress(c->o->progress_ctx, c->done_out, c->total_out);
 }
 
-/* Reader callback: data is the next piece of source tensor ext_idx, in order. */
-static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+/* The next piece of source tensor ext_idx, in order. */
+static int feed_job(shard_run *s, size_t ext_idx, uint64_t ext_off, const uint8_t *data,
+                    size_t len)
 {
-    shard_run *s = ctx;
     job *j = &s->jobs[ext_idx];
     kl_err *err = &s->cb_err;
     int rc = 0;
@@ -422,6 +426,59 @@ static int sort_by_source(shard_run *s, kl_extent *ext, kl_err *err)
     return 0;
 }
 
+/* Source gaps up to this size inside a run are read and skipped: cheaper than a new read. */
+#define MERGE_GAP ((uint64_t)256 << 10)
+
+/* Groups the (source-sorted) jobs into runs: neighbours in the same file whose bytes are
+ * adjacent, or separated by at most MERGE_GAP, become one long extent.  Per-tensor reads of a
+ * few MiB each streamed at 1.3 GB/s where whole files streamed at 2.0 GB/s. */
+static int merge_reads(shard_run *s, const kl_extent *ext, kl_err *err)
+{
+    s->runs = kl_calloc(s->n_jobs ? s->n_jobs : 1, sizeof *s->runs);
+    if (!s->runs)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning %zu reads", s->n_jobs);
+    for (size_t i = 0; i < s->n_jobs; i++) {
+        kl_extent *last = s->n_runs ? &s->runs[s->n_runs - 1] : NULL;
+        if (last && last->file == ext[i].file && ext[i].off >= last->off + last->len &&
+            ext[i].off - (last->off + last->len) <= MERGE_GAP) {
+            last->len = ext[i].off + ext[i].len - last->off;
+            continue;
+        }
+        s->runs[s->n_runs++] = ext[i];
+    }
+    return 0;
+}
+
+/* Reader callback: data is the next piece of run run_idx, in order; hands each job the part
+ * of it that is its tensor and skips the gaps between tensors. */
+static int on_chunk(void *ctx, size_t run_idx, uint64_t run_off, const uint8_t *data, size_t len)
+{
+    shard_run *s = ctx;
+    uint64_t pos = s->runs[run_idx].off + run_off, end = pos + len;
+    while (pos < end && s->next_job < s->n_jobs) {
+        const kl_ckpt_tensor *t = s->jobs[s->next_job].src;
+        uint64_t start = t->t->file_off, stop = start + t->t->n_bytes;
+        /* complete, empty, or the last job of the previous run (another file) */
+        if (pos >= stop || s->c->reader_file[t->shard] != s->runs[run_idx].file) {
+            s->next_job++;
+            continue;
+        }
+        if (pos < start) { /* a gap before the job's tensor */
+            if (start >= end)
+                break;
+            data += start - pos;
+            pos = start;
+        }
+        size_t take = (size_t)((stop < end ? stop : end) - pos);
+        int rc = feed_job(s, s->next_job, pos - start, data, take);
+        if (rc)
+            return rc;
+        data += take;
+        pos += take;
+    }
+    return 0;
+}
+
 static int convert_shard(conv *c, size_t k, kl_err *err)
 {
     const kl_layout_shard *ls = &c->layout.shards[k];
@@ -445,6 +502,8 @@ static int convert_shard(conv *c, size_t k, kl_err *err)
         rc = shard_setup(&s, k, wt, ext, err);
     if (!rc)
         rc = sort_by_source(&s, ext, err);
+    if (!rc)
+        rc = merge_reads(&s, ext, err);
     if (!rc) {
         /* early writeback: the disk writes while we read and quantize, so the commit's
          * fsync finds little left to do. */
@@ -452,7 +511,7 @@ static int convert_shard(conv *c, size_t k, kl_err *err)
         rc = kl_st_writer_open(&s.w, path, wt, ls->count, &wo, err);
     }
     if (!rc) {
-        rc = kl_reader_run(c->reader, ext, s.n_jobs, on_chunk, &s, err);
+        rc = kl_reader_run(c->reader, s.runs, s.n_runs, on_chunk, &s, err);
         if (rc == KL_E_CANCELLED && s.cb_err.code) { /* the callback's own error */
             if (err)
                 *err = s.cb_err;
@@ -479,6 +538,7 @@ static int convert_shard(conv *c, size_t k, kl_err *err)
     kl_free(s.carry);
     kl_free(s.packed);
     kl_free(s.scale);
+    kl_free(s.runs);
     return rc;
 }
 
