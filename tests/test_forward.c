@@ -104,16 +104,6 @@ static void run_chunks(kl_model *m, kl_state *s, const int32_t *ids, size_t n, s
     ck_assert_msg(s->pos == n, "state position: expected %zu, got %zu", n, s->pos);
 }
 
-static double rel_l2(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)b[i];
-        num += d * d;
-        den += (double)b[i] * (double)b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static void check_sane(const float *l, size_t n, const char *what)
 {
@@ -132,7 +122,7 @@ static void assert_same_logits(const float *got, const float *want, size_t V, co
 {
     ck_assert_msg(memcmp(got, want, V * sizeof *got) == 0,
                   "%s: %s vs token by token: logits differ (rel L2 %g)", what, how,
-                  rel_l2(got, want, V));
+                  t_rel_l2(got, want, V));
 }
 
 /* Token by token vs one call vs calls of 5, 63, 64, 65 tokens: all bit-identical. */
@@ -221,7 +211,7 @@ static void check_scalar_kernels(const char *dir, const char *what)
             ck_assert(kl_forward(m, &s, &ids[step], 1, l[k] + step * V, &err) == 0);
     }
     for (int step = 0; step < 4; step++) {
-        double e = rel_l2(l[1] + step * V, l[0] + step * V, V);
+        double e = t_rel_l2(l[1] + step * V, l[0] + step * V, V);
         ck_assert_msg(e <= REL_TOL, "%s: step %d: scalar vs avx2 rel L2 %g > %g", what, step, e,
                       REL_TOL);
     }
@@ -280,17 +270,17 @@ START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
     ck_assert(kl_forward(m, &s, other, 3, NULL, &err) == 0);
     run_chunks(m, &s, ids, N_PROMPT, 7, b);
     ck_assert_msg(memcmp(a, b, V * sizeof *a) == 0, "logits after reset differ (rel L2 %g)",
-                  rel_l2(b, a, V));
+                  t_rel_l2(b, a, V));
     run_chunks(m4, &s4, ids, N_PROMPT, 7, c);
     ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "1 vs 4 threads differ (rel L2 %g)",
-                  rel_l2(c, a, V));
+                  t_rel_l2(c, a, V));
     /* whole chunks: big enough batches for the pool to take part */
     int32_t lids[N_LONG];
     prompt_n(lids, N_LONG, m->cfg.vocab_size);
     run_chunks(m, &s, lids, N_LONG, 0, a);
     run_chunks(m4, &s4, lids, N_LONG, 0, c);
     ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "%d tokens: 1 vs 4 threads differ (rel L2 %g)",
-                  N_LONG, rel_l2(c, a, V));
+                  N_LONG, t_rel_l2(c, a, V));
     kl_state_free(&s);
     kl_state_free(&s4);
     kl_free(a);
@@ -318,7 +308,7 @@ START_TEST(both_route_weight_modes_run_and_differ)
         run_chunks(m, &s, ids, N_PROMPT, 0, b);
         check_sane(u, V, dirs[k]);
         check_sane(b, V, dirs[k]);
-        double e = rel_l2(b, u, V);
+        double e = t_rel_l2(b, u, V);
         ck_assert_msg(e > 0.0, "%s: biased and unbiased routing give identical logits", dirs[k]);
         kl_state_free(&s);
         kl_free(u);

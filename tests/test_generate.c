@@ -98,15 +98,6 @@ static void feed(eng *e, kl_state *s, const uint32_t *ids, size_t n, float *out)
 }
 
 /* ||a - b|| / ||b|| over n floats. */
-static double rel_l2(const float *a, const float *b, size_t n)
-{
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
 
 static void state_init(eng *e, kl_state *s)
 {
@@ -155,7 +146,7 @@ START_TEST(resumed_turn_from_snapshot_matches_fresh_prefill)
     feed(&e, &live, t2 + n1, n2 - n1, resumed);
     feed(&e, &fresh, t2, n2, ref);
 
-    double rel = rel_l2(resumed, ref, e.vocab);
+    double rel = t_rel_l2(resumed, ref, e.vocab);
     ck_assert_msg(rel <= 1e-5, "resumed vs fresh logits (%zu + %zu ids): expected rel L2 <= 1e-5, "
                   "got %g", n1, n2 - n1, rel);
     ck_assert_msg(!memcmp(resumed, ref, e.vocab * sizeof *ref),
@@ -211,7 +202,7 @@ START_TEST(live_state_after_generate_matches_fresh_prefill)
     memcpy(all + n1 + g.n_fed, tail, sizeof tail);
     feed(&e, &live, tail, 3, lg);
     feed(&e, &fresh, all, n_all, ref);
-    double rel = rel_l2(lg, ref, e.vocab);
+    double rel = t_rel_l2(lg, ref, e.vocab);
     ck_assert_msg(rel <= 1e-5, "live continuation vs fresh (%zu ids): expected rel L2 <= 1e-5, "
                   "got %g", n_all, rel);
 

@@ -128,22 +128,12 @@ static double top2_margin(const float *v, uint32_t n)
     return (double)v[a] - (double)second;
 }
 
-static double rel_l2(const float *got, const float *want, uint32_t n)
-{
-    double num = 0, den = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        double d = (double)got[i] - (double)want[i];
-        num += d * d;
-        den += (double)want[i] * (double)want[i];
-    }
-    return sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
-}
 
 /* Checks one engine step against reference row `step`; returns its relative L2 error. */
 static double check_step(const golden_ref *r, size_t step, const float *got, const char *tag)
 {
     const float *want = r->logits + step * r->vocab;
-    double err = rel_l2(got, want, r->vocab);
+    double err = t_rel_l2(got, want, r->vocab);
     ck_assert_msg(err <= MAX_REL_L2, "%s step %zu: relative L2 error %.3g > %.0e", tag, step,
                   err, MAX_REL_L2);
     if (top2_margin(want, r->vocab) > MARGIN_FOR_ARGMAX)
@@ -240,7 +230,7 @@ START_TEST(route_modes_are_distinguishable)
     ref_load(&a, GOLDEN_DIR "/multi-unbiased.json");
     ref_load(&b, GOLDEN_DIR "/multi-biased.json");
     ck_assert_uint_eq(a.vocab, b.vocab);
-    double d = rel_l2(a.logits, b.logits, a.vocab);
+    double d = t_rel_l2(a.logits, b.logits, a.vocab);
     ck_assert_msg(d > 10 * MAX_REL_L2, "route modes differ by only %.3g", d);
     ref_free(&a);
     ref_free(&b);

@@ -6,6 +6,7 @@
 #define KL_TESTS_TESTUTIL_H
 
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,18 @@ static inline void t_synth_tiny(const char *dir, uint64_t seed)
                   t_fmt_err(&err));
 }
 #endif
+
+/* Relative L2 error of got against want: |got - want| / |want| (|got - want| when want is 0). */
+static inline double t_rel_l2(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)want[i];
+        num += d * d;
+        den += (double)want[i] * (double)want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
 
 /* Runs Check suite s and returns the process exit status. */
 static inline int t_run_suite(Suite *s)
