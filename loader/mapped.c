@@ -63,18 +63,60 @@ static void finish_chunk(mapped_run *run, mapped_chunk *c, int state)
     pthread_mutex_unlock(&run->mu);
 }
 
-/* Drops the page-table entries of one delivered chunk, if there is one; 1 when it did.
- * MADV_DONTNEED runs under the mmap lock held for reading, so workers release in parallel
- * with each other and with populating; a munmap of a whole file would take the lock for
- * writing and stall every populating worker while it tears down a million entries. */
-static int release_one(mapped_run *run)
+/* Delivered chunks are released in batches of about this many bytes (one file at a time). */
+#define RELEASE_BYTES ((uint64_t)64 << 20)
+
+/* Drops the page-table entries of a batch of delivered chunks, if one is due; 1 when it did.
+ * MADV_DONTNEED runs under the mmap lock held for reading, so it proceeds in parallel with
+ * populating; a munmap of a whole file would take the lock for writing and stall every
+ * populating thread while it tears down a million entries.  Batches (not single chunks) keep
+ * the TLB shootdowns, which interrupt every CPU running the process, to a few hundred. */
+static int release_batch(mapped_run *run)
 {
-    size_t r = atomic_load(&run->released);
-    if (r >= atomic_load(&run->delivered) ||
-        !atomic_compare_exchange_strong(&run->released, &r, r + 1))
+    size_t r = atomic_load(&run->released), d = atomic_load(&run->delivered);
+    if (r >= d)
         return 0;
-    const mapped_chunk *c = &run->chunks[r];
-    (void)madvise(run->files[c->file].map + c->off, c->len, MADV_DONTNEED);
+    uint32_t file = run->chunks[r].file;
+    uint64_t bytes = 0;
+    size_t e = r;
+    for (; e < d && run->chunks[e].file == file && bytes < RELEASE_BYTES; e++)
+        bytes += run->chunks[e].len;
+    int file_done = e == run->n_chunks || run->chunks[e].file != file;
+    if ((bytes < RELEASE_BYTES && !file_done) ||
+        !atomic_compare_exchange_strong(&run->released, &r, e))
+        return 0;
+    const mapped_chunk *first = &run->chunks[r];
+    (void)madvise(run->files[file].map + first->off, (size_t)bytes, MADV_DONTNEED);
+    return 1;
+}
+
+/* Makes chunk i resident (and reads it with touch), then publishes its state. */
+static void populate_chunk(mapped_run *run, size_t i, uint64_t *sum)
+{
+    mapped_chunk *c = &run->chunks[i];
+    uint8_t *p = run->files[c->file].map + c->off;
+    if (madvise(p, c->len, MADV_POPULATE_READ) != 0) {
+        c->sys_errno = errno;
+        finish_chunk(run, c, CHUNK_FAILED);
+        return;
+    }
+    if (run->touch)
+        *sum += kl_mem_sum(p, c->len);
+    finish_chunk(run, c, CHUNK_READY);
+}
+
+/* One unit of work: a due release, else the next chunk to populate.  0 when neither is left
+ * (or the run is stopping). */
+static int work_one(mapped_run *run, uint64_t *sum)
+{
+    if (release_batch(run))
+        return 1;
+    if (atomic_load(&run->stop) || atomic_load(&run->next) >= run->n_chunks)
+        return 0;
+    size_t i = atomic_fetch_add(&run->next, 1);
+    if (i >= run->n_chunks)
+        return 0;
+    populate_chunk(run, i, sum);
     return 1;
 }
 
@@ -82,23 +124,8 @@ static void *worker_main(void *arg)
 {
     mapped_run *run = arg;
     uint64_t sum = 0;
-    for (;;) {
-        if (release_one(run))
-            continue;
-        size_t i = atomic_fetch_add(&run->next, 1);
-        if (i >= run->n_chunks || atomic_load(&run->stop))
-            break;
-        mapped_chunk *c = &run->chunks[i];
-        uint8_t *p = run->files[c->file].map + c->off;
-        if (madvise(p, c->len, MADV_POPULATE_READ) != 0) {
-            c->sys_errno = errno;
-            finish_chunk(run, c, CHUNK_FAILED);
-            continue;
-        }
-        if (run->touch)
-            sum += kl_mem_sum(p, c->len);
-        finish_chunk(run, c, CHUNK_READY);
-    }
+    while (work_one(run, &sum))
+        ;
     atomic_fetch_add(&run->checksum, sum);
     return NULL;
 }
@@ -178,22 +205,33 @@ static int chunk_error(const mapped_run *run, const mapped_chunk *c, kl_err *err
 static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats *st,
                    kl_err *err)
 {
-    for (size_t i = 0; i < run->n_chunks; i++) {
+    uint64_t sum = 0;
+    int rc = 0;
+    for (size_t i = 0; i < run->n_chunks && !rc; i++) {
         mapped_chunk *c = &run->chunks[i];
+        /* The delivering thread is one of the team: it works instead of sleeping while the
+         * chunk it needs is not ready, and sleeps only when nothing is left to claim. */
+        while (atomic_load(&c->state) == CHUNK_PENDING && work_one(run, &sum))
+            ;
         pthread_mutex_lock(&run->mu);
         while (atomic_load(&c->state) == CHUNK_PENDING)
             pthread_cond_wait(&run->ready_cv, &run->mu);
         pthread_mutex_unlock(&run->mu);
-        if (atomic_load(&c->state) == CHUNK_FAILED)
-            return chunk_error(run, c, err);
+        if (atomic_load(&c->state) == CHUNK_FAILED) {
+            rc = chunk_error(run, c, err);
+            break;
+        }
         mapped_file *f = &run->files[c->file];
-        if (cb && cb(ctx, c->file, c->off, f->map + c->off, c->len))
-            return kl_fail(err, KL_E_CANCELLED, "cancelled by the consumer");
+        if (cb && cb(ctx, c->file, c->off, f->map + c->off, c->len)) {
+            rc = kl_fail(err, KL_E_CANCELLED, "cancelled by the consumer");
+            break;
+        }
         st->bytes += c->len;
         st->chunks++;
         atomic_store(&run->delivered, i + 1);
     }
-    return 0;
+    atomic_fetch_add(&run->checksum, sum);
+    return rc;
 }
 
 static unsigned resolve_threads(unsigned want)
@@ -228,14 +266,12 @@ int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opt
     run.files = kl_calloc(n ? n : 1, sizeof *run.files);
     int rc = run.files ? plan(&run, paths, resolve_chunk(o.chunk_bytes), err)
                        : kl_fail(err, KL_E_NOMEM, "out of memory for %zu files", n);
+    /* threads - 1 workers: the delivering thread works too (deliver) */
     pthread_t tid[MAX_THREADS];
     unsigned started = 0;
-    for (; !rc && started < st.threads; started++)
-        if (pthread_create(&tid[started], NULL, worker_main, &run) != 0) {
-            if (!started)
-                rc = kl_fail(err, KL_E_NOMEM, "cannot start a populating thread");
-            break;
-        }
+    for (; !rc && started + 1 < st.threads; started++)
+        if (pthread_create(&tid[started], NULL, worker_main, &run) != 0)
+            break; /* fewer workers: slower, still correct */
     if (!rc)
         rc = deliver(&run, cb, ctx, &st, err);
     atomic_store(&run.stop, 1);
@@ -243,7 +279,7 @@ int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opt
         pthread_join(tid[t], NULL);
     for (size_t i = 0; run.files && i < n; i++)
         unmap_file(&run.files[i]);
-    st.threads = started;
+    st.threads = started + 1;
     st.checksum = atomic_load(&run.checksum);
     st.elapsed_s = kl_now_s() - t0;
     kl_free(run.chunks);

@@ -6,7 +6,8 @@
  * path maps each file read-only instead, and worker threads make chunks of the mapping
  * resident in parallel with madvise(MADV_POPULATE_READ) — page-table entries only, no copy —
  * while the calling thread hands each chunk to the callback IN ORDER (file order, then
- * offset), as pointers into the mapping.  That is what an uploader wants: the GPU's copy engine
+ * offset), as pointers into the mapping, and populates chunks itself whenever the next one is
+ * not ready yet.  That is what an uploader wants: the GPU's copy engine
  * (or a hash, or a quantizer) reads the cached pages directly.
  *
  * touch: when set, each worker also reads every byte of its chunk once (kl_mem_sum, the loop of
@@ -16,9 +17,9 @@
  *
  * Files: regular files only (FILE-NOT-REGULAR otherwise, naming the path); each is opened
  * O_RDONLY (never for writing), mapped PROT_READ/MAP_SHARED, and its descriptor closed at once
- * (the mapping keeps the file), so any number of files works under RLIMIT_NOFILE.  Workers drop
- * the page-table entries of delivered chunks (MADV_DONTNEED: the cached pages stay) between
- * populating others, so page tables stay small and the files' final unmap is cheap.  Empty
+ * (the mapping keeps the file), so any number of files works under RLIMIT_NOFILE.  The threads
+ * drop the page-table entries of delivered chunks in 64 MiB batches (MADV_DONTNEED: the cached
+ * pages stay) between populating others, so page tables stay small and the final unmap cheap.  Empty
  * files deliver nothing.
  *
  * Errors: an I/O error while populating (MADV_POPULATE_READ returns EFAULT/EIO: the file
@@ -40,7 +41,9 @@
 #include <stdint.h>
 
 typedef struct kl_mapped_opts {
-    unsigned threads;      /* populating workers; 0 = online CPUs (at most 64) */
+    unsigned threads;      /* populating threads, the calling one included (it works while
+                              the chunk it must deliver next is not ready); 0 = online CPUs
+                              (at most 64) */
     size_t   chunk_bytes;  /* delivery and populate unit; 0 = 2 MiB; rounded to pages */
     int      touch;        /* read every byte once in the workers (see above) */
 } kl_mapped_opts;
