@@ -414,6 +414,8 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
         cJSON_AddNumberToObject(root, "ceiling_gbps", res->ceiling.read_gbps);
         cJSON_AddNumberToObject(root, "ceiling_threads", res->ceiling.threads);
         cJSON_AddNumberToObject(root, "ceiling_ratio", gbps(res) / res->ceiling.read_gbps);
+        cJSON_AddNumberToObject(root, "ceiling_median_pass_gbps", res->ceiling.median_gbps);
+        kl_json_add_u64(root, "ceiling_huge_page_bytes", res->ceiling.huge_bytes);
     }
     if (files) {
         cJSON *arr = cJSON_AddArrayToObject(root, "hashes");

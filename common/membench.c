@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* 16-byte vectors: plain SSE2 loads on x86-64, enough to saturate DRAM from many cores. */
@@ -77,7 +79,35 @@ static void *worker_main(void *arg)
 
 /* Threads are started once; each pass is timed from the start barrier to the done barrier,
  * so thread creation is not part of the figure. */
-static int run_passes(bench *b, double *best)
+#define MAX_PASSES 64
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* AnonHugePages of the mapping holding addr, from /proc/self/smaps; 0 if unknown. */
+static uint64_t huge_bytes_at(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int inside = 0;
+    unsigned long long kb = 0, lo, hi;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+        else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1)
+            break;
+    }
+    fclose(f);
+    return inside ? (uint64_t)kb * 1024 : 0;
+}
+
+/* pass_s[0..passes): each pass's time; *best the fastest. */
+static int run_passes(bench *b, double *best, double *pass_s)
 {
     pthread_t tid[256];
     worker w[256];
@@ -107,6 +137,7 @@ static int run_passes(bench *b, double *best)
         double t0 = kl_now_s();
         pthread_barrier_wait(&b->done);
         double s = kl_now_s() - t0;
+        pass_s[p] = s;
         if (!*best || s < *best)
             *best = s;
     }
@@ -120,8 +151,9 @@ static int run_passes(bench *b, double *best)
 int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
                      kl_err *err)
 {
-    if (threads < 1 || threads > 256 || bytes < 4096 || !passes)
-        return kl_fail(err, KL_E_USAGE, "membench: need 1..256 threads, >= 4 KiB, >= 1 pass");
+    if (threads < 1 || threads > 256 || bytes < 4096 || !passes || passes > MAX_PASSES)
+        return kl_fail(err, KL_E_USAGE, "membench: need 1..256 threads, >= 4 KiB, 1..%d passes",
+                       MAX_PASSES);
     bytes &= ~(size_t)63;
     v2u64 *buf = kl_aligned_alloc(4096, bytes);
     if (!buf)
@@ -136,8 +168,9 @@ int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membenc
     b->n_vec = bytes / sizeof(v2u64);
     b->threads = threads;
     b->passes = passes;
-    double best = 0;
-    int rc = run_passes(b, &best);
+    double best = 0, pass_s[MAX_PASSES];
+    uint64_t huge = huge_bytes_at(buf);
+    int rc = run_passes(b, &best, pass_s);
     kl_free(b);
     kl_aligned_free(buf);
     if (rc)
@@ -146,5 +179,8 @@ int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membenc
     res->threads = threads;
     res->best_s = best;
     res->read_gbps = (double)bytes / best / 1e9;
+    qsort(pass_s, passes, sizeof *pass_s, cmp_double);
+    res->median_gbps = (double)bytes / pass_s[passes / 2] / 1e9;
+    res->huge_bytes = huge;
     return 0;
 }

@@ -19,7 +19,9 @@ typedef struct kl_membench_result {
     size_t   bytes;
     unsigned threads;
     double   best_s;        /* fastest single pass */
-    double   read_gbps;     /* bytes / best_s / 1e9 */
+    double   read_gbps;     /* bytes / best_s / 1e9: the ceiling */
+    double   median_gbps;   /* bytes / median pass time: how a typical single pass runs */
+    uint64_t huge_bytes;    /* of the buffer, backed by transparent huge pages (smaps) */
 } kl_membench_result;
 
 /* The sum of p[0..bytes) read as 64-bit words (tail bytes added one by one), with the same
