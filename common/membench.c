@@ -25,6 +25,12 @@ typedef struct bench {
     unsigned          threads;
     unsigned          passes;
     pthread_barrier_t start, done;
+    /* Workers wait at this gate until every thread started (go = 1) or one could not be
+     * (go = -1: they return).  A barrier sized for the whole team cannot be left by a partial
+     * one, and pthread_barrier_wait is not a cancellation point. */
+    pthread_mutex_t   gate_mu;
+    pthread_cond_t    gate_cv;
+    int               go;
     uint64_t          sink[256];   /* per-thread results, so the loads cannot be dropped */
 } bench;
 
@@ -64,6 +70,13 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     bench *b = w->b;
+    pthread_mutex_lock(&b->gate_mu);
+    while (!b->go)
+        pthread_cond_wait(&b->gate_cv, &b->gate_mu);
+    int go = b->go;
+    pthread_mutex_unlock(&b->gate_mu);
+    if (go < 0)
+        return NULL;
     size_t n_chunks = (b->n_vec + CHUNK_VECS - 1) / CHUNK_VECS;
     for (unsigned p = 0; p < b->passes; p++) {
         pthread_barrier_wait(&b->start);
@@ -77,8 +90,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Threads are started once; each pass is timed from the start barrier to the done barrier,
- * so thread creation is not part of the figure. */
 #define MAX_PASSES 64
 
 static int cmp_double(const void *a, const void *b)
@@ -106,28 +117,40 @@ static uint64_t huge_bytes_at(const void *addr)
     return inside ? (uint64_t)kb * 1024 : 0;
 }
 
-/* pass_s[0..passes): each pass's time; *best the fastest. */
+static void open_gate(bench *b, int go)
+{
+    pthread_mutex_lock(&b->gate_mu);
+    b->go = go;
+    pthread_cond_broadcast(&b->gate_cv);
+    pthread_mutex_unlock(&b->gate_mu);
+}
+
+/* Threads are started once; each pass is timed from the start barrier to the done barrier,
+ * so thread creation is not part of the figure.  pass_s[0..passes): each pass's time; *best
+ * the fastest.  -1 when not every thread could be started. */
 static int run_passes(bench *b, double *best, double *pass_s)
 {
     pthread_t tid[256];
     worker w[256];
     unsigned started = 0;
-    pthread_barrier_init(&b->start, NULL, b->threads + 1);
-    pthread_barrier_init(&b->done, NULL, b->threads + 1);
+    pthread_mutex_init(&b->gate_mu, NULL);
+    pthread_cond_init(&b->gate_cv, NULL);
     for (unsigned t = 0; t < b->threads; t++) {
         w[t] = (worker){b, t};
         if (pthread_create(&tid[t], NULL, worker_main, &w[t]) != 0)
             break;
         started++;
     }
+    if (started == b->threads) {
+        pthread_barrier_init(&b->start, NULL, b->threads + 1);
+        pthread_barrier_init(&b->done, NULL, b->threads + 1);
+    }
+    open_gate(b, started == b->threads ? 1 : -1);
     if (started != b->threads) {
-        /* cannot run a partial team through the barriers: cancel what started */
-        for (unsigned t = 0; t < started; t++)
-            pthread_cancel(tid[t]);
         for (unsigned t = 0; t < started; t++)
             pthread_join(tid[t], NULL);
-        pthread_barrier_destroy(&b->start);
-        pthread_barrier_destroy(&b->done);
+        pthread_cond_destroy(&b->gate_cv);
+        pthread_mutex_destroy(&b->gate_mu);
         return -1;
     }
     *best = 0;
@@ -145,6 +168,8 @@ static int run_passes(bench *b, double *best, double *pass_s)
         pthread_join(tid[t], NULL);
     pthread_barrier_destroy(&b->start);
     pthread_barrier_destroy(&b->done);
+    pthread_cond_destroy(&b->gate_cv);
+    pthread_mutex_destroy(&b->gate_mu);
     return 0;
 }
 
@@ -180,7 +205,9 @@ int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membenc
     res->best_s = best;
     res->read_gbps = (double)bytes / best / 1e9;
     qsort(pass_s, passes, sizeof *pass_s, cmp_double);
-    res->median_gbps = (double)bytes / pass_s[passes / 2] / 1e9;
-    res->huge_bytes = huge;
+    double median = passes % 2 ? pass_s[passes / 2]
+                               : (pass_s[passes / 2 - 1] + pass_s[passes / 2]) / 2;
+    res->median_gbps = (double)bytes / median / 1e9;
+    res->huge_bytes = huge < bytes ? huge : bytes; /* the VMA may hold neighbours too */
     return 0;
 }

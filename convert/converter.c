@@ -343,6 +343,7 @@ static int feed_job(shard_run *s, size_t ext_idx, uint64_t ext_off, const uint8_
             s->carry_len = 0;
             if ((rc = quantize_rows(s, j, s->carry, 1, err)))
                 return rc;
+            s->c->done_out += j->n_in / 2 + j->n_in / 32;
         }
     }
     size_t n = len / j->row_in_bytes;
@@ -403,7 +404,9 @@ static int by_source_position(const void *a, const void *b)
     const kl_extent *x = &((const job_ext *)a)->ext, *y = &((const job_ext *)b)->ext;
     if (x->file != y->file)
         return x->file < y->file ? -1 : 1;
-    return x->off < y->off ? -1 : x->off > y->off;
+    if (x->off != y->off)
+        return x->off < y->off ? -1 : 1;
+    return x->len < y->len ? -1 : x->len > y->len; /* an empty tensor before its neighbour */
 }
 
 /* Reorders the jobs (and their extents) into source-file order.  The output is planned in the
@@ -438,6 +441,8 @@ static int merge_reads(shard_run *s, const kl_extent *ext, kl_err *err)
     if (!s->runs)
         return kl_fail(err, KL_E_NOMEM, "out of memory planning %zu reads", s->n_jobs);
     for (size_t i = 0; i < s->n_jobs; i++) {
+        if (!ext[i].len)
+            continue; /* nothing to read; on_chunk steps over its job */
         kl_extent *last = s->n_runs ? &s->runs[s->n_runs - 1] : NULL;
         if (last && last->file == ext[i].file && ext[i].off >= last->off + last->len &&
             ext[i].off - (last->off + last->len) <= MERGE_GAP) {

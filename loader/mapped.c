@@ -19,6 +19,9 @@
 
 #define DEFAULT_CHUNK ((size_t)2 << 20)
 #define MAX_THREADS 64u
+/* Populating runs at most this far ahead of delivery (at least 2 chunks per thread): bounds
+ * the page tables and the resident, not yet delivered bytes when the consumer is slower. */
+#define LOOKAHEAD_BYTES ((uint64_t)256 << 20)
 
 enum { CHUNK_PENDING = 0, CHUNK_READY, CHUNK_FAILED };
 
@@ -47,10 +50,13 @@ typedef struct mapped_run {
     atomic_size_t   next;      /* next chunk a worker populates */
     atomic_size_t   delivered; /* chunks the callback is done with */
     atomic_size_t   released;  /* chunks whose page-table entries were dropped */
+    size_t          window;    /* chunks populated ahead of delivery, at most */
     atomic_int      stop;
+    atomic_int      n_waiting; /* threads waiting for delivery to move the window */
     atomic_uint_fast64_t checksum;
     pthread_mutex_t mu;
     pthread_cond_t  ready_cv;  /* a chunk became ready or failed */
+    pthread_cond_t  progress_cv; /* a chunk was delivered, or stop */
 } mapped_run;
 
 /* ---- workers -------------------------------------------------------------------------------- */
@@ -105,27 +111,58 @@ static void populate_chunk(mapped_run *run, size_t i, uint64_t *sum)
     finish_chunk(run, c, CHUNK_READY);
 }
 
-/* One unit of work: a due release, else the next chunk to populate.  0 when neither is left
- * (or the run is stopping). */
+enum { WORK_DONE = 1, WORK_NONE_LEFT = 0, WORK_WINDOW_FULL = -1 };
+
+/* One unit of work: a due release, else the next chunk to populate if it is inside the
+ * look-ahead window. */
 static int work_one(mapped_run *run, uint64_t *sum)
 {
     if (release_batch(run))
-        return 1;
-    if (atomic_load(&run->stop) || atomic_load(&run->next) >= run->n_chunks)
-        return 0;
-    size_t i = atomic_fetch_add(&run->next, 1);
-    if (i >= run->n_chunks)
-        return 0;
-    populate_chunk(run, i, sum);
-    return 1;
+        return WORK_DONE;
+    for (;;) {
+        size_t i = atomic_load(&run->next);
+        if (atomic_load(&run->stop) || i >= run->n_chunks)
+            return WORK_NONE_LEFT;
+        if (i >= atomic_load(&run->delivered) + run->window)
+            return WORK_WINDOW_FULL;
+        if (atomic_compare_exchange_weak(&run->next, &i, i + 1)) {
+            populate_chunk(run, i, sum);
+            return WORK_DONE;
+        }
+    }
+}
+
+/* Sleeps until delivery moves the window (or the run stops). */
+static void wait_for_delivery(mapped_run *run)
+{
+    pthread_mutex_lock(&run->mu);
+    atomic_fetch_add(&run->n_waiting, 1);
+    while (!atomic_load(&run->stop) &&
+           atomic_load(&run->next) >= atomic_load(&run->delivered) + run->window)
+        pthread_cond_wait(&run->progress_cv, &run->mu);
+    atomic_fetch_sub(&run->n_waiting, 1);
+    pthread_mutex_unlock(&run->mu);
+}
+
+/* Wakes threads waiting for the window; the common case (nobody waits) costs one load.  A
+ * waiter counts itself before it checks `delivered`, and the deliverer stores `delivered`
+ * before it checks the count, so one of them always sees the other. */
+static void notify_delivery(mapped_run *run)
+{
+    if (!atomic_load(&run->n_waiting))
+        return;
+    pthread_mutex_lock(&run->mu);
+    pthread_cond_broadcast(&run->progress_cv);
+    pthread_mutex_unlock(&run->mu);
 }
 
 static void *worker_main(void *arg)
 {
     mapped_run *run = arg;
     uint64_t sum = 0;
-    while (work_one(run, &sum))
-        ;
+    for (int w; (w = work_one(run, &sum)) != WORK_NONE_LEFT;)
+        if (w == WORK_WINDOW_FULL)
+            wait_for_delivery(run);
     atomic_fetch_add(&run->checksum, sum);
     return NULL;
 }
@@ -211,7 +248,7 @@ static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats 
         mapped_chunk *c = &run->chunks[i];
         /* The delivering thread is one of the team: it works instead of sleeping while the
          * chunk it needs is not ready, and sleeps only when nothing is left to claim. */
-        while (atomic_load(&c->state) == CHUNK_PENDING && work_one(run, &sum))
+        while (atomic_load(&c->state) == CHUNK_PENDING && work_one(run, &sum) == WORK_DONE)
             ;
         pthread_mutex_lock(&run->mu);
         while (atomic_load(&c->state) == CHUNK_PENDING)
@@ -229,6 +266,8 @@ static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats 
         st->bytes += c->len;
         st->chunks++;
         atomic_store(&run->delivered, i + 1);
+        notify_delivery(run);
+        release_batch(run); /* the workers may all be done populating */
     }
     atomic_fetch_add(&run->checksum, sum);
     return rc;
@@ -260,11 +299,15 @@ int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opt
                        MAX_THREADS);
     kl_mapped_stats st = {.threads = resolve_threads(o.threads)};
     double t0 = kl_now_s();
-    mapped_run run = {.n_files = n, .touch = o.touch};
+    size_t chunk = resolve_chunk(o.chunk_bytes);
+    size_t window = (size_t)(LOOKAHEAD_BYTES / chunk);
+    mapped_run run = {.n_files = n, .touch = o.touch,
+                      .window = window > 2 * st.threads ? window : 2 * st.threads};
     pthread_mutex_init(&run.mu, NULL);
     pthread_cond_init(&run.ready_cv, NULL);
+    pthread_cond_init(&run.progress_cv, NULL);
     run.files = kl_calloc(n ? n : 1, sizeof *run.files);
-    int rc = run.files ? plan(&run, paths, resolve_chunk(o.chunk_bytes), err)
+    int rc = run.files ? plan(&run, paths, chunk, err)
                        : kl_fail(err, KL_E_NOMEM, "out of memory for %zu files", n);
     /* threads - 1 workers: the delivering thread works too (deliver) */
     pthread_t tid[MAX_THREADS];
@@ -274,7 +317,10 @@ int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opt
             break; /* fewer workers: slower, still correct */
     if (!rc)
         rc = deliver(&run, cb, ctx, &st, err);
+    pthread_mutex_lock(&run.mu);
     atomic_store(&run.stop, 1);
+    pthread_cond_broadcast(&run.progress_cv);
+    pthread_mutex_unlock(&run.mu);
     for (unsigned t = 0; t < started; t++)
         pthread_join(tid[t], NULL);
     for (size_t i = 0; run.files && i < n; i++)
@@ -285,6 +331,7 @@ int kl_mapped_read(const char *const *paths, size_t n, const kl_mapped_opts *opt
     kl_free(run.chunks);
     kl_free(run.files);
     pthread_cond_destroy(&run.ready_cv);
+    pthread_cond_destroy(&run.progress_cv);
     pthread_mutex_destroy(&run.mu);
     if (stats)
         *stats = st;

@@ -17,18 +17,22 @@
  *
  * Files: regular files only (FILE-NOT-REGULAR otherwise, naming the path); each is opened
  * O_RDONLY (never for writing), mapped PROT_READ/MAP_SHARED, and its descriptor closed at once
- * (the mapping keeps the file), so any number of files works under RLIMIT_NOFILE.  The threads
- * drop the page-table entries of delivered chunks in 64 MiB batches (MADV_DONTNEED: the cached
- * pages stay) between populating others, so page tables stay small and the final unmap cheap.  Empty
+ * (the mapping keeps the file), so RLIMIT_NOFILE does not limit the number of files (each file
+ * is one mapping: vm.max_map_count, 65530 by default, does).  Populating runs at most 256 MiB
+ * (at least two chunks per thread) ahead of delivery, and the threads drop the page-table
+ * entries of delivered chunks in 64 MiB batches (MADV_DONTNEED: the cached pages stay), so page
+ * tables and not-yet-delivered resident bytes stay bounded whatever the consumer's speed.  Empty
  * files deliver nothing.
  *
  * Errors: an I/O error while populating (MADV_POPULATE_READ returns EFAULT/EIO: the file
  * shrank or the disk failed) is reported as KL_E_IO with the file and offset, after every
  * chunk before it was delivered; a kernel without MADV_POPULATE_READ (Linux < 5.14) gives
- * KL_E_UNSUPPORTED — pages are never faulted by touching, so a file truncated during the read
- * cannot raise SIGBUS (except when `touch` reads a chunk that was truncated after it was
- * populated, the one race an mmap reader cannot close).  KL_E_CANCELLED when the callback
- * returns non-zero; KL_E_NOMEM; KL_E_USAGE for bad options.
+ * KL_E_UNSUPPORTED — pages are never faulted by touching.  A file truncated while it is read is
+ * reported as KL_E_IO when the truncation is seen while populating; bytes already populated
+ * (at most the look-ahead) lose their pages instead, and reading them — by `touch` or by the
+ * consumer, from the pointer it was given — raises SIGBUS, as with any mapping.  Files must
+ * not be truncated while they are read (checkpoints are read-only to kl).  KL_E_CANCELLED when
+ * the callback returns non-zero; KL_E_NOMEM; KL_E_USAGE for bad options.
  * The data pointer is valid during the callback only.  Thread safety: the callback runs on the
  * calling thread; the call is reentrant (no global state).
  */

@@ -85,7 +85,9 @@ static void ref_load(golden_ref *r, const char *path)
     ck_assert_msg(r->root != NULL, "%s is not JSON", path);
     r->prompt = int_array(cJSON_GetObjectItem(r->root, "prompt"), &r->n_prompt);
     r->greedy = int_array(cJSON_GetObjectItem(r->root, "greedy"), &r->n_greedy);
-    r->vocab = (uint32_t)cJSON_GetObjectItem(r->root, "vocab")->valuedouble;
+    const cJSON *vocab = cJSON_GetObjectItem(r->root, "vocab");
+    ck_assert_msg(cJSON_IsNumber(vocab), "%s has no \"vocab\"", path);
+    r->vocab = (uint32_t)vocab->valuedouble;
     const cJSON *steps = cJSON_GetObjectItem(r->root, "steps");
     r->n_steps = (size_t)cJSON_GetArraySize(steps);
     ck_assert_msg(r->n_steps == r->n_greedy + 1, "%s: %zu steps for %zu greedy ids", path,
