@@ -45,66 +45,74 @@ static void make_files(const char *dir, char paths[N_FILES][512], uint8_t *want[
     }
 }
 
+/* The four test files in a fresh directory, their paths and contents, and the collector. */
+typedef struct fixture {
+    char        dir[256], paths[N_FILES][512];
+    const char *p[N_FILES];
+    uint8_t    *want[N_FILES];
+    collect     c;
+} fixture;
+
+static void fixture_setup(fixture *f, size_t cancel_after)
+{
+    memset(f, 0, sizeof *f);
+    t_mkdtemp(f->dir, sizeof f->dir);
+    make_files(f->dir, f->paths, f->want);
+    f->c.cancel_after = cancel_after;
+    for (int i = 0; i < N_FILES; i++) {
+        f->p[i] = f->paths[i];
+        f->c.got[i] = calloc(sizes[i] + 1, 1);
+    }
+}
+
+static void fixture_teardown(fixture *f)
+{
+    for (int i = 0; i < N_FILES; i++) {
+        free(f->c.got[i]);
+        free(f->want[i]);
+    }
+    t_rmrf(f->dir);
+}
+
 /* threads: 1 (the calling thread alone), 2, 4 */
 START_TEST(delivers_every_byte_in_order)
 {
     const unsigned threads = _i == 0 ? 1 : _i == 1 ? 2 : 4;
-    char dir[256], paths[N_FILES][512];
-    uint8_t *want[N_FILES];
-    t_mkdtemp(dir, sizeof dir);
-    make_files(dir, paths, want);
-    const char *p[N_FILES];
-    collect c = {.cancel_after = 0};
-    uint64_t total = 0, sum = 0;
-    for (int i = 0; i < N_FILES; i++) {
-        p[i] = paths[i];
-        c.got[i] = calloc(sizes[i] + 1, 1);
-        total += sizes[i];
-    }
+    fixture f;
+    fixture_setup(&f, 0);
     kl_mapped_opts o = {.threads = threads, .chunk_bytes = 8000, .touch = 1}; /* 8192 */
     kl_mapped_stats st;
     kl_err err;
     kl_err_clear(&err);
-    int rc = kl_mapped_read(p, N_FILES, &o, on_chunk, &c, &st, &err);
+    int rc = kl_mapped_read(f.p, N_FILES, &o, on_chunk, &f.c, &st, &err);
     ck_assert_msg(rc == 0, "%s", t_fmt_err(&err));
-    ck_assert_uint_eq(st.bytes, total);
     ck_assert_uint_eq(st.chunks, 0 + 1 + 5 + 4);
+    uint64_t total = 0, sum = 0;
     for (int i = 0; i < N_FILES; i++) {
-        ck_assert_uint_eq(c.next_off[i], sizes[i]);
-        ck_assert_msg(!memcmp(c.got[i], want[i], sizes[i]), "file %d differs", i);
+        total += sizes[i];
+        ck_assert_uint_eq(f.c.next_off[i], sizes[i]);
+        ck_assert_msg(!memcmp(f.c.got[i], f.want[i], sizes[i]), "file %d differs", i);
         /* the checksum is the chunk sums: recompute them with the same chunking */
         for (size_t off = 0; off < sizes[i]; off += 8192)
-            sum += kl_mem_sum(want[i] + off, sizes[i] - off < 8192 ? sizes[i] - off : 8192);
-        free(c.got[i]);
-        free(want[i]);
+            sum += kl_mem_sum(f.want[i] + off, sizes[i] - off < 8192 ? sizes[i] - off : 8192);
     }
+    ck_assert_uint_eq(st.bytes, total);
     ck_assert_uint_eq(st.checksum, sum);
-    t_rmrf(dir);
+    fixture_teardown(&f);
 }
 END_TEST
 
 START_TEST(cancel_stops_delivery)
 {
-    char dir[256], paths[N_FILES][512];
-    uint8_t *want[N_FILES];
-    t_mkdtemp(dir, sizeof dir);
-    make_files(dir, paths, want);
-    const char *p[N_FILES];
-    collect c = {.cancel_after = 3};
-    for (int i = 0; i < N_FILES; i++) {
-        p[i] = paths[i];
-        c.got[i] = calloc(sizes[i] + 1, 1);
-    }
+    fixture f;
+    fixture_setup(&f, 3);
     kl_mapped_opts o = {.threads = 3, .chunk_bytes = 4096};
     kl_err err;
     kl_err_clear(&err);
-    ck_assert_int_eq(kl_mapped_read(p, N_FILES, &o, on_chunk, &c, NULL, &err), KL_E_CANCELLED);
-    ck_assert_uint_eq(c.calls, 3);
-    for (int i = 0; i < N_FILES; i++) {
-        free(c.got[i]);
-        free(want[i]);
-    }
-    t_rmrf(dir);
+    ck_assert_int_eq(kl_mapped_read(f.p, N_FILES, &o, on_chunk, &f.c, NULL, &err),
+                     KL_E_CANCELLED);
+    ck_assert_uint_eq(f.c.calls, 3);
+    fixture_teardown(&f);
 }
 END_TEST
 
