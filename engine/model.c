@@ -65,6 +65,9 @@ static float *vec_f32(const kl_wmat *w)
 /* ------------------------------------------------------------------------------------------ */
 /* Loading                                                                                    */
 
+/* Gaps between wanted tensors up to this size are read through rather than skipped. */
+#define LOAD_MERGE_GAP ((uint64_t)256 << 10)
+
 typedef struct load_ctx {
     uint8_t **dst;    /* [n_ext] */
 } load_ctx;
@@ -177,7 +180,8 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
         m->weight_bytes += t->n_bytes;
     }
     load_ctx lc = {(uint8_t **)m->bufs};
-    if ((rc = kl_reader_run(rd, ext, s->n, load_cb, &lc, err)))
+    /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
+    if ((rc = kl_reader_run_gathered(rd, ext, s->n, LOAD_MERGE_GAP, load_cb, &lc, err)))
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];

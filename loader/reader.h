@@ -123,6 +123,17 @@ int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb
 int kl_reader_stream_file(kl_reader *r, uint32_t file, unsigned char sha256[32], kl_reader_cb cb,
                           void *ctx, kl_err *err);
 
+/* Reads many extents that are each small and scattered (the tensors of a checkpoint) as few
+ * long reads: sorts them by (file, offset), merges neighbours separated by at most max_gap
+ * bytes into one extent (the gap bytes are read and skipped), and hands every chunk back per
+ * original extent: cb(ctx, ext_idx, ext_off, data, len) with ext_idx an index into ext.
+ * Each extent's bytes arrive in order and it is complete before the next one starts; extents
+ * come in file order (the order of kl_reader_add_file, then offset), not in the order given.
+ * Empty extents get no callback.  Overlapping extents: KL_E_USAGE.  Otherwise as
+ * kl_reader_run (which it calls once). */
+int kl_reader_run_gathered(kl_reader *r, const kl_extent *ext, size_t n_ext, uint64_t max_gap,
+                           kl_reader_cb cb, void *ctx, kl_err *err);
+
 void kl_reader_get_stats(const kl_reader *r, kl_reader_stats *st);
 const char *kl_io_backend_name(kl_io_backend b);
 /* "uring"|"aio"|"pread"|"auto" -> backend; -1 if unknown. */
