@@ -572,7 +572,7 @@ static int plan_chunk(kl_reader *r, chunk_iter *it, kl_slot *s)
 }
 
 /* Checks every extent before the first read: file index, overflow, end within the file. */
-static int check_extents(const kl_reader *r, const kl_extent *ext, size_t n_ext, kl_err *err)
+int kl_rd_check_extents(const kl_reader *r, const kl_extent *ext, size_t n_ext, kl_err *err)
 {
     for (size_t i = 0; i < n_ext; i++) {
         const kl_extent *e = &ext[i];
@@ -658,7 +658,7 @@ int kl_reader_run(kl_reader *r, const kl_extent *ext, size_t n_ext, kl_reader_cb
         return kl_fail(err, KL_E_USAGE, "kl_reader_run: reader or extents is NULL");
     if (r->broken)
         return broken_fail(r, err);
-    int rc = check_extents(r, ext, n_ext, err);
+    int rc = kl_rd_check_extents(r, ext, n_ext, err);
     if (rc)
         return rc;
     unsigned qd = r->opts.queue_depth;

@@ -1,9 +1,11 @@
 /* loader/reader_gather.c — scattered extents read as few long ones (see reader.h,
  * kl_reader_run_gathered). */
 #include "loader/reader.h"
+#include "loader/reader_int.h"
 
 #include "common/mem.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* A sort key carrying its extent's index (qsort has no context argument). */
@@ -21,6 +23,7 @@ typedef struct gather {
     size_t          *run_first;/* [n_runs] index into order of each run's first extent */
     size_t           n_runs;
     size_t           cursor;   /* index into order: the extent being delivered */
+    size_t           cancelled_at; /* the caller's extent whose callback cancelled */
     kl_reader_cb     cb;
     void            *ctx;
 } gather;
@@ -79,8 +82,10 @@ static int on_run_chunk(void *ctx, size_t run, uint64_t run_off, const uint8_t *
         }
         uint64_t stop = e->off + e->len < end ? e->off + e->len : end;
         size_t take = (size_t)(stop - pos);
-        if (g->cb && g->cb(g->ctx, idx, pos - e->off, data, take))
+        if (g->cb && g->cb(g->ctx, idx, pos - e->off, data, take)) {
+            g->cancelled_at = idx;
             return 1;
+        }
         data += take;
         pos += take;
     }
@@ -97,11 +102,18 @@ int kl_reader_run_gathered(kl_reader *r, const kl_extent *ext, size_t n_ext, uin
     g.order = kl_calloc(cap, sizeof *g.order);
     g.runs = kl_calloc(cap, sizeof *g.runs);
     g.run_first = kl_calloc(cap, sizeof *g.run_first);
-    int rc = g.order && g.runs && g.run_first
+    /* checked before merging: a merged run would hide an extent that overflows or runs past
+     * its file */
+    int rc = kl_rd_check_extents(r, ext, n_ext, err);
+    if (!rc)
+        rc = g.order && g.runs && g.run_first
                  ? plan(&g, n_ext, max_gap, err)
                  : kl_fail(err, KL_E_NOMEM, "out of memory planning %zu reads", n_ext);
     if (!rc)
         rc = kl_reader_run(r, g.runs, g.n_runs, on_run_chunk, &g, err);
+    if (rc == KL_E_CANCELLED && err) /* name the caller's extent, not the merged run */
+        snprintf(err->msg, sizeof err->msg, "cancelled by the callback at extent %zu",
+                 g.cancelled_at);
     kl_free(g.order);
     kl_free(g.runs);
     kl_free(g.run_first);

@@ -150,4 +150,8 @@ struct kl_reader {
  * done or failed (the error is kept in the slot until delivery reaches it). */
 void kl_rd_complete(kl_reader *r, kl_slot *s, ssize_t res);
 
+/* Every extent names an open file of r, does not overflow and ends inside the file's size:
+ * 0, or KL_E_USAGE / KL_E_IO naming the extent's index. */
+int kl_rd_check_extents(const kl_reader *r, const kl_extent *ext, size_t n_ext, kl_err *err);
+
 #endif

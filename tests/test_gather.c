@@ -129,7 +129,7 @@ START_TEST(every_extent_whole_in_order_and_complete_before_the_next)
 }
 END_TEST
 
-START_TEST(overlapping_extents_are_refused_and_cancel_stops)
+START_TEST(bad_extents_are_refused_and_cancel_names_the_extent)
 {
     files fs;
     files_open(&fs, KL_IO_PREAD, 4096);
@@ -148,6 +148,17 @@ START_TEST(overlapping_extents_are_refused_and_cancel_stops)
     ck_assert_int_eq(kl_reader_run_gathered(fs.r, ext, 3, 0, check_chunk, &c, &err),
                      KL_E_CANCELLED);
     ck_assert_uint_eq(c.calls, 2);
+    ck_assert_msg(strstr(err.msg, "extent 0") != NULL, "the caller's index: %s", err.msg);
+
+    /* checked before merging: an extent that overflows or runs past its file fails */
+    kl_extent wrap[2] = {{fs.idx[0], 0, 100}, {fs.idx[0], 200, UINT64_MAX - 150}};
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_reader_run_gathered(fs.r, wrap, 2, 4096, NULL, NULL, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "extent 1") && strstr(err.msg, "overflows"), "%s", err.msg);
+    kl_extent past[2] = {{fs.idx[0], 0, 100}, {fs.idx[0], FILE_BYTES - 10, 20}};
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_reader_run_gathered(fs.r, past, 2, 1 << 20, NULL, NULL, &err), KL_E_IO);
+    ck_assert_msg(strstr(err.msg, "past the end") != NULL, "%s", err.msg);
     files_close(&fs);
 }
 END_TEST
@@ -158,7 +169,7 @@ static Suite *gather_suite(void)
     TCase *tc = tcase_create("runs");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, every_extent_whole_in_order_and_complete_before_the_next, 0, 6);
-    tcase_add_test(tc, overlapping_extents_are_refused_and_cancel_stops);
+    tcase_add_test(tc, bad_extents_are_refused_and_cancel_names_the_extent);
     suite_add_tcase(s, tc);
     return s;
 }
