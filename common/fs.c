@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -282,4 +283,32 @@ int kl_list_files_with_suffix(const char *dir, const char *suffix, char ***names
     *names = list;
     *n = count;
     return 0;
+}
+
+int kl_file_resident(const char *path, uint64_t *resident, uint64_t *size, kl_err *err)
+{
+    *resident = 0;
+    int fd = kl_open_regular(path, size, err);
+    if (fd < 0)
+        return fd;
+    const uint64_t window = (uint64_t)1 << 30;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    unsigned char *vec = kl_malloc((size_t)(window / page));
+    int rc = vec ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint64_t off = 0; !rc && off < *size; off += window) {
+        size_t len = (size_t)(*size - off < window ? *size - off : window);
+        void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
+        if (m == MAP_FAILED || mincore(m, len, vec) != 0) {
+            rc = kl_fail_sys(err, KL_E_IO, errno, "cannot tell what is cached");
+            kl_err_context(err, path, NULL, off, NULL);
+        }
+        for (size_t i = 0; !rc && i < (len + page - 1) / page; i++)
+            if (vec[i] & 1)
+                *resident += i + 1 == (len + page - 1) / page ? len - i * page : page;
+        if (m != MAP_FAILED)
+            munmap(m, len);
+    }
+    kl_free(vec);
+    close(fd);
+    return rc;
 }

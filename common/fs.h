@@ -19,6 +19,10 @@
 int kl_open_regular(const char *path, uint64_t *size, kl_err *err);
 int kl_read_file(const char *path, size_t max_bytes, char **out, size_t *len, kl_err *err);
 
+/* Bytes of path now in the page cache (mincore over a read-only mapping, 1 GiB at a time) and
+ * the file's size.  0, or a KL_E_* code (FILE-OPEN, FILE-NOT-REGULAR, KL_E_IO). */
+int kl_file_resident(const char *path, uint64_t *resident, uint64_t *size, kl_err *err);
+
 /* Writes all n bytes at the current position, retrying short writes and EINTR. */
 int kl_write_all(int fd, const void *buf, size_t n, const char *path, kl_err *err);
 

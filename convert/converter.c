@@ -607,16 +607,6 @@ static int audit_source(conv *c, kl_err *err)
     return rc;
 }
 
-/* Whether path can be opened with O_DIRECT (tmpfs and some FUSE file systems refuse it). */
-static int direct_io_works(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return 0;
-    close(fd);
-    return 1;
-}
-
 static int open_inputs(conv *c, kl_err *err)
 {
     int rc = kl_ckpt_open(&c->ck, c->o->src, err);
@@ -631,13 +621,15 @@ static int open_inputs(conv *c, kl_err *err)
     uint64_t budget = c->o->max_memory ? c->o->max_memory : DEFAULT_MAX_MEMORY;
     unsigned qd = (unsigned)(budget / 4 / CHUNK_BYTES);
     kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES, .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : qd};
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (c->ck.n_shards && !direct_io_works(c->ck.shards[0].path)) {
-        /* tmpfs and the like: every read is a page-cache copy, which scales with threads
-         * (an io_uring ring copied 2.4 GB/s from tmpfs on the 16-core machine) */
-        ro.direct = KL_DIRECT_OFF;
-        ro.threads = ncpu > 0 ? (unsigned)(ncpu < 64 ? ncpu : 64) : 4;
-    }
+    /* a cached source (or one on tmpfs) is copied from memory by pread threads; an io_uring
+     * ring copied only 2.4 GB/s from tmpfs on the 16-core machine */
+    const char **paths = kl_calloc(c->ck.n_shards ? c->ck.n_shards : 1, sizeof *paths);
+    if (!paths)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < c->ck.n_shards; i++)
+        paths[i] = c->ck.shards[i].path;
+    kl_reader_opts_for_files(&ro, paths, c->ck.n_shards);
+    kl_free(paths);
     if ((rc = kl_reader_create(&c->reader, &ro, err)))
         return rc;
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting. */
@@ -653,6 +645,7 @@ static int open_inputs(conv *c, kl_err *err)
             return idx;
         c->reader_file[i] = (uint32_t)idx;
     }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
     return kl_pool_create(&c->pool, threads, err);
 }

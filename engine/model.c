@@ -132,7 +132,17 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
         goto out;
     }
     m->n_bufs = s->n;
-    if ((rc = kl_reader_create(&rd, NULL, err)))
+    const char **paths = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *paths);
+    if (!paths) {
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ck->n_shards; i++)
+        paths[i] = ck->shards[i].path;
+    kl_reader_opts ro = {0};
+    kl_reader_opts_for_files(&ro, paths, ck->n_shards); /* cached: copy from memory */
+    kl_free(paths);
+    if ((rc = kl_reader_create(&rd, &ro, err)))
         goto out;
     for (size_t i = 0; i < ck->n_shards; i++) {
         int f = kl_reader_add_file(rd, ck->shards[i].path, err);

@@ -134,6 +134,14 @@ int kl_reader_stream_file(kl_reader *r, uint32_t file, unsigned char sha256[32],
 int kl_reader_run_gathered(kl_reader *r, const kl_extent *ext, size_t n_ext, uint64_t max_gap,
                            kl_reader_cb cb, void *ctx, kl_err *err);
 
+/* Chooses how to stream whole checkpoint files (paths[0..n)) into o: left as given (O_DIRECT
+ * where allowed) unless the files are already at least 90% in the page cache — re-reading
+ * them from the disk would be slower than copying them from memory — or the first one refuses
+ * O_DIRECT (tmpfs); then buffered reads on one pread thread per CPU, as page-cache copies
+ * scale with threads.  Returns 1 when it chose buffered reads.  Best effort: a file it cannot
+ * inspect counts as not cached (kl_reader_add_file reports the real error later). */
+int kl_reader_opts_for_files(kl_reader_opts *o, const char *const *paths, size_t n);
+
 void kl_reader_get_stats(const kl_reader *r, kl_reader_stats *st);
 const char *kl_io_backend_name(kl_io_backend b);
 /* "uring"|"aio"|"pread"|"auto" -> backend; -1 if unknown. */

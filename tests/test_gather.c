@@ -1,6 +1,8 @@
 /* tests/test_gather.c — kl_reader_run_gathered: scattered extents read as few long ones and
  * handed back per extent, complete and in order. */
 #include "common/err.h"
+#include "common/fs.h"
+#include "common/mem.h"
 #include "common/rng.h"
 #include "loader/reader.h"
 #include "testutil.h"
@@ -163,6 +165,39 @@ START_TEST(bad_extents_are_refused_and_cancel_names_the_extent)
 }
 END_TEST
 
+/* A file just written and read sits in the page cache: it is streamed with buffered reads. */
+START_TEST(cached_files_are_read_buffered)
+{
+    files fs;
+    files_open(&fs, KL_IO_PREAD, 4096);
+    char p[400];
+    snprintf(p, sizeof p, "%s/f0.bin", fs.dir);
+    char *data = NULL;
+    size_t len = 0;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_read_file(p, FILE_BYTES, &data, &len, &err), 0); /* now cached */
+    kl_free(data);
+    uint64_t resident = 0, size = 0;
+    ck_assert_msg(kl_file_resident(p, &resident, &size, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(size, FILE_BYTES);
+    ck_assert_msg(resident == size, "%llu of %llu bytes resident", (unsigned long long)resident,
+                  (unsigned long long)size);
+    kl_reader_opts o = {0};
+    const char *paths[1] = {p};
+    ck_assert_int_eq(kl_reader_opts_for_files(&o, paths, 1), 1);
+    ck_assert_int_eq(o.direct, KL_DIRECT_OFF);
+    ck_assert_int_eq(o.backend, KL_IO_PREAD);
+    ck_assert_uint_ge(o.threads, 1);
+    kl_reader_opts forced = {.direct = KL_DIRECT_ON};
+    ck_assert_int_eq(kl_reader_opts_for_files(&forced, paths, 1), 0); /* the caller's choice */
+    ck_assert_int_eq(forced.direct, KL_DIRECT_ON);
+    const char *missing[1] = {"/nonexistent/kl.bin"};
+    ck_assert_int_ne(kl_file_resident(missing[0], &resident, &size, &err), 0);
+    files_close(&fs);
+}
+END_TEST
+
 static Suite *gather_suite(void)
 {
     Suite *s = suite_create("gather");
@@ -170,6 +205,7 @@ static Suite *gather_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, every_extent_whole_in_order_and_complete_before_the_next, 0, 6);
     tcase_add_test(tc, bad_extents_are_refused_and_cancel_names_the_extent);
+    tcase_add_test(tc, cached_files_are_read_buffered);
     suite_add_tcase(s, tc);
     return s;
 }
