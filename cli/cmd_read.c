@@ -324,12 +324,6 @@ static int hash_all(const read_args *a, const file_list *l, kl_hashpass_file *fi
     return rc;
 }
 
-static int on_mapped_chunk(void *ctx, size_t file, uint64_t off, const uint8_t *data,
-                           size_t len)
-{
-    return on_chunk(ctx, file, off, data, len);
-}
-
 /* --mapped: every file through the mapped reader, the workers reading every byte once. */
 static int read_mapped(const read_args *a, const file_list *l, read_result *res, kl_err *err)
 {
@@ -337,7 +331,7 @@ static int read_mapped(const read_args *a, const file_list *l, read_result *res,
     read_progress pr = {.bytes = 0};
     kl_progress_init(&pr.line, "kl read", 0);
     kl_mapped_stats st;
-    int rc = kl_mapped_read((const char *const *)l->paths, l->n, &mo, on_mapped_chunk, &pr, &st,
+    int rc = kl_mapped_read((const char *const *)l->paths, l->n, &mo, on_chunk, &pr, &st,
                             err);
     kl_progress_end(&pr.line);
     res->backend = "mapped";

@@ -55,7 +55,6 @@ typedef struct conv {
     uint64_t              *bytes;      /* [schema.n] output payload bytes */
     char                   partial[PATH_MAX];
     kl_reader             *reader;
-    uint32_t              *reader_file; /* [ck.n_shards] reader file index per source shard */
     kl_pool               *pool;
     uint64_t               total_out, done_out;
     double                 t0, last_progress;
@@ -385,18 +384,11 @@ static int shard_setup(shard_run *s, size_t k, kl_st_wtensor *wt, kl_extent *ext
                                   "rows of %llu elements cannot be quantized here",
                                   (unsigned long long)j->n_in);
         }
-        ext[s->n_jobs] = (kl_extent){c->reader_file[t->shard], t->t->file_off, t->t->n_bytes};
+        ext[s->n_jobs] = (kl_extent){(uint32_t)t->shard, t->t->file_off, t->t->n_bytes};
         s->n_jobs++;
     }
     return 0;
 }
-
-/* Source gaps up to this size are read and skipped: cheaper than a new read.  The output is
- * planned in the loader's order (experts numerically, each layer one region), which is not the
- * source's (official shards sort names as strings and spread experts over shards); gathered
- * reads stream each source file in order and coalesce neighbouring tensors (per-tensor reads
- * streamed at 1.3 GB/s where whole files did 2.0 GB/s). */
-#define MERGE_GAP ((uint64_t)256 << 10)
 
 static int convert_shard(conv *c, size_t k, kl_err *err)
 {
@@ -426,7 +418,12 @@ static int convert_shard(conv *c, size_t k, kl_err *err)
         rc = kl_st_writer_open(&s.w, path, wt, ls->count, &wo, err);
     }
     if (!rc) {
-        rc = kl_reader_run_gathered(c->reader, ext, s.n_jobs, MERGE_GAP, on_chunk, &s, err);
+        /* The output is planned in the loader's order (experts numerically, each layer one
+         * region), not the source's (official shards sort names as strings and spread experts
+         * over shards); gathered reads stream each source file in order and coalesce
+         * neighbouring tensors (per-tensor reads streamed at 1.3 GB/s where whole files did
+         * 2.0 GB/s). */
+        rc = kl_reader_run_gathered(c->reader, ext, s.n_jobs, KL_GATHER_GAP, on_chunk, &s, err);
         if (rc == KL_E_CANCELLED && s.cb_err.code) { /* the callback's own error */
             if (err)
                 *err = s.cb_err;
@@ -623,28 +620,12 @@ static int open_inputs(conv *c, kl_err *err)
     kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES, .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : qd};
     /* a cached source (or one on tmpfs) is copied from memory by pread threads; an io_uring
      * ring copied only 2.4 GB/s from tmpfs on the 16-core machine */
-    const char **paths = kl_calloc(c->ck.n_shards ? c->ck.n_shards : 1, sizeof *paths);
-    if (!paths)
-        return kl_fail(err, KL_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < c->ck.n_shards; i++)
-        paths[i] = c->ck.shards[i].path;
-    kl_reader_opts_for_files(&ro, paths, c->ck.n_shards);
-    kl_free(paths);
-    if ((rc = kl_reader_create(&c->reader, &ro, err)))
+    if ((rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err)))
         return rc;
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting. */
     uint64_t wb_cap = budget / 8 < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : budget / 8;
     if ((rc = kl_wb_create(&c->wb, (size_t)wb_cap, err)))
         return rc;
-    c->reader_file = kl_calloc(c->ck.n_shards ? c->ck.n_shards : 1, sizeof *c->reader_file);
-    if (!c->reader_file)
-        return kl_fail(err, KL_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < c->ck.n_shards; i++) {
-        int idx = kl_reader_add_file(c->reader, c->ck.shards[i].path, err);
-        if (idx < 0)
-            return idx;
-        c->reader_file[i] = (uint32_t)idx;
-    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
     return kl_pool_create(&c->pool, threads, err);
@@ -693,7 +674,6 @@ static void conv_free(conv *c)
     kl_pool_destroy(c->pool);
     kl_wb_destroy(c->wb);
     kl_reader_destroy(c->reader);
-    kl_free(c->reader_file);
     kl_free(c->srcs);
     kl_free(c->bytes);
     kl_layout_free(&c->layout);

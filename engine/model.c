@@ -65,9 +65,6 @@ static float *vec_f32(const kl_wmat *w)
 /* ------------------------------------------------------------------------------------------ */
 /* Loading                                                                                    */
 
-/* Gaps between wanted tensors up to this size are read through rather than skipped. */
-#define LOAD_MERGE_GAP ((uint64_t)256 << 10)
-
 typedef struct load_ctx {
     uint8_t **dst;    /* [n_ext] */
 } load_ctx;
@@ -118,7 +115,6 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
 {
     kl_reader *rd = NULL;
     kl_extent *ext = NULL;
-    uint32_t *fid = NULL;
     const kl_st_tensor **ts = NULL;
     kl_wmat final_norm = {0};
     int rc;
@@ -126,32 +122,13 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
     m->bufs = kl_calloc(s->n ? s->n : 1, sizeof *m->bufs);
     ext = kl_calloc(s->n ? s->n : 1, sizeof *ext);
     ts = kl_calloc(s->n ? s->n : 1, sizeof *ts);
-    fid = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *fid);
-    if (!m->bufs || !ext || !ts || !fid) {
+    if (!m->bufs || !ext || !ts) {
         rc = kl_fail(err, KL_E_NOMEM, "out of memory binding %zu tensors", s->n);
         goto out;
     }
     m->n_bufs = s->n;
-    const char **paths = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *paths);
-    if (!paths) {
-        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    if ((rc = kl_ckpt_open_reader(ck, NULL, &rd, err))) /* cached: copied from memory */
         goto out;
-    }
-    for (size_t i = 0; i < ck->n_shards; i++)
-        paths[i] = ck->shards[i].path;
-    kl_reader_opts ro = {0};
-    kl_reader_opts_for_files(&ro, paths, ck->n_shards); /* cached: copy from memory */
-    kl_free(paths);
-    if ((rc = kl_reader_create(&rd, &ro, err)))
-        goto out;
-    for (size_t i = 0; i < ck->n_shards; i++) {
-        int f = kl_reader_add_file(rd, ck->shards[i].path, err);
-        if (f < 0) {
-            rc = f;
-            goto out;
-        }
-        fid[i] = (uint32_t)f;
-    }
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
         const kl_ckpt_tensor *ct = kl_ckpt_find(ck, e->name);
@@ -186,12 +163,12 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
             kl_err_context(err, NULL, e->name, KL_NO_OFFSET, NULL);
             goto out;
         }
-        ext[i] = (kl_extent){fid[ct->shard], t->file_off, t->n_bytes};
+        ext[i] = (kl_extent){(uint32_t)ct->shard, t->file_off, t->n_bytes};
         m->weight_bytes += t->n_bytes;
     }
     load_ctx lc = {(uint8_t **)m->bufs};
     /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
-    if ((rc = kl_reader_run_gathered(rd, ext, s->n, LOAD_MERGE_GAP, load_cb, &lc, err)))
+    if ((rc = kl_reader_run_gathered(rd, ext, s->n, KL_GATHER_GAP, load_cb, &lc, err)))
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
@@ -225,7 +202,6 @@ out:
     kl_reader_destroy(rd);
     kl_free(ext);
     kl_free(ts);
-    kl_free(fid);
     return rc;
 }
 

@@ -241,3 +241,32 @@ const kl_ckpt_tensor *kl_ckpt_find(const kl_checkpoint *ck, const char *name)
     uint32_t i;
     return kl_strmap_get(&ck->by_name, name, &i) ? &ck->tensors[i] : NULL;
 }
+
+int kl_ckpt_open_reader(const kl_checkpoint *ck, const kl_reader_opts *opts, kl_reader **out,
+                        kl_err *err)
+{
+    *out = NULL;
+    kl_reader_opts ro = opts ? *opts : (kl_reader_opts){0};
+    const char **paths = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *paths);
+    if (!paths)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ck->n_shards; i++)
+        paths[i] = ck->shards[i].path;
+    kl_reader_opts_for_files(&ro, paths, ck->n_shards);
+    kl_free(paths);
+    kl_reader *r = NULL;
+    int rc = kl_reader_create(&r, &ro, err);
+    for (size_t i = 0; !rc && i < ck->n_shards; i++) {
+        int idx = kl_reader_add_file(r, ck->shards[i].path, err);
+        if (idx < 0)
+            rc = idx;
+        else if ((size_t)idx != i)
+            rc = kl_fail(err, KL_E_BUG, "reader file %d for shard %zu", idx, i);
+    }
+    if (rc) {
+        kl_reader_destroy(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}

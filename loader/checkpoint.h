@@ -19,6 +19,7 @@
 #include "common/strmap.h"
 #include "loader/config.h"
 #include "loader/index.h"
+#include "loader/reader.h"
 #include "loader/safetensors.h"
 
 #include <stdbool.h>
@@ -66,5 +67,12 @@ void kl_ckpt_close(kl_checkpoint *ck);
 int kl_ckpt_require_ok(const kl_checkpoint *ck, kl_err *err);
 
 const kl_ckpt_tensor *kl_ckpt_find(const kl_checkpoint *ck, const char *name);
+
+/* A staged reader over every shard of ck, added in shard order, so reader file i is shard i
+ * (a kl_ckpt_tensor's `shard`).  opts (NULL: defaults) is adjusted by kl_reader_opts_for_files:
+ * a checkpoint already in the page cache is copied from memory rather than re-read.  *out is
+ * owned by the caller (kl_reader_destroy); NULL on error. */
+int kl_ckpt_open_reader(const kl_checkpoint *ck, const kl_reader_opts *opts, kl_reader **out,
+                        kl_err *err);
 
 #endif

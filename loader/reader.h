@@ -131,6 +131,9 @@ int kl_reader_stream_file(kl_reader *r, uint32_t file, unsigned char sha256[32],
  * come in file order (the order of kl_reader_add_file, then offset), not in the order given.
  * Empty extents get no callback.  Overlapping extents: KL_E_USAGE.  Otherwise as
  * kl_reader_run (which it calls once). */
+/* max_gap for the tensors of a checkpoint: reading through a gap this small costs less than
+ * starting another read. */
+#define KL_GATHER_GAP ((uint64_t)256 << 10)
 int kl_reader_run_gathered(kl_reader *r, const kl_extent *ext, size_t n_ext, uint64_t max_gap,
                            kl_reader_cb cb, void *ctx, kl_err *err);
 

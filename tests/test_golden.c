@@ -10,6 +10,7 @@
  * The MXFP4 case converts the tiny fixture with kl_convert first, as the fixture was made.
  */
 #include "common/err.h"
+#include "common/fs.h"
 #include "common/mem.h"
 #include "convert/converter.h"
 #include "engine/forward.h"
@@ -31,22 +32,6 @@ typedef struct golden_ref {
     uint32_t vocab;
     float   *logits;            /* [n_steps, vocab] */
 } golden_ref;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    ck_assert_msg(n > 0, "%s is empty", path);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(s);
-    ck_assert_msg(fread(s, 1, (size_t)n, f) == (size_t)n, "short read of %s", path);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static int32_t *int_array(const cJSON *a, size_t *n)
 {
@@ -79,9 +64,13 @@ static void decode_row(const char *b64, uint32_t vocab, float *row)
 
 static void ref_load(golden_ref *r, const char *path)
 {
-    char *text = slurp(path);
-    r->root = cJSON_Parse(text);
-    free(text);
+    char *text = NULL;
+    size_t len = 0;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_read_file(path, 64u << 20, &text, &len, &err) == 0, "%s", t_fmt_err(&err));
+    r->root = cJSON_ParseWithLength(text, len);
+    kl_free(text);
     ck_assert_msg(r->root != NULL, "%s is not JSON", path);
     r->prompt = int_array(cJSON_GetObjectItem(r->root, "prompt"), &r->n_prompt);
     r->greedy = int_array(cJSON_GetObjectItem(r->root, "greedy"), &r->n_greedy);
