@@ -182,6 +182,10 @@ static int map_file(mapped_file *f, kl_err *err)
                              "cannot map %llu bytes", (unsigned long long)f->size);
             kl_err_context(err, f->path, NULL, KL_NO_OFFSET, NULL);
         } else {
+            /* Pages this read faults in come as 2 MiB folios (PMD readahead), which later
+             * mapped reads map with one entry per 2 MiB instead of 512; without it a cold
+             * file's folios are as small as the device's read-ahead window. */
+            (void)madvise(m, (size_t)f->size, MADV_HUGEPAGE);
             f->map = m;
         }
     }

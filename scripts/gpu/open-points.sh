@@ -11,11 +11,13 @@ rm -rf /tmp/klwork/big
 REPS=1 timeout 330 bash scripts/gpu/convert.sh "perf split" > /dev/null 2>&1
 rm -rf /tmp/klconv /dev/shm/klconv
 # summaries
-grep -E '"read"' "$OUT/foundation.log" | python3 -c "
+grep -E '"read"|cached by|FileHuge|page cache|^mapped' "$OUT/foundation.log" | python3 -c "
 import json, sys
 for l in sys.stdin:
+    if not l.startswith('{'):
+        print(l.rstrip()); continue
     r = json.loads(l)
-    print(r['backend'], round(r['read_gbps'], 1), 'ceiling', round(r['ceiling_gbps'], 1),
-          'ratio', round(r['ceiling_ratio'], 3), 'median pass', round(r.get('ceiling_median_pass_gbps', 0), 1),
+    print(r['backend'], round(r['read_gbps'], 1), 'ceiling', round(r.get('ceiling_gbps', 0), 1),
+          'ratio', round(r.get('ceiling_ratio', 0), 3), 'median pass', round(r.get('ceiling_median_pass_gbps', 0), 1),
           'huge', r.get('ceiling_huge_page_bytes'))"
 grep -E "dd|together|disk|tmpfs|elapsed" "$OUT/convert.log" | sed 's/"src".*"read_bytes"/ /' | cut -c1-330
