@@ -29,7 +29,7 @@
 static const char usage_text[] =
     "usage: kl read DIR|FILE... [--io uring|aio|pread|auto] [--direct|--buffered] [--hash]\n"
     "               [--mapped] [--json] [--queue-depth N] [--chunk BYTES] [--threads N]\n"
-    "               [--ceiling]\n"
+    "               [--ceiling] [--ceiling-size BYTES]\n"
     "\n"
     "Streams every *.safetensors file of each checkpoint directory (or each FILE given) whole\n"
     "and reports bytes, seconds, GB/s, the I/O backend and whether O_DIRECT was used.\n"
@@ -52,7 +52,9 @@ static const char usage_text[] =
     "                   otherwise pread worker threads (default: the queue depth; the number\n"
     "                   of CPUs with --buffered and --mapped)\n"
     "  --ceiling        also measure the host memory-read ceiling (4 GiB, one thread per CPU)\n"
-    "                   and report the read rate as a fraction of it\n"
+    "                   and report the read rate as a fraction of it (best of five passes)\n"
+    "  --ceiling-size BYTES  the ceiling's buffer (implies --ceiling; e.g. the checkpoint's\n"
+    "                   size, so that a pass lasts as long as the read)\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit status: 0 ok, 2 usage or I/O error.\n";
@@ -67,6 +69,7 @@ typedef struct read_args {
     kl_reader_opts ro; /* zero fields take the defaults */
     unsigned threads;  /* --threads, 0 if not given */
     int hash, json, ceiling, mapped;
+    size_t ceiling_bytes; /* --ceiling-size */
     int io_given;      /* --io was given */
 } read_args;
 
@@ -111,6 +114,12 @@ static int parse_args(int argc, char **argv, read_args *a)
             a->mapped = 1;
         } else if (!strcmp(arg, "--ceiling")) {
             a->ceiling = 1;
+        } else if (kl_cli_opt_value(argc, argv, &i, "--ceiling-size", &v)) {
+            if (kl_cli_parse_bytes(v, &num) || num < (1ull << 20) || num > (1ull << 40))
+                return usage_error("--ceiling-size wants a size from 1M to 1T, not '%s'",
+                                   v ? v : "");
+            a->ceiling = 1;
+            a->ceiling_bytes = (size_t)num;
         } else if (kl_cli_opt_value(argc, argv, &i, "--io", &v)) {
             int b = kl_io_backend_parse(v);
             if (b < 0)
@@ -340,12 +349,13 @@ static int read_mapped(const read_args *a, const file_list *l, read_result *res,
     return rc;
 }
 
-/* --ceiling: best of five single passes over 4 GiB of RAM, one thread per CPU. */
-static int measure_ceiling(read_result *res, kl_err *err)
+/* --ceiling: best of five single passes over `bytes` of RAM (4 GiB unless --ceiling-size),
+ * one thread per CPU. */
+static int measure_ceiling(read_result *res, size_t bytes, kl_err *err)
 {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = nproc < 1 ? 1 : nproc > 256 ? 256 : (unsigned)nproc;
-    int rc = kl_membench_read((size_t)4 << 30, threads, 5, &res->ceiling, err);
+    int rc = kl_membench_read(bytes ? bytes : (size_t)4 << 30, threads, 5, &res->ceiling, err);
     res->has_ceiling = rc == 0;
     return rc;
 }
@@ -480,7 +490,7 @@ int cmd_read(int argc, char **argv)
         rc = read_all(&a, &l, &res, &err);
     }
     if (!rc && a.ceiling)
-        rc = measure_ceiling(&res, &err);
+        rc = measure_ceiling(&res, a.ceiling_bytes, &err);
     status = rc ? report_error(&a, &err) : report(&a, &l, files, &res);
     kl_free(files);
     list_free(&l);

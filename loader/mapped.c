@@ -70,7 +70,10 @@ static void finish_chunk(mapped_run *run, mapped_chunk *c, int state)
 }
 
 /* Delivered chunks are released in batches of about this many bytes (one file at a time). */
-#define RELEASE_BYTES ((uint64_t)64 << 20)
+#ifndef KL_MAPPED_RELEASE_BYTES
+#define KL_MAPPED_RELEASE_BYTES ((uint64_t)64 << 20)
+#endif
+#define RELEASE_BYTES KL_MAPPED_RELEASE_BYTES
 
 /* Drops the page-table entries of a batch of delivered chunks, if one is due; 1 when it did.
  * MADV_DONTNEED runs under the mmap lock held for reading, so it proceeds in parallel with

@@ -1,36 +1,27 @@
 #!/bin/bash
-# Where does the page-cache read rate stop?  Compares kl read --buffered with 16 parallel
-# `dd bs=2M` over disjoint ranges of the same cached files (the kernel's own parallel copy
-# rate), and sweeps the pread backend's queue depth, interleaved with the memory-read ceiling.
+# Where does the mapped page-cache read stop, and what is a fair ceiling for it?  Interleaves,
+# over one cached 24 GB checkpoint: the mapped read against the default ceiling (best of five
+# 4 GiB passes) and against a ceiling over as many bytes as the read, and variants of the
+# mapped reader (a build in build/exp/portable, e.g. other release batches; larger chunks).
+# Carry build/portable and build/exp/portable.
 set -u
+OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/pagecache-probe.log") 2>&1
 export LD_LIBRARY_PATH="$PWD/build/portable"
-KL="$PWD/build/portable/kl"
+KL="$PWD/build/portable/kl"; EXP="$PWD/build/exp/portable/kl"
 D=${D:-/tmp/klwork/big}
 [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --layers 7 --seed 3 -q
 cat "$D"/*.safetensors > /dev/null
-pdd() {  # 16 dd readers, 3 or 4 ranges per shard
-    local t0 t1 total=0 n=0
-    t0=$(date +%s.%N)
-    for f in "$D"/*.safetensors; do
-        sz=$(stat -c %s "$f"); blocks=$(( (sz + 2097151) / 2097152 )); per=$(( (blocks + 2) / 3 ))
-        for k in 0 1 2; do dd if="$f" of=/dev/null bs=2M skip=$((k * per)) count=$per status=none & done
-        total=$((total + sz))
-    done
-    wait
-    t1=$(date +%s.%N)
-    python3 -c "import sys; b,a,c=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]); print(f'parallel dd (15 readers, bs=2M): {b/(c-a)/1e9:.1f} GB/s')" "$total" "$t0" "$t1"
-}
-g() {
-    python3 -c 'import json,sys
+size=$(cat "$D"/*.safetensors | wc -c)
+echo "== $(date -u +%FT%TZ) $size bytes cached; $(grep FileHugePages /proc/meminfo | tr -s ' ')"
+g() { python3 -c 'import json,sys
 d = json.load(sys.stdin)
-print("read %.1f ceiling %.1f ratio %.3f" % (d["read_gbps"], d.get("ceiling_gbps", 0), d.get("ceiling_ratio", 0)))'
-}
+print("read %.1f ceiling %.1f (median pass %.1f) ratio %.3f" % (d["read_gbps"], d["ceiling_gbps"],
+      d["ceiling_median_pass_gbps"], d["ceiling_ratio"]))'; }
 for rep in 1 2 3; do
-    pdd
-    echo "default: $("$KL" read "$D" --buffered --json --ceiling | g)"
-    for qd in 16 64; do
-        echo "threads 16 qd $qd chunk 1M: $("$KL" read "$D" --buffered --io pread --threads 16 --queue-depth $qd --chunk 1M --json --ceiling | g)"
-    done
-    echo "threads 8 qd 16 chunk 2M: $("$KL" read "$D" --buffered --io pread --threads 8 --queue-depth 16 --chunk 2M --json --ceiling | g)"
-    echo "uring qd 64 chunk 1M: $("$KL" read "$D" --buffered --io uring --queue-depth 64 --chunk 1M --json --ceiling | g)"
+    echo "mapped, 4 GiB ceiling:          $("$KL" read "$D" --mapped --json --ceiling | g)"
+    echo "mapped, read-sized ceiling:     $("$KL" read "$D" --mapped --json --ceiling-size "$size" | g)"
+    echo "exp build, read-sized ceiling:  $("$EXP" read "$D" --mapped --json --ceiling-size "$size" | g)"
+    echo "mapped --chunk 8M, read-sized:  $("$KL" read "$D" --mapped --chunk 8M --json --ceiling-size "$size" | g)"
 done
+echo "== done $(date -u +%FT%TZ)"
