@@ -21,7 +21,10 @@
 #define MAX_THREADS 64u
 /* Populating runs at most this far ahead of delivery (at least 2 chunks per thread): bounds
  * the page tables and the resident, not yet delivered bytes when the consumer is slower. */
-#define LOOKAHEAD_BYTES ((uint64_t)256 << 20)
+#ifndef KL_MAPPED_LOOKAHEAD_BYTES
+#define KL_MAPPED_LOOKAHEAD_BYTES ((uint64_t)256 << 20)
+#endif
+#define LOOKAHEAD_BYTES KL_MAPPED_LOOKAHEAD_BYTES
 
 enum { CHUNK_PENDING = 0, CHUNK_READY, CHUNK_FAILED };
 

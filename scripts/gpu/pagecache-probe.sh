@@ -14,14 +14,15 @@ D=${D:-/tmp/klwork/big}
 cat "$D"/*.safetensors > /dev/null
 size=$(cat "$D"/*.safetensors | wc -c)
 echo "== $(date -u +%FT%TZ) $size bytes cached; $(grep FileHugePages /proc/meminfo | tr -s ' ')"
+steal0=$(awk '/^cpu /{print $9}' /proc/stat)
 g() { python3 -c 'import json,sys
 d = json.load(sys.stdin)
 print("read %.1f ceiling %.1f (median pass %.1f) ratio %.3f" % (d["read_gbps"], d["ceiling_gbps"],
       d["ceiling_median_pass_gbps"], d["ceiling_ratio"]))'; }
-for rep in 1 2 3; do
+for rep in $(seq 1 ${REPS:-3}); do
     echo "mapped, 4 GiB ceiling:          $("$KL" read "$D" --mapped --json --ceiling | g)"
     echo "mapped, read-sized ceiling:     $("$KL" read "$D" --mapped --json --ceiling-size "$size" | g)"
     echo "exp build, read-sized ceiling:  $("$EXP" read "$D" --mapped --json --ceiling-size "$size" | g)"
-    echo "mapped --chunk 8M, read-sized:  $("$KL" read "$D" --mapped --chunk 8M --json --ceiling-size "$size" | g)"
 done
+echo "cpu steal (jiffies, all CPUs): $(awk '/^cpu /{print $9}' /proc/stat) now, $steal0 at the start"
 echo "== done $(date -u +%FT%TZ)"
