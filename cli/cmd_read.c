@@ -21,6 +21,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -29,7 +30,7 @@
 static const char usage_text[] =
     "usage: kl read DIR|FILE... [--io uring|aio|pread|auto] [--direct|--buffered] [--hash]\n"
     "               [--mapped] [--json] [--queue-depth N] [--chunk BYTES] [--threads N]\n"
-    "               [--ceiling] [--ceiling-size BYTES]\n"
+    "               [--ceiling] [--ceiling-size BYTES] [--repeat N]\n"
     "\n"
     "Streams every *.safetensors file of each checkpoint directory (or each FILE given) whole\n"
     "and reports bytes, seconds, GB/s, the I/O backend and whether O_DIRECT was used.\n"
@@ -51,10 +52,12 @@ static const char usage_text[] =
     "  --threads N      with --hash: files hashed at once (default min(CPUs, files));\n"
     "                   otherwise pread worker threads (default: the queue depth; the number\n"
     "                   of CPUs with --buffered and --mapped)\n"
-    "  --ceiling        also measure the host memory-read ceiling (4 GiB, one thread per CPU)\n"
-    "                   and report the read rate as a fraction of it (best of five passes)\n"
-    "  --ceiling-size BYTES  the ceiling's buffer (implies --ceiling; e.g. the checkpoint's\n"
-    "                   size, so that a pass lasts as long as the read)\n"
+    "  --ceiling        also measure the host memory-read ceiling (one thread per CPU, a 4 GiB\n"
+    "                   buffer on huge pages): right after each read, one pass that reads as\n"
+    "                   many bytes as the read did; reports the read rate as a fraction of it\n"
+    "  --ceiling-size BYTES  the ceiling's buffer (implies --ceiling)\n"
+    "  --repeat N       read N times (1 to 100), each followed by its ceiling pass; reports\n"
+    "                   medians and bests (page-cache rates on a shared host vary by +-10%)\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit status: 0 ok, 2 usage or I/O error.\n";
@@ -62,6 +65,7 @@ static const char usage_text[] =
 #define DEFAULT_QD     32u               /* O_DIRECT: deep queue of 8 MiB chunks */
 #define BUFFERED_CHUNK ((size_t)2 << 20) /* --buffered: small chunks, see read_all */
 #define MAX_BATCH      64u               /* files open at once, see batch_files */
+#define MAX_ROUNDS     100u              /* --repeat */
 
 typedef struct read_args {
     const char **paths; /* [n_paths] borrowed from argv */
@@ -70,6 +74,7 @@ typedef struct read_args {
     unsigned threads;  /* --threads, 0 if not given */
     int hash, json, ceiling, mapped;
     size_t ceiling_bytes; /* --ceiling-size */
+    unsigned repeat;      /* --repeat, 0 if not given */
     int io_given;      /* --io was given */
 } read_args;
 
@@ -120,6 +125,10 @@ static int parse_args(int argc, char **argv, read_args *a)
                                    v ? v : "");
             a->ceiling = 1;
             a->ceiling_bytes = (size_t)num;
+        } else if (kl_cli_opt_value(argc, argv, &i, "--repeat", &v)) {
+            if (kl_cli_parse_u64(v, &num) || num < 1 || num > MAX_ROUNDS)
+                return usage_error("--repeat wants a number from 1 to 100, not '%s'", v ? v : "");
+            a->repeat = (unsigned)num;
         } else if (kl_cli_opt_value(argc, argv, &i, "--io", &v)) {
             int b = kl_io_backend_parse(v);
             if (b < 0)
@@ -237,9 +246,17 @@ typedef struct read_result {
     int direct;
     uint64_t bytes;
     double elapsed_s;
-    int has_ceiling;
-    kl_membench_result ceiling; /* valid when has_ceiling */
 } read_result;
+
+/* Every round of a run: the read, and with --ceiling the memory-read pass right after it. */
+typedef struct read_rounds {
+    unsigned n;
+    read_result read[MAX_ROUNDS];
+    double ceiling_gbps[MAX_ROUNDS]; /* 0 without --ceiling */
+    unsigned ceiling_threads;
+    size_t ceiling_buffer;
+    uint64_t ceiling_huge;
+} read_rounds;
 
 /* Files open at once in read_all: at most MAX_BATCH and a quarter of RLIMIT_NOFILE, so a
  * checkpoint with more shards than descriptors can still be read. */
@@ -349,14 +366,48 @@ static int read_mapped(const read_args *a, const file_list *l, read_result *res,
     return rc;
 }
 
-/* --ceiling: best of five single passes over `bytes` of RAM (4 GiB unless --ceiling-size),
- * one thread per CPU. */
-static int measure_ceiling(read_result *res, size_t bytes, kl_err *err)
+/* One read of every file in the mode the arguments ask for. */
+static int read_once(const read_args *a, const file_list *l, kl_hashpass_file *files,
+                     read_result *res, kl_err *err)
 {
-    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned threads = nproc < 1 ? 1 : nproc > 256 ? 256 : (unsigned)nproc;
-    int rc = kl_membench_read(bytes ? bytes : (size_t)4 << 30, threads, 5, &res->ceiling, err);
-    res->has_ceiling = rc == 0;
+    if (a->hash)
+        return hash_all(a, l, files, res, err);
+    if (a->mapped)
+        return read_mapped(a, l, res, err);
+    return read_all(a, l, res, err);
+}
+
+/* The rounds: each read, then (--ceiling) a memory-read pass over as many bytes as it read,
+ * so the two see the same machine at nearly the same time and for about as long. */
+static int run_rounds(const read_args *a, const file_list *l, kl_hashpass_file *files,
+                      read_rounds *out, kl_err *err)
+{
+    kl_membench *mb = NULL;
+    if (a->ceiling) {
+        long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+        unsigned threads = nproc < 1 ? 1 : nproc > 256 ? 256 : (unsigned)nproc;
+        int rc = kl_membench_open(a->ceiling_bytes ? a->ceiling_bytes : (size_t)4 << 30,
+                                  threads, &mb, err);
+        if (rc)
+            return rc;
+        out->ceiling_threads = kl_membench_threads(mb);
+        out->ceiling_buffer = kl_membench_buffer_bytes(mb);
+        out->ceiling_huge = kl_membench_huge_bytes(mb);
+    }
+    unsigned want = a->repeat ? a->repeat : 1;
+    int rc = 0;
+    for (out->n = 0; out->n < want && !rc; out->n++) {
+        read_result *r = &out->read[out->n];
+        rc = read_once(a, l, files, r, err);
+        if (rc)
+            break;
+        if (mb) {
+            uint64_t bytes;
+            double s = kl_membench_pass(mb, r->bytes ? r->bytes : 1, &bytes);
+            out->ceiling_gbps[out->n] = s > 0 ? (double)bytes / s / 1e9 : 0.0;
+        }
+    }
+    kl_membench_close(mb);
     return rc;
 }
 
@@ -389,50 +440,128 @@ static cJSON *json_head(int ok)
     return root;
 }
 
-static int report(const read_args *a, const file_list *l, const kl_hashpass_file *files,
-                  const read_result *res)
+static int cmp_double(const void *x, const void *y)
 {
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double median_of(const double *v, unsigned n)
+{
+    double s[MAX_ROUNDS];
+    memcpy(s, v, n * sizeof *v);
+    qsort(s, n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+static double max_of(const double *v, unsigned n)
+{
+    double m = 0;
+    for (unsigned i = 0; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* The figures reported: per-round rates and their medians and bests. */
+typedef struct read_summary {
+    double gbps[MAX_ROUNDS], elapsed[MAX_ROUNDS], ratio[MAX_ROUNDS];
+    double read_median, read_best, elapsed_median;
+    double ceiling_median, ceiling_best, ratio_median;
+} read_summary;
+
+static void summarize(const read_rounds *r, read_summary *s)
+{
+    for (unsigned i = 0; i < r->n; i++) {
+        s->gbps[i] = gbps(&r->read[i]);
+        s->elapsed[i] = r->read[i].elapsed_s;
+        s->ratio[i] = r->ceiling_gbps[i] > 0 ? s->gbps[i] / r->ceiling_gbps[i] : 0.0;
+    }
+    s->read_median = median_of(s->gbps, r->n);
+    s->read_best = max_of(s->gbps, r->n);
+    s->elapsed_median = median_of(s->elapsed, r->n);
+    s->ceiling_median = median_of(r->ceiling_gbps, r->n);
+    s->ceiling_best = max_of(r->ceiling_gbps, r->n);
+    s->ratio_median = median_of(s->ratio, r->n);
+}
+
+static void print_text(const file_list *l, const kl_hashpass_file *files, const read_rounds *r,
+                       const read_summary *s)
+{
+    const read_result *last = &r->read[r->n - 1];
+    for (size_t i = 0; files && i < l->n; i++) {
+        char hex[65];
+        kl_sha256_hex(files[i].sha256, hex);
+        printf("%s  %s\n", hex, files[i].path); /* the sha256sum line format */
+    }
+    printf("%zu file%s, %llu bytes", l->n, l->n == 1 ? "" : "s",
+           (unsigned long long)last->bytes);
+    if (r->n == 1)
+        printf(" in %.3f s: %.3f GB/s", last->elapsed_s, s->read_median);
+    else
+        printf(", %u rounds: median %.3f s, %.3f GB/s (best %.3f GB/s)", r->n,
+               s->elapsed_median, s->read_median, s->read_best);
+    printf(" (backend %s, direct %s)\n", last->backend, last->direct ? "yes" : "no");
+    if (r->ceiling_threads)
+        printf("memory-read ceiling (%u threads, a pass over as many bytes after each read): "
+               "median %.3f GB/s, best %.3f GB/s; the read ran at %.1f%% of it (median of the "
+               "rounds)\n", r->ceiling_threads, s->ceiling_median, s->ceiling_best,
+               100.0 * s->ratio_median);
+}
+
+static void add_ceiling_json(cJSON *root, const read_rounds *r, const read_summary *s)
+{
+    cJSON_AddNumberToObject(root, "ceiling_gbps", s->ceiling_median);
+    cJSON_AddNumberToObject(root, "ceiling_best_gbps", s->ceiling_best);
+    cJSON_AddNumberToObject(root, "ceiling_ratio", s->ratio_median);
+    cJSON_AddNumberToObject(root, "ceiling_threads", r->ceiling_threads);
+    kl_json_add_u64(root, "ceiling_buffer_bytes", r->ceiling_buffer);
+    kl_json_add_u64(root, "ceiling_huge_page_bytes", r->ceiling_huge);
+}
+
+static void add_hashes_json(cJSON *root, const file_list *l, const kl_hashpass_file *files)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "hashes");
+    for (size_t i = 0; i < l->n; i++) {
+        char hex[65];
+        kl_sha256_hex(files[i].sha256, hex);
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "file", files[i].path);
+        kl_json_add_u64(f, "size_bytes", files[i].size_bytes);
+        cJSON_AddStringToObject(f, "sha256", hex);
+        cJSON_AddItemToArray(arr, f);
+    }
+}
+
+static int report(const read_args *a, const file_list *l, const kl_hashpass_file *files,
+                  const read_rounds *r)
+{
+    read_summary s;
+    summarize(r, &s);
     if (!a->json) {
-        for (size_t i = 0; files && i < l->n; i++) {
-            char hex[65];
-            kl_sha256_hex(files[i].sha256, hex);
-            printf("%s  %s\n", hex, files[i].path); /* the sha256sum line format */
-        }
-        printf("%zu file%s, %llu bytes in %.3f s: %.3f GB/s (backend %s, direct %s)\n", l->n,
-               l->n == 1 ? "" : "s", (unsigned long long)res->bytes, res->elapsed_s, gbps(res),
-               res->backend, res->direct ? "yes" : "no");
-        if (res->has_ceiling)
-            printf("memory-read ceiling %.3f GB/s (%u threads): the read ran at %.1f%% of it\n",
-                   res->ceiling.read_gbps, res->ceiling.threads,
-                   100.0 * gbps(res) / res->ceiling.read_gbps);
+        print_text(l, files, r, &s);
         return fflush(stdout) == 0 ? KL_EXIT_OK : KL_EXIT_USAGE;
     }
+    const read_result *last = &r->read[r->n - 1];
     cJSON *root = json_head(1);
-    cJSON_AddStringToObject(root, "backend", res->backend);
-    cJSON_AddBoolToObject(root, "direct", res->direct);
+    cJSON_AddStringToObject(root, "backend", last->backend);
+    cJSON_AddBoolToObject(root, "direct", last->direct);
     cJSON_AddNumberToObject(root, "files", (double)l->n);
-    kl_json_add_u64(root, "bytes", res->bytes);
-    cJSON_AddNumberToObject(root, "elapsed_s", res->elapsed_s);
-    cJSON_AddNumberToObject(root, "read_gbps", gbps(res));
-    if (res->has_ceiling) {
-        cJSON_AddNumberToObject(root, "ceiling_gbps", res->ceiling.read_gbps);
-        cJSON_AddNumberToObject(root, "ceiling_threads", res->ceiling.threads);
-        cJSON_AddNumberToObject(root, "ceiling_ratio", gbps(res) / res->ceiling.read_gbps);
-        cJSON_AddNumberToObject(root, "ceiling_median_pass_gbps", res->ceiling.median_gbps);
-        kl_json_add_u64(root, "ceiling_huge_page_bytes", res->ceiling.huge_bytes);
-    }
-    if (files) {
-        cJSON *arr = cJSON_AddArrayToObject(root, "hashes");
-        for (size_t i = 0; i < l->n; i++) {
-            char hex[65];
-            kl_sha256_hex(files[i].sha256, hex);
-            cJSON *f = cJSON_CreateObject();
-            cJSON_AddStringToObject(f, "file", files[i].path);
-            kl_json_add_u64(f, "size_bytes", files[i].size_bytes);
-            cJSON_AddStringToObject(f, "sha256", hex);
-            cJSON_AddItemToArray(arr, f);
+    kl_json_add_u64(root, "bytes", last->bytes);
+    cJSON_AddNumberToObject(root, "rounds", r->n);
+    cJSON_AddNumberToObject(root, "elapsed_s", s.elapsed_median);
+    cJSON_AddNumberToObject(root, "read_gbps", s.read_median);
+    cJSON_AddNumberToObject(root, "read_best_gbps", s.read_best);
+    if (r->ceiling_threads)
+        add_ceiling_json(root, r, &s);
+    if (r->n > 1) {
+        cJSON *arr = cJSON_AddArrayToObject(root, "round_gbps");
+        for (unsigned i = 0; i < r->n; i++) {
+            double pair[2] = {s.gbps[i], r->ceiling_gbps[i]};
+            cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(pair, r->ceiling_threads ? 2 : 1));
         }
     }
+    if (files)
+        add_hashes_json(root, l, files);
     return print_json(root);
 }
 
@@ -476,22 +605,19 @@ int cmd_read(int argc, char **argv)
     kl_err_clear(&err);
     file_list l = {0};
     kl_hashpass_file *files = NULL;
-    read_result res = {0};
-    int rc = 0;
+    read_rounds *rounds = kl_calloc(1, sizeof *rounds);
+    int rc = rounds ? 0 : kl_fail(&err, KL_E_NOMEM, "out of memory");
     for (size_t i = 0; i < a.n_paths && !rc; i++)
         rc = collect(&l, a.paths[i], &err);
     if (!rc && a.hash) {
         files = kl_calloc(l.n, sizeof *files);
-        rc = files ? hash_all(&a, &l, files, &res, &err)
-                   : kl_fail(&err, KL_E_NOMEM, "out of memory");
-    } else if (!rc && a.mapped) {
-        rc = read_mapped(&a, &l, &res, &err);
-    } else if (!rc) {
-        rc = read_all(&a, &l, &res, &err);
+        if (!files)
+            rc = kl_fail(&err, KL_E_NOMEM, "out of memory");
     }
-    if (!rc && a.ceiling)
-        rc = measure_ceiling(&res, a.ceiling_bytes, &err);
-    status = rc ? report_error(&a, &err) : report(&a, &l, files, &res);
+    if (!rc)
+        rc = run_rounds(&a, &l, files, rounds, &err);
+    status = rc ? report_error(&a, &err) : report(&a, &l, files, rounds);
+    kl_free(rounds);
     kl_free(files);
     list_free(&l);
     kl_free(a.paths);

@@ -18,13 +18,22 @@ typedef uint64_t v2u64 __attribute__((vector_size(16)));
 /* Threads take CHUNK_VECS-sized pieces from a shared counter, like the mapped reader does,
  * so one slow thread cannot stretch a pass (a static split made the ceiling read ~10% low). */
 #define CHUNK_VECS (((size_t)2 << 20) / sizeof(v2u64))
+#define MAX_THREADS 256u
+#define HUGE_PAGE ((size_t)2 << 20)
 
-typedef struct bench {
+struct kl_membench {
     const v2u64      *buf;
+    void             *map;         /* the mapping holding buf */
+    size_t            map_len;
     size_t            n_vec;       /* 16-byte vectors in buf */
-    atomic_size_t     next;        /* next chunk of the current pass */
+    size_t            buf_chunks;  /* CHUNK_VECS pieces in buf */
+    size_t            pass_chunks; /* pieces in the current pass (wrapping around buf) */
+    atomic_size_t     next;        /* next piece of the current pass */
     unsigned          threads;
-    unsigned          passes;
+    int               quit;        /* set before the start barrier: workers return */
+    uint64_t          huge_bytes;
+    unsigned          started;     /* workers created */
+    pthread_t         tid[MAX_THREADS];
     pthread_barrier_t start, done;
     /* Workers wait at this gate until every thread started (go = 1) or one could not be
      * (go = -1: they return).  A barrier sized for the whole team cannot be left by a partial
@@ -32,15 +41,16 @@ typedef struct bench {
     pthread_mutex_t   gate_mu;
     pthread_cond_t    gate_cv;
     int               go;
-    uint64_t          sink[256];   /* per-thread results, so the loads cannot be dropped */
-} bench;
+    uint64_t          sink[MAX_THREADS]; /* per-thread results, so the loads cannot be dropped */
+};
 
-typedef struct worker {
-    bench   *b;
-    unsigned idx;
-} worker;
+typedef struct worker_arg {
+    kl_membench *b;
+    unsigned     idx;
+} worker_arg;
 
-static uint64_t sum_range(const v2u64 *p, size_t n)
+/* noinline: inlined with a constant n, GCC 12 warns about the tail loop (a false alarm). */
+__attribute__((noinline)) static uint64_t sum_range(const v2u64 *p, size_t n)
 {
     /* Four independent accumulators keep several loads in flight per core. */
     v2u64 a = {0, 0}, b = {0, 0}, c = {0, 0}, d = {0, 0};
@@ -69,8 +79,9 @@ uint64_t kl_mem_sum(const void *p, size_t bytes)
 
 static void *worker_main(void *arg)
 {
-    worker *w = arg;
-    bench *b = w->b;
+    worker_arg w = *(worker_arg *)arg;
+    kl_membench *b = w.b;
+    kl_free(arg);
     pthread_mutex_lock(&b->gate_mu);
     while (!b->go)
         pthread_cond_wait(&b->gate_cv, &b->gate_mu);
@@ -78,25 +89,15 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&b->gate_mu);
     if (go < 0)
         return NULL;
-    size_t n_chunks = (b->n_vec + CHUNK_VECS - 1) / CHUNK_VECS;
-    for (unsigned p = 0; p < b->passes; p++) {
+    for (;;) {
         pthread_barrier_wait(&b->start);
-        for (size_t i; (i = atomic_fetch_add(&b->next, 1)) < n_chunks;) {
-            size_t first = i * CHUNK_VECS;
-            size_t n = b->n_vec - first < CHUNK_VECS ? b->n_vec - first : CHUNK_VECS;
-            b->sink[w->idx] += sum_range(b->buf + first, n);
+        if (b->quit)
+            return NULL;
+        for (size_t i; (i = atomic_fetch_add(&b->next, 1)) < b->pass_chunks;) {
+            b->sink[w.idx] += sum_range(b->buf + i % b->buf_chunks * CHUNK_VECS, CHUNK_VECS);
         }
         pthread_barrier_wait(&b->done);
     }
-    return NULL;
-}
-
-#define MAX_PASSES 64
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* AnonHugePages of the mapping holding addr, from /proc/self/smaps; 0 if unknown. */
@@ -118,7 +119,33 @@ static uint64_t huge_bytes_at(const void *addr)
     return inside ? (uint64_t)kb * 1024 : 0;
 }
 
-static void open_gate(bench *b, int go)
+/* The buffer (bytes rounded up to whole 2 MiB pieces) is asked for on 2 MiB pages (transparent huge pages, where the kernel allows
+ * them): on 4 KiB pages a pass also measures TLB misses (costly under nested paging), and a
+ * reader of 2 MiB-mapped page cache could beat such a "ceiling". */
+static int alloc_buffer(kl_membench *b, size_t bytes)
+{
+    bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    b->map_len = bytes + HUGE_PAGE;
+    b->map = mmap(NULL, b->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b->map == MAP_FAILED) {
+        b->map = NULL;
+        return -1;
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)b->map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    memset(p, 0x5a, bytes); /* first touch: fault every page in before timing */
+    b->buf = (const v2u64 *)p;
+    b->n_vec = bytes / sizeof(v2u64);
+    b->buf_chunks = b->n_vec / CHUNK_VECS;
+    b->huge_bytes = huge_bytes_at(p);
+    if (b->huge_bytes > bytes)
+        b->huge_bytes = bytes; /* the VMA may hold neighbours too */
+    return 0;
+}
+
+static void open_gate(kl_membench *b, int go)
 {
     pthread_mutex_lock(&b->gate_mu);
     b->go = go;
@@ -126,110 +153,120 @@ static void open_gate(bench *b, int go)
     pthread_mutex_unlock(&b->gate_mu);
 }
 
-/* Threads are started once; each pass is timed from the start barrier to the done barrier,
- * so thread creation is not part of the figure.  pass_s[0..passes): each pass's time; *best
- * the fastest.  -1 when not every thread could be started. */
-static int run_passes(bench *b, double *best, double *pass_s)
+/* Starts the team behind the gate; -1 (workers told to return) if one thread cannot start. */
+static int start_threads(kl_membench *b)
 {
-    pthread_t tid[256];
-    worker w[256];
-    unsigned started = 0;
     pthread_mutex_init(&b->gate_mu, NULL);
     pthread_cond_init(&b->gate_cv, NULL);
-    for (unsigned t = 0; t < b->threads; t++) {
-        w[t] = (worker){b, t};
-        if (pthread_create(&tid[t], NULL, worker_main, &w[t]) != 0)
+    for (; b->started < b->threads; b->started++) {
+        worker_arg *w = kl_malloc(sizeof *w);
+        if (!w)
             break;
-        started++;
+        *w = (worker_arg){b, b->started};
+        if (pthread_create(&b->tid[b->started], NULL, worker_main, w) != 0) {
+            kl_free(w);
+            break;
+        }
     }
-    if (started == b->threads) {
-        pthread_barrier_init(&b->start, NULL, b->threads + 1);
-        pthread_barrier_init(&b->done, NULL, b->threads + 1);
-    }
-    open_gate(b, started == b->threads ? 1 : -1);
-    if (started != b->threads) {
-        for (unsigned t = 0; t < started; t++)
-            pthread_join(tid[t], NULL);
-        pthread_cond_destroy(&b->gate_cv);
-        pthread_mutex_destroy(&b->gate_mu);
+    if (b->started < b->threads) {
+        open_gate(b, -1);
         return -1;
     }
-    *best = 0;
-    for (unsigned p = 0; p < b->passes; p++) {
-        atomic_store(&b->next, 0);
-        pthread_barrier_wait(&b->start);
-        double t0 = kl_now_s();
-        pthread_barrier_wait(&b->done);
-        double s = kl_now_s() - t0;
-        pass_s[p] = s;
-        if (!*best || s < *best)
-            *best = s;
-    }
-    for (unsigned t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
-    pthread_barrier_destroy(&b->start);
-    pthread_barrier_destroy(&b->done);
-    pthread_cond_destroy(&b->gate_cv);
-    pthread_mutex_destroy(&b->gate_mu);
+    pthread_barrier_init(&b->start, NULL, b->threads + 1);
+    pthread_barrier_init(&b->done, NULL, b->threads + 1);
+    open_gate(b, 1);
     return 0;
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
-/* The buffer is asked for on 2 MiB pages (transparent huge pages, where the kernel allows
- * them): on 4 KiB pages the pass also measures TLB misses (costly under nested paging), and a
- * reader of 2 MiB-mapped page cache could beat such a "ceiling".  Returns the mapping's start
- * in *map and its length in *map_len, the aligned buffer as the result; NULL on failure. */
-static void *alloc_buffer(size_t bytes, void **map, size_t *map_len)
+int kl_membench_open(size_t bytes, unsigned threads, kl_membench **out, kl_err *err)
 {
-    *map_len = bytes + HUGE_PAGE;
-    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (*map == MAP_FAILED)
-        return NULL;
-    uint8_t *p = (uint8_t *)(((uintptr_t)*map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    return p;
+    *out = NULL;
+    if (threads < 1 || threads > MAX_THREADS || bytes < 4096)
+        return kl_fail(err, KL_E_USAGE, "membench: need 1..%u threads and >= 4 KiB", MAX_THREADS);
+    kl_membench *b = kl_calloc(1, sizeof *b);
+    if (!b)
+        return kl_fail(err, KL_E_NOMEM, "membench: out of memory");
+    b->threads = threads;
+    if (bytes > SIZE_MAX - 2 * HUGE_PAGE || alloc_buffer(b, bytes)) {
+        kl_free(b);
+        return kl_fail(err, KL_E_NOMEM, "membench: cannot allocate %zu bytes", bytes);
+    }
+    if (start_threads(b)) {
+        kl_membench_close(b);
+        return kl_fail(err, KL_E_IO, "membench: cannot start %u threads", threads);
+    }
+    *out = b;
+    return 0;
+}
+
+double kl_membench_pass(kl_membench *b, uint64_t bytes, uint64_t *bytes_read)
+{
+    uint64_t piece = CHUNK_VECS * sizeof(v2u64);
+    b->pass_chunks = (size_t)((bytes + piece - 1) / piece);
+    *bytes_read = (uint64_t)b->pass_chunks * piece;
+    atomic_store(&b->next, 0);
+    pthread_barrier_wait(&b->start);
+    double t0 = kl_now_s();
+    pthread_barrier_wait(&b->done);
+    return kl_now_s() - t0;
+}
+
+size_t kl_membench_buffer_bytes(const kl_membench *b) { return b->n_vec * sizeof(v2u64); }
+unsigned kl_membench_threads(const kl_membench *b) { return b->threads; }
+uint64_t kl_membench_huge_bytes(const kl_membench *b) { return b->huge_bytes; }
+
+void kl_membench_close(kl_membench *b)
+{
+    if (!b)
+        return;
+    if (b->started == b->threads && b->go > 0) {
+        b->quit = 1;
+        pthread_barrier_wait(&b->start);
+    }
+    for (unsigned t = 0; t < b->started; t++)
+        pthread_join(b->tid[t], NULL);
+    if (b->go > 0) {
+        pthread_barrier_destroy(&b->start);
+        pthread_barrier_destroy(&b->done);
+    }
+    pthread_cond_destroy(&b->gate_cv);
+    pthread_mutex_destroy(&b->gate_mu);
+    if (b->map)
+        munmap(b->map, b->map_len);
+    kl_free(b);
+}
+
+#define MAX_PASSES 64
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
                      kl_err *err)
 {
-    if (threads < 1 || threads > 256 || bytes < 4096 || !passes || passes > MAX_PASSES)
-        return kl_fail(err, KL_E_USAGE, "membench: need 1..256 threads, >= 4 KiB, 1..%d passes",
-                       MAX_PASSES);
-    bytes &= ~(size_t)63;
-    void *map;
-    size_t map_len;
-    v2u64 *buf = alloc_buffer(bytes, &map, &map_len);
-    if (!buf)
-        return kl_fail(err, KL_E_NOMEM, "membench: cannot allocate %zu bytes", bytes);
-    memset(buf, 0x5a, bytes); /* first touch: fault every page in before timing */
-    bench *b = kl_calloc(1, sizeof *b);
-    if (!b) {
-        munmap(map, map_len);
-        return kl_fail(err, KL_E_NOMEM, "membench: out of memory");
-    }
-    b->buf = buf;
-    b->n_vec = bytes / sizeof(v2u64);
-    b->threads = threads;
-    b->passes = passes;
-    double best = 0, pass_s[MAX_PASSES];
-    uint64_t huge = huge_bytes_at(buf);
-    int rc = run_passes(b, &best, pass_s);
-    kl_free(b);
-    munmap(map, map_len);
+    if (!passes || passes > MAX_PASSES)
+        return kl_fail(err, KL_E_USAGE, "membench: need 1..%d passes", MAX_PASSES);
+    kl_membench *b;
+    int rc = kl_membench_open(bytes, threads, &b, err);
     if (rc)
-        return kl_fail(err, KL_E_IO, "membench: cannot start %u threads", threads);
-    res->bytes = bytes;
-    res->threads = threads;
-    res->best_s = best;
-    res->read_gbps = (double)bytes / best / 1e9;
+        return rc;
+    uint64_t n = kl_membench_buffer_bytes(b);
+    double pass_s[MAX_PASSES], best = 0;
+    for (unsigned p = 0; p < passes; p++) {
+        pass_s[p] = kl_membench_pass(b, n, &n);
+        if (!best || pass_s[p] < best)
+            best = pass_s[p];
+    }
+    *res = (kl_membench_result){.bytes = (size_t)n, .threads = threads, .best_s = best,
+                                .read_gbps = (double)n / best / 1e9,
+                                .huge_bytes = kl_membench_huge_bytes(b)};
+    kl_membench_close(b);
     qsort(pass_s, passes, sizeof *pass_s, cmp_double);
     double median = passes % 2 ? pass_s[passes / 2]
                                : (pass_s[passes / 2 - 1] + pass_s[passes / 2]) / 2;
-    res->median_gbps = (double)bytes / median / 1e9;
-    res->huge_bytes = huge < bytes ? huge : bytes; /* the VMA may hold neighbours too */
+    res->median_gbps = (double)n / median / 1e9;
     return 0;
 }

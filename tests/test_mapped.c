@@ -140,6 +140,33 @@ START_TEST(refuses_what_is_not_a_regular_file)
 }
 END_TEST
 
+/* The ceiling's passes: the buffer is whole 2 MiB pieces, a pass reads whole pieces and wraps
+ * around the buffer when asked for more bytes than it holds. */
+START_TEST(membench_passes_wrap_around_the_buffer_in_whole_pieces)
+{
+    const uint64_t mib = 1 << 20;
+    kl_membench *b = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_membench_open(5 * mib, 2, &b, &err), 0);
+    ck_assert_uint_eq(kl_membench_buffer_bytes(b), 6 * mib);
+    ck_assert_uint_eq(kl_membench_threads(b), 2);
+    uint64_t got = 0;
+    ck_assert(kl_membench_pass(b, 1, &got) > 0);
+    ck_assert_uint_eq(got, 2 * mib);
+    ck_assert(kl_membench_pass(b, 15 * mib, &got) > 0);
+    ck_assert_uint_eq(got, 16 * mib); /* two laps and two pieces */
+    kl_membench_close(b);
+    kl_membench_close(NULL);
+    ck_assert_int_eq(kl_membench_open(5 * mib, 0, &b, &err), KL_E_USAGE);
+    ck_assert_ptr_null(b);
+    kl_membench_result r;
+    ck_assert_int_eq(kl_membench_read(4 * mib, 2, 3, &r, &err), 0);
+    ck_assert_uint_eq(r.bytes, 4 * mib);
+    ck_assert(r.read_gbps > 0 && r.median_gbps > 0 && r.read_gbps >= r.median_gbps);
+}
+END_TEST
+
 static Suite *mapped_suite(void)
 {
     Suite *s = suite_create("mapped");
@@ -147,6 +174,7 @@ static Suite *mapped_suite(void)
     tcase_add_loop_test(tc, delivers_every_byte_in_order, 0, 3);
     tcase_add_test(tc, cancel_stops_delivery);
     tcase_add_test(tc, refuses_what_is_not_a_regular_file);
+    tcase_add_test(tc, membench_passes_wrap_around_the_buffer_in_whole_pieces);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -855,6 +855,36 @@ START_TEST(kl_read_json_hash_lists_every_file_with_its_sha256)
 }
 END_TEST
 
+START_TEST(kl_read_repeat_reports_every_round_against_its_ceiling_pass)
+{
+    static char out[1 << 14];
+    const char *args[] = {fixdir, "--mapped", "--repeat", "3", "--ceiling-size", "4M", "--json"};
+    int status = run_read(args, 7, out, sizeof out);
+    ck_assert_msg(status == 0, "exit %d, output: %s", status, out);
+    cJSON *j = cJSON_Parse(out);
+    ck_assert_msg(j != NULL, "not JSON: %s", out);
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "rounds")->valueint, 3);
+    ck_assert(cJSON_GetObjectItem(j, "ceiling_buffer_bytes")->valuedouble == 4 << 20);
+    double ratio = cJSON_GetObjectItem(j, "ceiling_ratio")->valuedouble;
+    double median = cJSON_GetObjectItem(j, "read_gbps")->valuedouble;
+    double best = cJSON_GetObjectItem(j, "read_best_gbps")->valuedouble;
+    ck_assert_msg(ratio > 0 && median > 0 && best >= median, "figures: %s", out);
+    cJSON *rounds = cJSON_GetObjectItem(j, "round_gbps");
+    ck_assert_int_eq(cJSON_GetArraySize(rounds), 3);
+    for (int i = 0; i < 3; i++) {
+        cJSON *pair = cJSON_GetArrayItem(rounds, i);
+        ck_assert_int_eq(cJSON_GetArraySize(pair), 2);
+        ck_assert(cJSON_GetArrayItem(pair, 0)->valuedouble > 0);
+        ck_assert(cJSON_GetArrayItem(pair, 1)->valuedouble > 0);
+    }
+    cJSON_Delete(j);
+    const char *zero[] = {fixdir, "--repeat", "0"};
+    const char *many[] = {fixdir, "--repeat", "101"};
+    ck_assert_int_eq(run_read(zero, 3, out, sizeof out), 2);
+    ck_assert_int_eq(run_read(many, 3, out, sizeof out), 2);
+}
+END_TEST
+
 START_TEST(kl_read_usage_and_io_errors_exit_2)
 {
     static char out[1 << 14];
@@ -1184,6 +1214,7 @@ static Suite *reader_suite(void)
     tcase_add_checked_fixture(tc, mem_setup, mem_teardown);
     tcase_add_test(tc, kl_read_json_hash_lists_every_file_with_its_sha256);
     tcase_add_test(tc, kl_read_usage_and_io_errors_exit_2);
+    tcase_add_test(tc, kl_read_repeat_reports_every_round_against_its_ceiling_pass);
     suite_add_tcase(s, tc);
 
     /* Short timeout: a regression here is a hang on a FIFO. */

@@ -96,15 +96,11 @@ if has cache; then
     drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(drop_caches FAILED)"; }
     # 1. cached by cat (folios as large as the device's read-ahead window allows)
     drop; cat "$D"/*.safetensors > /dev/null; echo "cached by cat"; filehuge
-    for rep in 1 2 3; do "$KL" read "$D" --mapped --json --ceiling; done
+    "$KL" read "$D" --mapped --json --ceiling --repeat 4
     # 2. cached by kl's own mapped read (MADV_HUGEPAGE: 2 MiB folios, PMD-mapped afterwards)
     drop; "$KL" read "$D" --mapped --json; echo "cached by kl read --mapped"; filehuge
-    for rep in $(seq 1 ${CACHE_REPS:-8}); do
-        "$KL" read "$D" --mapped --json --ceiling
-    done
-    for rep in 1 2; do "$KL" read "$D" --buffered --io pread --json --ceiling; done
-    for opt in "--chunk 32M" "--threads 32"; do
-        echo "mapped $opt"; "$KL" read "$D" --mapped $opt --json --ceiling
-    done
+    # each round: the read, then a memory-read pass over as many bytes
+    "$KL" read "$D" --mapped --json --ceiling --repeat ${CACHE_REPS:-8}
+    "$KL" read "$D" --buffered --io pread --json --ceiling --repeat 3
 fi
 echo "== done $(date -u +%FT%TZ)"
