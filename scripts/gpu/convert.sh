@@ -39,6 +39,8 @@ if has perf; then
     drop; t0=$(date +%s.%N); tot=0
     for f in "$S"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; tot=$((tot + $(stat -c %s "$f"))); done
     echo "read source (dd iflag=direct): $(rate $tot $(echo "$(date +%s.%N) $t0" | awk '{print $1-$2}'))"
+    # the converter's own I/O: the staged reader (io_uring, O_DIRECT, queue of 8 MiB reads)
+    drop; echo "read source (kl read --direct): $("$KL" read "$S" --direct --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.2f s = %.3f GB/s" % (r["elapsed_s"], r["read_gbps"]))')"
     outbytes=9500000000
     drop; t0=$(date +%s.%N)
     dd if=/dev/zero of="$W/ddout" bs=64M count=$((outbytes / 67108864)) oflag=direct status=none
@@ -69,6 +71,7 @@ if has split; then
     drop; t0=$(date +%s.%N)
     for f in "$S"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done
     echo "disk -> tmpfs: read source from disk (dd iflag=direct): $(secs $t0) s"
+    drop; echo "disk -> tmpfs: read source from disk (kl read --direct): $("$KL" read "$S" --direct --json | python3 -c 'import json,sys; print("%.2f s" % json.load(sys.stdin)["elapsed_s"])')"
     t0=$(date +%s.%N); dd if=/dev/zero of="$M/ddout" bs=64M count=141 status=none
     echo "disk -> tmpfs: write 9.46 GB to tmpfs (dd): $(secs $t0) s"; rm -f "$M/ddout"
     for rep in $(seq 1 ${REPS:-2}); do
