@@ -15,12 +15,18 @@
  *
  * Safety: SRC is only ever opened read-only; DST must not be SRC or inside it, and must not
  * exist yet.  Everything is built in DST.partial/; each finished shard is fsynced, renamed from
- * NAME.partial and recorded in DST.partial/kl-convert.journal with its size and SHA-256.  A
- * rerun after a crash (kill -9 anywhere) keeps the shards the journal proves complete (same
- * plan, same size, same hash) and redoes the rest; the result is byte-identical to an
- * uninterrupted run.  DST.partial is renamed to DST only when everything is on disk.
- * Memory: bounded by the reader's ring and per-thread buffers (≤ max_memory, default 2 GiB),
- * never by the model size.
+ * NAME.partial and recorded in DST.partial/kl-convert.journal with its size and digest (a
+ * SHA-256 tree over 32 MiB leaves, convert/shard_digest.h, computed while the shard is
+ * written, so no shard is read back).  A rerun after a crash (kill -9 anywhere) keeps the
+ * shards the journal proves complete (same plan, same size, same digest read back) and redoes
+ * the rest; the result is byte-identical to an uninterrupted run.  DST.partial is renamed to
+ * DST only when everything is on disk.
+ * Pipeline: the reader keeps its ring of source reads in flight; the converting thread copies
+ * or quantizes (with the pool, straight into the write-behind queue) each chunk as it arrives;
+ * writer lanes hash and pwrite the queued output.  Reading, quantizing and writing overlap, and
+ * only the shard's fsync waits at its end.
+ * Memory: bounded by the reader's ring, the write-behind arena and per-thread buffers
+ * (≤ max_memory, default 2 GiB), never by the model size.
  */
 #ifndef KL_CONVERT_CONVERTER_H
 #define KL_CONVERT_CONVERTER_H

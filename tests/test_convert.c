@@ -14,13 +14,16 @@
 #include "common/numfmt.h"
 #include "convert/converter.h"
 #include "convert/mxfp4.h"
+#include "convert/shard_digest.h"
 #include "convert/synth.h"
 #include "convert/verify.h"
+#include "convert/write_behind.h"
 #include "loader/checkpoint.h"
 
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -366,6 +369,193 @@ START_TEST(a_write_error_leaves_no_complete_looking_output_and_resumes)
 }
 END_TEST
 
+
+/* ---- building blocks: the shard digest and the write-behind lanes -------------------------- */
+
+/* err rendered for assertion messages (static buffer: one at a time). */
+static const char *emsg(const kl_err *err)
+{
+    static char buf[1024];
+    return kl_err_format(err, buf, sizeof buf);
+}
+
+/* A made-up shard: a header, an empty tensor, a tensor of two leaves and a bit, a small one. */
+static const uint64_t g_pieces[] = {100, 0, 2 * KL_SDIGEST_LEAF + 3, 5};
+#define N_PIECES (sizeof g_pieces / sizeof *g_pieces)
+
+static uint8_t *pattern(size_t n)
+{
+    uint8_t *b = kl_malloc(n);
+    ck_assert(b != NULL);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * 131 + i / 4099);
+    return b;
+}
+
+/* Feeds bytes [from, to) of piece p in uneven updates. */
+static void feed(kl_sdigest *d, size_t p, const uint8_t *piece, uint64_t from, uint64_t to)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    for (uint64_t off = from; off < to;) {
+        size_t n = (size_t)(to - off < (1u << 20) + 17 ? to - off : (1u << 20) + 17);
+        ck_assert_msg(kl_sdigest_update(d, p, off, piece + off, n, &err) == 0, "%s",
+                      emsg(&err));
+        off += n;
+    }
+}
+
+START_TEST(shard_digest_fed_leaf_by_leaf_in_any_order_equals_the_file_read_back)
+{
+    size_t total = 0, at[N_PIECES];
+    for (size_t p = 0; p < N_PIECES; p++) {
+        at[p] = total;
+        total += (size_t)g_pieces[p];
+    }
+    uint8_t *bytes = pattern(total);
+    char path[800];
+    snprintf(path, sizeof path, "%s/digest.bin", g_root);
+    t_write(path, bytes, total);
+    kl_sdigest *d;
+    kl_err err;
+    ck_assert(kl_sdigest_create(&d, g_pieces, N_PIECES, &err) == 0);
+    /* last leaf first; the small tensor before the header; the empty tensor never fed */
+    const uint8_t *big = bytes + at[2];
+    feed(d, 2, big, 2 * KL_SDIGEST_LEAF, g_pieces[2]);
+    feed(d, 3, bytes + at[3], 0, 5);
+    feed(d, 2, big, KL_SDIGEST_LEAF, 2 * KL_SDIGEST_LEAF);
+    feed(d, 0, bytes, 0, 100);
+    feed(d, 2, big, 0, KL_SDIGEST_LEAF);
+    unsigned char fed[32], back[32];
+    ck_assert_msg(kl_sdigest_final(d, fed, &err) == 0, "%s", emsg(&err));
+    kl_sdigest_destroy(d);
+    ck_assert_msg(kl_sdigest_file(path, g_pieces, N_PIECES, back, &err) == 0, "%s",
+                  emsg(&err));
+    ck_assert(!memcmp(fed, back, 32));
+    /* one byte changed in the middle leaf: another digest */
+    bytes[at[2] + KL_SDIGEST_LEAF + 5] ^= 1;
+    t_write(path, bytes, total);
+    ck_assert(kl_sdigest_file(path, g_pieces, N_PIECES, back, &err) == 0);
+    ck_assert(memcmp(fed, back, 32) != 0);
+    /* a file of another size is refused */
+    t_write(path, bytes, total - 1);
+    ck_assert_int_eq(kl_sdigest_file(path, g_pieces, N_PIECES, back, &err), KL_E_IO);
+    kl_free(bytes);
+}
+END_TEST
+
+START_TEST(shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves)
+{
+    kl_sdigest *d;
+    kl_err err;
+    uint8_t b[8] = {0};
+    unsigned char out[32];
+    ck_assert(kl_sdigest_create(&d, g_pieces, N_PIECES, &err) == 0);
+    ck_assert_int_eq(kl_sdigest_update(d, 3, 2, b, 3, &err), KL_E_BUG);  /* a gap */
+    ck_assert_int_eq(kl_sdigest_update(d, 3, 0, b, 6, &err), KL_E_BUG);  /* past the end */
+    ck_assert_int_eq(kl_sdigest_update(d, 9, 0, b, 1, &err), KL_E_BUG);  /* no such piece */
+    ck_assert_int_eq(kl_sdigest_update(d, 3, 0, b, 2, &err), 0);
+    ck_assert_int_eq(kl_sdigest_update(d, 3, 0, b, 2, &err), KL_E_BUG);  /* again */
+    ck_assert_int_eq(kl_sdigest_final(d, out, &err), KL_E_BUG);          /* unfinished */
+    kl_sdigest_destroy(d);
+}
+END_TEST
+
+/* Write-behind hook that fails on the n-th call. */
+typedef struct failing_hook {
+    kl_sdigest *d;
+    atomic_int  calls;
+    int         fail_at;
+} failing_hook;
+
+static int probe_hook(void *ctx, size_t tensor, uint64_t off, const uint8_t *data, size_t n,
+                      kl_err *err)
+{
+    failing_hook *h = ctx;
+    if (atomic_fetch_add(&h->calls, 1) + 1 == h->fail_at)
+        return kl_fail(err, KL_E_IO, "hook failure");
+    return kl_sdigest_update(h->d, tensor + 1, off, data, n, err);
+}
+
+/* Two tensors written through three lanes in interleaved items (each tensor on its own lane,
+ * a two-segment item on a third, one item larger than the queue's 1 MiB arena): the file
+ * holds every byte, and the digest the hook fed equals the file's. */
+START_TEST(write_behind_lanes_write_everything_in_each_lanes_order)
+{
+    enum { T = 3 << 20, ITEM = 96 << 10 };
+    kl_st_wtensor wt[4] = {{.name = "a", .dtype = KL_DT_U8, .rank = 1, .shape = {T}},
+                           {.name = "b", .dtype = KL_DT_U8, .rank = 1, .shape = {T}},
+                           {.name = "c", .dtype = KL_DT_U8, .rank = 1, .shape = {2 * ITEM}},
+                           {.name = "d", .dtype = KL_DT_U8, .rank = 1, .shape = {T}}};
+    char path[800];
+    snprintf(path, sizeof path, "%s/wb.safetensors", g_root);
+    kl_err err;
+    kl_st_writer w;
+    ck_assert(kl_st_writer_open(&w, path, wt, 4, NULL, &err) == 0);
+    uint8_t *hdr, *src = pattern(T);
+    uint64_t pieces[5];
+    ck_assert(kl_st_header_build(wt, 4, 0, &hdr, &pieces[0], NULL, pieces + 1, &err) == 0);
+    failing_hook h = {.fail_at = 0};
+    ck_assert(kl_sdigest_create(&h.d, pieces, 5, &err) == 0);
+    ck_assert(kl_sdigest_update(h.d, 0, 0, hdr, (size_t)pieces[0], &err) == 0);
+    kl_wb *q;
+    ck_assert(kl_wb_create(&q, 1u << 20, 3, &err) == 0);
+    kl_wb_target t = {.w = &w, .hook = probe_hook, .ctx = &h};
+    for (uint64_t off = 0; off < T; off += ITEM) {
+        ck_assert(kl_wb_write(q, &t, 0, 0, off, src + off, ITEM, &err) == 0);
+        ck_assert(kl_wb_write(q, &t, 1, 1, off, src + T - ITEM - off, ITEM, &err) == 0);
+        if (off == T / 2)
+            ck_assert(kl_wb_write(q, &t, 2, 3, 0, src, T, &err) == 0);
+    }
+    kl_wb_seg seg[2] = {{2, 0, ITEM}, {2, ITEM, ITEM}};
+    kl_wb_item *it;
+    uint8_t *data;
+    ck_assert(kl_wb_reserve(q, &t, kl_wb_pick_lane(q), seg, 2, &it, &data, &err) == 0);
+    memcpy(data, src, 2 * ITEM);
+    kl_wb_commit(q, it);
+    ck_assert_msg(kl_wb_drain(q, &err) == 0, "%s", emsg(&err));
+    unsigned char fed[32], back[32];
+    ck_assert_msg(kl_sdigest_final(h.d, fed, &err) == 0, "%s", emsg(&err));
+    ck_assert(kl_st_writer_commit(&w, &err) == 0);
+    kl_st_writer_close(&w);
+    ck_assert(kl_sdigest_file(path, pieces, 5, back, &err) == 0);
+    ck_assert(!memcmp(fed, back, 32));
+    kl_wb_destroy(q);
+    kl_sdigest_destroy(h.d);
+    kl_free(hdr);
+    kl_free(src);
+}
+END_TEST
+
+START_TEST(write_behind_hook_error_fails_the_queue)
+{
+    kl_st_wtensor wt = {.name = "a", .dtype = KL_DT_U8, .rank = 1, .shape = {1 << 20}};
+    char path[800];
+    snprintf(path, sizeof path, "%s/wb-fail.safetensors", g_root);
+    kl_err err;
+    kl_st_writer w;
+    ck_assert(kl_st_writer_open(&w, path, &wt, 1, NULL, &err) == 0);
+    uint64_t pieces[2] = {w.data_off, 1 << 20};
+    failing_hook h = {.fail_at = 3};
+    ck_assert(kl_sdigest_create(&h.d, pieces, 2, &err) == 0);
+    kl_wb *q;
+    ck_assert(kl_wb_create(&q, 1u << 20, 2, &err) == 0);
+    kl_wb_target t = {.w = &w, .hook = probe_hook, .ctx = &h};
+    uint8_t *src = pattern(1 << 20);
+    int rc = 0;
+    for (uint64_t off = 0; off < (1 << 20) && !rc; off += 4096)
+        rc = kl_wb_write(q, &t, 0, 0, off, src + off, 4096, &err);
+    kl_err derr;
+    ck_assert_int_eq(kl_wb_drain(q, &derr), KL_E_IO);
+    ck_assert(strstr(derr.msg, "hook failure") != NULL);
+    ck_assert_int_eq(kl_wb_write(q, &t, 1, 0, 0, src, 10, &err), KL_E_IO); /* and stays failed */
+    kl_wb_destroy(q);
+    kl_st_writer_close(&w);
+    kl_sdigest_destroy(h.d);
+    kl_free(src);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("convert");
@@ -383,6 +573,10 @@ int main(void)
     tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);
     tcase_add_test(tc, mxfp4_source_is_refused);
     tcase_add_test(tc, conversion_killed_anywhere_resumes_to_identical_bytes);
+    tcase_add_test(tc, shard_digest_fed_leaf_by_leaf_in_any_order_equals_the_file_read_back);
+    tcase_add_test(tc, shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves);
+    tcase_add_test(tc, write_behind_lanes_write_everything_in_each_lanes_order);
+    tcase_add_test(tc, write_behind_hook_error_fails_the_queue);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }
