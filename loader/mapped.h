@@ -22,7 +22,9 @@
  * (at least two chunks per thread) ahead of delivery, and the threads drop the page-table
  * entries of delivered chunks in 64 MiB batches (MADV_DONTNEED: the cached pages stay), so page
  * tables and not-yet-delivered resident bytes stay bounded whatever the consumer's speed.  Empty
- * files deliver nothing.
+ * files deliver nothing.  Mappings carry MADV_HUGEPAGE: pages a read brings in from disk come
+ * as 2 MiB folios, and cached 2 MiB folios are mapped with one entry each (populating 24 GB
+ * then costs milliseconds instead of ~1.2 core-seconds of 4 KiB entries).
  *
  * Errors: an I/O error while populating (MADV_POPULATE_READ returns EFAULT/EIO: the file
  * shrank or the disk failed) is reported as KL_E_IO with the file and offset, after every
