@@ -184,7 +184,10 @@ static int journal_says_done(const conv *c, const char *journal, size_t k)
         return 0;
     char key[128];
     snprintf(key, sizeof key, "\ndone %s ", name);
-    const char *at = strstr(journal + fl, key);
+    /* the last line for the shard: a shard redone after a failed check is appended again */
+    const char *at = NULL;
+    for (const char *f = strstr(journal + fl, key); f; f = strstr(f + 1, key))
+        at = f;
     unsigned long long size;
     char hex[65];
     if (!at || sscanf(at + strlen(key), "%llu %64s", &size, hex) != 2)
@@ -239,7 +242,9 @@ static int journal_open(const conv *c, char **text, kl_err *err)
 }
 
 /* Appends "done NAME SIZE DIGEST" and fsyncs, after the shard itself is durable.  DIGEST is
- * the shard digest (shard_digest.h) its lanes computed while writing it. */
+ * the shard digest (shard_digest.h) its lanes computed while writing it.  The line starts with
+ * its own newline: a line torn by a crash mid-append then cannot swallow the next one (blank
+ * lines are harmless to journal_says_done). */
 static int journal_add(const conv *c, const char *name, uint64_t size,
                        const unsigned char digest[32], kl_err *err)
 {
@@ -248,7 +253,7 @@ static int journal_add(const conv *c, const char *name, uint64_t size,
         return KL_E_USAGE;
     char hex[65], line[256];
     kl_sha256_hex(digest, hex);
-    int n = snprintf(line, sizeof line, "done %s %llu %s\n", name, (unsigned long long)size, hex);
+    int n = snprintf(line, sizeof line, "\ndone %s %llu %s\n", name, (unsigned long long)size, hex);
     int fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd < 0) {
         kl_fail_sys(err, KL_E_IO, errno, "cannot open the journal");

@@ -296,9 +296,12 @@ int kl_wb_reserve(kl_wb *q, const kl_wb_target *t, unsigned lane, const kl_wb_se
     if (!n_segs || n_segs > KL_WB_MAX_SEGS || lane >= q->n_lanes)
         return kl_fail(err, KL_E_BUG, "write-behind item with %u segments on lane %u", n_segs,
                        lane);
-    size_t n = 0;
-    for (unsigned k = 0; k < n_segs; k++)
+    size_t n = 0, limit = SIZE_MAX - sizeof(kl_wb_item) - ITEM_ALIGN;
+    for (unsigned k = 0; k < n_segs; k++) {
+        if (segs[k].n > limit - n)
+            return kl_fail(err, KL_E_USAGE, "write-behind item too large");
         n += segs[k].n;
+    }
     pthread_mutex_lock(&q->mu);
     kl_wb_item *x = get_item(q, n);
     int rc = q->rc ? report(q, err) : 0;
@@ -345,8 +348,12 @@ void kl_wb_cancel(kl_wb *q, kl_wb_item *it)
 int kl_wb_write(kl_wb *q, const kl_wb_target *t, unsigned lane, size_t tensor, uint64_t off,
                 const void *buf, size_t n, kl_err *err)
 {
-    if (!n)
-        return 0;
+    if (!n) { /* nothing to queue, but the queue's first error still stands */
+        pthread_mutex_lock(&q->mu);
+        int rc = q->rc ? report(q, err) : 0;
+        pthread_mutex_unlock(&q->mu);
+        return rc;
+    }
     kl_wb_seg seg = {tensor, off, n};
     kl_wb_item *it;
     uint8_t *data;

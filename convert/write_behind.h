@@ -22,7 +22,8 @@
  * most one reservation at a time).
  *
  * Errors: the first hook or write error is kept and returned by every later kl_wb_reserve /
- * kl_wb_write and by kl_wb_drain (with its kl_err: file, offset); nothing is written after it.
+ * kl_wb_write and by kl_wb_drain (with its kl_err: file, offset); no item is started after it
+ * (one another lane is already writing finishes; the converter then removes the file).
  * Ownership: the queue owns its buffers; targets, writers and hook contexts are borrowed and
  * must outlive their items (kl_wb_drain before closing a writer).
  * Thread safety: one producer thread calls everything but the hook, which runs on the lanes
