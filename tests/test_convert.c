@@ -313,6 +313,74 @@ START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
 }
 END_TEST
 
+/* 1 when DIR.partial's journal records at least one finished shard and DIR is not complete. */
+static int has_journaled_shard(const char *dir)
+{
+    char path[800];
+    snprintf(path, sizeof path, "%s.partial/kl-convert.journal", dir);
+    char *text = NULL;
+    size_t len = 0;
+    int yes = access(dir, F_OK) != 0 && kl_read_file(path, 1 << 20, &text, &len, NULL) == 0 &&
+              strstr(text, "\ndone ") != NULL;
+    kl_free(text);
+    return yes;
+}
+
+/* kill -9 during an append leaves a line without its end: the lines after it must still count
+ * (they were glued to the torn one, and their shards redone on every resume), and a resume
+ * past a torn line keeps the journaled shards and ends in the same bytes. */
+START_TEST(a_torn_journal_line_does_not_hide_the_next_shards)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    char src[700], ref[700], out[700], cmd[3000];
+    snprintf(src, sizeof src, "%s/torn-src", g_root);
+    snprintf(ref, sizeof ref, "%s/torn-ref", g_root);
+    snprintf(out, sizeof out, "%s/torn-out", g_root);
+    synth(src, "small");
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src,
+             ref);
+    ck_assert(system(cmd) == 0);
+    /* kill until a run stopped with some shards journaled (the machine's speed decides when) */
+    static const char *const delays[] = {"0.1", "0.2", "0.3", "0.5", "0.8", "1.2", "2", "4"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof delays / sizeof *delays && !found; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "rm -rf '%s' '%s.partial'; timeout -s KILL %s '%s' convert '%s' '%s' "
+                 "--shard-size 1M --threads 2 -q >/dev/null 2>&1",
+                 out, out, delays[i], kl, src, out);
+        (void)system(cmd);
+        found = has_journaled_shard(out);
+    }
+    ck_assert_msg(found, "no run was killed after its first journaled shard");
+    char jpath[800];
+    snprintf(jpath, sizeof jpath, "%s.partial/kl-convert.journal", out);
+    char *text;
+    size_t len;
+    /* every appended line starts with its own newline, so one torn before it is ended */
+    ck_assert(kl_read_file(jpath, 1 << 20, &text, &len, NULL) == 0);
+    ck_assert_msg(strstr(text, "\n\ndone "), "journal lines do not start a line: %s", text);
+    kl_free(text);
+    FILE *f = fopen(jpath, "ab");
+    ck_assert(f != NULL);
+    fputs("done model-000", f); /* torn mid-line */
+    ck_assert(fclose(f) == 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s' convert '%s' '%s' --shard-size 1M --threads 2 --json > '%s.json'", kl, src,
+             out, out);
+    ck_assert(system(cmd) == 0);
+    char jsonf[800];
+    snprintf(jsonf, sizeof jsonf, "%s.json", out);
+    ck_assert(kl_read_file(jsonf, 1 << 20, &text, &len, NULL) == 0);
+    ck_assert_msg(!strstr(text, "\"shards_resumed\":0"), "nothing resumed: %s", text);
+    kl_free(text);
+    char *want = digest_dir(ref), *got = digest_dir(out);
+    ck_assert_msg(!strcmp(want, got), "resumed output differs:\n%s\nvs\n%s", want, got);
+    kl_free(want);
+    kl_free(got);
+}
+END_TEST
+
 /* Runs a shell command; returns its exit status. */
 static int sh(const char *cmd)
 {
@@ -573,6 +641,7 @@ int main(void)
     tcase_add_test(tc, broken_source_is_refused_with_the_audit_rule);
     tcase_add_test(tc, mxfp4_source_is_refused);
     tcase_add_test(tc, conversion_killed_anywhere_resumes_to_identical_bytes);
+    tcase_add_test(tc, a_torn_journal_line_does_not_hide_the_next_shards);
     tcase_add_test(tc, shard_digest_fed_leaf_by_leaf_in_any_order_equals_the_file_read_back);
     tcase_add_test(tc, shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves);
     tcase_add_test(tc, write_behind_lanes_write_everything_in_each_lanes_order);
