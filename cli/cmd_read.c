@@ -14,6 +14,7 @@
 #include "common/mem.h"
 #include "common/jsonout.h"
 #include "common/membench.h"
+#include "common/stats.h"
 #include "loader/hashpass.h"
 #include "loader/mapped.h"
 #include "loader/reader.h"
@@ -21,7 +22,6 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -440,18 +440,11 @@ static cJSON *json_head(int ok)
     return root;
 }
 
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
 static double median_of(const double *v, unsigned n)
 {
     double s[MAX_ROUNDS];
     memcpy(s, v, n * sizeof *v);
-    qsort(s, n, sizeof *s, cmp_double);
-    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+    return kl_median(s, n);
 }
 
 static double max_of(const double *v, unsigned n)

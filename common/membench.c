@@ -3,6 +3,7 @@
 
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/stats.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -238,12 +239,6 @@ void kl_membench_close(kl_membench *b)
 
 #define MAX_PASSES 64
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
                      kl_err *err)
 {
@@ -264,9 +259,6 @@ int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membenc
                                 .read_gbps = (double)n / best / 1e9,
                                 .huge_bytes = kl_membench_huge_bytes(b)};
     kl_membench_close(b);
-    qsort(pass_s, passes, sizeof *pass_s, cmp_double);
-    double median = passes % 2 ? pass_s[passes / 2]
-                               : (pass_s[passes / 2 - 1] + pass_s[passes / 2]) / 2;
-    res->median_gbps = (double)n / median / 1e9;
+    res->median_gbps = (double)n / kl_median(pass_s, passes) / 1e9;
     return 0;
 }

@@ -279,32 +279,40 @@ static char *digest_dir(const char *dir)
     return text;
 }
 
-START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
+/* Many small shards (1 MiB), so kills land between and inside shard writes. */
+#define KILL_TEST_ARGS "--shard-size 1M --threads 2 -q"
+
+/* The kl binary under test (KL_BIN); a small source in g_root/NAME-src and its uninterrupted
+ * conversion in g_root/NAME-ref (paths in src and ref, 700 bytes each). */
+static const char *source_and_reference(const char *name, char *src, char *ref)
 {
     const char *kl = getenv("KL_BIN");
     ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
-    char src[700], ref[700], out[700], cmd[3000];
-    snprintf(src, sizeof src, "%s/small", g_root);
-    snprintf(ref, sizeof ref, "%s/ref-out", g_root);
-    snprintf(out, sizeof out, "%s/killed-out", g_root);
+    snprintf(src, 700, "%s/%s-src", g_root, name);
+    snprintf(ref, 700, "%s/%s-ref", g_root, name);
     synth(src, "small");
-    /* many small shards so kills land between and inside shard writes */
-    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src,
-             ref);
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' " KILL_TEST_ARGS, kl, src, ref);
     ck_assert(system(cmd) == 0);
+    return kl;
+}
+
+START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
+{
+    char src[700], ref[700], out[700], cmd[3000];
+    const char *kl = source_and_reference("killed", src, ref);
+    snprintf(out, sizeof out, "%s/killed-out", g_root);
     char *want = digest_dir(ref);
     static const char *const delays[] = {"0.05", "0.15", "0.3", "0.6", "1.0", "1.5"};
     for (size_t i = 0; i < sizeof delays / sizeof *delays; i++) {
         snprintf(cmd, sizeof cmd,
-                 "timeout -s KILL %s '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q "
-                 ">/dev/null 2>&1",
+                 "timeout -s KILL %s '%s' convert '%s' '%s' " KILL_TEST_ARGS " >/dev/null 2>&1",
                  delays[i], kl, src, out);
         int st = system(cmd); /* killed or finished: either way the rerun must complete it */
         (void)st;
     }
     snprintf(cmd, sizeof cmd,
-             "test -d '%s' || '%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", out, kl, src,
-             out);
+             "test -d '%s' || '%s' convert '%s' '%s' " KILL_TEST_ARGS, out, kl, src, out);
     ck_assert_msg(system(cmd) == 0, "final rerun failed");
     char *got = digest_dir(out);
     ck_assert_msg(!strcmp(want, got), "resumed output differs:\n%s\nvs\n%s", want, got);
@@ -331,23 +339,16 @@ static int has_journaled_shard(const char *dir)
  * past a torn line keeps the journaled shards and ends in the same bytes. */
 START_TEST(a_torn_journal_line_does_not_hide_the_next_shards)
 {
-    const char *kl = getenv("KL_BIN");
-    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
     char src[700], ref[700], out[700], cmd[3000];
-    snprintf(src, sizeof src, "%s/torn-src", g_root);
-    snprintf(ref, sizeof ref, "%s/torn-ref", g_root);
+    const char *kl = source_and_reference("torn", src, ref);
     snprintf(out, sizeof out, "%s/torn-out", g_root);
-    synth(src, "small");
-    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' --shard-size 1M --threads 2 -q", kl, src,
-             ref);
-    ck_assert(system(cmd) == 0);
     /* kill until a run stopped with some shards journaled (the machine's speed decides when) */
     static const char *const delays[] = {"0.1", "0.2", "0.3", "0.5", "0.8", "1.2", "2", "4"};
     int found = 0;
     for (size_t i = 0; i < sizeof delays / sizeof *delays && !found; i++) {
         snprintf(cmd, sizeof cmd,
                  "rm -rf '%s' '%s.partial'; timeout -s KILL %s '%s' convert '%s' '%s' "
-                 "--shard-size 1M --threads 2 -q >/dev/null 2>&1",
+                 KILL_TEST_ARGS " >/dev/null 2>&1",
                  out, out, delays[i], kl, src, out);
         (void)system(cmd);
         found = has_journaled_shard(out);
@@ -366,8 +367,8 @@ START_TEST(a_torn_journal_line_does_not_hide_the_next_shards)
     fputs("done model-000", f); /* torn mid-line */
     ck_assert(fclose(f) == 0);
     snprintf(cmd, sizeof cmd,
-             "'%s' convert '%s' '%s' --shard-size 1M --threads 2 --json > '%s.json'", kl, src,
-             out, out);
+             "'%s' convert '%s' '%s' --shard-size 1M --threads 2 --json > '%s.json'", kl,
+             src, out, out);
     ck_assert(system(cmd) == 0);
     char jsonf[800];
     snprintf(jsonf, sizeof jsonf, "%s.json", out);
