@@ -1,11 +1,13 @@
 /* cli/args.c — argument helpers shared by the subcommands (see cli.h). */
 #include "cli/cli.h"
 
+#include "common/err.h"
 #include "common/mem.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,4 +115,17 @@ int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n)
     *out = ids;
     *n = k;
     return 0;
+}
+
+int kl_cli_report(const char *cmd, const kl_err *err)
+{
+    char buf[1024];
+    fprintf(stderr, "kl %s: %s\n", cmd, kl_err_format(err, buf, sizeof buf));
+    switch (err->code) {
+    case KL_E_FORMAT:
+    case KL_E_SCHEMA:
+    case KL_E_UNSUPPORTED: return KL_EXIT_PROBLEMS;
+    case KL_E_BUG: return KL_EXIT_BUG;
+    default: return KL_EXIT_USAGE;
+    }
 }

@@ -24,6 +24,12 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 
+struct kl_err;
+/* Prints "kl CMD: <err>" on stderr and returns its exit status: a broken checkpoint or
+ * tokenizer (FORMAT, SCHEMA, UNSUPPORTED) is a problem found (1), an internal bug 3, bad input
+ * from the command line, I/O and memory 2. */
+int kl_cli_report(const char *cmd, const struct kl_err *err);
+
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);
 /* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: 1 and *val set (NULL when the value is

@@ -333,16 +333,6 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     return KL_EXIT_OK;
 }
 
-/* A library error as an exit status: a broken checkpoint is a problem found (1). */
-static int decode_error(const kl_err *err)
-{
-    char buf[1024];
-    fprintf(stderr, "kl bench decode: %s\n", kl_err_format(err, buf, sizeof buf));
-    if (err->code == KL_E_FORMAT || err->code == KL_E_SCHEMA || err->code == KL_E_UNSUPPORTED)
-        return KL_EXIT_PROBLEMS;
-    return err->code == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE;
-}
-
 static int bench_decode(int argc, char **argv)
 {
     decode_args a;
@@ -357,7 +347,7 @@ static int bench_decode(int argc, char **argv)
     memset(&res, 0, sizeof res);
     if (kl_model_open(&m, a.model, &mo, &err) || time_decode(m, &a, &res, &err)) {
         kl_model_close(m);
-        return decode_error(&err);
+        return kl_cli_report("bench decode", &err);
     }
     count_token_bytes(m, &res.bytes);
     /* the ceiling with as many threads as the engine, measured after the model is loaded */

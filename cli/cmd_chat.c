@@ -65,19 +65,6 @@ static int usage_error(const char *what, const char *arg)
     return KL_EXIT_USAGE;
 }
 
-static int report(const kl_err *err)
-{
-    char buf[1024];
-    fprintf(stderr, "kl chat: %s\n", kl_err_format(err, buf, sizeof buf));
-    switch (err->code) {
-    case KL_E_FORMAT:
-    case KL_E_SCHEMA:
-    case KL_E_UNSUPPORTED: return KL_EXIT_PROBLEMS;
-    case KL_E_BUG: return KL_EXIT_BUG;
-    default: return KL_EXIT_USAGE;
-    }
-}
-
 /* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
 static int parse_one(int argc, char **argv, int *i, chat_args *a)
 {
@@ -385,7 +372,7 @@ int cmd_chat(int argc, char **argv)
     kl_err_clear(&err);
     chat_ctx c;
     memset(&c, 0, sizeof c);
-    rc = chat(&a, &c, &err) ? report(&err) : KL_EXIT_OK;
+    rc = chat(&a, &c, &err) ? kl_cli_report("chat", &err) : KL_EXIT_OK;
     chat_free(&c);
     return rc;
 }

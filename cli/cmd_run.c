@@ -79,21 +79,6 @@ static int usage_error(const char *what, const char *arg)
     return KL_EXIT_USAGE;
 }
 
-/* Library error -> exit status: a broken checkpoint or tokenizer is a problem found (1);
- * bad input from the command line, I/O and memory are "could not run" (2). */
-static int report(const kl_err *err)
-{
-    char buf[1024];
-    fprintf(stderr, "kl run: %s\n", kl_err_format(err, buf, sizeof buf));
-    switch (err->code) {
-    case KL_E_FORMAT:
-    case KL_E_SCHEMA:
-    case KL_E_UNSUPPORTED: return KL_EXIT_PROBLEMS;
-    case KL_E_BUG: return KL_EXIT_BUG;
-    default: return KL_EXIT_USAGE;
-    }
-}
-
 /* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
 static int parse_one(int argc, char **argv, int *i, run_args *a, const char **device)
 {
@@ -461,7 +446,7 @@ int cmd_run(int argc, char **argv)
     run_ctx c;
     memset(&c, 0, sizeof c);
     int lrc = run(&a, &c, &err);
-    rc = lrc ? report(&err) : KL_EXIT_OK;
+    rc = lrc ? kl_cli_report("run", &err) : KL_EXIT_OK;
     if (a.json)
         print_json(&c, lrc == 0, &err);
     if (fflush(stdout) != 0 && rc == KL_EXIT_OK) {
