@@ -2,6 +2,7 @@
  * cli/cmd_convert.c — `kl convert SRC DST`: BF16 Kimi-Linear -> MXFP4 routed experts.
  */
 #include "cli/cli.h"
+#include "cli/outplan.h"
 #include "cli/progress.h"
 
 #include "common/jsonout.h"
@@ -17,8 +18,8 @@
 
 static const char usage_text[] =
     "usage: kl convert SRC DST [--scale-rule ocp|round|ceil|mse] [--threads N]\n"
-    "                  [--max-memory BYTES] [--shard-size BYTES] [--json] [-q]\n"
-    "       kl convert --verify SRC DST [--json]\n"
+    "                  [--max-memory BYTES] [--shard-size BYTES] [--dry-run] [--json] [-q]\n"
+    "       kl convert --verify SRC DST [--json] [-q]\n"
     "       kl convert --compare-rules SRC [--sample N] [--threads N] [--json]\n"
     "\n"
     "Converts a BF16 Kimi-Linear checkpoint: every routed expert's w1/w2/w3 becomes MXFP4 in the\n"
@@ -26,20 +27,27 @@ static const char usage_text[] =
     "U8 [out, in/32]); every other tensor is copied bit-exact; config.json gains a\n"
     "quantization_config; tokenizer and other files are copied.  SRC is audited first and never\n"
     "written.  DST is built in DST.partial and renamed when complete; after a crash, the same\n"
-    "command resumes from the shards already finished.\n"
+    "command resumes from the shards already finished (each journaled shard is checked against\n"
+    "the source bytes it was made from, and redone if they changed).  A DST.partial that kl did\n"
+    "not create is refused, never emptied.  The output must fit the free space of DST's file\n"
+    "system; that is checked before anything is written.\n"
     "\n"
     "  --scale-rule R    ocp (default, the OCP spec's floor rule), mse (least squared error per\n"
     "                    block: 3-4%% lower error, 2.5x the CPU), round or ceil; every rule\n"
     "                    writes standard MXFP4\n"
     "  --threads N       quantizer threads (default: all CPUs)\n"
-    "  --max-memory B    memory budget such as 1G (default 2G)\n"
-    "  --shard-size B    output shard size such as 5G (default 5e9 bytes)\n"
+    "  --max-memory B    memory cap such as 1G (default 2G); buffers are no larger than the\n"
+    "                    source needs\n"
+    "  --shard-size B    output shard size such as 5G (default 5e9 bytes); a soft limit: a\n"
+    "                    shard exceeds it when one tensor or one layer's experts do\n"
+    "  --dry-run         print the plan (shards, their file sizes, total, free space) and\n"
+    "                    write nothing\n"
     "  --verify          re-read SRC and DST: copies must be byte-identical; report the error\n"
     "                    of every dequantized expert (relative RMSE, max |error|)\n"
     "  --compare-rules   quantize a sample of SRC's experts with every scale rule and report\n"
     "                    the error of each (--sample N experts, default 16)\n"
     "  --json            one JSON object on stdout\n"
-    "  -q                errors only\n"
+    "  -q                errors only (no progress line)\n"
     "\n"
     "Exit status: 0 converted, 1 the source was refused (its audit found problems),\n"
     "2 usage or I/O error.\n"
@@ -124,6 +132,20 @@ static void print_result(const kl_convert_opts *o, const kl_convert_result *r, i
     print_json(j);
 }
 
+static void print_plan(const kl_convert_opts *o, const kl_out_plan *p, int json)
+{
+    if (!json) {
+        printf("convert --dry-run: %s -> %s\n", o->src, o->dst);
+        kl_cli_plan_print(p);
+        return;
+    }
+    cJSON *j = json_head("convert", 1);
+    cJSON_AddStringToObject(j, "src", o->src);
+    cJSON_AddStringToObject(j, "dst", o->dst);
+    kl_cli_plan_json(j, p);
+    print_json(j);
+}
+
 static int fail_with(const char *what, const kl_err *err)
 {
     char msg[1200];
@@ -133,23 +155,43 @@ static int fail_with(const char *what, const kl_err *err)
                : KL_EXIT_PROBLEMS;
 }
 
-/* --verify SRC DST: exit 1 if a copied tensor differs. */
-static int run_verify(const char *src, const char *dst, int json)
+/* --verify SRC DST: exit 1 if a tensor is missing or extra, or a copied tensor differs. */
+static int run_verify(const char *src, const char *dst, int json, int quiet)
 {
     kl_verify_result v;
     kl_err err;
     kl_err_clear(&err);
-    if (kl_convert_verify(src, dst, 0, &v, &err))
+    kl_progress line;
+    kl_progress_init(&line, "verify", quiet || json);
+    kl_verify_opts vo = {.src = src, .dst = dst};
+    if (line.on) {
+        vo.progress = draw;
+        vo.progress_ctx = &line;
+    }
+    int rc = kl_convert_verify(&vo, &v, &err);
+    kl_progress_end(&line);
+    if (rc)
         return fail_with("--verify", &err);
-    int ok = v.copies_differing == 0 && v.experts.tensors > 0;
+    int ok = v.copies_differing == 0 && v.tensors_missing == 0 && v.tensors_extra == 0 &&
+             v.experts.tensors > 0;
     if (json) {
         cJSON *j = json_head("convert --verify", ok);
+        cJSON_AddNumberToObject(j, "tensors_missing", (double)v.tensors_missing);
+        cJSON_AddStringToObject(j, "first_missing", v.first_missing);
+        cJSON_AddNumberToObject(j, "tensors_extra", (double)v.tensors_extra);
+        cJSON_AddStringToObject(j, "first_extra", v.first_extra);
         cJSON_AddNumberToObject(j, "copies_checked", (double)v.copies_checked);
         cJSON_AddNumberToObject(j, "copies_differing", (double)v.copies_differing);
         cJSON_AddStringToObject(j, "first_differing", v.first_differing);
         cJSON_AddItemToObject(j, "experts", stats_json(&v.experts));
         print_json(j);
     } else {
+        if (v.tensors_missing)
+            printf("verify: %zu tensors of the schema missing from DST (first: %s)\n",
+                   v.tensors_missing, v.first_missing);
+        if (v.tensors_extra)
+            printf("verify: %zu tensors in DST that the schema does not have (first: %s)\n",
+                   v.tensors_extra, v.first_extra);
         printf("verify: %zu copied tensors checked, %zu differ%s%s\n", v.copies_checked,
                v.copies_differing, v.copies_differing ? " (first: " : "",
                v.copies_differing ? v.first_differing : "");
@@ -192,7 +234,7 @@ int cmd_convert(int argc, char **argv)
 {
     kl_convert_opts o;
     memset(&o, 0, sizeof o);
-    int json = 0, quiet = 0, verify = 0, compare = 0;
+    int json = 0, quiet = 0, verify = 0, compare = 0, dry_run = 0;
     unsigned long long sample = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -204,6 +246,8 @@ int cmd_convert(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "-q")) {
             quiet = 1;
+        } else if (!strcmp(a, "--dry-run")) {
+            dry_run = 1;
         } else if (!strcmp(a, "--verify")) {
             verify = 1;
         } else if (!strcmp(a, "--compare-rules")) {
@@ -238,6 +282,9 @@ int cmd_convert(int argc, char **argv)
     }
     if (verify && compare)
         return bad_usage("%s", "--verify and --compare-rules are separate runs");
+    if (dry_run && (verify || compare))
+        return bad_usage("%s", "--dry-run plans a conversion; --verify and --compare-rules write "
+                               "nothing anyway");
     if (compare) {
         if (!o.src || o.dst)
             return bad_usage("%s", "--compare-rules takes one SRC");
@@ -246,7 +293,7 @@ int cmd_convert(int argc, char **argv)
     if (!o.src || !o.dst)
         return bad_usage("%s", "needs SRC and DST");
     if (verify)
-        return run_verify(o.src, o.dst, json);
+        return run_verify(o.src, o.dst, json, quiet);
     kl_log_set_level(quiet ? KL_LOG_ERROR : KL_LOG_WARN);
     kl_progress line;
     kl_progress_init(&line, "convert", quiet || json);
@@ -257,17 +304,24 @@ int cmd_convert(int argc, char **argv)
     kl_convert_result res;
     memset(&res, 0, sizeof res);
     o.result = &res;
+    kl_out_plan plan;
+    memset(&plan, 0, sizeof plan);
+    o.dry_run = dry_run;
+    o.plan = dry_run ? &plan : NULL;
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_convert(&o, &err);
     kl_progress_end(&line);
+    if (!rc && dry_run)
+        print_plan(&o, &plan, json);
+    kl_out_plan_free(&plan);
     if (rc) {
         char msg[1200];
         fprintf(stderr, "kl convert: %s\n", kl_err_format(&err, msg, sizeof msg));
         return rc == KL_E_FORMAT || rc == KL_E_SCHEMA || rc == KL_E_UNSUPPORTED ? KL_EXIT_PROBLEMS
                                                                                 : KL_EXIT_USAGE;
     }
-    if (!quiet || json)
+    if (!dry_run && (!quiet || json))
         print_result(&o, &res, json);
     return KL_EXIT_OK;
 }

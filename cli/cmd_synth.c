@@ -2,10 +2,12 @@
  * cli/cmd_synth.c — `kl synth`: write a synthetic checkpoint (convert/synth.h).
  *
  * OUT must be new or an empty directory: synth never mixes its files with existing ones
- * (a non-empty OUT is refused with exit 2).  Progress goes to stderr only when stderr is a
+ * (a non-empty OUT is refused with exit 2), and its parent must exist (synth creates OUT, not
+ * its parents).  Progress goes to stderr only when stderr is a
  * terminal (and not with -q); the summary (or one JSON object with --json) goes to stdout.
  */
 #include "cli/cli.h"
+#include "cli/outplan.h"
 #include "cli/progress.h"
 
 #include "common/clock.h"
@@ -25,10 +27,12 @@
 static const char usage_text[] =
     "usage: kl synth OUT [--preset tiny|small|full] [--layers N] [--format bf16|mxfp4]\n"
     "                    [--seed S] [--shard-size BYTES] [--sparse] [--threads N] [--buffered]\n"
-    "                    [--json] [-q]\n"
+    "                    [--dry-run] [--json] [-q]\n"
     "\n"
     "Writes a random Kimi-Linear checkpoint (config.json, index, shards, tokenizer) into OUT,\n"
-    "which must not exist or be empty.  Deterministic for a seed and independent of --threads.\n"
+    "which must not exist or be empty; its parent directory must exist.  Deterministic for a\n"
+    "seed and independent of --threads.  The output must fit the free space of OUT's file\n"
+    "system; that is checked before anything is written.\n"
     "\n"
     "  --preset P        tiny (default; 4 layers, hidden 64), small (8 layers, real head\n"
     "                    geometry) or full (Kimi-Linear-48B-A3B, 98 GB in BF16)\n"
@@ -36,10 +40,14 @@ static const char usage_text[] =
     "  --format F        bf16 (default) or mxfp4 (routed experts in compressed-tensors\n"
     "                    mxfp4-pack-quantized, each layer's experts one contiguous region)\n"
     "  --seed S          random seed (default 0)\n"
-    "  --shard-size B    shard size such as 5G or 512M (default: 256K tiny, 4M small, 5e9 full)\n"
+    "  --shard-size B    shard size such as 5G or 512M (default: 256K tiny, 4M small, 5e9 full);\n"
+    "                    a soft limit: a shard exceeds it when one tensor or one layer's\n"
+    "                    experts do\n"
     "  --sparse          write headers, index and config; leave tensor payloads as holes\n"
     "  --threads N       generator threads (default: all CPUs)\n"
     "  --buffered        write through the page cache instead of O_DIRECT\n"
+    "  --dry-run         print the plan (shards, their file sizes, total, free space) and\n"
+    "                    write nothing\n"
     "  --json            print one JSON object instead of the text summary\n"
     "  -q                errors only on stderr\n";
 
@@ -49,13 +57,37 @@ static int draw_progress(void *ctx, uint64_t done, uint64_t total)
     return 0;
 }
 
-/* 0 if path does not exist or is an empty directory; 1 otherwise (message printed). */
+/* 0 if the parent directory of path (which does not exist) exists; 1 otherwise (message
+ * printed): synth creates OUT, never its missing parents. */
+static int refuse_no_parent(const char *path)
+{
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", path);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        return 0; /* the current directory */
+    slash[slash == parent] = 0;
+    struct stat st;
+    if (stat(parent, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    fprintf(stderr,
+            "kl synth: the parent directory %s of %s does not exist; synth creates %s but not "
+            "its parents\n",
+            parent, path, path);
+    return 1;
+}
+
+/* 0 if path does not exist (its parent does) or is an empty directory; 1 otherwise (message
+ * printed). */
 static int refuse_out(const char *path)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
         if (errno == ENOENT)
-            return 0;
+            return refuse_no_parent(path);
         fprintf(stderr, "kl synth: %s: %s\n", path, strerror(errno));
         return 1;
     }
@@ -90,7 +122,9 @@ static int bad_usage(const char *fmt, const char *arg)
     return KL_EXIT_USAGE;
 }
 
-static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const kl_err *err, int rc)
+/* plan: the dry run's plan, or NULL. */
+static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const kl_out_plan *plan,
+                       const kl_err *err, int rc)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
@@ -100,7 +134,9 @@ static void print_json(const kl_synth_opts *o, const kl_synth_result *r, const k
     cJSON_AddStringToObject(j, "preset", o->preset);
     cJSON_AddStringToObject(j, "format", o->format == KL_SYNTH_MXFP4 ? "mxfp4" : "bf16");
     cJSON_AddBoolToObject(j, "sparse", o->sparse != 0);
-    if (rc == 0) {
+    if (rc == 0 && plan) {
+        kl_cli_plan_json(j, plan);
+    } else if (rc == 0) {
         cJSON_AddNumberToObject(j, "tensors", (double)r->n_tensors);
         cJSON_AddNumberToObject(j, "shards", (double)r->n_shards);
         cJSON_AddNumberToObject(j, "total_bytes", (double)r->tensor_bytes);
@@ -155,6 +191,8 @@ int cmd_synth(int argc, char **argv)
             o.sparse = 1;
         } else if (!strcmp(a, "--buffered")) {
             o.buffered = 1;
+        } else if (!strcmp(a, "--dry-run")) {
+            o.dry_run = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "-q")) {
@@ -209,6 +247,9 @@ int cmd_synth(int argc, char **argv)
     kl_synth_result res;
     memset(&res, 0, sizeof res);
     o.result = &res;
+    kl_out_plan plan;
+    memset(&plan, 0, sizeof plan);
+    o.plan = &plan;
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_synth_write(&o, &err);
@@ -218,7 +259,11 @@ int cmd_synth(int argc, char **argv)
         fprintf(stderr, "kl synth: %s\n", kl_err_format(&err, msg, sizeof msg));
     }
     if (json) {
-        print_json(&o, &res, &err, rc);
+        print_json(&o, &res, o.dry_run ? &plan : NULL, &err, rc);
+    } else if (!rc && o.dry_run) {
+        printf("synth --dry-run: %s (%s, %s%s)\n", o.out_dir, o.preset,
+               o.format == KL_SYNTH_MXFP4 ? "mxfp4" : "bf16", o.sparse ? ", sparse" : "");
+        kl_cli_plan_print(&plan);
     } else if (!rc) {
         double gbps = res.elapsed_s > 0 ? (double)res.tensor_bytes / res.elapsed_s / 1e9 : 0;
         printf("synth: %s (%s, %s%s): %zu tensors, %zu shards, %llu bytes (%.2f GB) in %.2f s, "
@@ -228,6 +273,7 @@ int cmd_synth(int argc, char **argv)
                (unsigned long long)res.tensor_bytes, (double)res.tensor_bytes / 1e9, res.elapsed_s,
                gbps);
     }
+    kl_out_plan_free(&plan);
     if (!rc)
         return KL_EXIT_OK;
     return rc == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE;

@@ -49,7 +49,8 @@ void kl_out_plan_wtensors(const kl_schema *s, const kl_layout *l, const kl_dtype
 int  kl_out_plan_build(kl_out_plan *p, const kl_schema *s, const kl_layout *l,
                        const kl_dtype *dtypes, kl_err *err);
 
-/* Fills p->free_bytes from dir's file system (dir must exist); KL_E_IO "OUT-NO-SPACE" when
+/* Fills p->free_bytes from the file system of dir (or, while dir does not exist yet, of its
+ * parent); KL_E_IO "OUT-NO-SPACE" when
  * p->needed_bytes exceed it, naming dir and both numbers. */
 int  kl_out_plan_check_space(kl_out_plan *p, const char *dir, kl_err *err);
 

@@ -155,7 +155,7 @@ START_TEST(verify_finds_exact_copies_and_bounded_expert_error)
     kl_err err;
     ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
     kl_verify_result v;
-    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert(kl_convert_verify(&(kl_verify_opts){.src = g_src, .dst = dst}, &v, &err) == 0);
     ck_assert_int_eq(v.copies_differing, 0);
     ck_assert_int_eq(v.copies_checked, 151 - 72);
     ck_assert_int_eq(v.experts.tensors, 72);
@@ -169,7 +169,7 @@ START_TEST(verify_finds_exact_copies_and_bounded_expert_error)
              "seek=$(($(stat -c %%s \"$f\") - 1)) conv=notrunc status=none",
              dst);
     ck_assert(system(cmd) == 0);
-    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert(kl_convert_verify(&(kl_verify_opts){.src = g_src, .dst = dst}, &v, &err) == 0);
     ck_assert_int_eq(v.copies_differing, 1);
 }
 END_TEST
