@@ -951,7 +951,7 @@ static int name_is_ours(const conv *c, const char *name)
         snprintf(base, sizeof base, "%s", name);
     unsigned a, b;
     int end = 0;
-    if (sscanf(base, "model-%5u-of-%5u.safetensors%n", &a, &b, &end) == 2 && end == 34 &&
+    if (sscanf(base, "model-%5u-of-%5u.safetensors%n", &a, &b, &end) == 2 && end == 32 &&
         (!base[end] || !strcmp(base + end, ".partial")))
         return 1;
     if (!strcmp(base, JOURNAL_NAME) || !strcmp(base, "config.json") ||
