@@ -508,31 +508,29 @@ START_TEST(a_symlinked_partial_is_refused_and_its_target_kept)
 }
 END_TEST
 
-START_TEST(a_partial_kl_did_not_write_is_refused_and_kept)
+/* g_root/NAME.partial holding one file FILE: `kl convert` refuses it (exit 2, the message
+ * holding `want` and the path) and keeps the file. */
+static void refused_partial_keeps(const char *name, const char *file, const char *want)
 {
     char d[700], path[900], cmd[2400], *text;
-    snprintf(d, sizeof d, "%s/notes-out", g_root);
+    snprintf(d, sizeof d, "%s/%s", g_root, name);
     snprintf(path, sizeof path, "%s.partial", d);
     ck_assert(mkdir(path, 0755) == 0);
-    snprintf(path, sizeof path, "%s.partial/notes.txt", d);
+    snprintf(path, sizeof path, "%s.partial/%s", d, file);
     t_write(path, "mine", 4);
     snprintf(cmd, sizeof cmd, "convert '%s' '%s' -q", g_src, d);
     int code = kl_run(cmd, &text);
-    ck_assert_msg(code == 2, "exit %d, want 2: %s", code, text);
-    ck_assert_msg(strstr(text, "notes.txt") && strstr(text, "notes-out.partial"), "%s", text);
-    ck_assert_msg(access(path, F_OK) == 0, "notes.txt was deleted");
+    ck_assert_msg(code == 2, "%s: exit %d, want 2: %s", file, code, text);
+    ck_assert_msg(strstr(text, want) && strstr(text, name), "%s: %s", file, text);
+    ck_assert_msg(access(path, F_OK) == 0, "%s was deleted", path);
     kl_free(text);
+}
+
+START_TEST(a_partial_kl_did_not_write_is_refused_and_kept)
+{
+    refused_partial_keeps("notes-out", "notes.txt", "notes.txt");
     /* a file named like a shard, but no journal of ours: not ours either */
-    snprintf(d, sizeof d, "%s/nojournal-out", g_root);
-    snprintf(path, sizeof path, "%s.partial", d);
-    ck_assert(mkdir(path, 0755) == 0);
-    snprintf(path, sizeof path, "%s.partial/model-00001-of-00001.safetensors", d);
-    t_write(path, "x", 1);
-    snprintf(cmd, sizeof cmd, "convert '%s' '%s' -q", g_src, d);
-    code = kl_run(cmd, &text);
-    ck_assert_msg(code == 2 && strstr(text, "journal"), "exit %d: %s", code, text);
-    ck_assert_msg(access(path, F_OK) == 0, "the shard-named file was deleted");
-    kl_free(text);
+    refused_partial_keeps("nojournal-out", "model-00001-of-00001.safetensors", "journal");
 }
 END_TEST
 
