@@ -1087,14 +1087,15 @@ static int open_workers(conv *c, kl_err *err)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output and source
-     * copies (for the source digest) waiting, never more than both together, on a quarter as
-     * many lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8 GB/s on one
-     * core) and copies into the page cache, and 9.5 GB of output must leave in the ~6 s that
-     * reading the source from memory takes on 16 cores. */
+     * copies (for the source digest) waiting, never more than both together, on half as many
+     * lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8 GB/s on one core)
+     * and copies into the page cache, and 9.5 GB of output plus the 28 GB of source it came
+     * from must be hashed in the ~6 s that reading the source from memory takes on 16 cores
+     * (a quarter as many lanes served the output alone). */
     uint64_t wb_cap = budget / 8, need = c->total_out + src_bytes;
     wb_cap = wb_cap < need ? wb_cap : need;
     wb_cap = wb_cap < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : wb_cap;
-    unsigned lanes = threads / 4 < 2 ? 2 : threads / 4 > 8 ? 8 : threads / 4;
+    unsigned lanes = threads / 2 < 2 ? 2 : threads / 2 > 8 ? 8 : threads / 2;
     if ((rc = kl_wb_create(&c->wb, (size_t)wb_cap, lanes, err)))
         return rc;
     return kl_pool_create(&c->pool, threads, err);
