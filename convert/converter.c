@@ -248,10 +248,16 @@ static int source_pieces(const conv *c, size_t k, kl_extent **ext, uint64_t **pi
     return 0;
 }
 
+typedef struct feed {
+    kl_sdigest *dg;
+    kl_err      err; /* why feeding stopped */
+} feed;
+
 static int feed_source(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data,
                        size_t len)
 {
-    return kl_sdigest_update(ctx, ext_idx, ext_off, data, len, NULL) ? -1 : 0;
+    feed *f = ctx;
+    return kl_sdigest_update(f->dg, ext_idx, ext_off, data, len, &f->err);
 }
 
 /* Shard k's source digest, read now: the same pieces the conversion hashed as it read them. */
@@ -260,15 +266,21 @@ static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err 
     kl_extent *ext;
     uint64_t *pieces;
     size_t n = 0;
-    kl_sdigest *dg = NULL;
+    feed f = {.dg = NULL};
+    kl_err_clear(&f.err);
     int rc = source_pieces(c, k, &ext, &pieces, &n, err);
     if (!rc)
-        rc = kl_sdigest_create(&dg, pieces, n, err);
+        rc = kl_sdigest_create(&f.dg, pieces, n, err);
     if (!rc)
-        rc = kl_reader_run_gathered(c->reader, ext, n, KL_GATHER_GAP, feed_source, dg, err);
+        rc = kl_reader_run_gathered(c->reader, ext, n, KL_GATHER_GAP, feed_source, &f, err);
+    if (rc == KL_E_CANCELLED && f.err.code) { /* the digest's own error */
+        if (err)
+            *err = f.err;
+        rc = f.err.code;
+    }
     if (!rc)
-        rc = kl_sdigest_final(dg, out, err);
-    kl_sdigest_destroy(dg);
+        rc = kl_sdigest_final(f.dg, out, err);
+    kl_sdigest_destroy(f.dg);
     kl_free(ext);
     kl_free(pieces);
     return rc;
@@ -295,10 +307,10 @@ static int shard_file_digest(const conv *c, size_t k, const char *path, unsigned
     return rc;
 }
 
-/* 1 if the journal in DST.partial records shard k complete, with the file's current size and
- * digest, made from source files that still have the recorded identity and bytes.  A journal
- * with another fingerprint proves nothing.  Errors reading the source are errors (a shard
- * that cannot be checked is not silently redone from a source that cannot be read). */
+/* *done = 1 if the journal in DST.partial records shard k complete, with the file's current
+ * size and digest, made from source files that still have the recorded identity and bytes.
+ * A journal with another fingerprint proves nothing.  0, or the error of reading the source
+ * (a source that cannot be read cannot be converted either). */
 static int journal_says_done(const conv *c, const char *journal, size_t k, int *done, kl_err *err)
 {
     *done = 0;
@@ -341,7 +353,7 @@ static int journal_says_done(const conv *c, const char *journal, size_t k, int *
 }
 
 /* Starts a fresh journal (fingerprint line) unless the existing one has the same plan.  The
- * caller checked (partial_is_ours) that every file in DST.partial is one kl convert writes. */
+ * caller checked (check_partial) that every file in DST.partial is one kl convert writes. */
 static int journal_open(const conv *c, char **text, kl_err *err)
 {
     char path[PATH_MAX], fp[128];
