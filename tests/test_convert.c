@@ -666,6 +666,32 @@ START_TEST(verify_of_a_directory_against_itself_is_a_usage_error)
 }
 END_TEST
 
+/* Progress is drawn on a terminal's stderr (script(1) gives the command one), and -q and --json
+ * turn it off. */
+START_TEST(verify_shows_progress_on_a_terminal_unless_quiet)
+{
+    char dst[700], cmd[2400], msg[1024], *text;
+    snprintf(dst, sizeof dst, "%s/dst-progress", g_root);
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+    static const char *const flags[] = {"", "-q", "--json"};
+    for (int i = 0; i < 3; i++) {
+        const char *kl = getenv("KL_BIN");
+        snprintf(cmd, sizeof cmd,
+                 "script -qec \"'%s' convert --verify '%s' '%s' %s\" /dev/null > '%s/tty.txt'",
+                 kl, g_src, dst, flags[i], g_root);
+        ck_assert_int_eq(sh(cmd), 0);
+        size_t len;
+        snprintf(cmd, sizeof cmd, "%s/tty.txt", g_root);
+        ck_assert(kl_read_file(cmd, 1 << 20, &text, &len, NULL) == 0);
+        int drawn = strstr(text, "\rverify: ") != NULL;
+        ck_assert_msg(drawn == (i == 0), "flags '%s': progress %s: %s", flags[i],
+                      drawn ? "drawn" : "missing", text);
+        kl_free(text);
+    }
+}
+END_TEST
+
 START_TEST(max_memory_is_a_cap_not_an_allocation)
 {
     char dst[700], cmd[2400], *text;
@@ -952,6 +978,7 @@ int main(void)
     tcase_add_test(tc, a_resume_notices_source_bytes_edited_in_place);
     tcase_add_test(tc, verify_reports_a_tensor_missing_from_the_destination);
     tcase_add_test(tc, verify_of_a_directory_against_itself_is_a_usage_error);
+    tcase_add_test(tc, verify_shows_progress_on_a_terminal_unless_quiet);
     tcase_add_test(tc, max_memory_is_a_cap_not_an_allocation);
     tcase_add_test(tc, dry_run_writes_nothing_and_plans_the_real_shard_sizes);
     tcase_add_test(tc, an_output_larger_than_the_free_space_is_refused_with_the_numbers);
