@@ -600,6 +600,30 @@ START_TEST(a_resume_notices_source_bytes_edited_in_place)
 }
 END_TEST
 
+/* A journal of the format before source binding (2: no source digests) proves nothing: the
+ * rerun starts over and still ends in the reference bytes. */
+START_TEST(an_old_format_journal_starts_the_run_over)
+{
+    char src[700], ref[700], out[700], cmd[3200], *text;
+    const char *kl = source_and_reference("old", src, ref);
+    snprintf(out, sizeof out, "%s/old-out", g_root);
+    killed_after(kl, src, out, "2");
+    snprintf(cmd, sizeof cmd,
+             "sed -i -e '1s/^kl-convert-journal 3 /kl-convert-journal 2 /' "
+             "-e 's/^\\(done [^ ]* [0-9]* [0-9a-f]*\\) .*/\\1/' '%s.partial/kl-convert.journal'",
+             out);
+    ck_assert(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 1M --threads 2 --json", src, out);
+    ck_assert_int_eq(kl_run(cmd, &text), 0);
+    ck_assert_msg(strstr(text, "\"shards_resumed\":0,"), "an old journal was trusted: %s", text);
+    kl_free(text);
+    char *want = digest_dir(ref), *got = digest_dir(out);
+    ck_assert_msg(!strcmp(want, got), "the output differs from the reference");
+    kl_free(want);
+    kl_free(got);
+}
+END_TEST
+
 /* Rewrites dir's shard holding `name` without it, and the index without it. */
 static void drop_tensor(const char *dir, const char *name)
 {
@@ -976,6 +1000,7 @@ int main(void)
     tcase_add_test(tc, a_partial_kl_did_not_write_is_refused_and_kept);
     tcase_add_test(tc, a_resume_never_reuses_shards_of_a_replaced_source);
     tcase_add_test(tc, a_resume_notices_source_bytes_edited_in_place);
+    tcase_add_test(tc, an_old_format_journal_starts_the_run_over);
     tcase_add_test(tc, verify_reports_a_tensor_missing_from_the_destination);
     tcase_add_test(tc, verify_of_a_directory_against_itself_is_a_usage_error);
     tcase_add_test(tc, verify_shows_progress_on_a_terminal_unless_quiet);
