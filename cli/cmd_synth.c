@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "convert/synth.h"
 
@@ -62,16 +63,9 @@ static int draw_progress(void *ctx, uint64_t done, uint64_t total)
 static int refuse_no_parent(const char *path)
 {
     char parent[4096];
-    snprintf(parent, sizeof parent, "%s", path);
-    size_t n = strlen(parent);
-    while (n > 1 && parent[n - 1] == '/')
-        parent[--n] = 0;
-    char *slash = strrchr(parent, '/');
-    if (!slash)
-        return 0; /* the current directory */
-    slash[slash == parent] = 0;
     struct stat st;
-    if (stat(parent, &st) == 0 && S_ISDIR(st.st_mode))
+    if (!kl_path_parent(parent, sizeof parent, path, NULL) && stat(parent, &st) == 0 &&
+        S_ISDIR(st.st_mode))
         return 0;
     fprintf(stderr,
             "kl synth: the parent directory %s of %s does not exist; synth creates %s but not "

@@ -1,6 +1,7 @@
 /* convert/out_plan.c — planned output sizes and the free-space check (see out_plan.h). */
 #include "convert/out_plan.h"
 
+#include "common/fs.h"
 #include "common/mem.h"
 
 #include <errno.h>
@@ -78,15 +79,9 @@ int kl_out_plan_check_space(kl_out_plan *p, const char *dir, kl_err *err)
 {
     struct statvfs v;
     char parent[4096];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash && slash[1] == 0) /* "out/" */
-        *slash = 0, slash = strrchr(parent, '/');
-    if (slash)
-        slash[slash == parent] = 0;
-    else
-        snprintf(parent, sizeof parent, ".");
-    if (statvfs(dir, &v) != 0 && (errno != ENOENT || statvfs(parent, &v) != 0)) {
+    if (statvfs(dir, &v) != 0 &&
+        (errno != ENOENT || kl_path_parent(parent, sizeof parent, dir, NULL) ||
+         statvfs(parent, &v) != 0)) {
         kl_fail_sys(err, KL_E_IO, errno, "cannot read the free space of the file system");
         kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
