@@ -4,6 +4,7 @@
 #include "convert/layout.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
@@ -642,8 +643,7 @@ static void *worker_main(void *arg)
 
 static unsigned thread_count(const kl_synth_opts *o, size_t n_tasks)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned n = o->threads ? o->threads : (cpus > 0 ? (unsigned)cpus : 1);
+    unsigned n = o->threads ? o->threads : kl_cpu_count(0);
     if (n > MAX_THREADS)
         n = MAX_THREADS;
     if (n > n_tasks)
