@@ -1,5 +1,5 @@
 /*
- * tests/test_synth.c — convert/st_writer, convert/synth, convert/synth_tokenizer, `kl synth`.
+ * tests/test_synth.c — convert/st_writer, synth/synth, synth/synth_tokenizer, `kl synth`.
  *
  * Every checkpoint is written into a fresh temp directory and read back through the strict
  * parsers (kl_st_open, kl_index_open, kl_config_open) and compared with the schema built from
@@ -12,11 +12,11 @@
 #include "common/mem.h"
 #include "common/numfmt.h"
 #include "convert/st_writer.h"
-#include "convert/synth.h"
 #include "loader/config.h"
 #include "loader/index.h"
 #include "loader/safetensors.h"
 #include "loader/schema.h"
+#include "synth/synth.h"
 #include "tests/testutil.h"
 
 #include <dirent.h>
