@@ -96,7 +96,7 @@ typedef struct kl_synth_opts {
     uint64_t             shard_bytes;  /* 0 = preset's: 256 KiB tiny, 4 MiB small, 5e9 full */
     int                  sparse;       /* leave tensor payloads as holes */
     int                  buffered;     /* page-cache writes instead of O_DIRECT */
-    unsigned             threads;      /* 0 = online CPUs (at most 64) */
+    unsigned             threads;      /* 0 = usable CPUs (at most 64) */
     kl_synth_progress_fn progress;     /* may be NULL */
     void                *progress_ctx;
     kl_synth_result     *result;       /* filled on success if non-NULL */
