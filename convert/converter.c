@@ -8,6 +8,7 @@
 
 #include "audit/audit.h"
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/pool.h"
@@ -1096,8 +1097,7 @@ static int open_workers(conv *c, kl_err *err)
     int rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err);
     if (rc)
         return rc;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
+    unsigned threads = c->o->threads ? c->o->threads : kl_cpu_count(0);
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output and source
      * copies (for the source digest) waiting, never more than both together, on half as many
      * lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8 GB/s on one core)
