@@ -877,22 +877,19 @@ static int check_paths(conv *c, kl_err *err)
         kl_err_context(err, c->o->src, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
     }
-    snprintf(parent, sizeof parent, "%s", c->o->dst);
-    size_t pl = strlen(parent);
-    while (pl > 1 && parent[pl - 1] == '/') /* "out/" names the directory "out" */
-        parent[--pl] = 0;
+    const char *d = c->o->dst;
+    size_t end = strlen(d), at;
+    while (end > 1 && d[end - 1] == '/') /* "out/" names the directory "out" */
+        end--;
+    for (at = end; at && d[at - 1] != '/'; at--)
+        ;
     char base[NAME_MAX + 1];
-    char *slash = strrchr(parent, '/');
-    const char *b = slash ? slash + 1 : parent;
-    if (strlen(b) > NAME_MAX)
+    if (end - at > NAME_MAX)
         return kl_fail(err, KL_E_USAGE, "destination name is longer than %d bytes", NAME_MAX);
-    memcpy(base, b, strlen(b) + 1);
-    if (slash == parent)
-        parent[1] = 0;
-    else if (slash)
-        *slash = 0;
-    else
-        snprintf(parent, sizeof parent, ".");
+    memcpy(base, d + at, end - at);
+    base[end - at] = 0;
+    if (kl_path_parent(parent, sizeof parent, d, err))
+        return KL_E_USAGE;
     char rparent[PATH_MAX];
     if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
         return kl_fail(err, KL_E_USAGE, "destination %s must name a new directory", c->o->dst);

@@ -680,12 +680,16 @@ START_TEST(verify_reports_a_tensor_missing_from_the_destination)
 }
 END_TEST
 
-START_TEST(verify_of_a_directory_against_itself_is_a_usage_error)
+START_TEST(verify_of_a_directory_against_itself_or_inside_it_is_a_usage_error)
 {
     char cmd[2400], *text;
     snprintf(cmd, sizeof cmd, "convert --verify '%s' '%s'", g_src, g_src);
     int code = kl_run(cmd, &text);
     ck_assert_msg(code == 2 && strstr(text, "same directory"), "exit %d: %s", code, text);
+    kl_free(text);
+    snprintf(cmd, sizeof cmd, "convert --verify '%s' '%s'", g_root, g_src); /* DST inside */
+    code = kl_run(cmd, &text);
+    ck_assert_msg(code == 2 && strstr(text, "inside"), "exit %d: %s", code, text);
     kl_free(text);
 }
 END_TEST
@@ -1002,7 +1006,7 @@ int main(void)
     tcase_add_test(tc, a_resume_notices_source_bytes_edited_in_place);
     tcase_add_test(tc, an_old_format_journal_starts_the_run_over);
     tcase_add_test(tc, verify_reports_a_tensor_missing_from_the_destination);
-    tcase_add_test(tc, verify_of_a_directory_against_itself_is_a_usage_error);
+    tcase_add_test(tc, verify_of_a_directory_against_itself_or_inside_it_is_a_usage_error);
     tcase_add_test(tc, verify_shows_progress_on_a_terminal_unless_quiet);
     tcase_add_test(tc, max_memory_is_a_cap_not_an_allocation);
     tcase_add_test(tc, dry_run_writes_nothing_and_plans_the_real_shard_sizes);
