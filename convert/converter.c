@@ -972,14 +972,20 @@ static int name_is_ours(const conv *c, const char *name)
            stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* 1 if DST.partial holds a journal of a kl convert run: the journal, or its temporary (a run
+ * stopped while creating it). */
 static int journal_is_ours(const conv *c)
 {
-    char path[PATH_MAX], *text = NULL;
-    size_t len;
-    int ours = !kl_path_join(path, sizeof path, c->partial, JOURNAL_NAME, NULL) &&
+    static const char *const names[] = {JOURNAL_NAME, "." JOURNAL_NAME ".tmp"};
+    int ours = 0;
+    for (size_t i = 0; i < 2 && !ours; i++) {
+        char path[PATH_MAX], *text = NULL;
+        size_t len;
+        ours = !kl_path_join(path, sizeof path, c->partial, names[i], NULL) &&
                !kl_read_file(path, 16u << 20, &text, &len, NULL) &&
                !strncmp(text, JOURNAL_MAGIC, strlen(JOURNAL_MAGIC));
-    kl_free(text);
+        kl_free(text);
+    }
     return ours;
 }
 
