@@ -372,7 +372,7 @@ START_TEST(token_counts_take_binary_suffixes)
 }
 END_TEST
 
-START_TEST(cli_tp_and_context_are_checked_against_the_model)
+START_TEST(cli_tp_that_splits_no_head_evenly_exits_2_with_the_valid_sizes)
 {
     char args[4096], *out;
     snprintf(args, sizeof args, "audit '%s' --tp 3", g_base);
@@ -380,13 +380,25 @@ START_TEST(cli_tp_and_context_are_checked_against_the_model)
     ck_assert_msg(code == 2 && strstr(out, "valid sizes: 1, 2, 4"), "--tp 3: exit %d: %s", code,
                   out);
     free(out);
-    snprintf(args, sizeof args, "audit '%s' --context 2G", g_base);
-    code = run_kl(args, &out);
-    ck_assert_msg(code == 2 && strstr(out, "MEM-CONTEXT"), "--context 2G: exit %d: %s", code,
+}
+END_TEST
+
+START_TEST(cli_context_above_the_model_maximum_exits_2)
+{
+    char args[4096], *out;
+    snprintf(args, sizeof args, "audit '%s' --context 1048577", g_base);
+    int code = run_kl(args, &out);
+    ck_assert_msg(code == 2 && strstr(out, "MEM-CONTEXT"), "--context 1048577: exit %d: %s", code,
                   out);
     free(out);
+}
+END_TEST
+
+START_TEST(cli_context_takes_a_1M_suffix)
+{
+    char args[4096], *out;
     snprintf(args, sizeof args, "audit '%s' --tp 2 --context 1M --json", g_base);
-    code = run_kl(args, &out);
+    int code = run_kl(args, &out);
     ck_assert_msg(code == 0, "--context 1M: exit %d: %s", code, out);
     cJSON *j = cJSON_Parse(out);
     ck_assert_msg(j != NULL, "not JSON: %s", out);
@@ -442,7 +454,9 @@ int main(void)
     tcase_add_loop_test(tc, expect_file_is_checked_like_sha256sum_c, 0, (int)N_EXPECT);
     tcase_add_test(tc, cli_exits_1_for_an_empty_expect_file);
     tcase_add_test(tc, hash_progress_reports_bytes_of_all_shards);
-    tcase_add_test(tc, cli_tp_and_context_are_checked_against_the_model);
+    tcase_add_test(tc, cli_tp_that_splits_no_head_evenly_exits_2_with_the_valid_sizes);
+    tcase_add_test(tc, cli_context_above_the_model_maximum_exits_2);
+    tcase_add_test(tc, cli_context_takes_a_1M_suffix);
     suite_add_tcase(s, tc);
     TCase *mp = tcase_create("memory plan");
     tcase_add_test(mp, tp_sizes_of_the_48b_model_divide_every_split);
