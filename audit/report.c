@@ -60,14 +60,25 @@ static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
     }
 }
 
+/* The float format the plan assumed for an element size. */
+static const char *elem_name(size_t bytes)
+{
+    switch (bytes) {
+    case 1: return "fp8";
+    case 2: return "bf16";
+    case 4: return "fp32";
+    default: return "?";
+    }
+}
+
 static void print_memplan(const kl_memplan *m, FILE *out)
 {
     char w[32], mla[32], kda[32], tot[32];
-    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s (%zu-byte "
-                 "elements) + KDA state %s (%zu-byte) = %s per GPU (one sequence)\n",
+    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s (%s) + KDA "
+                 "state %s (%s) = %s per GPU (one sequence)\n",
             m->tp, m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
-            kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), m->cache_elem_bytes,
-            kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), m->state_elem_bytes,
+            kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), elem_name(m->cache_elem_bytes),
+            kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), elem_name(m->state_elem_bytes),
             kl_fmt_bytes(tot, sizeof tot, m->total_bytes));
 }
 

@@ -24,14 +24,11 @@ static const char *g_kl;
 
 static void setup(void)
 {
-    g_kl = getenv("KL_BIN");
-    ck_assert_msg(g_kl && *g_kl, "KL_BIN must name the kl binary under test");
+    g_kl = t_kl_bin();
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_base, sizeof g_base, "%s/base", g_root);
+    t_kl_synth_tiny(g_base, 3);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed 3 -q > /dev/null", g_kl,
-             g_base);
-    ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
     snprintf(cmd, sizeof cmd, "cd '%s' && sha256sum *.safetensors", g_base);
     FILE *p = popen(cmd, "r");
     ck_assert(p != NULL);
@@ -261,18 +258,6 @@ START_TEST(expect_file_is_checked_like_sha256sum_c)
 }
 END_TEST
 
-START_TEST(cli_exits_1_for_an_empty_expect_file)
-{
-    char path[1100], args[4096], *out;
-    snprintf(path, sizeof path, "%s/empty.sums", g_root);
-    put(path, "");
-    snprintf(args, sizeof args, "audit '%s' --expect '%s' -q", g_base, path);
-    int code = run_kl(args, &out);
-    ck_assert_msg(code == 1, "exit %d, expected 1: %s", code, out);
-    free(out);
-}
-END_TEST
-
 /* ---- memory plan: TP sizes, context, cache sizes ----------------------------------------- */
 
 START_TEST(tp_sizes_of_the_48b_model_divide_every_split)
@@ -372,25 +357,36 @@ START_TEST(token_counts_take_binary_suffixes)
 }
 END_TEST
 
-START_TEST(cli_tp_that_splits_no_head_evenly_exits_2_with_the_valid_sizes)
+/* `kl audit BASE EXTRA` exits with code and prints want (stdout or stderr). */
+static void expect_audit(const char *extra, int code, const char *want)
 {
     char args[4096], *out;
-    snprintf(args, sizeof args, "audit '%s' --tp 3", g_base);
-    int code = run_kl(args, &out);
-    ck_assert_msg(code == 2 && strstr(out, "valid sizes: 1, 2, 4"), "--tp 3: exit %d: %s", code,
-                  out);
+    snprintf(args, sizeof args, "audit '%s' %s", g_base, extra);
+    int got = run_kl(args, &out);
+    ck_assert_msg(got == code && strstr(out, want), "audit %s: exit %d, expected %d and '%s': %s",
+                  extra, got, code, want, out);
     free(out);
+}
+
+START_TEST(cli_tp_that_splits_no_head_evenly_exits_2_with_the_valid_sizes)
+{
+    expect_audit("--tp 3", 2, "valid sizes: 1, 2, 4");
 }
 END_TEST
 
 START_TEST(cli_context_above_the_model_maximum_exits_2)
 {
-    char args[4096], *out;
-    snprintf(args, sizeof args, "audit '%s' --context 1048577", g_base);
-    int code = run_kl(args, &out);
-    ck_assert_msg(code == 2 && strstr(out, "MEM-CONTEXT"), "--context 1048577: exit %d: %s", code,
-                  out);
-    free(out);
+    expect_audit("--context 1048577", 2, "MEM-CONTEXT");
+}
+END_TEST
+
+START_TEST(cli_exits_1_for_an_empty_expect_file)
+{
+    char path[1100], extra[1200];
+    snprintf(path, sizeof path, "%s/empty.sums", g_root);
+    put(path, "");
+    snprintf(extra, sizeof extra, "--expect '%s' -q", path);
+    expect_audit(extra, 1, "problems");
 }
 END_TEST
 

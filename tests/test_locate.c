@@ -26,19 +26,20 @@ static void sh(const char *cmd)
 /* A synthesized tiny checkpoint laid out as the hub cache lays out a download. */
 static void setup(void)
 {
-    g_kl = getenv("KL_BIN");
-    ck_assert_msg(g_kl && *g_kl, "KL_BIN must name the kl binary under test");
+    g_kl = t_kl_bin();
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_hub, sizeof g_hub, "%s/hub", g_root);
     snprintf(g_repo, sizeof g_repo, "%s/models--acme--tiny", g_hub);
     snprintf(g_snap, sizeof g_snap, "%s/snapshots/rev1", g_repo);
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "set -e; '%s' synth '%s/src' --preset tiny --seed 9 -q > /dev/null; "
-             "mkdir -p '%s/blobs' '%s' '%s/refs'; cd '%s/src'; "
+             "set -e; mkdir -p '%s/blobs' '%s' '%s/refs'; cd '%s/src'; "
              "for f in *; do h=$(sha256sum \"$f\" | cut -c1-64); cp \"$f\" '%s/blobs/'$h; "
              "ln -s ../../blobs/$h '%s/'\"$f\"; done; printf 'rev1' > '%s/refs/main'",
-             g_kl, g_root, g_repo, g_snap, g_repo, g_root, g_repo, g_snap, g_repo);
+             g_repo, g_snap, g_repo, g_root, g_repo, g_snap, g_repo);
+    char src[1100];
+    snprintf(src, sizeof src, "%s/src", g_root);
+    t_kl_synth_tiny(src, 9);
     sh(cmd);
     unsetenv("HF_HUB_CACHE");
     unsetenv("HF_HOME");
