@@ -133,30 +133,23 @@ static void with_first_hash(const char *path, const char *hash)
     put(path, buf);
 }
 
-static void e_short_hash(const char *path)
+/* The first line's hash made len digits long (cut, or padded with 'a'), with a 'g' at bad_at
+ * (if < len). */
+static void first_hash_as(const char *path, size_t len, size_t bad_at)
 {
-    char h[65], name[512];
+    char h[80], name[512];
     first_line(h, name, sizeof name);
-    h[63] = 0;
+    for (size_t i = 64; i < len; i++)
+        h[i] = 'a';
+    h[len] = 0;
+    if (bad_at < len)
+        h[bad_at] = 'g';
     with_first_hash(path, h);
 }
 
-static void e_long_hash(const char *path)
-{
-    char h[66], name[512];
-    first_line(h, name, sizeof name);
-    h[64] = 'a';
-    h[65] = 0;
-    with_first_hash(path, h);
-}
-
-static void e_non_hex(const char *path)
-{
-    char h[65], name[512];
-    first_line(h, name, sizeof name);
-    h[10] = 'g';
-    with_first_hash(path, h);
-}
+static void e_short_hash(const char *path) { first_hash_as(path, 63, 99); }
+static void e_long_hash(const char *path) { first_hash_as(path, 65, 99); }
+static void e_non_hex(const char *path) { first_hash_as(path, 64, 10); }
 
 static void e_one_space(const char *path)
 {
