@@ -189,6 +189,10 @@ START_TEST(commands_accept_org_name_and_repository_folders)
         ck_assert_msg(run_kl(cases[i]) == 0, "kl %s failed", cases[i]);
     snprintf(args, sizeof args, "audit '%s' --hash -q", g_repo);
     ck_assert_msg(run_kl(args) == 0, "kl %s failed", args);
+    /* the resolved snapshot's blob links give every shard its expected hash */
+    ck_assert_msg(run_kl("audit acme/tiny --hash") == 0, "kl audit acme/tiny --hash failed");
+    snprintf(args, sizeof args, "grep -q '4 match, 0 mismatch, 0 without' '%s/out'", g_root);
+    ck_assert_msg(system(args) == 0, "the snapshot's hashes were not all checked");
     snprintf(args, sizeof args, "convert acme/tiny '%s/conv' -q", g_root);
     ck_assert_msg(run_kl(args) == 0, "kl %s failed", args);
     /* --expect takes the repository too: the blob names check a plain copy */
