@@ -18,6 +18,7 @@
 #include "loader/config.h"
 
 #include "cJSON.h"
+#include "common/checked.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/strmap.h"
@@ -1080,6 +1081,24 @@ uint32_t kl_config_count_attn(const kl_config *c, kl_attn_kind kind)
     for (uint32_t i = 0; i < c->num_hidden_layers && i < KL_MAX_LAYERS; i++)
         n += c->layer_attn[i] == kind;
     return n;
+}
+
+uint64_t kl_config_mla_token_bytes(const kl_config *c, size_t elem_bytes)
+{
+    return ((uint64_t)c->kv_lora_rank + c->qk_rope_head_dim) * elem_bytes;
+}
+
+int kl_config_kda_state_bytes(const kl_config *c, uint64_t heads, size_t elem_bytes,
+                              uint64_t *out)
+{
+    uint64_t hd = c->kda_head_dim, window = c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0;
+    uint64_t state, conv, sum;
+    if (kl_mul_u64(heads, hd, &state) || kl_mul_u64(state, hd, &state) ||
+        kl_mul_u64(heads, 3 * hd, &conv) || kl_mul_u64(conv, window, &conv) ||
+        kl_add_u64(state, conv, &sum) || kl_mul_u64(sum, elem_bytes, &sum))
+        return KL_E_FORMAT;
+    *out = sum;
+    return 0;
 }
 
 const char *kl_family_name(kl_family f)

@@ -73,6 +73,23 @@ static inline void t_synth_tiny(const char *dir, uint64_t seed)
 }
 #endif
 
+/* The kl binary under test, $KL_BIN (set by `make test`); fails the test when unset. */
+static inline const char *t_kl_bin(void)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    return kl;
+}
+
+/* Synthesizes the tiny preset into dir with `kl synth` of the binary under test. */
+static inline void t_kl_synth_tiny(const char *dir, unsigned seed)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed %u -q > /dev/null",
+             t_kl_bin(), dir, seed);
+    ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
+}
+
 /* Relative L2 error of got against want: |got - want| / |want| (|got - want| when want is 0). */
 static inline double t_rel_l2(const float *got, const float *want, size_t n)
 {
