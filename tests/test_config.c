@@ -556,10 +556,10 @@ END_TEST
 
 /* Exactly one JSON value plus whitespace, UTF-8 without BOM or NUL, integers written as
  * integers (issue 9 defect 5).  The key named is "" for errors of the text as a whole. */
-#define QUANT_BITS(bits)                                                                         \
-    "[4]}, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "        \
-    "\"mxfp4-pack-quantized\", \"config_groups\": {\"group_0\": {\"weights\": {\"num_bits\": " bits \
-    ", \"type\": \"float\", \"group_size\": 32}}}}}"
+#define QUANT_BITS(bits)                                                                   \
+    "[4]}, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", "           \
+    "\"format\": \"mxfp4-pack-quantized\", \"config_groups\": {\"group_0\": {\"weights\": " \
+    "{\"num_bits\": " bits ", \"type\": \"float\", \"group_size\": 32}}}}}"
 static const struct strict_case {
     t_json_case c;
     const char *key;
