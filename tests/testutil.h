@@ -80,6 +80,24 @@ static inline const char *t_fmt_err(const kl_err *err)
 }
 #endif
 
+#ifdef KL_COMMON_ERR_H
+/* Asserts the outcome of case c: success when c->rule is NULL, else a failure with rule c->rule,
+ * kl_err.tensor equal to tensor unless that is NULL, and a one-line message. */
+static inline void t_json_case_check(const t_json_case *c, int rc, const kl_err *err,
+                                     const char *tensor)
+{
+    if (!c->rule) {
+        ck_assert_msg(rc == 0, "%s: expected success, got %s", c->what, t_fmt_err(err));
+        return;
+    }
+    ck_assert_msg(rc < 0 && strcmp(err->rule, c->rule) == 0 &&
+                      (!tensor || strcmp(err->tensor, tensor) == 0),
+                  "%s: expected [%s] tensor/key \"%s\", got %d: %s", c->what, c->rule,
+                  tensor ? tensor : "(any)", rc, t_fmt_err(err));
+    ck_assert_msg(!t_has_control(err->msg), "%s: message not one line: %s", c->what, err->msg);
+}
+#endif
+
 #ifdef KL_CONVERT_SYNTH_H
 /* Synthesizes the tiny preset (BF16) into dir with the given seed; fails the test on error. */
 static inline void t_synth_tiny(const char *dir, uint64_t seed)
