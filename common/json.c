@@ -284,7 +284,7 @@ const char *kl_json_int_why(kl_json_int r)
     case KL_JSON_INT_NOT_NUMBER:
         return "is not a number";
     case KL_JSON_INT_NOT_INTEGER:
-        return "is not an integer";
+        return "is not an integer (it is written with a fraction or an exponent)";
     case KL_JSON_INT_NEGATIVE:
         return "is negative";
     case KL_JSON_INT_TOO_LARGE:

@@ -45,8 +45,8 @@ typedef enum kl_json_int {
  * KL_JSON_INT_NOT_NUMBER.  Cannot fail otherwise. */
 kl_json_int kl_json_get_u64(const cJSON *v, uint64_t max, uint64_t *out);
 
-/* Why a read failed, for messages: "is not a number", "is not an integer", "is negative",
- * "is too large"; "" for KL_JSON_INT_OK.  Static strings. */
+/* Why a read failed, for messages: "is not a number", "is not an integer (it is written with a
+ * fraction or an exponent)", "is negative", "is too large"; "" for KL_JSON_INT_OK.  Static. */
 const char *kl_json_int_why(kl_json_int r);
 
 /* The source text of number v as written in the parsed file ("64.0"), or NULL when v is not a

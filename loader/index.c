@@ -84,7 +84,8 @@ static int parse_total_size(idx_parse *ps, const cJSON *meta)
     kl_json_int r = kl_json_get_u64(ts, UINT64_MAX, &ps->idx->total_size);
     if (r)
         return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
-                          "metadata.total_size %s, not a non-negative integer", kl_json_int_why(r));
+                          "metadata.total_size %s; it must be a non-negative integer",
+                          kl_json_int_why(r));
     ps->idx->has_total_size = 1;
     return 0;
 }
