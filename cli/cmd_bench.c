@@ -340,6 +340,10 @@ static int bench_decode(int argc, char **argv)
     int rc = parse_decode(argc, argv, &a);
     if (rc != KL_EXIT_OK)
         return rc;
+    char model[4096];
+    if ((rc = kl_cli_model_dir("bench decode", a.model, model, sizeof model)))
+        return rc;
+    a.model = model;
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;

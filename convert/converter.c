@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/cpu.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/mem.h"
 #include "common/pool.h"
 #include "convert/layout.h"
@@ -793,11 +794,13 @@ static int write_config(const conv *c, kl_err *err)
     int rc = kl_config_to_json(&c->cfg, &ours, err);
     if (!rc)
         rc = kl_read_file(c->ck.config_path, 16u << 20, &src_text, &len, err);
+    if (!rc && (rc = kl_json_parse(src_text, len, "CFG", &src, err)))
+        kl_err_context(err, c->ck.config_path, NULL, KL_NO_OFFSET, NULL);
+    if (!rc)
+        rc = kl_json_parse(ours, strlen(ours), "CFG", &mine, err);
     if (!rc) {
-        src = cJSON_ParseWithLength(src_text, len);
-        mine = cJSON_Parse(ours);
-        cJSON *q = mine ? cJSON_DetachItemFromObject(mine, "quantization_config") : NULL;
-        if (!src || !q) {
+        cJSON *q = cJSON_DetachItemFromObject(mine, "quantization_config");
+        if (!cJSON_IsObject(src) || !q) {
             cJSON_Delete(q);
             rc = kl_fail(err, KL_E_BUG, "cannot build config.json");
         } else {
