@@ -62,7 +62,7 @@ static int draw_progress(void *ctx, uint64_t done, uint64_t total)
  * printed): synth creates OUT, never its missing parents. */
 static int refuse_no_parent(const char *path)
 {
-    char parent[4096];
+    char parent[4096] = "";
     struct stat st;
     if (!kl_path_parent(parent, sizeof parent, path, NULL) && stat(parent, &st) == 0 &&
         S_ISDIR(st.st_mode))
