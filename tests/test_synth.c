@@ -1075,6 +1075,22 @@ START_TEST(cmd_synth_refuses_a_non_empty_directory_and_bad_options)
 }
 END_TEST
 
+START_TEST(path_parent_names_the_directory_holding_a_path)
+{
+    static const char *const cases[][2] = {{"a/b", "a"},  {"a/b/", "a"},  {"b", "."},
+                                           {"/b", "/"},   {"/", "/"},     {"a//b", "a"},
+                                           {"/x/y/z", "/x/y"}, {"b/", "."}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[64];
+        ck_assert_int_eq(kl_path_parent(out, sizeof out, cases[i][0], NULL), 0);
+        ck_assert_msg(!strcmp(out, cases[i][1]), "parent of '%s': want '%s', got '%s'",
+                      cases[i][0], cases[i][1], out);
+    }
+    char tiny[2];
+    ck_assert_int_eq(kl_path_parent(tiny, sizeof tiny, "ab/c", NULL), KL_E_USAGE);
+}
+END_TEST
+
 START_TEST(cmd_synth_refuses_a_missing_parent_directory)
 {
     const char *kl = getenv("KL_BIN");
@@ -1172,6 +1188,7 @@ static Suite *synth_suite(void)
     tcase_add_test(f, synth_tokenizer_ranks_are_reachable_merges);
     tcase_add_test(f, synth_failures_leave_no_complete_looking_files);
     tcase_add_test(f, cmd_synth_refuses_a_non_empty_directory_and_bad_options);
+    tcase_add_test(f, path_parent_names_the_directory_holding_a_path);
     tcase_add_test(f, cmd_synth_refuses_a_missing_parent_directory);
     tcase_add_test(f, synth_dry_run_writes_nothing_and_plans_the_real_sizes);
     suite_add_tcase(s, f);
