@@ -50,26 +50,12 @@ static void copy_base(const char *name, char *dir, size_t n)
     ck_assert(system(cmd) == 0);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
 /* The index of dir as JSON (caller deletes) and writes it back. */
 static cJSON *index_load(const char *dir)
 {
     char p[1200];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    char *t = slurp(p);
+    char *t = t_slurp(p);
     cJSON *j = cJSON_Parse(t);
     free(t);
     ck_assert(j != NULL);
@@ -237,7 +223,7 @@ START_TEST(engine_refuses_600k_unexpected_tensors_and_audit_lists_only_the_first
     snprintf(errf, sizeof errf, "%s/run.err", g_root);
     snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2 -n 1 > /dev/null 2> '%s'", kl, dir, errf);
     int st = system(cmd);
-    char *e = slurp(errf);
+    char *e = t_slurp(errf);
     size_t lines = 0;
     for (const char *c = e; *c; c++)
         lines += *c == '\n';
