@@ -5,6 +5,7 @@
 #include "audit/report.h"
 
 #include "common/fmt.h"
+#include "common/grow.h"
 #include "common/jsonout.h"
 #include "common/mem.h"
 
@@ -17,14 +18,8 @@
 int kl_audit_collect(void *report, const kl_finding *f)
 {
     kl_audit_report *r = report;
-    if (r->n_findings == r->cap_findings) {
-        size_t cap = r->cap_findings ? 2 * r->cap_findings : 32;
-        kl_finding *grown = kl_realloc(r->findings, cap * sizeof *grown);
-        if (!grown)
-            return KL_E_NOMEM;
-        r->findings = grown;
-        r->cap_findings = cap;
-    }
+    if (kl_grow(&r->findings, &r->cap_findings, r->n_findings + 1, sizeof *r->findings))
+        return KL_E_NOMEM;
     r->findings[r->n_findings++] = *f;
     if (f->severity == KL_SEV_ERROR)
         r->n_errors++;
