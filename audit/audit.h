@@ -32,7 +32,7 @@ typedef struct kl_audit_opts {
     const char *expect;       /* sha256sum-format file or HF snapshot dir, or NULL */
     unsigned    tp;           /* tensor-parallel size for the memory plan (default 1) */
     uint64_t    context;      /* tokens of context for the memory plan (default 131072) */
-    unsigned    threads;      /* hashing threads (default: online CPUs) */
+    unsigned    threads;      /* hashing threads (default: usable CPUs) */
 } kl_audit_opts;
 
 /* Routed-expert region of one MoE layer. */

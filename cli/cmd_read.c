@@ -9,6 +9,7 @@
 #include "cli/progress.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/err.h"
 #include "common/fs.h"
 #include "common/mem.h"
@@ -280,9 +281,8 @@ static int read_all(const read_args *a, const file_list *l, read_result *res, kl
         /* Page-cache copies: one thread per core, two small chunks per thread.  A ring that
          * stays in the CPU caches is copied into faster (measured 20 vs 13.5 GB/s on a
          * 2-core VM for 4 x 2 MiB vs 32 x 8 MiB). */
-        long nproc = sysconf(_SC_NPROCESSORS_ONLN);
         if (!ro.threads)
-            ro.threads = nproc > 0 ? (unsigned)(nproc < 64 ? nproc : 64) : 4;
+            ro.threads = kl_cpu_count(64);
         if (!ro.queue_depth)
             ro.queue_depth = ro.threads * 2 < 4 ? 4 : ro.threads * 2;
         if (!ro.buf_bytes)
@@ -384,10 +384,8 @@ static int run_rounds(const read_args *a, const file_list *l, kl_hashpass_file *
 {
     kl_membench *mb = NULL;
     if (a->ceiling) {
-        long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-        unsigned threads = nproc < 1 ? 1 : nproc > 256 ? 256 : (unsigned)nproc;
         int rc = kl_membench_open(a->ceiling_bytes ? a->ceiling_bytes : (size_t)4 << 30,
-                                  threads, &mb, err);
+                                  kl_cpu_count(256), &mb, err);
         if (rc)
             return rc;
         out->ceiling_threads = kl_membench_threads(mb);

@@ -8,6 +8,7 @@
 
 #include "audit/audit.h"
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/pool.h"
@@ -747,8 +748,7 @@ static int open_inputs(conv *c, kl_err *err)
      * ring copied only 2.4 GB/s from tmpfs on the 16-core machine */
     if ((rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err)))
         return rc;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
+    unsigned threads = c->o->threads ? c->o->threads : kl_cpu_count(0);
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting, on
      * a quarter as many lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8
      * GB/s on one core) and copies into the page cache, and 9.5 GB of output must leave in

@@ -9,7 +9,7 @@
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/strmap.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/tokenizer.h"
 #include "tests/testutil.h"
 

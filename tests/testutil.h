@@ -70,7 +70,7 @@ static inline const char *t_fmt_err(const kl_err *err)
 }
 #endif
 
-#ifdef KL_CONVERT_SYNTH_H
+#ifdef KL_SYNTH_SYNTH_H
 /* Synthesizes the tiny preset (BF16) into dir with the given seed; fails the test on error. */
 static inline void t_synth_tiny(const char *dir, uint64_t seed)
 {
