@@ -11,7 +11,7 @@
 #include "audit/report.h"
 #include "common/err.h"
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/model.h"
 #include "loader/checkpoint.h"
 #include "loader/ckcheck.h"
