@@ -172,10 +172,11 @@ static int run_verify(const char *src, const char *dst, int json, int quiet)
     kl_progress_end(&line);
     if (rc)
         return fail_with("--verify", &err);
-    int ok = v.copies_differing == 0 && v.tensors_missing == 0 && v.tensors_extra == 0 &&
-             v.experts.tensors > 0;
+    int ok = v.copies_differing == 0 && v.schema_errors == 0 && v.experts.tensors > 0;
     if (json) {
         cJSON *j = json_head("convert --verify", ok);
+        cJSON_AddNumberToObject(j, "schema_errors", (double)v.schema_errors);
+        cJSON_AddStringToObject(j, "first_schema_error", v.first_schema_error);
         cJSON_AddNumberToObject(j, "tensors_missing", (double)v.tensors_missing);
         cJSON_AddStringToObject(j, "first_missing", v.first_missing);
         cJSON_AddNumberToObject(j, "tensors_extra", (double)v.tensors_extra);
@@ -186,6 +187,9 @@ static int run_verify(const char *src, const char *dst, int json, int quiet)
         cJSON_AddItemToObject(j, "experts", stats_json(&v.experts));
         print_json(j);
     } else {
+        if (v.schema_errors)
+            printf("verify: DST's metadata check found %zu errors (first: %s)\n",
+                   v.schema_errors, v.first_schema_error);
         if (v.tensors_missing)
             printf("verify: %zu tensors of the schema missing from DST (first: %s)\n",
                    v.tensors_missing, v.first_missing);

@@ -10,7 +10,7 @@
 #include "common/numfmt.h"
 #include "common/pool.h"
 #include "loader/checkpoint.h"
-#include "loader/schema.h"
+#include "loader/ckcheck.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -205,28 +205,39 @@ static void note_first(size_t *count, char *first, size_t n, const char *name)
         kl_copy_text(first, n, name);
 }
 
-/* DST against the MXFP4 schema of SRC's config, both ways (as audit checks a checkpoint). */
-static int check_schema(const kl_checkpoint *src, const kl_checkpoint *dst, kl_verify_result *res,
-                        kl_err *err)
+/* Error findings of DST's metadata check: counted, the first one kept. */
+static int note_finding(void *ctx, const kl_finding *f)
 {
-    kl_config cfg = src->config;
-    kl_config_set_mxfp4(&cfg);
-    kl_schema s;
-    int rc = kl_schema_build(&s, &cfg, err);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < s.n; i++) {
-        const kl_schema_entry *e = &s.entries[i];
-        if (!kl_ckpt_find(dst, e->name) && !(e->alias && kl_ckpt_find(dst, e->alias)))
+    kl_verify_result *res = ctx;
+    if (f->severity == KL_SEV_ERROR && !res->schema_errors++)
+        snprintf(res->first_schema_error, sizeof res->first_schema_error, "[%s] %s%s%s",
+                 f->rule, f->tensor, f->tensor[0] ? ": " : "", f->message);
+    return 0;
+}
+
+/* DST against the schema of its config, both ways, by the check audit runs (loader/ckcheck.h:
+ * names or aliases, shapes, dtypes); missing and extra tensors are also counted here. */
+static int check_schema(const kl_checkpoint *dst, kl_verify_result *res, kl_err *err)
+{
+    kl_ckcheck chk;
+    int rc = kl_ckcheck_run(&chk, dst, note_finding, res, err);
+    uint8_t *bound = rc ? NULL : kl_calloc(dst->n_tensors ? dst->n_tensors : 1, 1);
+    if (!rc && !bound)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && chk.has_schema && i < chk.schema.n; i++) {
+        if (chk.bound[i])
+            bound[chk.bound[i] - dst->tensors] = 1;
+        else
             note_first(&res->tensors_missing, res->first_missing, sizeof res->first_missing,
-                       e->name);
+                       chk.schema.entries[i].name);
     }
-    for (size_t i = 0; i < dst->n_tensors; i++)
-        if (!kl_schema_find(&s, dst->tensors[i].name))
+    for (size_t i = 0; !rc && chk.has_schema && i < dst->n_tensors; i++)
+        if (!bound[i])
             note_first(&res->tensors_extra, res->first_extra, sizeof res->first_extra,
                        dst->tensors[i].name);
-    kl_schema_free(&s);
-    return 0;
+    kl_free(bound);
+    kl_ckcheck_free(&chk);
+    return rc;
 }
 
 /* Every copy byte for byte, every quantized expert's error. */
@@ -278,7 +289,7 @@ int kl_convert_verify(const kl_verify_opts *o, kl_verify_result *res, kl_err *er
     if (!(rc = kl_ckpt_require_ok(&a, err)))
         rc = kl_ckpt_require_ok(&b, err);
     if (!rc)
-        rc = check_schema(&a, &b, res, err);
+        rc = check_schema(&b, res, err);
     if (!rc)
         rc = check_tensors(o, &a, &b, res, err);
     finish_stats(&res->experts);

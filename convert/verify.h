@@ -1,9 +1,9 @@
 /*
  * convert/verify.h — checking a conversion, and choosing a scale rule.
  *
- * kl_convert_verify re-reads SRC (BF16) and DST (MXFP4 experts).  DST must hold exactly the
- * tensors of the MXFP4 schema of SRC's config (loader/schema.h, both ways: none missing, none
- * extra, as audit checks them); every tensor that should be a copy must be byte-identical;
+ * kl_convert_verify re-reads SRC (BF16) and DST (MXFP4 experts).  DST must pass the metadata
+ * check audit runs (loader/ckcheck.h: every tensor of its schema present under its name or
+ * alias with the schema's shape and dtype, nothing extra); every copy must be byte-identical;
  * every quantized expert is dequantized and compared with its source (relative RMSE =
  * sqrt(sum (q - x)^2 / sum x^2), and max |q - x|).  SRC and DST must be different
  * directories, neither inside the other (KL_E_USAGE).
@@ -30,7 +30,9 @@ typedef struct kl_quant_stats {
 } kl_quant_stats;
 
 typedef struct kl_verify_result {
-    size_t         tensors_missing, tensors_extra; /* against the schema of SRC's config */
+    size_t         schema_errors;                  /* error findings of DST's metadata check */
+    char           first_schema_error[560];        /* "[RULE] tensor: message" */
+    size_t         tensors_missing, tensors_extra; /* of them: against DST's schema */
     char           first_missing[192], first_extra[192];
     size_t         copies_checked, copies_differing;
     char           first_differing[192];
