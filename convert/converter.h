@@ -35,8 +35,9 @@
  * kill tests stop a run at a known point with it; as KL_CPU_KERNELS, not for users).
  * Pipeline: the reader keeps its ring of source reads in flight; the converting thread copies
  * or quantizes (with the pool, straight into the write-behind queue) each chunk as it arrives;
- * writer lanes hash and pwrite the queued output.  Reading, quantizing and writing overlap, and
- * only the shard's fsync waits at its end.
+ * writer lanes hash and pwrite the queued output, and hash a copy of every source chunk (the
+ * source digest).  Reading, quantizing and writing overlap, and only the shard's fsync waits
+ * at its end.  A resume reads the source of every journaled shard again to check its digest.
  * Memory: bounded by the reader's ring, the write-behind arena and per-thread buffers
  * (≤ max_memory, default 2 GiB, a cap: buffers are no larger than the source and output
  * need), never by the model size.
