@@ -449,6 +449,18 @@ int kl_args_parse(const kl_cmd_spec *spec, int argc, char **argv, kl_args *out)
     return rc;
 }
 
+int kl_args_parse_into(const kl_cmd_spec *spec, int argc, char **argv, const char **pos,
+                       size_t n)
+{
+    kl_args pa;
+    int rc = kl_args_parse(spec, argc, argv, &pa);
+    for (size_t i = 0; i < n; i++)
+        pos[i] = rc == KL_ARGS_RUN && i < pa.n_pos ? pa.pos[i] : NULL;
+    if (rc == KL_ARGS_RUN)
+        kl_args_free(&pa);
+    return rc;
+}
+
 void kl_args_free(kl_args *a)
 {
     kl_free(a->pos);

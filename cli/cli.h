@@ -94,6 +94,10 @@ typedef struct kl_args {
  * (unless multi), two options of one group, and a positional count outside the spec. */
 int kl_args_parse(const kl_cmd_spec *spec, int argc, char **argv, kl_args *out);
 void kl_args_free(kl_args *a);
+/* kl_args_parse for commands of at most n positionals (spec->max_pos <= n): they go into
+ * pos[0..n), NULL where not given. */
+int kl_args_parse_into(const kl_cmd_spec *spec, int argc, char **argv, const char **pos,
+                       size_t n);
 /* Prints the whole help of spec on f. */
 void kl_args_help(const kl_cmd_spec *spec, FILE *f);
 /* The candidate closest to word by edit distance when it is close enough to be a likely typo,

@@ -52,12 +52,9 @@ static int parse_args(int argc, char **argv, audit_args *a, kl_audit_opts *o, co
         KL_FLAG(NULL, 'q', &a->quiet, "only the result line (text mode)"),
         {0}};
     const kl_cmd_spec spec = {"audit", synopsis, about, opts, footer, 1, 1, "DIR"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    int rc = kl_args_parse_into(&spec, argc, argv, dir, 1);
     if (rc != KL_ARGS_RUN)
         return rc;
-    *dir = pa.pos[0];
-    kl_args_free(&pa);
     o->hash = a->hash || a->expect;
     o->expect = a->expect;
     o->tp = (unsigned)a->tp;

@@ -143,11 +143,9 @@ static int bench_rules(int argc, char **argv)
                               .synopsis = "usage: kl bench rules [--rows N] [--json]\n",
                               .about = rules_about,
                               .opts = opts};
-    kl_args pa;
-    int prc = kl_args_parse(&spec, argc, argv, &pa);
+    int prc = kl_args_parse_into(&spec, argc, argv, NULL, 0);
     if (prc != KL_ARGS_RUN)
         return prc;
-    kl_args_free(&pa);
     static const char *const names[] = {"gaussian", "laplace", "student_t3", "gaussian_outliers"};
     uint16_t *in = kl_malloc((size_t)rows * ROW * sizeof *in);
     if (!in)
@@ -339,13 +337,7 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         .min_pos = 1,
         .max_pos = 1,
         .pos_name = "MODEL"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
-    if (rc != KL_ARGS_RUN)
-        return rc;
-    a->model = pa.pos[0];
-    kl_args_free(&pa);
-    return KL_ARGS_RUN;
+    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
 }
 
 static int bench_decode(int argc, char **argv)
@@ -398,11 +390,9 @@ static int bench_mxfp4(int argc, char **argv)
                     "                      [--json]\n",
         .about = mxfp4_about,
         .opts = opts};
-    kl_args pa;
-    int prc = kl_args_parse(&spec, argc, argv, &pa);
+    int prc = kl_args_parse_into(&spec, argc, argv, NULL, 0);
     if (prc != KL_ARGS_RUN)
         return prc;
-    kl_args_free(&pa);
     if (!threads) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (unsigned long long)n : 1;

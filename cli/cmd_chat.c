@@ -70,13 +70,7 @@ static int parse_args(int argc, char **argv, chat_args *a)
         "reused and new prompt tokens)");
     const kl_cmd_spec spec = {"chat", chat_synopsis, chat_about, opts, chat_footer, 1, 1,
                               "MODEL"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
-    if (rc != KL_ARGS_RUN)
-        return rc;
-    a->model = pa.pos[0];
-    kl_args_free(&pa);
-    return KL_ARGS_RUN;
+    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
 }
 
 /* ---- the conversation --------------------------------------------------------------------- */

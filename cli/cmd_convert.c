@@ -69,13 +69,12 @@ static int parse_args(int argc, char **argv, convert_args *a, kl_convert_opts *o
         KL_FLAG(NULL, 'q', &a->quiet, "errors only"),
         {0}};
     const kl_cmd_spec spec = {"convert", synopsis, about, opts, footer, 1, 2, "SRC DST"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    const char *pos[2];
+    int rc = kl_args_parse_into(&spec, argc, argv, pos, 2);
     if (rc != KL_ARGS_RUN)
         return rc;
-    o->src = pa.pos[0];
-    o->dst = pa.n_pos > 1 ? pa.pos[1] : NULL;
-    kl_args_free(&pa);
+    o->src = pos[0];
+    o->dst = pos[1];
     o->rule = (kl_scale_rule)a->rule;
     o->threads = (unsigned)a->threads;
     o->max_memory = a->max_memory;

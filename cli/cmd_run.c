@@ -86,12 +86,9 @@ static int parse_args(int argc, char **argv, run_args *a)
     };
     memcpy(opts + 3 + KL_GEN_FLAG_ROWS, tail, sizeof tail);
     const kl_cmd_spec spec = {"run", run_synopsis, run_about, opts, run_footer, 1, 1, "MODEL"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
     if (rc != KL_ARGS_RUN)
         return rc;
-    a->model = pa.pos[0];
-    kl_args_free(&pa);
     if (!!a->prompt + !!a->chat + !!a->ids != 1)
         return kl_cli_usage("give exactly one of -p, --chat and --ids");
     if (a->force_ids && !a->logits_out)

@@ -69,12 +69,9 @@ static int parse_args(int argc, char **argv, kl_synth_opts *o, int *json, int *q
         {0}};
     const kl_cmd_spec spec = {.name = "synth", .synopsis = synopsis, .about = about,
                               .opts = opts, .min_pos = 1, .max_pos = 1, .pos_name = "OUT"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    int rc = kl_args_parse_into(&spec, argc, argv, &o->out_dir, 1);
     if (rc != KL_ARGS_RUN)
         return rc;
-    o->out_dir = pa.pos[0];
-    kl_args_free(&pa);
     o->preset = presets[a.preset];
     o->format = a.format ? KL_SYNTH_MXFP4 : KL_SYNTH_BF16;
     o->layers = (uint32_t)a.layers;

@@ -244,13 +244,10 @@ int cmd_tokenize(int argc, char **argv)
         {0}};
     const kl_cmd_spec spec = {"tokenize", tokenize_synopsis, tokenize_about, opts,
                               tokenize_footer, 1, 1, "DIR"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
-    if (rc == KL_ARGS_RUN) {
-        rc = l.n ? tokenize_all(pa.pos[0], &l, json, stats)
-                 : kl_cli_usage("no --text or --file given");
-        kl_args_free(&pa);
-    }
+    const char *dir;
+    int rc = kl_args_parse_into(&spec, argc, argv, &dir, 1);
+    if (rc == KL_ARGS_RUN)
+        rc = l.n ? tokenize_all(dir, &l, json, stats) : kl_cli_usage("no --text or --file given");
     kl_free(l.in);
     return rc;
 }
@@ -284,12 +281,10 @@ int cmd_detokenize(int argc, char **argv)
         {0}};
     const kl_cmd_spec spec = {"detokenize", detokenize_synopsis, detokenize_about, opts,
                               detokenize_footer, 1, 1, "DIR"};
-    kl_args pa;
-    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    const char *dir;
+    int rc = kl_args_parse_into(&spec, argc, argv, &dir, 1);
     if (rc != KL_ARGS_RUN)
         return rc;
-    const char *dir = pa.pos[0];
-    kl_args_free(&pa);
     if (!ids_text)
         return kl_cli_usage("no --ids given");
     uint32_t *ids = NULL;
