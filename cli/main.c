@@ -70,7 +70,7 @@ static int unknown_command(int argc, char **argv)
     names[N_COMMANDS] = "help";
     names[N_COMMANDS + 1] = "version";
     int json = 0;
-    for (int i = 2; i < argc; i++)
+    for (int i = 1; i < argc; i++)
         json |= !strcmp(argv[i], "--json");
     kl_cli_begin("kl", json);
     const char *near = kl_cli_nearest(argv[1], names, N_COMMANDS + 2);

@@ -43,20 +43,6 @@ static void teardown(void)
         t_rmrf(g_root);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(buf && fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
 /* Expands T (the tiny checkpoint), M (its MXFP4 conversion) and N (a new directory) in args. */
 static void expand(const char *args, char *out, size_t n)
 {
@@ -96,9 +82,9 @@ static int kl_capture(const char *args, char **out, char **err)
     snprintf(to, sizeof to, "> '%s/out'", g_root);
     int rc = kl(args, to);
     snprintf(path, sizeof path, "%s/out", g_root);
-    *out = slurp(path);
+    *out = t_slurp(path, NULL);
     snprintf(path, sizeof path, "%s/err", g_root);
-    *err = slurp(path);
+    *err = t_slurp(path, NULL);
     return rc;
 }
 
@@ -218,7 +204,7 @@ START_TEST(stdout_on_dev_full_or_closed_exits_2)
         int rc = kl(c->ok, to[k]);
         char path[700];
         snprintf(path, sizeof path, "%s/err", g_root);
-        char *err = slurp(path);
+        char *err = t_slurp(path, NULL);
         ck_assert_msg(rc == 2, "`kl %s %s`: expected exit 2, got %d (stderr: %s)", c->ok, to[k],
                       rc, err);
         ck_assert_msg(strstr(err, "cannot write standard output") != NULL,

@@ -37,6 +37,24 @@ static inline void t_write(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
+/* The whole file at path, NUL-terminated (malloc'd: free it); *len its size when len is not
+ * NULL.  Fails the test when the file cannot be read. */
+static inline char *t_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_msg(buf && fread(buf, 1, (size_t)n, f) == (size_t)n, "cannot read %s", path);
+    buf[n] = 0;
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return buf;
+}
+
 /* 1 if s holds a control byte: messages must stay one printable line. */
 static inline int t_has_control(const char *s)
 {
