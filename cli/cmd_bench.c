@@ -33,8 +33,8 @@
 #include <unistd.h>
 
 static const char usage_text[] =
-    "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse]\n"
-    "       kl bench rules [--rows N]\n"
+    "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse] [--json]\n"
+    "       kl bench rules [--rows N] [--json]\n"
     "       kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N] [--json]\n"
     "`kl bench NAME --help` for one benchmark's options.\n"
     "\n"
