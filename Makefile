@@ -38,6 +38,8 @@ REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BA)/replay_%)
 TEST_SCRIPTS := tests/tokenizer/parity.sh
 # make install (PREFIX, DESTDIR) and make portable (runs from any folder without LD_LIBRARY_PATH)
 TEST_SCRIPTS += tests/install.sh
+# the README's example commands, top to bottom (all but the 9 GB ones)
+TEST_SCRIPTS += tests/readme.sh
 
 .PHONY: all test demo fuzz portable install clean deps
 all: $(B)/kl
