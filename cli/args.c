@@ -300,9 +300,10 @@ static void describe_wants(const kl_opt *o, char *buf, size_t n)
                 buf[k++] = *p, buf[k] = 0;
         }
     } else if ((o->kind == KL_OPT_U64 || o->kind == KL_OPT_FLOAT) && o->hi > 0) {
-        snprintf(buf, n, "%s from %g to %g", what, o->lo, o->hi);
+        snprintf(buf, n, o->kind == KL_OPT_U64 ? "%s from %.0f to %.0f" : "%s from %g to %g",
+                 what, o->lo, o->hi);
     } else if ((o->kind == KL_OPT_U64 || o->kind == KL_OPT_FLOAT) && o->lo > 0) {
-        snprintf(buf, n, "%s >= %g", what, o->lo);
+        snprintf(buf, n, o->kind == KL_OPT_U64 ? "%s >= %.0f" : "%s >= %g", what, o->lo);
     } else {
         snprintf(buf, n, "%s", what);
     }
@@ -356,6 +357,8 @@ static int apply_value(const kl_opt *o, const char *v)
 static int check_repeat(parse_state *ps, const kl_opt *o, const char *shown)
 {
     size_t k = (size_t)(o - ps->spec->opts);
+    if (k >= MAX_OPTS)
+        return kl_cli_fail(KL_EXIT_BUG, "bug", "option table longer than MAX_OPTS", NULL);
     if (ps->seen[k] && !o->multi && o->kind != KL_OPT_FLAG)
         return kl_cli_usage("%s given more than once", shown);
     ps->seen[k] = 1;
