@@ -3,6 +3,13 @@
  * argv[0] is the subcommand name; returns the process exit status:
  *   0 clean, 1 the command ran and found problems, 2 usage or I/O error, 3 internal bug.
  * Results go to stdout, everything else to stderr.
+ *
+ * The contract every command keeps (tests/test_cli.c): its options are one table of kl_opt
+ * rows (KL_FLAG, KL_VALUE) given to kl_args_parse, which also writes the options part of its
+ * --help; a new option is one row.  After parsing, errors go through kl_cli_usage (bad command
+ * line), kl_cli_report / kl_cli_report_as (a kl_err) or kl_cli_fail, and JSON results through
+ * kl_cli_json_head + kl_cli_print_json: with --json exactly one object reaches stdout on every
+ * path.  main.c ends with kl_cli_finish, which reports a stdout that could not be written.
  */
 #ifndef KL_CLI_CLI_H
 #define KL_CLI_CLI_H
