@@ -5,6 +5,7 @@
 #include "common/err.h"
 #include "common/mem.h"
 #include "convert/mxfp4.h"
+#include "loader/locate.h"
 
 #include <cJSON.h>
 #include <ctype.h>
@@ -27,7 +28,9 @@ int kl_cli_parse_u64(const char *s, unsigned long long *out)
     return 0;
 }
 
-int kl_cli_parse_bytes(const char *s, unsigned long long *out)
+/* A decimal count with an optional binary suffix K, M, G (and T when bytes), powers of 1024;
+ * bytes also take a trailing "B" or "iB". */
+static int parse_scaled(const char *s, int bytes, unsigned long long *out)
 {
     if (!s || !isdigit((unsigned char)s[0]))
         return -1;
@@ -42,11 +45,14 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out)
         case 'K': mult = 1ull << 10; break;
         case 'M': mult = 1ull << 20; break;
         case 'G': mult = 1ull << 30; break;
-        case 'T': mult = 1ull << 40; break;
+        case 'T': mult = bytes ? 1ull << 40 : 0; break;
         default: return -1;
         }
+        if (!mult)
+            return -1;
         end++;
-        if (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") || !strcmp(end, "b"))
+        if (bytes && (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") ||
+                      !strcmp(end, "b")))
             end += strlen(end);
         if (*end)
             return -1;
@@ -55,6 +61,16 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out)
         return -1;
     *out = v * mult;
     return 0;
+}
+
+int kl_cli_parse_bytes(const char *s, unsigned long long *out)
+{
+    return parse_scaled(s, 1, out);
+}
+
+int kl_cli_parse_tokens(const char *s, unsigned long long *out)
+{
+    return parse_scaled(s, 0, out);
 }
 
 int kl_cli_parse_float(const char *s, float *out)
@@ -287,10 +303,11 @@ static void describe_wants(const kl_opt *o, char *buf, size_t n)
         snprintf(buf, n, "%s", o->wants);
         return;
     }
-    const char *what = o->kind == KL_OPT_FLOAT  ? "a number"
-                       : o->kind == KL_OPT_BYTES ? "a byte count such as 8M"
-                       : o->kind == KL_OPT_U64   ? "an integer"
-                                                 : "a value";
+    const char *what = o->kind == KL_OPT_FLOAT    ? "a number"
+                       : o->kind == KL_OPT_BYTES  ? "a byte count such as 8M"
+                       : o->kind == KL_OPT_TOKENS ? "a token count such as 128K"
+                       : o->kind == KL_OPT_U64    ? "an integer"
+                                                  : "a value";
     if (o->kind == KL_OPT_CHOICE) {
         size_t k = (size_t)snprintf(buf, n, "one of ");
         for (const char *p = o->choices; *p && k + 3 < n; p++) {
@@ -324,7 +341,10 @@ static int apply_value(const kl_opt *o, const char *v)
     case KL_OPT_STR: *(const char **)o->target = v; return 0;
     case KL_OPT_U64:
     case KL_OPT_BYTES:
-        if ((o->kind == KL_OPT_U64 ? kl_cli_parse_u64(v, &u) : kl_cli_parse_bytes(v, &u)) ||
+    case KL_OPT_TOKENS:
+        if ((o->kind == KL_OPT_U64     ? kl_cli_parse_u64(v, &u)
+             : o->kind == KL_OPT_BYTES ? kl_cli_parse_bytes(v, &u)
+                                       : kl_cli_parse_tokens(v, &u)) ||
             !in_bounds(o, (double)u))
             return -1;
         *(unsigned long long *)o->target = u;
@@ -469,4 +489,11 @@ void kl_args_free(kl_args *a)
     kl_free(a->pos);
     a->pos = NULL;
     a->n_pos = 0;
+}
+
+int kl_cli_model_dir(const char *cmd, const char *arg, char *out, size_t n)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    return kl_model_dir_resolve(arg, out, n, &err) ? kl_cli_report(cmd, &err) : 0;
 }

@@ -41,6 +41,7 @@ typedef enum kl_opt_kind {
     KL_OPT_STR,    /* *(const char **)target = the value (borrowed from argv) */
     KL_OPT_U64,    /* *(unsigned long long *)target, an integer in [lo, hi] */
     KL_OPT_BYTES,  /* *(unsigned long long *)target, a byte count ("8M", "5G") in [lo, hi] */
+    KL_OPT_TOKENS, /* *(unsigned long long *)target, a token count ("128K", "1M") in [lo, hi] */
     KL_OPT_FLOAT,  /* *(float *)target, a finite number in [lo, hi] */
     KL_OPT_CHOICE, /* *(int *)target = index of the value in choices ("a|b|c") */
     KL_OPT_FN,     /* fn(target, value): 0, or -1 for a bad value */
@@ -53,7 +54,8 @@ typedef struct kl_opt {
     void *target;         /* see kl_opt_kind */
     const char *metavar;  /* the value's name in help ("N", "BYTES"); NULL for flags */
     const char *help;     /* help text; '\n' starts a continuation line */
-    double lo, hi;        /* U64, BYTES, FLOAT bounds (inclusive); hi 0 = no upper bound */
+    double lo, hi;        /* U64, BYTES, TOKENS, FLOAT bounds (inclusive); hi 0 = no upper
+                             bound */
     const char *choices;  /* CHOICE: "ocp|round|ceil|mse" */
     const char *wants;    /* what a bad value is told it wants ("a count in 1..4096");
                              NULL: said from the kind and bounds */
@@ -145,8 +147,16 @@ int kl_cli_report_as(int status, const struct kl_err *err);
  * then stdout is flushed and closed: a write error is reported and gives exit 2. */
 int kl_cli_finish(int status);
 
+/* Resolves a MODEL/DIR argument (a checkpoint directory, a Hugging Face cache repository folder
+ * models--ORG--NAME, or ORG/NAME in the local cache: kl_model_dir_resolve) into out (size n).
+ * 0, or prints "kl CMD: <why>" and returns the exit status (2). */
+int kl_cli_model_dir(const char *cmd, const char *arg, char *out, size_t n);
+
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);
+/* Parses a token count such as "131072", "128K", "1M", "2G" into *out: the suffixes are powers
+ * of 1024 (1M = 1048576, the 1M context of Kimi-Linear), case-insensitive; 0 or -1. */
+int kl_cli_parse_tokens(const char *s, unsigned long long *out);
 /* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array of ids <= max; -1 on a
  * bad or too large number or no memory.  An empty list gives *n = 0 and *out = NULL. */
 int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n);

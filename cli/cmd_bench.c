@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/membench.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
@@ -346,6 +347,10 @@ static int bench_decode(int argc, char **argv)
     int rc = parse_decode(argc, argv, &a);
     if (rc != KL_ARGS_RUN)
         return rc;
+    char model[4096];
+    if ((rc = kl_cli_model_dir("bench decode", a.model, model, sizeof model)))
+        return rc;
+    a.model = model;
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
@@ -393,10 +398,8 @@ static int bench_mxfp4(int argc, char **argv)
     int prc = kl_args_parse_into(&spec, argc, argv, NULL, 0);
     if (prc != KL_ARGS_RUN)
         return prc;
-    if (!threads) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (unsigned long long)n : 1;
-    }
+    if (!threads)
+        threads = kl_cpu_count(0);
     qbench b = {.rule = (kl_scale_rule)rule};
     b.rows = (size_t)mib * (1u << 20) / (ROW * 2);
     uint16_t *in = kl_malloc(b.rows * ROW * 2);
@@ -422,7 +425,7 @@ static int bench_mxfp4(int argc, char **argv)
     kl_membench_read((size_t)1 << 30, (unsigned)threads, 3, &ceiling, NULL);
     cJSON *j = kl_cli_json_head(!b.rc);
     cJSON_AddStringToObject(j, "rule", kl_scale_rule_name(b.rule));
-    cJSON_AddBoolToObject(j, "avx2", kl_mxfp4_have_avx2());
+    cJSON_AddBoolToObject(j, "avx2", kl_cpu_has_avx2_fma());
     cJSON_AddNumberToObject(j, "input_bytes", (double)b.rows * ROW * 2);
     cJSON_AddNumberToObject(j, "threads", (double)threads);
     cJSON_AddNumberToObject(j, "quantize_gbps_one_core", one);

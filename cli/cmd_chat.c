@@ -351,6 +351,10 @@ int cmd_chat(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc != KL_ARGS_RUN)
         return rc;
+    char model[4096];
+    if ((rc = kl_cli_model_dir("chat", a.model, model, sizeof model)))
+        return rc;
+    a.model = model;
     kl_err err;
     kl_err_clear(&err);
     chat_ctx c;

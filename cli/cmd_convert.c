@@ -209,6 +209,10 @@ int cmd_convert(int argc, char **argv)
     int prc = parse_args(argc, argv, &a, &o);
     if (prc != KL_ARGS_RUN)
         return prc;
+    char src[4096];
+    if ((prc = kl_cli_model_dir(kl_cli_cmd(), o.src, src, sizeof src)))
+        return prc;
+    o.src = src;
     int json = a.json, quiet = a.quiet;
     if (a.compare)
         return run_compare(o.src, a.sample, o.threads, json);

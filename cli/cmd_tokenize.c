@@ -11,6 +11,7 @@
 #include "common/mem.h"
 #include "common/utf8.h"
 #include "engine/tokenizer.h"
+#include "loader/locate.h"
 
 #include <cJSON.h>
 #include <ctype.h>
@@ -175,6 +176,14 @@ static int tokenize_one(const kl_tokenizer *tok, const tok_input *in, cJSON *inp
     return rc;
 }
 
+/* The tokenizer of a model directory, a Hugging Face cache folder or ORG/NAME. */
+static int open_tok(const char *arg, kl_tokenizer **tok, kl_err *err)
+{
+    char dir[4096];
+    int rc = kl_model_dir_resolve(arg, dir, sizeof dir, err);
+    return rc ? rc : kl_tok_open(dir, tok, err);
+}
+
 /* KL_OPT_FN of --text and --file: appends to the list of inputs. */
 typedef struct tok_inputs {
     tok_input *in; /* [argc] */
@@ -202,7 +211,7 @@ static int tokenize_all(const char *dir, const tok_inputs *l, int json, int stat
     kl_err_clear(&err);
     kl_tokenizer *tok = NULL;
     double t0 = kl_now_s();
-    if (kl_tok_open(dir, &tok, &err))
+    if (open_tok(dir, &tok, &err))
         return kl_cli_report_as(exit_for(err.code), &err);
     double load_s = kl_now_s() - t0, enc_s = 0;
     size_t n_bytes = 0, n_tokens = 0;
@@ -296,7 +305,7 @@ int cmd_detokenize(int argc, char **argv)
     kl_tokenizer *tok = NULL;
     char *text = NULL;
     size_t len = 0;
-    if (kl_tok_open(dir, &tok, &err) ||
+    if (open_tok(dir, &tok, &err) ||
         kl_tok_decode(tok, ids, n, skip ? KL_TOK_SKIP_CONTROL : 0, &text, &len, &err))
         rc = kl_cli_report_as(exit_for(err.code), &err);
     else

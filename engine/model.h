@@ -46,7 +46,7 @@ typedef struct kl_layer {
 } kl_layer;
 
 typedef struct kl_model_opts {
-    unsigned         threads;             /* 0 = online CPUs */
+    unsigned         threads;             /* 0 = usable CPUs, at most 64 */
     kl_route_weights route_weights;       /* default unbiased */
 } kl_model_opts;
 

@@ -9,7 +9,7 @@
  * - `kl tokenize --json` prints one object; `tokenize --file DIR` exits 2 like a missing file.
  */
 #include "common/err.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "tests/testutil.h"
 
 #include <cJSON.h>
@@ -255,7 +255,7 @@ START_TEST(options_parse_one_way_in_every_command)
         {"audit T --tp", 2, "--tp needs a value"},
         {"audit T --tp 0", 2, "--tp wants an integer from 1 to 4096, not '0'"},
         {"audit T --json=1", 2, "--json takes no value"},
-        {"audit", 2, "missing DIR"},
+        {"audit", 2, "missing MODEL"},
         {"audit T T", 2, "unexpected argument"},
         {"read T --direct --buffered", 2, "--direct and --buffered cannot be used together"},
         {"read T --buffered --buffered --io=pread", 0, NULL},

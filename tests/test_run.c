@@ -10,7 +10,7 @@
  */
 #include "common/err.h"
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/sampler.h"
 #include "tests/testutil.h"
 
