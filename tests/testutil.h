@@ -43,9 +43,9 @@ static inline char *t_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
+    ck_assert(fseek(f, 0, SEEK_END) == 0);
     long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    ck_assert(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
     char *buf = malloc((size_t)n + 1);
     ck_assert_msg(buf && fread(buf, 1, (size_t)n, f) == (size_t)n, "cannot read %s", path);
     buf[n] = 0;
