@@ -21,6 +21,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 
+#include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -30,26 +31,18 @@
 
 /* ---- usage and arguments ------------------------------------------------------------------ */
 
-static const char chat_usage[] =
+static const char chat_synopsis[] =
     "usage: kl chat MODEL [--system TEXT] [-n N] [--temp T] [--top-p P] [--top-k K]\n"
     "               [--min-p M] [--seed S] [--threads N] [--route-weights unbiased|biased]\n"
-    "\n"
+    "               [--json]\n";
+
+static const char chat_about[] =
     "Interactive chat with the checkpoint in MODEL on the CPU: each line of standard input is a\n"
     "user turn (EOF ends the chat); the reply streams to stdout, ending with a newline.  A turn\n"
     "whose rendered conversation extends the previous one feeds only the new tokens; stderr\n"
-    "shows \"in: REUSED + NEW\" tokens per turn.\n"
-    "\n"
-    "  --system TEXT      a system message before the first turn\n"
-    "  -n N               tokens to generate per reply at most (default 512)\n"
-    "  --temp T           temperature (default 0 = greedy)\n"
-    "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
-    "  --top-p P          keep the smallest set of mass >= P (default 1 = off)\n"
-    "  --min-p M          keep tokens with p >= M * p_max (default 0 = off)\n"
-    "  --seed S           sampling seed (default 0)\n"
-    "  --threads N        worker threads (default: online CPUs)\n"
-    "  --route-weights W  MoE weights unbiased (default) or biased (HF remote code)\n"
-    "  -h, --help         this text\n"
-    "\n"
+    "shows \"in: REUSED + NEW\" tokens per turn.\n";
+
+static const char chat_footer[] =
     "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "
     "bug.\n";
 
@@ -57,54 +50,27 @@ typedef struct chat_args {
     const char *model;  /* checkpoint directory */
     const char *system; /* --system */
     kl_gen_flags gen;   /* -n, sampling, --threads, --route-weights */
+    int json;           /* --json: no streaming, one object with every turn at the end */
 } chat_args;
 
-static int usage_error(const char *what, const char *arg)
-{
-    fprintf(stderr, "kl chat: %s%s\n\n%s", what, arg, chat_usage);
-    return KL_EXIT_USAGE;
-}
-
-/* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
-static int parse_one(int argc, char **argv, int *i, chat_args *a)
-{
-    const char *arg = argv[*i], *v = NULL, *why = NULL, *bad = NULL;
-    int g;
-    if (kl_cli_opt_value(argc, argv, i, "--system", &v)) {
-        if (!v)
-            return usage_error("--system wants a text", "");
-        a->system = v;
-    } else if ((g = kl_gen_flag(argc, argv, i, &a->gen, &why, &bad)) != 0) {
-        if (g < 0)
-            return usage_error(why, bad);
-    } else if (arg[0] == '-' && arg[1]) {
-        return usage_error("unknown option ", arg);
-    } else if (a->model) {
-        return usage_error("more than one model directory: ", arg);
-    } else {
-        a->model = arg;
-    }
-    return KL_EXIT_OK;
-}
-
-/* Parses argv into a; KL_EXIT_OK, or a usage exit (help: -1 after printing it). */
+/* Parses argv into a; KL_ARGS_RUN, or the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, chat_args *a)
 {
     memset(a, 0, sizeof *a);
     a->gen.n_predict = 512;
     a->gen.samp.top_p = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(chat_usage, stdout);
-            return -1;
-        }
-        int rc = parse_one(argc, argv, &i, a);
-        if (rc != KL_EXIT_OK)
-            return rc;
-    }
-    if (!a->model)
-        return usage_error("no model directory given", "");
-    return KL_EXIT_OK;
+    kl_opt opts[1 + KL_GEN_FLAG_ROWS + 2] = {
+        KL_VALUE("--system", 0, KL_OPT_STR, &a->system, "TEXT",
+                 "a system message before the first turn"),
+    };
+    kl_gen_flag_rows(&a->gen, "tokens to generate per reply at most (default 512)", opts + 1);
+    opts[1 + KL_GEN_FLAG_ROWS] = (kl_opt)KL_FLAG(
+        "--json", 0, &a->json,
+        "no streaming: one JSON object at the end with every turn (user, reply,\n"
+        "reused and new prompt tokens)");
+    const kl_cmd_spec spec = {"chat", chat_synopsis, chat_about, opts, chat_footer, 1, 1,
+                              "MODEL"};
+    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
 }
 
 /* ---- the conversation --------------------------------------------------------------------- */
@@ -130,6 +96,8 @@ typedef struct chat_ctx {
     size_t n_msgs, cap_msgs;
     char *reply; /* current reply text, reply_len bytes (kl_malloc'd) */
     size_t reply_len, reply_cap;
+    int json;      /* --json: replies are collected, not streamed */
+    cJSON *turns;  /* --json: one {user, reply, reused_tokens, new_tokens} per turn */
 } chat_ctx;
 
 static void chat_free(chat_ctx *c)
@@ -147,6 +115,7 @@ static void chat_free(chat_ctx *c)
         kl_free((char *)c->msgs[i].content);
     kl_free(c->msgs);
     kl_free(c->reply);
+    cJSON_Delete(c->turns);
     memset(c, 0, sizeof *c);
 }
 
@@ -205,7 +174,7 @@ static int add_msg(chat_ctx *c, const char *role, const char *content, kl_err *e
 static int emit_cb(void *user, const char *s, size_t n, kl_err *err)
 {
     chat_ctx *c = user;
-    if (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0)
+    if (!c->json && (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0))
         return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
     if (c->reply_len + n + 1 > c->reply_cap) {
         size_t cap = c->reply_cap ? c->reply_cap : 256;
@@ -271,6 +240,21 @@ static int prefill(chat_ctx *c, const uint32_t *ids, size_t n, size_t *reused, k
     return rc;
 }
 
+/* --json: the turn just done as an entry of c->turns. */
+static int add_turn_json(chat_ctx *c, const char *line, size_t reused, size_t fed, kl_err *err)
+{
+    cJSON *t = cJSON_CreateObject();
+    if (!t || !cJSON_AddItemToArray(c->turns, t)) {
+        cJSON_Delete(t);
+        return kl_fail(err, KL_E_NOMEM, "out of memory collecting the turns");
+    }
+    cJSON_AddStringToObject(t, "user", line);
+    cJSON_AddStringToObject(t, "reply", c->msgs[c->n_msgs - 1].content);
+    cJSON_AddNumberToObject(t, "reused_tokens", (double)reused);
+    cJSON_AddNumberToObject(t, "new_tokens", (double)fed);
+    return 0;
+}
+
 /* One user line: render, prefill what is new, generate, record the reply. */
 static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
 {
@@ -311,11 +295,12 @@ static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
     }
     memcpy(c->live_ids.ids + n, g.ids, g.n_fed * sizeof *g.ids);
     c->live_ids.n = n + g.n_fed;
-    if (fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
+    if (!c->json && (fputc('\n', stdout) == EOF || fflush(stdout) != 0)) {
         rc = kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
         goto out;
     }
-    rc = add_reply(c, err);
+    if ((rc = add_reply(c, err)) == 0 && c->json)
+        rc = add_turn_json(c, line, reused, n - reused, err);
 out:
     kl_free(text);
     kl_free(ids);
@@ -364,9 +349,7 @@ int cmd_chat(int argc, char **argv)
 {
     chat_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc < 0)
-        return KL_EXIT_OK;
-    if (rc != KL_EXIT_OK)
+    if (rc != KL_ARGS_RUN)
         return rc;
     char model[4096];
     if ((rc = kl_cli_model_dir("chat", a.model, model, sizeof model)))
@@ -376,7 +359,16 @@ int cmd_chat(int argc, char **argv)
     kl_err_clear(&err);
     chat_ctx c;
     memset(&c, 0, sizeof c);
+    c.json = a.json;
+    if (a.json && !(c.turns = cJSON_CreateArray()))
+        return kl_cli_fail(KL_EXIT_BUG, "nomem", "out of memory", NULL);
     rc = chat(&a, &c, &err) ? kl_cli_report("chat", &err) : KL_EXIT_OK;
+    if (a.json && rc == KL_EXIT_OK) {
+        cJSON *root = kl_cli_json_head(1);
+        cJSON_AddItemToObject(root, "turns", c.turns);
+        c.turns = NULL;
+        rc = kl_cli_print_json(root);
+    }
     chat_free(&c);
     return rc;
 }

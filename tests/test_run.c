@@ -53,27 +53,11 @@ static int kl_run(const char *args)
     return WEXITSTATUS(st);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
 /* Logits file as floats (little-endian on disk, decoded explicitly); *n floats. */
 static float *read_logits(const char *path, size_t *n)
 {
     size_t len;
-    unsigned char *b = (unsigned char *)slurp(path, &len);
+    unsigned char *b = (unsigned char *)t_slurp(path, &len);
     ck_assert_msg(len % 4 == 0, "%s: %zu bytes is not a whole number of floats", path, len);
     float *f = malloc(len + 4);
     for (size_t i = 0; i < len / 4; i++) {
@@ -91,7 +75,7 @@ static size_t json_ids(uint32_t *ids, size_t cap)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/out", g_root);
-    char *s = slurp(path, NULL);
+    char *s = t_slurp(path, NULL);
     cJSON *j = cJSON_Parse(s);
     ck_assert_msg(j != NULL, "stdout is not JSON: %s", s);
     ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")), "ok is not true: %s", s);
@@ -320,7 +304,7 @@ START_TEST(run_bad_flags_exit_2)
     char path[700];
     snprintf(path, sizeof path, "%s/err", g_root);
     kl_run("--ids 1 --device gpu");
-    char *err = slurp(path, NULL);
+    char *err = t_slurp(path, NULL);
     ck_assert_msg(strstr(err, "GPU engine not built yet") != NULL, "stderr: %s", err);
     free(err);
 }
