@@ -142,6 +142,7 @@ static int print_result(const kl_convert_opts *o, const kl_convert_result *r, in
     kl_json_add_u64(j, "written_bytes", r->written_bytes);
     cJSON_AddNumberToObject(j, "elapsed_s", r->elapsed_s);
     cJSON_AddNumberToObject(j, "quantize_s", r->quantize_s);
+    cJSON_AddNumberToObject(j, "source_hash_s", r->src_hash_s);
     cJSON_AddNumberToObject(j, "write_s", r->write_s);
     cJSON_AddNumberToObject(j, "write_wait_s", r->write_wait_s);
     cJSON_AddNumberToObject(j, "commit_s", r->commit_s);

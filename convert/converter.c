@@ -9,6 +9,7 @@
 #include "audit/audit.h"
 #include "common/clock.h"
 #include "common/cpu.h"
+#include "common/fasthash.h"
 #include "common/fs.h"
 #include "common/json.h"
 #include "common/mem.h"
@@ -38,8 +39,9 @@
 #include <unistd.h>
 
 #define JOURNAL_NAME "kl-convert.journal"
-/* 2: shard digests (shard_digest.h); 3: each shard bound to its source (digest, sizes, mtimes) */
-#define JOURNAL_VERSION "kl-convert-journal 3"
+/* 2: shard digests (shard_digest.h); 3: each shard bound to its source (digest, sizes, mtimes);
+ * 4: the source digest is XXH3-128 (kl_srcdigest), not SHA-256 */
+#define JOURNAL_VERSION "kl-convert-journal 4"
 #define JOURNAL_MAGIC "kl-convert-journal " /* any version: the journal of a kl convert run */
 #define DEFAULT_SHARD_BYTES 5000000000ull
 #define DEFAULT_MAX_MEMORY (2ull << 30)
@@ -254,7 +256,7 @@ static int source_pieces(const conv *c, size_t k, kl_extent **ext, uint64_t **pi
 }
 
 typedef struct feed {
-    kl_sdigest *dg;
+    kl_srcdigest *dg;
     kl_err      err; /* why feeding stopped */
 } feed;
 
@@ -262,11 +264,12 @@ static int feed_source(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_
                        size_t len)
 {
     feed *f = ctx;
-    return kl_sdigest_update(f->dg, ext_idx, ext_off, data, len, &f->err);
+    return kl_srcdigest_update(f->dg, ext_idx, ext_off, data, len, &f->err);
 }
 
 /* Shard k's source digest, read now: the same pieces the conversion hashed as it read them. */
-static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err *err)
+static int source_digest(const conv *c, size_t k, unsigned char out[KL_SRCDIGEST_BYTES],
+                         kl_err *err)
 {
     kl_extent *ext;
     uint64_t *pieces;
@@ -275,7 +278,7 @@ static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err 
     kl_err_clear(&f.err);
     int rc = source_pieces(c, k, &ext, &pieces, &n, err);
     if (!rc)
-        rc = kl_sdigest_create(&f.dg, pieces, n, err);
+        rc = kl_srcdigest_create(&f.dg, pieces, n, c->pool, err);
     if (!rc)
         rc = kl_reader_run_gathered(c->reader, ext, n, KL_GATHER_GAP, feed_source, &f, err);
     if (rc == KL_E_CANCELLED && f.err.code) { /* the digest's own error */
@@ -284,8 +287,8 @@ static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err 
         rc = f.err.code;
     }
     if (!rc)
-        rc = kl_sdigest_final(f.dg, out, err);
-    kl_sdigest_destroy(f.dg);
+        rc = kl_srcdigest_final(f.dg, out, err);
+    kl_srcdigest_destroy(f.dg);
     kl_free(ext);
     kl_free(pieces);
     return rc;
@@ -295,7 +298,7 @@ static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err 
 typedef struct shard_record {
     uint64_t      size;
     unsigned char digest[32];     /* the shard file's digest (shard_digest.h) */
-    unsigned char src_digest[32]; /* its source extents' digest, same tree */
+    unsigned char src_digest[KL_SRCDIGEST_BYTES]; /* its source extents' (kl_srcdigest) */
     uint64_t      src_files;      /* source_files_id when it was read */
 } shard_record;
 
@@ -332,8 +335,8 @@ static int journal_says_done(const conv *c, const char *journal, size_t k, int *
     for (const char *f = strstr(journal + fl, key); f; f = strstr(f + 1, key))
         at = f;
     unsigned long long size, files;
-    char hex[65], src_hex[65], got[65];
-    if (!at || sscanf(at + strlen(key), "%llu %64s %64s %16llx", &size, hex, src_hex, &files) != 4)
+    char hex[65], src_hex[33], got[65];
+    if (!at || sscanf(at + strlen(key), "%llu %64s %32s %16llx", &size, hex, src_hex, &files) != 4)
         return 0;
     uint64_t files_now;
     int rc = source_files_id(c, k, &files_now, err);
@@ -352,7 +355,7 @@ static int journal_says_done(const conv *c, const char *journal, size_t k, int *
         return 0;
     if ((rc = source_digest(c, k, sum, err)))
         return rc;
-    kl_sha256_hex(sum, got);
+    kl_fasthash_hex(sum, got);
     *done = strcmp(got, src_hex) == 0;
     return 0;
 }
@@ -392,8 +395,8 @@ static int journal_open(const conv *c, char **text, kl_err *err)
 
 /* Appends "done NAME SIZE DIGEST SOURCE-DIGEST SOURCE-FILES" and fsyncs, after the shard
  * itself is durable.  DIGEST is the shard digest (shard_digest.h) its lanes computed while
- * writing it, SOURCE-DIGEST the same tree over the source extents it was made from (hashed
- * while they were read), SOURCE-FILES the source files' identity (source_files_id) before
+ * writing it, SOURCE-DIGEST the kl_srcdigest of the source extents it was made from (hashed
+ * where the reader put them), SOURCE-FILES the source files' identity (source_files_id) before
  * they were read.  The line starts with its own newline: a line torn by a crash mid-append
  * then cannot swallow the next one (blank lines are harmless to journal_says_done). */
 static int journal_add(const conv *c, const char *name, const shard_record *r, kl_err *err)
@@ -401,9 +404,9 @@ static int journal_add(const conv *c, const char *name, const shard_record *r, k
     char jpath[PATH_MAX];
     if (kl_path_join(jpath, sizeof jpath, c->partial, JOURNAL_NAME, err))
         return KL_E_USAGE;
-    char hex[65], src_hex[65], line[320];
+    char hex[65], src_hex[33], line[320];
     kl_sha256_hex(r->digest, hex);
-    kl_sha256_hex(r->src_digest, src_hex);
+    kl_fasthash_hex(r->src_digest, src_hex);
     int n = snprintf(line, sizeof line, "\ndone %s %llu %s %s %016llx\n", name,
                      (unsigned long long)r->size, hex, src_hex, (unsigned long long)r->src_files);
     int fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC);
@@ -437,7 +440,6 @@ typedef struct job {
     uint64_t        n_in;           /* elements per row */
     uint64_t        row;            /* next row to quantize */
     leaf_lane       out;            /* lanes of the output bytes (quantized: one for all) */
-    leaf_lane       in;             /* lanes of the source bytes, for the source digest */
 } job;
 
 typedef struct shard_run {
@@ -445,8 +447,7 @@ typedef struct shard_run {
     kl_st_writer   w;
     kl_sdigest    *dg;              /* the journal's digest, fed by the writer lanes */
     kl_wb_target   tgt;             /* the write-behind queue's view of w and dg */
-    kl_sdigest    *src_dg;          /* the source extents' digest, fed by the lanes too */
-    kl_wb_target   src_tgt;         /* hash only: no writer */
+    kl_srcdigest  *src_dg;          /* the source extents' digest, fed by on_chunk */
     uint64_t       src_read, src_total; /* source bytes of this shard read, and in all */
     job           *jobs;
     size_t         n_jobs;
@@ -601,11 +602,14 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
     s->src_read += len;
     if (s->src_read * 2 >= s->src_total)
         test_kill_at(s->c->kill_mid, s->c->shards_run + 1);
-    /* the source digest: a copy of the bytes goes to the lanes, which hash it */
-    if ((rc = queue_by_leaf(s, &s->src_tgt, &j->in, ext_idx, ext_off, data, len, err)))
+    /* the source digest, of the bytes where the reader put them (whole leaves on the pool) */
+    double t0 = kl_now_s();
+    rc = kl_srcdigest_update(s->src_dg, ext_idx, ext_off, data, len, err);
+    s->c->res.src_hash_s += kl_now_s() - t0;
+    if (rc)
         return rc;
     if (!j->quantize) {
-        double t0 = kl_now_s();
+        t0 = kl_now_s();
         rc = queue_by_leaf(s, &s->tgt, &j->out, j->packed, ext_off, data, len, err);
         s->c->res.write_s += kl_now_s() - t0;
         s->c->done_out += len;
@@ -680,16 +684,8 @@ static int digest_hook(void *ctx, size_t tensor, uint64_t off, const uint8_t *da
     return kl_sdigest_update(ctx, tensor + 1, off, data, n, err);
 }
 
-/* Write-behind hook of the hash-only items: source bytes of job `job` into the source digest
- * (piece j: extent j). */
-static int source_hook(void *ctx, size_t job, uint64_t off, const uint8_t *data, size_t n,
-                       kl_err *err)
-{
-    return kl_sdigest_update(ctx, job, off, data, n, err);
-}
-
 /* Starts shard k's digest with its header (written by kl_st_writer_open) and its source digest
- * over the extents ext[0..n_jobs), and points the queue's targets at them. */
+ * over the extents ext[0..n_jobs), and points the queue's target at the first. */
 static int start_digests(shard_run *s, size_t k, const kl_extent *ext, kl_err *err)
 {
     uint8_t *hdr;
@@ -705,11 +701,10 @@ static int start_digests(shard_run *s, size_t k, const kl_extent *ext, kl_err *e
     for (size_t j = 0; !rc && j < s->n_jobs; j++) /* the header's room is enough */
         pieces[j] = ext[j].len;
     if (!rc)
-        rc = kl_sdigest_create(&s->src_dg, pieces, s->n_jobs, err);
+        rc = kl_srcdigest_create(&s->src_dg, pieces, s->n_jobs, s->c->pool, err);
     kl_free(hdr);
     kl_free(pieces);
     s->tgt = (kl_wb_target){.w = &s->w, .hook = digest_hook, .ctx = s->dg};
-    s->src_tgt = (kl_wb_target){.w = NULL, .hook = source_hook, .ctx = s->src_dg};
     return rc;
 }
 
@@ -767,7 +762,7 @@ static int convert_shard(conv *c, size_t k, shard_record *r, kl_err *err)
     if (!rc)
         rc = kl_sdigest_final(s.dg, r->digest, err);
     if (!rc)
-        rc = kl_sdigest_final(s.src_dg, r->src_digest, err);
+        rc = kl_srcdigest_final(s.src_dg, r->src_digest, err);
     r->size = s.w.file_bytes;
     if (!rc) {
         double t0 = kl_now_s();
@@ -776,7 +771,7 @@ static int convert_shard(conv *c, size_t k, shard_record *r, kl_err *err)
     }
     kl_st_writer_close(&s.w);
     kl_sdigest_destroy(s.dg);
-    kl_sdigest_destroy(s.src_dg);
+    kl_srcdigest_destroy(s.src_dg);
     kl_free(wt);
     kl_free(ext);
     kl_free(pos);
@@ -1107,16 +1102,15 @@ static int open_workers(conv *c, kl_err *err)
     if (rc)
         return rc;
     unsigned threads = c->o->threads ? c->o->threads : kl_cpu_count(0);
-    /* Write-behind: up to an eighth of the budget (256 MiB by default) of output and source
-     * copies (for the source digest) waiting, never more than both together, on half as many
-     * lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8 GB/s on one core)
-     * and copies into the page cache, and 9.5 GB of output plus the 28 GB of source it came
-     * from must be hashed in the ~6 s that reading the source from memory takes on 16 cores
-     * (a quarter as many lanes served the output alone). */
-    uint64_t wb_cap = budget / 8, need = c->total_out + src_bytes;
+    /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting,
+     * never more than the output, on a quarter as many lanes as quantizer threads (2..8): a
+     * lane hashes (SHA-256, 1.3-1.8 GB/s on one core) and copies into the page cache, and
+     * 9.5 GB of output must leave in the ~6 s that reading the source from memory takes on 16
+     * cores.  The source is hashed where it was read (on_chunk), not here. */
+    uint64_t wb_cap = budget / 8, need = c->total_out;
     wb_cap = wb_cap < need ? wb_cap : need;
     wb_cap = wb_cap < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : wb_cap;
-    unsigned lanes = threads / 2 < 2 ? 2 : threads / 2 > 8 ? 8 : threads / 2;
+    unsigned lanes = threads / 4 < 2 ? 2 : threads / 4 > 8 ? 8 : threads / 4;
     if ((rc = kl_wb_create(&c->wb, (size_t)wb_cap, lanes, err)))
         return rc;
     return kl_pool_create(&c->pool, threads, err);

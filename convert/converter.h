@@ -21,8 +21,9 @@
  * shards the journal proves complete and redoes the rest; the result is byte-identical to an
  * uninterrupted run.  A shard is proven complete by its journal line: same plan, same size,
  * same digest read back, and made from the same source — the same source files (name, size,
- * mtime, ctime) holding the same bytes (a SHA-256 tree over the shard's source extents, taken
- * while they were read and compared on resume by reading them again).  A shard whose source
+ * mtime, ctime) holding the same bytes (an XXH3-128 tree over the shard's source extents,
+ * kl_srcdigest in convert/shard_digest.h: it catches a replaced or edited source, not an
+ * attacker; taken while they were read and compared on resume by reading them again).  A shard whose source
  * changed is redone, never reused; a journal of an older format starts the run over.
  * DST.partial is renamed to DST only when everything is on disk.  kl never deletes what it did
  * not create: a DST.partial that is a symbolic link, not a directory, or holds anything but
@@ -34,9 +35,9 @@
  * shard of the run is journaled, =mid:N halfway through reading the N-th shard's source (the
  * kill tests stop a run at a known point with it; as KL_CPU_KERNELS, not for users).
  * Pipeline: the reader keeps its ring of source reads in flight; the converting thread copies
- * or quantizes (with the pool, straight into the write-behind queue) each chunk as it arrives;
- * writer lanes hash and pwrite the queued output, and hash a copy of every source chunk (the
- * source digest).  Reading, quantizing and writing overlap, and only the shard's fsync waits
+ * or quantizes (with the pool, straight into the write-behind queue) each chunk as it arrives,
+ * and hashes it in place for the source digest (whole leaves on the pool; no copy); writer
+ * lanes hash and pwrite the queued output.  Reading, quantizing and writing overlap, and only the shard's fsync waits
  * at its end.  A resume reads the source of every journaled shard again to check its digest.
  * Memory: bounded by the reader's ring, the write-behind arena and per-thread buffers
  * (≤ max_memory, default 2 GiB, a cap: buffers are no larger than the source and output
@@ -58,6 +59,7 @@ typedef struct kl_convert_result {
     double   elapsed_s;
     /* where the converting thread spent its time (the rest is waiting for source reads) */
     double   quantize_s;       /* quantizer pool runs */
+    double   src_hash_s;       /* hashing the source bytes for the journal (kl_srcdigest) */
     double   write_s;          /* handing output bytes to the write-behind queue */
     double   write_wait_s;     /* of which blocked on a full queue (the disk behind) */
     double   commit_s;         /* per-shard fsync + rename */

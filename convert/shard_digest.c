@@ -1,6 +1,7 @@
 /* convert/shard_digest.c — SHA-256 tree digest of a shard, fed by leaves (see shard_digest.h). */
 #include "convert/shard_digest.h"
 
+#include "common/fasthash.h"
 #include "common/mem.h"
 #include "loader/reader.h"
 
@@ -238,5 +239,170 @@ int kl_sdigest_file(const char *path, const uint64_t *piece_bytes, size_t n,
         rc = kl_sdigest_final(d, out, err);
     kl_reader_destroy(r);
     kl_sdigest_destroy(d);
+    return rc;
+}
+
+/* ---- the source digest (XXH3-128 tree, see shard_digest.h) -------------------------------- */
+
+#define LEAF_BATCH 64 /* whole leaves hashed per pool run */
+
+typedef struct src_piece {
+    uint64_t     bytes, seen;
+    kl_fasthash *leaf;  /* the partly hashed leaf, while there is one */
+    kl_fasthash *sums;  /* the leaf digests so far, while the piece is incomplete */
+    int          done;
+    unsigned char sum[KL_FASTHASH_BYTES];
+} src_piece;
+
+struct kl_srcdigest {
+    src_piece *pieces;
+    size_t     n;
+    kl_pool   *pool;
+    /* one batch of whole leaves, for the pool */
+    const uint8_t *batch;
+    uint64_t       batch_last; /* bytes of the batch's last leaf (the others: a full leaf) */
+    size_t         batch_n;
+    unsigned char  batch_sum[LEAF_BATCH][KL_FASTHASH_BYTES];
+};
+
+int kl_srcdigest_create(kl_srcdigest **out, const uint64_t *piece_bytes, size_t n, kl_pool *pool,
+                        kl_err *err)
+{
+    *out = NULL;
+    kl_srcdigest *d = kl_calloc(1, sizeof *d);
+    if (d)
+        d->pieces = kl_calloc(n ? n : 1, sizeof *d->pieces);
+    if (!d || !d->pieces) {
+        kl_free(d);
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the source digest of %zu pieces", n);
+    }
+    for (size_t p = 0; p < n; p++)
+        d->pieces[p].bytes = piece_bytes[p];
+    d->n = n;
+    d->pool = pool;
+    *out = d;
+    return 0;
+}
+
+static void piece_free(src_piece *x)
+{
+    kl_fasthash_destroy(x->leaf);
+    kl_fasthash_destroy(x->sums);
+    x->leaf = x->sums = NULL;
+}
+
+void kl_srcdigest_destroy(kl_srcdigest *d)
+{
+    if (!d)
+        return;
+    for (size_t p = 0; p < d->n; p++)
+        piece_free(&d->pieces[p]);
+    kl_free(d->pieces);
+    kl_free(d);
+}
+
+/* Pool item i: leaf i of the batch. */
+static void hash_leaf(void *ctx, size_t i)
+{
+    kl_srcdigest *d = ctx;
+    uint64_t len = i + 1 == d->batch_n ? d->batch_last : KL_SRCDIGEST_LEAF;
+    kl_fasthash_buf(d->batch + i * KL_SRCDIGEST_LEAF, (size_t)len, d->batch_sum[i]);
+}
+
+/* Whole leaves starting at x->seen, in data[0..n): at most LEAF_BATCH, hashed in parallel and
+ * added to the piece in order.  The bytes taken. */
+static size_t whole_leaves(kl_srcdigest *d, src_piece *x, const uint8_t *data, size_t n)
+{
+    uint64_t left = x->bytes - x->seen, take = 0;
+    size_t k = 0;
+    while (k < LEAF_BATCH && left) {
+        uint64_t len = left < KL_SRCDIGEST_LEAF ? left : KL_SRCDIGEST_LEAF;
+        if (take + len > n)
+            break;
+        d->batch_last = len;
+        take += len;
+        left -= len;
+        k++;
+    }
+    d->batch = data;
+    d->batch_n = k;
+    if (d->pool && k > 1)
+        kl_pool_run(d->pool, k, hash_leaf, d);
+    else
+        for (size_t i = 0; i < k; i++)
+            hash_leaf(d, i);
+    kl_fasthash_update(x->sums, d->batch_sum, k * KL_FASTHASH_BYTES);
+    x->seen += take;
+    return (size_t)take;
+}
+
+/* Bytes of a leaf hashed across calls: up to the leaf's end. */
+static size_t part_leaf(src_piece *x, const uint8_t *data, size_t n)
+{
+    uint64_t end = (x->seen / KL_SRCDIGEST_LEAF + 1) * KL_SRCDIGEST_LEAF;
+    end = end < x->bytes ? end : x->bytes;
+    size_t take = end - x->seen < n ? (size_t)(end - x->seen) : n;
+    if (x->seen % KL_SRCDIGEST_LEAF == 0)
+        kl_fasthash_reset(x->leaf);
+    kl_fasthash_update(x->leaf, data, take);
+    x->seen += take;
+    if (x->seen == end) {
+        unsigned char sum[KL_FASTHASH_BYTES];
+        kl_fasthash_final(x->leaf, sum);
+        kl_fasthash_update(x->sums, sum, sizeof sum);
+    }
+    return take;
+}
+
+int kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
+                        kl_err *err)
+{
+    src_piece *x = p < d->n ? &d->pieces[p] : NULL;
+    if (!x || off != x->seen || n > x->bytes - x->seen)
+        return kl_fail(err, KL_E_BUG, "source digest of %zu bytes at %" PRIu64 " of piece %zu",
+                       n, off, p);
+    int rc = 0;
+    if (n && !x->sums && !(rc = kl_fasthash_create(&x->sums, err)))
+        rc = kl_fasthash_create(&x->leaf, err);
+    const uint8_t *b = data;
+    while (!rc && n) {
+        size_t took = x->seen % KL_SRCDIGEST_LEAF ? 0 : whole_leaves(d, x, b, n);
+        if (!took)
+            took = part_leaf(x, b, n);
+        b += took;
+        n -= took;
+    }
+    if (!rc && x->seen == x->bytes && x->sums) {
+        kl_fasthash_final(x->sums, x->sum);
+        piece_free(x);
+        x->done = 1;
+    }
+    return rc;
+}
+
+int kl_srcdigest_final(kl_srcdigest *d, unsigned char out[KL_SRCDIGEST_BYTES], kl_err *err)
+{
+    kl_fasthash *h;
+    int rc = kl_fasthash_create(&h, err);
+    for (size_t p = 0; !rc && p < d->n; p++) {
+        src_piece *x = &d->pieces[p];
+        if (!x->done && x->bytes == 0) { /* no leaves */
+            kl_fasthash_buf("", 0, x->sum);
+            x->done = 1;
+        }
+        if (!x->done) {
+            rc = kl_fail(err, KL_E_BUG, "source piece %zu: %" PRIu64 " of %" PRIu64
+                         " bytes hashed", p, x->seen, x->bytes);
+            break;
+        }
+        unsigned char le[8];
+        for (int i = 0; i < 8; i++)
+            le[i] = (unsigned char)(x->bytes >> (8 * i));
+        kl_fasthash_update(h, le, sizeof le);
+        kl_fasthash_update(h, x->sum, sizeof x->sum);
+    }
+    if (!rc)
+        kl_fasthash_final(h, out);
+    kl_fasthash_destroy(h);
     return rc;
 }

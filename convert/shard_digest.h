@@ -22,6 +22,7 @@
 #define KL_CONVERT_SHARD_DIGEST_H
 
 #include "common/err.h"
+#include "common/pool.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -45,5 +46,35 @@ int  kl_sdigest_final(kl_sdigest *d, unsigned char out[32], kl_err *err);
  * size is not the pieces' sum. */
 int  kl_sdigest_file(const char *path, const uint64_t *piece_bytes, size_t n,
                      unsigned char out[32], kl_err *err);
+
+/* ---- the source digest ----------------------------------------------------------------------
+ *
+ * The journal's identity of the source bytes a shard was made from: it must catch a replaced
+ * or edited source, not an attacker, so it is XXH3-128 (common/fasthash.h), cheap enough to
+ * hash every source byte where the reader put it (no copy) while conversion from memory stays
+ * disk-bound.  Every piece (one source extent) is cut into leaves of KL_SRCDIGEST_LEAF bytes
+ * (the last one shorter, an empty piece has none); with H = XXH3-128 (canonical bytes) and
+ * le64 a little-endian 64-bit size:
+ *     piece digest = H( H(leaf 0) || H(leaf 1) || ... )
+ *     digest       = H( le64(size 0) || piece digest 0 || le64(size 1) || piece digest 1 ... )
+ * It depends on the bytes and the piece sizes alone: not on how they arrive, nor on how many
+ * threads hash the leaves.  Each piece's bytes must arrive in order; pieces may interleave
+ * across calls but calls must not overlap.  Errors: KL_E_BUG (bytes out of order, a piece
+ * incomplete at final), KL_E_NOMEM. */
+
+#define KL_SRCDIGEST_LEAF ((uint64_t)256 << 10)
+#define KL_SRCDIGEST_BYTES 16
+
+typedef struct kl_srcdigest kl_srcdigest;
+
+/* pool (NULL: hash in the caller) hashes whole leaves in parallel; it must be idle during
+ * kl_srcdigest_update. */
+int  kl_srcdigest_create(kl_srcdigest **out, const uint64_t *piece_bytes, size_t n,
+                         kl_pool *pool, kl_err *err);
+void kl_srcdigest_destroy(kl_srcdigest *d); /* NULL ok */
+/* n bytes of piece p at byte `off`: the piece's bytes before off came in earlier calls. */
+int  kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
+                         kl_err *err);
+int  kl_srcdigest_final(kl_srcdigest *d, unsigned char out[KL_SRCDIGEST_BYTES], kl_err *err);
 
 #endif

@@ -600,17 +600,19 @@ START_TEST(a_resume_notices_source_bytes_edited_in_place)
 }
 END_TEST
 
-/* A journal of the format before source binding (2: no source digests) proves nothing: the
- * rerun starts over and still ends in the reference bytes. */
+/* A journal of an older format (3: SHA-256 source digests) proves nothing, even where its
+ * lines would check: the rerun starts over and still ends in the reference bytes. */
 START_TEST(an_old_format_journal_starts_the_run_over)
 {
     char src[700], ref[700], out[700], cmd[3200], *text;
     const char *kl = source_and_reference("old", src, ref);
     snprintf(out, sizeof out, "%s/old-out", g_root);
     killed_after(kl, src, out, "2");
+    /* format 3 had a SHA-256 source digest where 4 has XXH3-128: its lines, rewritten to
+     * the format of today, would check; the version alone must refuse them */
     snprintf(cmd, sizeof cmd,
-             "sed -i -e '1s/^kl-convert-journal 3 /kl-convert-journal 2 /' "
-             "-e 's/^\\(done [^ ]* [0-9]* [0-9a-f]*\\) .*/\\1/' '%s.partial/kl-convert.journal'",
+             "sed -i -e '1s/^kl-convert-journal 4 /kl-convert-journal 3 /' "
+             "'%s.partial/kl-convert.journal'",
              out);
     ck_assert(system(cmd) == 0);
     snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 1M --threads 2 --json", src, out);
@@ -887,6 +889,78 @@ START_TEST(shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves)
 }
 END_TEST
 
+/* Source digest of the made-up shard's pieces fed whole, one call each. */
+static void srcdigest_whole(const uint8_t *bytes, const size_t *at, kl_pool *pool,
+                            unsigned char out[KL_SRCDIGEST_BYTES])
+{
+    kl_srcdigest *d;
+    kl_err err;
+    ck_assert(kl_srcdigest_create(&d, g_pieces, N_PIECES, pool, &err) == 0);
+    for (size_t p = N_PIECES; p-- > 0;) /* pieces in any order */
+        ck_assert(kl_srcdigest_update(d, p, 0, bytes + at[p], (size_t)g_pieces[p], &err) == 0);
+    ck_assert_msg(kl_srcdigest_final(d, out, &err) == 0, "%s", emsg(&err));
+    kl_srcdigest_destroy(d);
+}
+
+START_TEST(source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads)
+{
+    size_t total = 0, at[N_PIECES];
+    for (size_t p = 0; p < N_PIECES; p++) {
+        at[p] = total;
+        total += (size_t)g_pieces[p];
+    }
+    uint8_t *bytes = pattern(total);
+    kl_pool *pool;
+    kl_err err;
+    ck_assert(kl_pool_create(&pool, 3, &err) == 0);
+    unsigned char one[KL_SRCDIGEST_BYTES], many[KL_SRCDIGEST_BYTES], split[KL_SRCDIGEST_BYTES];
+    srcdigest_whole(bytes, at, NULL, one);
+    srcdigest_whole(bytes, at, pool, many);
+    ck_assert(!memcmp(one, many, sizeof one));
+    /* pieces interleaved, in uneven calls that cut leaves anywhere */
+    kl_srcdigest *d;
+    ck_assert(kl_srcdigest_create(&d, g_pieces, N_PIECES, pool, &err) == 0);
+    size_t off[N_PIECES] = {0}, step = 7;
+    for (int more = 1; more;) {
+        more = 0;
+        for (size_t p = 0; p < N_PIECES; p++) {
+            size_t n = (size_t)g_pieces[p] - off[p];
+            n = n < step ? n : step;
+            ck_assert(kl_srcdigest_update(d, p, off[p], bytes + at[p] + off[p], n, &err) == 0);
+            off[p] += n;
+            more |= off[p] < g_pieces[p];
+        }
+        step = step * 5 + 3;
+    }
+    ck_assert_msg(kl_srcdigest_final(d, split, &err) == 0, "%s", emsg(&err));
+    kl_srcdigest_destroy(d);
+    ck_assert(!memcmp(one, split, sizeof one));
+    /* one byte changed in the middle of the large piece: another digest */
+    bytes[at[2] + KL_SRCDIGEST_LEAF + 5] ^= 1;
+    srcdigest_whole(bytes, at, pool, split);
+    ck_assert(memcmp(one, split, sizeof one) != 0);
+    kl_pool_destroy(pool);
+    kl_free(bytes);
+}
+END_TEST
+
+START_TEST(source_digest_refuses_bytes_out_of_order_and_unfinished_pieces)
+{
+    kl_srcdigest *d;
+    kl_err err;
+    uint8_t b[8] = {0};
+    unsigned char out[KL_SRCDIGEST_BYTES];
+    ck_assert(kl_srcdigest_create(&d, g_pieces, N_PIECES, NULL, &err) == 0);
+    ck_assert_int_eq(kl_srcdigest_update(d, 3, 2, b, 3, &err), KL_E_BUG); /* a gap */
+    ck_assert_int_eq(kl_srcdigest_update(d, 3, 0, b, 6, &err), KL_E_BUG); /* past the end */
+    ck_assert_int_eq(kl_srcdigest_update(d, 9, 0, b, 1, &err), KL_E_BUG); /* no such piece */
+    ck_assert_int_eq(kl_srcdigest_update(d, 3, 0, b, 2, &err), 0);
+    ck_assert_int_eq(kl_srcdigest_update(d, 3, 0, b, 2, &err), KL_E_BUG); /* again */
+    ck_assert_int_eq(kl_srcdigest_final(d, out, &err), KL_E_BUG);         /* unfinished */
+    kl_srcdigest_destroy(d);
+}
+END_TEST
+
 /* Write-behind hook that fails on the n-th call. */
 typedef struct failing_hook {
     kl_sdigest *d;
@@ -1014,6 +1088,8 @@ int main(void)
     tcase_add_test(tc, help_says_shard_size_is_a_soft_limit);
     tcase_add_test(tc, shard_digest_fed_leaf_by_leaf_in_any_order_equals_the_file_read_back);
     tcase_add_test(tc, shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves);
+    tcase_add_test(tc, source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads);
+    tcase_add_test(tc, source_digest_refuses_bytes_out_of_order_and_unfinished_pieces);
     tcase_add_test(tc, write_behind_lanes_write_everything_in_each_lanes_order);
     tcase_add_test(tc, write_behind_hook_error_fails_the_queue);
     suite_add_tcase(s, tc);
