@@ -626,6 +626,29 @@ START_TEST(an_old_format_journal_starts_the_run_over)
 }
 END_TEST
 
+/* The source digest does not depend on who hashed the leaves: a run killed with 4 threads
+ * (leaves hashed on the pool) resumes with 1 (the converting thread alone) and keeps its
+ * journaled shards. */
+START_TEST(a_run_killed_with_4_threads_resumes_with_1_and_keeps_its_shards)
+{
+    char src[700], ref[700], out[700], cmd[3200], *text;
+    const char *kl = source_and_reference("threads", src, ref);
+    snprintf(out, sizeof out, "%s/threads-out", g_root);
+    snprintf(cmd, sizeof cmd,
+             "KL_CONVERT_TEST_KILL=2 '%s' convert '%s' '%s' --shard-size 1M --threads 4 -q "
+             ">/dev/null 2>&1", kl, src, out);
+    ck_assert(killed(system(cmd)));
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 1M --threads 1 --json", src, out);
+    ck_assert_int_eq(kl_run(cmd, &text), 0);
+    ck_assert_msg(strstr(text, "\"shards_resumed\":2,"), "shards were redone: %s", text);
+    kl_free(text);
+    char *want = digest_dir(ref), *got = digest_dir(out);
+    ck_assert_msg(!strcmp(want, got), "the output differs from the reference");
+    kl_free(want);
+    kl_free(got);
+}
+END_TEST
+
 /* Rewrites dir's shard holding `name` without it, and the index without it. */
 static void drop_tensor(const char *dir, const char *name)
 {
@@ -1079,6 +1102,7 @@ int main(void)
     tcase_add_test(tc, a_resume_never_reuses_shards_of_a_replaced_source);
     tcase_add_test(tc, a_resume_notices_source_bytes_edited_in_place);
     tcase_add_test(tc, an_old_format_journal_starts_the_run_over);
+    tcase_add_test(tc, a_run_killed_with_4_threads_resumes_with_1_and_keeps_its_shards);
     tcase_add_test(tc, verify_reports_a_tensor_missing_from_the_destination);
     tcase_add_test(tc, verify_of_a_directory_against_itself_or_inside_it_is_a_usage_error);
     tcase_add_test(tc, verify_shows_progress_on_a_terminal_unless_quiet);
