@@ -466,6 +466,7 @@ typedef struct shard_run {
     const uint8_t *rows;
     size_t         n_rows;
     size_t         group;           /* rows per quantizer item */
+    size_t         n_leaf;          /* source digest leaves of the chunk, hashed in its run */
     job           *cur;
     uint8_t       *packed, *scale;  /* the batch's codes and scales: a queue reservation */
     atomic_int     qrc;             /* first quantizer failure of the batch */
@@ -506,6 +507,17 @@ static void quantize_group(void *arg, size_t g)
         quantize_one(s, i);
 }
 
+/* Pool item i of a chunk's run: the chunk's n_leaf source digest leaves first, then the row
+ * groups, so the hashing overlaps the quantizing and the pool wakes once per chunk. */
+static void chunk_item(void *arg, size_t i)
+{
+    shard_run *s = arg;
+    if (i < s->n_leaf)
+        kl_srcdigest_leaf(s->src_dg, i);
+    else
+        quantize_group(s, i - s->n_leaf);
+}
+
 /* Quantizes n whole rows at `rows` straight into a write-behind reservation (codes, then
  * scales: one item, so both tensors' bytes reach the digest in order on the job's lane) and
  * queues it. */
@@ -531,7 +543,8 @@ static int quantize_rows(shard_run *s, job *j, const uint8_t *rows, size_t n, kl
     s->scale = out + n * pk;
     s->group = GROUP_BYTES / j->row_in_bytes ? GROUP_BYTES / j->row_in_bytes : 1;
     t0 = kl_now_s();
-    kl_pool_run(s->c->pool, (n + s->group - 1) / s->group, quantize_group, s);
+    kl_pool_run(s->c->pool, s->n_leaf + (n + s->group - 1) / s->group, chunk_item, s);
+    s->n_leaf = 0;
     s->c->res.quantize_s += kl_now_s() - t0;
     if (atomic_load(&s->qrc)) {
         kl_wb_cancel(s->c->wb, it);
@@ -599,32 +612,12 @@ static int report_progress(conv *c)
     return c->o->progress(c->o->progress_ctx, c->done_out, c->total_out);
 }
 
-/* Reader callback: the next piece of source tensor ext_idx, in order; a tensor is complete
- * before the next one starts (kl_reader_run_gathered). */
-static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+/* The rows of a chunk of a quantized tensor: finishes a row carried over from the last chunk,
+ * then quantizes the whole rows together with the chunk's digest leaves (s->n_leaf) and keeps
+ * the rest. */
+static int quantize_chunk(shard_run *s, job *j, const uint8_t *data, size_t len, kl_err *err)
 {
-    shard_run *s = ctx;
-    job *j = &s->jobs[ext_idx];
-    kl_err *err = &s->cb_err;
     int rc = 0;
-    s->c->res.read_bytes += len;
-    s->src_read += len;
-    if (s->src_read * 2 >= s->src_total)
-        test_kill_at(s->c->kill_mid, s->c->shards_run + 1);
-    /* the source digest, of the bytes where the reader put them (whole leaves on the pool) */
-    double t0 = kl_now_s();
-    rc = kl_srcdigest_update(s->src_dg, ext_idx, ext_off, data, len, err);
-    s->c->res.src_hash_s += kl_now_s() - t0;
-    if (rc)
-        return rc;
-    if (!j->quantize) {
-        t0 = kl_now_s();
-        rc = queue_by_leaf(s, &s->tgt, &j->out, j->packed, ext_off, data, len, err);
-        s->c->res.write_s += kl_now_s() - t0;
-        s->c->done_out += len;
-        return rc ? rc : report_progress(s->c);
-    }
-    /* Whole rows only: finish a row carried over from the last chunk, then batch the rest. */
     if (s->carry_len) {
         size_t take = (size_t)j->row_in_bytes - s->carry_len;
         take = take < len ? take : len;
@@ -634,7 +627,11 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
         len -= take;
         if (s->carry_len == j->row_in_bytes) {
             s->carry_len = 0;
-            if ((rc = quantize_rows(s, j, s->carry, 1, err)))
+            size_t leaves = s->n_leaf; /* one row, in the caller: not this run */
+            s->n_leaf = 0;
+            rc = quantize_rows(s, j, s->carry, 1, err);
+            s->n_leaf = leaves;
+            if (rc)
                 return rc;
             s->c->done_out += j->n_in / 2 + j->n_in / 32;
         }
@@ -646,7 +643,46 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
     memcpy(s->carry + s->carry_len, data + n * j->row_in_bytes, rest);
     s->carry_len += rest;
     s->c->done_out += (n * j->n_in) / 2 + (n * j->n_in) / 32;
-    return report_progress(s->c);
+    return 0;
+}
+
+/* Reader callback: the next piece of source tensor ext_idx, in order; a tensor is complete
+ * before the next one starts (kl_reader_run_gathered).  The source digest hashes the bytes
+ * where the reader put them: the ragged leaf ends here, the whole leaves on the pool (in the
+ * quantizer's run, or a run of their own for a copied tensor). */
+static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+{
+    shard_run *s = ctx;
+    job *j = &s->jobs[ext_idx];
+    kl_err *err = &s->cb_err;
+    s->c->res.read_bytes += len;
+    s->src_read += len;
+    if (s->src_read * 2 >= s->src_total)
+        test_kill_at(s->c->kill_mid, s->c->shards_run + 1);
+    double t0 = kl_now_s();
+    int rc = kl_srcdigest_begin(s->src_dg, ext_idx, ext_off, data, len, &s->n_leaf, err);
+    if (!rc && !j->quantize) {
+        kl_srcdigest_leaves(s->src_dg);
+        s->n_leaf = 0;
+    }
+    s->c->res.src_hash_s += kl_now_s() - t0;
+    if (rc)
+        return rc;
+    if (j->quantize) {
+        rc = quantize_chunk(s, j, data, len, err);
+    } else {
+        t0 = kl_now_s();
+        rc = queue_by_leaf(s, &s->tgt, &j->out, j->packed, ext_off, data, len, err);
+        s->c->res.write_s += kl_now_s() - t0;
+        s->c->done_out += len;
+    }
+    t0 = kl_now_s();
+    if (!rc && s->n_leaf) /* no run took them (no whole row in the chunk) */
+        kl_srcdigest_leaves(s->src_dg);
+    s->n_leaf = 0;
+    kl_srcdigest_end(s->src_dg);
+    s->c->res.src_hash_s += kl_now_s() - t0;
+    return rc ? rc : report_progress(s->c);
 }
 
 /* The writer's tensor list, the extents and the jobs (one per source tensor) of shard k; pos

@@ -244,8 +244,6 @@ int kl_sdigest_file(const char *path, const uint64_t *piece_bytes, size_t n,
 
 /* ---- the source digest (XXH3-128 tree, see shard_digest.h) -------------------------------- */
 
-#define LEAF_BATCH 64 /* whole leaves hashed per pool run */
-
 typedef struct src_piece {
     uint64_t     bytes, seen;
     kl_fasthash *leaf;  /* the partly hashed leaf, while there is one */
@@ -258,11 +256,13 @@ struct kl_srcdigest {
     src_piece *pieces;
     size_t     n;
     kl_pool   *pool;
-    /* one batch of whole leaves, for the pool */
-    const uint8_t *batch;
-    uint64_t       batch_last; /* bytes of the batch's last leaf (the others: a full leaf) */
-    size_t         batch_n;
-    unsigned char  batch_sum[LEAF_BATCH][KL_FASTHASH_BYTES];
+    /* the call in progress (kl_srcdigest_begin .. kl_srcdigest_end): its whole leaves, hashed
+     * by kl_srcdigest_leaf, and the ragged tail after them */
+    src_piece     *cur;
+    const uint8_t *batch, *tail;
+    uint64_t       batch_bytes, batch_last; /* all its leaves; its last (the others: full) */
+    size_t         batch_n, tail_n, cap;
+    unsigned char (*batch_sum)[KL_FASTHASH_BYTES]; /* [cap] */
 };
 
 int kl_srcdigest_create(kl_srcdigest **out, const uint64_t *piece_bytes, size_t n, kl_pool *pool,
@@ -298,24 +298,25 @@ void kl_srcdigest_destroy(kl_srcdigest *d)
     for (size_t p = 0; p < d->n; p++)
         piece_free(&d->pieces[p]);
     kl_free(d->pieces);
+    kl_free(d->batch_sum);
     kl_free(d);
 }
 
-/* Pool item i: leaf i of the batch. */
-static void hash_leaf(void *ctx, size_t i)
+void kl_srcdigest_leaf(void *ctx, size_t i)
 {
     kl_srcdigest *d = ctx;
     uint64_t len = i + 1 == d->batch_n ? d->batch_last : KL_SRCDIGEST_LEAF;
     kl_fasthash_buf(d->batch + i * KL_SRCDIGEST_LEAF, (size_t)len, d->batch_sum[i]);
 }
 
-/* Whole leaves starting at x->seen, in data[0..n): at most LEAF_BATCH, hashed in parallel and
- * added to the piece in order.  The bytes taken. */
-static size_t whole_leaves(kl_srcdigest *d, src_piece *x, const uint8_t *data, size_t n)
+/* Cuts data[0..n), which starts at x->seen on a leaf boundary, into whole leaves (the batch)
+ * and a tail shorter than a leaf. */
+static int plan_leaves(kl_srcdigest *d, src_piece *x, const uint8_t *data, size_t n,
+                       kl_err *err)
 {
     uint64_t left = x->bytes - x->seen, take = 0;
     size_t k = 0;
-    while (k < LEAF_BATCH && left) {
+    while (left) {
         uint64_t len = left < KL_SRCDIGEST_LEAF ? left : KL_SRCDIGEST_LEAF;
         if (take + len > n)
             break;
@@ -324,16 +325,19 @@ static size_t whole_leaves(kl_srcdigest *d, src_piece *x, const uint8_t *data, s
         left -= len;
         k++;
     }
+    if (k > d->cap) {
+        void *sums = kl_realloc(d->batch_sum, k * sizeof *d->batch_sum);
+        if (!sums)
+            return kl_fail(err, KL_E_NOMEM, "out of memory for %zu leaf digests", k);
+        d->batch_sum = sums;
+        d->cap = k;
+    }
     d->batch = data;
     d->batch_n = k;
-    if (d->pool && k > 1)
-        kl_pool_run(d->pool, k, hash_leaf, d);
-    else
-        for (size_t i = 0; i < k; i++)
-            hash_leaf(d, i);
-    kl_fasthash_update(x->sums, d->batch_sum, k * KL_FASTHASH_BYTES);
-    x->seen += take;
-    return (size_t)take;
+    d->batch_bytes = take;
+    d->tail = data + take;
+    d->tail_n = n - (size_t)take;
+    return 0;
 }
 
 /* Bytes of a leaf hashed across calls: up to the leaf's end. */
@@ -354,9 +358,10 @@ static size_t part_leaf(src_piece *x, const uint8_t *data, size_t n)
     return take;
 }
 
-int kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
-                        kl_err *err)
+int kl_srcdigest_begin(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
+                       size_t *leaves, kl_err *err)
 {
+    *leaves = 0;
     src_piece *x = p < d->n ? &d->pieces[p] : NULL;
     if (!x || off != x->seen || n > x->bytes - x->seen)
         return kl_fail(err, KL_E_BUG, "source digest of %zu bytes at %" PRIu64 " of piece %zu",
@@ -364,20 +369,53 @@ int kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *dat
     int rc = 0;
     if (n && !x->sums && !(rc = kl_fasthash_create(&x->sums, err)))
         rc = kl_fasthash_create(&x->leaf, err);
-    const uint8_t *b = data;
-    while (!rc && n) {
-        size_t took = x->seen % KL_SRCDIGEST_LEAF ? 0 : whole_leaves(d, x, b, n);
-        if (!took)
-            took = part_leaf(x, b, n);
-        b += took;
-        n -= took;
-    }
-    if (!rc && x->seen == x->bytes && x->sums) {
+    size_t head = !rc && n && x->seen % KL_SRCDIGEST_LEAF ? part_leaf(x, data, n) : 0;
+    if (!rc)
+        rc = plan_leaves(d, x, (const uint8_t *)data + head, n - head, err);
+    d->cur = rc ? NULL : x;
+    *leaves = rc ? 0 : d->batch_n;
+    return rc;
+}
+
+void kl_srcdigest_leaves(kl_srcdigest *d)
+{
+    if (d->pool && d->batch_n > 1)
+        kl_pool_run(d->pool, d->batch_n, kl_srcdigest_leaf, d);
+    else
+        for (size_t i = 0; i < d->batch_n; i++)
+            kl_srcdigest_leaf(d, i);
+}
+
+void kl_srcdigest_end(kl_srcdigest *d)
+{
+    src_piece *x = d->cur;
+    if (!x)
+        return;
+    if (d->batch_n)
+        kl_fasthash_update(x->sums, d->batch_sum, d->batch_n * KL_FASTHASH_BYTES);
+    x->seen += d->batch_bytes;
+    if (d->tail_n) /* shorter than a leaf, from a leaf's start: the piece goes on */
+        part_leaf(x, d->tail, d->tail_n);
+    if (x->seen == x->bytes && x->sums) {
         kl_fasthash_final(x->sums, x->sum);
         piece_free(x);
         x->done = 1;
     }
-    return rc;
+    d->cur = NULL;
+    d->batch_n = d->tail_n = 0;
+    d->batch_bytes = 0;
+}
+
+int kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
+                        kl_err *err)
+{
+    size_t leaves;
+    int rc = kl_srcdigest_begin(d, p, off, data, n, &leaves, err);
+    if (rc)
+        return rc;
+    kl_srcdigest_leaves(d);
+    kl_srcdigest_end(d);
+    return 0;
 }
 
 int kl_srcdigest_final(kl_srcdigest *d, unsigned char out[KL_SRCDIGEST_BYTES], kl_err *err)

@@ -75,6 +75,20 @@ void kl_srcdigest_destroy(kl_srcdigest *d); /* NULL ok */
 /* n bytes of piece p at byte `off`: the piece's bytes before off came in earlier calls. */
 int  kl_srcdigest_update(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
                          kl_err *err);
+/* kl_srcdigest_update in steps, for a caller that hashes the whole leaves in a pool run of its
+ * own, together with other work (one wake-up of the pool per chunk, not two):
+ * kl_srcdigest_begin takes update's arguments, hashes the ragged head (the rest of a leaf begun
+ * in an earlier call) and sets *leaves to the number of whole leaves in the bytes; then
+ * kl_srcdigest_leaf(d, i) must run once for every i in [0, *leaves), in any order and on any
+ * threads (it is a kl_pool_run item function; ctx is d), or kl_srcdigest_leaves runs them all
+ * (on the pool given to create, if any, when there are several); kl_srcdigest_end adds their
+ * digests in order and hashes the ragged tail.  The bytes must stay in place until then; no
+ * other call on d in between.  The digest is the same as kl_srcdigest_update's. */
+int  kl_srcdigest_begin(kl_srcdigest *d, size_t p, uint64_t off, const void *data, size_t n,
+                        size_t *leaves, kl_err *err);
+void kl_srcdigest_leaf(void *d, size_t i);
+void kl_srcdigest_leaves(kl_srcdigest *d);
+void kl_srcdigest_end(kl_srcdigest *d); /* no-op after a failed begin */
 int  kl_srcdigest_final(kl_srcdigest *d, unsigned char out[KL_SRCDIGEST_BYTES], kl_err *err);
 
 #endif
