@@ -59,7 +59,8 @@ typedef struct kl_convert_result {
     double   elapsed_s;
     /* where the converting thread spent its time (the rest is waiting for source reads) */
     double   quantize_s;       /* quantizer pool runs */
-    double   src_hash_s;       /* hashing the source bytes for the journal (kl_srcdigest) */
+    double   src_hash_s;       /* hashing the source bytes for the journal (kl_srcdigest),
+                                * but for the leaves hashed in the quantizer's runs */
     double   write_s;          /* handing output bytes to the write-behind queue */
     double   write_wait_s;     /* of which blocked on a full queue (the disk behind) */
     double   commit_s;         /* per-shard fsync + rename */

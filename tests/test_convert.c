@@ -9,6 +9,7 @@
 #include "tests/testutil.h"
 
 #include "audit/audit.h"
+#include "common/fasthash.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
@@ -929,6 +930,120 @@ static void srcdigest_whole(const uint8_t *bytes, const size_t *at, kl_pool *poo
     kl_srcdigest_destroy(d);
 }
 
+/* Feeds n bytes of piece p at off into d in one kl_srcdigest_update. */
+static void srcdigest_update(kl_srcdigest *d, kl_pool *pool, size_t p, uint64_t off,
+                             const uint8_t *data, size_t n)
+{
+    (void)pool;
+    kl_err err;
+    ck_assert_msg(kl_srcdigest_update(d, p, off, data, n, &err) == 0, "%s", emsg(&err));
+}
+
+/* A caller's pool run of its own: other work around the digest's leaves (hashed backwards). */
+typedef struct leaves_run {
+    kl_srcdigest *d;
+    size_t        leaves;
+    atomic_size_t other;
+} leaves_run;
+
+static void leaves_run_item(void *ctx, size_t i)
+{
+    leaves_run *r = ctx;
+    if (i % 2 == 0 && i / 2 < r->leaves)
+        kl_srcdigest_leaf(r->d, r->leaves - 1 - i / 2);
+    else
+        atomic_fetch_add(&r->other, 1);
+}
+
+/* Feeds them in steps: begin, the whole leaves in the caller's pool run, end. */
+static void srcdigest_steps(kl_srcdigest *d, kl_pool *pool, size_t p, uint64_t off,
+                            const uint8_t *data, size_t n)
+{
+    kl_err err;
+    leaves_run r = {.d = d};
+    ck_assert_msg(kl_srcdigest_begin(d, p, off, data, n, &r.leaves, &err) == 0, "%s",
+                  emsg(&err));
+    kl_pool_run(pool, 2 * r.leaves + 3, leaves_run_item, &r);
+    ck_assert_uint_eq(atomic_load(&r.other), r.leaves + 3);
+    kl_srcdigest_end(d);
+}
+
+typedef void srcdigest_feed(kl_srcdigest *d, kl_pool *pool, size_t p, uint64_t off,
+                            const uint8_t *data, size_t n);
+
+/* Source digest of the made-up shard's pieces interleaved, in uneven calls that cut leaves
+ * anywhere. */
+static void srcdigest_split(const uint8_t *bytes, const size_t *at, kl_pool *pool,
+                            srcdigest_feed *feed_fn, unsigned char out[KL_SRCDIGEST_BYTES])
+{
+    kl_srcdigest *d;
+    kl_err err;
+    ck_assert(kl_srcdigest_create(&d, g_pieces, N_PIECES, pool, &err) == 0);
+    size_t off[N_PIECES] = {0}, step = 7;
+    for (int more = 1; more;) {
+        more = 0;
+        for (size_t p = 0; p < N_PIECES; p++) {
+            size_t n = (size_t)g_pieces[p] - off[p];
+            n = n < step ? n : step;
+            feed_fn(d, pool, p, off[p], bytes + at[p] + off[p], n);
+            off[p] += n;
+            more |= off[p] < g_pieces[p];
+        }
+        step = step * 5 + 3;
+    }
+    ck_assert_msg(kl_srcdigest_final(d, out, &err) == 0, "%s", emsg(&err));
+    kl_srcdigest_destroy(d);
+}
+
+/* The source digest by its definition in shard_digest.h, leaf by leaf. */
+static void srcdigest_by_definition(const uint8_t *bytes, const size_t *at,
+                                    unsigned char out[KL_SRCDIGEST_BYTES])
+{
+    kl_fasthash *all, *piece;
+    kl_err err;
+    ck_assert(kl_fasthash_create(&all, &err) == 0 && kl_fasthash_create(&piece, &err) == 0);
+    for (size_t p = 0; p < N_PIECES; p++) {
+        unsigned char leaf[KL_FASTHASH_BYTES], sum[KL_FASTHASH_BYTES], le[8];
+        kl_fasthash_reset(piece);
+        for (uint64_t o = 0; o < g_pieces[p]; o += KL_SRCDIGEST_LEAF) {
+            uint64_t left = g_pieces[p] - o;
+            kl_fasthash_buf(bytes + at[p] + o,
+                            (size_t)(left < KL_SRCDIGEST_LEAF ? left : KL_SRCDIGEST_LEAF), leaf);
+            kl_fasthash_update(piece, leaf, sizeof leaf);
+        }
+        kl_fasthash_final(piece, sum);
+        for (int i = 0; i < 8; i++)
+            le[i] = (unsigned char)(g_pieces[p] >> (8 * i));
+        kl_fasthash_update(all, le, sizeof le);
+        kl_fasthash_update(all, sum, sizeof sum);
+    }
+    kl_fasthash_final(all, out);
+    kl_fasthash_destroy(piece);
+    kl_fasthash_destroy(all);
+}
+
+START_TEST(source_digest_in_steps_on_the_callers_pool_run_keeps_its_definition)
+{
+    size_t total = 0, at[N_PIECES];
+    for (size_t p = 0; p < N_PIECES; p++) {
+        at[p] = total;
+        total += (size_t)g_pieces[p];
+    }
+    uint8_t *bytes = pattern(total);
+    kl_pool *pool;
+    kl_err err;
+    ck_assert(kl_pool_create(&pool, 3, &err) == 0);
+    unsigned char def[KL_SRCDIGEST_BYTES], got[KL_SRCDIGEST_BYTES];
+    srcdigest_by_definition(bytes, at, def);
+    srcdigest_whole(bytes, at, pool, got);
+    ck_assert(!memcmp(def, got, sizeof def));
+    srcdigest_split(bytes, at, pool, srcdigest_steps, got);
+    ck_assert(!memcmp(def, got, sizeof def));
+    kl_pool_destroy(pool);
+    kl_free(bytes);
+}
+END_TEST
+
 START_TEST(source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads)
 {
     size_t total = 0, at[N_PIECES];
@@ -944,23 +1059,7 @@ START_TEST(source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads)
     srcdigest_whole(bytes, at, NULL, one);
     srcdigest_whole(bytes, at, pool, many);
     ck_assert(!memcmp(one, many, sizeof one));
-    /* pieces interleaved, in uneven calls that cut leaves anywhere */
-    kl_srcdigest *d;
-    ck_assert(kl_srcdigest_create(&d, g_pieces, N_PIECES, pool, &err) == 0);
-    size_t off[N_PIECES] = {0}, step = 7;
-    for (int more = 1; more;) {
-        more = 0;
-        for (size_t p = 0; p < N_PIECES; p++) {
-            size_t n = (size_t)g_pieces[p] - off[p];
-            n = n < step ? n : step;
-            ck_assert(kl_srcdigest_update(d, p, off[p], bytes + at[p] + off[p], n, &err) == 0);
-            off[p] += n;
-            more |= off[p] < g_pieces[p];
-        }
-        step = step * 5 + 3;
-    }
-    ck_assert_msg(kl_srcdigest_final(d, split, &err) == 0, "%s", emsg(&err));
-    kl_srcdigest_destroy(d);
+    srcdigest_split(bytes, at, pool, srcdigest_update, split);
     ck_assert(!memcmp(one, split, sizeof one));
     /* one byte changed in the middle of the large piece: another digest */
     bytes[at[2] + KL_SRCDIGEST_LEAF + 5] ^= 1;
@@ -1118,6 +1217,7 @@ int main(void)
     tcase_add_test(tc, shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves);
     tcase_add_test(tc, source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads);
     tcase_add_test(tc, source_digest_refuses_bytes_out_of_order_and_unfinished_pieces);
+    tcase_add_test(tc, source_digest_in_steps_on_the_callers_pool_run_keeps_its_definition);
     tcase_add_test(tc, write_behind_lanes_write_everything_in_each_lanes_order);
     tcase_add_test(tc, write_behind_hook_error_fails_the_queue);
     suite_add_tcase(s, tc);
