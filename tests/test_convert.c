@@ -995,6 +995,17 @@ static void srcdigest_split(const uint8_t *bytes, const size_t *at, kl_pool *poo
     kl_srcdigest_destroy(d);
 }
 
+/* The made-up shard's bytes, every piece's at its offset at[p]. */
+static uint8_t *pieces_pattern(size_t at[N_PIECES])
+{
+    size_t total = 0;
+    for (size_t p = 0; p < N_PIECES; p++) {
+        at[p] = total;
+        total += (size_t)g_pieces[p];
+    }
+    return pattern(total);
+}
+
 /* The source digest by its definition in shard_digest.h, leaf by leaf. */
 static void srcdigest_by_definition(const uint8_t *bytes, const size_t *at,
                                     unsigned char out[KL_SRCDIGEST_BYTES])
@@ -1024,12 +1035,8 @@ static void srcdigest_by_definition(const uint8_t *bytes, const size_t *at,
 
 START_TEST(source_digest_in_steps_on_the_callers_pool_run_keeps_its_definition)
 {
-    size_t total = 0, at[N_PIECES];
-    for (size_t p = 0; p < N_PIECES; p++) {
-        at[p] = total;
-        total += (size_t)g_pieces[p];
-    }
-    uint8_t *bytes = pattern(total);
+    size_t at[N_PIECES];
+    uint8_t *bytes = pieces_pattern(at);
     kl_pool *pool;
     kl_err err;
     ck_assert(kl_pool_create(&pool, 3, &err) == 0);
@@ -1046,12 +1053,8 @@ END_TEST
 
 START_TEST(source_digest_depends_on_the_bytes_not_on_their_split_or_the_threads)
 {
-    size_t total = 0, at[N_PIECES];
-    for (size_t p = 0; p < N_PIECES; p++) {
-        at[p] = total;
-        total += (size_t)g_pieces[p];
-    }
-    uint8_t *bytes = pattern(total);
+    size_t at[N_PIECES];
+    uint8_t *bytes = pieces_pattern(at);
     kl_pool *pool;
     kl_err err;
     ck_assert(kl_pool_create(&pool, 3, &err) == 0);
