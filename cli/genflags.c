@@ -17,7 +17,11 @@ int kl_gen_flag(int argc, char **argv, int *i, kl_gen_flags *f, const char **why
 {
     const char *v = NULL;
     unsigned long long u;
-    if (kl_cli_opt_value(argc, argv, i, "-n", &v)) {
+    if (!strcmp(argv[*i], "-q") || !strcmp(argv[*i], "--quiet")) {
+        f->quiet = 1;
+    } else if (!strcmp(argv[*i], "--ignore-memory-check")) {
+        f->ignore_memory = 1;
+    } else if (kl_cli_opt_value(argc, argv, i, "-n", &v)) {
         if (kl_cli_parse_u64(v, &f->n_predict) || f->n_predict > ((size_t)-1) / 8)
             BAD("-n wants a count, not ");
     } else if (kl_cli_opt_value(argc, argv, i, "--temp", &v)) {

@@ -1,6 +1,6 @@
 /*
  * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-p,
- * --top-k, --min-p, --seed, --threads, --route-weights.
+ * --top-k, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check.
  */
 #ifndef KL_CLI_GENFLAGS_H
 #define KL_CLI_GENFLAGS_H
@@ -13,6 +13,8 @@ typedef struct kl_gen_flags {
     kl_sampler_opts samp;
     unsigned threads; /* 0 = online CPUs */
     kl_route_weights route;
+    int quiet;        /* -q: errors only on stderr (no progress, load line or timings) */
+    int ignore_memory; /* --ignore-memory-check */
 } kl_gen_flags;
 
 /* Looks at argv[*i]: 1 if it was one of the flags above (value consumed, *i advanced), 0 if it

@@ -67,12 +67,17 @@ static float *vec_f32(const kl_wmat *w)
 
 typedef struct load_ctx {
     uint8_t **dst;    /* [n_ext] */
+    const kl_model_opts *opts;   /* progress callback (may be NULL) */
+    uint64_t done, total;        /* payload bytes copied, to copy */
 } load_ctx;
 
 static int load_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
 {
     load_ctx *c = ctx;
     memcpy(c->dst[ext_idx] + ext_off, data, len);
+    c->done += len;
+    if (c->opts && c->opts->progress)
+        c->opts->progress(c->opts->progress_user, c->done, c->total);
     return 0;
 }
 
@@ -111,7 +116,8 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
 }
 
 /* Reads every schema tensor into its own buffer and binds it. */
-static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl_err *err)
+static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s,
+                    const kl_model_opts *opts, kl_err *err)
 {
     kl_reader *rd = NULL;
     kl_extent *ext = NULL;
@@ -166,7 +172,7 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s, kl
         ext[i] = (kl_extent){(uint32_t)ct->shard, t->file_off, t->n_bytes};
         m->weight_bytes += t->n_bytes;
     }
-    load_ctx lc = {(uint8_t **)m->bufs};
+    load_ctx lc = {(uint8_t **)m->bufs, opts, 0, m->weight_bytes};
     /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
     if ((rc = kl_reader_run_gathered(rd, ext, s->n, KL_GATHER_GAP, load_cb, &lc, err)))
         goto out;
@@ -251,7 +257,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
             }
         }
     }
-    if ((rc = load_all(m, &ck, &s, err)))
+    if ((rc = load_all(m, &ck, &s, opts, err)))
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : 0;
     if (!threads) {

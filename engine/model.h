@@ -45,9 +45,14 @@ typedef struct kl_layer {
     kl_wmat     *experts[3];              /* [num_experts] w1 (gate), w2 (down), w3 (up) */
 } kl_layer;
 
+/* Load progress: payload bytes read so far of total (called from the reading thread). */
+typedef void (*kl_model_progress_fn)(void *user, uint64_t done, uint64_t total);
+
 typedef struct kl_model_opts {
     unsigned         threads;             /* 0 = online CPUs */
     kl_route_weights route_weights;       /* default unbiased */
+    kl_model_progress_fn progress;        /* NULL: none */
+    void            *progress_user;       /* passed to progress */
 } kl_model_opts;
 
 typedef struct kl_model {
