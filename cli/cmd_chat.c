@@ -13,6 +13,7 @@
 #include "cli/genflags.h"
 #include "cli/loadmodel.h"
 #include "cli/progress.h"
+#include "cli/sigint.h"
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/utf8.h"
@@ -123,28 +124,6 @@ static int parse_args(int argc, char **argv, chat_args *a)
 }
 
 /* ---- the conversation --------------------------------------------------------------------- */
-
-/* Set by SIGINT: stops the current prompt or reply; at the prompt, ends the chat. */
-static volatile sig_atomic_t g_interrupt;
-
-static void on_sigint(int sig)
-{
-    (void)sig;
-    g_interrupt = 1;
-}
-
-/* SIGINT sets the flag instead of killing.  At the prompt (restart 0) it also interrupts the
- * read, which ends the chat; during a turn (restart 1) system calls resume, so a write to a
- * slow stdout is not lost, and the engine sees the flag between tokens. */
-static void catch_sigint(int restart)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sa.sa_flags = restart ? SA_RESTART : 0;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-}
 
 /* Everything a chat holds; released by chat_free whatever was built. */
 typedef struct chat_ctx {
@@ -264,7 +243,7 @@ static int prefill(chat_ctx *c, const chat_args *a, const uint32_t *ids, size_t 
 {
     kl_progress p;
     kl_progress_init(&p, "kl chat: prefill", a->gen.quiet);
-    kl_session_feed f = {.progress = show_prefill, .user = &p, .cancel = &g_interrupt};
+    kl_session_feed f = {.progress = show_prefill, .user = &p, .cancel = &kl_cli_interrupted};
     double t0 = kl_now_s();
     int rc = kl_session_prompt(&c->sess, ids, n, &f, &t->feed, err);
     t->prefill_s = kl_now_s() - t0;
@@ -282,7 +261,7 @@ static int reply(chat_ctx *c, const chat_args *a, turn_stats *t, int *cancelled,
                 .ids = c->gen,
                 .emit = emit_cb,
                 .user = c,
-                .cancel = &g_interrupt};
+                .cancel = &kl_cli_interrupted};
     double t0 = kl_now_s();
     int rc = kl_session_generate(&c->sess, &g, err);
     t->decode_s = kl_now_s() - t0;
@@ -375,12 +354,12 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
     ssize_t len;
     for (;;) {
         /* a Ctrl-C from here until the line is read ends the chat; after, the turn */
-        g_interrupt = 0;
-        catch_sigint(0);
+        kl_cli_interrupted = 0;
+        kl_cli_catch_sigint(0);
         if (tty)
             fputs("> ", stderr);
         len = getline(&line, &line_cap, stdin);
-        catch_sigint(1);
+        kl_cli_catch_sigint(1);
         if (len < 0)
             break;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -390,7 +369,7 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
         if (line[0] == '/' ? command(c, line) : (rc = turn(c, a, line, err)) != 0)
             break;
     }
-    if (!rc && ferror(stdin) && !g_interrupt)
+    if (!rc && ferror(stdin) && !kl_cli_interrupted)
         rc = kl_fail_sys(err, KL_E_IO, errno, "cannot read standard input");
     if (tty && !rc)
         fputc('\n', stderr);

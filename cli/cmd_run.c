@@ -8,6 +8,7 @@
 #include "cli/loadmodel.h"
 #include "cli/outfile.h"
 #include "cli/progress.h"
+#include "cli/sigint.h"
 #include "common/utf8.h"
 
 #include "common/clock.h"
@@ -318,7 +319,8 @@ static int generate(run_ctx *c, const run_args *a, kl_err *err)
                 .ids = c->gen,
                 .emit = emit_cb,
                 .on_fed = fed_cb,
-                .user = c};
+                .user = c,
+                .cancel = &kl_cli_interrupted};
     c->args = a;
     int rc = kl_session_generate(&c->sess, &g, err);
     c->n_gen = g.n_ids;
@@ -382,7 +384,7 @@ static int prefill(run_ctx *c, const run_args *a, kl_err *err)
 {
     kl_progress p;
     kl_progress_init(&p, "kl run: prefill", a->gen.quiet);
-    kl_session_feed f = {.progress = show_prefill, .user = &p};
+    kl_session_feed f = {.progress = show_prefill, .user = &p, .cancel = &kl_cli_interrupted};
     double t0 = kl_now_s();
     int rc = kl_session_prompt(&c->sess, c->prompt, c->n_prompt, &f, NULL, err);
     c->prefill_s = kl_now_s() - t0;
@@ -402,6 +404,8 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
     c->gen = kl_calloc(n_gen_cap, sizeof *c->gen);
     if (!c->row || !c->gen)
         return kl_fail(err, KL_E_NOMEM, "buffers for a vocabulary of %u", (unsigned)c->vocab);
+    /* Ctrl-C stops the prompt or the generation between tokens (no partial logits file) */
+    kl_cli_catch_sigint(1);
     if ((rc = kl_session_init(&c->sess, c->m, 0, err)) ||
         (rc = kl_sampler_init(&c->samp, c->vocab, &a->gen.samp, err)) ||
         (rc = prefill(c, a, err)))
@@ -410,12 +414,14 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
     double t0 = kl_now_s();
     if (a->force_ids) {
         c->stop_reason = "forced";
-        for (size_t i = 0; i < c->n_force && !rc; i++)
+        for (size_t i = 0; i < c->n_force && !rc && !kl_cli_interrupted; i++)
             rc = feed_one(c, a, c->force[i], err);
-    } else {
+    } else if (!kl_cli_interrupted) {
         rc = generate(c, a, err);
     }
     c->decode_s = kl_now_s() - t0;
+    if (!rc && kl_cli_interrupted)
+        rc = kl_fail(err, KL_E_USAGE, "interrupted");
     if (rc || !c->logits_on)
         return rc;
     /* the logits file appears only now, complete */
