@@ -1,6 +1,7 @@
 /* common/fs.c — file helpers (see fs.h). */
 #include "common/fs.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <dirent.h>
@@ -257,15 +258,9 @@ int kl_list_files_with_suffix(const char *dir, const char *suffix, char ***names
         if (e->d_name[0] == '.' || len < slen || strcmp(e->d_name + len - slen, suffix) != 0 ||
             is_dir_entry(dirfd(d), e))
             continue;
-        if (count == cap) {
-            size_t ncap = cap ? cap * 2 : 16;
-            char **nl = kl_realloc(list, ncap * sizeof *nl);
-            if (!nl) {
-                rc = kl_fail(err, KL_E_NOMEM, "out of memory listing %s", dir);
-                break;
-            }
-            list = nl;
-            cap = ncap;
+        if (kl_grow(&list, &cap, count + 1, sizeof *list)) {
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory listing %s", dir);
+            break;
         }
         if (!(list[count] = kl_strndup(e->d_name, len))) {
             rc = kl_fail(err, KL_E_NOMEM, "out of memory listing %s", dir);

@@ -1,6 +1,7 @@
 /* convert/layout.c — file order and shard cuts (see layout.h). */
 #include "convert/layout.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <stdio.h>
@@ -43,14 +44,8 @@ static int next_unit(kl_layout *l, const kl_schema *s, size_t i, uint8_t *region
 
 static kl_layout_shard *new_shard(kl_layout *l, size_t *cap, size_t first)
 {
-    if (l->n_shards == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 16;
-        kl_layout_shard *sh = kl_realloc(l->shards, ncap * sizeof *sh);
-        if (!sh)
-            return NULL;
-        l->shards = sh;
-        *cap = ncap;
-    }
+    if (kl_grow(&l->shards, cap, l->n_shards + 1, sizeof *l->shards))
+        return NULL;
     kl_layout_shard *sh = &l->shards[l->n_shards++];
     memset(sh, 0, sizeof *sh);
     sh->first = first;

@@ -6,6 +6,7 @@
  */
 #include "engine/chat.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <stdio.h>
@@ -25,17 +26,9 @@ static void sb_add(sbuf *b, const char *s, size_t n)
 {
     if (b->oom)
         return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *q = kl_realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+    if (kl_grow(&b->p, &b->cap, b->len + n + 1, 1)) {
+        b->oom = 1;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -88,14 +81,8 @@ static void jskip_ws(jparser *jp)
 
 static int jpush(jnode *parent, jnode *kid, kl_err *err)
 {
-    if (parent->n_kids == parent->cap_kids) {
-        size_t cap = parent->cap_kids ? parent->cap_kids * 2 : 8;
-        jnode *k = kl_realloc(parent->kids, cap * sizeof *k);
-        if (!k)
-            return kl_fail(err, KL_E_NOMEM, "out of memory parsing the tools JSON");
-        parent->kids = k;
-        parent->cap_kids = cap;
-    }
+    if (kl_grow(&parent->kids, &parent->cap_kids, parent->n_kids + 1, sizeof *parent->kids))
+        return kl_fail(err, KL_E_NOMEM, "out of memory parsing the tools JSON");
     parent->kids[parent->n_kids++] = *kid;
     return 0;
 }

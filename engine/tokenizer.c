@@ -8,6 +8,7 @@
 #include "engine/tokenizer.h"
 
 #include "common/fs.h"
+#include "common/grow.h"
 #include "common/mem.h"
 #include "common/strmap.h"
 
@@ -657,14 +658,8 @@ typedef struct idvec {
 
 static int idvec_push(idvec *a, uint32_t id)
 {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 256;
-        uint32_t *v = kl_realloc(a->v, cap * sizeof *v);
-        if (!v)
-            return KL_E_NOMEM;
-        a->v = v;
-        a->cap = cap;
-    }
+    if (kl_grow(&a->v, &a->cap, a->n + 1, sizeof *a->v))
+        return KL_E_NOMEM;
     a->v[a->n++] = id;
     return 0;
 }

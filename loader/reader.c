@@ -14,6 +14,7 @@
 
 #include "common/checked.h"
 #include "common/log.h"
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <errno.h>
@@ -382,14 +383,8 @@ int kl_reader_add_file(kl_reader *r, const char *path, kl_err *err)
         return broken_fail(r, err);
     if (r->n_files >= (uint32_t)INT32_MAX)
         return file_fail(err, KL_E_USAGE, 0, path, "too many files in one reader");
-    if (r->n_files == r->files_cap) {
-        uint32_t ncap = r->files_cap ? r->files_cap * 2 : 8;
-        kl_rfile *nf = kl_realloc(r->files, (size_t)ncap * sizeof *nf);
-        if (!nf)
-            return file_fail(err, KL_E_NOMEM, 0, path, "out of memory for the file table");
-        r->files = nf;
-        r->files_cap = ncap;
-    }
+    if (kl_grow(&r->files, &r->files_cap, (size_t)r->n_files + 1, sizeof *r->files))
+        return file_fail(err, KL_E_NOMEM, 0, path, "out of memory for the file table");
     kl_rfile f = {.fd = -1, .align = 1};
     if (!(f.path = kl_strdup(path)))
         return file_fail(err, KL_E_NOMEM, 0, path, "out of memory");

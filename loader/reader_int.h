@@ -133,7 +133,8 @@ struct kl_reader {
     size_t                cap;        /* bytes per slot buffer: buf_bytes + 2 * KL_RD_MAX_ALIGN */
     kl_slot              *slots;      /* [queue_depth] */
     kl_rfile             *files;      /* [n_files] */
-    uint32_t              n_files, files_cap;
+    uint32_t              n_files;
+    size_t                files_cap;
     kl_reader_stats       stats;
     /* run state */
     unsigned              inflight;   /* ops handed to the backend and not completed */
