@@ -79,7 +79,7 @@ static kl_model *open_model(const char *dir, unsigned threads)
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
-    kl_model_opts o = {threads, KL_ROUTE_UNBIASED};
+    kl_model_opts o = {.threads = threads, .route_weights = KL_ROUTE_UNBIASED};
     int rc = kl_model_open(&m, dir, &o, &err);
     ck_assert_msg(rc == 0 && m, "kl_model_open(%s): expected 0, got %d (%s)", dir, rc,
                   t_fmt_err(&err));
