@@ -288,7 +288,18 @@ static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audi
     kl_schema_free(&schema);
     if (rc)
         return kl_fail(err, KL_E_NOMEM, "out of memory collecting findings");
-    if (kl_memplan_compute(&r->memplan, &ck->config, o->tp, o->context, &serr) == 0)
+    /* The plan assumes a bf16 MLA cache, as serving engines keep it (the CPU engine: fp32). */
+    kl_memplan_opts mo = {.tp = o->tp, .context = o->context, .cache_elem_bytes = 2,
+                          .state_elem_bytes = 4};
+    if (!mo.context)
+        mo.context = kl_memplan_default_context(&ck->config);
+    rc = kl_memplan_compute(&r->memplan, &ck->config, &mo, &serr);
+    if (rc == KL_E_USAGE) { /* bad --tp or --context: the audit cannot run as asked */
+        if (err && !err->code)
+            *err = serr;
+        return rc;
+    }
+    if (rc == 0)
         r->has_memplan = true;
     else
         return add_from_err(r, &serr, "MEM-PLAN", ck->config_path) ? KL_E_NOMEM : 0;
@@ -297,7 +308,7 @@ static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audi
 
 int kl_audit_run(kl_audit_report *r, const char *dir, const kl_audit_opts *opts, kl_err *err)
 {
-    kl_audit_opts o = {.tp = 1, .context = 131072};
+    kl_audit_opts o = {.tp = 1};
     if (opts)
         o = *opts;
     if (!o.tp)

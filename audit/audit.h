@@ -40,8 +40,13 @@ typedef struct kl_audit_opts {
     bool        hash;         /* SHA-256 every shard */
     const char *expect;       /* sha256sum-format file or HF snapshot dir, or NULL */
     unsigned    tp;           /* tensor-parallel size for the memory plan (default 1) */
-    uint64_t    context;      /* tokens of context for the memory plan (default 131072) */
-    unsigned    threads;      /* hashing threads (default: online CPUs) */
+    uint64_t    context;      /* tokens of context for the memory plan (0: default, see
+                               * kl_memplan_default_context) */
+    unsigned    threads;      /* hashing threads (default: usable CPUs) */
+    /* Called from hashing threads (never concurrently) with the bytes hashed so far and the
+     * bytes to hash in all; NULL for none. */
+    void      (*progress)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+    void       *progress_ctx;
 } kl_audit_opts;
 
 /* Routed-expert region of one MoE layer. */
@@ -55,13 +60,22 @@ typedef struct kl_expert_region {
     uint64_t n_bytes;         /* bytes of the layer's expert tensors */
 } kl_expert_region;
 
+typedef struct kl_memplan_opts {
+    unsigned tp;                     /* tensor-parallel size: must divide every split dimension */
+    uint64_t context;                /* tokens; at most the config's max_position when known */
+    size_t   cache_elem_bytes;       /* MLA latent cache element (the audit: 2, bf16) */
+    size_t   state_elem_bytes;       /* KDA recurrent and conv state element (4, fp32) */
+} kl_memplan_opts;
+
 typedef struct kl_memplan {
     unsigned tp;
     uint64_t context;
+    size_t   cache_elem_bytes;       /* as asked: element size the MLA cache figure assumes */
+    size_t   state_elem_bytes;       /* as asked: element size of the KDA state figure */
     uint64_t weights_bytes;          /* per GPU */
     uint64_t replicated_bytes;       /* part of weights_bytes that every GPU holds whole */
-    uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` (bf16) */
-    uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent (fp32) + conv state */
+    uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` */
+    uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent + conv state */
     uint64_t total_bytes;            /* sum of the three */
 } kl_memplan;
 
@@ -104,9 +118,19 @@ void kl_audit_report_free(kl_audit_report *r);
 /* 1 if the report holds any error-severity finding. */
 int kl_audit_has_problems(const kl_audit_report *r);
 
-/* Memory plan from a config alone (also used by the loader's planner). */
-int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t context,
+/* Memory plan from a config alone.  KL_E_USAGE (rule MEM-TP) when o->tp does not divide the
+ * MLA heads, KDA heads, routed experts or MLP widths (the message lists the valid sizes), or
+ * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
+ * when a figure overflows 64 bits. */
+int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                        kl_err *err);
+/* The TP sizes kl_memplan_compute accepts for c, ascending, at most cap of them, up to
+ * KL_MEMPLAN_MAX_TP; returns how many were written. */
+size_t kl_memplan_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
+#define KL_MEMPLAN_MAX_TP 4096
+/* The context the plan uses when none is asked for: 131072 tokens, or the model's maximum
+ * when that is smaller. */
+uint64_t kl_memplan_default_context(const kl_config *c);
 
 const char *kl_severity_name(kl_severity s);
 

@@ -45,6 +45,18 @@ static int record_results(kl_audit_report *r, const kl_checkpoint *ck,
     return rc ? KL_E_NOMEM : 0;
 }
 
+/* The pass reports bytes done; the audit's callback also wants the total. */
+typedef struct progress_ctx {
+    const kl_audit_opts *o;
+    uint64_t             total;
+} progress_ctx;
+
+static void forward_progress(void *ctx, uint64_t bytes_done)
+{
+    const progress_ctx *pc = ctx;
+    pc->o->progress(pc->o->progress_ctx, bytes_done, pc->total);
+}
+
 int kl_audit_hash(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_opts *o,
                   kl_err *err)
 {
@@ -64,7 +76,14 @@ int kl_audit_hash(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_op
         files[i].path = ck->shards[i].path;
         files[i].rc = NOT_STARTED;
     }
+    progress_ctx pc = {.o = o};
+    for (size_t i = 0; i < ck->n_shards; i++)
+        pc.total += ck->shards[i].st.file_bytes;
     kl_hashpass_opts hopts = {.threads = o->threads};
+    if (o->progress) {
+        hopts.progress = forward_progress;
+        hopts.progress_ctx = &pc;
+    }
     kl_hashpass_stats st;
     kl_err herr;
     kl_err_clear(&herr);
@@ -77,7 +96,7 @@ int kl_audit_hash(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_op
         goto done;
     }
     r->hash_s = st.elapsed_s;
-    if (record_results(r, ck, files, &ex))
+    if (record_results(r, ck, files, &ex) || kl_expect_report(&ex, r, ck))
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
 done:
     kl_free(files);

@@ -5,14 +5,19 @@
  * by the TP size, except the tensors every rank holds whole: norms, the router and its bias,
  * MLA's kv_a projection and kv_a norm (the latent is shared by all heads) and KDA's low-rank
  * f_a / g_a projections and o_norm.  Embedding and lm_head are split by vocabulary.
- * MLA cache: per sequence, (kv_lora_rank + qk_rope_head_dim) bf16 values per token per MLA
- * layer, replicated on every rank.  KDA state: per sequence, heads/TP × K × V fp32 recurrent
- * state plus (kernel − 1) past inputs of q, k and v (fp32) for the causal convolution.
+ * MLA cache: per sequence, kl_config_mla_token_bytes per token per MLA layer at the asked
+ * element size (bf16 in the audit), replicated on every rank.  KDA state: per sequence,
+ * kl_config_kda_state_bytes for heads/TP heads per KDA layer (fp32).
+ * Valid TP sizes: those dividing the MLA heads, the KDA heads, the routed experts and both MLP
+ * widths (every split of the plan then gives whole heads, experts and rows per rank).
  */
 #include "audit/audit.h"
 
 #include "common/checked.h"
 #include "loader/schema.h"
+
+#include <inttypes.h>
+#include <stdio.h>
 
 #include <string.h>
 
@@ -33,18 +38,79 @@ static int replicated_role(kl_role role)
     }
 }
 
-int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t context,
-                       kl_err *err)
+/* ---- valid sizes ---------------------------------------------------------------------------- */
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
 {
-    memset(m, 0, sizeof *m);
-    if (!tp)
-        return kl_fail(err, KL_E_USAGE, "TP size must be at least 1");
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Greatest common divisor of the dimensions a TP size splits (absent ones, 0, are skipped);
+ * 0 when the config names none of them (any size is then accepted). */
+static uint64_t split_gcd(const kl_config *c)
+{
+    const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
+                             c->num_experts, c->intermediate_size, c->moe_intermediate_size};
+    uint64_t g = 0;
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        g = gcd_u64(g, dims[i]);
+    return g;
+}
+
+size_t kl_memplan_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap)
+{
+    uint64_t g = split_gcd(c);
+    size_t n = 0;
+    for (unsigned tp = 1; tp <= KL_MEMPLAN_MAX_TP && n < cap; tp++)
+        if (!g || g % tp == 0)
+            sizes[n++] = tp;
+    return n;
+}
+
+uint64_t kl_memplan_default_context(const kl_config *c)
+{
+    return c->max_position && c->max_position < 131072 ? c->max_position : 131072;
+}
+
+static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
+{
+    uint64_t g = split_gcd(c);
+    if (!o->tp || o->tp > KL_MEMPLAN_MAX_TP || (g && g % o->tp)) {
+        char list[512] = "";
+        unsigned sizes[64];
+        size_t n = kl_memplan_tp_sizes(c, sizes, sizeof sizes / sizeof *sizes);
+        for (size_t i = 0, k = 0; i < n && k < sizeof list; i++)
+            k += (size_t)snprintf(list + k, sizeof list - k, "%s%u", i ? ", " : "", sizes[i]);
+        return kl_fail_rule(err, KL_E_USAGE, "MEM-TP",
+                            "TP size %u does not split the model evenly (MLA heads %u, KDA heads "
+                            "%u, experts %u, MLP widths %u/%u); valid sizes: %s",
+                            o->tp, c->num_attention_heads, c->kda_num_heads, c->num_experts,
+                            c->intermediate_size, c->moe_intermediate_size, list);
+    }
+    if (c->max_position && o->context > c->max_position)
+        return kl_fail_rule(err, KL_E_USAGE, "MEM-CONTEXT",
+                            "context %" PRIu64 " tokens exceeds the model's maximum of %" PRIu64
+                            " (config model_max_length / max_position_embeddings)",
+                            o->context, c->max_position);
+    if (!o->cache_elem_bytes || !o->state_elem_bytes)
+        return kl_fail(err, KL_E_USAGE, "memory plan without element sizes");
+    return 0;
+}
+
+/* ---- plan ------------------------------------------------------------------------------------ */
+
+/* Weights per GPU: split tensors divided by TP, replicated ones whole. */
+static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, kl_err *err)
+{
     kl_schema s;
     int rc = kl_schema_build(&s, c, err);
     if (rc)
         return rc;
-    m->tp = tp;
-    m->context = context;
     for (size_t i = 0; i < s.n; i++) {
         const kl_schema_entry *e = &s.entries[i];
         uint64_t bytes = e->numel * kl_dtype_bits(e->synth_dtype) / 8;
@@ -56,19 +122,30 @@ int kl_memplan_compute(kl_memplan *m, const kl_config *c, unsigned tp, uint64_t 
         }
     }
     kl_schema_free(&s);
+    return 0;
+}
+
+int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
+                       kl_err *err)
+{
+    memset(m, 0, sizeof *m);
+    int rc = check_opts(c, o, err);
+    if (rc || (rc = plan_weights(m, c, o->tp, err)))
+        return rc;
+    m->tp = o->tp;
+    m->context = o->context;
+    m->cache_elem_bytes = o->cache_elem_bytes;
+    m->state_elem_bytes = o->state_elem_bytes;
     /* Config values are 32-bit and context reaches 2^40: every product is checked. */
     uint64_t n_mla = kl_config_count_attn(c, KL_ATTN_MLA);
     uint64_t n_kda = kl_config_count_attn(c, KL_ATTN_KDA);
-    uint64_t latent = (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim;
-    uint64_t heads = ((uint64_t)c->kda_num_heads + tp - 1) / tp;
-    uint64_t window = c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0, hd = c->kda_head_dim;
-    uint64_t mla, state, conv, per_layer, kda, sum;
-    if (kl_mul_u64(n_mla, context, &mla) || kl_mul_u64(mla, latent, &mla) ||
-        kl_mul_u64(mla, 2, &mla) || kl_mul_u64(heads, hd, &state) ||
-        kl_mul_u64(state, hd, &state) || kl_mul_u64(state, 4, &state) ||
-        kl_mul_u64(heads * 3, hd, &conv) || kl_mul_u64(conv, window * 4, &conv) ||
-        kl_add_u64(state, conv, &per_layer) || kl_mul_u64(n_kda, per_layer, &kda) ||
-        kl_add_u64(m->weights_bytes, mla, &sum) || kl_add_u64(sum, kda, &sum))
+    uint64_t heads = c->kda_num_heads / o->tp;
+    uint64_t mla, per_layer, kda, sum;
+    if (kl_mul_u64(n_mla, o->context, &mla) ||
+        kl_mul_u64(mla, kl_config_mla_token_bytes(c, o->cache_elem_bytes), &mla) ||
+        kl_config_kda_state_bytes(c, heads, o->state_elem_bytes, &per_layer) ||
+        kl_mul_u64(n_kda, per_layer, &kda) || kl_add_u64(m->weights_bytes, mla, &sum) ||
+        kl_add_u64(sum, kda, &sum))
         return kl_fail_rule(err, KL_E_FORMAT, "MEM-PLAN",
                             "memory plan overflows 64 bits for this config and context");
     m->mla_cache_bytes = mla;

@@ -60,15 +60,31 @@ static void print_regions(const kl_audit_report *r, FILE *out, int verbose)
     }
 }
 
+/* The float format the plan assumed for an element size. */
+static const char *elem_name(size_t bytes)
+{
+    switch (bytes) {
+    case 1: return "fp8";
+    case 2: return "bf16";
+    case 4: return "fp32";
+    default: return "?";
+    }
+}
+
 static void print_memplan(const kl_memplan *m, FILE *out)
 {
     char w[32], mla[32], kda[32], tot[32];
-    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s + KDA state "
-                 "%s = %s per GPU (one sequence)\n",
+    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s (%s) + KDA "
+                 "state %s (%s) = %s per GPU (one sequence)\n",
             m->tp, m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
-            kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes),
-            kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes),
+            kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), elem_name(m->cache_elem_bytes),
+            kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), elem_name(m->state_elem_bytes),
             kl_fmt_bytes(tot, sizeof tot, m->total_bytes));
+}
+
+static double hash_gbps(const kl_audit_report *r)
+{
+    return r->hash_s > 0 ? (double)r->hashed_bytes / r->hash_s / 1e9 : 0.0;
 }
 
 static void print_hashes(const kl_audit_report *r, FILE *out)
@@ -87,10 +103,9 @@ static void print_hashes(const kl_audit_report *r, FILE *out)
         else
             bad++;
     }
-    fprintf(out, "  sha256       %zu shard(s) hashed in %.2f s (%.2f GB/s): %zu match, %zu "
-                 "mismatch, %zu without expected value\n", r->n_hashes, r->hash_s,
-            r->hash_s > 0 ? (double)r->hashed_bytes / r->hash_s / 1e9 : 0.0, ok, bad,
-            unchecked);
+    fprintf(out, "  sha256       %zu shard(s), %.3f GB hashed in %.2f s (%.2f GB/s): %zu match, "
+                 "%zu mismatch, %zu without expected value\n", r->n_hashes,
+            (double)r->hashed_bytes / 1e9, r->hash_s, hash_gbps(r), ok, bad, unchecked);
 }
 
 void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose)
@@ -191,6 +206,8 @@ static int add_memplan(const kl_memplan *m, cJSON *root)
     kl_json_add_u64(o, "weights_bytes_per_gpu", m->weights_bytes);
     kl_json_add_u64(o, "replicated_weights_bytes", m->replicated_bytes);
     kl_json_add_u64(o, "mla_cache_bytes_per_gpu", m->mla_cache_bytes);
+    cJSON_AddNumberToObject(o, "mla_cache_element_bytes", (double)m->cache_elem_bytes);
+    cJSON_AddNumberToObject(o, "kda_state_element_bytes", (double)m->state_elem_bytes);
     kl_json_add_u64(o, "kda_state_bytes_per_gpu", m->kda_state_bytes);
     kl_json_add_u64(o, "total_bytes_per_gpu", m->total_bytes);
     return 0;
@@ -222,6 +239,7 @@ static int add_hashes(const kl_audit_report *r, cJSON *root)
     }
     cJSON_AddNumberToObject(root, "hash_elapsed_s", r->hash_s);
     kl_json_add_u64(root, "hashed_bytes", r->hashed_bytes);
+    cJSON_AddNumberToObject(root, "hash_gbps", hash_gbps(r));
     return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include "common/err.h"
 #include "common/mem.h"
+#include "loader/locate.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -24,7 +25,9 @@ int kl_cli_parse_u64(const char *s, unsigned long long *out)
     return 0;
 }
 
-int kl_cli_parse_bytes(const char *s, unsigned long long *out)
+/* A decimal count with an optional binary suffix K, M, G (and T when bytes), powers of 1024;
+ * bytes also take a trailing "B" or "iB". */
+static int parse_scaled(const char *s, int bytes, unsigned long long *out)
 {
     if (!s || !isdigit((unsigned char)s[0]))
         return -1;
@@ -39,11 +42,14 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out)
         case 'K': mult = 1ull << 10; break;
         case 'M': mult = 1ull << 20; break;
         case 'G': mult = 1ull << 30; break;
-        case 'T': mult = 1ull << 40; break;
+        case 'T': mult = bytes ? 1ull << 40 : 0; break;
         default: return -1;
         }
+        if (!mult)
+            return -1;
         end++;
-        if (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") || !strcmp(end, "b"))
+        if (bytes && (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") ||
+                      !strcmp(end, "b")))
             end += strlen(end);
         if (*end)
             return -1;
@@ -52,6 +58,16 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out)
         return -1;
     *out = v * mult;
     return 0;
+}
+
+int kl_cli_parse_bytes(const char *s, unsigned long long *out)
+{
+    return parse_scaled(s, 1, out);
+}
+
+int kl_cli_parse_tokens(const char *s, unsigned long long *out)
+{
+    return parse_scaled(s, 0, out);
 }
 
 int kl_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val)
@@ -150,4 +166,11 @@ int kl_cli_report(const char *cmd, const kl_err *err)
     case KL_E_BUG: return KL_EXIT_BUG;
     default: return KL_EXIT_USAGE;
     }
+}
+
+int kl_cli_model_dir(const char *cmd, const char *arg, char *out, size_t n)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    return kl_model_dir_resolve(arg, out, n, &err) ? kl_cli_report(cmd, &err) : 0;
 }

@@ -30,8 +30,16 @@ struct kl_err;
  * from the command line, I/O and memory 2. */
 int kl_cli_report(const char *cmd, const struct kl_err *err);
 
+/* Resolves a MODEL/DIR argument (a checkpoint directory, a Hugging Face cache repository folder
+ * models--ORG--NAME, or ORG/NAME in the local cache: kl_model_dir_resolve) into out (size n).
+ * 0, or prints "kl CMD: <why>" and returns the exit status (2). */
+int kl_cli_model_dir(const char *cmd, const char *arg, char *out, size_t n);
+
 /* Parses a byte count such as "4096", "8M", "5G", "2GiB" into *out; 0 or -1. */
 int kl_cli_parse_bytes(const char *s, unsigned long long *out);
+/* Parses a token count such as "131072", "128K", "1M", "2G" into *out: the suffixes are powers
+ * of 1024 (1M = 1048576, the 1M context of Kimi-Linear), case-insensitive; 0 or -1. */
+int kl_cli_parse_tokens(const char *s, unsigned long long *out);
 /* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: 1 and *val set (NULL when the value is
  * missing), advancing *i past a separate value; 0 if argv[*i] is another option. */
 int kl_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val);

@@ -5,29 +5,36 @@
 
 #include "audit/audit.h"
 #include "audit/report.h"
+#include "cli/progress.h"
 #include "common/log.h"
+#include "loader/locate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char usage_text[] =
-    "usage: kl audit DIR [--json] [--hash [--expect FILE|SNAPSHOT]] [--tp N] [--context N]\n"
+    "usage: kl audit MODEL [--json] [--hash [--expect FILE|SNAPSHOT]] [--tp N] [--context N]\n"
     "                [--threads N] [-v] [-q]\n"
     "\n"
     "Checks a checkpoint directory without writing to it: every safetensors header rule, the\n"
     "index against the headers, every tensor against the model schema (missing, unexpected,\n"
     "shape, dtype), total_size, the routed-expert layout per layer, and the memory per GPU.\n"
+    "MODEL is a checkpoint directory, a Hugging Face cache folder models--ORG--NAME, or ORG/NAME\n"
+    "in the local cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).\n"
     "\n"
     "  --json          one JSON object on stdout (schema: docs/AUDIT.md)\n"
     "  --hash          SHA-256 of every shard, shards hashed in parallel\n"
-    "  --expect F      expected hashes: a sha256sum file, or a Hugging Face cache snapshot\n"
-    "                  directory (blob names are the expected SHA-256); implies --hash\n"
-    "  --tp N          tensor-parallel size for the memory plan (default 1)\n"
-    "  --context N     context length in tokens for the memory plan (default 131072)\n"
+    "  --expect F      expected hashes: a sha256sum file (every line must parse, every shard\n"
+    "                  needs one hash), or a Hugging Face cache snapshot or repository (blob\n"
+    "                  names are the expected SHA-256); implies --hash\n"
+    "  --tp N          tensor-parallel size for the memory plan (default 1); must divide the\n"
+    "                  heads, experts and MLP widths (an error lists the valid sizes)\n"
+    "  --context N     context length in tokens for the memory plan, at most the model's\n"
+    "                  maximum; K, M, G are powers of 1024: 128K, 1M (default 131072)\n"
     "  --threads N     hashing threads (default: all CPUs)\n"
     "  -v              also list information findings and every expert region\n"
-    "  -q              only the result line (text mode)\n"
+    "  -q              only the result line (text mode), no progress\n"
     "\n"
     "Exit status: 0 clean, 1 problems found, 2 usage or I/O error.\n"
     "Example: kl audit ~/models/Kimi-Linear-48B-A3B-Instruct --tp 2 --context 1048576\n";
@@ -41,7 +48,6 @@ typedef struct audit_args {
 static int parse_args(int argc, char **argv, audit_args *a)
 {
     a->opts.tp = 1;
-    a->opts.context = 131072;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         unsigned long long v;
@@ -62,8 +68,8 @@ static int parse_args(int argc, char **argv, audit_args *a)
         } else if (!strcmp(s, "--tp") && i + 1 < argc && !kl_cli_parse_u64(argv[++i], &v) &&
                    v >= 1 && v <= 4096) {
             a->opts.tp = (unsigned)v;
-        } else if (!strcmp(s, "--context") && i + 1 < argc && !kl_cli_parse_u64(argv[++i], &v) &&
-                   v <= (1ull << 40)) {
+        } else if (!strcmp(s, "--context") && i + 1 < argc &&
+                   !kl_cli_parse_tokens(argv[++i], &v) && v >= 1 && v <= (1ull << 40)) {
             a->opts.context = v;
         } else if (!strcmp(s, "--threads") && i + 1 < argc && !kl_cli_parse_u64(argv[++i], &v) &&
                    v >= 1 && v <= 1024) {
@@ -125,6 +131,36 @@ static void print_error_json(const kl_err *err, const char *msg)
     cJSON_Delete(root);
 }
 
+static void show_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    kl_progress_show(ctx, done, total);
+}
+
+/* MODEL and a snapshot-like --expect go through the Hugging Face cache lookup. */
+static int resolve_paths(audit_args *a, char *dir, char *expect, size_t n, kl_err *err)
+{
+    int rc = kl_model_dir_resolve(a->dir, dir, n, err);
+    if (!rc && a->opts.expect && !(rc = kl_model_dir_resolve(a->opts.expect, expect, n, err)))
+        a->opts.expect = expect;
+    a->dir = dir;
+    return rc;
+}
+
+static int run_audit(audit_args *a, kl_audit_report *r, kl_err *err)
+{
+    char dir[4096], expect[4096];
+    int rc = resolve_paths(a, dir, expect, sizeof dir, err);
+    if (rc)
+        return rc;
+    kl_progress prog;
+    kl_progress_init(&prog, "kl audit: sha256", a->quiet);
+    a->opts.progress = show_progress;
+    a->opts.progress_ctx = &prog;
+    rc = kl_audit_run(r, a->dir, &a->opts, err);
+    kl_progress_end(&prog);
+    return rc;
+}
+
 int cmd_audit(int argc, char **argv)
 {
     audit_args a;
@@ -135,7 +171,7 @@ int cmd_audit(int argc, char **argv)
     kl_audit_report r;
     kl_err err;
     kl_err_clear(&err);
-    if (kl_audit_run(&r, a.dir, &a.opts, &err)) {
+    if (run_audit(&a, &r, &err)) {
         char msg[1024];
         kl_err_format(&err, msg, sizeof msg);
         fprintf(stderr, "kl audit: %s\n", msg);

@@ -15,6 +15,7 @@
 #include "cli/loadmodel.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/membench.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
@@ -312,6 +313,10 @@ static int bench_decode(int argc, char **argv)
     int rc = parse_decode(argc, argv, &a);
     if (rc != KL_EXIT_OK)
         return rc;
+    char model[4096];
+    if ((rc = kl_cli_model_dir("bench decode", a.model, model, sizeof model)))
+        return rc;
+    a.model = model;
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
@@ -366,10 +371,8 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "kl bench: bad argument '%s'\n\n%s", argv[i], usage_text);
         return KL_EXIT_USAGE;
     }
-    if (!threads) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (unsigned long long)n : 1;
-    }
+    if (!threads)
+        threads = kl_cpu_count(0);
     qbench b = {.rule = (kl_scale_rule)rule};
     b.rows = (size_t)mib * (1u << 20) / (ROW * 2);
     uint16_t *in = kl_malloc(b.rows * ROW * 2);
@@ -396,7 +399,7 @@ int cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(j, "command", "bench mxfp4");
     cJSON_AddBoolToObject(j, "ok", !b.rc);
     cJSON_AddStringToObject(j, "rule", kl_scale_rule_name(b.rule));
-    cJSON_AddBoolToObject(j, "avx2", kl_mxfp4_have_avx2());
+    cJSON_AddBoolToObject(j, "avx2", kl_cpu_has_avx2_fma());
     cJSON_AddNumberToObject(j, "input_bytes", (double)b.rows * ROW * 2);
     cJSON_AddNumberToObject(j, "threads", (double)threads);
     cJSON_AddNumberToObject(j, "quantize_gbps_one_core", one);

@@ -387,6 +387,10 @@ int cmd_chat(int argc, char **argv)
         return KL_EXIT_OK;
     if (rc != KL_EXIT_OK)
         return rc;
+    char model[4096];
+    if ((rc = kl_cli_model_dir("chat", a.model, model, sizeof model)))
+        return rc;
+    a.model = model;
     kl_err err;
     kl_err_clear(&err);
     chat_ctx c;

@@ -236,6 +236,12 @@ int cmd_convert(int argc, char **argv)
             return bad_usage("bad or incomplete argument '%s'", a);
         }
     }
+    char src[4096];
+    int rrc = o.src ? kl_cli_model_dir("convert", o.src, src, sizeof src) : 0;
+    if (rrc)
+        return rrc;
+    if (o.src)
+        o.src = src;
     if (verify && compare)
         return bad_usage("%s", "--verify and --compare-rules are separate runs");
     if (compare) {

@@ -21,6 +21,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/tokenizer.h"
+#include "loader/locate.h"
 
 #include <cJSON.h>
 #include <ctype.h>
@@ -484,7 +485,11 @@ int cmd_run(int argc, char **argv)
     kl_err_clear(&err);
     run_ctx c;
     memset(&c, 0, sizeof c);
-    int lrc = run(&a, &c, &err);
+    char model[4096]; /* MODEL may be a Hugging Face cache folder or ORG/NAME */
+    int lrc = kl_model_dir_resolve(a.model, model, sizeof model, &err);
+    a.model = lrc ? a.model : model;
+    if (!lrc)
+        lrc = run(&a, &c, &err);
     rc = lrc ? kl_cli_report("run", &err) : KL_EXIT_OK;
     if (a.json)
         print_json(&c, lrc == 0, &err);

@@ -1,5 +1,5 @@
 /*
- * cli/cmd_synth.c — `kl synth`: write a synthetic checkpoint (convert/synth.h).
+ * cli/cmd_synth.c — `kl synth`: write a synthetic checkpoint (synth/synth.h).
  *
  * OUT must be new or an empty directory: synth never mixes its files with existing ones
  * (a non-empty OUT is refused with exit 2).  Progress goes to stderr only when stderr is a
@@ -11,7 +11,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 
 #include <cJSON.h>
 #include <dirent.h>

@@ -10,6 +10,7 @@
 #include "common/fs.h"
 #include "common/mem.h"
 #include "engine/tokenizer.h"
+#include "loader/locate.h"
 
 #include <cJSON.h>
 #include <ctype.h>
@@ -158,6 +159,14 @@ static int tokenize_one(const kl_tokenizer *tok, const tok_input *in, int json, 
     return rc;
 }
 
+/* The tokenizer of a model directory, a Hugging Face cache folder or ORG/NAME. */
+static int open_tok(const char *arg, kl_tokenizer **tok, kl_err *err)
+{
+    char dir[4096];
+    int rc = kl_model_dir_resolve(arg, dir, sizeof dir, err);
+    return rc ? rc : kl_tok_open(dir, tok, err);
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -203,7 +212,7 @@ int cmd_tokenize(int argc, char **argv)
     kl_err_clear(&err);
     kl_tokenizer *tok = NULL;
     double t0 = kl_now_s();
-    if (kl_tok_open(dir, &tok, &err)) {
+    if (open_tok(dir, &tok, &err)) {
         kl_free(in);
         return report("tokenize", &err);
     }
@@ -264,7 +273,7 @@ int cmd_detokenize(int argc, char **argv)
     char *text = NULL;
     size_t len = 0;
     int rc = KL_EXIT_OK;
-    if (kl_tok_open(dir, &tok, &err) || kl_tok_decode(tok, ids, n, flags, &text, &len, &err)) {
+    if (open_tok(dir, &tok, &err) || kl_tok_decode(tok, ids, n, flags, &text, &len, &err)) {
         rc = report("detokenize", &err);
     } else if (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0) {
         fprintf(stderr, "kl detokenize: cannot write standard output: %s\n", strerror(errno));

@@ -1,5 +1,5 @@
 /*
- * common/numfmt.h — scalar number formats: bf16, fp16, E8M0 and E2M1 (MXFP4 element),
+ * common/numfmt.h — scalar number formats: bf16 (E8M0 and E2M1, MXFP4: common/mxfp4_format.h),
  * little-endian load/store helpers for on-disk integers.
  */
 #ifndef KL_COMMON_NUMFMT_H

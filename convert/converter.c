@@ -8,7 +8,9 @@
 
 #include "audit/audit.h"
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/mem.h"
 #include "common/pool.h"
 #include "convert/layout.h"
@@ -587,11 +589,13 @@ static int write_config(const conv *c, kl_err *err)
     int rc = kl_config_to_json(&c->cfg, &ours, err);
     if (!rc)
         rc = kl_read_file(c->ck.config_path, 16u << 20, &src_text, &len, err);
+    if (!rc && (rc = kl_json_parse(src_text, len, "CFG", &src, err)))
+        kl_err_context(err, c->ck.config_path, NULL, KL_NO_OFFSET, NULL);
+    if (!rc)
+        rc = kl_json_parse(ours, strlen(ours), "CFG", &mine, err);
     if (!rc) {
-        src = cJSON_ParseWithLength(src_text, len);
-        mine = cJSON_Parse(ours);
-        cJSON *q = mine ? cJSON_DetachItemFromObject(mine, "quantization_config") : NULL;
-        if (!src || !q) {
+        cJSON *q = cJSON_DetachItemFromObject(mine, "quantization_config");
+        if (!cJSON_IsObject(src) || !q) {
             cJSON_Delete(q);
             rc = kl_fail(err, KL_E_BUG, "cannot build config.json");
         } else {
@@ -744,8 +748,7 @@ static int open_inputs(conv *c, kl_err *err)
      * ring copied only 2.4 GB/s from tmpfs on the 16-core machine */
     if ((rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err)))
         return rc;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned threads = c->o->threads ? c->o->threads : ncpu > 0 ? (unsigned)ncpu : 1;
+    unsigned threads = c->o->threads ? c->o->threads : kl_cpu_count(0);
     /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting, on
      * a quarter as many lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8
      * GB/s on one core) and copies into the page cache, and 9.5 GB of output must leave in

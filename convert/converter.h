@@ -54,7 +54,7 @@ typedef int (*kl_convert_progress_fn)(void *ctx, uint64_t done_bytes, uint64_t t
 typedef struct kl_convert_opts {
     const char            *src, *dst;
     kl_scale_rule          rule;          /* default (0) KL_SCALE_OCP */
-    unsigned               threads;       /* quantizer threads; 0 = online CPUs */
+    unsigned               threads;       /* quantizer threads; 0 = usable CPUs (kl_cpu_count) */
     uint64_t               max_memory;    /* 0 = 2 GiB */
     uint64_t               shard_bytes;   /* 0 = 5e9 */
     kl_convert_progress_fn progress;

@@ -1,5 +1,6 @@
 /*
- * convert/mxfp4.c — OCP MXFP4 quantizer (scalar reference + AVX2) and dequantizer.
+ * convert/mxfp4.c — OCP MXFP4 quantizer (scalar reference + AVX2); the format's encode and
+ * decode are common/mxfp4_format.h.
  *
  * Divisions, in order: includes and constants; exact scale exponents (shared by both paths);
  * scalar reference; AVX2 path; public API in header order.  Keep new code in its division.
@@ -10,9 +11,10 @@
  *   - the block scale X = 2^e is a power of two, so q = |x| * 2^-e is one exact float multiply
  *     (2^-e is a normal float because e <= 126; a q below 2^-126 can lose bits to underflow,
  *     but such a q is far below the first rounding threshold 0.25 and codes 0 either way);
- *   - the scalar element code counts the E2M1 midpoints q lies above (float compares); the AVX2
- *     code gets the same count from two float roundings (mag_code8), which relies on the default
- *     round-to-nearest-even MXCSR mode, as all of kl does.
+ *   - the scalar element code counts the E2M1 midpoints q lies above (float compares:
+ *     kl_e2m1_magnitude_code); the AVX2 code gets the same count from two float roundings
+ *     (mag_code8), which relies on the default round-to-nearest-even MXCSR mode, as all of kl
+ *     does.
  *
  * Rules, with amax = m * 2^k, m in [1, 2) (k = ilogb(amax)):
  *   ocp    e = floor(log2 amax) - 2                 = k - 2
@@ -42,9 +44,9 @@
  */
 #include "convert/mxfp4.h"
 
+#include "common/cpu.h"
 #include "common/numfmt.h"
 
-#include <math.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -58,9 +60,6 @@
  * Constants
  * ----------------------------------------------------------------------------------------------*/
 
-#define E8M0_BIAS 127
-#define EXP_MIN   (-127)
-#define EXP_MAX   127
 #define F32_ABS   0x7fffffffu
 #define F32_INF   0x7f800000u
 
@@ -69,19 +68,6 @@
 #define ROUND_FRAC_MIN 0x7c3b7u
 /* m > 1.5 <=> fraction > 0x400000 (ceil rounds up). */
 #define CEIL_FRAC_HALF 0x400000u
-
-/* E2M1 magnitudes by code 0..7; bit 3 of a code is the sign. */
-static const float k_e2m1_mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-/* Midpoints between consecutive magnitudes.  Ties go to the even code (mantissa bit 0): 0.25,
- * 1.25, 2.5 and 5.0 round down (q > t counts), 0.75, 1.75 and 3.5 round up (q >= t counts). */
-#define MID0 0.25f /* 0   | 0.5 : tie -> 0   */
-#define MID1 0.75f /* 0.5 | 1   : tie -> 1   */
-#define MID2 1.25f /* 1   | 1.5 : tie -> 1   */
-#define MID3 1.75f /* 1.5 | 2   : tie -> 2   */
-#define MID4 2.5f  /* 2   | 3   : tie -> 2   */
-#define MID5 3.5f  /* 3   | 4   : tie -> 4   */
-#define MID6 5.0f  /* 4   | 6   : tie -> 4   */
 
 static const char *const k_rule_names[KL_SCALE_RULE_COUNT] = {"ocp", "round", "ceil", "mse"};
 
@@ -92,27 +78,15 @@ static inline uint32_t f32_bits(float f)
     return u;
 }
 
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* 2^-e as a float, for e in [-127, 126] (biased exponent 127 - e lies in [1, 254]). */
 static inline float pow2_neg(int e)
 {
-    return bits_f32((uint32_t)(E8M0_BIAS - e) << 23);
+    return kl_mxfp4_f32_from_bits((uint32_t)(KL_E8M0_BIAS - e) << 23);
 }
 
 /* ------------------------------------------------------------------------------------------------
  * Scale exponents (exact, from the bit pattern of amax; shared by both paths)
  * ----------------------------------------------------------------------------------------------*/
-
-static inline int clamp_exp(int e)
-{
-    return e < EXP_MIN ? EXP_MIN : e > EXP_MAX ? EXP_MAX : e;
-}
 
 /* Range of exponents to evaluate for a block whose largest magnitude has f32 bits a (finite,
  * nonzero): [*lo, *hi], both clamped.  Single-exponent rules give lo == hi. */
@@ -122,7 +96,7 @@ static inline void rule_exponents(uint32_t a, kl_scale_rule rule, int *lo, int *
     uint32_t frac = a & 0x7fffffu;
     if (biased == 0) {
         /* subnormal amax < 2^-126: every rule and candidate is below -127 */
-        *lo = *hi = EXP_MIN;
+        *lo = *hi = KL_E8M0_EXP_MIN;
         return;
     }
     int k = biased - 127; /* floor(log2 amax) */
@@ -130,12 +104,12 @@ static inline void rule_exponents(uint32_t a, kl_scale_rule rule, int *lo, int *
     int e_round = k - 2 - (frac < ROUND_FRAC_MIN);
     int e_ceil = k - 2 + (frac > CEIL_FRAC_HALF);
     switch (rule) {
-    case KL_SCALE_OCP: *lo = *hi = clamp_exp(e_ocp); break;
-    case KL_SCALE_ROUND: *lo = *hi = clamp_exp(e_round); break;
-    case KL_SCALE_CEIL: *lo = *hi = clamp_exp(e_ceil); break;
+    case KL_SCALE_OCP: *lo = *hi = kl_e8m0_clamp_exp(e_ocp); break;
+    case KL_SCALE_ROUND: *lo = *hi = kl_e8m0_clamp_exp(e_round); break;
+    case KL_SCALE_CEIL: *lo = *hi = kl_e8m0_clamp_exp(e_ceil); break;
     default: /* KL_SCALE_MSE: [round - 1, ceil]; ceil + 1 can never win, see the file comment */
-        *lo = clamp_exp(e_round - 1);
-        *hi = clamp_exp(e_ceil);
+        *lo = kl_e8m0_clamp_exp(e_round - 1);
+        *hi = kl_e8m0_clamp_exp(e_ceil);
         break;
     }
 }
@@ -143,14 +117,6 @@ static inline void rule_exponents(uint32_t a, kl_scale_rule rule, int *lo, int *
 /* ------------------------------------------------------------------------------------------------
  * Scalar reference
  * ----------------------------------------------------------------------------------------------*/
-
-/* Magnitude code of q = |x| / X >= 0: the number of midpoints q lies above (ties to even). */
-static inline unsigned mag_code(float q)
-{
-    return (unsigned)(q > MID0) + (unsigned)(q >= MID1) + (unsigned)(q > MID2) +
-           (unsigned)(q >= MID3) + (unsigned)(q > MID4) + (unsigned)(q >= MID5) +
-           (unsigned)(q > MID6);
-}
 
 /* Sum of squared errors (in units of X^2) of the block at scale 2^-e = s, masked elements
  * only, in the fixed order the AVX2 path uses: lane i % 8, then ((0+4)+(2+6)) + ((1+5)+(3+7)).
@@ -160,8 +126,8 @@ static double block_sse_scalar(const float *ax, const unsigned char *keep, float
     double acc[8] = {0};
     for (int i = 0; i < KL_MXFP4_BLOCK; i++) {
         float q = ax[i] * s;
-        mag[i] = mag_code(q);
-        float d = keep[i] ? q - k_e2m1_mag[mag[i]] : 0.0f;
+        mag[i] = kl_e2m1_magnitude_code(q);
+        float d = keep[i] ? q - kl_e2m1_value(mag[i]) : 0.0f;
         acc[i & 7] += (double)d * (double)d;
     }
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
@@ -174,11 +140,11 @@ static void block_scalar(const uint32_t *xb, kl_scale_rule rule, uint8_t *packed
     float ax[KL_MXFP4_BLOCK];
     for (int i = 0; i < KL_MXFP4_BLOCK; i++) {
         uint32_t a = xb[i] & F32_ABS;
-        ax[i] = bits_f32(a);
+        ax[i] = kl_mxfp4_f32_from_bits(a);
         amax = a > amax ? a : amax;
     }
     if (amax == 0) { /* all-zero block (+-0 only) */
-        *scale = E8M0_BIAS;
+        *scale = KL_E8M0_BIAS;
         memset(packed, 0, KL_MXFP4_BLOCK / 2);
         return;
     }
@@ -190,13 +156,13 @@ static void block_scalar(const uint32_t *xb, kl_scale_rule rule, uint8_t *packed
     if (lo == hi) {
         float s = pow2_neg(lo);
         for (int i = 0; i < KL_MXFP4_BLOCK; i++)
-            best_mag[i] = mag_code(ax[i] * s);
+            best_mag[i] = kl_e2m1_magnitude_code(ax[i] * s);
     } else {
         /* mse: elements coding 0 at the smallest candidate have the same error everywhere */
         unsigned char keep[KL_MXFP4_BLOCK];
         float s = pow2_neg(lo);
         for (int i = 0; i < KL_MXFP4_BLOCK; i++)
-            keep[i] = mag_code(ax[i] * s) != 0;
+            keep[i] = kl_e2m1_magnitude_code(ax[i] * s) != 0;
         double best = 0.0;
         for (int e = lo; e <= hi; e++) {
             /* absolute error = sse * 4^e; compare at 4^(e - lo) (exact, <= 2^6) */
@@ -211,11 +177,11 @@ static void block_scalar(const uint32_t *xb, kl_scale_rule rule, uint8_t *packed
     }
     for (int i = 0; i < KL_MXFP4_BLOCK; i += 2) {
         unsigned c0 = best_mag[i], c1 = best_mag[i + 1];
-        c0 |= c0 ? (xb[i] >> 31) << 3 : 0; /* sign only on a nonzero code: never -0 */
-        c1 |= c1 ? (xb[i + 1] >> 31) << 3 : 0;
+        c0 |= c0 ? (xb[i] >> 31) * KL_E2M1_SIGN : 0; /* sign only on a nonzero code: never -0 */
+        c1 |= c1 ? (xb[i + 1] >> 31) * KL_E2M1_SIGN : 0;
         packed[i / 2] = (uint8_t)(c0 | c1 << 4);
     }
-    *scale = (uint8_t)(best_e + E8M0_BIAS);
+    *scale = kl_e8m0_encode(best_e);
 }
 
 /* Index of the first NaN/Inf among 32 f32 bit patterns (one is known to be there). */
@@ -274,7 +240,7 @@ static int row_scalar(const uint16_t *in16, const float *in32, size_t n, kl_scal
 /* the 4-vector loops must become straight code so that the vectors stay in registers */
 #define UNROLL4 _Pragma("GCC unroll 4")
 
-/* Magnitude codes of 8 values 0 <= q < 2^22, the same as mag_code (ties to even), from two
+/* Magnitude codes of 8 values 0 <= q < 2^22, the same as kl_e2m1_magnitude_code (ties to even), from two
  * float roundings instead of seven compares:
  *   halves = RNE(2q): q + 2^22 (whose ulp is 0.5) rounds q to halves, ties to the even count,
  *            and the bit difference is that count; it is the code for q < 2 (step 0.5);
@@ -346,7 +312,7 @@ AVX2_INLINE void pack_codes(const __m256i *c, uint8_t *out)
  * never exceeds the candidate's computed error (see mse_bound).  First: ocp's exponent. */
 static inline int mse_first(uint32_t a, int lo, int hi)
 {
-    int e = clamp_exp((int)(a >> 23) - 129);
+    int e = kl_e8m0_clamp_exp((int)(a >> 23) - 129);
     return e < lo ? lo : e > hi ? hi : e;
 }
 
@@ -356,7 +322,7 @@ static inline int mse_first(uint32_t a, int lo, int hi)
  * sum (amax is always kept), which rounding cannot push below it. */
 static inline double mse_bound(uint32_t a, int e, int lo)
 {
-    double q = (double)(bits_f32(a) * pow2_neg(e));
+    double q = (double)(kl_mxfp4_f32_from_bits(a) * pow2_neg(e));
     return q > 6.0 ? (q - 6.0) * (q - 6.0) * (double)(1u << (2 * (e - lo))) : 0.0;
 }
 
@@ -366,7 +332,10 @@ static inline double mse_bound(uint32_t a, int e, int lo)
  * registers, and recomputing the winner's is cheaper. */
 AVX2_INLINE double block_sse_avx2(const __m256 *ax, __m256 keep, int e)
 {
-    const __m256 table = _mm256_loadu_ps(k_e2m1_mag);
+    /* the E2M1 magnitudes by code 0..7: the format's doubled codes, halved (exact) */
+    const __m256 table = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_setr_epi8(KL_E2M1_X2_CODES))),
+        _mm256_set1_ps(0.5f));
     const __m256 s = _mm256_set1_ps(pow2_neg(e));
     __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
     UNROLL4
@@ -384,7 +353,7 @@ AVX2_INLINE int mse_exponent_avx2(const __m256 *ax, uint32_t a, int lo, int hi)
     /* 0.25 * 2^lo = 2^(lo - 2) >= 2^-129, a subnormal float below 2^-126 */
     int k = lo - 2;
     const __m256 keep =
-        _mm256_set1_ps(bits_f32(k >= -126 ? (uint32_t)(k + 127) << 23 : 1u << (k + 149)));
+        _mm256_set1_ps(kl_mxfp4_f32_from_bits(k >= -126 ? (uint32_t)(k + 127) << 23 : 1u << (k + 149)));
     /* first ocp's exponent, then ceil's when it is the one above */
     const int e0 = mse_first(a, lo, hi);
     double best = block_sse_avx2(ax, keep, e0) * (double)(1u << (2 * (e0 - lo)));
@@ -432,7 +401,7 @@ AVX2_INLINE void block_avx2(const __m256i *xb, uint32_t a, kl_scale_rule rule, u
         code[j] = _mm256_or_si256(mag, _mm256_and_si256(sgn, nz));
     }
     pack_codes(code, packed);
-    *scale = (uint8_t)(e + E8M0_BIAS);
+    *scale = kl_e8m0_encode(e);
 }
 
 /* Handles a loaded block: zero block, NaN/Inf, or quantize.  Returns 0 or the error. */
@@ -446,7 +415,7 @@ AVX2_INLINE int block_dispatch_avx2(const __m256i *xb, size_t b, kl_scale_rule r
     uint32_t a = hmax8(m);
     uint8_t *pk = packed + b * (KL_MXFP4_BLOCK / 2);
     if (a == 0) {
-        scale[b] = E8M0_BIAS;
+        scale[b] = KL_E8M0_BIAS;
         memset(pk, 0, KL_MXFP4_BLOCK / 2);
         return 0;
     }
@@ -533,7 +502,7 @@ int kl_mxfp4_quantize_row_bf16(const uint16_t *in, size_t n, kl_scale_rule rule,
     if (rc)
         return rc;
 #if KL_MXFP4_X86
-    if (kl_mxfp4_have_avx2())
+    if (kl_cpu_has_avx2_fma())
         return row_bf16_avx2(in, n, rule, packed, scale, bad_block, err);
 #endif
     return row_scalar(in, NULL, n, rule, packed, scale, bad_block, err);
@@ -546,7 +515,7 @@ int kl_mxfp4_quantize_row_f32(const float *in, size_t n, kl_scale_rule rule, uin
     if (rc)
         return rc;
 #if KL_MXFP4_X86
-    if (kl_mxfp4_have_avx2())
+    if (kl_cpu_has_avx2_fma())
         return row_f32_avx2(in, n, rule, packed, scale, bad_block, err);
 #endif
     return row_scalar(NULL, in, n, rule, packed, scale, bad_block, err);
@@ -569,51 +538,4 @@ int kl_mxfp4_quantize_row_f32_scalar(const float *in, size_t n, kl_scale_rule ru
     if (rc)
         return rc;
     return row_scalar(NULL, in, n, rule, packed, scale, bad_block, err);
-}
-
-/* 2^(s - 127) for an E8M0 byte; 255 is NaN.  s = 0 gives the subnormal 2^-127. */
-static inline float e8m0_value(uint8_t s)
-{
-    if (s == 255)
-        return NAN;
-    return s == 0 ? bits_f32(0x00400000u) : bits_f32((uint32_t)s << 23);
-}
-
-void kl_mxfp4_dequantize_row(const uint8_t *packed, const uint8_t *scale, size_t n, float *out)
-{
-    /* per block, a table of the 16 values times X; value * X is exact (2 significant bits times
-     * a power of two) except that values of 2^128 and above (4 * 2^126, say) overflow to Inf */
-    for (size_t b = 0; b * KL_MXFP4_BLOCK < n; b++) {
-        float x = e8m0_value(scale[b]), t[16];
-        for (unsigned c = 0; c < 16; c++)
-            t[c] = kl_e2m1_value(c) * x;
-        size_t i0 = b * KL_MXFP4_BLOCK;
-        if (n - i0 >= KL_MXFP4_BLOCK) {
-            for (size_t i = 0; i < KL_MXFP4_BLOCK / 2; i++) {
-                uint8_t v = packed[i0 / 2 + i];
-                out[i0 + 2 * i] = t[v & 15];
-                out[i0 + 2 * i + 1] = t[v >> 4];
-            }
-        } else { /* a partial last block (n not a multiple of 32) */
-            for (size_t i = i0; i < n; i++)
-                out[i] = t[(packed[i / 2] >> (4 * (i & 1))) & 15];
-        }
-    }
-}
-
-float kl_e2m1_value(unsigned code)
-{
-    if (code > 15)
-        return NAN;
-    float m = k_e2m1_mag[code & 7];
-    return code & 8 ? -m : m;
-}
-
-int kl_mxfp4_have_avx2(void)
-{
-#if KL_MXFP4_X86
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
 }

@@ -1,13 +1,10 @@
 /*
- * convert/mxfp4.h — OCP MXFP4 quantizer and dequantizer (E2M1 elements, E8M0 scale per 32).
+ * convert/mxfp4.h — OCP MXFP4 quantizer: the block scale rules and whole rows.
  *
- * Layout (compressed-tensors "mxfp4-pack-quantized", as gpt-oss and OCP-based converters):
- *   packed[i/2]: element 2i in the LOW nibble, element 2i+1 in the HIGH nibble;
- *   scale[b]:    E8M0 byte e, block value 2^(e-127), one per 32 consecutive elements of a row.
- * E2M1 codes: 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign.  Elements round to nearest,
- * ties to the even mantissa; magnitudes above 6·X saturate to 6; a value that rounds to zero
- * gets code 0 (never -0).  All-zero block: scale 127, codes 0.  Scale byte 255 (NaN) is never
- * produced.
+ * The format itself (layout, E2M1/E8M0 encode and decode, kl_mxfp4_dequantize_row) is
+ * common/mxfp4_format.h, included here.  Elements round to nearest, ties to the even mantissa;
+ * magnitudes above 6·X saturate to 6; a value that rounds to zero gets code 0 (never -0).
+ * All-zero block: scale 127, codes 0.  Scale byte 255 (NaN) is never produced.
  *
  * Scale rules (X = block scale, amax = largest |value| of the block):
  *   KL_SCALE_OCP    X = 2^(floor(log2 amax) - 2)          the spec's rule
@@ -21,17 +18,17 @@
  * be a multiple of 32.  NaN or Inf input is an error (KL_E_FORMAT, rule "MXFP4-NONFINITE")
  * whose message names the element's block; callers add tensor and row.
  * The scalar functions are the reference; the AVX2 path (used automatically when the CPU has
- * AVX2 and FMA) produces identical bytes.  All functions are thread-safe (no state).
+ * AVX2 and FMA: kl_cpu_has_avx2_fma) produces identical bytes.  All functions are thread-safe
+ * (no state).
  */
 #ifndef KL_CONVERT_MXFP4_H
 #define KL_CONVERT_MXFP4_H
 
 #include "common/err.h"
+#include "common/mxfp4_format.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-#define KL_MXFP4_BLOCK 32
 
 typedef enum kl_scale_rule {
     KL_SCALE_OCP = 0,
@@ -59,14 +56,5 @@ int kl_mxfp4_quantize_row_bf16_scalar(const uint16_t *in, size_t n, kl_scale_rul
 int kl_mxfp4_quantize_row_f32_scalar(const float *in, size_t n, kl_scale_rule rule,
                                      uint8_t *packed, uint8_t *scale, size_t *bad_block,
                                      kl_err *err);
-
-/* Dequantizes one row: out[n] = E2M1(code) * 2^(scale - 127); scale 255 gives NaN. */
-void kl_mxfp4_dequantize_row(const uint8_t *packed, const uint8_t *scale, size_t n, float *out);
-
-/* E2M1 code -> value (codes 0..15). */
-float kl_e2m1_value(unsigned code);
-
-/* 1 if the AVX2 path is compiled in and the CPU supports it. */
-int kl_mxfp4_have_avx2(void);
 
 #endif

@@ -30,6 +30,10 @@
  * kl_st_writer_pwrite may be called concurrently; commit/close from one thread after all writes.
  * Errors: KL_E_USAGE (invalid tensor list, write outside a tensor), KL_E_IO (with the path and
  * offset), KL_E_NOMEM.
+ *
+ * Home: convert/, shared with synth/.  synth/ sits above convert/ (it also uses the shard layout
+ * planner and the MXFP4 quantizer from here), so the writer both use stays in convert/; nothing
+ * in convert/ includes synth/.
  */
 #ifndef KL_CONVERT_ST_WRITER_H
 #define KL_CONVERT_ST_WRITER_H

@@ -712,7 +712,7 @@ static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
         size_t cap = mc->cap ? mc->cap : 64;
         while (cap < need)
             cap *= 2;
-        float *c = kl_realloc(mc->c, cap * (d->R + d->dr) * sizeof *c);
+        float *c = kl_realloc(mc->c, cap * kl_config_mla_token_bytes(&s->m->cfg, sizeof *c));
         if (!c)
             return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", cap);
         mc->c = c;
@@ -753,7 +753,8 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
         /* MLA rows beyond n are never read, so only the held tokens travel */
         size_t n = src->mla[l].n;
         if (n)
-            memcpy(dst->mla[l].c, src->mla[l].c, n * (d.R + d.dr) * sizeof(float));
+            memcpy(dst->mla[l].c, src->mla[l].c,
+                   n * kl_config_mla_token_bytes(&src->m->cfg, sizeof(float)));
         dst->mla[l].n = n;
     }
     dst->pos = src->pos;

@@ -16,8 +16,9 @@
  */
 #include "engine/matvec.h"
 
+#include "common/cpu.h"
+#include "common/mxfp4_format.h"
 #include "common/numfmt.h"
-#include "convert/mxfp4.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -51,22 +52,13 @@ typedef void (*rows_fn)(const mm_args *a, uint64_t r0, uint64_t r1);
 
 static atomic_int g_kernels = KL_KERNELS_AUTO;
 
-static int cpu_has_avx2(void)
-{
-#if KL_MATVEC_X86
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
-}
-
 static kl_cpu_kernels resolve(kl_cpu_kernels want)
 {
     if (want == KL_KERNELS_AUTO) {
         const char *e = getenv("KL_CPU_KERNELS");
         want = e && !strcmp(e, "scalar") ? KL_KERNELS_SCALAR : KL_KERNELS_AVX2;
     }
-    return want == KL_KERNELS_AVX2 && cpu_has_avx2() ? KL_KERNELS_AVX2 : KL_KERNELS_SCALAR;
+    return want == KL_KERNELS_AVX2 && kl_cpu_has_avx2_fma() ? KL_KERNELS_AVX2 : KL_KERNELS_SCALAR;
 }
 
 static kl_cpu_kernels current(void)
@@ -188,11 +180,11 @@ AVX2_INLINE __m256 block_dot(const __m256 *w, const float *x)
 }
 
 /* 32 E2M1 codes (16 bytes) as floats times 2: a 16-entry int8 table looked up by pshufb gives
- * exact small integers (2 * {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign); the 1/2 is folded into
- * the block scale (scale_half). */
+ * exact small integers (KL_E2M1_X2_CODES); the 1/2 is folded into the block scale
+ * (kl_e8m0_half_bits). */
 AVX2_INLINE void load_mxfp4(const uint8_t *p, __m256 *w)
 {
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i lut = _mm_setr_epi8(KL_E2M1_X2_CODES);
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
@@ -203,12 +195,6 @@ AVX2_INLINE void load_mxfp4(const uint8_t *p, __m256 *w)
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(e0, e0)));
     w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1));
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(e1, e1)));
-}
-
-/* Bits of 2^(s - 128) = half the E8M0 value, exact (subnormal for s <= 1); 255 stays NaN. */
-static inline uint32_t scale_half_bits(uint8_t s)
-{
-    return s == 255 ? 0x7fc00000u : s >= 2 ? (uint32_t)(s - 1) << 23 : 0x00200000u << s;
 }
 
 /* ---- dense rows (F32, BF16): micro-tiles of up to 4 rows x 4 tokens ---- */
@@ -373,7 +359,7 @@ AVX2_INLINE void tile_mxfp4(const mm_args *a, uint64_t r, const float *x, int g,
         acc[j] = _mm256_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
         load_mxfp4(pk + b * (BLOCK / 2), wv);
-        __m256 s = _mm256_castsi256_ps(_mm256_set1_epi32((int)scale_half_bits(sc[b])));
+        __m256 s = _mm256_castsi256_ps(_mm256_set1_epi32((int)kl_e8m0_half_bits(sc[b])));
         UNROLL
         for (int j = 0; j < g; j++)
             acc[j] = _mm256_fmadd_ps(block_dot(wv, x + j * cols + b * BLOCK), s, acc[j]);

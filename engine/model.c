@@ -5,6 +5,7 @@
  */
 #include "engine/model.h"
 
+#include "common/cpu.h"
 #include "common/mem.h"
 #include "loader/checkpoint.h"
 #include "loader/reader.h"
@@ -259,11 +260,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     }
     if ((rc = load_all(m, &ck, &s, opts, err)))
         goto fail;
-    unsigned threads = opts && opts->threads ? opts->threads : 0;
-    if (!threads) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (unsigned)(n > 64 ? 64 : n) : 1;
-    }
+    unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)))
         goto fail;
     kl_schema_free(&s);

@@ -49,7 +49,7 @@ typedef struct kl_layer {
 typedef void (*kl_model_progress_fn)(void *user, uint64_t done, uint64_t total);
 
 typedef struct kl_model_opts {
-    unsigned         threads;             /* 0 = online CPUs */
+    unsigned         threads;             /* 0 = usable CPUs, at most 64 */
     kl_route_weights route_weights;       /* default unbiased */
     kl_model_progress_fn progress;        /* NULL: none */
     void            *progress_user;       /* passed to progress */

@@ -9,10 +9,10 @@
 
 #include "common/fs.h"
 #include "common/grow.h"
+#include "common/json.h"
 #include "common/mem.h"
 #include "common/strmap.h"
 
-#include <cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -603,16 +603,12 @@ static int load_config(kl_tokenizer *t, const char *path, kl_err *err)
     int rc = kl_read_file(path, MAX_CONFIG_BYTES, &text, &n, err);
     if (rc)
         return rc;
-    cJSON *root = cJSON_ParseWithLength(text, n);
+    cJSON *root = NULL;
     const char *names[KL_TOK_N_SPECIAL] = {0};
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t off = at && at >= text && at <= text + n ? (size_t)(at - text) : 0;
-        rc = kl_fail_at(err, KL_E_FORMAT, "TOK-CONFIG", NULL, off,
-                        "line %" PRIu32 ": not valid JSON", line_at(text, off));
-    } else if (!cJSON_IsObject(root)) {
+    rc = kl_json_parse(text, n, "TOK", &root, err); /* TOK-JSON / TOK-UTF8, with the line */
+    if (!rc && !cJSON_IsObject(root)) {
         rc = kl_fail_rule(err, KL_E_FORMAT, "TOK-CONFIG", "top level is not a JSON object");
-    } else {
+    } else if (!rc) {
         const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder");
         if (dec && !cJSON_IsObject(dec)) {
             size_t off;

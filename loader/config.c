@@ -17,8 +17,9 @@
 
 #include "loader/config.h"
 
-#include "cJSON.h"
+#include "common/checked.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/mem.h"
 #include "common/strmap.h"
 
@@ -137,21 +138,23 @@ static void spellings(const char *const *names, char *buf, size_t n)
 
 /* ---- 3. typed value readers --------------------------------------------------------------- */
 
-/* An integral JSON number in [lo, hi]; key names the value in errors. */
+/* A JSON integer in [lo, hi], written as one (64.0 and 6.4e1 are not); key names the value in
+ * errors.  Not a number or not an integer is CFG-JSON, out of range CFG-RANGE. */
 static int as_uint(const parser *p, const cJSON *v, const char *key, uint64_t lo, uint64_t hi,
                    uint64_t *out)
 {
-    if (!cJSON_IsNumber(v))
+    uint64_t u = 0;
+    kl_json_int r = kl_json_get_u64(v, hi, &u);
+    if (r == KL_JSON_INT_NOT_NUMBER)
         return FAIL_JSON(p, key, "%s must be a number", key);
-    double d = v->valuedouble;
-    if (!isfinite(d))
-        return FAIL_RANGE(p, key, "%s is not finite", key);
-    if (d != floor(d))
-        return FAIL_JSON(p, key, "%s must be an integer, got %g", key, d);
-    if (d < (double)lo || d > (double)hi || d > JSON_INT_MAX)
-        return FAIL_RANGE(p, key, "%s = %.17g outside [%llu, %llu]", key, d,
+    if (r == KL_JSON_INT_NOT_INTEGER)
+        return FAIL_JSON(p, key, "%s must be an integer, got %.32s", key,
+                         kl_json_number_text(v) ? kl_json_number_text(v) : "a fraction");
+    if (r != KL_JSON_INT_OK || u < lo)
+        return FAIL_RANGE(p, key, "%s = %.32s outside [%llu, %llu]", key,
+                          kl_json_number_text(v) ? kl_json_number_text(v) : "?",
                           (unsigned long long)lo, (unsigned long long)hi);
-    *out = (uint64_t)d;
+    *out = u;
     return 0;
 }
 
@@ -546,13 +549,14 @@ static int quant_groups(const parser *p, const cJSON *groups, const char **forma
         const cJSON *bits = cJSON_GetObjectItemCaseSensitive(w, "num_bits");
         const cJSON *gs = cJSON_GetObjectItemCaseSensitive(w, "group_size");
         const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w, "type"));
-        if ((bits && (!cJSON_IsNumber(bits) || bits->valuedouble != 4)) ||
+        uint64_t u = 0;
+        if ((bits && (kl_json_get_u64(bits, 4, &u) || u != 4)) ||
             (type && strcmp(type, "float") != 0))
             return cfg_fail(p, KL_E_UNSUPPORTED, "CFG-QUANT", "config_groups",
                             "config group %s is not 4-bit float weights",
                             g->string ? g->string : "?");
         if (gs && !cJSON_IsNull(gs)) {
-            if (!cJSON_IsNumber(gs) || gs->valuedouble != MXFP4_GROUP)
+            if (kl_json_get_u64(gs, MXFP4_GROUP, &u) || u != MXFP4_GROUP)
                 return cfg_fail(p, KL_E_UNSUPPORTED, "CFG-QUANT", "config_groups",
                                 "config group %s: group_size must be %d for MXFP4",
                                 g->string ? g->string : "?", MXFP4_GROUP);
@@ -748,10 +752,13 @@ int kl_config_parse(kl_config *c, const char *path, const char *json, size_t len
     memset(&tmp, 0, sizeof tmp);
     tmp.bos_token_id = tmp.eos_token_id = tmp.pad_token_id = -1;
     memset(c, 0, sizeof *c);
-    cJSON *top = json ? cJSON_ParseWithLength(json, len) : NULL;
-    if (!top)
-        return FAIL_JSON(&p, "", "not valid JSON");
-    int rc = cJSON_IsObject(top) ? parse_all(&p, top, &tmp)
+    cJSON *top = NULL;
+    int rc = kl_json_parse(json, len, "CFG", &top, err);
+    if (rc) {
+        kl_err_context(err, p.path, NULL, KL_NO_OFFSET, NULL);
+        return rc;
+    }
+    rc = cJSON_IsObject(top) ? parse_all(&p, top, &tmp)
                                  : FAIL_JSON(&p, "", "the top level is not a JSON object");
     cJSON_Delete(top);
     if (rc == 0)
@@ -1080,6 +1087,24 @@ uint32_t kl_config_count_attn(const kl_config *c, kl_attn_kind kind)
     for (uint32_t i = 0; i < c->num_hidden_layers && i < KL_MAX_LAYERS; i++)
         n += c->layer_attn[i] == kind;
     return n;
+}
+
+uint64_t kl_config_mla_token_bytes(const kl_config *c, size_t elem_bytes)
+{
+    return ((uint64_t)c->kv_lora_rank + c->qk_rope_head_dim) * elem_bytes;
+}
+
+int kl_config_kda_state_bytes(const kl_config *c, uint64_t heads, size_t elem_bytes,
+                              uint64_t *out)
+{
+    uint64_t hd = c->kda_head_dim, window = c->kda_conv_kernel ? c->kda_conv_kernel - 1 : 0;
+    uint64_t state, conv, sum;
+    if (kl_mul_u64(heads, hd, &state) || kl_mul_u64(state, hd, &state) ||
+        kl_mul_u64(heads, 3 * hd, &conv) || kl_mul_u64(conv, window, &conv) ||
+        kl_add_u64(state, conv, &sum) || kl_mul_u64(sum, elem_bytes, &sum))
+        return KL_E_FORMAT;
+    *out = sum;
+    return 0;
 }
 
 const char *kl_family_name(kl_family f)

@@ -148,6 +148,18 @@ void kl_config_set_mxfp4(kl_config *c);
 
 bool kl_config_is_moe_layer(const kl_config *c, uint32_t layer);
 uint32_t kl_config_count_attn(const kl_config *c, kl_attn_kind kind);
+
+/* Cache sizes, the one place that knows them (the engine sizes its caches with these, the audit's
+ * memory plan reports them); elem_bytes is the element size the caller keeps them in (the CPU
+ * engine: 4, fp32; the plan: 2, bf16).
+ * Bytes one MLA layer's latent cache takes per token: kv_lora_rank + qk_rope_head_dim values
+ * (the kv_a_layernorm'd latent and the shared RoPE key).  Cannot overflow: both are 32-bit. */
+uint64_t kl_config_mla_token_bytes(const kl_config *c, size_t elem_bytes);
+/* Bytes of one KDA layer's state per sequence on a rank holding `heads` of the KDA heads: the
+ * delta-rule state heads x head_dim x head_dim plus the short-conv windows of q, k and v,
+ * 3 x heads x head_dim x (short_conv_kernel_size - 1).  0, or KL_E_FORMAT if it overflows. */
+int kl_config_kda_state_bytes(const kl_config *c, uint64_t heads, size_t elem_bytes,
+                              uint64_t *out);
 const char *kl_family_name(kl_family f);
 
 #endif

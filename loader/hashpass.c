@@ -5,6 +5,7 @@
 #include "loader/hashpass.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/mem.h"
 
 #include <pthread.h>
@@ -120,11 +121,7 @@ static void *work(void *arg)
 
 static unsigned pick_threads(const kl_hashpass_opts *o, size_t n_files)
 {
-    unsigned t = o->threads;
-    if (!t) {
-        long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-        t = nproc > 0 ? (unsigned)nproc : 1;
-    }
+    unsigned t = o->threads ? o->threads : kl_cpu_count(0);
     /* A worker holds up to two descriptors (its file, an io_uring ring): stay well inside
      * RLIMIT_NOFILE, leaving half of it to the rest of the process. */
     struct rlimit rl;

@@ -39,7 +39,7 @@ typedef struct kl_hashpass_file {
 typedef void (*kl_hashpass_progress)(void *ctx, uint64_t bytes_done);
 
 typedef struct kl_hashpass_opts {
-    unsigned             threads;      /* 0: online CPUs; always <= n_files, RLIMIT_NOFILE / 4 */
+    unsigned             threads;      /* 0: usable CPUs; always <= n_files, RLIMIT_NOFILE / 4 */
     kl_reader_opts       reader;       /* per worker; zero queue_depth/buf_bytes take 4 x 8 MiB */
     kl_hashpass_progress progress;     /* may be NULL */
     void                *progress_ctx;

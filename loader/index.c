@@ -2,24 +2,20 @@
  * loader/index.c — model.safetensors.index.json parser (see index.h).
  *
  * Divisions: includes and helpers; metadata; weight_map; public API in header order.
- * The text goes through the same strict lexical pre-check as shard headers
- * (kl_st_check_json_text) before cJSON builds the tree; duplicate keys, which cJSON keeps as
- * sibling members, are found with kl_strmap.
+ * The text goes through the strict JSON reader of common/json, like shard headers; duplicate
+ * keys, which cJSON keeps as sibling members, are found with kl_strmap.
  */
 #include "loader/index.h"
 
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/mem.h"
-#include "loader/safetensors.h"
 
-#include <cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #define SHARD_SUFFIX ".safetensors"
-/* Exact integers in a double: total_size above this cannot be trusted to the byte. */
-#define MAX_EXACT_DOUBLE 9007199254740992.0 /* 2^53 */
 
 /* State of one kl_index_parse call. */
 typedef struct idx_parse {
@@ -30,11 +26,6 @@ typedef struct idx_parse {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                    */
-
-static int is_json_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
 
 static const char *keep_str(idx_parse *ps, const char *s)
 {
@@ -74,7 +65,7 @@ static int find_root_members(idx_parse *ps, const cJSON *root, const cJSON **met
 /* ------------------------------------------------------------------------------------------ */
 /* metadata                                                                                   */
 
-/* total_size is optional; when present it must be an exact non-negative integer. */
+/* total_size is optional; when present it must be a non-negative integer, written as one. */
 static int parse_total_size(idx_parse *ps, const cJSON *meta)
 {
     const cJSON *ts = NULL;
@@ -90,12 +81,12 @@ static int parse_total_size(idx_parse *ps, const cJSON *meta)
     }
     if (!ts)
         return 0;
-    double d = cJSON_IsNumber(ts) ? ts->valuedouble : -1.0;
-    if (!(d >= 0 && d <= MAX_EXACT_DOUBLE) || (double)(uint64_t)d != d)
+    kl_json_int r = kl_json_get_u64(ts, UINT64_MAX, &ps->idx->total_size);
+    if (r)
         return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-TOTAL-SIZE", NULL, KL_NO_OFFSET,
-                          "metadata.total_size is not a non-negative integer (at most 2^53)");
+                          "metadata.total_size %s; it must be a non-negative integer",
+                          kl_json_int_why(r));
     ps->idx->has_total_size = 1;
-    ps->idx->total_size = (uint64_t)d;
     return 0;
 }
 
@@ -208,32 +199,16 @@ int kl_index_open(kl_index *idx, const char *path, kl_err *err)
     return rc;
 }
 
-/* Lexical pre-check, cJSON, and only whitespace after the root object. */
+/* Strict JSON (common/json) whose value is an object. */
 static int parse_text(idx_parse *ps, const char *json, size_t len, cJSON **out)
 {
-    size_t at = 0;
-    const char *why = NULL, *end = NULL;
-    int kind = kl_st_check_json_text((const uint8_t *)json, len, &at, &why);
-    if (kind == KL_JSON_TEXT_BAD_UTF8)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-UTF8", NULL, at, "not valid UTF-8: %s", why);
-    if (kind != KL_JSON_TEXT_OK)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, at, "not valid JSON: %s", why);
-    size_t i = 0;
-    while (i < len && is_json_space(json[i]))
-        i++;
-    /* cJSON would skip a UTF-8 byte-order mark; JSON (RFC 8259) does not allow one. */
-    if (i == len || json[i] != '{')
-        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, i, "not a JSON object");
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    size_t pos = end ? (size_t)(end - json) : 0;
-    if (!root)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, pos, "not valid JSON");
-    while (pos < len && is_json_space(json[pos]))
-        pos++;
-    if (pos < len || !cJSON_IsObject(root)) {
+    cJSON *root = NULL;
+    int rc = kl_json_parse(json, len, "IDX", &root, ps->err);
+    if (rc)
+        return rc;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, pos,
-                          "unexpected bytes after the JSON object");
+        return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-JSON", NULL, 0, "not a JSON object");
     }
     *out = root;
     return 0;

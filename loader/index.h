@@ -11,7 +11,7 @@
  *   IDX-DUPLICATE   the same tensor name twice in weight_map
  *   IDX-SHARD-NAME  a shard name that is absolute, contains "/" or "..", or does not end in
  *                   ".safetensors"
- *   IDX-TOTAL-SIZE  metadata.total_size present but not a non-negative integer (<= 2^53, once)
+ *   IDX-TOTAL-SIZE  metadata.total_size present but not a non-negative integer as written (once)
  * Also IDX-JSON: "metadata" not an object, "metadata" or "weight_map" twice.  kl_index_open
  * adds KL_E_IO and FILE-NOT-REGULAR / FILE-TOO-LARGE (common/fs.h).
  * Ownership: kl_index owns everything; names are valid until kl_index_free.

@@ -2,6 +2,7 @@
 #include "loader/mapped.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/membench.h"
 #include "common/mem.h"
@@ -285,10 +286,8 @@ static int deliver(mapped_run *run, kl_mapped_cb cb, void *ctx, kl_mapped_stats 
 
 static unsigned resolve_threads(unsigned want)
 {
-    if (!want) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        want = n > 0 ? (unsigned)n : 4;
-    }
+    if (!want)
+        want = kl_cpu_count(0);
     return want > MAX_THREADS ? MAX_THREADS : want;
 }
 

@@ -48,7 +48,7 @@
 
 typedef struct kl_mapped_opts {
     unsigned threads;      /* populating threads, the calling one included (it works while
-                              the chunk it must deliver next is not ready); 0 = online CPUs
+                              the chunk it must deliver next is not ready); 0 = usable CPUs
                               (at most 64) */
     size_t   chunk_bytes;  /* delivery and populate unit; 0 = 2 MiB; rounded to pages */
     int      touch;        /* read every byte once in the workers (see above) */

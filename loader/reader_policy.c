@@ -2,6 +2,7 @@
  * kl_reader_opts_for_files). */
 #include "loader/reader.h"
 
+#include "common/cpu.h"
 #include "common/fs.h"
 
 #include <fcntl.h>
@@ -38,10 +39,9 @@ int kl_reader_opts_for_files(kl_reader_opts *o, const char *const *paths, size_t
         return o->direct == KL_DIRECT_OFF;
     if (direct_io_works(paths[0]) && !mostly_cached(paths, n))
         return 0;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->direct = KL_DIRECT_OFF;
     if (o->backend == KL_IO_AUTO)
         o->backend = KL_IO_PREAD;
-    o->threads = ncpu > 0 ? (unsigned)(ncpu < 64 ? ncpu : 64) : 4;
+    o->threads = kl_cpu_count(64);
     return 1;
 }

@@ -1,24 +1,21 @@
 /*
  * loader/safetensors.c — strict safetensors header parser (see safetensors.h).
  *
- * Divisions, in order: includes and constants; error helpers; the lexical pre-check (UTF-8,
- * control characters, numbers); JSON value helpers; metadata and tensor entries; whole-header
- * checks (sort, duplicates, contiguity, file length); public API in header order.
+ * Divisions, in order: includes and constants; error helpers; JSON value helpers; metadata and
+ * tensor entries; whole-header checks (sort, duplicates, contiguity, file length); public API in
+ * header order.
  *
- * cJSON builds the tree.  It is lenient in ways a strict auditor cannot be (no UTF-8
- * validation, raw control characters, leading zeros, duplicate keys kept as siblings, a BOM
- * skipped), so the pre-check and the entry walk close those gaps.  cJSON writes a process-wide
- * "last error" on every parse: two threads parsing at once race on that diagnostic only; we never
- * read it (the position comes from return_parse_end).
+ * common/json parses the header strictly (UTF-8, one value, number grammar, integers as
+ * written); cJSON keeps duplicate keys as siblings, so the entry walk finds those.
  */
 #include "loader/safetensors.h"
 
 #include "common/checked.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
 
-#include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -60,164 +57,16 @@ static const char *json_type_name(const cJSON *v)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Lexical pre-check                                                                          */
-
-/* Length of the well-formed UTF-8 sequence starting at p (lead byte >= 0x80), 0 if invalid.
- * Strict like Rust's str::from_utf8: no overlongs, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_seq_len(const uint8_t *p, size_t avail)
-{
-    uint8_t c = p[0], lo = 0x80, hi = 0xbf;
-    size_t len;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4;
-    else
-        return 0;
-    /* The second byte's range is narrowed for the lead bytes that would allow an overlong
-     * form (E0, F0), a surrogate (ED) or a code point above U+10FFFF (F4). */
-    if (c == 0xe0)
-        lo = 0xa0;
-    else if (c == 0xed)
-        hi = 0x9f;
-    else if (c == 0xf0)
-        lo = 0x90;
-    else if (c == 0xf4)
-        hi = 0x8f;
-    if (avail < len || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    return len;
-}
-
-static int is_digit(uint8_t c)
-{
-    return c >= '0' && c <= '9';
-}
-
-static int is_json_space(uint8_t c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-/* Length of the JSON number at p (RFC 8259 grammar), 0 if malformed.  cJSON hands the run to
- * strtod, which would also take "01", "1." or "-"; serde_json (the crate's parser) rejects them. */
-static size_t json_number_len(const uint8_t *p, size_t n)
-{
-    size_t i = 0;
-    if (p[i] == '-')
-        i++;
-    if (i >= n || !is_digit(p[i]))
-        return 0;
-    if (p[i] == '0')
-        i++;
-    else
-        while (i < n && is_digit(p[i]))
-            i++;
-    if (i < n && p[i] == '.') {
-        if (++i >= n || !is_digit(p[i]))
-            return 0;
-        while (i < n && is_digit(p[i]))
-            i++;
-    }
-    if (i < n && (p[i] == 'e' || p[i] == 'E')) {
-        if (++i < n && (p[i] == '+' || p[i] == '-'))
-            i++;
-        if (i >= n || !is_digit(p[i]))
-            return 0;
-        while (i < n && is_digit(p[i]))
-            i++;
-    }
-    /* A number must not run on into more number characters ("01", "1.2.3", "1-2"). */
-    if (i < n &&
-        (is_digit(p[i]) || p[i] == '.' || p[i] == 'e' || p[i] == 'E' || p[i] == '+' || p[i] == '-'))
-        return 0;
-    return i;
-}
-
-/* Inside a string, at a backslash: 0 unless the escape is \u0000. */
-static int is_escaped_nul(const uint8_t *p, size_t avail)
-{
-    return avail >= 6 && p[1] == 'u' && memcmp(p + 2, "0000", 4) == 0;
-}
-
-int kl_st_check_json_text(const uint8_t *p, size_t n, size_t *bad_at, const char **why)
-{
-    int in_str = 0;
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = p[i];
-        size_t step = 1;
-        if (c >= 0x80) {
-            step = utf8_seq_len(p + i, n - i);
-            if (!step) {
-                *bad_at = i;
-                *why = "invalid UTF-8 sequence";
-                return KL_JSON_TEXT_BAD_UTF8;
-            }
-        } else if (in_str) {
-            if (c == '"') {
-                in_str = 0;
-            } else if (c == '\\') {
-                if (is_escaped_nul(p + i, n - i)) {
-                    *bad_at = i;
-                    *why = "escaped NUL (\\u0000) in a string";
-                    return KL_JSON_TEXT_BAD_JSON;
-                }
-                /* Skip the escaped character when it is ASCII (a quote or backslash must not
-                 * toggle the string state); a non-ASCII one is left to the UTF-8 check. */
-                if (i + 1 < n && p[i + 1] < 0x80)
-                    step = 2;
-            } else if (c < 0x20) {
-                *bad_at = i;
-                *why = "raw control character in a string";
-                return KL_JSON_TEXT_BAD_JSON;
-            }
-        } else if (c == '"') {
-            in_str = 1;
-        } else if (c == '-' || is_digit(c)) {
-            step = json_number_len(p + i, n - i);
-            if (!step) {
-                *bad_at = i;
-                *why = "malformed number";
-                return KL_JSON_TEXT_BAD_JSON;
-            }
-        } else if (c < 0x20 && !is_json_space(c)) {
-            *bad_at = i;
-            *why = "control character outside a string";
-            return KL_JSON_TEXT_BAD_JSON;
-        }
-        i += step;
-    }
-    return KL_JSON_TEXT_OK;
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* JSON value helpers                                                                         */
 
-/* Reads an integer in 0..2^48-1 (JSON schema bound for shapes and offsets).  NULL on success,
- * else why not.  cJSON keeps numbers as doubles: every integer up to 2^53 is exact, so the
- * bounds and the integrality test on the double are exact too. */
+/* Reads an integer in 0..2^48-1 (JSON schema bound for shapes and offsets) as written: 64.0 and
+ * 6.4e1 are not integers.  NULL on success, else why not. */
 static const char *get_u48(const cJSON *v, uint64_t *out)
 {
-    if (!cJSON_IsNumber(v))
-        return "is not a number";
-    double d = v->valuedouble;
-    if (d != d)
-        return "is not a number";
-    if (d < 0)
-        return "is negative";
-    if (d > (double)KL_ST_MAX_DIM)
+    kl_json_int r = kl_json_get_u64(v, KL_ST_MAX_DIM, out);
+    if (r == KL_JSON_INT_TOO_LARGE)
         return "is larger than 2^48-1";
-    uint64_t u = (uint64_t)d;
-    if ((double)u != d)
-        return "is not an integer";
-    *out = u;
-    return NULL;
+    return r == KL_JSON_INT_OK ? NULL : kl_json_int_why(r);
 }
 
 static size_t count_children(const cJSON *v)
@@ -553,47 +402,25 @@ static int check_lengths(uint64_t n, uint64_t file_bytes, kl_err *err)
     return 0;
 }
 
-/* UTF-8, lexical rules, and the first non-space byte being '{'.  Sets the leading-space
- * warning: readers before safetensors 0.8 reject it, 0.8 accepts it (page-aligned padding). */
-static int check_text(st_parse *ps, const uint8_t *hdr, size_t n)
-{
-    size_t at = 0, i = 0;
-    const char *why = NULL;
-    int kind = n ? kl_st_check_json_text(hdr, n, &at, &why) : KL_JSON_TEXT_OK;
-    if (kind == KL_JSON_TEXT_BAD_UTF8)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-UTF8", NULL, 8 + at,
-                          "header is not valid UTF-8: %s", why);
-    if (kind != KL_JSON_TEXT_OK)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + at,
-                          "header is not valid JSON: %s", why);
-    while (i < n && is_json_space(hdr[i]))
-        i++;
-    if (i == n)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8, "header is empty");
-    if (hdr[i] != '{')
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + i,
-                          "header does not start with '{'");
-    if (i > 0)
-        ps->f->warnings |= KL_ST_WARN_LEADING_SPACE;
-    return 0;
-}
-
-/* cJSON parse; only JSON whitespace may follow the object (writers pad with spaces). */
+/* One JSON object and only whitespace around it (common/json); offsets count from the file's
+ * start.  Sets the leading-space warning: readers before safetensors 0.8 reject it, 0.8 accepts
+ * it (page-aligned padding). */
 static int parse_json(st_parse *ps, const uint8_t *hdr, size_t n, cJSON **out)
 {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, n, &end, 0);
-    size_t pos = end ? (size_t)(end - (const char *)hdr) : 0;
-    if (!root)
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + pos,
-                          "header is not valid JSON");
-    while (pos < n && is_json_space(hdr[pos]))
-        pos++;
-    if (pos < n || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8 + pos,
-                          "unexpected bytes after the header's JSON object");
+    cJSON *root = NULL;
+    int rc = kl_json_parse((const char *)hdr, n, "ST", &root, ps->err);
+    if (rc) {
+        if (ps->err && ps->err->offset != KL_NO_OFFSET)
+            ps->err->offset += 8;
+        return rc;
     }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return kl_fail_at(ps->err, KL_E_FORMAT, "ST-JSON", NULL, 8,
+                          "header is not a JSON object");
+    }
+    if (hdr[0] != '{') /* valid JSON whose value is an object: whitespace comes first */
+        ps->f->warnings |= KL_ST_WARN_LEADING_SPACE;
     *out = root;
     return 0;
 }
@@ -699,8 +526,8 @@ int kl_st_parse(kl_st_file *f, const char *path, const uint8_t *hdr, uint64_t n,
     f->file_bytes = file_bytes;
     f->header_bytes = n;
     f->data_off = 8 + n;
-    if ((rc = check_text(&ps, hdr, (size_t)n)) || (rc = parse_json(&ps, hdr, (size_t)n, &root)) ||
-        (rc = alloc_tables(&ps, root)) || (rc = parse_entries(&ps, root)))
+    if ((rc = parse_json(&ps, hdr, (size_t)n, &root)) || (rc = alloc_tables(&ps, root)) ||
+        (rc = parse_entries(&ps, root)))
         goto done;
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_offsets);
     if ((rc = index_names(&ps)) || (rc = check_contiguous(&ps)) || (rc = check_file_length(&ps)))

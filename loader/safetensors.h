@@ -101,13 +101,4 @@ const kl_st_tensor *kl_st_find(const kl_st_file *f, const char *name);
 /* __metadata__ value by key, NULL if absent. */
 const char *kl_st_meta_get(const kl_st_file *f, const char *key);
 
-/* Strict lexical pre-check of JSON text for what cJSON lets through: invalid UTF-8 (cJSON does
- * not validate it), raw control characters (in strings, or outside them other than the four JSON
- * whitespace bytes), malformed numbers ("01", "1.", "1e"), and an escaped NUL (\u0000), which
- * would silently cut a NUL-terminated name short.  Returns KL_JSON_TEXT_OK, or a problem kind
- * with *bad_at = its byte position in p and *why = a static description.  Cannot fail
- * otherwise; thread-safe.  Shared with loader/index.c. */
-enum { KL_JSON_TEXT_OK = 0, KL_JSON_TEXT_BAD_UTF8 = 1, KL_JSON_TEXT_BAD_JSON = 2 };
-int kl_st_check_json_text(const uint8_t *p, size_t n, size_t *bad_at, const char **why);
-
 #endif

@@ -4,7 +4,7 @@
  * (vLLM kimi_k2 rules) with a render → parse round trip, stop ids, and errors for bad input.
  */
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/chat.h"
 #include "engine/tokenizer.h"
 #include "tests/testutil.h"

@@ -540,12 +540,66 @@ END_TEST
 START_TEST(config_infinite_number_is_out_of_range)
 {
     /* cJSON reads 1e400 as infinity (and would print it as null, so this is raw text) */
-    static const char inf[] = "{\"model_type\": \"kimi_linear\", \"vocab_size\": 1e400}";
+    static const t_json_case inf = {"infinite real", "\"routed_scaling_factor\": 2.446",
+                                    "\"routed_scaling_factor\": 1e400", 0, "CFG-RANGE"};
+    size_t len;
+    char *text = t_json_splice(CONFIG_TINY, &inf, &len);
     kl_config c;
     kl_err err;
-    ck_assert_int_eq(parse_text(&c, inf, &err), KL_E_FORMAT);
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_config_parse(&c, "test/config.json", text, len, &err), KL_E_FORMAT);
     ck_assert_str_eq(err.rule, "CFG-RANGE");
-    ck_assert_str_eq(err.tensor, "vocab_size");
+    ck_assert_str_eq(err.tensor, "routed_scaling_factor");
+    free(text);
+}
+END_TEST
+
+/* Exactly one JSON value plus whitespace, UTF-8 without BOM or NUL, integers written as
+ * integers (issue 9 defect 5).  The key named is "" for errors of the text as a whole. */
+#define QUANT_BITS(bits)                                                                   \
+    "[4]}, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", "           \
+    "\"format\": \"mxfp4-pack-quantized\", \"config_groups\": {\"group_0\": {\"weights\": " \
+    "{\"num_bits\": " bits ", \"type\": \"float\", \"group_size\": 32}}}}}"
+static const struct strict_case {
+    t_json_case c;
+    const char *key;
+} STRICT_CASES[] = {
+    {{"garbage after the object", "[4]}}", "[4]}} x", 0, "CFG-JSON"}, ""},
+    {{"a second object", "[4]}}", "[4]}}{}", 0, "CFG-JSON"}, ""},
+    {{"byte-order mark", "{\"architectures\"", "\xef\xbb\xbf{\"architectures\"", 0,
+      "CFG-JSON"}, ""},
+    {{"NUL after the object", "[4]}}", "[4]}}\0", 6, "CFG-JSON"}, ""},
+    {{"NUL inside a string", "\"bfloat16\"", "\"bfloat\0""16\"", 11, "CFG-JSON"}, ""},
+    {{"invalid UTF-8 in a string", "\"bfloat16\"", "\"bfloat16\xff\"", 0, "CFG-UTF8"}, ""},
+    {{"integer written 64.0", "\"hidden_size\": 64", "\"hidden_size\": 64.0", 0, "CFG-JSON"},
+     "hidden_size"},
+    {{"integer written 6.4e1", "\"hidden_size\": 64", "\"hidden_size\": 6.4e1", 0, "CFG-JSON"},
+     "hidden_size"},
+    {{"layer number written 1.0", "[1, 2, 3]", "[1.0, 2, 3]", 0, "CFG-JSON"},
+     "linear_attn_config.kda_layers"},
+    {{"token id written 7.68e2", "\"bos_token_id\": 768", "\"bos_token_id\": 7.68e2", 0,
+      "CFG-JSON"}, "bos_token_id"},
+    {{"num_bits written 4.0", "[4]}}", QUANT_BITS("4.0"), 0, "CFG-QUANT"},
+     "quantization_config.config_groups"},
+    {{"whitespace after the object", "[4]}}", "[4]}} \n\t\r\n", 0, NULL}, ""},
+    {{"num_bits written 4", "[4]}}", QUANT_BITS("4"), 0, NULL}, ""},
+    {{"integer 0 and 2^53", "\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 1,"
+      " \"num_nextn_predict_layers\": 0, \"model_max_length\": 9007199254740992", 0, NULL}, ""},
+};
+
+START_TEST(config_text_is_one_strict_json_value_with_integers_as_written)
+{
+    const struct strict_case *sc = &STRICT_CASES[_i];
+    size_t len;
+    char *text = t_json_splice(CONFIG_TINY, &sc->c, &len);
+    kl_config c;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_config_parse(&c, "test/config.json", text, len, &err);
+    free(text);
+    t_json_case_check(&sc->c, rc, &err, sc->key);
+    if (rc)
+        ck_assert_str_eq(err.file, "test/config.json");
 }
 END_TEST
 
@@ -750,6 +804,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, config_rejects_text_that_is_not_a_json_object);
     tcase_add_test(tc, config_duplicate_keys_are_refused);
     tcase_add_test(tc, config_infinite_number_is_out_of_range);
+    tcase_add_loop_test(tc, config_text_is_one_strict_json_value_with_integers_as_written, 0,
+                        (int)(sizeof STRICT_CASES / sizeof STRICT_CASES[0]));
     tcase_add_test(tc, config_mxfp4_sizes_must_divide_by_the_group);
     tcase_add_test(tc, config_hidden_size_need_not_divide_by_the_mla_heads);
     tcase_add_test(tc, config_text_without_a_terminating_nul_is_read_by_length);

@@ -15,7 +15,7 @@
 #include "convert/converter.h"
 #include "convert/mxfp4.h"
 #include "convert/shard_digest.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "convert/verify.h"
 #include "convert/write_behind.h"
 #include "loader/checkpoint.h"

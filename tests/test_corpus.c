@@ -529,6 +529,60 @@ static void m_config_geometry(const char *d)
     edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":96");
 }
 
+/* Appends n bytes (a NUL may be one of them) to a file of the checkpoint. */
+static void append_bytes(const char *d, const char *name, const char *bytes, size_t n)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", d, name);
+    FILE *f = fopen(p, "ab");
+    ck_assert_msg(f != NULL && fwrite(bytes, 1, n, f) == n, "cannot append to %s", p);
+    fclose(f);
+}
+
+/* Issue 9 defect 5: one JSON value plus whitespace, UTF-8 without BOM or NUL, integers as
+ * integers, in every JSON file audit reads. */
+static void m_config_trailing(const char *d)
+{
+    append_bytes(d, "config.json", "\n{}", 3);
+}
+static void m_config_nul(const char *d)
+{
+    append_bytes(d, "config.json", "\n\0", 2);
+}
+static void m_config_bom(const char *d)
+{
+    edit_text_file(d, "config.json", "{", "\xef\xbb\xbf{");
+}
+static void m_config_not_utf8(const char *d)
+{
+    edit_text_file(d, "config.json", "\"kimi_linear\"", "\"kimi_linear\",\"x\":\"\xc0\xaf\"");
+}
+static void m_config_int_fraction(const char *d)
+{
+    edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":64.0");
+}
+static void m_config_int_exponent(const char *d)
+{
+    edit_text_file(d, "config.json", "\"hidden_size\":64", "\"hidden_size\":6.4e1");
+}
+static void m_shape_fraction(const char *d)
+{
+    edit_header(d, "\"shape\":[", "\"shape\":[1.0,");
+}
+static void m_offset_exponent(const char *d)
+{
+    edit_header(d, "\"data_offsets\":[0,", "\"data_offsets\":[0e0,");
+}
+static void m_index_trailing(const char *d)
+{
+    append_bytes(d, "model.safetensors.index.json", " x", 2);
+}
+static void m_index_total_fraction(const char *d)
+{
+    edit_text_file(d, "model.safetensors.index.json", "\"total_size\":",
+                   "\"total_size\":1.5e3,\"x\":");
+}
+
 /* ---- the table ----------------------------------------------------------------------------- */
 
 typedef struct corpus_case {
@@ -582,6 +636,16 @@ static const corpus_case cases[] = {
     {"config.json missing", m_config_missing, 1, "config.json"},
     {"config.json is a FIFO", m_config_fifo, 1, "FILE-NOT-REGULAR"},
     {"config geometry does not match tensors", m_config_geometry, 1, "SCHEMA-SHAPE"},
+    {"config with a second value after it", m_config_trailing, 1, "CFG-JSON"},
+    {"config with a NUL after it", m_config_nul, 1, "CFG-JSON"},
+    {"config with a byte-order mark", m_config_bom, 1, "CFG-JSON"},
+    {"config not UTF-8", m_config_not_utf8, 1, "CFG-UTF8"},
+    {"config integer written 64.0", m_config_int_fraction, 1, "CFG-JSON"},
+    {"config integer written 6.4e1", m_config_int_exponent, 1, "CFG-JSON"},
+    {"header dimension written 1.0", m_shape_fraction, 1, "ST-SHAPE"},
+    {"header offset written 0e0", m_offset_exponent, 1, "ST-OFFSETS"},
+    {"index with bytes after it", m_index_trailing, 1, "IDX-JSON"},
+    {"index total_size not written as an integer", m_index_total_fraction, 1, "IDX-TOTAL-SIZE"},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 

@@ -11,7 +11,7 @@
  */
 #include "common/err.h"
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/forward.h"
 #include "engine/matvec.h"
 #include "engine/model.h"

@@ -138,6 +138,50 @@ START_TEST(index_utf8_error_reports_its_byte_offset)
 }
 END_TEST
 
+/* Exactly one JSON object plus whitespace, UTF-8 without BOM or NUL, total_size written as an
+ * integer (issue 9 defect 5). */
+static const char STRICT_BASE[] = INDEX("1234", E("a.weight", SHARD1));
+static const t_json_case strict_rows[] = {
+    {"garbage after the object", "\"}}", "\"}}x", 0, "IDX-JSON"},
+    {"a second object", "\"}}", "\"}}{}", 0, "IDX-JSON"},
+    {"byte-order mark", "{\"metadata", "\xef\xbb\xbf{\"metadata", 0, "IDX-JSON"},
+    {"NUL after the object", "\"}}", "\"}}\0", 4, "IDX-JSON"},
+    {"NUL in a tensor name", "a.weight", "a.\0weight", 9, "IDX-JSON"},
+    {"invalid UTF-8 in a shard name", "00001-of", "00001\xe2\x82-of", 0, "IDX-UTF8"},
+    {"total_size written 1234.0", "1234", "1234.0", 0, "IDX-TOTAL-SIZE"},
+    {"total_size written 1.234e3", "1234", "1.234e3", 0, "IDX-TOTAL-SIZE"},
+    {"total_size written -0", "1234", "-0", 0, "IDX-TOTAL-SIZE"},
+    {"total_size above 2^64-1", "1234", "18446744073709551616", 0, "IDX-TOTAL-SIZE"},
+    {"whitespace after the object", "\"}}", "\"}}\r\n \t", 0, NULL},
+    {"total_size 0", "1234", "0", 0, NULL},
+    {"total_size 2^64-1", "1234", "18446744073709551615", 0, NULL},
+};
+
+START_TEST(index_text_is_one_strict_json_object_with_integers_as_written)
+{
+    const t_json_case *c = &strict_rows[_i];
+    size_t len;
+    char *json = t_json_splice(STRICT_BASE, c, &len);
+    kl_index idx;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_index_parse(&idx, "model.safetensors.index.json", json, len, &err);
+    free(json);
+    t_json_case_check(c, rc, &err, NULL);
+    kl_index_free(&idx);
+}
+END_TEST
+
+START_TEST(index_total_size_is_read_exactly_above_2_pow_53)
+{
+    kl_index idx;
+    kl_err err;
+    ck_assert_int_eq(parse(&idx, INDEX("9007199254740993", ""), &err), 0);
+    ck_assert_uint_eq(idx.total_size, 9007199254740993ull);
+    kl_index_free(&idx);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Valid indexes                                                                              */
 
@@ -315,6 +359,9 @@ static Suite *index_suite(void)
     TCase *tc = tcase_create("rules");
     tcase_add_loop_test(tc, index_rule_violations_are_rejected_with_their_rule, 0, N_RULE_ROWS);
     tcase_add_test(tc, index_utf8_error_reports_its_byte_offset);
+    tcase_add_loop_test(tc, index_text_is_one_strict_json_object_with_integers_as_written, 0,
+                        (int)(sizeof strict_rows / sizeof strict_rows[0]));
+    tcase_add_test(tc, index_total_size_is_read_exactly_above_2_pow_53);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("valid");

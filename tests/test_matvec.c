@@ -9,10 +9,10 @@
  */
 #include "common/err.h"
 #include "common/mem.h"
+#include "common/mxfp4_format.h"
 #include "common/numfmt.h"
 #include "common/pool.h"
 #include "common/rng.h"
-#include "convert/mxfp4.h"
 #include "engine/matvec.h"
 #include "tests/testutil.h"
 

@@ -7,6 +7,7 @@
  * definitions (long double, brute-force nearest value, all nine mse candidates) against the
  * scalar reference, and AVX2 == scalar on 10^7 BF16 values under every rule.
  */
+#include "common/cpu.h"
 #include "common/numfmt.h"
 #include "common/rng.h"
 #include "convert/mxfp4.h"
@@ -891,7 +892,7 @@ END_TEST
 
 START_TEST(avx2_matches_scalar_on_ten_million_values)
 {
-    if (!kl_mxfp4_have_avx2()) {
+    if (!kl_cpu_has_avx2_fma()) {
         fprintf(stderr, "avx2_matches_scalar_on_ten_million_values: SKIPPED (CPU lacks AVX2)\n");
         return;
     }
@@ -953,6 +954,86 @@ START_TEST(avx2_matches_scalar_on_ten_million_values)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* The format header (common/mxfp4_format.h) on its own                                       */
+
+START_TEST(header_e2m1_codes_round_trip_and_match_the_doubled_table)
+{
+    static const signed char x2[16] = {KL_E2M1_X2_CODES};
+    for (unsigned c = 0; c < 16; c++) {
+        float v = kl_e2m1_value(c);
+        ck_assert_msg(0.5f * (float)x2[c] == v, "code %u: doubled table %d, value %g", c, x2[c],
+                      (double)v);
+        /* every code but -0 encodes back to itself; -0 encodes as 0 */
+        ck_assert_msg(kl_e2m1_encode(v) == (c == KL_E2M1_SIGN ? 0 : c), "code %u -> %u", c,
+                      kl_e2m1_encode(v));
+        ck_assert_uint_eq(kl_e2m1_magnitude_code(fabsf(v)), c & 7);
+    }
+}
+END_TEST
+
+START_TEST(header_encode_gives_the_quantizers_codes)
+{
+    /* element 0 = 6 sets X = 1 under ocp; element 1 takes each value in turn */
+    static const struct {
+        float x;
+        unsigned code;
+    } cases[] = {
+        {0.0f, 0},      {-0.0f, 0},      {0.25f, 0},     {0.2578125f, 1}, {-0.25f, 0},
+        {-0.125f, 0},   {0.5f, 1},       {0.75f, 2},     {-0.75f, 10},    {1.25f, 2},
+        {1.2578125f, 3}, {1.75f, 4},     {2.5f, 4},      {2.515625f, 5},  {3.5f, 6},
+        {-3.5f, 14},    {5.0f, 6},       {5.03125f, 7},  {6.0f, 7},       {-6.0f, 15},
+        {7.9375f / 2, 6}, {-1.0f, 10},   {3.0f, 5},      {-0x1p-60f, 0},  {4.0f, 6},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float x[BLK] = {6.0f, cases[i].x};
+        uint8_t packed[BLK / 2], scale[1];
+        quant_bf16(x, BLK, KL_SCALE_OCP, packed, scale);
+        ck_assert_uint_eq(scale[0], KL_E8M0_BIAS);
+        ck_assert_msg(code_at(packed, 1) == cases[i].code, "%g: quantizer %u, want %u",
+                      (double)cases[i].x, code_at(packed, 1), cases[i].code);
+        ck_assert_msg(kl_e2m1_encode(cases[i].x) == cases[i].code, "%g: header %u, want %u",
+                      (double)cases[i].x, kl_e2m1_encode(cases[i].x), cases[i].code);
+    }
+}
+END_TEST
+
+START_TEST(header_e8m0_edge_values)
+{
+    ck_assert(kl_e8m0_value(0) == 0x1p-127f);
+    ck_assert(kl_e8m0_value(1) == 0x1p-126f);
+    ck_assert(kl_e8m0_value(127) == 1.0f);
+    ck_assert(kl_e8m0_value(254) == 0x1p127f);
+    ck_assert(isnan(kl_e8m0_value(255)));
+    ck_assert(isnan(kl_mxfp4_f32_from_bits(kl_e8m0_half_bits(255))));
+    for (unsigned s = 0; s < 255; s++) {
+        ck_assert_msg(kl_mxfp4_f32_from_bits(kl_e8m0_half_bits((uint8_t)s)) ==
+                          kl_e8m0_value((uint8_t)s) / 2,
+                      "half of scale %u", s);
+        ck_assert_uint_eq(kl_e8m0_encode((int)s - KL_E8M0_BIAS), s);
+    }
+    /* exponents outside the byte clamp; the NaN byte is never produced */
+    ck_assert_uint_eq(kl_e8m0_encode(-128), 0);
+    ck_assert_uint_eq(kl_e8m0_encode(-1000), 0);
+    ck_assert_uint_eq(kl_e8m0_encode(128), 254);
+    ck_assert_uint_eq(kl_e8m0_encode(1000), 254);
+}
+END_TEST
+
+START_TEST(header_e8m0_encode_gives_the_quantizers_scales)
+{
+    /* block amax 6 * 2^e: the ocp exponent is e, clamped to the byte's range */
+    static const int exps[] = {-140, -127, -126, -3, -1, 0, 1, 3, 100, 125};
+    for (size_t i = 0; i < sizeof exps / sizeof exps[0]; i++) {
+        float x[BLK] = {ldexpf(6.0f, exps[i])};
+        uint8_t packed[BLK / 2], scale[1];
+        quant_f32(x, BLK, KL_SCALE_OCP, packed, scale);
+        ck_assert_msg(scale[0] == kl_e8m0_encode(exps[i]), "2^%d: quantizer %u, header %u",
+                      exps[i], scale[0], kl_e8m0_encode(exps[i]));
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 
 int main(void)
 {
@@ -986,6 +1067,13 @@ int main(void)
     tc = tcase_create("dequantize");
     tcase_add_test(tc, dequantize_applies_e8m0_scales);
     tcase_add_test(tc, dequantized_error_is_bounded);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("format");
+    tcase_add_test(tc, header_e2m1_codes_round_trip_and_match_the_doubled_table);
+    tcase_add_test(tc, header_encode_gives_the_quantizers_codes);
+    tcase_add_test(tc, header_e8m0_edge_values);
+    tcase_add_test(tc, header_e8m0_encode_gives_the_quantizers_scales);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("paths");

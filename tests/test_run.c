@@ -11,7 +11,7 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/sampler.h"
 #include "tests/testutil.h"
 

@@ -313,6 +313,49 @@ START_TEST(st_embedded_nul_byte_in_header_is_rejected)
 }
 END_TEST
 
+/* Exactly one JSON object plus whitespace, UTF-8 without BOM or NUL, shapes and offsets written
+ * as integers (issue 9 defect 5).  Base: one F32 tensor of shape [2] at data offsets 0..8. */
+static const char STRICT_BASE[] = "{" META_PT "," T("a", "F32", "[2]", "0,8") "}";
+static const struct strict_row {
+    t_json_case c;
+    int64_t     data_bytes;
+    const char *tensor; /* expected kl_err.tensor */
+} strict_rows[] = {
+    {{"garbage after the object", "]}}", "]}} x", 0, "ST-JSON"}, 8, ""},
+    {{"a second object", "]}}", "]}}{}", 0, "ST-JSON"}, 8, ""},
+    {{"byte-order mark", "{\"__meta", "\xef\xbb\xbf{\"__meta", 0, "ST-JSON"}, 8, ""},
+    {{"NUL after the object", "]}}", "]}}\0", 4, "ST-JSON"}, 8, ""},
+    {{"NUL in a metadata value", "\"pt\"", "\"p\0t\"", 5, "ST-JSON"}, 8, ""},
+    {{"invalid UTF-8 in a metadata value", "\"pt\"", "\"p\xc3t\"", 0, "ST-UTF8"}, 8, ""},
+    {{"dimension written 2.0", "[2]", "[2.0]", 0, "ST-SHAPE"}, 8, "a"},
+    {{"dimension written 2e0", "[2]", "[2e0]", 0, "ST-SHAPE"}, 8, "a"},
+    {{"dimension written 0.2E1", "[2]", "[0.2E1]", 0, "ST-SHAPE"}, 8, "a"},
+    {{"offset written 8.0", "[0,8]", "[0,8.0]", 0, "ST-OFFSETS"}, 8, "a"},
+    {{"offset written 6.4e1 / 8", "[0,8]", "[0,0.8e1]", 0, "ST-OFFSETS"}, 8, "a"},
+    {{"offset written -0", "[0,8]", "[-0,8]", 0, "ST-OFFSETS"}, 8, "a"},
+    {{"whitespace after the object", "]}}", "]}} \n\t\r", 0, NULL}, 8, ""},
+    {{"dimensions 0 and 2^48-1", "[2],\"data_offsets\":[0,8]",
+      "[0,281474976710655],\"data_offsets\":[0,0]", 0, NULL}, 0, ""},
+    {{"offsets 0 and 2^48-1 (a U8 file that large, in memory)",
+      "\"F32\",\"shape\":[2],\"data_offsets\":[0,8]",
+      "\"U8\",\"shape\":[281474976710655],\"data_offsets\":[0,281474976710655]", 0, NULL},
+     281474976710655, ""},
+};
+
+START_TEST(st_header_is_one_strict_json_object_with_integers_as_written)
+{
+    const struct strict_row *r = &strict_rows[_i];
+    size_t len;
+    char *json = t_json_splice(STRICT_BASE, &r->c, &len);
+    kl_st_file f;
+    kl_err err;
+    int rc = parse_mem(&f, json, len, r->data_bytes, &err);
+    free(json);
+    t_json_case_check(&r->c, rc, &err, r->tensor);
+    kl_st_close(&f);
+}
+END_TEST
+
 START_TEST(st_file_shorter_than_8_bytes_is_rejected_in_memory)
 {
     kl_st_file f;
@@ -714,6 +757,8 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, st_offset_rules_report_the_file_offset_of_the_tensor);
     tcase_add_test(tc, st_utf8_errors_report_the_byte_offset_in_the_file);
     tcase_add_test(tc, st_embedded_nul_byte_in_header_is_rejected);
+    tcase_add_loop_test(tc, st_header_is_one_strict_json_object_with_integers_as_written, 0,
+                        (int)(sizeof strict_rows / sizeof strict_rows[0]));
     tcase_add_test(tc, st_file_shorter_than_8_bytes_is_rejected_in_memory);
     tcase_add_test(tc, st_header_above_100_mb_is_rejected_before_reading_it);
     tcase_add_test(tc, st_null_err_is_accepted);

@@ -1,5 +1,5 @@
 /*
- * tests/test_synth.c — convert/st_writer, convert/synth, convert/synth_tokenizer, `kl synth`.
+ * tests/test_synth.c — convert/st_writer, synth/synth, synth/synth_tokenizer, `kl synth`.
  *
  * Every checkpoint is written into a fresh temp directory and read back through the strict
  * parsers (kl_st_open, kl_index_open, kl_config_open) and compared with the schema built from
@@ -12,11 +12,12 @@
 #include "common/mem.h"
 #include "common/numfmt.h"
 #include "convert/st_writer.h"
-#include "convert/synth.h"
 #include "loader/config.h"
+#include "loader/hashpass.h"
 #include "loader/index.h"
 #include "loader/safetensors.h"
 #include "loader/schema.h"
+#include "synth/synth.h"
 #include "tests/testutil.h"
 
 #include <dirent.h>
@@ -798,6 +799,56 @@ START_TEST(synth_mxfp4_experts_are_contiguous_and_dequantize_to_the_bf16_spread)
 }
 END_TEST
 
+/* SHA-256 of a file, as hex, through the library's hash pass. */
+static void file_sha256(const char *path, char hex[65])
+{
+    kl_hashpass_file f = {.path = path};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_hashpass_run(&f, 1, NULL, NULL, &err) == 0, "%s", fmt_err(&err));
+    kl_sha256_hex(f.sha256, hex);
+}
+
+/* The bytes of a synthesized checkpoint are part of its contract (deterministic from the seed,
+ * whatever the version): pinned for tiny seed 7, BF16 and MXFP4 (whose expert blocks come from
+ * the quantizer, zero codes keeping their sign). */
+START_TEST(synth_tiny_shards_keep_their_bytes)
+{
+    static const struct {
+        kl_synth_format fmt;
+        const char *shard, *sha;
+    } want[] = {
+        {KL_SYNTH_BF16, "model-00001-of-00004.safetensors",
+         "54d0740edd0595bfb4d705e3b907439e56ff4eaae6e236e4ddf01a398a67bc84"},
+        {KL_SYNTH_BF16, "model-00004-of-00004.safetensors",
+         "a8d5001f40659005e9ff3bf80533a59e5c41fe1091d855fe076974c0845180fd"},
+        {KL_SYNTH_MXFP4, "model-00001-of-00003.safetensors",
+         "8df49a7c033bceabac5334f62fc20b54a8eb99bc6e313fd0035b8a5292f61ae5"},
+        {KL_SYNTH_MXFP4, "model-00002-of-00003.safetensors",
+         "878ce0e59544b032969aef9b2779f86274326d82c3671b74ac9b414bc2a6c302"},
+        {KL_SYNTH_MXFP4, "model-00003-of-00003.safetensors",
+         "0a96ee03beff39099e601acb437c8b5cdb8682ba6aac1c5228446677ca82e14e"},
+    };
+    for (int fmt = KL_SYNTH_BF16; fmt <= KL_SYNTH_MXFP4; fmt++) {
+        char dir[256];
+        t_mkdtemp(dir, sizeof dir);
+        kl_err err;
+        ck_assert_msg(synth(dir, "tiny", (kl_synth_format)fmt, 7, 2, 0, NULL, &err) == 0, "%s",
+                      fmt_err(&err));
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            if ((int)want[i].fmt != fmt)
+                continue;
+            char path[512], hex[65];
+            snprintf(path, sizeof path, "%s/%s", dir, want[i].shard);
+            file_sha256(path, hex);
+            ck_assert_msg(strcmp(hex, want[i].sha) == 0, "%s: sha256 %s, want %s", path, hex,
+                          want[i].sha);
+        }
+        t_rmrf(dir);
+    }
+}
+END_TEST
+
 START_TEST(synth_mxfp4_small_orders_expert_10_before_expert_2)
 {
     char dir[256];
@@ -1053,6 +1104,7 @@ static Suite *synth_suite(void)
     tcase_set_timeout(m, 60);
     tcase_add_test(m, synth_mxfp4_experts_are_contiguous_and_dequantize_to_the_bf16_spread);
     tcase_add_test(m, synth_mxfp4_small_orders_expert_10_before_expert_2);
+    tcase_add_test(m, synth_tiny_shards_keep_their_bytes);
     suite_add_tcase(s, m);
 
     TCase *f = tcase_create("files");

@@ -9,7 +9,7 @@
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/strmap.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/tokenizer.h"
 #include "tests/testutil.h"
 
@@ -639,25 +639,62 @@ static const struct config_row {
      "already used"},
 };
 
-START_TEST(tok_malformed_tokenizer_config_is_rejected)
+/* kl_tok_open on a synthetic tokenizer whose tokenizer_config.json is json[0..n); the
+ * tokenizer is closed again.  Returns kl_tok_open's result. */
+static int open_with_config(const char *json, size_t n, kl_err *err)
 {
-    const struct config_row *row = &config_rows[_i];
     char dir[4096], path[4200];
     t_mkdtemp(dir, sizeof dir);
     ck_assert_int_eq(kl_synth_write_tokenizer(dir, 512, NULL), 0);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    t_write(path, row->json, strlen(row->json));
-    kl_err err;
-    kl_err_clear(&err);
+    t_write(path, json, n);
+    kl_err_clear(err);
     kl_tokenizer *tok = NULL;
-    int rc = kl_tok_open(dir, &tok, &err);
+    int rc = kl_tok_open(dir, &tok, err);
+    kl_tok_close(tok);
+    t_rmrf(dir);
+    return rc;
+}
+
+START_TEST(tok_malformed_tokenizer_config_is_rejected)
+{
+    const struct config_row *row = &config_rows[_i];
+    kl_err err;
+    int rc = open_with_config(row->json, strlen(row->json), &err);
     ck_assert_msg(rc == KL_E_FORMAT, "%s: expected KL_E_FORMAT, got %d (%s)", row->name, rc,
                   fmt_err(&err));
     ck_assert_msg(strstr(err.msg, row->msg) != NULL, "%s: expected '%s' in '%s'", row->name,
                   row->msg, err.msg);
     ck_assert_msg(strstr(err.file, "tokenizer_config.json") != NULL, "%s: file '%s'", row->name,
                   err.file);
-    t_rmrf(dir);
+}
+END_TEST
+
+/* Exactly one JSON object plus whitespace, UTF-8 without BOM or NUL (issue 9 defect 5). */
+static const char STRICT_BASE[] =
+    "{\"added_tokens_decoder\": {\"256\": {\"content\": \"<x>\", \"special\": true}}}";
+static const t_json_case strict_rows[] = {
+    {"garbage after the object", "}}}", "}}}\nx", 0, "TOK-JSON"},
+    {"a second object", "}}}", "}}}{}", 0, "TOK-JSON"},
+    {"byte-order mark", "{\"added", "\xef\xbb\xbf{\"added", 0, "TOK-JSON"},
+    {"NUL after the object", "}}}", "}}}\0", 4, "TOK-JSON"},
+    {"NUL in a token name", "<x>", "<x\0>", 4, "TOK-JSON"},
+    {"escaped NUL in a token name", "<x>", "<x\\u0000>", 0, "TOK-JSON"},
+    {"invalid UTF-8 in a token name", "<x>", "<x\xff>", 0, "TOK-UTF8"},
+    {"whitespace after the object", "}}}", "}}}\n \t\r\n", 0, NULL},
+};
+
+START_TEST(tok_config_is_one_strict_json_object)
+{
+    const t_json_case *c = &strict_rows[_i];
+    size_t len;
+    char *json = t_json_splice(STRICT_BASE, c, &len);
+    kl_err err;
+    int rc = open_with_config(json, len, &err);
+    free(json);
+    t_json_case_check(c, rc, &err, NULL);
+    ck_assert_msg(!rc || strstr(err.file, "tokenizer_config.json"), "%s: file '%s'", c->what,
+                  err.file);
 }
 END_TEST
 
@@ -716,6 +753,8 @@ int main(void)
                         (int)(sizeof model_rows / sizeof model_rows[0]));
     tcase_add_loop_test(tf, tok_malformed_tokenizer_config_is_rejected, 0,
                         (int)(sizeof config_rows / sizeof config_rows[0]));
+    tcase_add_loop_test(tf, tok_config_is_one_strict_json_object, 0,
+                        (int)(sizeof strict_rows / sizeof strict_rows[0]));
     tcase_add_test(tf, tok_missing_files_are_io_errors);
     suite_add_tcase(s, tf);
     return t_run_suite(s);

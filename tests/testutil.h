@@ -46,6 +46,31 @@ static inline int t_has_control(const char *s)
     return 0;
 }
 
+/* One strictness case of a JSON file kind: the file's base text with the first occurrence of
+ * from replaced by to (to_len bytes, 0 for strlen(to), so that a NUL can be spliced in). */
+typedef struct t_json_case {
+    const char *what;
+    const char *from, *to;
+    size_t      to_len;
+    const char *rule; /* expected kl_err.rule; NULL: the text is accepted */
+} t_json_case;
+
+/* base with c's splice applied: malloc'd (caller frees), its length in *len. */
+static inline char *t_json_splice(const char *base, const t_json_case *c, size_t *len)
+{
+    const char *at = strstr(base, c->from);
+    ck_assert_msg(at != NULL, "%s: \"%s\" not in the base text", c->what, c->from);
+    size_t head = (size_t)(at - base), from = strlen(c->from);
+    size_t to = c->to_len ? c->to_len : strlen(c->to), tail = strlen(at + from);
+    char *out = malloc(head + to + tail + 1);
+    ck_assert(out != NULL);
+    memcpy(out, base, head);
+    memcpy(out + head, c->to, to);
+    memcpy(out + head + to, at + from, tail + 1);
+    *len = head + to + tail;
+    return out;
+}
+
 /* kl_err rendered for assertion messages (static buffer: one at a time). */
 #ifdef KL_COMMON_ERR_H
 static inline const char *t_fmt_err(const kl_err *err)
@@ -55,7 +80,25 @@ static inline const char *t_fmt_err(const kl_err *err)
 }
 #endif
 
-#ifdef KL_CONVERT_SYNTH_H
+#ifdef KL_COMMON_ERR_H
+/* Asserts the outcome of case c: success when c->rule is NULL, else a failure with rule c->rule,
+ * kl_err.tensor equal to tensor unless that is NULL, and a one-line message. */
+static inline void t_json_case_check(const t_json_case *c, int rc, const kl_err *err,
+                                     const char *tensor)
+{
+    if (!c->rule) {
+        ck_assert_msg(rc == 0, "%s: expected success, got %s", c->what, t_fmt_err(err));
+        return;
+    }
+    ck_assert_msg(rc < 0 && strcmp(err->rule, c->rule) == 0 &&
+                      (!tensor || strcmp(err->tensor, tensor) == 0),
+                  "%s: expected [%s] tensor/key \"%s\", got %d: %s", c->what, c->rule,
+                  tensor ? tensor : "(any)", rc, t_fmt_err(err));
+    ck_assert_msg(!t_has_control(err->msg), "%s: message not one line: %s", c->what, err->msg);
+}
+#endif
+
+#ifdef KL_SYNTH_SYNTH_H
 /* Synthesizes the tiny preset (BF16) into dir with the given seed; fails the test on error. */
 static inline void t_synth_tiny(const char *dir, uint64_t seed)
 {
@@ -72,6 +115,23 @@ static inline void t_synth_tiny(const char *dir, uint64_t seed)
                   t_fmt_err(&err));
 }
 #endif
+
+/* The kl binary under test, $KL_BIN (set by `make test`); fails the test when unset. */
+static inline const char *t_kl_bin(void)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    return kl;
+}
+
+/* Synthesizes the tiny preset into dir with `kl synth` of the binary under test. */
+static inline void t_kl_synth_tiny(const char *dir, unsigned seed)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' --preset tiny --seed %u -q > /dev/null",
+             t_kl_bin(), dir, seed);
+    ck_assert_msg(system(cmd) == 0, "kl synth failed: %s", cmd);
+}
 
 /* Relative L2 error of got against want: |got - want| / |want| (|got - want| when want is 0). */
 static inline double t_rel_l2(const float *got, const float *want, size_t n)

@@ -1,13 +1,14 @@
-/* convert/synth.c — synthetic checkpoints (see synth.h). */
-#include "convert/synth.h"
-
-#include "convert/layout.h"
+/* synth/synth.c — synthetic checkpoints (see synth.h). */
+#include "synth/synth.h"
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
 #include "common/rng.h"
+#include "convert/layout.h"
+#include "convert/mxfp4.h"
 #include "convert/st_writer.h"
 #include "loader/schema.h"
 
@@ -30,7 +31,7 @@
 
 #define WIN_BYTES ((size_t)4 << 20)        /* one task: an aligned 4 MiB window of a shard */
 #define UNIT_BYTES ((size_t)64 << 10)      /* one RNG stream: 64 KiB of a plain tensor */
-#define MX_GROUP 32u                        /* MXFP4 elements per scale */
+#define MX_GROUP ((uint32_t)KL_MXFP4_BLOCK) /* MXFP4 elements per scale */
 #define MX_UNIT_GROUPS 4096u                /* one RNG stream: 4096 MXFP4 groups (64 KiB of
                                                weight_packed, 4 KiB of weight_scale) */
 #define BTAB_MIN_NUMEL ((uint64_t)1 << 16)  /* tensors this large use a per-thread bf16 table */
@@ -155,43 +156,44 @@ typedef struct mx_pool {
     int8_t  *e0;                        /* [MX_POOL_SIZE] block exponent: value = E2M1 * 2^e0 */
 } mx_pool;
 
-/* E2M1 code of x (already divided by the block scale): round to nearest, ties to even,
- * saturating at 6. */
-static uint8_t e2m1_code(float x)
+/* Gives the elements of a quantized block that coded to zero the sign of their value (code 8,
+ * -0), as synth's pools always had: the quantizer never writes -0, and without this the
+ * synthesized files would change.  The values are the same (-0 == 0). */
+static void keep_zero_signs(uint8_t *codes, const float *x)
 {
-    float a = fabsf(x);
-    uint8_t c = (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                          (a >= 3.5f) + (a > 5.0f));
-    return (uint8_t)(c | (signbit(x) ? 8 : 0));
+    for (uint32_t j = 0; j < MX_GROUP; j++) {
+        unsigned shift = 4 * (j & 1);
+        if (!((codes[j / 2] >> shift) & 7) && signbit(x[j]))
+            codes[j / 2] |= (uint8_t)(KL_E2M1_SIGN << shift);
+    }
 }
 
-static int mx_pool_build(mx_pool *p, float m)
+static int mx_pool_build(mx_pool *p, float m, kl_err *err)
 {
     p->m = m;
     p->codes = kl_malloc(MX_POOL_SIZE * sizeof *p->codes);
     p->e0 = kl_malloc(MX_POOL_SIZE);
     if (!p->codes || !p->e0)
-        return KL_E_NOMEM;
+        return kl_fail(err, KL_E_NOMEM, "out of memory for an MXFP4 value pool");
     uint32_t mbits;
     memcpy(&mbits, &m, sizeof mbits);
     kl_rng r;
     kl_rng_seed(&r, MX_POOL_STREAM, mbits);
     for (uint32_t i = 0; i < MX_POOL_SIZE; i++) {
-        float x[MX_GROUP], amax = 0;
+        float x[MX_GROUP];
         for (uint32_t j = 0; j < MX_GROUP; j += 4) {
             uint64_t bits = kl_rng_next(&r);
-            for (uint32_t k = 0; k < 4; k++) {
+            for (uint32_t k = 0; k < 4; k++)
                 x[j + k] = ntab[(bits >> (16 * k)) & 0xffff] * m;
-                amax = fmaxf(amax, fabsf(x[j + k]));
-            }
         }
         /* OCP MX: shared exponent = floor(log2(amax)) - emax(E2M1) = ... - 2 */
-        int e = ilogbf(amax) - 2;
-        p->e0[i] = (int8_t)e;
-        for (uint32_t j = 0; j < MX_GROUP; j += 2) {
-            uint8_t lo = e2m1_code(ldexpf(x[j], -e)), hi = e2m1_code(ldexpf(x[j + 1], -e));
-            p->codes[i][j / 2] = (uint8_t)(lo | hi << 4);
-        }
+        uint8_t scale;
+        int rc = kl_mxfp4_quantize_row_f32(x, MX_GROUP, KL_SCALE_OCP, p->codes[i], &scale, NULL,
+                                           err);
+        if (rc)
+            return rc;
+        p->e0[i] = (int8_t)(scale - KL_E8M0_BIAS);
+        keep_zero_signs(p->codes[i], x);
     }
     return 0;
 }
@@ -221,7 +223,8 @@ static void sign_init(void)
     for (uint32_t v = 0; v < 256; v++) {
         uint32_t m = 0;
         for (uint32_t j = 0; j < 4; j++)
-            m |= (((v >> (2 * j)) & 1) << 3 | ((v >> (2 * j + 1)) & 1) << 7) << (8 * j);
+            m |= ((v >> (2 * j)) & 1) * KL_E2M1_SIGN << (8 * j) |
+                 ((v >> (2 * j + 1)) & 1) * KL_E2M1_SIGN << (8 * j + 4);
         sign_mask[v] = m;
     }
 }
@@ -362,9 +365,9 @@ static int plan_values(synth_ctx *c, kl_err *err)
             if (j == c->n_pools) {
                 if (j == sizeof c->pools / sizeof c->pools[0])
                     return kl_fail(err, KL_E_UNSUPPORTED, "too many distinct expert widths");
-                if (mx_pool_build(&c->pools[j], m))
-                    return kl_fail(err, KL_E_NOMEM, "out of memory for an MXFP4 value pool");
-                c->n_pools++;
+                int rc = mx_pool_build(&c->pools[c->n_pools++], m, err);
+                if (rc)
+                    return rc;
             }
         }
     }
@@ -441,8 +444,7 @@ static void gen_mx(uint8_t *out, uint64_t n_groups, int packed, int k, const mx_
                 v[q] ^= m[q];
             memcpy(out + 16 * g, v, 16);
         } else {
-            int sc = 127 + k + p->e0[idx];
-            out[g] = (uint8_t)(sc < 0 ? 0 : sc > 254 ? 254 : sc);
+            out[g] = kl_e8m0_encode(k + p->e0[idx]);
         }
     }
 }
@@ -642,8 +644,7 @@ static void *worker_main(void *arg)
 
 static unsigned thread_count(const kl_synth_opts *o, size_t n_tasks)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned n = o->threads ? o->threads : (cpus > 0 ? (unsigned)cpus : 1);
+    unsigned n = o->threads ? o->threads : kl_cpu_count(0);
     if (n > MAX_THREADS)
         n = MAX_THREADS;
     if (n > n_tasks)

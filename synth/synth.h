@@ -1,5 +1,5 @@
 /*
- * convert/synth.h — synthetic Kimi-Linear checkpoints, deterministic from a seed.
+ * synth/synth.h — synthetic Kimi-Linear checkpoints, deterministic from a seed.
  *
  * kl_synth_write builds a config for a preset, takes every tensor from the schema
  * (loader/schema.h: canonical names, shapes, synth dtypes; synth has no name strings of its
@@ -33,10 +33,10 @@
  *   A_log                 log U(1, 16)
  *   dt_bias               log(expm1(U(1e-3, 0.1)))   (inverse softplus)
  *   e_score_correction    0.01 N(0, 1)
- *   MXFP4 experts         blocks of 32 genuinely quantized N(0, 1/sqrt(in)) values: E2M1 codes
- *                         (element 2i in the LOW nibble, 2i+1 in the high nibble), E8M0 scale =
- *                         127 + floor(log2(block amax)) - 2 (OCP rule), so the dequantized std is
- *                         that of the BF16 weights.  Blocks come from a table of 65,536
+ *   MXFP4 experts         blocks of 32 N(0, 1/sqrt(in)) values quantized by convert/mxfp4.h
+ *                         with the OCP rule (E8M0 scale 127 + floor(log2(block amax)) - 2), so
+ *                         the dequantized std is that of the BF16 weights; elements that round
+ *                         to zero keep their sign (code 8, -0), as in every version of synth.  Blocks come from a table of 65,536
  *                         quantized Gaussian blocks per distinct sigma, picked and sign-flipped
  *                         at random.
  * Determinism: every tensor is cut into fixed RNG units (64 KiB of output; for MXFP4 4096
@@ -63,8 +63,8 @@
  * returned non-zero), errors from kl_schema_build / kl_config_to_json.
  * Thread safety: kl_synth_write may run in several threads on different directories.
  */
-#ifndef KL_CONVERT_SYNTH_H
-#define KL_CONVERT_SYNTH_H
+#ifndef KL_SYNTH_SYNTH_H
+#define KL_SYNTH_SYNTH_H
 
 #include "common/err.h"
 #include "loader/config.h"
@@ -96,7 +96,7 @@ typedef struct kl_synth_opts {
     uint64_t             shard_bytes;  /* 0 = preset's: 256 KiB tiny, 4 MiB small, 5e9 full */
     int                  sparse;       /* leave tensor payloads as holes */
     int                  buffered;     /* page-cache writes instead of O_DIRECT */
-    unsigned             threads;      /* 0 = online CPUs (at most 64) */
+    unsigned             threads;      /* 0 = usable CPUs (at most 64) */
     kl_synth_progress_fn progress;     /* may be NULL */
     void                *progress_ctx;
     kl_synth_result     *result;       /* filled on success if non-NULL */
@@ -110,7 +110,7 @@ int kl_synth_config(const kl_synth_opts *o, kl_config *c, kl_err *err);
 
 /* Writes dir/tiktoken.model and dir/tokenizer_config.json for a vocabulary of vocab_size ids
  * (vocab_size - 256 regular tokens, then 256 special ids with Kimi's names at Kimi's offsets;
- * see convert/synth_tokenizer.c).  vocab_size must be in 512..2^24. */
+ * see synth/synth_tokenizer.c).  vocab_size must be in 512..2^24. */
 int kl_synth_write_tokenizer(const char *dir, uint32_t vocab_size, kl_err *err);
 
 #endif

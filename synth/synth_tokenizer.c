@@ -1,5 +1,5 @@
 /*
- * convert/synth_tokenizer.c — tokenizer files of a synthetic checkpoint (see synth.h).
+ * synth/synth_tokenizer.c — tokenizer files of a synthetic checkpoint (see synth.h).
  *
  * tiktoken.model: one "base64(bytes) rank" line per regular token, ranks 0..R-1 with
  * R = vocab_size - 256.  Ranks 0..255 are the single bytes 0x00..0xFF; every later token is the
@@ -17,7 +17,7 @@
  * <|im_end|>, pad [PAD], unk [UNK], and a chat_template in Kimi-Linear's format (no default
  * system prompt, no newlines between turns).
  */
-#include "convert/synth.h"
+#include "synth/synth.h"
 
 #include "common/fs.h"
 #include "common/mem.h"

@@ -1,0 +1,155 @@
+/*
+ * tests/test_json.c — common/json: the strict JSON reader and the integer reader.
+ *
+ * The file kinds (config, index, safetensors header, tokenizer_config) test their own rule ids;
+ * here: the text rules with their offsets, each number node keeping its own source text (the
+ * tree and the text walked in step), and the integer rules on that text.
+ */
+#include "common/json.h"
+#include "tests/testutil.h"
+
+#include <inttypes.h>
+
+/* ---- the text rules ------------------------------------------------------------------------ */
+
+static const struct text_row {
+    const char *what;
+    const char *text;
+    size_t      len;    /* 0: strlen(text) */
+    const char *rule;   /* NULL: accepted */
+    uint64_t    offset; /* of the error */
+} text_rows[] = {
+    {"a value and whitespace", "{\"a\": [1, 2]} \t\r\n", 0, NULL, 0},
+    {"a bare number", " 7 ", 0, NULL, 0},
+    {"empty text", "", 0, "T-JSON", 0},
+    {"whitespace only", " \n ", 0, "T-JSON", 3},
+    {"bytes after the value", "{} x", 0, "T-JSON", 3},
+    {"a second value", "[1][2]", 0, "T-JSON", 3},
+    {"byte-order mark", "\xef\xbb\xbf{}", 0, "T-JSON", 0},
+    {"NUL after the value", "{}\0", 3, "T-JSON", 2},
+    {"NUL in a string", "[\"a\0b\"]", 6, "T-JSON", 3},
+    {"escaped NUL in a string", "[\"a\\u0000\"]", 0, "T-JSON", 3},
+    {"invalid UTF-8", "[\"ab\xff\"]", 0, "T-UTF8", 4},
+    {"overlong UTF-8", "[\"\xc0\xaf\"]", 0, "T-UTF8", 2},
+    {"leading zero", "[01]", 0, "T-JSON", 1},
+    {"syntax error", "{\"a\" 1}", 0, "T-JSON", 5},
+};
+
+START_TEST(json_text_is_one_strict_value)
+{
+    const struct text_row *r = &text_rows[_i];
+    cJSON *root = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_json_parse(r->text, r->len ? r->len : strlen(r->text), "T", &root, &err);
+    if (!r->rule) {
+        ck_assert_msg(rc == 0 && root, "%s: expected success, got %s", r->what, t_fmt_err(&err));
+        cJSON_Delete(root);
+        return;
+    }
+    ck_assert_msg(rc == KL_E_FORMAT && root == NULL, "%s: expected KL_E_FORMAT, got %d", r->what,
+                  rc);
+    ck_assert_msg(strcmp(err.rule, r->rule) == 0 && err.offset == r->offset,
+                  "%s: expected [%s] @ %" PRIu64 ", got %s", r->what, r->rule, r->offset,
+                  t_fmt_err(&err));
+}
+END_TEST
+
+START_TEST(json_errors_name_the_line_of_a_multi_line_text)
+{
+    cJSON *root = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_json_parse("{\n\"a\": 1\n}\n{}", 13, "T", &root, &err), KL_E_FORMAT);
+    ck_assert_msg(strstr(err.msg, "line 4") != NULL, "got %s", err.msg);
+}
+END_TEST
+
+/* ---- number literals ----------------------------------------------------------------------- */
+
+START_TEST(json_each_number_keeps_its_own_source_text)
+{
+    const char *text = "{\"a\": [1, 2.0, {\"b\": -3e0, \"s\": \"4 5\"}], \"a\": 6.4E1,"
+                       " \"t\": true, \"n\": null, \"z\": [[0]]}";
+    cJSON *root = NULL;
+    kl_err err;
+    ck_assert_int_eq(kl_json_parse(text, strlen(text), "T", &root, &err), 0);
+    const cJSON *a = root->child, *a2 = a->next;
+    ck_assert_str_eq(kl_json_number_text(cJSON_GetArrayItem(a, 0)), "1");
+    ck_assert_str_eq(kl_json_number_text(cJSON_GetArrayItem(a, 1)), "2.0");
+    ck_assert_str_eq(kl_json_number_text(cJSON_GetArrayItem(a, 2)->child), "-3e0");
+    ck_assert_str_eq(kl_json_number_text(a2), "6.4E1"); /* a duplicate key: its own node */
+    ck_assert_str_eq(kl_json_number_text(cJSON_GetObjectItem(root, "z")->child->child), "0");
+    ck_assert_ptr_null(kl_json_number_text(cJSON_GetObjectItem(root, "t")));
+    cJSON_Delete(root);
+}
+END_TEST
+
+/* ---- integers ------------------------------------------------------------------------------ */
+
+static const struct int_row {
+    const char *text;
+    uint64_t    max;
+    kl_json_int want;
+    uint64_t    value;
+} int_rows[] = {
+    {"0", 10, KL_JSON_INT_OK, 0},
+    {"64", 64, KL_JSON_INT_OK, 64},
+    {"281474976710655", 281474976710655ull, KL_JSON_INT_OK, 281474976710655ull},
+    {"18446744073709551615", UINT64_MAX, KL_JSON_INT_OK, UINT64_MAX},
+    {"65", 64, KL_JSON_INT_TOO_LARGE, 0},
+    {"18446744073709551616", UINT64_MAX, KL_JSON_INT_TOO_LARGE, 0},
+    {"64.0", 100, KL_JSON_INT_NOT_INTEGER, 0},
+    {"6.4e1", 100, KL_JSON_INT_NOT_INTEGER, 0},
+    {"64E0", 100, KL_JSON_INT_NOT_INTEGER, 0},
+    {"-1.5", 100, KL_JSON_INT_NOT_INTEGER, 0},
+    {"-1", 100, KL_JSON_INT_NEGATIVE, 0},
+    {"-0", 100, KL_JSON_INT_NEGATIVE, 0},
+    {"\"64\"", 100, KL_JSON_INT_NOT_NUMBER, 0},
+    {"null", 100, KL_JSON_INT_NOT_NUMBER, 0},
+};
+
+START_TEST(json_integers_are_read_as_written)
+{
+    const struct int_row *r = &int_rows[_i];
+    cJSON *root = NULL;
+    kl_err err;
+    ck_assert_int_eq(kl_json_parse(r->text, strlen(r->text), "T", &root, &err), 0);
+    uint64_t v = 12345;
+    kl_json_int got = kl_json_get_u64(root, r->max, &v);
+    ck_assert_msg(got == r->want, "%s: expected %d (%s), got %d (%s)", r->text, r->want,
+                  kl_json_int_why(r->want), got, kl_json_int_why(got));
+    ck_assert_msg(v == (got ? 12345 : r->value), "%s: value %" PRIu64, r->text, v);
+    cJSON_Delete(root);
+}
+END_TEST
+
+START_TEST(json_built_numbers_read_as_their_shortest_text)
+{
+    cJSON *n = cJSON_CreateNumber(64), *f = cJSON_CreateNumber(64.5);
+    uint64_t v = 0;
+    ck_assert_int_eq(kl_json_get_u64(n, 100, &v), KL_JSON_INT_OK);
+    ck_assert_uint_eq(v, 64);
+    ck_assert_int_eq(kl_json_get_u64(f, 100, &v), KL_JSON_INT_NOT_INTEGER);
+    ck_assert_int_eq(kl_json_get_u64(NULL, 100, &v), KL_JSON_INT_NOT_NUMBER);
+    cJSON_Delete(n);
+    cJSON_Delete(f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("json");
+    TCase *tc = tcase_create("text");
+    tcase_add_loop_test(tc, json_text_is_one_strict_value, 0,
+                        (int)(sizeof text_rows / sizeof text_rows[0]));
+    tcase_add_test(tc, json_errors_name_the_line_of_a_multi_line_text);
+    tcase_add_test(tc, json_each_number_keeps_its_own_source_text);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("integers");
+    tcase_add_loop_test(tc, json_integers_are_read_as_written, 0,
+                        (int)(sizeof int_rows / sizeof int_rows[0]));
+    tcase_add_test(tc, json_built_numbers_read_as_their_shortest_text);
+    suite_add_tcase(s, tc);
+    return t_run_suite(s);
+}
