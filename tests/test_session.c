@@ -13,7 +13,7 @@
  */
 #include "common/err.h"
 #include "common/mem.h"
-#include "convert/synth.h"
+#include "synth/synth.h"
 #include "engine/chat.h"
 #include "engine/cost.h"
 #include "engine/model.h"
