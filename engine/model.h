@@ -7,7 +7,8 @@
  * extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored
  * dtype (BF16 or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales).
  * Small per-channel vectors (norm weights, conv taps, A_log, dt_bias, router bias) are also
- * copied to fp32.  Tensors are bound by schema role / layer / expert; the dense MLP is found
+ * copied to fp32.  opts->progress, when set, is called with the payload bytes read so far as
+ * they arrive (from the reading thread, in order).  Tensors are bound by schema role / layer / expert; the dense MLP is found
  * under either spelling (the schema's alias).
  *
  * The weight matrices (kl_wmat) and the kernels that multiply them are in engine/matvec.h;
