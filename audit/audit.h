@@ -2,11 +2,12 @@
  * audit/audit.h — check a checkpoint directory and collect findings.
  *
  * kl_audit_run opens the checkpoint's metadata (config, index, every shard header; never the
- * tensor bytes unless hashing), and checks: the safetensors header rules (loader), the index
- * against the headers, the tensor set against the schema of the config (missing, unexpected,
- * wrong shape, wrong dtype), total_size, file sizes, the routed-expert region layout of every
- * MoE layer, a memory plan per GPU for a TP size and context length, and with hashing the
- * SHA-256 of every shard (in parallel), compared with expected values.
+ * tensor bytes unless hashing), and reports what the loader's metadata check finds
+ * (loader/ckcheck.h: header rules, the index against the headers, total_size, the tensor set
+ * against the schema of the config: the same check the engine and the converter refuse on),
+ * then the routed-expert region layout of every MoE layer, a memory plan per GPU for a TP size
+ * and context length, and with hashing the SHA-256 of every shard (in parallel), compared with
+ * expected values.
  *
  * A finding is data (severity + rule + file/tensor/offset + message), not an error: the run
  * returns 0 when it could audit, whatever it found; it returns a KL_E_* code only when it could
@@ -19,22 +20,12 @@
 #define KL_AUDIT_AUDIT_H
 
 #include "common/err.h"
+#include "loader/ckcheck.h" /* kl_severity, kl_finding */
 #include "loader/config.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum kl_severity { KL_SEV_INFO = 0, KL_SEV_WARN = 1, KL_SEV_ERROR = 2 } kl_severity;
-
-typedef struct kl_finding {
-    kl_severity severity;
-    char        rule[32];
-    char        file[256];
-    char        tensor[192];
-    uint64_t    offset;       /* KL_NO_OFFSET if none */
-    char        message[320];
-} kl_finding;
 
 typedef struct kl_audit_opts {
     bool        hash;         /* SHA-256 every shard */
@@ -98,6 +89,7 @@ typedef struct kl_audit_report {
     kl_finding       *findings;
     size_t            n_errors, n_warnings;
     size_t            n_shards, n_tensors, n_expected_tensors;
+    size_t            n_bad_shards;  /* shards whose header could not be used */
     uint64_t          tensor_bytes, file_bytes, header_bytes;
     bool              has_total_size;
     uint64_t          total_size;
@@ -131,7 +123,5 @@ size_t kl_memplan_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
 /* The context the plan uses when none is asked for: 131072 tokens, or the model's maximum
  * when that is smaller. */
 uint64_t kl_memplan_default_context(const kl_config *c);
-
-const char *kl_severity_name(kl_severity s);
 
 #endif

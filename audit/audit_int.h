@@ -1,5 +1,6 @@
 /*
- * audit/audit_int.h — helpers shared by the audit's source files (not for outside audit/).
+ * audit/audit_int.h — the audit's passes, called by audit.c (not for outside audit/).
+ * Each adds its findings through report.h; none calls back into audit.c.
  */
 #ifndef KL_AUDIT_AUDIT_INT_H
 #define KL_AUDIT_AUDIT_INT_H
@@ -7,10 +8,6 @@
 #include "audit/audit.h"
 #include "loader/checkpoint.h"
 #include "loader/schema.h"
-
-/* Appends a finding; 0 or KL_E_NOMEM. */
-int kl_audit_add(kl_audit_report *r, kl_severity sev, const char *rule, const char *file,
-                 const char *tensor, uint64_t offset, const char *fmt, ...) KL_PRINTF(7, 8);
 
 /* Expert-region layout of every MoE layer (regions.c). */
 int kl_audit_regions(kl_audit_report *r, const kl_checkpoint *ck, const kl_schema *s);

@@ -14,6 +14,7 @@
  * Sections: helpers, sums parsing, snapshot links, public API, findings.
  */
 #include "audit/expect.h"
+#include "audit/report.h"
 
 #include "audit/audit_int.h"
 #include "common/fs.h"

@@ -5,6 +5,7 @@
 #include "audit/audit_int.h"
 
 #include "audit/expect.h"
+#include "audit/report.h"
 #include "common/mem.h"
 #include "loader/hashpass.h"
 

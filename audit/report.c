@@ -1,13 +1,69 @@
 /*
- * audit/report.c — text and JSON rendering of an audit report (see report.h).
+ * audit/report.c — an audit report: collecting findings, then text and JSON rendering (see
+ * report.h).
  */
 #include "audit/report.h"
 
 #include "common/fmt.h"
+#include "common/grow.h"
 #include "common/jsonout.h"
+#include "common/mem.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <string.h>
+
+/* ---- building ------------------------------------------------------------------------------ */
+
+int kl_audit_collect(void *report, const kl_finding *f)
+{
+    kl_audit_report *r = report;
+    if (kl_grow(&r->findings, &r->cap_findings, r->n_findings + 1, sizeof *r->findings))
+        return KL_E_NOMEM;
+    r->findings[r->n_findings++] = *f;
+    if (f->severity == KL_SEV_ERROR)
+        r->n_errors++;
+    else if (f->severity == KL_SEV_WARN)
+        r->n_warnings++;
+    return 0;
+}
+
+int kl_audit_add(kl_audit_report *r, kl_severity sev, const char *rule, const char *file,
+                 const char *tensor, uint64_t offset, const char *fmt, ...)
+{
+    kl_finding f;
+    va_list ap;
+    va_start(ap, fmt);
+    kl_finding_vset(&f, sev, rule, file, tensor, offset, fmt, ap);
+    va_end(ap);
+    return kl_audit_collect(r, &f);
+}
+
+int kl_audit_add_err(kl_audit_report *r, const kl_err *e, const char *default_rule,
+                     const char *default_file)
+{
+    kl_finding f;
+    kl_finding_from_err(&f, KL_SEV_ERROR, e, default_rule, default_file);
+    return kl_audit_collect(r, &f);
+}
+
+void kl_audit_report_free(kl_audit_report *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n_hashes; i++)
+        kl_free(r->hashes[i].file);
+    kl_free(r->hashes);
+    kl_free(r->findings);
+    kl_free(r->regions);
+    kl_free(r->dir);
+    memset(r, 0, sizeof *r);
+}
+
+int kl_audit_has_problems(const kl_audit_report *r)
+{
+    return r->n_errors > 0;
+}
 
 /* ---- text ---------------------------------------------------------------------------------- */
 
@@ -108,6 +164,16 @@ static void print_hashes(const kl_audit_report *r, FILE *out)
             (double)r->hashed_bytes / 1e9, r->hash_s, hash_gbps(r), ok, bad, unchecked);
 }
 
+/* Says whether total_size matched; a mismatch is a warning, unless shards are unreadable. */
+static void print_total_size(const kl_audit_report *r, FILE *out)
+{
+    fprintf(out, "  total_size   %" PRIu64, r->total_size);
+    if (r->n_bad_shards)
+        fprintf(out, " (not compared: %zu shard(s) unreadable)\n", r->n_bad_shards);
+    else
+        fprintf(out, "%s\n", r->total_size == r->tensor_bytes ? " (matches)" : " (see warnings)");
+}
+
 void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose)
 {
     char dir[1100];
@@ -118,15 +184,17 @@ void kl_audit_print_text(const kl_audit_report *r, FILE *out, int verbose)
                 r->config.model_type, r->config.num_hidden_layers);
     else
         fprintf(out, "  family       unknown (config.json unusable)\n");
-    fprintf(out, "  shards       %zu, %.3f GB in files, %" PRIu64 " bytes of headers\n",
-            r->n_shards, (double)r->file_bytes / 1e9, r->header_bytes);
+    fprintf(out, "  shards       %zu", r->n_shards);
+    if (r->n_bad_shards)
+        fprintf(out, " (%zu unreadable)", r->n_bad_shards);
+    fprintf(out, ", %.3f GB in files, %" PRIu64 " bytes of headers\n",
+            (double)r->file_bytes / 1e9, r->header_bytes);
     fprintf(out, "  tensors      %zu found", r->n_tensors);
     if (r->n_expected_tensors)
         fprintf(out, ", %zu expected by the schema", r->n_expected_tensors);
     fprintf(out, ", %.3f GB of tensor data\n", (double)r->tensor_bytes / 1e9);
     if (r->has_total_size)
-        fprintf(out, "  total_size   %" PRIu64 "%s\n", r->total_size,
-                r->total_size == r->tensor_bytes ? " (matches)" : " (see warnings)");
+        print_total_size(r, out);
     if (r->n_regions)
         print_regions(r, out, verbose);
     if (r->has_memplan)
@@ -250,6 +318,7 @@ int kl_audit_to_json(const kl_audit_report *r, cJSON *root)
     cJSON_AddNumberToObject(root, "errors", (double)r->n_errors);
     cJSON_AddNumberToObject(root, "warnings", (double)r->n_warnings);
     cJSON_AddNumberToObject(root, "shards", (double)r->n_shards);
+    cJSON_AddNumberToObject(root, "unreadable_shards", (double)r->n_bad_shards);
     cJSON_AddNumberToObject(root, "tensors", (double)r->n_tensors);
     cJSON_AddNumberToObject(root, "expected_tensors", (double)r->n_expected_tensors);
     kl_json_add_u64(root, "tensor_bytes", r->tensor_bytes);

@@ -18,6 +18,7 @@
 #include "convert/st_writer.h"
 #include "convert/write_behind.h"
 #include "loader/checkpoint.h"
+#include "loader/ckcheck.h"
 #include "loader/hashpass.h"
 #include "loader/reader.h"
 #include "loader/schema.h"
@@ -55,6 +56,7 @@ typedef struct out_src {
 typedef struct conv {
     const kl_convert_opts *o;
     kl_checkpoint          ck;
+    kl_ckcheck             check;      /* the source's metadata check: its tensor per entry */
     kl_config              cfg;        /* output config (MXFP4 family) */
     kl_schema              schema;     /* output schema */
     kl_layout              layout;
@@ -69,27 +71,28 @@ typedef struct conv {
     kl_wb                 *wb;       /* output bytes go through this write-behind queue */
 } conv;
 
-/* Source tensor for output entry e: the same name (or its alias), or for MXFP4 parts the
- * BF16 weight they are made from. */
+/* Source tensor for output entry e, as the source's check bound it: the same entry (found by
+ * name or alias), or for MXFP4 parts the BF16 weight they are made from. */
 static const kl_ckpt_tensor *find_source(const conv *c, const kl_schema_entry *e)
 {
-    if (e->part == KL_PART_WEIGHT) {
-        const kl_ckpt_tensor *t = kl_ckpt_find(&c->ck, e->name);
-        return t ? t : e->alias ? kl_ckpt_find(&c->ck, e->alias) : NULL;
-    }
+    if (e->part == KL_PART_WEIGHT)
+        return kl_ckcheck_tensor(&c->check, e->name);
     char name[256];
     const char *dot = strrchr(e->name, '.'); /* ".weight_packed" / ".weight_scale" */
     if (!dot || (size_t)(dot - e->name) + 8 > sizeof name)
         return NULL;
     snprintf(name, sizeof name, "%.*s.weight", (int)(dot - e->name), e->name);
-    return kl_ckpt_find(&c->ck, name);
+    return kl_ckcheck_tensor(&c->check, name);
 }
 
 static int plan(conv *c, kl_err *err)
 {
+    int rc = kl_ckcheck_require(&c->check, &c->ck, err);
+    if (rc)
+        return rc;
     c->cfg = c->ck.config;
     kl_config_set_mxfp4(&c->cfg);
-    int rc = kl_schema_build(&c->schema, &c->cfg, err);
+    rc = kl_schema_build(&c->schema, &c->cfg, err);
     if (rc)
         return rc;
     size_t n = c->schema.n;
@@ -809,6 +812,7 @@ static void conv_free(conv *c)
     kl_free(c->bytes);
     kl_layout_free(&c->layout);
     kl_schema_free(&c->schema);
+    kl_ckcheck_free(&c->check);
     kl_ckpt_close(&c->ck);
 }
 

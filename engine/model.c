@@ -8,6 +8,7 @@
 #include "common/cpu.h"
 #include "common/mem.h"
 #include "loader/checkpoint.h"
+#include "loader/ckcheck.h"
 #include "loader/reader.h"
 
 #include <inttypes.h>
@@ -116,10 +117,12 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
     return 0;
 }
 
-/* Reads every schema tensor into its own buffer and binds it. */
-static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s,
+/* Reads every schema tensor into its own buffer and binds it; chk bound each entry to its
+ * tensor and checked names, shapes and dtypes.  opts may be NULL (no progress). */
+static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
                     const kl_model_opts *opts, kl_err *err)
 {
+    const kl_schema *s = &chk->schema;
     kl_reader *rd = NULL;
     kl_extent *ext = NULL;
     const kl_st_tensor **ts = NULL;
@@ -138,31 +141,13 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_schema *s,
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
-        const kl_ckpt_tensor *ct = kl_ckpt_find(ck, e->name);
-        if (!ct && e->alias)
-            ct = kl_ckpt_find(ck, e->alias);
+        const kl_ckpt_tensor *ct = chk->bound[i];
         if (!ct) {
-            rc = kl_fail_at(err, KL_E_SCHEMA, "", e->name, KL_NO_OFFSET,
-                            "tensor required by the schema is missing");
+            rc = kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET,
+                            "checked checkpoint lacks a schema tensor");
             goto out;
         }
         const kl_st_tensor *t = ct->t;
-        /* matrices must match the schema shape exactly (a transposed tensor has the same
-         * numel); element-wise vectors only by count, as their leading 1s vary by writer */
-        int shape_ok = t->numel == e->numel;
-        if (shape_ok && !role_is_vector(e->role)) {
-            shape_ok = t->rank == e->rank;
-            for (int k = 0; shape_ok && k < e->rank; k++)
-                shape_ok = t->shape[k] == e->shape[k];
-        }
-        if (!shape_ok || !(e->dtype_mask & KL_DT_BIT(t->dtype))) {
-            rc = kl_fail_at(err, KL_E_SCHEMA, "", e->name, t->file_off,
-                            "tensor is %" PRIu64 " %s elements of rank %d, schema wants %" PRIu64
-                            " of rank %d", t->numel, kl_dtype_name(t->dtype), t->rank, e->numel,
-                            e->rank);
-            kl_err_context(err, ck->shards[ct->shard].path, NULL, KL_NO_OFFSET, NULL);
-            goto out;
-        }
         ts[i] = t;
         m->bufs[i] = kl_malloc(t->n_bytes ? (size_t)t->n_bytes : 1);
         if (!m->bufs[i]) {
@@ -218,27 +203,25 @@ out:
 int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err)
 {
     kl_checkpoint ck;
-    kl_schema s;
+    kl_ckcheck chk;
     int rc;
-    int ck_open = 0, s_built = 0;
+    int ck_open = 0;
     kl_model *m = kl_calloc(1, sizeof *m);
     if (!m)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    memset(&s, 0, sizeof s);
+    memset(&chk, 0, sizeof chk);
     if ((rc = kl_ckpt_open(&ck, dir, err)))
         goto fail;
     ck_open = 1;
-    if ((rc = kl_ckpt_require_ok(&ck, err)))
+    /* the metadata check of kl audit: refuse what it refuses, before a byte is read */
+    if ((rc = kl_ckcheck_require(&chk, &ck, err)))
         goto fail;
     m->cfg = ck.config;
-    if (m->cfg.family != KL_FAMILY_KIMI_LINEAR && m->cfg.family != KL_FAMILY_KIMI_LINEAR_MXFP4) {
+    if (!chk.has_schema) {
         rc = kl_fail(err, KL_E_UNSUPPORTED, "model family %s has no forward pass",
                      kl_family_name(m->cfg.family));
         goto fail;
     }
-    if ((rc = kl_schema_build(&s, &m->cfg, err)))
-        goto fail;
-    s_built = 1;
     m->route_weights = opts ? opts->route_weights : KL_ROUTE_UNBIASED;
     m->layers = kl_calloc(m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {
@@ -258,19 +241,18 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
             }
         }
     }
-    if ((rc = load_all(m, &ck, &s, opts, err)))
+    if ((rc = load_all(m, &ck, &chk, opts, err)))
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)))
         goto fail;
-    kl_schema_free(&s);
+    kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);
     *out = m;
     return 0;
 fail:
     kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
-    if (s_built)
-        kl_schema_free(&s);
+    kl_ckcheck_free(&chk);
     if (ck_open)
         kl_ckpt_close(&ck);
     kl_model_close(m);

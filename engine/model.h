@@ -1,8 +1,9 @@
 /*
  * engine/model.h — a Kimi-Linear checkpoint bound into host memory for the CPU forward pass.
  *
- * kl_model_open opens the checkpoint directory (loader/checkpoint.h), requires it to be
- * clean, builds the schema (loader/schema.h) and reads every schema tensor through the staged
+ * kl_model_open opens the checkpoint directory (loader/checkpoint.h), runs the metadata check
+ * of `kl audit` on it (loader/ckcheck.h: headers, index, exact schema match) and refuses what
+ * that check reports as an error, then reads every schema tensor the check bound through the staged
  * reader (loader/reader.h, one extent per tensor) into its own kl_malloc'd buffer: no mmap,
  * extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored
  * dtype (BF16 or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales).
@@ -15,9 +16,10 @@
  * products split rows over the model's thread pool, each row's sum computed by one thread in a
  * fixed order, so results do not depend on the thread count or on how many tokens share a call.
  *
- * Errors: those of kl_ckpt_open / kl_ckpt_require_ok / kl_schema_build / the reader;
- * KL_E_SCHEMA (a schema tensor missing, or of the wrong shape), KL_E_UNSUPPORTED (a float
- * tensor stored in a dtype other than BF16/F32), KL_E_NOMEM.
+ * Errors: those of kl_ckpt_open and the reader; KL_E_FORMAT with the check's first error
+ * finding (its rule, file, tensor; "`kl audit DIR` lists every problem"), KL_E_UNSUPPORTED (a
+ * family without a forward pass, or a float tensor stored in a dtype other than BF16/F32),
+ * KL_E_NOMEM.
  * Ownership: the model owns every buffer until kl_model_close.  Thread safety: a bound model is
  * read-only except for its pool: one kl_forward at a time per model.
  */

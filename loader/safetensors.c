@@ -375,8 +375,9 @@ static int check_file_length(st_parse *ps)
                           f->file_bytes - want, f->file_bytes, want);
     if (want > f->file_bytes)
         return kl_fail_at(ps->err, KL_E_FORMAT, "ST-FILE-LENGTH", last, f->file_bytes,
-                          "file is truncated: %" PRIu64 " bytes, tensors end at %" PRIu64,
-                          f->file_bytes, want);
+                          "file is %" PRIu64 " bytes shorter than its header says (truncated: "
+                          "%" PRIu64 " bytes, tensors end at %" PRIu64 ")",
+                          want - f->file_bytes, f->file_bytes, want);
     return 0;
 }
 

@@ -476,6 +476,13 @@ static void m_index_bad_json(const char *d)
     edit_text_file(d, "model.safetensors.index.json", "\"weight_map\"", "weight_map");
 }
 
+static void m_index_missing(const char *d)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    ck_assert(unlink(p) == 0);
+}
+
 static void m_missing_shard(const char *d)
 {
     char p[4096];
@@ -625,6 +632,7 @@ static const corpus_case cases[] = {
     {"index shard name escapes the directory", m_index_shard_name, 1, "IDX-SHARD-NAME"},
     {"index duplicate key", m_index_duplicate, 1, "IDX-DUPLICATE"},
     {"index not JSON", m_index_bad_json, 1, "IDX-JSON"},
+    {"index missing for several shards", m_index_missing, 1, "IDX-MISSING"},
     {"total_size wrong (warning only)", m_total_size, 0, "IDX-TOTAL-SIZE"},
     {"missing shard", m_missing_shard, 1, "FILE-OPEN"},
     {"shard is a directory", m_shard_is_dir, 1, "FILE-NOT-REGULAR"},
@@ -649,13 +657,20 @@ static const corpus_case cases[] = {
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
-static void run_case(const corpus_case *c, int idx)
+/* g_root/caseNN[suffix]: a copy of the base checkpoint broken as case c says. */
+static void make_case(const corpus_case *c, int idx, const char *suffix, char *dir, size_t n)
 {
-    char dir[1100], cmd[8192], out[1200], errf[1200];
-    snprintf(dir, sizeof dir, "%s/case%02d", g_root, idx);
+    char cmd[8192];
+    snprintf(dir, n, "%s/case%02d%s", g_root, idx, suffix);
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", g_base, dir);
     ck_assert(system(cmd) == 0);
     c->mutate(dir);
+}
+
+static void run_case(const corpus_case *c, int idx)
+{
+    char dir[1100], cmd[8192], out[1200], errf[1200];
+    make_case(c, idx, "", dir, sizeof dir);
     snprintf(out, sizeof out, "%s.out", dir);
     snprintf(errf, sizeof errf, "%s.err", dir);
     snprintf(cmd, sizeof cmd, "'%s' audit '%s' --json > '%s' 2> '%s'", g_kl, dir, out, errf);
@@ -681,9 +696,56 @@ static void run_case(const corpus_case *c, int idx)
     t_rmrf(dir);
 }
 
+/* The rule of the first error finding of `kl audit DIR --json` ("" if none). */
+static void audit_first_rule(const char *dir, char *rule, size_t n)
+{
+    char cmd[8192], out[1200];
+    snprintf(out, sizeof out, "%s.audit", dir);
+    snprintf(cmd, sizeof cmd, "'%s' audit '%s' --json > '%s' 2> /dev/null", g_kl, dir, out);
+    ck_assert(system(cmd) != -1);
+    char *o = slurp(out, NULL);
+    cJSON *j = cJSON_Parse(o);
+    ck_assert_msg(j != NULL, "audit of %s: not JSON: %.300s", dir, o);
+    rule[0] = 0;
+    for (cJSON *f = cJSON_GetObjectItem(j, "findings")->child; f && !rule[0]; f = f->next)
+        if (!strcmp(cJSON_GetObjectItem(f, "severity")->valuestring, "error"))
+            snprintf(rule, n, "[%s]", cJSON_GetObjectItem(f, "rule")->valuestring);
+    cJSON_Delete(j);
+    free(o);
+}
+
+/* `kl run` loads what audit passes and refuses what it refuses: exit 1, one stderr line with
+ * audit's first error rule and a pointer to kl audit. */
+static void run_engine_case(const corpus_case *c, int idx)
+{
+    char dir[1100], cmd[8192], errf[1200], rule[64];
+    make_case(c, idx, "-run", dir, sizeof dir);
+    audit_first_rule(dir, rule, sizeof rule);
+    snprintf(errf, sizeof errf, "%s.err", dir);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2 -n 1 > /dev/null 2> '%s'", g_kl, dir, errf);
+    int st = system(cmd);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char *e = slurp(errf, NULL);
+    ck_assert_msg(code == c->exit_code, "case '%s': kl run exit %d, audit's is %d\nstderr: %.600s",
+                  c->name, code, c->exit_code, e);
+    if (c->exit_code == 1)
+        ck_assert_msg(strstr(e, rule) && strstr(e, "kl audit") &&
+                      strchr(e, '\n') == e + strlen(e) - 1,
+                      "case '%s': kl run should name audit's first error %s and kl audit in one "
+                      "line: %.600s", c->name, rule, e);
+    free(e);
+    t_rmrf(dir);
+}
+
 START_TEST(corpus_case_is_reported)
 {
     run_case(&cases[_i], _i);
+}
+END_TEST
+
+START_TEST(engine_refuses_what_audit_refuses)
+{
+    run_engine_case(&cases[_i], _i);
 }
 END_TEST
 
@@ -821,6 +883,7 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, corpus_case_is_reported, 0, (int)N_CASES);
+    tcase_add_loop_test(tc, engine_refuses_what_audit_refuses, 0, (int)N_CASES);
     tcase_add_test(tc, corpus_has_thirty_broken_checkpoints);
     tcase_add_test(tc, transformers_written_checkpoint_audits_clean);
     tcase_add_test(tc, audit_hash_equals_sha256sum_and_catches_a_flipped_byte);

@@ -37,6 +37,21 @@ static inline void t_write(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
+/* The whole file at path, NUL-terminated (malloc'd: free); fails the test if unreadable. */
+static inline char *t_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    ck_assert(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    ck_assert(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(buf && fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
 /* 1 if s holds a control byte: messages must stay one printable line. */
 static inline int t_has_control(const char *s)
 {
