@@ -4,8 +4,10 @@
 #   make test       unit + corpus tests under AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       install missing packages, build, synthesize a tiny checkpoint and audit it
 #   make fuzz       build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
+#   make install    build/kl to $(DESTDIR)$(PREFIX)/bin (PREFIX default /usr/local)
 #   make portable   build/portable/kl with liburing, libaio, libcrypto and libpcre2-8 linked statically
-#                   (for the GPU machine, which has no -dev packages)
+#                   and libcjson.so.1 beside it (found through an $ORIGIN rpath: no LD_LIBRARY_PATH),
+#                   for machines without the -dev packages (the GPU machine); copy the folder whole
 
 CC       ?= cc
 CSTD     := -std=c11 -D_GNU_SOURCE
@@ -34,8 +36,12 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BA)/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BA)/replay_%)
 # tokenizer parity with OpenAI's tiktoken core (node; packages from scripts/install-deps.sh)
 TEST_SCRIPTS := tests/tokenizer/parity.sh
+# make install (PREFIX, DESTDIR) and make portable (runs from any folder without LD_LIBRARY_PATH)
+TEST_SCRIPTS += tests/install.sh
+# the README's example commands, top to bottom (all but the 9 GB ones)
+TEST_SCRIPTS += tests/readme.sh
 
-.PHONY: all test demo fuzz portable clean deps
+.PHONY: all test demo fuzz portable install clean deps
 all: $(B)/kl
 
 $(B)/obj/%.o: %.c $(HDRS)
@@ -85,11 +91,20 @@ fuzz: $(FUZZ_BIN)
 	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=build/fuzz-$$n- build/fuzz-corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
+# ---- installing ----
+PREFIX ?= /usr/local
+install: $(B)/kl
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(B)/kl $(DESTDIR)$(PREFIX)/bin/kl
+
 # ---- portable binary for the GPU machine ----
+# Debian ships no static cJSON (libcjson-dev has only the .so): the shared library travels
+# beside the binary, which finds it through an $ORIGIN rpath.
 BP ?= $(B)/portable
 portable: $(B)/libkl.a $(CLI_OBJ)
 	@mkdir -p $(BP)
-	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 -Wl,-Bdynamic -lcjson -lpthread -lm -ldl
+	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 \
+	  -Wl,-Bdynamic -lcjson -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BP)/
 
 deps:

@@ -36,10 +36,10 @@
 #include <unistd.h>
 
 static const char usage_text[] =
-    "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse]\n"
-    "       kl bench rules [--rows N]\n"
-    "       kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N] [--json] [-q]\n"
-    "                             [--ignore-memory-check]\n"
+    "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse] [--json]\n"
+    "       kl bench rules [--rows N] [--json]\n"
+    "       kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N] [--json]\n"
+    "`kl bench NAME --help` for one benchmark's options.\n"
     "\n"
     "Quantizes N MiB (default 512) of random BF16 rows of 2304 values to MXFP4 with one thread\n"
     "and with N threads (default: all CPUs) and prints one JSON object: GB/s of BF16 input per\n"
@@ -53,8 +53,27 @@ static const char usage_text[] =
     "shared experts, the top-k routed experts of each MoE layer, lm_head and one embedding row,\n"
     "from the model's tensors), the bandwidth that implies (bytes x tok/s) and the host\n"
     "memory-read ceiling measured in the same run.  Text, or one JSON object with --json.\n"
-    "The model must fit in the available memory (--ignore-memory-check to load anyway); loading\n"
-    "shows progress on a terminal and its time on stderr (-q: errors only).\n"
+    "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
+
+static const char mxfp4_about[] =
+    "Quantizes N MiB (default 512) of random BF16 rows of 2304 values to MXFP4 with one thread\n"
+    "and with N threads (default: all CPUs) and prints one JSON object: GB/s of BF16 input per\n"
+    "core and in total, and the host memory-read ceiling measured in the same run.\n";
+
+static const char rules_about[] =
+    "Quantizes rows drawn from several weight distributions (Gaussian, Laplace, Student-t with\n"
+    "3 degrees of freedom, Gaussian with 0.1% outliers at 10 sigma) with every scale rule and\n"
+    "prints the relative RMSE of each (one JSON object).\n";
+
+static const char decode_about[] =
+    "Loads MODEL, feeds a prompt of N random ids (default 64, fixed seed) in one call, then\n"
+    "decodes N greedy tokens (default 32) one at a time on the CPU engine, and reports prefill\n"
+    "and decode tok/s, the weight bytes one decoded token reads (non-expert weights, shared\n"
+    "experts, the top-k routed experts of each MoE layer, lm_head and one embedding row, from\n"
+    "the model's tensors: kl_cost_token_bytes), the bandwidth that implies (bytes x tok/s) and\n"
+    "the host memory-read ceiling measured in the same run.  Text, or one JSON object with\n"
+    "--json.  The model must fit in the available memory (--ignore-memory-check to load\n"
+    "anyway); loading shows progress on a terminal and its time on stderr (-q: errors only).\n"
     "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
 
 #define ROW 2304
@@ -119,21 +138,24 @@ static float draw(kl_rng *r, int d)
 static int bench_rules(int argc, char **argv)
 {
     unsigned long long rows = 1024;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--rows") && i + 1 < argc && !kl_cli_parse_u64(argv[++i], &rows) &&
-            rows >= 1 && rows <= (1u << 20))
-            continue;
-        fprintf(stderr, "kl bench rules: bad argument '%s'\n\n%s", argv[i], usage_text);
-        return KL_EXIT_USAGE;
-    }
+    int json = 0;
+    const kl_opt opts[] = {
+        KL_VALUE("--rows", 0, KL_OPT_U64, &rows, "N", "rows per distribution (default 1024)",
+                 .lo = 1, .hi = 1 << 20),
+        KL_FLAG("--json", 0, &json, "one JSON object on stdout (the only output)"),
+        {0}};
+    const kl_cmd_spec spec = {.name = "bench rules",
+                              .synopsis = "usage: kl bench rules [--rows N] [--json]\n",
+                              .about = rules_about,
+                              .opts = opts};
+    int prc = kl_args_parse_into(&spec, argc, argv, NULL, 0);
+    if (prc != KL_ARGS_RUN)
+        return prc;
     static const char *const names[] = {"gaussian", "laplace", "student_t3", "gaussian_outliers"};
     uint16_t *in = kl_malloc((size_t)rows * ROW * sizeof *in);
     if (!in)
-        return KL_EXIT_USAGE;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
-    cJSON_AddStringToObject(j, "command", "bench rules");
-    cJSON_AddBoolToObject(j, "ok", 1);
+        return kl_cli_fail(KL_EXIT_USAGE, "nomem", "out of memory", NULL);
+    cJSON *j = kl_cli_json_head(1);
     cJSON_AddNumberToObject(j, "rows", (double)rows);
     cJSON_AddNumberToObject(j, "row_length", ROW);
     cJSON *dists = cJSON_AddObjectToObject(j, "rel_rmse");
@@ -150,12 +172,12 @@ static int bench_rules(int argc, char **argv)
             cJSON_AddNumberToObject(o, kl_scale_rule_name((kl_scale_rule)rule), rel);
         }
     }
-    char *text = cJSON_PrintUnformatted(j);
-    puts(text ? text : "{}");
-    cJSON_free(text);
-    cJSON_Delete(j);
     kl_free(in);
-    return rc ? KL_EXIT_BUG : KL_EXIT_OK;
+    if (rc) {
+        cJSON_Delete(j);
+        return kl_cli_fail(KL_EXIT_BUG, "bug", "the error measurement failed", NULL);
+    }
+    return kl_cli_print_json(j);
 }
 
 /* ---- bench decode ------------------------------------------------------------------------- */
@@ -210,15 +232,12 @@ static double per_s(double n, double s)
     return s > 0 ? n / s : 0;
 }
 
-static void print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
-                              const kl_cli_load *l)
+static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
+                             const kl_cli_load *l)
 {
     const kl_token_bytes *b = &r->bytes;
     double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
-    cJSON_AddStringToObject(j, "command", "bench decode");
-    cJSON_AddBoolToObject(j, "ok", 1);
+    cJSON *j = kl_cli_json_head(1);
     cJSON_AddStringToObject(j, "model", a->model);
     cJSON_AddNumberToObject(j, "threads", kl_pool_threads(m->pool));
     cJSON_AddStringToObject(j, "kernels", kl_matvec_kernels_name(kl_matvec_kernels()));
@@ -242,10 +261,7 @@ static void print_decode_json(const decode_args *a, const kl_model *m, const dec
     cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
     cJSON_AddNumberToObject(j, "ratio_to_ceiling",
                             r->ceiling.read_gbps > 0 ? eff / r->ceiling.read_gbps : 0);
-    char *text = cJSON_PrintUnformatted(j);
-    puts(text ? text : "{}");
-    cJSON_free(text);
-    cJSON_Delete(j);
+    return kl_cli_print_json(j);
 }
 
 static void print_decode_text(const decode_args *a, const kl_model *m, const decode_result *r)
@@ -272,46 +288,35 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     memset(a, 0, sizeof *a);
     a->prompt_tokens = 64;
     a->tokens = 32;
-    for (int i = 2; i < argc; i++) {
-        const char *v = NULL;
-        if (!strcmp(argv[i], "--json")) {
-            a->json = 1;
-        } else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) {
-            a->quiet = 1;
-        } else if (!strcmp(argv[i], "--ignore-memory-check")) {
-            a->ignore_memory = 1;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--threads", &v)) {
-            if (!v || kl_cli_parse_u64(v, &a->threads) || a->threads < 1 || a->threads > 256)
-                goto bad;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--prompt-tokens", &v)) {
-            if (!v || kl_cli_parse_u64(v, &a->prompt_tokens) || a->prompt_tokens < 1 ||
-                a->prompt_tokens > (1u << 20))
-                goto bad;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--tokens", &v)) {
-            if (!v || kl_cli_parse_u64(v, &a->tokens) || a->tokens > (1u << 20))
-                goto bad;
-        } else if (argv[i][0] != '-' && !a->model) {
-            a->model = argv[i];
-        } else {
-            goto bad;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "kl bench decode: bad argument '%s'\n\n%s", argv[i], usage_text);
-        return KL_EXIT_USAGE;
-    }
-    if (!a->model) {
-        fprintf(stderr, "kl bench decode: no model directory given\n\n%s", usage_text);
-        return KL_EXIT_USAGE;
-    }
-    return KL_EXIT_OK;
+    const kl_opt opts[] = {
+        KL_VALUE("--threads", 0, KL_OPT_U64, &a->threads, "N",
+                 "engine threads (default: all CPUs)", .lo = 1, .hi = 256),
+        KL_VALUE("--prompt-tokens", 0, KL_OPT_U64, &a->prompt_tokens, "N",
+                 "random prompt ids fed in one call (default 64)", .lo = 1, .hi = 1 << 20),
+        KL_VALUE("--tokens", 0, KL_OPT_U64, &a->tokens, "N",
+                 "greedy decode steps (default 32)", .hi = 1 << 20),
+        KL_FLAG("--json", 0, &a->json, "one JSON object instead of the text"),
+        KL_FLAG("--quiet", 'q', &a->quiet, "errors only on stderr (no load progress or time)"),
+        KL_FLAG("--ignore-memory-check", 0, &a->ignore_memory,
+                "load even when the model is larger than the available memory"),
+        {0}};
+    const kl_cmd_spec spec = {
+        .name = "bench decode",
+        .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
+                    "                       [--json] [-q] [--ignore-memory-check]\n",
+        .about = decode_about,
+        .opts = opts,
+        .min_pos = 1,
+        .max_pos = 1,
+        .pos_name = "MODEL"};
+    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
 }
 
 static int bench_decode(int argc, char **argv)
 {
     decode_args a;
     int rc = parse_decode(argc, argv, &a);
-    if (rc != KL_EXIT_OK)
+    if (rc != KL_ARGS_RUN)
         return rc;
     char model[4096];
     if ((rc = kl_cli_model_dir("bench decode", a.model, model, sizeof model)))
@@ -336,41 +341,39 @@ static int bench_decode(int argc, char **argv)
     /* the ceiling with as many threads as the engine, measured after the model is loaded */
     if (kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling, &err))
         fprintf(stderr, "kl bench decode: no memory-read ceiling: %s\n", err.msg);
+    rc = KL_EXIT_OK;
     if (a.json)
-        print_decode_json(&a, m, &res, &l);
+        rc = print_decode_json(&a, m, &res, &l);
     else
         print_decode_text(&a, m, &res);
     kl_model_close(m);
-    return KL_EXIT_OK;
+    return rc;
 }
 
 /* ---- command ------------------------------------------------------------------------------ */
 
-int cmd_bench(int argc, char **argv)
+static int bench_mxfp4(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "rules"))
-        return bench_rules(argc, argv);
-    if (argc >= 2 && !strcmp(argv[1], "decode"))
-        return bench_decode(argc, argv);
-    if (argc < 2 || strcmp(argv[1], "mxfp4")) {
-        fputs(usage_text, argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
-        return argc >= 2 && !strcmp(argv[1], "--help") ? KL_EXIT_OK : KL_EXIT_USAGE;
-    }
     unsigned long long threads = 0, mib = 512;
-    int rule = KL_SCALE_OCP;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc &&
-            !kl_cli_parse_u64(argv[++i], &threads) && threads >= 1 && threads <= 256)
-            continue;
-        if (!strcmp(argv[i], "--mib") && i + 1 < argc && !kl_cli_parse_u64(argv[++i], &mib) &&
-            mib >= 1 && mib <= 65536)
-            continue;
-        if (!strcmp(argv[i], "--rule") && i + 1 < argc &&
-            (rule = kl_scale_rule_parse(argv[++i])) >= 0)
-            continue;
-        fprintf(stderr, "kl bench: bad argument '%s'\n\n%s", argv[i], usage_text);
-        return KL_EXIT_USAGE;
-    }
+    int rule = KL_SCALE_OCP, json = 0;
+    const kl_opt opts[] = {
+        KL_VALUE("--threads", 0, KL_OPT_U64, &threads, "N",
+                 "threads of the all-cores pass (default: all CPUs)", .lo = 1, .hi = 256),
+        KL_VALUE("--mib", 0, KL_OPT_U64, &mib, "N", "MiB of BF16 input (default 512)", .lo = 1,
+                 .hi = 65536),
+        KL_VALUE("--rule", 0, KL_OPT_FN, &rule, "R", "scale rule: ocp (default), round, ceil, mse",
+                 .fn = kl_cli_parse_scale_rule, .wants = "one of ocp, round, ceil, mse"),
+        KL_FLAG("--json", 0, &json, "one JSON object on stdout (the only output)"),
+        {0}};
+    const kl_cmd_spec spec = {
+        .name = "bench mxfp4",
+        .synopsis = "usage: kl bench mxfp4 [--threads N] [--mib N] [--rule ocp|round|ceil|mse]\n"
+                    "                      [--json]\n",
+        .about = mxfp4_about,
+        .opts = opts};
+    int prc = kl_args_parse_into(&spec, argc, argv, NULL, 0);
+    if (prc != KL_ARGS_RUN)
+        return prc;
     if (!threads)
         threads = kl_cpu_count(0);
     qbench b = {.rule = (kl_scale_rule)rule};
@@ -379,8 +382,10 @@ int cmd_bench(int argc, char **argv)
     b.packed = kl_malloc(b.rows * ROW / 2);
     b.scale = kl_malloc(b.rows * ROW / 32);
     if (!in || !b.packed || !b.scale) {
-        fprintf(stderr, "kl bench: out of memory\n");
-        return KL_EXIT_USAGE;
+        kl_free(in);
+        kl_free(b.packed);
+        kl_free(b.scale);
+        return kl_cli_fail(KL_EXIT_USAGE, "nomem", "out of memory", NULL);
     }
     kl_rng r;
     kl_rng_seed(&r, 1, 0);
@@ -394,10 +399,7 @@ int cmd_bench(int argc, char **argv)
     double one = run(&b, 1), all = run(&b, (unsigned)threads);
     kl_membench_result ceiling = {0};
     kl_membench_read((size_t)1 << 30, (unsigned)threads, 3, &ceiling, NULL);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
-    cJSON_AddStringToObject(j, "command", "bench mxfp4");
-    cJSON_AddBoolToObject(j, "ok", !b.rc);
+    cJSON *j = kl_cli_json_head(!b.rc);
     cJSON_AddStringToObject(j, "rule", kl_scale_rule_name(b.rule));
     cJSON_AddBoolToObject(j, "avx2", kl_cpu_has_avx2_fma());
     cJSON_AddNumberToObject(j, "input_bytes", (double)b.rows * ROW * 2);
@@ -407,12 +409,39 @@ int cmd_bench(int argc, char **argv)
     cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", ceiling.read_gbps);
     cJSON_AddNumberToObject(j, "ratio_to_ceiling",
                             ceiling.read_gbps > 0 ? all / ceiling.read_gbps : 0);
-    char *text = cJSON_PrintUnformatted(j);
-    puts(text ? text : "{}");
-    cJSON_free(text);
-    cJSON_Delete(j);
     kl_free(in);
     kl_free(b.packed);
     kl_free(b.scale);
-    return b.rc ? KL_EXIT_BUG : KL_EXIT_OK;
+    int rc = kl_cli_print_json(j);
+    return rc ? rc : b.rc ? KL_EXIT_BUG : KL_EXIT_OK;
+}
+
+/* ---- command ------------------------------------------------------------------------------ */
+
+int cmd_bench(int argc, char **argv)
+{
+    static const char *const subs[] = {"mxfp4", "rules", "decode"};
+    static int (*const run_sub[])(int, char **) = {bench_mxfp4, bench_rules, bench_decode};
+    for (size_t i = 0; argc >= 2 && i < 3; i++)
+        if (!strcmp(argv[1], subs[i]))
+            return run_sub[i](argc - 1, argv + 1);
+    int json = 0;
+    for (int i = 1; i < argc; i++)
+        json |= !strcmp(argv[i], "--json");
+    kl_cli_begin("bench", json);
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        if (!json) {
+            fputs(usage_text, stdout);
+            return KL_EXIT_OK;
+        }
+        cJSON *root = kl_cli_json_head(1);
+        cJSON_AddStringToObject(root, "help", usage_text);
+        return kl_cli_print_json(root);
+    }
+    if (argc < 2 || argv[1][0] == '-')
+        return kl_cli_usage("missing the benchmark: mxfp4, rules or decode");
+    const char *near = kl_cli_nearest(argv[1], subs, 3);
+    if (near)
+        return kl_cli_usage("unknown benchmark '%s'; did you mean '%s'?", argv[1], near);
+    return kl_cli_usage("unknown benchmark '%s' (mxfp4, rules, decode)", argv[1]);
 }

@@ -28,6 +28,7 @@
 #include "engine/session.h"
 #include "engine/tokenizer.h"
 
+#include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -39,11 +40,12 @@
 
 /* ---- usage and arguments ------------------------------------------------------------------ */
 
-static const char chat_usage[] =
+static const char chat_synopsis[] =
     "usage: kl chat MODEL [--system TEXT] [-n N] [--temp T] [--top-p P] [--top-k K]\n"
     "               [--min-p M] [--seed S] [--threads N] [--route-weights unbiased|biased]\n"
-    "               [-q] [--ignore-memory-check]\n"
-    "\n"
+    "               [--json] [-q] [--ignore-memory-check]\n";
+
+static const char chat_about[] =
     "Interactive chat with the checkpoint in MODEL on the CPU: each line of standard input is a\n"
     "user turn; the reply streams to stdout, ending with a newline.  \"> \" prompts on stderr\n"
     "when standard input is a terminal.  /exit, EOF, or Ctrl-C at the prompt end the chat;\n"
@@ -51,21 +53,9 @@ static const char chat_usage[] =
     "that prompt or reply only.  A turn whose rendered conversation extends the previous one\n"
     "feeds only the new tokens; stderr shows \"in: REUSED + NEW tokens\", prefill and decode\n"
     "tok/s per turn.  A turn whose prompt plus -n exceeds the model's context is refused with\n"
-    "a message (the chat goes on; exit status 2 at the end).\n"
-    "\n"
-    "  --system TEXT      a system message before the first turn\n"
-    "  -n N               tokens to generate per reply at most (default 512)\n"
-    "  --temp T           temperature (default 0 = greedy)\n"
-    "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
-    "  --top-p P          keep the smallest set of mass >= P (default 1 = off)\n"
-    "  --min-p M          keep tokens with p >= M * p_max (default 0 = off)\n"
-    "  --seed S           sampling seed (default 0)\n"
-    "  --threads N        worker threads (default: online CPUs)\n"
-    "  --route-weights W  MoE weights unbiased (default) or biased (HF remote code)\n"
-    "  -q, --quiet        errors only on stderr (no progress, load time or timings)\n"
-    "  --ignore-memory-check  load even when the model is larger than the available memory\n"
-    "  -h, --help         this text\n"
-    "\n"
+    "a message (the chat goes on; exit status 2 at the end).\n";
+
+static const char chat_footer[] =
     "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "
     "bug.\n";
 
@@ -73,54 +63,27 @@ typedef struct chat_args {
     const char *model;  /* checkpoint directory */
     const char *system; /* --system */
     kl_gen_flags gen;   /* -n, sampling, --threads, --route-weights */
+    int json;           /* --json: no streaming, one object with every turn at the end */
 } chat_args;
 
-static int usage_error(const char *what, const char *arg)
-{
-    fprintf(stderr, "kl chat: %s%s\n\n%s", what, arg, chat_usage);
-    return KL_EXIT_USAGE;
-}
-
-/* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
-static int parse_one(int argc, char **argv, int *i, chat_args *a)
-{
-    const char *arg = argv[*i], *v = NULL, *why = NULL, *bad = NULL;
-    int g;
-    if (kl_cli_opt_value(argc, argv, i, "--system", &v)) {
-        if (!v)
-            return usage_error("--system wants a text", "");
-        a->system = v;
-    } else if ((g = kl_gen_flag(argc, argv, i, &a->gen, &why, &bad)) != 0) {
-        if (g < 0)
-            return usage_error(why, bad);
-    } else if (arg[0] == '-' && arg[1]) {
-        return usage_error("unknown option ", arg);
-    } else if (a->model) {
-        return usage_error("more than one model directory: ", arg);
-    } else {
-        a->model = arg;
-    }
-    return KL_EXIT_OK;
-}
-
-/* Parses argv into a; KL_EXIT_OK, or a usage exit (help: -1 after printing it). */
+/* Parses argv into a; KL_ARGS_RUN, or the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, chat_args *a)
 {
     memset(a, 0, sizeof *a);
     a->gen.n_predict = 512;
     a->gen.samp.top_p = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(chat_usage, stdout);
-            return -1;
-        }
-        int rc = parse_one(argc, argv, &i, a);
-        if (rc != KL_EXIT_OK)
-            return rc;
-    }
-    if (!a->model)
-        return usage_error("no model directory given", "");
-    return KL_EXIT_OK;
+    kl_opt opts[1 + KL_GEN_FLAG_ROWS + 2] = {
+        KL_VALUE("--system", 0, KL_OPT_STR, &a->system, "TEXT",
+                 "a system message before the first turn"),
+    };
+    kl_gen_flag_rows(&a->gen, "tokens to generate per reply at most (default 512)", opts + 1);
+    opts[1 + KL_GEN_FLAG_ROWS] = (kl_opt)KL_FLAG(
+        "--json", 0, &a->json,
+        "no streaming: one JSON object at the end with every turn (user, reply,\n"
+        "reused and new prompt tokens)");
+    const kl_cmd_spec spec = {"chat", chat_synopsis, chat_about, opts, chat_footer, 1, 1,
+                              "MODEL"};
+    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
 }
 
 /* ---- the conversation --------------------------------------------------------------------- */
@@ -139,6 +102,8 @@ typedef struct chat_ctx {
     char *reply;    /* current reply text, reply_len bytes (kl_malloc'd) */
     size_t reply_len, reply_cap;
     int refused; /* a turn was refused (exit status 2 at the end) */
+    int json;      /* --json: replies are collected, not streamed */
+    cJSON *turns;  /* --json: one {user, reply, reused_tokens, new_tokens} per turn */
 } chat_ctx;
 
 static void drop_msgs(chat_ctx *c, size_t keep)
@@ -157,6 +122,7 @@ static void chat_free(chat_ctx *c)
     drop_msgs(c, 0);
     kl_free(c->msgs);
     kl_free(c->reply);
+    cJSON_Delete(c->turns);
     memset(c, 0, sizeof *c);
 }
 
@@ -176,7 +142,7 @@ static int add_msg(chat_ctx *c, const char *role, const char *content, kl_err *e
 static int emit_cb(void *user, const char *s, size_t n, kl_err *err)
 {
     chat_ctx *c = user;
-    if (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0)
+    if (!c->json && (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0))
         return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
     if (kl_grow(&c->reply, &c->reply_cap, c->reply_len + n + 1, 1))
         return kl_fail(err, KL_E_NOMEM, "a reply of %zu bytes", c->reply_len + n);
@@ -197,6 +163,21 @@ static int add_reply(chat_ctx *c, kl_err *err)
     int rc = add_msg(c, "assistant", t, err);
     kl_free(t);
     return rc;
+}
+
+/* --json: the turn just done as an entry of c->turns. */
+static int add_turn_json(chat_ctx *c, const char *line, size_t reused, size_t fed, kl_err *err)
+{
+    cJSON *t = cJSON_CreateObject();
+    if (!t || !cJSON_AddItemToArray(c->turns, t)) {
+        cJSON_Delete(t);
+        return kl_fail(err, KL_E_NOMEM, "out of memory collecting the turns");
+    }
+    cJSON_AddStringToObject(t, "user", line);
+    cJSON_AddStringToObject(t, "reply", c->msgs[c->n_msgs - 1].content);
+    cJSON_AddNumberToObject(t, "reused_tokens", (double)reused);
+    cJSON_AddNumberToObject(t, "new_tokens", (double)fed);
+    return 0;
 }
 
 static void show_prefill(void *user, size_t done, size_t total)
@@ -269,7 +250,7 @@ static int reply(chat_ctx *c, const chat_args *a, turn_stats *t, int *cancelled,
     *cancelled = g.cancelled;
     if (rc)
         return rc;
-    if (fputc('\n', stdout) == EOF || fflush(stdout) != 0)
+    if (!c->json && (fputc('\n', stdout) == EOF || fflush(stdout) != 0))
         return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
     return add_reply(c, err);
 }
@@ -287,7 +268,8 @@ static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
         rc = encode_turn(c, &ids, &t.n_prompt, err);
     if (!rc && (rc = kl_session_check_context(c->m->cfg.max_position, t.n_prompt,
                                               a->gen.n_predict, err)) == KL_E_USAGE) {
-        kl_cli_report("chat", err);
+        char buf[1024];
+        fprintf(stderr, "kl chat: %s\n", kl_err_format(err, buf, sizeof buf));
         kl_err_clear(err);
         c->refused = 1;
         drop_msgs(c, n_before);
@@ -304,6 +286,8 @@ static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
     rc = reply(c, a, &t, &cancelled, err);
     if (cancelled)
         fprintf(stderr, "kl chat: reply interrupted\n");
+    if (!rc && c->json)
+        rc = add_turn_json(c, line, t.feed.reused, t.feed.fed, err);
     if (!rc)
         print_turn(a, &t);
 out:
@@ -383,9 +367,7 @@ int cmd_chat(int argc, char **argv)
 {
     chat_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc < 0)
-        return KL_EXIT_OK;
-    if (rc != KL_EXIT_OK)
+    if (rc != KL_ARGS_RUN)
         return rc;
     char model[4096];
     if ((rc = kl_cli_model_dir("chat", a.model, model, sizeof model)))
@@ -395,9 +377,19 @@ int cmd_chat(int argc, char **argv)
     kl_err_clear(&err);
     chat_ctx c;
     memset(&c, 0, sizeof c);
+    c.json = a.json;
+    if (a.json && !(c.turns = cJSON_CreateArray()))
+        return kl_cli_fail(KL_EXIT_BUG, "nomem", "out of memory", NULL);
     rc = chat(&a, &c, &err) ? kl_cli_report("chat", &err) : KL_EXIT_OK;
     if (rc == KL_EXIT_OK && c.refused)
-        rc = KL_EXIT_USAGE;
+        rc = kl_cli_fail(KL_EXIT_USAGE, "usage", "a turn was refused: over the model's context",
+                         NULL);
+    if (a.json && rc == KL_EXIT_OK) {
+        cJSON *root = kl_cli_json_head(1);
+        cJSON_AddItemToObject(root, "turns", c.turns);
+        c.turns = NULL;
+        rc = kl_cli_print_json(root);
+    }
     chat_free(&c);
     return rc;
 }

@@ -25,49 +25,21 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char usage_text[] =
+static const char synopsis[] =
     "usage: kl read DIR|FILE... [--io uring|aio|pread|auto] [--direct|--buffered] [--hash]\n"
     "               [--mapped] [--json] [--queue-depth N] [--chunk BYTES] [--threads N]\n"
-    "               [--ceiling] [--ceiling-size BYTES] [--repeat N]\n"
-    "\n"
-    "Streams every *.safetensors file of each checkpoint directory (or each FILE given) whole\n"
-    "and reports bytes, seconds, GB/s, the I/O backend and whether O_DIRECT was used.\n"
-    "\n"
-    "  --io B           I/O backend; auto (default) tries io_uring, libaio, then pread threads\n"
-    "                   (pread threads directly with --buffered)\n"
-    "  --direct         O_DIRECT or fail (default: O_DIRECT where the file system allows it)\n"
-    "  --buffered       read through the page cache\n"
-    "  --mapped         zero-copy from the page cache: map the files, populate chunks in\n"
-    "                   parallel (MADV_POPULATE_READ, Linux 5.14+) and have the workers read\n"
-    "                   every byte once; the zero-copy path for uploads from the cache.\n"
-    "                   Not with --hash, --direct or --io\n"
-    "  --hash           SHA-256 of every file; files are hashed in parallel\n"
-    "  --json           one JSON object on stdout\n"
-    "  --queue-depth N  chunks in flight per reader (default 32; 2 per CPU with --buffered;\n"
-    "                   4 per worker with --hash)\n"
-    "  --chunk BYTES    chunk size such as 8M (default 8 MiB; 2 MiB with --buffered and\n"
-    "                   --mapped)\n"
-    "  --threads N      with --hash: files hashed at once (default min(CPUs, files));\n"
-    "                   otherwise pread worker threads (default: the queue depth; the number\n"
-    "                   of CPUs with --buffered and --mapped)\n"
-    "  --ceiling        also measure the host memory-read ceiling (one thread per CPU, a 4 GiB\n"
-    "                   buffer on huge pages): right after each read, one pass that reads as\n"
-    "                   many bytes as the read did; reports the read rate as a fraction of it\n"
-    "  --ceiling-size BYTES  the ceiling's buffer (implies --ceiling)\n"
-    "  --repeat N       read N times (1 to 100), each followed by its ceiling pass; reports\n"
-    "                   medians and bests (page-cache rates on a shared host vary by +-10%)\n"
-    "  -h, --help       this text\n"
-    "\n"
-    "Exit status: 0 ok, 2 usage or I/O error.\n";
+    "               [--ceiling] [--ceiling-size BYTES] [--repeat N]\n";
 
-#define DEFAULT_QD     32u               /* O_DIRECT: deep queue of 8 MiB chunks */
-#define BUFFERED_CHUNK ((size_t)2 << 20) /* --buffered: small chunks, see read_all */
-#define MAX_BATCH      64u               /* files open at once, see batch_files */
-#define MAX_ROUNDS     100u              /* --repeat */
+static const char about[] =
+    "Streams every *.safetensors file of each checkpoint directory (or each FILE given) whole\n"
+    "and reports bytes, seconds, GB/s, the I/O backend and whether O_DIRECT was used.\n";
+
+static const char footer[] = "Exit status: 0 ok, 2 usage or I/O error.\n";
+
+#define MAX_ROUNDS 100u /* --repeat */
 
 typedef struct read_args {
     const char **paths; /* [n_paths] borrowed from argv */
@@ -77,7 +49,7 @@ typedef struct read_args {
     int hash, json, ceiling, mapped;
     size_t ceiling_bytes; /* --ceiling-size */
     unsigned repeat;      /* --repeat, 0 if not given */
-    int io_given;      /* --io was given */
+    int io_given;         /* --io was given */
 } read_args;
 
 typedef struct file_list {
@@ -87,79 +59,90 @@ typedef struct file_list {
 
 /* ---- arguments ----------------------------------------------------------------------------- */
 
-static int usage_error(const char *fmt, const char *arg)
+/* The option values as the table stores them. */
+typedef struct read_flags {
+    int direct, buffered, io;
+    unsigned long long ceiling_size, repeat, queue_depth, chunk, threads;
+    const char *io_name;
+} read_flags;
+
+static int parse_io(void *target, const char *v)
 {
-    fprintf(stderr, "kl read: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n\n%s", usage_text);
-    return KL_EXIT_USAGE;
+    int b = kl_io_backend_parse(v);
+    if (b < 0)
+        return -1;
+    *(int *)target = b;
+    return 0;
 }
 
-/* 0 ok, -1 help printed (exit 0), or an exit status. */
+/* KL_ARGS_RUN, or the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, read_args *a)
 {
-    int only_paths = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *v = NULL;
-        unsigned long long num;
-        if (only_paths || arg[0] != '-' || !strcmp(arg, "-")) {
-            a->paths[a->n_paths++] = arg;
-        } else if (!strcmp(arg, "--")) {
-            only_paths = 1;
-        } else if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            fputs(usage_text, stdout);
-            return -1;
-        } else if (!strcmp(arg, "--direct")) {
-            a->ro.direct = KL_DIRECT_ON;
-        } else if (!strcmp(arg, "--buffered")) {
-            a->ro.direct = KL_DIRECT_OFF;
-        } else if (!strcmp(arg, "--hash")) {
-            a->hash = 1;
-        } else if (!strcmp(arg, "--json")) {
-            a->json = 1;
-        } else if (!strcmp(arg, "--mapped")) {
-            a->mapped = 1;
-        } else if (!strcmp(arg, "--ceiling")) {
-            a->ceiling = 1;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--ceiling-size", &v)) {
-            if (kl_cli_parse_bytes(v, &num) || num < (1ull << 20) || num > (1ull << 40))
-                return usage_error("--ceiling-size wants a size from 1M to 1T, not '%s'",
-                                   v ? v : "");
-            a->ceiling = 1;
-            a->ceiling_bytes = (size_t)num;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--repeat", &v)) {
-            if (kl_cli_parse_u64(v, &num) || num < 1 || num > MAX_ROUNDS)
-                return usage_error("--repeat wants a number from 1 to 100, not '%s'", v ? v : "");
-            a->repeat = (unsigned)num;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--io", &v)) {
-            int b = kl_io_backend_parse(v);
-            if (b < 0)
-                return usage_error("--io wants uring, aio, pread or auto, not '%s'", v ? v : "");
-            a->ro.backend = (kl_io_backend)b;
-            a->io_given = 1;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--queue-depth", &v)) {
-            if (kl_cli_parse_u64(v, &num) || num < 1 || num > 4096)
-                return usage_error("--queue-depth wants a number from 1 to 4096, not '%s'",
-                                   v ? v : "");
-            a->ro.queue_depth = (unsigned)num;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--chunk", &v)) {
-            if (kl_cli_parse_bytes(v, &num) || num < 4096 || num > (1ull << 30))
-                return usage_error("--chunk wants a size from 4K to 1G, not '%s'", v ? v : "");
-            a->ro.buf_bytes = (size_t)num;
-        } else if (kl_cli_opt_value(argc, argv, &i, "--threads", &v)) {
-            if (kl_cli_parse_u64(v, &num) || num < 1 || num > 1024)
-                return usage_error("--threads wants a number from 1 to 1024, not '%s'", v ? v : "");
-            a->threads = (unsigned)num;
-        } else {
-            return usage_error("unknown option '%s'", arg);
-        }
-    }
-    if (!a->n_paths)
-        return usage_error("%s", "no checkpoint directory or file given");
+    read_flags f;
+    memset(&f, 0, sizeof f);
+    f.io = -1;
+    const kl_opt opts[] = {
+        KL_VALUE("--io", 0, KL_OPT_FN, &f.io, "B",
+                 "I/O backend; auto (default) tries io_uring, libaio, then pread threads\n"
+                 "(pread threads directly with --buffered)",
+                 .fn = parse_io, .wants = "one of uring, aio, pread, auto"),
+        KL_FLAG("--direct", 0, &f.direct,
+                "O_DIRECT or fail (default: O_DIRECT where the file system allows it)",
+                .group = 1),
+        KL_FLAG("--buffered", 0, &f.buffered, "read through the page cache", .group = 1),
+        KL_FLAG("--mapped", 0, &a->mapped,
+                "zero-copy from the page cache: map the files, populate chunks in\n"
+                "parallel (MADV_POPULATE_READ, Linux 5.14+) and have the workers read\n"
+                "every byte once; the zero-copy path for uploads from the cache.\n"
+                "Not with --hash, --direct or --io"),
+        KL_FLAG("--hash", 0, &a->hash, "SHA-256 of every file; files are hashed in parallel"),
+        KL_FLAG("--json", 0, &a->json, "one JSON object on stdout"),
+        KL_VALUE("--queue-depth", 0, KL_OPT_U64, &f.queue_depth, "N",
+                 "chunks in flight per reader (default 32; 2 per CPU with --buffered;\n"
+                 "4 per worker with --hash)",
+                 .lo = 1, .hi = 4096),
+        KL_VALUE("--chunk", 0, KL_OPT_BYTES, &f.chunk, "BYTES",
+                 "chunk size such as 8M (default 8 MiB; 2 MiB with --buffered and\n"
+                 "--mapped)",
+                 .lo = 4096, .hi = 1 << 30, .wants = "a size from 4K to 1G"),
+        KL_VALUE("--threads", 0, KL_OPT_U64, &f.threads, "N",
+                 "with --hash: files hashed at once (default min(CPUs, files));\n"
+                 "otherwise pread worker threads (default: the queue depth; the number\n"
+                 "of CPUs with --buffered and --mapped)",
+                 .lo = 1, .hi = 1024),
+        KL_FLAG("--ceiling", 0, &a->ceiling,
+                "also measure the host memory-read ceiling (one thread per CPU, a 4 GiB\n"
+                "buffer on huge pages): right after each read, one pass that reads as\n"
+                "many bytes as the read did; reports the read rate as a fraction of it"),
+        KL_VALUE("--ceiling-size", 0, KL_OPT_BYTES, &f.ceiling_size, "BYTES",
+                 "the ceiling's buffer (implies --ceiling)", .lo = 1 << 20,
+                 .hi = 1099511627776.0, .wants = "a size from 1M to 1T"),
+        KL_VALUE("--repeat", 0, KL_OPT_U64, &f.repeat, "N",
+                 "read N times (1 to 100), each followed by its ceiling pass; reports\n"
+                 "medians and bests (page-cache rates on a shared host vary by +-10%)",
+                 .lo = 1, .hi = MAX_ROUNDS),
+        {0}};
+    const kl_cmd_spec spec = {"read", synopsis, about, opts, footer, 1, 0,
+                              "a checkpoint directory or file"};
+    kl_args pa;
+    int rc = kl_args_parse(&spec, argc, argv, &pa);
+    if (rc != KL_ARGS_RUN)
+        return rc;
+    a->paths = pa.pos; /* owned by a from here: kl_free(a->paths) */
+    a->n_paths = pa.n_pos;
+    a->ro.direct = f.direct ? KL_DIRECT_ON : f.buffered ? KL_DIRECT_OFF : KL_DIRECT_AUTO;
+    a->io_given = f.io >= 0;
+    a->ro.backend = f.io >= 0 ? (kl_io_backend)f.io : KL_IO_AUTO;
+    a->ro.queue_depth = (unsigned)f.queue_depth;
+    a->ro.buf_bytes = (size_t)f.chunk;
+    a->threads = (unsigned)f.threads;
+    a->ceiling |= f.ceiling_size != 0;
+    a->ceiling_bytes = (size_t)f.ceiling_size;
+    a->repeat = (unsigned)f.repeat;
     if (a->mapped && (a->hash || a->io_given || a->ro.direct == KL_DIRECT_ON))
-        return usage_error("%s", "--mapped reads cached pages in place: not with --hash, --io "
-                                 "or --direct");
-    return 0;
+        return kl_cli_usage("--mapped reads cached pages in place: not with --hash, --io or "
+                            "--direct");
+    return KL_ARGS_RUN;
 }
 
 /* ---- file list ----------------------------------------------------------------------------- */
@@ -264,38 +247,14 @@ typedef struct read_rounds {
     uint64_t ceiling_huge;
 } read_rounds;
 
-/* Files open at once in read_all: at most MAX_BATCH and a quarter of RLIMIT_NOFILE, so a
- * checkpoint with more shards than descriptors can still be read. */
-static size_t batch_files(void)
-{
-    size_t b = MAX_BATCH;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < b)
-        b = (size_t)(rl.rlim_cur / 4);
-    return b ? b : 1;
-}
-
-/* One reader over every file, whole files as extents, deep queue.  Files are opened, read and
- * closed in batches of batch_files(); the ring drains only at a batch boundary. */
+/* One reader over every file, whole files as extents (tuning: kl_reader_opts_for_streaming).
+ * Files are opened, read and closed in batches of kl_reader_max_open_files(); the ring drains
+ * only at a batch boundary. */
 static int read_all(const read_args *a, const file_list *l, read_result *res, kl_err *err)
 {
     kl_reader_opts ro = a->ro;
-    if (a->threads)
-        ro.threads = a->threads;
-    if (ro.direct == KL_DIRECT_OFF) {
-        /* Page-cache copies: one thread per core, two small chunks per thread.  A ring that
-         * stays in the CPU caches is copied into faster (measured 20 vs 13.5 GB/s on a
-         * 2-core VM for 4 x 2 MiB vs 32 x 8 MiB). */
-        if (!ro.threads)
-            ro.threads = kl_cpu_count(64);
-        if (!ro.queue_depth)
-            ro.queue_depth = ro.threads * 2 < 4 ? 4 : ro.threads * 2;
-        if (!ro.buf_bytes)
-            ro.buf_bytes = BUFFERED_CHUNK;
-    }
-    if (!ro.queue_depth)
-        ro.queue_depth = DEFAULT_QD;
-    size_t batch = batch_files();
+    kl_reader_opts_for_streaming(&ro, a->threads);
+    size_t batch = kl_reader_max_open_files();
     kl_reader *r = NULL;
     kl_extent *ext = kl_calloc(batch, sizeof *ext);
     int rc = ext ? kl_reader_create(&r, &ro, err) : kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -421,28 +380,6 @@ static double gbps(const read_result *res)
     return res->elapsed_s > 0 ? (double)res->bytes / res->elapsed_s / 1e9 : 0.0;
 }
 
-static int print_json(cJSON *root)
-{
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    if (!s) {
-        fprintf(stderr, "kl read: out of memory printing JSON\n");
-        return KL_EXIT_BUG;
-    }
-    printf("%s\n", s);
-    cJSON_free(s);
-    return KL_EXIT_OK;
-}
-
-static cJSON *json_head(int ok)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "kl_version", KL_VERSION);
-    cJSON_AddStringToObject(root, "command", "read");
-    cJSON_AddBoolToObject(root, "ok", ok);
-    return root;
-}
-
 static double median_of(const double *v, unsigned n)
 {
     double s[MAX_ROUNDS];
@@ -535,10 +472,10 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
     summarize(r, &s);
     if (!a->json) {
         print_text(l, files, r, &s);
-        return fflush(stdout) == 0 ? KL_EXIT_OK : KL_EXIT_USAGE;
+        return KL_EXIT_OK;
     }
     const read_result *last = &r->read[r->n - 1];
-    cJSON *root = json_head(1);
+    cJSON *root = kl_cli_json_head(1);
     cJSON_AddStringToObject(root, "backend", last->backend);
     cJSON_AddBoolToObject(root, "direct", last->direct);
     cJSON_AddNumberToObject(root, "files", (double)l->n);
@@ -558,27 +495,7 @@ static int report(const read_args *a, const file_list *l, const kl_hashpass_file
     }
     if (files)
         add_hashes_json(root, l, files);
-    return print_json(root);
-}
-
-static int report_error(const read_args *a, const kl_err *err)
-{
-    char line[1024];
-    fprintf(stderr, "kl read: %s\n", kl_err_format(err, line, sizeof line));
-    int status = err->code == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE;
-    if (a && a->json) {
-        cJSON *root = json_head(0);
-        cJSON *e = cJSON_AddObjectToObject(root, "error");
-        cJSON_AddStringToObject(e, "code", kl_err_code_name(err->code));
-        cJSON_AddStringToObject(e, "file", err->file);
-        if (err->offset != KL_NO_OFFSET)
-            kl_json_add_u64(e, "offset", err->offset);
-        else
-            cJSON_AddNullToObject(e, "offset");
-        cJSON_AddStringToObject(e, "message", line);
-        print_json(root);
-    }
-    return status;
+    return kl_cli_print_json(root);
 }
 
 /* ---- entry --------------------------------------------------------------------------------- */
@@ -587,15 +504,10 @@ int cmd_read(int argc, char **argv)
 {
     read_args a;
     memset(&a, 0, sizeof a);
-    a.paths = kl_calloc(argc > 0 ? (size_t)argc : 1, sizeof *a.paths);
-    if (!a.paths) {
-        fprintf(stderr, "kl read: out of memory\n");
-        return KL_EXIT_USAGE;
-    }
     int status = parse_args(argc, argv, &a);
-    if (status) {
+    if (status != KL_ARGS_RUN) {
         kl_free(a.paths);
-        return status < 0 ? KL_EXIT_OK : status;
+        return status;
     }
     kl_err err;
     kl_err_clear(&err);
@@ -612,7 +524,8 @@ int cmd_read(int argc, char **argv)
     }
     if (!rc)
         rc = run_rounds(&a, &l, files, rounds, &err);
-    status = rc ? report_error(&a, &err) : report(&a, &l, files, rounds);
+    status = rc ? kl_cli_report_as(err.code == KL_E_BUG ? KL_EXIT_BUG : KL_EXIT_USAGE, &err)
+                : report(&a, &l, files, rounds);
     kl_free(rounds);
     kl_free(files);
     list_free(&l);

@@ -33,43 +33,19 @@
 
 /* ---- usage and arguments ------------------------------------------------------------------ */
 
-static const char run_usage[] =
+static const char run_synopsis[] =
     "usage: kl run MODEL (-p TEXT | --chat TEXT | --ids 1,2,3) [-n N] [--temp T] [--top-p P]\n"
     "              [--top-k K] [--min-p M] [--seed S] [--device cpu|gpu|auto] [--threads N]\n"
     "              [--route-weights unbiased|biased] [--json] [-q] [--ignore-memory-check]\n"
-    "              [--force-ids 4,5,6 --logits-out FILE]\n"
-    "\n"
+    "              [--force-ids 4,5,6 --logits-out FILE]\n";
+
+static const char run_about[] =
     "Feeds a prompt to the checkpoint in MODEL on the CPU and generates up to N tokens, stopping\n"
     "early at <|im_end|>, [EOS] or [EOT] (the stop id is not printed).  Text streams to stdout,\n"
     "timings and tok/s go to stderr.  The prompt plus the tokens to generate must fit in the\n"
-    "model's context (model_max_length); the model must fit in the available memory.\n"
-    "\n"
-    "  -p TEXT            prompt text, encoded with MODEL's tokenizer (no BOS added)\n"
-    "  --chat TEXT        one user turn rendered with Kimi's chat format plus the generation\n"
-    "                     prompt, then encoded\n"
-    "  --ids LIST         prompt token ids: decimal, separated by commas (\"1,2, 3\"; no empty\n"
-    "                     items, at least one id)\n"
-    "  -n N               tokens to generate (default 128; 0 = prompt only)\n"
-    "  --temp T           temperature (default 0 = greedy)\n"
-    "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
-    "  --top-p P          keep the smallest set of mass >= P (default 1 = off)\n"
-    "  --min-p M          keep tokens with p >= M * p_max (default 0 = off)\n"
-    "  --seed S           sampling seed (default 0); order: temp, top-k, top-p, min-p, sample\n"
-    "  --device D         cpu, gpu or auto (default auto = cpu)\n"
-    "  --threads N        worker threads (default: online CPUs)\n"
-    "  --route-weights W  MoE weights unbiased (default) or biased (HF remote code)\n"
-    "  --json             print one JSON object instead of the text\n"
-    "  -q, --quiet        errors only on stderr (no progress, load time or timings)\n"
-    "  --ignore-memory-check  load even when the model is larger than the available memory\n"
-    "  --force-ids LIST   teacher forcing: feed these ids after the prompt instead of sampling\n"
-    "                     (-n is ignored); needs --logits-out; with --ids the model\n"
-    "                     directory needs no tokenizer files\n"
-    "  --logits-out FILE  write float32 little-endian logits, one vocab-sized row per step: after\n"
-    "                     the prompt, then after each fed token (forced ids: len+1 rows;\n"
-    "                     generation: one row per sampled token, at least one); written to a\n"
-    "                     temporary file and renamed when complete; never inside MODEL\n"
-    "  -h, --help         this text\n"
-    "\n"
+    "model's context (model_max_length); the model must fit in the available memory.\n";
+
+static const char run_footer[] =
     "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "
     "bug.\n";
 
@@ -84,84 +60,54 @@ typedef struct run_args {
     int json;
 } run_args;
 
-static int usage_error(const char *what, const char *arg)
-{
-    fprintf(stderr, "kl run: %s%s\n\n%s", what, arg, run_usage);
-    return KL_EXIT_USAGE;
-}
-
-/* One option at argv[*i] into a; KL_EXIT_OK or a usage exit. */
-static int parse_one(int argc, char **argv, int *i, run_args *a, const char **device)
-{
-    const char *arg = argv[*i], *v = NULL, *why = NULL, *bad = NULL;
-    int g;
-    if (!strcmp(arg, "--json")) {
-        a->json = 1;
-    } else if (kl_cli_opt_value(argc, argv, i, "-p", &v) ||
-               kl_cli_opt_value(argc, argv, i, "--prompt", &v)) {
-        if (!v)
-            return usage_error("-p wants a text", "");
-        a->prompt = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--chat", &v)) {
-        if (!v)
-            return usage_error("--chat wants a text", "");
-        a->chat = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--ids", &v)) {
-        if (!v)
-            return usage_error("--ids wants a list of ids", "");
-        a->ids = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--force-ids", &v)) {
-        if (!v)
-            return usage_error("--force-ids wants a list of ids", "");
-        a->force_ids = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--logits-out", &v)) {
-        if (!v || !*v)
-            return usage_error("--logits-out wants a file", "");
-        a->logits_out = v;
-    } else if (kl_cli_opt_value(argc, argv, i, "--device", &v)) {
-        if (!v || (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")))
-            return usage_error("--device wants cpu, gpu or auto, not ", v ? v : "nothing");
-        *device = v;
-    } else if ((g = kl_gen_flag(argc, argv, i, &a->gen, &why, &bad)) != 0) {
-        if (g < 0)
-            return usage_error(why, bad);
-    } else if (arg[0] == '-' && arg[1]) {
-        return usage_error("unknown option ", arg);
-    } else if (a->model) {
-        return usage_error("more than one model directory: ", arg);
-    } else {
-        a->model = arg;
-    }
-    return KL_EXIT_OK;
-}
-
-/* Parses argv into a; KL_EXIT_OK, or a usage exit (help: -1 after printing it). */
+/* Parses argv into a; KL_ARGS_RUN, or the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, run_args *a)
 {
     memset(a, 0, sizeof *a);
     a->gen.n_predict = 128;
     a->gen.samp.top_p = 1;
-    const char *device = "auto";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(run_usage, stdout);
-            return -1;
-        }
-        int rc = parse_one(argc, argv, &i, a, &device);
-        if (rc != KL_EXIT_OK)
-            return rc;
-    }
-    if (!a->model)
-        return usage_error("no model directory given", "");
+    int device = 0; /* auto */
+    kl_opt opts[6 + KL_GEN_FLAG_ROWS + 4] = {
+        KL_VALUE("--prompt", 'p', KL_OPT_STR, &a->prompt, "TEXT",
+                 "prompt text, encoded with MODEL's tokenizer (no BOS added)", .group = 1),
+        KL_VALUE("--chat", 0, KL_OPT_STR, &a->chat, "TEXT",
+                 "one user turn rendered with Kimi's chat format plus the generation\n"
+                 "prompt, then encoded",
+                 .group = 1),
+        KL_VALUE("--ids", 0, KL_OPT_STR, &a->ids, "LIST",
+                 "prompt token ids: decimal, separated by commas (\"1,2, 3\"; no empty\n"
+                 "items, at least one id)", .group = 1),
+    };
+    kl_gen_flag_rows(&a->gen, "tokens to generate (default 128; 0 = prompt only)", opts + 3);
+    const kl_opt tail[] = {
+        KL_VALUE("--device", 0, KL_OPT_CHOICE, &device, "D",
+                 "cpu, gpu or auto (default auto = cpu)", .choices = "auto|cpu|gpu"),
+        KL_FLAG("--json", 0, &a->json, "print one JSON object instead of the text"),
+        KL_VALUE("--force-ids", 0, KL_OPT_STR, &a->force_ids, "LIST",
+                 "teacher forcing: feed these ids after the prompt instead of sampling\n"
+                 "(-n is ignored); needs --logits-out; with --ids the model\n"
+                 "directory needs no tokenizer files"),
+        KL_VALUE("--logits-out", 0, KL_OPT_STR, &a->logits_out, "FILE",
+                 "write float32 little-endian logits, one vocab-sized row per step: after\n"
+                 "the prompt, then after each fed token (forced ids: len+1 rows;\n"
+                 "generation: one row per sampled token, at least one); written to a\n"
+                 "temporary file and renamed when complete; never inside MODEL"),
+    };
+    memcpy(opts + 3 + KL_GEN_FLAG_ROWS, tail, sizeof tail);
+    const kl_cmd_spec spec = {"run", run_synopsis, run_about, opts, run_footer, 1, 1, "MODEL"};
+    int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
+    if (rc != KL_ARGS_RUN)
+        return rc;
     if (!!a->prompt + !!a->chat + !!a->ids != 1)
-        return usage_error("give exactly one of -p, --chat and --ids", "");
+        return kl_cli_usage("give exactly one of -p, --chat and --ids");
     if (a->force_ids && !a->logits_out)
-        return usage_error("--force-ids needs --logits-out", "");
-    if (!strcmp(device, "gpu")) {
-        fprintf(stderr, "kl run: --device gpu: GPU engine not built yet\n");
-        return KL_EXIT_USAGE;
-    }
-    return KL_EXIT_OK;
+        return kl_cli_usage("--force-ids needs --logits-out");
+    if (a->logits_out && !*a->logits_out)
+        return kl_cli_usage("--logits-out wants a file");
+    if (device == 2)
+        return kl_cli_fail(KL_EXIT_USAGE, "unsupported", "--device gpu: GPU engine not built yet",
+                           NULL);
+    return KL_ARGS_RUN;
 }
 
 /* ---- the run ------------------------------------------------------------------------------ */
@@ -437,12 +383,10 @@ static double rate(size_t n, double s)
     return s > 0 ? (double)n / s : 0.0;
 }
 
-static void print_json(const run_ctx *c, int ok, const kl_err *err)
+/* The run as one JSON object; on failure with what was done and the error. */
+static int print_json(const run_ctx *c, int ok, const kl_err *err)
 {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "kl_version", KL_VERSION);
-    cJSON_AddStringToObject(j, "command", "run");
-    cJSON_AddBoolToObject(j, "ok", ok);
+    cJSON *j = kl_cli_json_head(ok);
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)c->n_prompt);
     cJSON_AddNumberToObject(j, "weight_bytes", (double)c->load.plan.weight_bytes);
     cJSON_AddNumberToObject(j, "load_s", c->load.load_s);
@@ -462,13 +406,10 @@ static void print_json(const run_ctx *c, int ok, const kl_err *err)
         cJSON_AddNumberToObject(j, "logits_rows", (double)c->n_rows);
     if (!ok) {
         char buf[1024];
-        cJSON_AddStringToObject(j, "error", kl_err_format(err, buf, sizeof buf));
+        kl_cli_json_add_error(j, kl_err_code_name(err->code), kl_err_format(err, buf, sizeof buf),
+                              err);
     }
-    char *s = cJSON_PrintUnformatted(j);
-    if (s)
-        printf("%s\n", s);
-    cJSON_free(s);
-    cJSON_Delete(j);
+    return kl_cli_print_json(j);
 }
 
 /* ---- command ------------------------------------------------------------------------------ */
@@ -477,9 +418,7 @@ int cmd_run(int argc, char **argv)
 {
     run_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc < 0)
-        return KL_EXIT_OK;
-    if (rc != KL_EXIT_OK)
+    if (rc != KL_ARGS_RUN)
         return rc;
     kl_err err;
     kl_err_clear(&err);
@@ -490,13 +429,8 @@ int cmd_run(int argc, char **argv)
     a.model = lrc ? a.model : model;
     if (!lrc)
         lrc = run(&a, &c, &err);
-    rc = lrc ? kl_cli_report("run", &err) : KL_EXIT_OK;
-    if (a.json)
-        print_json(&c, lrc == 0, &err);
-    if (fflush(stdout) != 0 && rc == KL_EXIT_OK) {
-        fprintf(stderr, "kl run: cannot write standard output: %s\n", strerror(errno));
-        rc = KL_EXIT_USAGE;
-    }
+    int prc = a.json ? print_json(&c, lrc == 0, &err) : KL_EXIT_OK; /* the object first */
+    rc = lrc ? kl_cli_report("run", &err) : prc;
     if (lrc == 0 && !a.gen.quiet) {
         /* a newline first: the streamed text does not end in one */
         fprintf(stderr,

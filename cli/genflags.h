@@ -1,10 +1,12 @@
 /*
- * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-p,
- * --top-k, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check.
+ * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-k,
+ * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, as rows of
+ * their option tables.
  */
 #ifndef KL_CLI_GENFLAGS_H
 #define KL_CLI_GENFLAGS_H
 
+#include "cli/cli.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
@@ -13,12 +15,14 @@ typedef struct kl_gen_flags {
     kl_sampler_opts samp;
     unsigned threads; /* 0 = online CPUs */
     kl_route_weights route;
-    int quiet;        /* -q: errors only on stderr (no progress, load line or timings) */
+    int quiet;         /* -q: errors only on stderr (no progress, load line or timings) */
     int ignore_memory; /* --ignore-memory-check */
 } kl_gen_flags;
 
-/* Looks at argv[*i]: 1 if it was one of the flags above (value consumed, *i advanced), 0 if it
- * is something else, -1 on a bad value with *why and *val describing it for the usage error. */
-int kl_gen_flag(int argc, char **argv, int *i, kl_gen_flags *f, const char **why, const char **val);
+#define KL_GEN_FLAG_ROWS 10
+
+/* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help
+ * is the help of -n (its default differs between run and chat). */
+void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows);
 
 #endif

@@ -5,6 +5,9 @@
 
 #include "common/log.h"
 
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,20 +29,64 @@ static const command commands[] = {
     {"chat", cmd_chat, "interactive multi-turn chat on the CPU, reusing the shared prefix"},
 };
 
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
 static void usage(FILE *out)
 {
     fprintf(out,
             "kl %s — audit, convert, load and serve Kimi-Linear checkpoints\n\n"
             "usage: kl COMMAND [ARGS]\n\ncommands:\n",
             KL_VERSION);
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "  %-10s %s\n", "help", "this text; `kl COMMAND --help` for one command");
     fprintf(out,
             "\nExit status: 0 clean, 1 problems found, 2 usage or I/O error, 3 internal bug.\n");
 }
 
-int main(int argc, char **argv)
+/* A closed standard descriptor would be taken by the next open(2): a checkpoint or output file
+ * would receive what is printed.  Hold each closed one with /dev/null opened read-only, so
+ * writes to a closed stdout fail (and are reported) instead. */
+static void hold_std_fds(void)
+{
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDONLY) != fd)
+            return;
+}
+
+static const command *find_command(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name))
+            return &commands[i];
+    return NULL;
+}
+
+static int unknown_command(int argc, char **argv)
+{
+    const char *names[N_COMMANDS + 2];
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        names[i] = commands[i].name;
+    names[N_COMMANDS] = "help";
+    names[N_COMMANDS + 1] = "version";
+    int json = 0;
+    for (int i = 1; i < argc; i++)
+        json |= !strcmp(argv[i], "--json");
+    kl_cli_begin("kl", json);
+    const char *near = kl_cli_nearest(argv[1], names, N_COMMANDS + 2);
+    char msg[256];
+    snprintf(msg, sizeof msg, "unknown command '%.64s'%s%s%s", argv[1],
+             near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+    fprintf(stderr, "kl: %s\ntry 'kl help'\n", msg);
+    if (json) {
+        cJSON *root = kl_cli_json_head(0);
+        kl_cli_json_add_error(root, "usage", msg, NULL);
+        kl_cli_print_json(root);
+    }
+    return KL_EXIT_USAGE;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -47,13 +94,10 @@ int main(int argc, char **argv)
     }
     const char *name = argv[1];
     if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h")) {
-        if (argc > 2) {
-            for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-                if (!strcmp(argv[2], commands[i].name)) {
-                    char *help_argv[] = {argv[2], "--help", NULL};
-                    return commands[i].run(2, help_argv);
-                }
-            }
+        const command *c = argc > 2 ? find_command(argv[2]) : NULL;
+        if (c) {
+            char *help_argv[] = {argv[2], "--help", NULL};
+            return c->run(2, help_argv);
         }
         usage(stdout);
         return KL_EXIT_OK;
@@ -62,10 +106,14 @@ int main(int argc, char **argv)
         printf("kl %s\n", KL_VERSION);
         return KL_EXIT_OK;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(name, commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kl: unknown command '%s'\n\n", name);
-    usage(stderr);
-    return KL_EXIT_USAGE;
+    const command *c = find_command(name);
+    if (c)
+        return c->run(argc - 1, argv + 1);
+    return unknown_command(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    hold_std_fds();
+    return kl_cli_finish(dispatch(argc, argv));
 }

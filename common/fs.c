@@ -145,6 +145,24 @@ int kl_path_join(char *out, size_t n, const char *dir, const char *name, kl_err 
     return 0;
 }
 
+int kl_path_parent(char *out, size_t n, const char *path, kl_err *err)
+{
+    size_t l = strlen(path);
+    while (l > 1 && path[l - 1] == '/') /* "out/" names "out" */
+        l--;
+    while (l && path[l - 1] != '/') /* the last name */
+        l--;
+    while (l > 1 && path[l - 1] == '/')
+        l--;
+    const char *p = l ? path : ".";
+    l = l ? l : 1;
+    if (l >= n)
+        return kl_fail(err, KL_E_USAGE, "path %s is too long", path);
+    memcpy(out, p, l);
+    out[l] = 0;
+    return 0;
+}
+
 int kl_write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
                          kl_err *err)
 {

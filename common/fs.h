@@ -35,6 +35,10 @@ int kl_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path, kl
 /* Joins dir and name with one '/' into out (size n); KL_E_USAGE if it does not fit. */
 int kl_path_join(char *out, size_t n, const char *dir, const char *name, kl_err *err);
 
+/* Writes the directory holding path into out (size n), trailing slashes ignored: "a/b/" and
+ * "a/b" -> "a", "b" -> ".", "/b" -> "/".  KL_E_USAGE if it does not fit. */
+int kl_path_parent(char *out, size_t n, const char *path, kl_err *err);
+
 /* Writes data to dir/name atomically: dir/.name.tmp, fsync, rename, fsync(dir). */
 int kl_write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
                          kl_err *err);

@@ -14,6 +14,7 @@
 #include "common/mem.h"
 #include "common/pool.h"
 #include "convert/layout.h"
+#include "convert/out_plan.h"
 #include "convert/shard_digest.h"
 #include "convert/st_writer.h"
 #include "convert/write_behind.h"
@@ -24,9 +25,11 @@
 #include "loader/schema.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +38,9 @@
 #include <unistd.h>
 
 #define JOURNAL_NAME "kl-convert.journal"
-#define JOURNAL_VERSION "kl-convert-journal 2" /* 2: shard digests (shard_digest.h) */
+/* 2: shard digests (shard_digest.h); 3: each shard bound to its source (digest, sizes, mtimes) */
+#define JOURNAL_VERSION "kl-convert-journal 3"
+#define JOURNAL_MAGIC "kl-convert-journal " /* any version: the journal of a kl convert run */
 #define DEFAULT_SHARD_BYTES 5000000000ull
 #define DEFAULT_MAX_MEMORY (2ull << 30)
 #define CHUNK_BYTES (8u << 20)       /* reader chunk: the largest batch of rows */
@@ -47,11 +52,6 @@
 
 /* ---- the plan ------------------------------------------------------------------------------ */
 
-/* What produces one output tensor. */
-typedef struct out_src {
-    const kl_ckpt_tensor *src;   /* source tensor (for PACKED and SCALE: the BF16 weight) */
-    kl_dtype              dtype; /* output dtype */
-} out_src;
 
 typedef struct conv {
     const kl_convert_opts *o;
@@ -60,9 +60,15 @@ typedef struct conv {
     kl_config              cfg;        /* output config (MXFP4 family) */
     kl_schema              schema;     /* output schema */
     kl_layout              layout;
-    out_src               *srcs;       /* [schema.n] */
+    const kl_ckpt_tensor **srcs;       /* [schema.n] source tensor (for PACKED and SCALE: the
+                                           BF16 weight it is made from) */
+    kl_dtype              *dtypes;     /* [schema.n] output dtype */
     uint64_t              *bytes;      /* [schema.n] output payload bytes */
+    kl_out_plan            out;        /* the shards' file sizes */
     char                   partial[PATH_MAX];
+    char                   dst_parent[PATH_MAX]; /* resolved: where DST and DST.partial go */
+    size_t                 kill_after, kill_mid; /* KL_CONVERT_TEST_KILL (0 = off) */
+    size_t                 shards_run;           /* shards converted by this run */
     kl_reader             *reader;
     kl_pool               *pool;
     uint64_t               total_out, done_out;
@@ -97,8 +103,9 @@ static int plan(conv *c, kl_err *err)
         return rc;
     size_t n = c->schema.n;
     c->srcs = kl_calloc(n, sizeof *c->srcs);
+    c->dtypes = kl_calloc(n, sizeof *c->dtypes);
     c->bytes = kl_calloc(n, sizeof *c->bytes);
-    if (!c->srcs || !c->bytes)
+    if (!c->srcs || !c->dtypes || !c->bytes)
         return kl_fail(err, KL_E_NOMEM, "out of memory planning %zu tensors", n);
     for (size_t i = 0; i < n; i++) {
         const kl_schema_entry *e = &c->schema.entries[i];
@@ -110,27 +117,40 @@ static int plan(conv *c, kl_err *err)
             return kl_fail_at(err, KL_E_UNSUPPORTED, "CONVERT-DTYPE", t->name, KL_NO_OFFSET,
                               "expert weights must be BF16 or F32 to quantize, not %s",
                               kl_dtype_name(t->t->dtype));
-        c->srcs[i].src = t;
-        c->srcs[i].dtype = e->part == KL_PART_WEIGHT ? t->t->dtype : KL_DT_U8;
+        c->srcs[i] = t;
+        c->dtypes[i] = e->part == KL_PART_WEIGHT ? t->t->dtype : KL_DT_U8;
         c->bytes[i] = e->part == KL_PART_WEIGHT ? t->t->n_bytes : e->numel;
         c->total_out += c->bytes[i];
     }
     uint64_t shard_bytes = c->o->shard_bytes ? c->o->shard_bytes : DEFAULT_SHARD_BYTES;
-    return kl_layout_plan(&c->layout, &c->schema, c->bytes, shard_bytes, err);
+    rc = kl_layout_plan(&c->layout, &c->schema, c->bytes, shard_bytes, err);
+    return rc ? rc : kl_out_plan_build(&c->out, &c->schema, &c->layout, c->dtypes, err);
 }
 
 /* The writer's tensor list of shard k (wt: layout.shards[k].count entries). */
 static void shard_wtensors(const conv *c, size_t k, kl_st_wtensor *wt)
 {
+    kl_out_plan_wtensors(&c->schema, &c->layout, c->dtypes, k, wt);
+}
+
+/* The source extents of shard k in job order (one per output tensor but the weight_scales,
+ * made with their weight_packed); pos[j] (may be NULL) receives the shard position of job j.
+ * ext and pos hold layout.shards[k].count entries.  Returns the count. */
+static size_t shard_extents(const conv *c, size_t k, kl_extent *ext, size_t *pos)
+{
     const kl_layout_shard *ls = &c->layout.shards[k];
+    size_t n = 0;
     for (size_t i = 0; i < ls->count; i++) {
         size_t si = c->layout.order[ls->first + i];
-        const kl_schema_entry *e = &c->schema.entries[si];
-        wt[i].name = e->name;
-        wt[i].dtype = c->srcs[si].dtype;
-        wt[i].rank = e->rank;
-        memcpy(wt[i].shape, e->shape, sizeof e->shape);
+        if (c->schema.entries[si].part == KL_PART_SCALE)
+            continue;
+        const kl_ckpt_tensor *t = c->srcs[si];
+        ext[n] = (kl_extent){(uint32_t)t->shard, t->t->file_off, t->t->n_bytes};
+        if (pos)
+            pos[n] = i;
+        n++;
     }
+    return n;
 }
 
 /* Shard k's header as its writer lays it out (*hdr, kl_malloc'd) and the pieces of its
@@ -153,34 +173,152 @@ static int shard_pieces(const conv *c, size_t k, uint8_t **hdr, uint64_t **piece
 
 /* ---- the journal --------------------------------------------------------------------------- */
 
+/* FNV-1a step over the 8 bytes of v. */
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8) {
+        h ^= v & 0xff;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t mix_text(uint64_t h, const char *p)
+{
+    for (; *p; p++)
+        h = mix(h, (unsigned char)*p);
+    return mix(h, 0);
+}
+
+#define MIX_SEED 1469598103934665603ull
+
 /* The plan's fingerprint: a rerun may reuse shards only if source, rule and layout agree. */
 static void fingerprint(const conv *c, char *out, size_t n)
 {
-    uint64_t h = 1469598103934665603ull;
-#define MIX(v)                                                                                \
-    do {                                                                                      \
-        h ^= (uint64_t)(v);                                                                   \
-        h *= 1099511628211ull;                                                                \
-    } while (0)
+    uint64_t h = MIX_SEED;
     for (size_t i = 0; i < c->ck.n_shards; i++) {
-        for (const char *p = c->ck.shards[i].name; *p; p++)
-            MIX((unsigned char)*p);
-        MIX(c->ck.shards[i].st.file_bytes);
+        h = mix_text(h, c->ck.shards[i].name);
+        h = mix(h, c->ck.shards[i].st.file_bytes);
     }
-    MIX(c->o->rule);
+    h = mix(h, (uint64_t)c->o->rule);
     for (size_t k = 0; k < c->layout.n_shards; k++) {
-        MIX(c->layout.shards[k].count);
-        MIX(c->layout.shards[k].tensor_bytes);
+        h = mix(h, c->layout.shards[k].count);
+        h = mix(h, c->layout.shards[k].tensor_bytes);
     }
-#undef MIX
     snprintf(out, n, "%s plan=%016llx rule=%s", JOURNAL_VERSION, (unsigned long long)h,
              kl_scale_rule_name(c->o->rule));
 }
 
-/* 1 if the journal in DST.partial records shard k complete with the file's current size and
- * digest.  A journal with another fingerprint proves nothing. */
-static int journal_says_done(const conv *c, const char *journal, size_t k)
+/* The identity of the source files shard k reads, as the file system tells it: name, size,
+ * mtime and ctime (which `touch -r` cannot set back) of each, in source order.  Cheap; the
+ * source digest (below) binds the bytes themselves. */
+static int source_files_id(const conv *c, size_t k, uint64_t *id, kl_err *err)
 {
+    const kl_layout_shard *ls = &c->layout.shards[k];
+    uint64_t h = MIX_SEED;
+    for (size_t f = 0; f < c->ck.n_shards; f++) {
+        int used = 0;
+        for (size_t i = 0; i < ls->count && !used; i++)
+            used = c->srcs[c->layout.order[ls->first + i]]->shard == f;
+        if (!used)
+            continue;
+        struct stat st;
+        if (stat(c->ck.shards[f].path, &st) != 0) {
+            kl_fail_sys(err, KL_E_IO, errno, "cannot stat a source shard");
+            kl_err_context(err, c->ck.shards[f].path, NULL, KL_NO_OFFSET, NULL);
+            return KL_E_IO;
+        }
+        h = mix_text(h, c->ck.shards[f].name);
+        h = mix(h, (uint64_t)st.st_size);
+        h = mix(mix(h, (uint64_t)st.st_mtim.tv_sec), (uint64_t)st.st_mtim.tv_nsec);
+        h = mix(mix(h, (uint64_t)st.st_ctim.tv_sec), (uint64_t)st.st_ctim.tv_nsec);
+    }
+    *id = h;
+    return 0;
+}
+
+/* The pieces of shard k's source digest: its source extents in job order (shard_extents).
+ * *ext and *pieces are kl_malloc'd; *n their count. */
+static int source_pieces(const conv *c, size_t k, kl_extent **ext, uint64_t **pieces, size_t *n,
+                         kl_err *err)
+{
+    size_t cap = c->layout.shards[k].count ? c->layout.shards[k].count : 1;
+    *ext = kl_calloc(cap, sizeof **ext);
+    *pieces = kl_calloc(cap, sizeof **pieces);
+    if (!*ext || !*pieces)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning a source digest");
+    *n = shard_extents(c, k, *ext, NULL);
+    for (size_t i = 0; i < *n; i++)
+        (*pieces)[i] = (*ext)[i].len;
+    return 0;
+}
+
+typedef struct feed {
+    kl_sdigest *dg;
+    kl_err      err; /* why feeding stopped */
+} feed;
+
+static int feed_source(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data,
+                       size_t len)
+{
+    feed *f = ctx;
+    return kl_sdigest_update(f->dg, ext_idx, ext_off, data, len, &f->err);
+}
+
+/* Shard k's source digest, read now: the same pieces the conversion hashed as it read them. */
+static int source_digest(const conv *c, size_t k, unsigned char out[32], kl_err *err)
+{
+    kl_extent *ext;
+    uint64_t *pieces;
+    size_t n = 0;
+    feed f = {.dg = NULL};
+    kl_err_clear(&f.err);
+    int rc = source_pieces(c, k, &ext, &pieces, &n, err);
+    if (!rc)
+        rc = kl_sdigest_create(&f.dg, pieces, n, err);
+    if (!rc)
+        rc = kl_reader_run_gathered(c->reader, ext, n, KL_GATHER_GAP, feed_source, &f, err);
+    if (rc == KL_E_CANCELLED && f.err.code) { /* the digest's own error */
+        if (err)
+            *err = f.err;
+        rc = f.err.code;
+    }
+    if (!rc)
+        rc = kl_sdigest_final(f.dg, out, err);
+    kl_sdigest_destroy(f.dg);
+    kl_free(ext);
+    kl_free(pieces);
+    return rc;
+}
+
+/* What the journal records for a finished shard. */
+typedef struct shard_record {
+    uint64_t      size;
+    unsigned char digest[32];     /* the shard file's digest (shard_digest.h) */
+    unsigned char src_digest[32]; /* its source extents' digest, same tree */
+    uint64_t      src_files;      /* source_files_id when it was read */
+} shard_record;
+
+/* The output shard's digest, read back. */
+static int shard_file_digest(const conv *c, size_t k, const char *path, unsigned char out[32])
+{
+    uint8_t *hdr;
+    uint64_t *pieces;
+    int rc = shard_pieces(c, k, &hdr, &pieces, NULL);
+    if (!rc)
+        rc = kl_sdigest_file(path, pieces, c->layout.shards[k].count + 1, out, NULL);
+    kl_free(hdr);
+    kl_free(pieces);
+    return rc;
+}
+
+/* *done = 1 if the journal in DST.partial records shard k complete, with the file's current
+ * size and digest, made from source files that still have the recorded identity and bytes.
+ * A journal with another fingerprint proves nothing.  0, or the error of reading the source
+ * (a source that cannot be read cannot be converted either). */
+static int journal_says_done(const conv *c, const char *journal, size_t k, int *done, kl_err *err)
+{
+    *done = 0;
     const char *name = c->layout.shards[k].name;
     char fp[128], path[PATH_MAX];
     fingerprint(c, fp, sizeof fp);
@@ -193,28 +331,34 @@ static int journal_says_done(const conv *c, const char *journal, size_t k)
     const char *at = NULL;
     for (const char *f = strstr(journal + fl, key); f; f = strstr(f + 1, key))
         at = f;
-    unsigned long long size;
-    char hex[65];
-    if (!at || sscanf(at + strlen(key), "%llu %64s", &size, hex) != 2)
+    unsigned long long size, files;
+    char hex[65], src_hex[65], got[65];
+    if (!at || sscanf(at + strlen(key), "%llu %64s %64s %16llx", &size, hex, src_hex, &files) != 4)
         return 0;
+    uint64_t files_now;
+    int rc = source_files_id(c, k, &files_now, err);
+    if (rc || files_now != files)
+        return rc;
     if (kl_path_join(path, sizeof path, c->partial, name, NULL))
         return 0;
     struct stat st;
     if (stat(path, &st) != 0 || (unsigned long long)st.st_size != size)
         return 0;
-    uint8_t *hdr;
-    uint64_t *pieces;
     unsigned char sum[32];
-    char got[65] = "";
-    if (!shard_pieces(c, k, &hdr, &pieces, NULL) &&
-        !kl_sdigest_file(path, pieces, c->layout.shards[k].count + 1, sum, NULL))
-        kl_sha256_hex(sum, got);
-    kl_free(hdr);
-    kl_free(pieces);
-    return strcmp(got, hex) == 0;
+    if (shard_file_digest(c, k, path, sum))
+        return 0;
+    kl_sha256_hex(sum, got);
+    if (strcmp(got, hex))
+        return 0;
+    if ((rc = source_digest(c, k, sum, err)))
+        return rc;
+    kl_sha256_hex(sum, got);
+    *done = strcmp(got, src_hex) == 0;
+    return 0;
 }
 
-/* Starts a fresh journal (fingerprint line) unless the existing one has the same plan. */
+/* Starts a fresh journal (fingerprint line) unless the existing one has the same plan.  The
+ * caller checked (check_partial) that every file in DST.partial is one kl convert writes. */
 static int journal_open(const conv *c, char **text, kl_err *err)
 {
     char path[PATH_MAX], fp[128];
@@ -229,8 +373,8 @@ static int journal_open(const conv *c, char **text, kl_err *err)
         return 0;
     kl_free(*text);
     *text = NULL;
-    /* Another plan (or no journal): nothing in DST.partial can be trusted or kept, and a stale
-     * shard of another plan must not end up in DST. */
+    /* Another plan, an older journal format (or no journal): nothing in DST.partial can be
+     * trusted or kept, and a stale shard of another plan must not end up in DST. */
     char **names = NULL;
     size_t n_names = 0;
     if (kl_list_files_with_suffix(c->partial, "", &names, &n_names, err))
@@ -246,19 +390,22 @@ static int journal_open(const conv *c, char **text, kl_err *err)
     return kl_write_file_atomic(c->partial, JOURNAL_NAME, line, (size_t)n, err);
 }
 
-/* Appends "done NAME SIZE DIGEST" and fsyncs, after the shard itself is durable.  DIGEST is
- * the shard digest (shard_digest.h) its lanes computed while writing it.  The line starts with
- * its own newline: a line torn by a crash mid-append then cannot swallow the next one (blank
- * lines are harmless to journal_says_done). */
-static int journal_add(const conv *c, const char *name, uint64_t size,
-                       const unsigned char digest[32], kl_err *err)
+/* Appends "done NAME SIZE DIGEST SOURCE-DIGEST SOURCE-FILES" and fsyncs, after the shard
+ * itself is durable.  DIGEST is the shard digest (shard_digest.h) its lanes computed while
+ * writing it, SOURCE-DIGEST the same tree over the source extents it was made from (hashed
+ * while they were read), SOURCE-FILES the source files' identity (source_files_id) before
+ * they were read.  The line starts with its own newline: a line torn by a crash mid-append
+ * then cannot swallow the next one (blank lines are harmless to journal_says_done). */
+static int journal_add(const conv *c, const char *name, const shard_record *r, kl_err *err)
 {
     char jpath[PATH_MAX];
     if (kl_path_join(jpath, sizeof jpath, c->partial, JOURNAL_NAME, err))
         return KL_E_USAGE;
-    char hex[65], line[256];
-    kl_sha256_hex(digest, hex);
-    int n = snprintf(line, sizeof line, "\ndone %s %llu %s\n", name, (unsigned long long)size, hex);
+    char hex[65], src_hex[65], line[320];
+    kl_sha256_hex(r->digest, hex);
+    kl_sha256_hex(r->src_digest, src_hex);
+    int n = snprintf(line, sizeof line, "\ndone %s %llu %s %s %016llx\n", name,
+                     (unsigned long long)r->size, hex, src_hex, (unsigned long long)r->src_files);
     int fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd < 0) {
         kl_fail_sys(err, KL_E_IO, errno, "cannot open the journal");
@@ -274,6 +421,13 @@ static int journal_add(const conv *c, const char *name, uint64_t size,
 
 /* ---- one shard ----------------------------------------------------------------------------- */
 
+/* Which write-behind lane takes a run of bytes whose digest leaf needs them in order: `lane`
+ * for the bytes before `end`. */
+typedef struct leaf_lane {
+    unsigned lane;
+    uint64_t end;
+} leaf_lane;
+
 /* One source tensor being streamed into one or two output tensors. */
 typedef struct job {
     size_t          packed, scale;  /* writer indices (scale unused for copies) */
@@ -282,8 +436,8 @@ typedef struct job {
     uint64_t        row_in_bytes;   /* source bytes per row (quantized tensors) */
     uint64_t        n_in;           /* elements per row */
     uint64_t        row;            /* next row to quantize */
-    unsigned        lane;           /* write-behind lane of the output bytes before lane_end */
-    uint64_t        lane_end;
+    leaf_lane       out;            /* lanes of the output bytes (quantized: one for all) */
+    leaf_lane       in;             /* lanes of the source bytes, for the source digest */
 } job;
 
 typedef struct shard_run {
@@ -291,6 +445,9 @@ typedef struct shard_run {
     kl_st_writer   w;
     kl_sdigest    *dg;              /* the journal's digest, fed by the writer lanes */
     kl_wb_target   tgt;             /* the write-behind queue's view of w and dg */
+    kl_sdigest    *src_dg;          /* the source extents' digest, fed by the lanes too */
+    kl_wb_target   src_tgt;         /* hash only: no writer */
+    uint64_t       src_read, src_total; /* source bytes of this shard read, and in all */
     job           *jobs;
     size_t         n_jobs;
     uint8_t       *carry;           /* partial row between chunks */
@@ -348,12 +505,12 @@ static int quantize_rows(shard_run *s, job *j, const uint8_t *rows, size_t n, kl
     kl_wb_seg seg[2] = {{j->packed, j->row * pk, n * pk}, {j->scale, j->row * sc, n * sc}};
     kl_wb_item *it;
     uint8_t *out;
-    if (!j->lane_end) { /* the whole job on one lane: its leaves are hashed in order */
-        j->lane = kl_wb_pick_lane(s->c->wb);
-        j->lane_end = UINT64_MAX;
+    if (!j->out.end) { /* the whole job on one lane: its leaves are hashed in order */
+        j->out.lane = kl_wb_pick_lane(s->c->wb);
+        j->out.end = UINT64_MAX;
     }
     double t0 = kl_now_s();
-    int rc = kl_wb_reserve(s->c->wb, &s->tgt, j->lane, seg, 2, &it, &out, err);
+    int rc = kl_wb_reserve(s->c->wb, &s->tgt, j->out.lane, seg, 2, &it, &out, err);
     s->c->res.write_s += kl_now_s() - t0;
     if (rc)
         return rc;
@@ -377,20 +534,20 @@ static int quantize_rows(shard_run *s, job *j, const uint8_t *rows, size_t n, kl
     return 0;
 }
 
-/* Queues len bytes of copied tensor j at `off`.  A digest leaf's bytes must be hashed in order,
- * so each leaf goes to one lane, and the next leaf to the least busy lane: a large tensor (an
- * embedding) spreads over all lanes. */
-static int copy_out(shard_run *s, job *j, uint64_t off, const uint8_t *data, size_t len,
-                    kl_err *err)
+/* Queues a copy of len bytes of piece `piece` at `off` for target t.  A digest leaf's bytes
+ * must be hashed in order, so each leaf goes to one lane, and the next leaf to the least busy
+ * lane: a large tensor (an embedding) spreads over all lanes. */
+static int queue_by_leaf(shard_run *s, const kl_wb_target *t, leaf_lane *ll, size_t piece,
+                         uint64_t off, const uint8_t *data, size_t len, kl_err *err)
 {
     while (len) {
-        if (off >= j->lane_end) {
-            j->lane = kl_wb_pick_lane(s->c->wb);
-            j->lane_end = (off / KL_SDIGEST_LEAF + 1) * KL_SDIGEST_LEAF;
+        if (off >= ll->end) {
+            ll->lane = kl_wb_pick_lane(s->c->wb);
+            ll->end = (off / KL_SDIGEST_LEAF + 1) * KL_SDIGEST_LEAF;
         }
-        size_t take = j->lane_end - off < len ? (size_t)(j->lane_end - off) : len;
+        size_t take = ll->end - off < len ? (size_t)(ll->end - off) : len;
         take = take < COPY_ITEM_BYTES ? take : COPY_ITEM_BYTES;
-        int rc = kl_wb_write(s->c->wb, &s->tgt, j->lane, j->packed, off, data, take, err);
+        int rc = kl_wb_write(s->c->wb, t, ll->lane, piece, off, data, take, err);
         if (rc)
             return rc;
         off += take;
@@ -398,6 +555,29 @@ static int copy_out(shard_run *s, job *j, uint64_t off, const uint8_t *data, siz
         len -= take;
     }
     return 0;
+}
+
+/* Test-only fault injection (as KL_CPU_KERNELS is for the kernels): the kill tests stop a
+ * conversion at a known point instead of after a guessed delay.  KL_CONVERT_TEST_KILL=N
+ * SIGKILLs the process right after the N-th shard of this run is journaled; =mid:N halfway
+ * through reading the N-th shard's source. */
+static void test_kill_config(conv *c)
+{
+    const char *v = getenv("KL_CONVERT_TEST_KILL");
+    if (!v)
+        return;
+    int mid = !strncmp(v, "mid:", 4);
+    unsigned long n = strtoul(mid ? v + 4 : v, NULL, 10);
+    if (mid)
+        c->kill_mid = n;
+    else
+        c->kill_after = n;
+}
+
+static void test_kill_at(size_t want, size_t now)
+{
+    if (want && want == now)
+        raise(SIGKILL);
 }
 
 static int report_progress(conv *c)
@@ -418,9 +598,15 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
     kl_err *err = &s->cb_err;
     int rc = 0;
     s->c->res.read_bytes += len;
+    s->src_read += len;
+    if (s->src_read * 2 >= s->src_total)
+        test_kill_at(s->c->kill_mid, s->c->shards_run + 1);
+    /* the source digest: a copy of the bytes goes to the lanes, which hash it */
+    if ((rc = queue_by_leaf(s, &s->src_tgt, &j->in, ext_idx, ext_off, data, len, err)))
+        return rc;
     if (!j->quantize) {
         double t0 = kl_now_s();
-        rc = copy_out(s, j, ext_off, data, len, err);
+        rc = queue_by_leaf(s, &s->tgt, &j->out, j->packed, ext_off, data, len, err);
         s->c->res.write_s += kl_now_s() - t0;
         s->c->done_out += len;
         return rc ? rc : report_progress(s->c);
@@ -450,37 +636,38 @@ static int on_chunk(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *
     return report_progress(s->c);
 }
 
-/* The writer's tensor list and the jobs (one per source tensor) of shard k. */
-static int shard_setup(shard_run *s, size_t k, kl_st_wtensor *wt, kl_extent *ext, kl_err *err)
+/* The writer's tensor list, the extents and the jobs (one per source tensor) of shard k; pos
+ * is scratch of layout.shards[k].count entries. */
+static int shard_setup(shard_run *s, size_t k, kl_st_wtensor *wt, kl_extent *ext, size_t *pos,
+                       kl_err *err)
 {
     conv *c = s->c;
     const kl_layout_shard *ls = &c->layout.shards[k];
     shard_wtensors(c, k, wt);
-    for (size_t i = 0; i < ls->count; i++) {
-        size_t si = c->layout.order[ls->first + i];
+    s->n_jobs = shard_extents(c, k, ext, pos);
+    for (size_t n = 0; n < s->n_jobs; n++) {
+        size_t i = pos[n], si = c->layout.order[ls->first + i];
         const kl_schema_entry *e = &c->schema.entries[si];
-        if (e->part == KL_PART_SCALE)
-            continue; /* produced with its weight_packed, which sorts just before it */
-        const kl_ckpt_tensor *t = c->srcs[si].src;
-        job *j = &s->jobs[s->n_jobs];
+        const kl_ckpt_tensor *t = c->srcs[si];
+        job *j = &s->jobs[n];
         memset(j, 0, sizeof *j);
         j->packed = i;
         j->src = t;
         j->quantize = e->part == KL_PART_PACKED;
-        if (j->quantize) {
-            if (i + 1 >= ls->count ||
-                c->schema.entries[c->layout.order[ls->first + i + 1]].part != KL_PART_SCALE)
-                return kl_fail(err, KL_E_BUG, "%s: weight_scale does not follow", e->name);
-            j->scale = i + 1;
-            j->n_in = t->t->shape[1];
-            j->row_in_bytes = j->n_in * kl_dtype_bits(t->t->dtype) / 8;
-            if (j->row_in_bytes > CARRY_BYTES || j->n_in % 32)
-                return kl_fail_at(err, KL_E_UNSUPPORTED, "CONVERT-ROW", t->name, KL_NO_OFFSET,
-                                  "rows of %llu elements cannot be quantized here",
-                                  (unsigned long long)j->n_in);
-        }
-        ext[s->n_jobs] = (kl_extent){(uint32_t)t->shard, t->t->file_off, t->t->n_bytes};
-        s->n_jobs++;
+        s->src_total += ext[n].len;
+        if (!j->quantize)
+            continue;
+        /* the weight_scale is produced with its weight_packed, which sorts just before it */
+        if (i + 1 >= ls->count ||
+            c->schema.entries[c->layout.order[ls->first + i + 1]].part != KL_PART_SCALE)
+            return kl_fail(err, KL_E_BUG, "%s: weight_scale does not follow", e->name);
+        j->scale = i + 1;
+        j->n_in = t->t->shape[1];
+        j->row_in_bytes = j->n_in * kl_dtype_bits(t->t->dtype) / 8;
+        if (j->row_in_bytes > CARRY_BYTES || j->n_in % 32)
+            return kl_fail_at(err, KL_E_UNSUPPORTED, "CONVERT-ROW", t->name, KL_NO_OFFSET,
+                              "rows of %llu elements cannot be quantized here",
+                              (unsigned long long)j->n_in);
     }
     return 0;
 }
@@ -493,9 +680,17 @@ static int digest_hook(void *ctx, size_t tensor, uint64_t off, const uint8_t *da
     return kl_sdigest_update(ctx, tensor + 1, off, data, n, err);
 }
 
-/* Starts shard k's digest with its header (written by kl_st_writer_open) and points the
- * queue's target at the writer and the digest. */
-static int start_digest(shard_run *s, size_t k, kl_err *err)
+/* Write-behind hook of the hash-only items: source bytes of job `job` into the source digest
+ * (piece j: extent j). */
+static int source_hook(void *ctx, size_t job, uint64_t off, const uint8_t *data, size_t n,
+                       kl_err *err)
+{
+    return kl_sdigest_update(ctx, job, off, data, n, err);
+}
+
+/* Starts shard k's digest with its header (written by kl_st_writer_open) and its source digest
+ * over the extents ext[0..n_jobs), and points the queue's targets at them. */
+static int start_digests(shard_run *s, size_t k, const kl_extent *ext, kl_err *err)
 {
     uint8_t *hdr;
     uint64_t *pieces;
@@ -507,16 +702,19 @@ static int start_digest(shard_run *s, size_t k, kl_err *err)
         rc = kl_sdigest_create(&s->dg, pieces, s->c->layout.shards[k].count + 1, err);
     if (!rc)
         rc = kl_sdigest_update(s->dg, 0, 0, hdr, (size_t)pieces[0], err);
+    for (size_t j = 0; !rc && j < s->n_jobs; j++) /* the header's room is enough */
+        pieces[j] = ext[j].len;
+    if (!rc)
+        rc = kl_sdigest_create(&s->src_dg, pieces, s->n_jobs, err);
     kl_free(hdr);
     kl_free(pieces);
     s->tgt = (kl_wb_target){.w = &s->w, .hook = digest_hook, .ctx = s->dg};
+    s->src_tgt = (kl_wb_target){.w = NULL, .hook = source_hook, .ctx = s->src_dg};
     return rc;
 }
 
-/* Converts shard k into DST.partial and commits it; *size and digest receive what the journal
- * records. */
-static int convert_shard(conv *c, size_t k, uint64_t *size, unsigned char digest[32],
-                         kl_err *err)
+/* Converts shard k into DST.partial and commits it; *r receives what the journal records. */
+static int convert_shard(conv *c, size_t k, shard_record *r, kl_err *err)
 {
     const kl_layout_shard *ls = &c->layout.shards[k];
     shard_run s;
@@ -526,14 +724,17 @@ static int convert_shard(conv *c, size_t k, uint64_t *size, unsigned char digest
     kl_err_clear(&s.row_err);
     kl_st_wtensor *wt = kl_calloc(ls->count ? ls->count : 1, sizeof *wt);
     kl_extent *ext = kl_calloc(ls->count ? ls->count : 1, sizeof *ext);
+    size_t *pos = kl_calloc(ls->count ? ls->count : 1, sizeof *pos);
     s.jobs = kl_calloc(ls->count ? ls->count : 1, sizeof *s.jobs);
     s.carry = kl_malloc(CARRY_BYTES);
     char path[PATH_MAX];
-    int rc = (!wt || !ext || !s.jobs || !s.carry)
+    int rc = (!wt || !ext || !pos || !s.jobs || !s.carry)
                  ? kl_fail(err, KL_E_NOMEM, "out of memory for shard %s", ls->name)
                  : kl_path_join(path, sizeof path, c->partial, ls->name, err);
     if (!rc)
-        rc = shard_setup(&s, k, wt, ext, err);
+        rc = shard_setup(&s, k, wt, ext, pos, err);
+    if (!rc) /* before reading: a file changed while it is read then differs from the record */
+        rc = source_files_id(c, k, &r->src_files, err);
     if (!rc) {
         /* early writeback: the disk writes while we read and quantize, so the commit's
          * fsync finds little left to do. */
@@ -541,7 +742,7 @@ static int convert_shard(conv *c, size_t k, uint64_t *size, unsigned char digest
         rc = kl_st_writer_open(&s.w, path, wt, ls->count, &wo, err);
     }
     if (!rc)
-        rc = start_digest(&s, k, err);
+        rc = start_digests(&s, k, ext, err);
     if (!rc) {
         /* The output is planned in the loader's order (experts numerically, each layer one
          * region), not the source's (official shards sort names as strings and spread experts
@@ -564,8 +765,10 @@ static int convert_shard(conv *c, size_t k, uint64_t *size, unsigned char digest
         rc = drc;
     }
     if (!rc)
-        rc = kl_sdigest_final(s.dg, digest, err);
-    *size = s.w.file_bytes;
+        rc = kl_sdigest_final(s.dg, r->digest, err);
+    if (!rc)
+        rc = kl_sdigest_final(s.src_dg, r->src_digest, err);
+    r->size = s.w.file_bytes;
     if (!rc) {
         double t0 = kl_now_s();
         rc = kl_st_writer_commit(&s.w, err);
@@ -573,8 +776,10 @@ static int convert_shard(conv *c, size_t k, uint64_t *size, unsigned char digest
     }
     kl_st_writer_close(&s.w);
     kl_sdigest_destroy(s.dg);
+    kl_sdigest_destroy(s.src_dg);
     kl_free(wt);
     kl_free(ext);
+    kl_free(pos);
     kl_free(s.jobs);
     kl_free(s.carry);
     return rc;
@@ -635,6 +840,14 @@ static int write_index(const conv *c, kl_err *err)
     return rc;
 }
 
+/* 1 for a top-level file of SRC that is copied as is: all but shards, config and index. */
+static int is_side_file(const char *nm)
+{
+    size_t l = strlen(nm);
+    return !(l >= 12 && !strcmp(nm + l - 12, ".safetensors")) && strcmp(nm, "config.json") &&
+           strcmp(nm, "model.safetensors.index.json");
+}
+
 /* Every other top-level regular file of SRC (tokenizer, chat template, generation config,
  * remote code): copied as is. */
 static int copy_side_files(const conv *c, kl_err *err)
@@ -644,9 +857,7 @@ static int copy_side_files(const conv *c, kl_err *err)
     int rc = kl_list_files_with_suffix(c->ck.dir, "", &names, &n, err);
     for (size_t i = 0; !rc && i < n; i++) {
         const char *nm = names[i];
-        size_t l = strlen(nm);
-        if ((l >= 12 && !strcmp(nm + l - 12, ".safetensors")) || !strcmp(nm, "config.json") ||
-            !strcmp(nm, "model.safetensors.index.json"))
+        if (!is_side_file(nm))
             continue;
         char path[PATH_MAX], *data = NULL;
         size_t len;
@@ -672,22 +883,19 @@ static int check_paths(conv *c, kl_err *err)
         kl_err_context(err, c->o->src, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
     }
-    snprintf(parent, sizeof parent, "%s", c->o->dst);
-    size_t pl = strlen(parent);
-    while (pl > 1 && parent[pl - 1] == '/') /* "out/" names the directory "out" */
-        parent[--pl] = 0;
+    const char *d = c->o->dst;
+    size_t end = strlen(d), at;
+    while (end > 1 && d[end - 1] == '/') /* "out/" names the directory "out" */
+        end--;
+    for (at = end; at && d[at - 1] != '/'; at--)
+        ;
     char base[NAME_MAX + 1];
-    char *slash = strrchr(parent, '/');
-    const char *b = slash ? slash + 1 : parent;
-    if (strlen(b) > NAME_MAX)
+    if (end - at > NAME_MAX)
         return kl_fail(err, KL_E_USAGE, "destination name is longer than %d bytes", NAME_MAX);
-    memcpy(base, b, strlen(b) + 1);
-    if (slash == parent)
-        parent[1] = 0;
-    else if (slash)
-        *slash = 0;
-    else
-        snprintf(parent, sizeof parent, ".");
+    memcpy(base, d + at, end - at);
+    base[end - at] = 0;
+    if (kl_path_parent(parent, sizeof parent, d, err))
+        return KL_E_USAGE;
     char rparent[PATH_MAX];
     if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
         return kl_fail(err, KL_E_USAGE, "destination %s must name a new directory", c->o->dst);
@@ -696,6 +904,7 @@ static int check_paths(conv *c, kl_err *err)
         kl_err_context(err, c->o->dst, NULL, KL_NO_OFFSET, NULL);
         return KL_E_IO;
     }
+    snprintf(c->dst_parent, sizeof c->dst_parent, "%s", rparent);
     int k = snprintf(dst, sizeof dst, "%s/%s", strcmp(rparent, "/") ? rparent : "", base);
     if (k < 0 || (size_t)k >= sizeof dst)
         return kl_fail(err, KL_E_USAGE, "destination path too long");
@@ -733,7 +942,7 @@ static int audit_source(conv *c, kl_err *err)
     return rc;
 }
 
-static int open_inputs(conv *c, kl_err *err)
+static int open_source(conv *c, kl_err *err)
 {
     int rc = kl_ckpt_open(&c->ck, c->o->src, err);
     if (!rc)
@@ -743,21 +952,171 @@ static int open_inputs(conv *c, kl_err *err)
     if (c->ck.config.family != KL_FAMILY_KIMI_LINEAR)
         return kl_fail(err, KL_E_UNSUPPORTED, "%s is a %s checkpoint; kl convert reads BF16 "
                        "Kimi-Linear", c->o->src, kl_family_name(c->ck.config.family));
-    /* Reader memory: queue_depth chunks of CHUNK_BYTES within a quarter of the budget. */
+    return 0;
+}
+
+/* 1 if name is a file kl convert writes into DST.partial (or its kl_write_file_atomic
+ * temporary ".NAME.tmp"). */
+static int name_is_ours(const conv *c, const char *name)
+{
+    char base[NAME_MAX + 1], path[PATH_MAX];
+    size_t l = strlen(name);
+    if (name[0] == '.' && l > 5 && !strcmp(name + l - 4, ".tmp"))
+        snprintf(base, sizeof base, "%.*s", (int)(l - 5), name + 1);
+    else
+        snprintf(base, sizeof base, "%s", name);
+    unsigned a, b;
+    int end = 0;
+    if (sscanf(base, "model-%5u-of-%5u.safetensors%n", &a, &b, &end) == 2 && end == 32 &&
+        (!base[end] || !strcmp(base + end, ".partial")))
+        return 1;
+    if (!strcmp(base, JOURNAL_NAME) || !strcmp(base, "config.json") ||
+        !strcmp(base, "model.safetensors.index.json"))
+        return 1;
+    struct stat st; /* a copy of one of SRC's side files */
+    return is_side_file(base) && !kl_path_join(path, sizeof path, c->ck.dir, base, NULL) &&
+           stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* 1 if DST.partial holds a journal of a kl convert run: the journal, or its temporary (a run
+ * stopped while creating it). */
+static int journal_is_ours(const conv *c)
+{
+    static const char *const names[] = {JOURNAL_NAME, "." JOURNAL_NAME ".tmp"};
+    int ours = 0;
+    for (size_t i = 0; i < 2 && !ours; i++) {
+        char path[PATH_MAX], *text = NULL;
+        size_t len;
+        ours = !kl_path_join(path, sizeof path, c->partial, names[i], NULL) &&
+               !kl_read_file(path, 16u << 20, &text, &len, NULL) &&
+               !strncmp(text, JOURNAL_MAGIC, strlen(JOURNAL_MAGIC));
+        kl_free(text);
+    }
+    return ours;
+}
+
+static int refuse_partial(const conv *c, const char *why, const char *entry, kl_err *err)
+{
+    kl_fail_at(err, KL_E_USAGE, "CONVERT-PARTIAL", NULL, KL_NO_OFFSET,
+               "%s%s%s; kl convert resumes only its own DST.partial and never deletes what it "
+               "did not create: move it away or remove it",
+               why, entry ? " " : "", entry ? entry : "");
+    kl_err_context(err, c->partial, NULL, KL_NO_OFFSET, NULL);
+    return KL_E_USAGE;
+}
+
+/* kl never deletes what it did not create: an existing DST.partial is reused (its files
+ * replaced or removed) only if it is a real directory holding a journal of ours and nothing
+ * but regular files kl convert writes.  An empty one (a run stopped before its journal) holds
+ * nothing to lose. */
+static int check_partial(const conv *c, kl_err *err)
+{
+    struct stat st;
+    if (lstat(c->partial, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        kl_fail_sys(err, KL_E_IO, errno, "cannot stat the work directory");
+        kl_err_context(err, c->partial, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    if (S_ISLNK(st.st_mode))
+        return refuse_partial(c, "it is a symbolic link", NULL, err);
+    if (!S_ISDIR(st.st_mode))
+        return refuse_partial(c, "it is not a directory", NULL, err);
+    DIR *d = opendir(c->partial);
+    if (!d) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot open the work directory");
+        kl_err_context(err, c->partial, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    char bad[NAME_MAX + 1] = "";
+    int any = 0;
+    for (struct dirent *de; !bad[0] && (de = readdir(d));) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        any = 1;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode) || !name_is_ours(c, de->d_name))
+            snprintf(bad, sizeof bad, "%s", de->d_name);
+    }
+    closedir(d);
+    if (bad[0])
+        return refuse_partial(c, "it holds a file kl convert does not write:", bad, err);
+    if (any && !journal_is_ours(c))
+        return refuse_partial(c, "it holds no kl convert journal", NULL, err);
+    return 0;
+}
+
+/* Bytes of SRC's side files (copied into DST). */
+static uint64_t side_file_bytes(const conv *c)
+{
+    char **names = NULL, path[PATH_MAX];
+    size_t n = 0;
+    uint64_t sum = 0;
+    if (kl_list_files_with_suffix(c->ck.dir, "", &names, &n, NULL))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        if (is_side_file(names[i]) && !kl_path_join(path, sizeof path, c->ck.dir, names[i], NULL) &&
+            stat(path, &st) == 0)
+            sum += (uint64_t)st.st_size;
+    }
+    kl_free_name_list(names, n);
+    return sum;
+}
+
+/* The output must fit DST's file system: what is still to be written, which a resume lowers by
+ * the planned shards already in DST.partial at their planned size.  A dry run only measures. */
+static int check_space(conv *c, kl_err *err)
+{
+    kl_out_plan *p = &c->out;
+    p->other_bytes += side_file_bytes(c);
+    p->total_bytes = p->shard_bytes + p->other_bytes;
+    p->needed_bytes = p->total_bytes;
+    for (size_t k = 0; k < p->n_shards; k++) {
+        char path[PATH_MAX];
+        struct stat st;
+        if (!kl_path_join(path, sizeof path, c->partial, p->shards[k].name, NULL) &&
+            lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+            (uint64_t)st.st_size == p->shards[k].file_bytes)
+            p->needed_bytes -= p->shards[k].file_bytes;
+    }
+    kl_err scratch;
+    kl_err_clear(&scratch);
+    int rc = kl_out_plan_check_space(p, c->dst_parent, c->o->dry_run ? &scratch : err);
+    return c->o->dry_run && scratch.rule[0] ? 0 : rc; /* a dry run reports "no space" */
+}
+
+/* The reader, the write-behind queue and the quantizer pool, within max_memory and no larger
+ * than the plan needs (a budget is a cap: a tiny source gets small buffers). */
+static int open_workers(conv *c, kl_err *err)
+{
     uint64_t budget = c->o->max_memory ? c->o->max_memory : DEFAULT_MAX_MEMORY;
-    unsigned qd = (unsigned)(budget / 4 / CHUNK_BYTES);
-    kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES, .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : qd};
+    uint64_t src_bytes = 0;
+    for (size_t i = 0; i < c->ck.n_shards; i++)
+        src_bytes += c->ck.shards[i].st.file_bytes;
+    /* Reader memory: queue_depth chunks of CHUNK_BYTES within a quarter of the budget, and
+     * not more chunks than the source has. */
+    uint64_t qd = budget / 4 / CHUNK_BYTES, src_chunks = src_bytes / CHUNK_BYTES + 1;
+    qd = qd < src_chunks ? qd : src_chunks;
+    kl_reader_opts ro = {.buf_bytes = CHUNK_BYTES,
+                         .queue_depth = qd < 2 ? 2 : qd > 32 ? 32 : (unsigned)qd};
     /* a cached source (or one on tmpfs) is copied from memory by pread threads; an io_uring
      * ring copied only 2.4 GB/s from tmpfs on the 16-core machine */
-    if ((rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err)))
+    int rc = kl_ckpt_open_reader(&c->ck, &ro, &c->reader, err);
+    if (rc)
         return rc;
     unsigned threads = c->o->threads ? c->o->threads : kl_cpu_count(0);
-    /* Write-behind: up to an eighth of the budget (256 MiB by default) of output waiting, on
-     * a quarter as many lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8
-     * GB/s on one core) and copies into the page cache, and 9.5 GB of output must leave in
-     * the ~6 s that reading the source from memory takes on 16 cores. */
-    uint64_t wb_cap = budget / 8 < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : budget / 8;
-    unsigned lanes = threads / 4 < 2 ? 2 : threads / 4 > 8 ? 8 : threads / 4;
+    /* Write-behind: up to an eighth of the budget (256 MiB by default) of output and source
+     * copies (for the source digest) waiting, never more than both together, on half as many
+     * lanes as quantizer threads (2..8): a lane hashes (SHA-256, 1.3-1.8 GB/s on one core)
+     * and copies into the page cache, and 9.5 GB of output plus the 28 GB of source it came
+     * from must be hashed in the ~6 s that reading the source from memory takes on 16 cores
+     * (a quarter as many lanes served the output alone). */
+    uint64_t wb_cap = budget / 8, need = c->total_out + src_bytes;
+    wb_cap = wb_cap < need ? wb_cap : need;
+    wb_cap = wb_cap < ((uint64_t)1 << 20) ? ((uint64_t)1 << 20) : wb_cap;
+    unsigned lanes = threads / 2 < 2 ? 2 : threads / 2 > 8 ? 8 : threads / 2;
     if ((rc = kl_wb_create(&c->wb, (size_t)wb_cap, lanes, err)))
         return rc;
     return kl_pool_create(&c->pool, threads, err);
@@ -771,16 +1130,20 @@ static int convert_all(conv *c, kl_err *err)
     int rc = journal_open(c, &journal, err);
     for (size_t k = 0; !rc && k < c->layout.n_shards; k++) {
         const char *name = c->layout.shards[k].name;
-        if (journal && journal_says_done(c, journal, k)) {
+        int done = 0;
+        if (journal && (rc = journal_says_done(c, journal, k, &done, err)))
+            break;
+        if (done) {
             c->res.n_shards_resumed++;
             c->done_out += c->layout.shards[k].tensor_bytes;
             continue;
         }
-        uint64_t size = 0;
-        unsigned char digest[32];
-        rc = convert_shard(c, k, &size, digest, err);
+        shard_record r;
+        rc = convert_shard(c, k, &r, err);
         if (!rc)
-            rc = journal_add(c, name, size, digest, err);
+            rc = journal_add(c, name, &r, err);
+        if (!rc)
+            test_kill_at(c->kill_after, ++c->shards_run);
     }
     kl_free(journal);
     if (!rc)
@@ -809,7 +1172,9 @@ static void conv_free(conv *c)
     kl_wb_destroy(c->wb);
     kl_reader_destroy(c->reader);
     kl_free(c->srcs);
+    kl_free(c->dtypes);
     kl_free(c->bytes);
+    kl_out_plan_free(&c->out);
     kl_layout_free(&c->layout);
     kl_schema_free(&c->schema);
     kl_ckcheck_free(&c->check);
@@ -826,14 +1191,25 @@ int kl_convert(const kl_convert_opts *o, kl_err *err)
     memset(&c, 0, sizeof c);
     c.o = o;
     c.t0 = kl_now_s();
+    test_kill_config(&c);
     int rc = check_paths(&c, err);
     if (!rc)
         rc = audit_source(&c, err);
     if (!rc)
-        rc = open_inputs(&c, err);
+        rc = open_source(&c, err);
     if (!rc)
         rc = plan(&c, err);
     if (!rc)
+        rc = check_partial(&c, err);
+    if (!rc)
+        rc = check_space(&c, err);
+    if (!rc && o->plan) { /* handed over */
+        *o->plan = c.out;
+        memset(&c.out, 0, sizeof c.out);
+    }
+    if (!rc && !o->dry_run)
+        rc = open_workers(&c, err);
+    if (!rc && !o->dry_run)
         rc = convert_all(&c, err);
     if (!rc && o->result) {
         c.res.n_tensors = c.schema.n;
@@ -842,7 +1218,7 @@ int kl_convert(const kl_convert_opts *o, kl_err *err)
         c.res.n_shards = c.layout.n_shards;
         c.res.written_bytes = c.total_out;
         c.res.elapsed_s = kl_now_s() - c.t0;
-        c.res.write_wait_s = kl_wb_wait_s(c.wb);
+        c.res.write_wait_s = c.wb ? kl_wb_wait_s(c.wb) : 0;
         *o->result = c.res;
     }
     conv_free(&c);

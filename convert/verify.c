@@ -10,10 +10,13 @@
 #include "common/numfmt.h"
 #include "common/pool.h"
 #include "loader/checkpoint.h"
+#include "loader/ckcheck.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -145,6 +148,10 @@ static int expert_error(const kl_checkpoint *src, const kl_checkpoint *dst,
         return kl_fail_at(err, KL_E_SCHEMA, "VERIFY-PAIR", packed->name, KL_NO_OFFSET,
                           "no BF16 source weight or no weight_scale for this tensor");
     uint64_t rows = w->t->shape[0], n = w->t->shape[1];
+    if (packed->t->n_bytes != rows * (n / 2) || sc->t->n_bytes != rows * (n / 32))
+        return kl_fail_at(err, KL_E_SCHEMA, "VERIFY-PAIR", packed->name, KL_NO_OFFSET,
+                          "weight_packed or weight_scale does not match the source's %llu x %llu",
+                          (unsigned long long)rows, (unsigned long long)n);
     uint8_t *x = NULL, *p = NULL, *s = NULL;
     float *deq = kl_malloc(n * sizeof *deq);
     int rc = deq ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -174,39 +181,117 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-int kl_convert_verify(const char *src, const char *dst, unsigned threads, kl_verify_result *res,
-                      kl_err *err)
+/* SRC and DST must be two directories, neither inside the other: verifying a directory
+ * against itself proves nothing. */
+static int check_dirs(const char *src, const char *dst, kl_err *err)
 {
-    (void)threads;
+    char a[PATH_MAX], b[PATH_MAX];
+    if (!realpath(src, a) || !realpath(dst, b)) {
+        kl_fail_sys(err, KL_E_IO, errno, "cannot resolve the directory");
+        kl_err_context(err, realpath(src, a) ? dst : src, NULL, KL_NO_OFFSET, NULL);
+        return KL_E_IO;
+    }
+    size_t la = strlen(a), lb = strlen(b);
+    if (!strcmp(a, b))
+        return kl_fail(err, KL_E_USAGE, "SRC and DST are the same directory (%s)", a);
+    if ((!strncmp(a, b, lb) && a[lb] == '/') || (!strncmp(b, a, la) && b[la] == '/'))
+        return kl_fail(err, KL_E_USAGE, "one of SRC (%s) and DST (%s) is inside the other", a, b);
+    return 0;
+}
+
+static void note_first(size_t *count, char *first, size_t n, const char *name)
+{
+    if (!(*count)++)
+        kl_copy_text(first, n, name);
+}
+
+/* Error findings of DST's metadata check: counted, the first one kept. */
+static int note_finding(void *ctx, const kl_finding *f)
+{
+    kl_verify_result *res = ctx;
+    if (f->severity == KL_SEV_ERROR && !res->schema_errors++)
+        snprintf(res->first_schema_error, sizeof res->first_schema_error, "[%s] %s%s%s",
+                 f->rule, f->tensor, f->tensor[0] ? ": " : "", f->message);
+    return 0;
+}
+
+/* DST against the schema of its config, both ways, by the check audit runs (loader/ckcheck.h:
+ * names or aliases, shapes, dtypes); missing and extra tensors are also counted here. */
+static int check_schema(const kl_checkpoint *dst, kl_verify_result *res, kl_err *err)
+{
+    kl_ckcheck chk;
+    int rc = kl_ckcheck_run(&chk, dst, note_finding, res, err);
+    uint8_t *bound = rc ? NULL : kl_calloc(dst->n_tensors ? dst->n_tensors : 1, 1);
+    if (!rc && !bound)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && chk.has_schema && i < chk.schema.n; i++) {
+        if (chk.bound[i])
+            bound[chk.bound[i] - dst->tensors] = 1;
+        else
+            note_first(&res->tensors_missing, res->first_missing, sizeof res->first_missing,
+                       chk.schema.entries[i].name);
+    }
+    for (size_t i = 0; !rc && chk.has_schema && i < dst->n_tensors; i++)
+        if (!bound[i])
+            note_first(&res->tensors_extra, res->first_extra, sizeof res->first_extra,
+                       dst->tensors[i].name);
+    kl_free(bound);
+    kl_ckcheck_free(&chk);
+    return rc;
+}
+
+/* Every copy byte for byte, every quantized expert's error. */
+static int check_tensors(const kl_verify_opts *o, const kl_checkpoint *a, const kl_checkpoint *b,
+                         kl_verify_result *res, kl_err *err)
+{
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < b->n_tensors; i++)
+        total += b->tensors[i].t->n_bytes;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < b->n_tensors; i++) {
+        const kl_ckpt_tensor *t = &b->tensors[i];
+        done += t->t->n_bytes;
+        if (o->progress && o->progress(o->progress_ctx, done, total))
+            return kl_fail(err, KL_E_CANCELLED, "cancelled");
+        if (ends_with(t->name, ".weight_scale"))
+            continue;
+        if (ends_with(t->name, ".weight_packed")) {
+            double rel = 0, max_abs = 0;
+            if (!(rc = expert_error(a, b, t, &rel, &max_abs, err)))
+                add_stats(&res->experts, t->name, rel, max_abs);
+            continue;
+        }
+        const kl_ckpt_tensor *s = kl_ckpt_find(a, t->name);
+        int same = 0;
+        if (s && (rc = same_bytes(a, s, b, t, &same, err)))
+            break;
+        res->copies_checked++;
+        if (!same)
+            note_first(&res->copies_differing, res->first_differing,
+                       sizeof res->first_differing, t->name);
+    }
+    return rc;
+}
+
+int kl_convert_verify(const kl_verify_opts *o, kl_verify_result *res, kl_err *err)
+{
     memset(res, 0, sizeof *res);
-    kl_checkpoint a, b;
-    int rc = kl_ckpt_open(&a, src, err);
+    int rc = check_dirs(o->src, o->dst, err);
     if (rc)
         return rc;
-    if ((rc = kl_ckpt_open(&b, dst, err))) {
+    kl_checkpoint a, b;
+    if ((rc = kl_ckpt_open(&a, o->src, err)))
+        return rc;
+    if ((rc = kl_ckpt_open(&b, o->dst, err))) {
         kl_ckpt_close(&a);
         return rc;
     }
     if (!(rc = kl_ckpt_require_ok(&a, err)))
         rc = kl_ckpt_require_ok(&b, err);
-    for (size_t i = 0; !rc && i < b.n_tensors; i++) {
-        const kl_ckpt_tensor *t = &b.tensors[i];
-        if (ends_with(t->name, ".weight_scale"))
-            continue;
-        if (ends_with(t->name, ".weight_packed")) {
-            double rel = 0, max_abs = 0;
-            if (!(rc = expert_error(&a, &b, t, &rel, &max_abs, err)))
-                add_stats(&res->experts, t->name, rel, max_abs);
-            continue;
-        }
-        const kl_ckpt_tensor *s = kl_ckpt_find(&a, t->name);
-        int same = 0;
-        if (s && (rc = same_bytes(&a, s, &b, t, &same, err)))
-            break;
-        res->copies_checked++;
-        if (!same && !res->copies_differing++)
-            kl_copy_text(res->first_differing, sizeof res->first_differing, t->name);
-    }
+    if (!rc)
+        rc = check_schema(&b, res, err);
+    if (!rc)
+        rc = check_tensors(o, &a, &b, res, err);
     finish_stats(&res->experts);
     kl_ckpt_close(&a);
     kl_ckpt_close(&b);

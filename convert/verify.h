@@ -1,9 +1,12 @@
 /*
  * convert/verify.h — checking a conversion, and choosing a scale rule.
  *
- * kl_convert_verify re-reads SRC (BF16) and DST (MXFP4 experts): every tensor that should be a
- * copy must be byte-identical; every quantized expert is dequantized and compared with its
- * source (relative RMSE = sqrt(sum (q - x)^2 / sum x^2), and max |q - x|).
+ * kl_convert_verify re-reads SRC (BF16) and DST (MXFP4 experts).  DST must pass the metadata
+ * check audit runs (loader/ckcheck.h: every tensor of its schema present under its name or
+ * alias with the schema's shape and dtype, nothing extra); every copy must be byte-identical;
+ * every quantized expert is dequantized and compared with its source (relative RMSE =
+ * sqrt(sum (q - x)^2 / sum x^2), and max |q - x|).  SRC and DST must be different
+ * directories, neither inside the other (KL_E_USAGE).
  * kl_convert_compare_rules quantizes a sample of SRC's routed experts with every scale rule and
  * reports the same statistics per rule.  Both read with pread in bounded chunks, never write,
  * and never hold more than a few tensors in memory.
@@ -12,6 +15,7 @@
 #define KL_CONVERT_VERIFY_H
 
 #include "common/err.h"
+#include "convert/converter.h"
 #include "convert/mxfp4.h"
 
 #include <stddef.h>
@@ -26,14 +30,24 @@ typedef struct kl_quant_stats {
 } kl_quant_stats;
 
 typedef struct kl_verify_result {
+    size_t         schema_errors;                  /* error findings of DST's metadata check */
+    char           first_schema_error[560];        /* "[RULE] tensor: message" */
+    size_t         tensors_missing, tensors_extra; /* of them: against DST's schema */
+    char           first_missing[192], first_extra[192];
     size_t         copies_checked, copies_differing;
     char           first_differing[192];
     kl_quant_stats experts;
 } kl_verify_result;
 
+typedef struct kl_verify_opts {
+    const char            *src, *dst;
+    unsigned               threads;       /* reserved; 0 */
+    kl_convert_progress_fn progress;      /* may be NULL: DST tensor bytes checked / total */
+    void                  *progress_ctx;
+} kl_verify_opts;
+
 /* 0 when the comparison ran (differences are in *res); KL_E_* when it could not. */
-int kl_convert_verify(const char *src, const char *dst, unsigned threads, kl_verify_result *res,
-                      kl_err *err);
+int kl_convert_verify(const kl_verify_opts *o, kl_verify_result *res, kl_err *err);
 
 /* stats[r] for every rule r < KL_SCALE_RULE_COUNT, over `sample` experts' w1/w2/w3 spread
  * evenly over SRC's MoE layers (0 = 16 experts). */

@@ -73,7 +73,7 @@ static int write_item(const kl_wb_item *it, kl_err *e)
     for (unsigned k = 0; k < it->n_segs; k++) {
         const kl_wb_seg *s = &it->seg[k];
         int rc = it->t.hook ? it->t.hook(it->t.ctx, s->tensor, s->off, p, s->n, e) : 0;
-        if (!rc)
+        if (!rc && it->t.w) /* no writer: a hash-only item */
             rc = kl_st_writer_pwrite(it->t.w, s->tensor, s->off, p, s->n, e);
         if (rc)
             return rc;

@@ -46,9 +46,10 @@ typedef struct kl_wb_item kl_wb_item;
 typedef int (*kl_wb_hook)(void *ctx, size_t tensor, uint64_t off, const uint8_t *data,
                           size_t n, kl_err *err);
 
-/* Where items go: a shard writer and an optional hook. */
+/* Where items go: a shard writer and an optional hook.  Without a writer an item only goes
+ * through the hook (the converter hashes the source bytes it reads on the lanes so). */
 typedef struct kl_wb_target {
-    kl_st_writer *w;
+    kl_st_writer *w;     /* may be NULL */
     kl_wb_hook    hook;  /* may be NULL */
     void         *ctx;
 } kl_wb_target;

@@ -144,6 +144,14 @@ int kl_reader_run_gathered(kl_reader *r, const kl_extent *ext, size_t n_ext, uin
  * scale with threads.  Returns 1 when it chose buffered reads.  Best effort: a file it cannot
  * inspect counts as not cached (kl_reader_add_file reports the real error later). */
 int kl_reader_opts_for_files(kl_reader_opts *o, const char *const *paths, size_t n);
+/* Fills the zero fields of o for streaming whole files one after another (kl read): buffered
+ * reads get one pread thread per CPU (at most 64) and two 2 MiB chunks per thread (at least
+ * 4), as a ring that stays in the CPU caches is copied into faster; other reads a deep queue
+ * of 32 chunks.  threads (nonzero) replaces the thread count first. */
+void kl_reader_opts_for_streaming(kl_reader_opts *o, unsigned threads);
+/* Files to keep open at once when streaming many: at most 64 and a quarter of RLIMIT_NOFILE,
+ * so a checkpoint with more shards than descriptors can still be read. */
+size_t kl_reader_max_open_files(void);
 
 void kl_reader_get_stats(const kl_reader *r, kl_reader_stats *st);
 const char *kl_io_backend_name(kl_io_backend b);

@@ -9,6 +9,7 @@
 #include "common/rng.h"
 #include "convert/layout.h"
 #include "convert/mxfp4.h"
+#include "convert/out_plan.h"
 #include "convert/st_writer.h"
 #include "loader/schema.h"
 
@@ -851,6 +852,34 @@ static int write_index(const synth_ctx *c, kl_err *err)
     return rc;
 }
 
+/* The shards' planned file sizes (convert/out_plan.h) and the free-space check; sparse files
+ * need only their headers.  The plan goes to o->plan when asked for. */
+static int plan_output(synth_ctx *c, kl_err *err)
+{
+    kl_dtype *dt = kl_calloc(c->schema.n ? c->schema.n : 1, sizeof *dt);
+    if (!dt)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning the output");
+    for (size_t i = 0; i < c->schema.n; i++)
+        dt[i] = c->schema.entries[i].synth_dtype;
+    kl_out_plan p;
+    int rc = kl_out_plan_build(&p, &c->schema, &c->layout, dt, err);
+    kl_free(dt);
+    if (rc)
+        return rc;
+    for (size_t k = 0; c->o->sparse && k < p.n_shards; k++)
+        p.needed_bytes -= p.shards[k].tensor_bytes;
+    kl_err scratch; /* a dry run reports "no space" in the plan */
+    kl_err_clear(&scratch);
+    rc = kl_out_plan_check_space(&p, c->o->out_dir, c->o->dry_run ? &scratch : err);
+    if (c->o->dry_run && scratch.rule[0])
+        rc = 0;
+    if (!rc && c->o->plan)
+        *c->o->plan = p;
+    else
+        kl_out_plan_free(&p);
+    return rc;
+}
+
 int kl_synth_write(const kl_synth_opts *o, kl_err *err)
 {
     double t0 = kl_now_s();
@@ -882,7 +911,8 @@ int kl_synth_write(const kl_synth_opts *o, kl_err *err)
     }
     uint64_t shard_bytes = o->shard_bytes ? o->shard_bytes : p->shard_bytes;
     if ((rc = plan_values(&c, err)) || (rc = plan_shards(&c, shard_bytes, err)) ||
-        (!o->sparse && (rc = plan_tasks(&c, err))))
+        (!o->sparse && (rc = plan_tasks(&c, err))) || (rc = plan_output(&c, err)) ||
+        o->dry_run)
         goto done;
     if ((rc = kl_mkdir_p(o->out_dir, err)))
         goto done;

@@ -56,6 +56,9 @@
  * writes its last window, while the others go on with the next shard.  Memory: about 4.3 MiB
  * per thread plus the plan, independent of the checkpoint size.
  *
+ * Before writing, the output is planned (convert/out_plan.h: every shard's file size) and
+ * must fit the free space of out_dir's file system (KL_E_IO, rule OUT-NO-SPACE); dry_run
+ * stops there.
  * The library writes into out_dir (created if missing) and replaces files of the same names;
  * the CLI refuses a non-empty directory.  On failure the shards written by this call are
  * removed and no .partial file is left.
@@ -67,6 +70,7 @@
 #define KL_SYNTH_SYNTH_H
 
 #include "common/err.h"
+#include "convert/out_plan.h"
 #include "loader/config.h"
 
 #include <stddef.h>
@@ -99,6 +103,9 @@ typedef struct kl_synth_opts {
     unsigned             threads;      /* 0 = usable CPUs (at most 64) */
     kl_synth_progress_fn progress;     /* may be NULL */
     void                *progress_ctx;
+    int                  dry_run;      /* plan and check free space only; write nothing */
+    kl_out_plan         *plan;         /* filled on success if non-NULL (caller
+                                          kl_out_plan_free's it) */
     kl_synth_result     *result;       /* filled on success if non-NULL */
 } kl_synth_opts;
 

@@ -55,7 +55,7 @@ static cJSON *index_load(const char *dir)
 {
     char p[1200];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    char *t = t_slurp(p);
+    char *t = t_slurp(p, NULL);
     cJSON *j = cJSON_Parse(t);
     free(t);
     ck_assert(j != NULL);
@@ -223,7 +223,7 @@ START_TEST(engine_refuses_600k_unexpected_tensors_and_audit_lists_only_the_first
     snprintf(errf, sizeof errf, "%s/run.err", g_root);
     snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2 -n 1 > /dev/null 2> '%s'", kl, dir, errf);
     int st = system(cmd);
-    char *e = t_slurp(errf);
+    char *e = t_slurp(errf, NULL);
     size_t lines = 0;
     for (const char *c = e; *c; c++)
         lines += *c == '\n';

@@ -14,12 +14,14 @@
 #include "common/numfmt.h"
 #include "convert/converter.h"
 #include "convert/mxfp4.h"
+#include "convert/out_plan.h"
 #include "convert/shard_digest.h"
 #include "synth/synth.h"
 #include "convert/verify.h"
 #include "convert/write_behind.h"
 #include "loader/checkpoint.h"
 
+#include <cJSON.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -29,13 +31,18 @@
 
 static char g_root[512], g_src[700];
 
-static void synth(const char *dir, const char *preset)
+static void synth_seed(const char *dir, const char *preset, uint64_t seed)
 {
-    kl_synth_opts o = {.out_dir = dir, .preset = preset, .seed = 11, .threads = 2};
+    kl_synth_opts o = {.out_dir = dir, .preset = preset, .seed = seed, .threads = 2};
     kl_err err;
     kl_err_clear(&err);
     char msg[1024];
     ck_assert_msg(kl_synth_write(&o, &err) == 0, "synth: %s", kl_err_format(&err, msg, sizeof msg));
+}
+
+static void synth(const char *dir, const char *preset)
+{
+    synth_seed(dir, preset, 11);
 }
 
 static int convert(const char *src, const char *dst, kl_err *err)
@@ -155,7 +162,7 @@ START_TEST(verify_finds_exact_copies_and_bounded_expert_error)
     kl_err err;
     ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
     kl_verify_result v;
-    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert(kl_convert_verify(&(kl_verify_opts){.src = g_src, .dst = dst}, &v, &err) == 0);
     ck_assert_int_eq(v.copies_differing, 0);
     ck_assert_int_eq(v.copies_checked, 151 - 72);
     ck_assert_int_eq(v.experts.tensors, 72);
@@ -169,7 +176,7 @@ START_TEST(verify_finds_exact_copies_and_bounded_expert_error)
              "seek=$(($(stat -c %%s \"$f\") - 1)) conv=notrunc status=none",
              dst);
     ck_assert(system(cmd) == 0);
-    ck_assert(kl_convert_verify(g_src, dst, 1, &v, &err) == 0);
+    ck_assert(kl_convert_verify(&(kl_verify_opts){.src = g_src, .dst = dst}, &v, &err) == 0);
     ck_assert_int_eq(v.copies_differing, 1);
 }
 END_TEST
@@ -266,6 +273,35 @@ START_TEST(mxfp4_source_is_refused)
 }
 END_TEST
 
+/* 1 if system()'s status says SIGKILL ended the command (sh itself, or its child: 128 + 9). */
+static int killed(int st)
+{
+    return (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) ||
+           (WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGKILL);
+}
+
+/* Runs a shell command; returns its exit status. */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs `KL_BIN ARGS > g_root/out.txt 2>&1`; returns the exit status, *text the output
+ * (kl_free). */
+static int kl_run(const char *args, char **text)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    char cmd[4000], outf[800];
+    snprintf(outf, sizeof outf, "%s/out.txt", g_root);
+    snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", kl, args, outf);
+    int code = sh(cmd);
+    size_t len;
+    ck_assert(kl_read_file(outf, 1 << 22, text, &len, NULL) == 0);
+    return code;
+}
+
 /* sha256sum of every file of dir, one string. */
 static char *digest_dir(const char *dir)
 {
@@ -303,6 +339,18 @@ START_TEST(conversion_killed_anywhere_resumes_to_identical_bytes)
     const char *kl = source_and_reference("killed", src, ref);
     snprintf(out, sizeof out, "%s/killed-out", g_root);
     char *want = digest_dir(ref);
+    /* known points first (inside a shard's write, just after a journal line), then kills
+     * after a delay, which land wherever this machine's speed puts them */
+    static const char *const points[] = {"mid:1", "1", "mid:2", "2"};
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "KL_CONVERT_TEST_KILL=%s '%s' convert '%s' '%s' " KILL_TEST_ARGS
+                 " >/dev/null 2>&1",
+                 points[i], kl, src, out);
+        int st = system(cmd);
+        ck_assert_msg(killed(st), "KL_CONVERT_TEST_KILL=%s: not killed (status %d)", points[i],
+                      st);
+    }
     static const char *const delays[] = {"0.05", "0.15", "0.3", "0.6", "1.0", "1.5"};
     for (size_t i = 0; i < sizeof delays / sizeof *delays; i++) {
         snprintf(cmd, sizeof cmd,
@@ -334,6 +382,20 @@ static int has_journaled_shard(const char *dir)
     return yes;
 }
 
+/* Runs `kl convert src out` with KL_CONVERT_TEST_KILL=when: it must die by SIGKILL at that
+ * point, leaving out.partial with at least one journaled shard. */
+static void killed_after(const char *kl, const char *src, const char *out, const char *when)
+{
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd,
+             "KL_CONVERT_TEST_KILL=%s '%s' convert '%s' '%s' " KILL_TEST_ARGS " >/dev/null 2>&1",
+             when, kl, src, out);
+    int st = system(cmd);
+    ck_assert_msg(killed(st), "KL_CONVERT_TEST_KILL=%s: the run was not killed (status %d)",
+                  when, st);
+    ck_assert_msg(has_journaled_shard(out), "KL_CONVERT_TEST_KILL=%s: no journaled shard", when);
+}
+
 /* kill -9 during an append leaves a line without its end: the lines after it must still count
  * (they were glued to the torn one, and their shards redone on every resume), and a resume
  * past a torn line keeps the journaled shards and ends in the same bytes. */
@@ -342,18 +404,8 @@ START_TEST(a_torn_journal_line_does_not_hide_the_next_shards)
     char src[700], ref[700], out[700], cmd[3000];
     const char *kl = source_and_reference("torn", src, ref);
     snprintf(out, sizeof out, "%s/torn-out", g_root);
-    /* kill until a run stopped with some shards journaled (the machine's speed decides when) */
-    static const char *const delays[] = {"0.1", "0.2", "0.3", "0.5", "0.8", "1.2", "2", "4"};
-    int found = 0;
-    for (size_t i = 0; i < sizeof delays / sizeof *delays && !found; i++) {
-        snprintf(cmd, sizeof cmd,
-                 "rm -rf '%s' '%s.partial'; timeout -s KILL %s '%s' convert '%s' '%s' "
-                 KILL_TEST_ARGS " >/dev/null 2>&1",
-                 out, out, delays[i], kl, src, out);
-        (void)system(cmd);
-        found = has_journaled_shard(out);
-    }
-    ck_assert_msg(found, "no run was killed after its first journaled shard");
+    /* the run kills itself right after its second journaled shard (test-only fault injection) */
+    killed_after(kl, src, out, "2");
     char jpath[800];
     snprintf(jpath, sizeof jpath, "%s.partial/kl-convert.journal", out);
     char *text;
@@ -382,12 +434,6 @@ START_TEST(a_torn_journal_line_does_not_hide_the_next_shards)
 }
 END_TEST
 
-/* Runs a shell command; returns its exit status. */
-static int sh(const char *cmd)
-{
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 START_TEST(memory_stays_within_max_memory)
 {
@@ -438,6 +484,317 @@ START_TEST(a_write_error_leaves_no_complete_looking_output_and_resumes)
 }
 END_TEST
 
+/* ---- issue 9: what a conversion may touch, what a resume may reuse, what verify checks ----- */
+
+START_TEST(a_symlinked_partial_is_refused_and_its_target_kept)
+{
+    /* cp -a tiny s; ln -s $PWD/s d.partial; kl convert s d */
+    char s[700], d[700], cmd[3200], *text;
+    snprintf(s, sizeof s, "%s/s", g_root);
+    snprintf(d, sizeof d, "%s/d", g_root);
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s' && ln -s '%s' '%s.partial'", g_src, s, s, d);
+    ck_assert(system(cmd) == 0);
+    char *before = digest_dir(s);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' -q", s, d);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 2, "exit %d, want 2: %s", code, text);
+    ck_assert_msg(strstr(text, "d.partial") && strstr(text, "symbolic link"),
+                  "the refusal names neither the path nor the rule: %s", text);
+    char *after = digest_dir(s);
+    ck_assert_msg(!strcmp(before, after), "the source changed:\n%s\nvs\n%s", before, after);
+    kl_free(before);
+    kl_free(after);
+    kl_free(text);
+}
+END_TEST
+
+/* g_root/NAME.partial holding one file FILE: `kl convert` refuses it (exit 2, the message
+ * holding `want` and the path) and keeps the file. */
+static void refused_partial_keeps(const char *name, const char *file, const char *want)
+{
+    char d[700], path[900], cmd[2400], *text;
+    snprintf(d, sizeof d, "%s/%s", g_root, name);
+    snprintf(path, sizeof path, "%s.partial", d);
+    ck_assert(mkdir(path, 0755) == 0);
+    snprintf(path, sizeof path, "%s.partial/%s", d, file);
+    t_write(path, "mine", 4);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' -q", g_src, d);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 2, "%s: exit %d, want 2: %s", file, code, text);
+    ck_assert_msg(strstr(text, want) && strstr(text, name), "%s: %s", file, text);
+    ck_assert_msg(access(path, F_OK) == 0, "%s was deleted", path);
+    kl_free(text);
+}
+
+START_TEST(a_partial_kl_did_not_write_is_refused_and_kept)
+{
+    refused_partial_keeps("notes-out", "notes.txt", "notes.txt");
+    /* a file named like a shard, but no journal of ours: not ours either */
+    refused_partial_keeps("nojournal-out", "model-00001-of-00001.safetensors", "journal");
+}
+END_TEST
+
+/* out: `kl convert SRC OUT` of the changed source, resumed; fresh: a fresh conversion of it. */
+static void resumed_equals_fresh(const char *kl, const char *src, const char *out,
+                                 const char *fresh)
+{
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' " KILL_TEST_ARGS, kl, src, out);
+    ck_assert_msg(system(cmd) == 0, "the resumed run failed");
+    if (access(fresh, F_OK) != 0) {
+        snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s' " KILL_TEST_ARGS, kl, src, fresh);
+        ck_assert(system(cmd) == 0);
+    }
+    char *want = digest_dir(fresh), *got = digest_dir(out);
+    size_t at = 0; /* the line of the first difference */
+    for (size_t i = 0; want[i] && want[i] == got[i]; i++)
+        at = got[i] == '\n' ? i + 1 : at;
+    ck_assert_msg(!strcmp(want, got), "the resumed output holds shards of the old source: %.100s",
+                  got + at);
+    kl_free(want);
+    kl_free(got);
+}
+
+START_TEST(a_resume_never_reuses_shards_of_a_replaced_source)
+{
+    char src[700], ref[700], other[700], other_ref[700], out[700], cmd[3000];
+    const char *kl = source_and_reference("swap", src, ref);
+    snprintf(other, sizeof other, "%s/swap-other", g_root);
+    snprintf(other_ref, sizeof other_ref, "%s/swap-other-ref", g_root);
+    snprintf(out, sizeof out, "%s/swap-out", g_root);
+    synth_seed(other, "small", 12); /* same geometry, other values */
+    killed_after(kl, src, out, "2");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -a '%s' '%s'", src, other, src);
+    ck_assert(system(cmd) == 0);
+    resumed_equals_fresh(kl, src, out, other_ref);
+}
+END_TEST
+
+START_TEST(a_resume_notices_source_bytes_edited_in_place)
+{
+    char src[700], ref[700], out[700], fresh[700];
+    const char *kl = source_and_reference("edit", src, ref);
+    snprintf(out, sizeof out, "%s/edit-out", g_root);
+    snprintf(fresh, sizeof fresh, "%s/edit-fresh", g_root);
+    killed_after(kl, src, out, "2");
+    /* one bit of the embedding (the first output shard), same size, mtime set back */
+    kl_checkpoint ck;
+    kl_err err;
+    ck_assert(kl_ckpt_open(&ck, src, &err) == 0);
+    const kl_ckpt_tensor *t = kl_ckpt_find(&ck, "model.embed_tokens.weight");
+    ck_assert(t != NULL);
+    const char *path = ck.shards[t->shard].path;
+    struct stat st;
+    ck_assert(stat(path, &st) == 0);
+    int fd = open(path, O_RDWR);
+    ck_assert(fd >= 0);
+    uint8_t b;
+    ck_assert(pread(fd, &b, 1, (off_t)t->t->file_off + 1000) == 1);
+    b ^= 1; /* the low mantissa bit of a BF16 value: still finite */
+    ck_assert(pwrite(fd, &b, 1, (off_t)t->t->file_off + 1000) == 1);
+    close(fd);
+    struct timespec times[2] = {st.st_atim, st.st_mtim}; /* as touch -r does */
+    ck_assert(utimensat(AT_FDCWD, path, times, 0) == 0);
+    kl_ckpt_close(&ck);
+    resumed_equals_fresh(kl, src, out, fresh);
+}
+END_TEST
+
+/* A journal of the format before source binding (2: no source digests) proves nothing: the
+ * rerun starts over and still ends in the reference bytes. */
+START_TEST(an_old_format_journal_starts_the_run_over)
+{
+    char src[700], ref[700], out[700], cmd[3200], *text;
+    const char *kl = source_and_reference("old", src, ref);
+    snprintf(out, sizeof out, "%s/old-out", g_root);
+    killed_after(kl, src, out, "2");
+    snprintf(cmd, sizeof cmd,
+             "sed -i -e '1s/^kl-convert-journal 3 /kl-convert-journal 2 /' "
+             "-e 's/^\\(done [^ ]* [0-9]* [0-9a-f]*\\) .*/\\1/' '%s.partial/kl-convert.journal'",
+             out);
+    ck_assert(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 1M --threads 2 --json", src, out);
+    ck_assert_int_eq(kl_run(cmd, &text), 0);
+    ck_assert_msg(strstr(text, "\"shards_resumed\":0,"), "an old journal was trusted: %s", text);
+    kl_free(text);
+    char *want = digest_dir(ref), *got = digest_dir(out);
+    ck_assert_msg(!strcmp(want, got), "the output differs from the reference");
+    kl_free(want);
+    kl_free(got);
+}
+END_TEST
+
+/* Rewrites dir's shard holding `name` without it, and the index without it. */
+static void drop_tensor(const char *dir, const char *name)
+{
+    kl_checkpoint ck;
+    kl_err err;
+    ck_assert(kl_ckpt_open(&ck, dir, &err) == 0);
+    const kl_ckpt_tensor *gone = kl_ckpt_find(&ck, name);
+    ck_assert_msg(gone != NULL, "%s not in %s", name, dir);
+    kl_st_wtensor *wt = kl_calloc(ck.n_tensors, sizeof *wt);
+    const kl_ckpt_tensor **from = kl_calloc(ck.n_tensors, sizeof *from);
+    kl_st_index_entry *ie = kl_calloc(ck.n_tensors, sizeof *ie);
+    size_t n = 0, ni = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < ck.n_tensors; i++) {
+        const kl_ckpt_tensor *t = &ck.tensors[i];
+        if (t == gone)
+            continue;
+        ie[ni++] = (kl_st_index_entry){t->name, ck.shards[t->shard].name};
+        total += t->t->n_bytes;
+        if (t->shard != gone->shard)
+            continue;
+        wt[n] = (kl_st_wtensor){.name = t->name, .dtype = t->t->dtype, .rank = t->t->rank};
+        memcpy(wt[n].shape, t->t->shape, sizeof wt[n].shape);
+        from[n++] = t;
+    }
+    kl_st_writer w;
+    ck_assert(kl_st_writer_open(&w, ck.shards[gone->shard].path, wt, n, NULL, &err) == 0);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *bytes = tensor_bytes(&ck, from[i]);
+        ck_assert(kl_st_writer_pwrite(&w, i, 0, bytes, from[i]->t->n_bytes, &err) == 0);
+        kl_free(bytes);
+    }
+    ck_assert(kl_st_writer_commit(&w, &err) == 0);
+    kl_st_writer_close(&w);
+    ck_assert(kl_st_index_write(dir, ie, ni, total, &err) == 0);
+    kl_free(wt);
+    kl_free(from);
+    kl_free(ie);
+    kl_ckpt_close(&ck);
+}
+
+START_TEST(verify_reports_a_tensor_missing_from_the_destination)
+{
+    char dst[700], cmd[2400], msg[1024], *text;
+    snprintf(dst, sizeof dst, "%s/dst-missing", g_root);
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+    drop_tensor(dst, "model.norm.weight");
+    snprintf(cmd, sizeof cmd, "convert --verify '%s' '%s'", g_src, dst);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 1, "exit %d, want 1: %s", code, text);
+    ck_assert_msg(strstr(text, "missing") && strstr(text, "model.norm.weight"), "%s", text);
+    kl_free(text);
+}
+END_TEST
+
+START_TEST(verify_of_a_directory_against_itself_or_inside_it_is_a_usage_error)
+{
+    char cmd[2400], *text;
+    snprintf(cmd, sizeof cmd, "convert --verify '%s' '%s'", g_src, g_src);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 2 && strstr(text, "same directory"), "exit %d: %s", code, text);
+    kl_free(text);
+    snprintf(cmd, sizeof cmd, "convert --verify '%s' '%s'", g_root, g_src); /* DST inside */
+    code = kl_run(cmd, &text);
+    ck_assert_msg(code == 2 && strstr(text, "inside"), "exit %d: %s", code, text);
+    kl_free(text);
+}
+END_TEST
+
+/* Progress is drawn on a terminal's stderr (script(1) gives the command one), and -q and --json
+ * turn it off. */
+START_TEST(verify_shows_progress_on_a_terminal_unless_quiet)
+{
+    char dst[700], cmd[2400], msg[1024], *text;
+    snprintf(dst, sizeof dst, "%s/dst-progress", g_root);
+    kl_err err;
+    ck_assert_msg(convert(g_src, dst, &err) == 0, "%s", kl_err_format(&err, msg, sizeof msg));
+    static const char *const flags[] = {"", "-q", "--json"};
+    for (int i = 0; i < 3; i++) {
+        const char *kl = getenv("KL_BIN");
+        snprintf(cmd, sizeof cmd,
+                 "script -qec \"'%s' convert --verify '%s' '%s' %s\" /dev/null > '%s/tty.txt'",
+                 kl, g_src, dst, flags[i], g_root);
+        ck_assert_int_eq(sh(cmd), 0);
+        size_t len;
+        snprintf(cmd, sizeof cmd, "%s/tty.txt", g_root);
+        ck_assert(kl_read_file(cmd, 1 << 20, &text, &len, NULL) == 0);
+        int drawn = strstr(text, "\rverify: ") != NULL;
+        ck_assert_msg(drawn == (i == 0), "flags '%s': progress %s: %s", flags[i],
+                      drawn ? "drawn" : "missing", text);
+        kl_free(text);
+    }
+}
+END_TEST
+
+START_TEST(max_memory_is_a_cap_not_an_allocation)
+{
+    char dst[700], cmd[2400], *text;
+    snprintf(dst, sizeof dst, "%s/dst-1t", g_root);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --max-memory 1T --json", g_src, dst);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 0, "exit %d: %s", code, text);
+    const char *p = strstr(text, "\"peak_counted_bytes\":");
+    ck_assert_msg(p != NULL, "%s", text);
+    double peak = atof(p + strlen("\"peak_counted_bytes\":"));
+    ck_assert_msg(peak > 0 && peak <= 64.0 * 1024 * 1024, "peak %.0f bytes for a tiny source",
+                  peak);
+    kl_free(text);
+}
+END_TEST
+
+START_TEST(dry_run_writes_nothing_and_plans_the_real_shard_sizes)
+{
+    char dst[700], cmd[2400], path[900], *text;
+    snprintf(dst, sizeof dst, "%s/dst-dry", g_root);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 256K --dry-run --json", g_src, dst);
+    int code = kl_run(cmd, &text);
+    ck_assert_msg(code == 0, "exit %d: %s", code, text);
+    snprintf(path, sizeof path, "%s.partial", dst);
+    ck_assert_msg(access(dst, F_OK) != 0 && access(path, F_OK) != 0, "a dry run wrote %s", dst);
+    cJSON *j = cJSON_Parse(text);
+    ck_assert_msg(j != NULL, "not JSON: %s", text);
+    cJSON *shards = cJSON_GetObjectItem(j, "shards");
+    ck_assert(cJSON_GetArraySize(shards) > 1);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "fits")));
+    ck_assert(cJSON_GetObjectItem(j, "free_bytes")->valuedouble > 0);
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' --shard-size 256K -q", g_src, dst);
+    kl_free(text);
+    ck_assert_int_eq(kl_run(cmd, &text), 0);
+    double sum = 0;
+    for (int k = 0; k < cJSON_GetArraySize(shards); k++) {
+        cJSON *s = cJSON_GetArrayItem(shards, k);
+        snprintf(path, sizeof path, "%s/%s", dst, cJSON_GetObjectItem(s, "name")->valuestring);
+        struct stat st;
+        ck_assert_msg(stat(path, &st) == 0, "planned shard %s not written", path);
+        double want = cJSON_GetObjectItem(s, "file_bytes")->valuedouble;
+        ck_assert_msg((double)st.st_size == want, "%s: planned %.0f bytes, wrote %lld", path,
+                      want, (long long)st.st_size);
+        sum += want;
+    }
+    ck_assert(sum == cJSON_GetObjectItem(j, "shard_bytes")->valuedouble);
+    cJSON_Delete(j);
+    kl_free(text);
+}
+END_TEST
+
+START_TEST(an_output_larger_than_the_free_space_is_refused_with_the_numbers)
+{
+    kl_out_plan p = {.needed_bytes = UINT64_MAX / 2};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_out_plan_check_space(&p, g_root, &err), KL_E_IO);
+    ck_assert_str_eq(err.rule, "OUT-NO-SPACE");
+    char want[64];
+    snprintf(want, sizeof want, "%llu", (unsigned long long)p.needed_bytes);
+    ck_assert_msg(strstr(err.msg, want) && p.free_bytes > 0, "%s", err.msg);
+}
+END_TEST
+
+START_TEST(help_says_shard_size_is_a_soft_limit)
+{
+    static const char *const cmds[] = {"convert --help", "synth --help"};
+    for (size_t i = 0; i < 2; i++) {
+        char *text;
+        ck_assert_int_eq(kl_run(cmds[i], &text), 0);
+        ck_assert_msg(strstr(text, "soft limit"), "kl %s: %s", cmds[i], text);
+        kl_free(text);
+    }
+}
+END_TEST
 
 /* ---- building blocks: the shard digest and the write-behind lanes -------------------------- */
 
@@ -643,6 +1000,18 @@ int main(void)
     tcase_add_test(tc, mxfp4_source_is_refused);
     tcase_add_test(tc, conversion_killed_anywhere_resumes_to_identical_bytes);
     tcase_add_test(tc, a_torn_journal_line_does_not_hide_the_next_shards);
+    tcase_add_test(tc, a_symlinked_partial_is_refused_and_its_target_kept);
+    tcase_add_test(tc, a_partial_kl_did_not_write_is_refused_and_kept);
+    tcase_add_test(tc, a_resume_never_reuses_shards_of_a_replaced_source);
+    tcase_add_test(tc, a_resume_notices_source_bytes_edited_in_place);
+    tcase_add_test(tc, an_old_format_journal_starts_the_run_over);
+    tcase_add_test(tc, verify_reports_a_tensor_missing_from_the_destination);
+    tcase_add_test(tc, verify_of_a_directory_against_itself_or_inside_it_is_a_usage_error);
+    tcase_add_test(tc, verify_shows_progress_on_a_terminal_unless_quiet);
+    tcase_add_test(tc, max_memory_is_a_cap_not_an_allocation);
+    tcase_add_test(tc, dry_run_writes_nothing_and_plans_the_real_shard_sizes);
+    tcase_add_test(tc, an_output_larger_than_the_free_space_is_refused_with_the_numbers);
+    tcase_add_test(tc, help_says_shard_size_is_a_soft_limit);
     tcase_add_test(tc, shard_digest_fed_leaf_by_leaf_in_any_order_equals_the_file_read_back);
     tcase_add_test(tc, shard_digest_refuses_bytes_out_of_order_and_unfinished_leaves);
     tcase_add_test(tc, write_behind_lanes_write_everything_in_each_lanes_order);

@@ -19,22 +19,6 @@ static const char *g_kl;
 
 /* ---- file helpers -------------------------------------------------------------------------- */
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
 static uint64_t le64(const unsigned char *p)
 {
     uint64_t v = 0;
@@ -54,7 +38,7 @@ typedef struct shard {
 static shard shard_read(const char *path)
 {
     size_t n;
-    char *all = slurp(path, &n);
+    char *all = t_slurp(path, &n);
     ck_assert(n >= 8);
     uint64_t h = le64((unsigned char *)all);
     ck_assert(8 + h <= n);
@@ -118,7 +102,7 @@ static void compact_json(const char *dir, const char *file)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    char *t = slurp(path, NULL);
+    char *t = t_slurp(path, NULL);
     cJSON *j = cJSON_Parse(t);
     ck_assert_msg(j != NULL, "%s is not JSON", path);
     char *out = cJSON_PrintUnformatted(j);
@@ -151,7 +135,7 @@ static void edit_text_file(const char *dir, const char *name, const char *from, 
     compact_json(dir, name);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *t = slurp(path, NULL);
+    char *t = t_slurp(path, NULL);
     char *r = replace(t, from, to);
     t_write(path, r, strlen(r));
     free(t);
@@ -164,7 +148,7 @@ static void find_tensor(const char *dir, const char *suffix, char *name, size_t 
 {
     char ipath[4096];
     snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir);
-    char *t = slurp(ipath, NULL);
+    char *t = t_slurp(ipath, NULL);
     cJSON *j = cJSON_Parse(t);
     ck_assert(j != NULL);
     name[0] = 0;
@@ -364,7 +348,7 @@ static void index_edit(const char *d, void (*fn)(cJSON *wm, cJSON *root, void *c
 {
     char ipath[4096];
     snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", d);
-    char *t = slurp(ipath, NULL);
+    char *t = t_slurp(ipath, NULL);
     cJSON *idx = cJSON_Parse(t);
     fn(cJSON_GetObjectItem(idx, "weight_map"), idx, ctx);
     char *out = cJSON_Print(idx);
@@ -676,7 +660,7 @@ static void run_case(const corpus_case *c, int idx)
     snprintf(cmd, sizeof cmd, "'%s' audit '%s' --json > '%s' 2> '%s'", g_kl, dir, out, errf);
     int st = system(cmd);
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    char *o = slurp(out, NULL), *e = slurp(errf, NULL);
+    char *o = t_slurp(out, NULL), *e = t_slurp(errf, NULL);
     ck_assert_msg(code == c->exit_code,
                   "case '%s': exit %d, expected %d\nstdout: %.600s\nstderr: %.600s", c->name, code,
                   c->exit_code, o, e);
@@ -703,7 +687,7 @@ static void audit_first_rule(const char *dir, char *rule, size_t n)
     snprintf(out, sizeof out, "%s.audit", dir);
     snprintf(cmd, sizeof cmd, "'%s' audit '%s' --json > '%s' 2> /dev/null", g_kl, dir, out);
     ck_assert(system(cmd) != -1);
-    char *o = slurp(out, NULL);
+    char *o = t_slurp(out, NULL);
     cJSON *j = cJSON_Parse(o);
     ck_assert_msg(j != NULL, "audit of %s: not JSON: %.300s", dir, o);
     rule[0] = 0;
@@ -725,7 +709,7 @@ static void run_engine_case(const corpus_case *c, int idx)
     snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2 -n 1 > /dev/null 2> '%s'", g_kl, dir, errf);
     int st = system(cmd);
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    char *e = slurp(errf, NULL);
+    char *e = t_slurp(errf, NULL);
     ck_assert_msg(code == c->exit_code, "case '%s': kl run exit %d, audit's is %d\nstderr: %.600s",
                   c->name, code, c->exit_code, e);
     if (c->exit_code == 1)
@@ -765,7 +749,7 @@ static int run_kl(const char *args, char **out)
     snprintf(outf, sizeof outf, "%s/run.out", g_root);
     snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", g_kl, args, outf);
     int st = system(cmd);
-    *out = slurp(outf, NULL);
+    *out = t_slurp(outf, NULL);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

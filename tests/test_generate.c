@@ -257,16 +257,7 @@ static char *slurp(const char *name)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/%s", g_root, name);
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
+    return t_slurp(path, NULL);
 }
 
 START_TEST(chat_two_turns_exit_0_and_reuse_the_prefix)

@@ -56,27 +56,11 @@ static int kl_run(const char *args)
     return WEXITSTATUS(st);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
 /* Logits file as floats (little-endian on disk, decoded explicitly); *n floats. */
 static float *read_logits(const char *path, size_t *n)
 {
     size_t len;
-    unsigned char *b = (unsigned char *)slurp(path, &len);
+    unsigned char *b = (unsigned char *)t_slurp(path, &len);
     ck_assert_msg(len % 4 == 0, "%s: %zu bytes is not a whole number of floats", path, len);
     float *f = malloc(len + 4);
     for (size_t i = 0; i < len / 4; i++) {
@@ -94,7 +78,7 @@ static size_t json_ids(uint32_t *ids, size_t cap)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/out", g_root);
-    char *s = slurp(path, NULL);
+    char *s = t_slurp(path, NULL);
     cJSON *j = cJSON_Parse(s);
     ck_assert_msg(j != NULL, "stdout is not JSON: %s", s);
     ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")), "ok is not true: %s", s);
@@ -323,7 +307,7 @@ START_TEST(run_bad_flags_exit_2)
     char path[700];
     snprintf(path, sizeof path, "%s/err", g_root);
     kl_run("--ids 1 --device gpu");
-    char *err = slurp(path, NULL);
+    char *err = t_slurp(path, NULL);
     ck_assert_msg(strstr(err, "GPU engine not built yet") != NULL, "stderr: %s", err);
     free(err);
 }
@@ -344,7 +328,7 @@ static char *slurp_err(void)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/err", g_root);
-    return slurp(path, NULL);
+    return t_slurp(path, NULL);
 }
 
 /* Number of entries of dir whose name contains part. */
@@ -365,7 +349,7 @@ START_TEST(run_logits_out_inside_the_model_is_refused_and_the_file_kept)
     char cfg[700], args[2048], alias[700];
     snprintf(cfg, sizeof cfg, "%s/config.json", g_model);
     size_t n0;
-    char *before = slurp(cfg, &n0);
+    char *before = t_slurp(cfg, &n0);
     /* the case, then the same directory through a symlink and through ".." */
     snprintf(alias, sizeof alias, "%s/alias", g_root);
     ck_assert(symlink(g_model, alias) == 0);
@@ -382,7 +366,7 @@ START_TEST(run_logits_out_inside_the_model_is_refused_and_the_file_kept)
         free(err);
     }
     size_t n1;
-    char *after = slurp(cfg, &n1);
+    char *after = t_slurp(cfg, &n1);
     ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "config.json changed (%zu -> %zu bytes)",
                   n0, n1);
     ck_assert_msg(count_named(g_model, "new.bin") == 0 && count_named(g_model, ".config") == 0,
@@ -395,7 +379,7 @@ START_TEST(run_logits_out_inside_the_model_is_refused_and_the_file_kept)
     ck_assert_int_eq(kl_run(args), 2);
     free(before);
     free(after);
-    after = slurp(cfg, &n1);
+    after = t_slurp(cfg, &n1);
     ck_assert_msg(n0 == n1, "config.json changed through a symlink");
     free(after);
     unlink(link);
@@ -422,7 +406,7 @@ START_TEST(run_logits_out_failed_write_leaves_no_file)
     rc = sh(cmd);
     ck_assert_int_eq(rc, 2);
     size_t n;
-    char *kept = slurp(target, &n);
+    char *kept = t_slurp(target, &n);
     ck_assert_msg(n == 3 && !memcmp(kept, "old", 3), "the old file was changed (%zu bytes)", n);
     free(kept);
     ck_assert_msg(count_named(dir, "logits") == 1, "a temporary file was left");
@@ -521,7 +505,7 @@ START_TEST(run_memory_check_refuses_with_the_numbers_and_the_flag_overrides)
     ck_assert_int_eq(sh(cmd), 0);
     char path[700];
     snprintf(path, sizeof path, "%s/out", g_root);
-    char *out = slurp(path, NULL);
+    char *out = t_slurp(path, NULL);
     cJSON *j = cJSON_Parse(out);
     ck_assert_msg(j && cJSON_IsNumber(cJSON_GetObjectItem(j, "load_s")) &&
                       cJSON_IsNumber(cJSON_GetObjectItem(j, "load_gbps")),

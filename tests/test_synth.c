@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                    */
@@ -1074,6 +1075,80 @@ START_TEST(cmd_synth_refuses_a_non_empty_directory_and_bad_options)
 }
 END_TEST
 
+START_TEST(path_parent_names_the_directory_holding_a_path)
+{
+    static const char *const cases[][2] = {{"a/b", "a"},  {"a/b/", "a"},  {"b", "."},
+                                           {"/b", "/"},   {"/", "/"},     {"a//b", "a"},
+                                           {"/x/y/z", "/x/y"}, {"b/", "."}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[64];
+        ck_assert_int_eq(kl_path_parent(out, sizeof out, cases[i][0], NULL), 0);
+        ck_assert_msg(!strcmp(out, cases[i][1]), "parent of '%s': want '%s', got '%s'",
+                      cases[i][0], cases[i][1], out);
+    }
+    char tiny[2];
+    ck_assert_int_eq(kl_path_parent(tiny, sizeof tiny, "ab/c", NULL), KL_E_USAGE);
+}
+END_TEST
+
+START_TEST(cmd_synth_refuses_a_missing_parent_directory)
+{
+    const char *kl = getenv("KL_BIN");
+    ck_assert_msg(kl && *kl, "KL_BIN must name the kl binary under test");
+    char dir[256], p[4096], cmd[9000], errf[4096];
+    t_mkdtemp(dir, sizeof dir);
+    path_in(p, sizeof p, dir, "nope/out");
+    path_in(errf, sizeof errf, dir, "err.txt");
+    snprintf(cmd, sizeof cmd, "'%s' synth '%s' -q 2> '%s'", kl, p, errf);
+    int st = system(cmd);
+    size_t len;
+    char *text = (char *)read_all(errf, &len);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == KL_EXIT_USAGE, "status %d: %s", st, text);
+    ck_assert_msg(strstr(text, "nope") && strstr(text, "does not exist"), "%s", text);
+    ck_assert_msg(!exists(dir, "nope"), "synth created the missing parent");
+    kl_free(text);
+    t_rmrf(dir);
+}
+END_TEST
+
+START_TEST(synth_dry_run_writes_nothing_and_plans_the_real_sizes)
+{
+    char dir[256], out[4096], p[4096];
+    t_mkdtemp(dir, sizeof dir);
+    path_in(out, sizeof out, dir, "out");
+    kl_out_plan plan, again;
+    kl_synth_result res;
+    kl_synth_opts o = {.out_dir = out, .preset = "small", .threads = 2, .buffered = 1,
+                       .dry_run = 1, .plan = &plan, .result = &res};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_synth_write(&o, &err) == 0, "%s", fmt_err(&err));
+    ck_assert_msg(!exists(dir, "out"), "a dry run created OUT");
+    ck_assert(plan.n_shards > 1 && plan.free_bytes > 0);
+    ck_assert(plan.needed_bytes == plan.total_bytes && plan.total_bytes > plan.shard_bytes);
+    o.dry_run = 0;
+    o.plan = &again;
+    ck_assert_msg(kl_synth_write(&o, &err) == 0, "%s", fmt_err(&err));
+    for (size_t k = 0; k < plan.n_shards; k++) {
+        struct stat st;
+        path_in(p, sizeof p, out, plan.shards[k].name);
+        ck_assert_msg(stat(p, &st) == 0, "planned shard %s not written", p);
+        ck_assert_msg((uint64_t)st.st_size == plan.shards[k].file_bytes,
+                      "%s: planned %" PRIu64 " bytes, wrote %lld", p, plan.shards[k].file_bytes,
+                      (long long)st.st_size);
+    }
+    ck_assert(res.file_bytes == plan.shard_bytes && res.n_shards == plan.n_shards);
+    kl_out_plan_free(&plan);
+    kl_out_plan_free(&again);
+    /* the flag: the plan on stdout, nothing on disk */
+    path_in(p, sizeof p, dir, "cli");
+    char *argv[] = {"synth", p, "--dry-run", "-q", NULL};
+    ck_assert_int_eq(cmd_synth(4, argv), KL_EXIT_OK);
+    ck_assert_msg(!exists(dir, "cli"), "kl synth --dry-run created OUT");
+    t_rmrf(dir);
+}
+END_TEST
+
 static Suite *synth_suite(void)
 {
     Suite *s = suite_create("synth");
@@ -1113,6 +1188,9 @@ static Suite *synth_suite(void)
     tcase_add_test(f, synth_tokenizer_ranks_are_reachable_merges);
     tcase_add_test(f, synth_failures_leave_no_complete_looking_files);
     tcase_add_test(f, cmd_synth_refuses_a_non_empty_directory_and_bad_options);
+    tcase_add_test(f, path_parent_names_the_directory_holding_a_path);
+    tcase_add_test(f, cmd_synth_refuses_a_missing_parent_directory);
+    tcase_add_test(f, synth_dry_run_writes_nothing_and_plans_the_real_sizes);
     suite_add_tcase(s, f);
     return s;
 }

@@ -37,8 +37,9 @@ static inline void t_write(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
-/* The whole file at path, NUL-terminated (malloc'd: free); fails the test if unreadable. */
-static inline char *t_slurp(const char *path)
+/* The whole file at path, NUL-terminated (malloc'd: free it); *len its size when len is not
+ * NULL.  Fails the test when the file cannot be read. */
+static inline char *t_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     ck_assert_msg(f != NULL, "cannot open %s", path);
@@ -46,9 +47,11 @@ static inline char *t_slurp(const char *path)
     long n = ftell(f);
     ck_assert(n >= 0 && fseek(f, 0, SEEK_SET) == 0);
     char *buf = malloc((size_t)n + 1);
-    ck_assert(buf && fread(buf, 1, (size_t)n, f) == (size_t)n);
+    ck_assert_msg(buf && fread(buf, 1, (size_t)n, f) == (size_t)n, "cannot read %s", path);
     buf[n] = 0;
     fclose(f);
+    if (len)
+        *len = (size_t)n;
     return buf;
 }
 
