@@ -12,6 +12,7 @@
 #include "common/cpu.h"
 #include "common/err.h"
 #include "common/fs.h"
+#include "common/grow.h"
 #include "common/mem.h"
 #include "common/jsonout.h"
 #include "common/membench.h"
@@ -151,15 +152,9 @@ static int list_push(file_list *l, char *path)
 {
     if (!path)
         return KL_E_NOMEM;
-    if (l->n == l->cap) {
-        size_t ncap = l->cap ? l->cap * 2 : 16;
-        char **np = kl_realloc(l->paths, ncap * sizeof *np);
-        if (!np) {
-            kl_free(path);
-            return KL_E_NOMEM;
-        }
-        l->paths = np;
-        l->cap = ncap;
+    if (kl_grow(&l->paths, &l->cap, l->n + 1, sizeof *l->paths)) {
+        kl_free(path);
+        return KL_E_NOMEM;
     }
     l->paths[l->n++] = path;
     return 0;

@@ -2,11 +2,12 @@
  * common/json.h — the one strict JSON reader of kl.
  *
  * Every JSON text kl reads (safetensors headers, model.safetensors.index.json, config.json,
- * tokenizer_config.json, the converter's copy of config.json) goes through kl_json_parse, which
- * accepts exactly RFC 8259 JSON: one value with only JSON whitespace around it, valid UTF-8
- * (no byte-order mark, no NUL byte, no escaped NUL since kl keeps strings as C strings), no raw
- * control characters, numbers by the strict grammar ("01", "1.", ".5", "-" refused).  cJSON
- * alone would skip a BOM, stop after the first value and take any bytes inside strings.
+ * tokenizer_config.json, the converter's copy of config.json, the tools JSON of a chat) goes
+ * through kl_json_parse, which accepts exactly RFC 8259 JSON: one value with only JSON
+ * whitespace around it, valid UTF-8 (no byte-order mark, no NUL byte, no escaped NUL since kl
+ * keeps strings as C strings), no raw control characters, numbers by the strict grammar ("01",
+ * "1.", ".5", "-" refused).  cJSON alone would skip a BOM, stop after the first value and
+ * take any bytes inside strings.
  *
  * cJSON keeps numbers as doubles, which cannot tell 64 from 64.0 or 6.4e1.  kl_json_parse
  * therefore stores the source text of every number in the node's valuestring (unused by cJSON

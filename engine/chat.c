@@ -1,12 +1,13 @@
 /*
  * engine/chat.c — Kimi chat format (see chat.h).
  *
- * Sections: string builder; tools JSON (parse, sort, write); rendering; tool-call parsing;
+ * Sections: string builder; tools JSON (read, sort, write); rendering; tool-call parsing;
  * stop ids.
  */
 #include "engine/chat.h"
 
 #include "common/grow.h"
+#include "common/json.h"
 #include "common/mem.h"
 
 #include <stdio.h>
@@ -38,311 +39,15 @@ static void sb_add(sbuf *b, const char *s, size_t n)
 static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Tools JSON: parsed into a tree so keys can be sorted and the text re-written the way Python's
- * json.dumps writes it (numbers keep their source text).                                     */
-
-#define JSON_MAX_DEPTH 256
-
-typedef struct jnode {
-    char          kind;    /* 'o' object, 'a' array, 's' string, 'r' raw (number/literal) */
-    const char   *raw;     /* 'r': source text */
-    size_t        raw_len;
-    char         *s;       /* 's': decoded UTF-8 (owned) */
-    size_t        s_len;
-    struct jnode *kids;    /* 'a': elements; 'o': key, value, key, value ... (owned) */
-    size_t        n_kids, cap_kids;
-} jnode;
-
-typedef struct jparser {
-    const char *p, *end, *start;
-    kl_err     *err;
-} jparser;
-
-static void jnode_free(jnode *n)
-{
-    for (size_t i = 0; i < n->n_kids; i++)
-        jnode_free(&n->kids[i]);
-    kl_free(n->kids);
-    kl_free(n->s);
-    memset(n, 0, sizeof *n);
-}
-
-static int jfail(jparser *jp, const char *what)
-{
-    return kl_fail(jp->err, KL_E_USAGE, "tools JSON: %s at byte %zu", what,
-                   (size_t)(jp->p - jp->start));
-}
-
-static void jskip_ws(jparser *jp)
-{
-    while (jp->p < jp->end && (*jp->p == ' ' || *jp->p == '\t' || *jp->p == '\n' || *jp->p == '\r'))
-        jp->p++;
-}
-
-static int jpush(jnode *parent, jnode *kid, kl_err *err)
-{
-    if (kl_grow(&parent->kids, &parent->cap_kids, parent->n_kids + 1, sizeof *parent->kids))
-        return kl_fail(err, KL_E_NOMEM, "out of memory parsing the tools JSON");
-    parent->kids[parent->n_kids++] = *kid;
-    return 0;
-}
-
-static int hex4(const char *p, unsigned *v)
-{
-    *v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
-                   : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
-                   : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10) : 16u;
-        if (d == 16u)
-            return -1;
-        *v = *v * 16 + d;
-    }
-    return 0;
-}
-
-static void put_utf8(sbuf *b, unsigned cp)
-{
-    char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xC0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    sb_add(b, u, n);
-}
-
-static int jparse_string(jparser *jp, jnode *out)
-{
-    sbuf b = {0};
-    jp->p++; /* opening quote */
-    for (;;) {
-        if (jp->p >= jp->end) {
-            kl_free(b.p);
-            return jfail(jp, "unterminated string");
-        }
-        char c = *jp->p;
-        if (c == '"')
-            break;
-        if ((unsigned char)c < 0x20) {
-            kl_free(b.p);
-            return jfail(jp, "control character in string");
-        }
-        if (c != '\\') {
-            sb_add(&b, jp->p++, 1);
-            continue;
-        }
-        if (jp->end - jp->p < 2) {
-            kl_free(b.p);
-            return jfail(jp, "unterminated escape");
-        }
-        char e = jp->p[1];
-        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-        const char *simple = e ? strchr(from, e) : NULL;
-        if (simple) {
-            sb_add(&b, &to[simple - from], 1);
-            jp->p += 2;
-            continue;
-        }
-        unsigned cp, lo;
-        if (e != 'u' || jp->end - jp->p < 6 || hex4(jp->p + 2, &cp)) {
-            kl_free(b.p);
-            return jfail(jp, "bad escape");
-        }
-        jp->p += 6;
-        if (cp >= 0xD800 && cp < 0xDC00) {
-            if (jp->end - jp->p < 6 || jp->p[0] != '\\' || jp->p[1] != 'u' ||
-                hex4(jp->p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
-                kl_free(b.p);
-                return jfail(jp, "unpaired surrogate escape");
-            }
-            jp->p += 6;
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            kl_free(b.p);
-            return jfail(jp, "unpaired surrogate escape");
-        }
-        put_utf8(&b, cp);
-    }
-    jp->p++; /* closing quote */
-    if (b.oom) {
-        kl_free(b.p);
-        return kl_fail(jp->err, KL_E_NOMEM, "out of memory parsing the tools JSON");
-    }
-    out->kind = 's';
-    out->s = b.p ? b.p : kl_strdup("");
-    out->s_len = b.len;
-    if (!out->s)
-        return kl_fail(jp->err, KL_E_NOMEM, "out of memory parsing the tools JSON");
-    return 0;
-}
-
-static int jparse_number(jparser *jp, jnode *out)
-{
-    const char *s = jp->p, *p = jp->p, *e = jp->end;
-    if (p < e && *p == '-')
-        p++;
-    if (p < e && *p == '0')
-        p++;
-    else if (p < e && *p >= '1' && *p <= '9')
-        while (p < e && *p >= '0' && *p <= '9')
-            p++;
-    else
-        return jfail(jp, "bad number");
-    if (p < e && *p == '.') {
-        p++;
-        if (!(p < e && *p >= '0' && *p <= '9'))
-            return jfail(jp, "bad number");
-        while (p < e && *p >= '0' && *p <= '9')
-            p++;
-    }
-    if (p < e && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < e && (*p == '+' || *p == '-'))
-            p++;
-        if (!(p < e && *p >= '0' && *p <= '9'))
-            return jfail(jp, "bad number");
-        while (p < e && *p >= '0' && *p <= '9')
-            p++;
-    }
-    out->kind = 'r';
-    out->raw = s;
-    out->raw_len = (size_t)(p - s);
-    jp->p = p;
-    return 0;
-}
-
-static int jparse_value(jparser *jp, jnode *out, int depth);
-
-static int jparse_container(jparser *jp, jnode *out, int depth)
-{
-    int is_obj = *jp->p == '{';
-    char close = is_obj ? '}' : ']';
-    out->kind = is_obj ? 'o' : 'a';
-    jp->p++;
-    jskip_ws(jp);
-    if (jp->p < jp->end && *jp->p == close) {
-        jp->p++;
-        return 0;
-    }
-    for (;;) {
-        jnode key = {0}, val = {0};
-        int rc;
-        jskip_ws(jp);
-        if (is_obj) {
-            if (jp->p >= jp->end || *jp->p != '"')
-                return jfail(jp, "expected a string key");
-            if ((rc = jparse_string(jp, &key)) < 0)
-                return rc;
-            jskip_ws(jp);
-            if (jp->p >= jp->end || *jp->p != ':') {
-                jnode_free(&key);
-                return jfail(jp, "expected ':'");
-            }
-            jp->p++;
-        }
-        if ((rc = jparse_value(jp, &val, depth + 1)) < 0) {
-            jnode_free(&val); /* a failed container may hold parsed children */
-            jnode_free(&key);
-            return rc;
-        }
-        if (is_obj) {
-            /* A repeated key keeps its first position and takes the last value (Python dict). */
-            size_t i;
-            for (i = 0; i < out->n_kids; i += 2)
-                if (out->kids[i].s_len == key.s_len && !memcmp(out->kids[i].s, key.s, key.s_len))
-                    break;
-            if (i < out->n_kids) {
-                jnode_free(&key);
-                jnode_free(&out->kids[i + 1]);
-                out->kids[i + 1] = val;
-            } else if ((rc = jpush(out, &key, jp->err)) < 0 ||
-                       (rc = jpush(out, &val, jp->err)) < 0) {
-                jnode_free(&val);
-                return rc;
-            }
-        } else if ((rc = jpush(out, &val, jp->err)) < 0) {
-            jnode_free(&val);
-            return rc;
-        }
-        jskip_ws(jp);
-        if (jp->p < jp->end && *jp->p == ',') {
-            jp->p++;
-            continue;
-        }
-        if (jp->p < jp->end && *jp->p == close) {
-            jp->p++;
-            return 0;
-        }
-        return jfail(jp, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
-    }
-}
-
-static int jparse_value(jparser *jp, jnode *out, int depth)
-{
-    if (depth > JSON_MAX_DEPTH)
-        return jfail(jp, "nesting too deep");
-    jskip_ws(jp);
-    if (jp->p >= jp->end)
-        return jfail(jp, "unexpected end");
-    char c = *jp->p;
-    if (c == '{' || c == '[')
-        return jparse_container(jp, out, depth);
-    if (c == '"')
-        return jparse_string(jp, out);
-    if (c == '-' || (c >= '0' && c <= '9'))
-        return jparse_number(jp, out);
-    static const char *const lits[] = {"true", "false", "null"};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(lits[i]);
-        if ((size_t)(jp->end - jp->p) >= n && !memcmp(jp->p, lits[i], n)) {
-            out->kind = 'r';
-            out->raw = jp->p;
-            out->raw_len = n;
-            jp->p += n;
-            return 0;
-        }
-    }
-    return jfail(jp, "unexpected character");
-}
-
-/* Orders an object's pairs by key: Python sorts str by code point, which is UTF-8 byte order. */
-static int cmp_pair(const void *a, const void *b)
-{
-    const jnode *x = a, *y = b;
-    size_t n = x->s_len < y->s_len ? x->s_len : y->s_len;
-    int c = memcmp(x->s, y->s, n);
-    return c ? c : (x->s_len > y->s_len) - (x->s_len < y->s_len);
-}
-
-static void jsort(jnode *n)
-{
-    for (size_t i = 0; i < n->n_kids; i++)
-        jsort(&n->kids[i]);
-    if (n->kind == 'o' && n->n_kids > 2)
-        qsort(n->kids, n->n_kids / 2, 2 * sizeof *n->kids, cmp_pair);
-}
+/* Tools JSON: read by the strict reader (common/json.h), then written back the way Python's
+ * json.dumps writes it: keys sorted (unless asked not to), the caller's separators, numbers as
+ * their source text, and a repeated key in its first place with its last value, as a dict.   */
 
 /* json.dumps(ensure_ascii=False) string: escapes ", \, and control characters only. */
-static void jwrite_string(sbuf *b, const char *s, size_t n)
+static void jwrite_string(sbuf *b, const char *s)
 {
     static const char hex[] = "0123456789abcdef";
+    size_t n = strlen(s);
     sb_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -378,37 +83,76 @@ static void jwrite_string(sbuf *b, const char *s, size_t n)
     sb_add(b, "\"", 1);
 }
 
-static void jwrite(sbuf *b, const jnode *n, int style)
+/* Python sorts str keys by code point, which is UTF-8 byte order. */
+static int cmp_key(const void *a, const void *b)
 {
-    const char *item_sep = style == KL_CHAT_JSON_PYTHON ? ", " : ",";
-    const char *key_sep = style == KL_CHAT_JSON_PYTHON ? ": " : ":";
-    switch (n->kind) {
-    case 's':
-        jwrite_string(b, n->s, n->s_len);
-        break;
-    case 'r':
-        sb_add(b, n->raw, n->raw_len);
-        break;
-    case 'a':
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The members of object o as a dict sees them: each key once, in the place it first appeared
+ * (or sorted), with the value it was last given.  Returns a kl_malloc'd array and its length
+ * in *n, or NULL on no memory (an empty object gives a non-NULL array of 0). */
+static const cJSON **dict_members(const cJSON *o, int sorted, size_t *n)
+{
+    size_t count = 0;
+    for (const cJSON *m = o->child; m; m = m->next)
+        count++;
+    const cJSON **v = kl_malloc((count ? count : 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    size_t k = 0;
+    for (const cJSON *m = o->child; m; m = m->next) {
+        size_t j = 0;
+        while (j < k && strcmp(v[j]->string, m->string) != 0)
+            j++;
+        v[j] = m; /* a repeated key: its first place, this (later) value */
+        k += j == k;
+    }
+    if (sorted)
+        qsort(v, k, sizeof *v, cmp_key);
+    *n = k;
+    return v;
+}
+
+static int jwrite(sbuf *b, const cJSON *n, const kl_chat_opts *o)
+{
+    const char *item_sep = o->tools_json == KL_CHAT_JSON_PYTHON ? ", " : ",";
+    const char *key_sep = o->tools_json == KL_CHAT_JSON_PYTHON ? ": " : ":";
+    if (cJSON_IsString(n)) {
+        jwrite_string(b, n->valuestring);
+    } else if (cJSON_IsNumber(n)) {
+        sb_str(b, kl_json_number_text(n));
+    } else if (cJSON_IsBool(n) || cJSON_IsNull(n)) {
+        sb_str(b, cJSON_IsTrue(n) ? "true" : cJSON_IsFalse(n) ? "false" : "null");
+    } else if (cJSON_IsArray(n)) {
         sb_add(b, "[", 1);
-        for (size_t i = 0; i < n->n_kids; i++) {
-            if (i)
+        for (const cJSON *e = n->child; e; e = e->next) {
+            if (e != n->child)
                 sb_str(b, item_sep);
-            jwrite(b, &n->kids[i], style);
+            if (jwrite(b, e, o))
+                return KL_E_NOMEM;
         }
         sb_add(b, "]", 1);
-        break;
-    default: /* 'o' */
+    } else { /* object */
+        size_t k;
+        const cJSON **m = dict_members(n, !o->no_sort_keys, &k);
+        if (!m)
+            return KL_E_NOMEM;
         sb_add(b, "{", 1);
-        for (size_t i = 0; i + 1 < n->n_kids; i += 2) {
+        int rc = 0;
+        for (size_t i = 0; i < k && !rc; i++) {
             if (i)
                 sb_str(b, item_sep);
-            jwrite(b, &n->kids[i], style);
+            jwrite_string(b, m[i]->string);
             sb_str(b, key_sep);
-            jwrite(b, &n->kids[i + 1], style);
+            rc = jwrite(b, m[i], o);
         }
+        kl_free(m);
+        if (rc)
+            return rc;
         sb_add(b, "}", 1);
     }
+    return 0;
 }
 
 /* Appends the tools turn for tools_json (nothing for NULL, "" or an empty array). */
@@ -416,28 +160,31 @@ static int render_tools(sbuf *b, const char *tools_json, const kl_chat_opts *o, 
 {
     if (!tools_json || !*tools_json)
         return 0;
-    jparser jp = {tools_json, tools_json + strlen(tools_json), tools_json, err};
-    jnode root = {0};
-    int rc = jparse_value(&jp, &root, 0);
-    if (rc == 0) {
-        jskip_ws(&jp);
-        if (jp.p != jp.end)
-            rc = jfail(&jp, "trailing text after the value");
-        else if (root.kind != 'a')
-            rc = kl_fail(err, KL_E_USAGE, "tools JSON must be an array of tool declarations");
-    }
-    if (rc == 0 && root.n_kids > 0) {
-        sb_str(b, "<|im_system|>tool_declare<|im_middle|>");
-        if (o->tools_json == KL_CHAT_JSON_VERBATIM) {
-            sb_str(b, tools_json);
-        } else {
-            if (!o->no_sort_keys)
-                jsort(&root);
-            jwrite(b, &root, o->tools_json);
+    cJSON *root = NULL;
+    int rc = kl_json_parse(tools_json, strlen(tools_json), "TOOLS", &root, err);
+    if (rc == KL_E_FORMAT) { /* the caller's request is malformed, not a file kl reads */
+        if (err) {
+            char msg[sizeof err->msg];
+            memcpy(msg, err->msg, sizeof msg);
+            err->code = KL_E_USAGE;
+            snprintf(err->msg, sizeof err->msg, "tools JSON: %.*s at byte %llu",
+                     (int)(sizeof err->msg - 64), msg, (unsigned long long)err->offset);
         }
+        return KL_E_USAGE;
+    }
+    if (rc)
+        return rc;
+    if (!cJSON_IsArray(root))
+        rc = kl_fail(err, KL_E_USAGE, "tools JSON must be an array of tool declarations");
+    if (rc == 0 && root->child) {
+        sb_str(b, "<|im_system|>tool_declare<|im_middle|>");
+        if (o->tools_json == KL_CHAT_JSON_VERBATIM)
+            sb_str(b, tools_json);
+        else if (jwrite(b, root, o))
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory writing the tools JSON");
         sb_str(b, "<|im_end|>");
     }
-    jnode_free(&root);
+    cJSON_Delete(root);
     return rc;
 }
 

@@ -20,6 +20,7 @@
 #include "synth/synth.h"
 
 #include "common/fs.h"
+#include "common/grow.h"
 #include "common/mem.h"
 #include "common/rng.h"
 #include "common/strmap.h"
@@ -93,14 +94,8 @@ static const char *tok(const vocab *v, uint32_t id)
 
 static int pool_push(pool *p, uint32_t id)
 {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 64;
-        uint32_t *ids = kl_realloc(p->ids, cap * sizeof *ids);
-        if (!ids)
-            return KL_E_NOMEM;
-        p->ids = ids;
-        p->cap = cap;
-    }
+    if (kl_grow(&p->ids, &p->cap, p->n + 1, sizeof *p->ids))
+        return KL_E_NOMEM;
     p->ids[p->n++] = id;
     return 0;
 }

@@ -255,10 +255,10 @@ START_TEST(chat_bad_input_is_rejected_with_clear_messages)
     expect_render_error(bad_call, 1, NULL, "tool call 0 has no name");
     kl_chat_msg ok[] = {{.role = "user", .content = "a"}};
     expect_render_error(ok, 1, "{\"type\":\"function\"}", "must be an array");
-    expect_render_error(ok, 1, "[{\"a\":1,}]", "tools JSON: expected a string key at byte");
-    expect_render_error(ok, 1, "[1] x", "trailing text");
-    expect_render_error(ok, 1, "[\"\\ud800\"]", "unpaired surrogate");
-    expect_render_error(ok, 1, "[01]", "expected ',' or ']'");
+    expect_render_error(ok, 1, "[{\"a\":1,}]", "tools JSON: not valid JSON at byte 9");
+    expect_render_error(ok, 1, "[1] x", "tools JSON: unexpected bytes after the JSON value at byte 4");
+    expect_render_error(ok, 1, "[\"\\ud800\"]", "tools JSON: not valid JSON at byte 2");
+    expect_render_error(ok, 1, "[01]", "tools JSON: not valid JSON: malformed number at byte 1");
 }
 END_TEST
 
