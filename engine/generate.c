@@ -21,7 +21,7 @@ static int is_stop(const uint32_t *stop, size_t n_stop, uint32_t id)
 int kl_generate(kl_gen *g, kl_err *err)
 {
     g->n_ids = g->n_fed = 0;
-    g->stopped = 0;
+    g->stopped = g->cancelled = 0;
     uint32_t stop[KL_CHAT_MAX_STOP];
     size_t n_stop = 0;
     int rc = kl_chat_stop_ids(g->tok, stop, &n_stop, err);
@@ -34,6 +34,10 @@ int kl_generate(kl_gen *g, kl_err *err)
     size_t n;
     for (size_t step = 0; step < g->n_predict; step++) {
         uint32_t id;
+        if (g->cancel && *g->cancel) {
+            g->cancelled = 1;
+            break;
+        }
         if ((rc = kl_sampler_sample(g->samp, g->logits, &id, err)))
             goto out;
         if (is_stop(stop, n_stop, id)) {

@@ -79,7 +79,7 @@ static kl_model *open_model(const char *dir, unsigned threads)
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
-    kl_model_opts o = {threads, KL_ROUTE_UNBIASED};
+    kl_model_opts o = {.threads = threads, .route_weights = KL_ROUTE_UNBIASED};
     int rc = kl_model_open(&m, dir, &o, &err);
     ck_assert_msg(rc == 0 && m, "kl_model_open(%s): expected 0, got %d (%s)", dir, rc,
                   t_fmt_err(&err));
@@ -231,6 +231,32 @@ START_TEST(bf16_any_prompt_split_gives_identical_logits)
 }
 END_TEST
 
+/* MLA attention walks the latent cache in blocks for a group of a chunk's tokens: with a
+ * prompt longer than one block (1,365 rows of the tiny preset's 24 floats) the logits of one
+ * call still equal those of one token at a time. */
+START_TEST(attention_over_several_cache_blocks_matches_token_by_token)
+{
+    enum { N = 1500 };
+    kl_model *m = open_model(g_bf16, 2);
+    size_t V = m->cfg.vocab_size;
+    int32_t *ids = kl_malloc(N * sizeof *ids);
+    prompt_n(ids, N, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b);
+    kl_state s;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(&s, m, &err) == 0);
+    run_chunks(m, &s, ids, N, 1, a);
+    run_chunks(m, &s, ids, N, 0, b);
+    assert_same_logits(b, a, V, "tiny bf16, 1500 tokens", "one call");
+    kl_state_free(&s);
+    kl_free(ids);
+    kl_free(a);
+    kl_free(b);
+    kl_model_close(m);
+}
+END_TEST
+
 START_TEST(mxfp4_any_prompt_split_gives_identical_logits)
 {
     check_split_invariance(g_mxfp4, "tiny mxfp4");
@@ -367,6 +393,7 @@ static Suite *forward_suite(void)
     tcase_add_unchecked_fixture(tc, setup_ckpts, teardown_ckpts);
     tcase_add_test(tc, bf16_any_prompt_split_gives_identical_logits);
     tcase_add_test(tc, mxfp4_any_prompt_split_gives_identical_logits);
+    tcase_add_test(tc, attention_over_several_cache_blocks_matches_token_by_token);
     tcase_add_test(tc, resumed_state_gives_identical_logits);
     tcase_add_test(tc, scalar_kernels_agree_with_avx2);
     tcase_add_test(tc, state_reset_reproduces_logits_and_thread_count_does_not_matter);
