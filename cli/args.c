@@ -95,7 +95,7 @@ static const char *skip_blanks(const char *p)
 }
 
 /* One decimal id at *p (blanks around it skipped) into *v; *p past it; 0 or -1. */
-static int parse_one_id(const char **p, uint64_t max, uint32_t *v)
+static int parse_one_id(const char **p, uint64_t max, kl_token *v)
 {
     const char *q = skip_blanks(*p);
     if (!isdigit((unsigned char)*q))
@@ -110,14 +110,14 @@ static int parse_one_id(const char **p, uint64_t max, uint32_t *v)
     return 0;
 }
 
-int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n)
+int kl_cli_parse_ids(const char *s, uint64_t max, kl_token **out, size_t *n)
 {
     if (!s)
         return -1;
     size_t cap = 1;
     for (const char *p = s; *p; p++)
         cap += *p == ',';
-    uint32_t *ids = kl_malloc(cap * sizeof *ids);
+    kl_token *ids = kl_malloc(cap * sizeof *ids);
     if (!ids)
         return -1;
     size_t k = 0;

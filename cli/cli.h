@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "engine/token.h"
 
 #define KL_VERSION "0.1.0"
 
@@ -162,7 +163,7 @@ int kl_cli_parse_tokens(const char *s, unsigned long long *out);
  * ("1, 2,3" is fine).  -1 (nothing allocated) on an empty list, an empty item ("1,,2", "1,2,",
  * ",1"), ids separated by blanks only ("1 2"), a sign, a non-digit, a too large id, or no
  * memory.  The one parser of every --ids / --force-ids. */
-int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n);
+int kl_cli_parse_ids(const char *s, uint64_t max, kl_token **out, size_t *n);
 /* Parses a finite float; 0 or -1. */
 int kl_cli_parse_float(const char *s, float *out);
 /* KL_OPT_FN parser of a scale rule name into *(int *)target; 0 or -1. */

@@ -199,7 +199,7 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
 {
     kl_state st;
     uint32_t V = m->cfg.vocab_size;
-    int32_t *ids = kl_malloc((size_t)a->prompt_tokens * sizeof *ids);
+    kl_token *ids = kl_malloc((size_t)a->prompt_tokens * sizeof *ids);
     float *logits = kl_malloc((size_t)V * sizeof *logits);
     int rc = !ids || !logits ? kl_fail(err, KL_E_NOMEM, "out of memory for the prompt")
                              : kl_state_init(&st, m, err);
@@ -211,13 +211,13 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
     kl_rng r;
     kl_rng_seed(&r, 1, 0);
     for (size_t i = 0; i < a->prompt_tokens; i++)
-        ids[i] = (int32_t)(kl_rng_next(&r) % V);
+        ids[i] = (kl_token)(kl_rng_next(&r) % V);
     double t0 = kl_now_s();
     rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
     res->prefill_s = kl_now_s() - t0;
     t0 = kl_now_s();
     for (size_t i = 0; i < a->tokens && !rc; i++) {
-        int32_t id = (int32_t)kl_sample_argmax(logits, V);
+        kl_token id = kl_sample_argmax(logits, V);
         rc = kl_forward(m, &st, &id, 1, logits, err);
     }
     res->decode_s = kl_now_s() - t0;

@@ -95,7 +95,7 @@ typedef struct chat_ctx {
     kl_session sess; /* the conversation's state: prefix reuse and snapshots */
     kl_sampler samp;
     kl_cli_load load;
-    uint32_t *gen;     /* [n_predict] ids of the current reply */
+    kl_token *gen;     /* [n_predict] ids of the current reply */
     kl_chat_msg *msgs; /* [cap_msgs] the conversation; contents owned (kl_strdup) */
     size_t n_msgs, cap_msgs;
     size_t n_fixed; /* messages kept by /reset (the system message) */
@@ -186,7 +186,7 @@ static void show_prefill(void *user, size_t done, size_t total)
 }
 
 /* The conversation with the new user line, rendered and encoded into *ids (kl_malloc'd). */
-static int encode_turn(chat_ctx *c, uint32_t **ids, size_t *n, kl_err *err)
+static int encode_turn(chat_ctx *c, kl_token **ids, size_t *n, kl_err *err)
 {
     char *text = NULL;
     int rc = kl_chat_render(c->msgs, c->n_msgs, NULL, 1, &text, err);
@@ -219,7 +219,7 @@ static void print_turn(const chat_args *a, const turn_stats *t)
 }
 
 /* Prefill of the prompt ids[0..n) with progress; *stopped 1 when Ctrl-C cut it short. */
-static int prefill(chat_ctx *c, const chat_args *a, const uint32_t *ids, size_t n,
+static int prefill(chat_ctx *c, const chat_args *a, const kl_token *ids, size_t n,
                    turn_stats *t, kl_err *err)
 {
     kl_progress p;
@@ -259,7 +259,7 @@ static int reply(chat_ctx *c, const chat_args *a, turn_stats *t, int *cancelled,
  * A turn over the context is refused (message, no reply) and the chat goes on. */
 static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
 {
-    uint32_t *ids = NULL;
+    kl_token *ids = NULL;
     turn_stats t = {0};
     int cancelled = 0;
     size_t n_before = c->n_msgs;

@@ -120,11 +120,11 @@ typedef struct run_ctx {
     kl_sampler samp;
     const run_args *args; /* for the generation callbacks */
     kl_cli_load load;     /* plan, memory check, load time */
-    uint32_t *prompt;     /* [n_prompt] */
+    kl_token *prompt;     /* [n_prompt] */
     size_t n_prompt;
-    uint32_t *force; /* [n_force] */
+    kl_token *force; /* [n_force] */
     size_t n_force;
-    uint32_t *gen; /* [n_predict] generated ids */
+    kl_token *gen; /* [n_predict] generated ids */
     size_t n_gen;
     char *text; /* generated text (kl_malloc'd), text_len bytes */
     size_t text_len, text_cap;
@@ -235,7 +235,7 @@ static int write_row(run_ctx *c, const run_args *a, kl_err *err)
 }
 
 /* Feeds one id and writes the logits row after it. */
-static int feed_one(run_ctx *c, const run_args *a, uint32_t id, kl_err *err)
+static int feed_one(run_ctx *c, const run_args *a, kl_token id, kl_err *err)
 {
     int rc = kl_session_append(&c->sess, &id, 1, err);
     if (rc)
@@ -280,7 +280,7 @@ static int generate(run_ctx *c, const run_args *a, kl_err *err)
 static int check_vocab(const run_ctx *c, uint32_t vocab, kl_err *err)
 {
     for (size_t i = 0; i < c->n_prompt + c->n_force; i++) {
-        uint32_t id = i < c->n_prompt ? c->prompt[i] : c->force[i - c->n_prompt];
+        kl_token id = i < c->n_prompt ? c->prompt[i] : c->force[i - c->n_prompt];
         if (id >= vocab)
             return kl_fail(err, KL_E_USAGE, "token id %u is outside the model's vocabulary (%u)",
                            (unsigned)id, (unsigned)vocab);

@@ -765,7 +765,7 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
 /* Forward                                                                                    */
 
 /* T <= CHUNK tokens through every layer; leaves their final hidden states in b->x. */
-static void forward_chunk(kl_model *m, kl_state *s, const int32_t *ids, size_t T, const dims *d,
+static void forward_chunk(kl_model *m, kl_state *s, const kl_token *ids, size_t T, const dims *d,
                           bufs *b)
 {
     size_t H = d->hidden;
@@ -794,7 +794,7 @@ static void forward_chunk(kl_model *m, kl_state *s, const int32_t *ids, size_t T
     s->pos += T;
 }
 
-int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
+int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err)
 {
     if (n == 0)
@@ -802,9 +802,9 @@ int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *lo
     if (s->m != m)
         return kl_fail(err, KL_E_USAGE, "state was initialised for another model");
     for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || (uint32_t)ids[i] >= m->cfg.vocab_size)
-            return kl_fail(err, KL_E_USAGE, "token id %d at %zu is outside the vocabulary (%u)",
-                           (int)ids[i], i, m->cfg.vocab_size);
+        if (ids[i] >= m->cfg.vocab_size)
+            return kl_fail(err, KL_E_USAGE, "token id %u at %zu is outside the vocabulary (%u)",
+                           (unsigned)ids[i], i, m->cfg.vocab_size);
     if (m->cfg.num_experts_per_token > MAX_TOPK ||
         m->cfg.num_experts_per_token > m->cfg.num_experts)
         return kl_fail(err, KL_E_UNSUPPORTED, "%u experts per token of %u (at most %d)",

@@ -31,6 +31,7 @@
 
 #include "common/err.h"
 #include "engine/model.h"
+#include "engine/token.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -77,7 +78,7 @@ int  kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err);
 
 /* Feeds ids[0..n) after the tokens already in s; writes the logits after the last one into
  * logits_last[vocab] (may be NULL).  On error the state is unspecified: reset it. */
-int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
+int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err);
 
 #endif

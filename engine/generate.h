@@ -19,6 +19,7 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/sampler.h"
+#include "engine/token.h"
 #include "engine/tokenizer.h"
 
 #include <signal.h>
@@ -38,7 +39,7 @@ typedef struct kl_gen {
     const kl_tokenizer *tok;
     float              *logits;    /* [vocab] fp32: in, after the prompt; out, after the last fed */
     size_t              n_predict; /* ids to generate at most */
-    uint32_t           *ids;       /* [n_predict] out: generated ids (no stop id) */
+    kl_token           *ids;       /* [n_predict] out: generated ids (no stop id) */
     kl_gen_emit_fn      emit;      /* may be NULL */
     kl_gen_fed_fn       on_fed;    /* may be NULL */
     void               *user;      /* passed to the callbacks */

@@ -14,7 +14,7 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Id sequences                                                                               */
 
-static int seq_set(kl_id_seq *q, const uint32_t *ids, size_t n, kl_err *err)
+static int seq_set(kl_id_seq *q, const kl_token *ids, size_t n, kl_err *err)
 {
     if (kl_grow(&q->ids, &q->cap, n ? n : 1, sizeof *q->ids))
         return kl_fail(err, KL_E_NOMEM, "out of memory for a sequence of %zu ids", n);
@@ -24,7 +24,7 @@ static int seq_set(kl_id_seq *q, const uint32_t *ids, size_t n, kl_err *err)
     return 0;
 }
 
-static int seq_append(kl_id_seq *q, const uint32_t *ids, size_t n, kl_err *err)
+static int seq_append(kl_id_seq *q, const kl_token *ids, size_t n, kl_err *err)
 {
     if (kl_grow(&q->ids, &q->cap, q->n + n, sizeof *q->ids))
         return kl_fail(err, KL_E_NOMEM, "out of memory for a sequence of %zu ids", q->n + n);
@@ -35,7 +35,7 @@ static int seq_append(kl_id_seq *q, const uint32_t *ids, size_t n, kl_err *err)
 }
 
 /* 1 if q is a strict prefix of ids[0..n): feeding the rest leaves at least one id. */
-static int seq_extends(const kl_id_seq *q, const uint32_t *ids, size_t n)
+static int seq_extends(const kl_id_seq *q, const kl_token *ids, size_t n)
 {
     return q->n > 0 && q->n < n && !memcmp(q->ids, ids, q->n * sizeof *ids);
 }
@@ -94,7 +94,7 @@ int kl_session_check_context(uint64_t max_position, size_t n_prompt, uint64_t n_
 /* ------------------------------------------------------------------------------------------ */
 /* Feeding                                                                                    */
 
-static int check_ids(const kl_model *m, const uint32_t *ids, size_t n, kl_err *err)
+static int check_ids(const kl_model *m, const kl_token *ids, size_t n, kl_err *err)
 {
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= m->cfg.vocab_size)
@@ -105,19 +105,16 @@ static int check_ids(const kl_model *m, const uint32_t *ids, size_t n, kl_err *e
 
 /* Feeds ids[0..n) to the live state in pieces, recording each piece in live_ids; *fed = ids
  * fed (less than n only when cancelled).  On error the live state is forgotten. */
-static int feed_pieces(kl_session *s, const uint32_t *ids, size_t n, const kl_session_feed *f,
+static int feed_pieces(kl_session *s, const kl_token *ids, size_t n, const kl_session_feed *f,
                        size_t *fed, kl_err *err)
 {
-    int32_t x[KL_SESSION_PIECE];
     int rc = 0;
     *fed = 0;
     while (*fed < n) {
         if (f && f->cancel && *f->cancel)
             return 0;
         size_t k = n - *fed < KL_SESSION_PIECE ? n - *fed : KL_SESSION_PIECE;
-        for (size_t i = 0; i < k; i++)
-            x[i] = (int32_t)ids[*fed + i];
-        if ((rc = kl_forward(s->m, &s->live, x, k, s->logits, err)) ||
+        if ((rc = kl_forward(s->m, &s->live, ids + *fed, k, s->logits, err)) ||
             (rc = seq_append(&s->live_ids, ids + *fed, k, err))) {
             s->live_ids.n = 0;
             kl_state_reset(&s->live);
@@ -131,7 +128,7 @@ static int feed_pieces(kl_session *s, const uint32_t *ids, size_t n, const kl_se
 }
 
 /* Puts the live state at the longest held prefix of ids[0..n); returns its length. */
-static int choose_base(kl_session *s, const uint32_t *ids, size_t n, size_t *reused,
+static int choose_base(kl_session *s, const kl_token *ids, size_t n, size_t *reused,
                        kl_err *err)
 {
     if (seq_extends(&s->live_ids, ids, n)) {
@@ -155,7 +152,7 @@ static int choose_base(kl_session *s, const uint32_t *ids, size_t n, size_t *reu
     return 0;
 }
 
-int kl_session_prompt(kl_session *s, const uint32_t *ids, size_t n, const kl_session_feed *f,
+int kl_session_prompt(kl_session *s, const kl_token *ids, size_t n, const kl_session_feed *f,
                       kl_session_stats *stats, kl_err *err)
 {
     kl_session_stats st = {0};
@@ -177,7 +174,7 @@ int kl_session_prompt(kl_session *s, const uint32_t *ids, size_t n, const kl_ses
     return rc;
 }
 
-int kl_session_append(kl_session *s, const uint32_t *ids, size_t n, kl_err *err)
+int kl_session_append(kl_session *s, const kl_token *ids, size_t n, kl_err *err)
 {
     if (n == 0)
         return 0;

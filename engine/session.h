@@ -32,6 +32,7 @@
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/model.h"
+#include "engine/token.h"
 
 #include <signal.h>
 #include <stddef.h>
@@ -42,7 +43,7 @@
 
 /* A token sequence (grown by doubling). */
 typedef struct kl_id_seq {
-    uint32_t *ids;            /* [cap] */
+    kl_token *ids;            /* [cap] */
     size_t    n, cap;
 } kl_id_seq;
 
@@ -89,12 +90,12 @@ int kl_session_check_context(uint64_t max_position, size_t n_prompt, uint64_t n_
  * ids[n-1].  f and stats may be NULL.  Every id is checked against the vocabulary before
  * anything is fed.  When cancelled, the live state holds the ids fed so far and s->logits
  * follow them; no snapshot is taken. */
-int kl_session_prompt(kl_session *s, const uint32_t *ids, size_t n, const kl_session_feed *f,
+int kl_session_prompt(kl_session *s, const kl_token *ids, size_t n, const kl_session_feed *f,
                       kl_session_stats *stats, kl_err *err);
 
 /* Feeds ids[0..n) after what the live state holds (teacher forcing: no reuse, no snapshot);
  * s->logits then follow ids[n-1]. */
-int kl_session_append(kl_session *s, const uint32_t *ids, size_t n, kl_err *err);
+int kl_session_append(kl_session *s, const kl_token *ids, size_t n, kl_err *err);
 
 /* kl_generate on the live state (g->m, g->st and g->logits are set here; the caller fills the
  * rest), then records the ids it fed, so the next prompt can reuse them. */

@@ -89,15 +89,11 @@ static size_t render_ids(const eng *e, const kl_chat_msg *msgs, size_t n, uint32
 }
 
 /* Feeds ids[0..n) to s; logits after the last into out (may be NULL). */
-static void feed(eng *e, kl_state *s, const uint32_t *ids, size_t n, float *out)
+static void feed(eng *e, kl_state *s, const kl_token *ids, size_t n, float *out)
 {
     kl_err err;
     kl_err_clear(&err);
-    int32_t *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (int32_t)ids[i];
-    int rc = kl_forward(e->m, s, x, n, out, &err);
-    free(x);
+    int rc = kl_forward(e->m, s, ids, n, out, &err);
     ck_assert_msg(rc == 0, "kl_forward of %zu ids: %s", n, t_fmt_err(&err));
 }
 
