@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/grow.h"
 #include "common/mem.h"
 #include "engine/chat.h"
 #include "engine/forward.h"
@@ -187,16 +188,8 @@ static int build_prompt(const run_args *a, run_ctx *c, kl_err *err)
 /* Appends bytes to the collected text. */
 static int text_append(run_ctx *c, const char *s, size_t n, kl_err *err)
 {
-    if (c->text_len + n + 1 > c->text_cap) {
-        size_t cap = c->text_cap ? c->text_cap : 256;
-        while (cap < c->text_len + n + 1)
-            cap *= 2;
-        char *t = kl_realloc(c->text, cap);
-        if (!t)
-            return kl_fail(err, KL_E_NOMEM, "generated text of %zu bytes", c->text_len + n);
-        c->text = t;
-        c->text_cap = cap;
-    }
+    if (kl_grow(&c->text, &c->text_cap, c->text_len + n + 1, 1))
+        return kl_fail(err, KL_E_NOMEM, "generated text of %zu bytes", c->text_len + n);
     memcpy(c->text + c->text_len, s, n);
     c->text_len += n;
     c->text[c->text_len] = 0;

@@ -14,6 +14,7 @@
  */
 #include "engine/forward.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <math.h>
@@ -709,14 +710,9 @@ static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
         kl_mla_cache *mc = &s->mla[l];
         if (s->m->layers[l].attn != KL_ATTN_MLA || mc->cap >= need)
             continue;
-        size_t cap = mc->cap ? mc->cap : 64;
-        while (cap < need)
-            cap *= 2;
-        float *c = kl_realloc(mc->c, cap * kl_config_mla_token_bytes(&s->m->cfg, sizeof *c));
-        if (!c)
-            return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", cap);
-        mc->c = c;
-        mc->cap = cap;
+        if (kl_grow(&mc->c, &mc->cap, need, kl_config_mla_token_bytes(&s->m->cfg, sizeof *mc->c)))
+            return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", need);
+        size_t cap = mc->cap;
         if (s->scores_cap < cap) {
             /* scratch: nothing to keep, so free first and halve the peak */
             kl_free(s->scores);
