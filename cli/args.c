@@ -86,38 +86,60 @@ int kl_cli_parse_float(const char *s, float *out)
     return 0;
 }
 
-int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n)
+/* Skips blanks: space, tab, CR, LF. */
+static const char *skip_blanks(const char *p)
 {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* One decimal id at *p (blanks around it skipped) into *v; *p past it; 0 or -1. */
+static int parse_one_id(const char **p, uint64_t max, kl_token *v)
+{
+    const char *q = skip_blanks(*p);
+    if (!isdigit((unsigned char)*q))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(q, &end, 10);
+    if (errno || x > max)
+        return -1;
+    *v = (uint32_t)x;
+    *p = skip_blanks(end);
+    return 0;
+}
+
+int kl_cli_parse_ids(const char *s, uint64_t max, kl_token **out, size_t *n)
+{
+    if (!s)
+        return -1;
     size_t cap = 1;
     for (const char *p = s; *p; p++)
-        cap += *p == ',' || isspace((unsigned char)*p);
-    uint32_t *ids = kl_malloc(cap * sizeof *ids);
+        cap += *p == ',';
+    kl_token *ids = kl_malloc(cap * sizeof *ids);
     if (!ids)
         return -1;
     size_t k = 0;
-    for (const char *p = s;;) {
-        while (*p == ',' || isspace((unsigned char)*p))
-            p++;
-        if (!*p)
+    const char *p = s;
+    /* id (',' id)*: every item holds exactly one id, so "", "1,,2", "1,2," and "1 2" fail */
+    for (;;) {
+        if (parse_one_id(&p, max > UINT32_MAX ? UINT32_MAX : max, &ids[k]))
             break;
-        errno = 0;
-        char *end;
-        unsigned long long v = isdigit((unsigned char)*p) ? strtoull(p, &end, 10) : 0;
-        if (!isdigit((unsigned char)*p) || errno || v > max ||
-            (*end && *end != ',' && !isspace((unsigned char)*end))) {
-            kl_free(ids);
-            return -1;
+        k++;
+        if (*p == ',') {
+            p++;
+            continue;
         }
-        ids[k++] = (uint32_t)v;
-        p = end;
+        if (!*p) {
+            *out = ids;
+            *n = k;
+            return 0;
+        }
+        break;
     }
-    if (!k) {
-        kl_free(ids);
-        ids = NULL;
-    }
-    *out = ids;
-    *n = k;
-    return 0;
+    kl_free(ids);
+    return -1;
 }
 
 int kl_cli_parse_scale_rule(void *target, const char *v)

@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "engine/token.h"
 
 #define KL_VERSION "0.1.0"
 
@@ -157,9 +158,12 @@ int kl_cli_parse_bytes(const char *s, unsigned long long *out);
 /* Parses a token count such as "131072", "128K", "1M", "2G" into *out: the suffixes are powers
  * of 1024 (1M = 1048576, the 1M context of Kimi-Linear), case-insensitive; 0 or -1. */
 int kl_cli_parse_tokens(const char *s, unsigned long long *out);
-/* Parses "1,2,3" (commas and/or whitespace) into a kl_malloc'd array of ids <= max; -1 on a
- * bad or too large number or no memory.  An empty list gives *n = 0 and *out = NULL. */
-int kl_cli_parse_ids(const char *s, uint64_t max, uint32_t **out, size_t *n);
+/* Parses a strict id list into a kl_malloc'd array of *n >= 1 ids <= max (and < 2^32):
+ * decimal ids separated by commas, blanks (space, tab, CR, LF) allowed around each id
+ * ("1, 2,3" is fine).  -1 (nothing allocated) on an empty list, an empty item ("1,,2", "1,2,",
+ * ",1"), ids separated by blanks only ("1 2"), a sign, a non-digit, a too large id, or no
+ * memory.  The one parser of every --ids / --force-ids. */
+int kl_cli_parse_ids(const char *s, uint64_t max, kl_token **out, size_t *n);
 /* Parses a finite float; 0 or -1. */
 int kl_cli_parse_float(const char *s, float *out);
 /* KL_OPT_FN parser of a scale rule name into *(int *)target; 0 or -1. */

@@ -12,6 +12,7 @@
  * mxfp4 and rules print one JSON object; decode prints text, or one JSON object with --json.
  */
 #include "cli/cli.h"
+#include "cli/loadmodel.h"
 
 #include "common/clock.h"
 #include "common/cpu.h"
@@ -22,6 +23,7 @@
 #include "common/rng.h"
 #include "convert/mxfp4.h"
 #include "convert/verify.h"
+#include "engine/cost.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -68,8 +70,10 @@ static const char decode_about[] =
     "decodes N greedy tokens (default 32) one at a time on the CPU engine, and reports prefill\n"
     "and decode tok/s, the weight bytes one decoded token reads (non-expert weights, shared\n"
     "experts, the top-k routed experts of each MoE layer, lm_head and one embedding row, from\n"
-    "the model's tensors), the bandwidth that implies (bytes x tok/s) and the host memory-read\n"
-    "ceiling measured in the same run.  Text, or one JSON object with --json.\n"
+    "the model's tensors: kl_cost_token_bytes), the bandwidth that implies (bytes x tok/s) and\n"
+    "the host memory-read ceiling measured in the same run.  Text, or one JSON object with\n"
+    "--json.  The model must fit in the available memory (--ignore-memory-check to load\n"
+    "anyway); loading shows progress on a terminal and its time on stderr (-q: errors only).\n"
     "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
 
 #define ROW 2304
@@ -181,60 +185,21 @@ static int bench_rules(int argc, char **argv)
 typedef struct decode_args {
     const char        *model;
     unsigned long long threads, prompt_tokens, tokens;
-    int                json;
+    int                json, quiet, ignore_memory;
 } decode_args;
 
-/* Weight bytes one decoded token reads, by part (all from the bound tensors). */
-typedef struct token_bytes {
-    double non_expert;      /* attention, norms, routers, dense MLP */
-    double shared_experts;
-    double routed_experts;  /* top-k experts of every MoE layer (their mean size) */
-    double lm_head;
-    double embedding_row;
-    double total;
-} token_bytes;
-
 typedef struct decode_result {
-    double      prefill_s, decode_s;
-    token_bytes bytes;
+    double         prefill_s, decode_s;
+    kl_token_bytes bytes;
     kl_membench_result ceiling;
 } decode_result;
-
-static int is_shared_role(int r)
-{
-    return r == KL_ROLE_SHARED_GATE || r == KL_ROLE_SHARED_UP || r == KL_ROLE_SHARED_DOWN;
-}
-
-static void count_token_bytes(const kl_model *m, token_bytes *tb)
-{
-    const kl_config *c = &m->cfg;
-    memset(tb, 0, sizeof *tb);
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
-        const kl_layer *L = &m->layers[l];
-        for (int r = 0; r < KL_ROLE_COUNT; r++)
-            *(is_shared_role(r) ? &tb->shared_experts : &tb->non_expert) +=
-                (double)kl_wmat_bytes(&L->w[r]);
-        if (!L->moe || !c->num_experts)
-            continue;
-        double all = 0;
-        for (int k = 0; k < 3; k++)
-            for (uint32_t e = 0; e < c->num_experts; e++)
-                all += (double)kl_wmat_bytes(&L->experts[k][e]);
-        tb->routed_experts += all / c->num_experts * c->num_experts_per_token;
-    }
-    tb->non_expert += (double)c->hidden_size * sizeof(float); /* the final norm */
-    tb->lm_head = (double)kl_wmat_bytes(&m->lm_head);
-    tb->embedding_row = m->embed.rows ? (double)kl_wmat_bytes(&m->embed) / m->embed.rows : 0;
-    tb->total = tb->non_expert + tb->shared_experts + tb->routed_experts + tb->lm_head +
-                tb->embedding_row;
-}
 
 /* Prefill of random ids, then greedy decode steps; timings into res. */
 static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl_err *err)
 {
     kl_state st;
     uint32_t V = m->cfg.vocab_size;
-    int32_t *ids = kl_malloc((size_t)a->prompt_tokens * sizeof *ids);
+    kl_token *ids = kl_malloc((size_t)a->prompt_tokens * sizeof *ids);
     float *logits = kl_malloc((size_t)V * sizeof *logits);
     int rc = !ids || !logits ? kl_fail(err, KL_E_NOMEM, "out of memory for the prompt")
                              : kl_state_init(&st, m, err);
@@ -246,13 +211,13 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
     kl_rng r;
     kl_rng_seed(&r, 1, 0);
     for (size_t i = 0; i < a->prompt_tokens; i++)
-        ids[i] = (int32_t)(kl_rng_next(&r) % V);
+        ids[i] = (kl_token)(kl_rng_next(&r) % V);
     double t0 = kl_now_s();
     rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
     res->prefill_s = kl_now_s() - t0;
     t0 = kl_now_s();
     for (size_t i = 0; i < a->tokens && !rc; i++) {
-        int32_t id = (int32_t)kl_sample_argmax(logits, V);
+        kl_token id = kl_sample_argmax(logits, V);
         rc = kl_forward(m, &st, &id, 1, logits, err);
     }
     res->decode_s = kl_now_s() - t0;
@@ -267,15 +232,18 @@ static double per_s(double n, double s)
     return s > 0 ? n / s : 0;
 }
 
-static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r)
+static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
+                             const kl_cli_load *l)
 {
-    const token_bytes *b = &r->bytes;
+    const kl_token_bytes *b = &r->bytes;
     double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
     cJSON *j = kl_cli_json_head(1);
     cJSON_AddStringToObject(j, "model", a->model);
     cJSON_AddNumberToObject(j, "threads", kl_pool_threads(m->pool));
     cJSON_AddStringToObject(j, "kernels", kl_matvec_kernels_name(kl_matvec_kernels()));
     cJSON_AddNumberToObject(j, "weight_bytes", (double)m->weight_bytes);
+    cJSON_AddNumberToObject(j, "load_s", l->load_s);
+    cJSON_AddNumberToObject(j, "load_gbps", l->load_gbps);
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)a->prompt_tokens);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "prefill_tok_s", per_s((double)a->prompt_tokens, r->prefill_s));
@@ -298,7 +266,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
 
 static void print_decode_text(const decode_args *a, const kl_model *m, const decode_result *r)
 {
-    const token_bytes *b = &r->bytes;
+    const kl_token_bytes *b = &r->bytes;
     double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
     printf("kl bench decode: %s (%u threads, %s kernels, %.3f GB of weights)\n", a->model,
            kl_pool_threads(m->pool), kl_matvec_kernels_name(kl_matvec_kernels()),
@@ -328,11 +296,14 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         KL_VALUE("--tokens", 0, KL_OPT_U64, &a->tokens, "N",
                  "greedy decode steps (default 32)", .hi = 1 << 20),
         KL_FLAG("--json", 0, &a->json, "one JSON object instead of the text"),
+        KL_FLAG("--quiet", 'q', &a->quiet, "errors only on stderr (no load progress or time)"),
+        KL_FLAG("--ignore-memory-check", 0, &a->ignore_memory,
+                "load even when the model is larger than the available memory"),
         {0}};
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
-                    "                       [--json]\n",
+                    "                       [--json] [-q] [--ignore-memory-check]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
@@ -354,20 +325,25 @@ static int bench_decode(int argc, char **argv)
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
-    kl_model_opts mo = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED};
+    kl_cli_load l = {.cmd = "bench decode",
+                     .model = a.model,
+                     .opts = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED},
+                     .quiet = a.quiet,
+                     .ignore_memory = a.ignore_memory};
     decode_result res;
     memset(&res, 0, sizeof res);
-    if (kl_model_open(&m, a.model, &mo, &err) || time_decode(m, &a, &res, &err)) {
+    if (kl_cli_plan_model(&l, &err) || kl_cli_open_model(&l, &m, &err) ||
+        time_decode(m, &a, &res, &err)) {
         kl_model_close(m);
         return kl_cli_report("bench decode", &err);
     }
-    count_token_bytes(m, &res.bytes);
+    kl_cost_token_bytes(m, &res.bytes);
     /* the ceiling with as many threads as the engine, measured after the model is loaded */
     if (kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling, &err))
         fprintf(stderr, "kl bench decode: no memory-read ceiling: %s\n", err.msg);
     rc = KL_EXIT_OK;
     if (a.json)
-        rc = print_decode_json(&a, m, &res);
+        rc = print_decode_json(&a, m, &res, &l);
     else
         print_decode_text(&a, m, &res);
     kl_model_close(m);

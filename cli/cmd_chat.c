@@ -1,15 +1,21 @@
 /*
  * cli/cmd_chat.c — `kl chat`: interactive multi-turn chat on the CPU engine.
  *
- * Each line of standard input is one user turn (EOF ends the chat).  The whole conversation is
- * rendered with Kimi's chat format and encoded; when the ids extend what the state already
- * holds, only the new ids are fed (prefix reuse, architecture.md "Engine"): first the live
- * state (prompt plus the fed reply ids), else the snapshot taken at the end of the previous
- * prompt, else a reset and a full prefill.  The reply streams to stdout and becomes the
- * assistant turn of the next rendering.  "in: REUSED + NEW" per turn goes to stderr.
+ * Each line of standard input is one user turn (EOF, /exit or Ctrl-C at the prompt ends the
+ * chat; /reset starts a new conversation).  The whole conversation is rendered with Kimi's chat
+ * format and encoded, checked against the model's context, and handed to the engine session
+ * (engine/session.h), which feeds only what it does not already hold.  The reply streams to
+ * stdout and becomes the assistant turn of the next rendering; Ctrl-C during a turn stops that
+ * prompt or reply only.  Per turn, stderr shows "in: REUSED + NEW tokens" and the prefill and
+ * decode rates.
  */
 #include "cli/cli.h"
 #include "cli/genflags.h"
+#include "cli/loadmodel.h"
+#include "cli/progress.h"
+#include "cli/sigint.h"
+#include "common/clock.h"
+#include "common/grow.h"
 #include "common/utf8.h"
 
 #include "common/err.h"
@@ -19,28 +25,35 @@
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/session.h"
 #include "engine/tokenizer.h"
 
 #include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- usage and arguments ------------------------------------------------------------------ */
 
 static const char chat_synopsis[] =
     "usage: kl chat MODEL [--system TEXT] [-n N] [--temp T] [--top-p P] [--top-k K]\n"
     "               [--min-p M] [--seed S] [--threads N] [--route-weights unbiased|biased]\n"
-    "               [--json]\n";
+    "               [--json] [-q] [--ignore-memory-check]\n";
 
 static const char chat_about[] =
     "Interactive chat with the checkpoint in MODEL on the CPU: each line of standard input is a\n"
-    "user turn (EOF ends the chat); the reply streams to stdout, ending with a newline.  A turn\n"
-    "whose rendered conversation extends the previous one feeds only the new tokens; stderr\n"
-    "shows \"in: REUSED + NEW\" tokens per turn.\n";
+    "user turn; the reply streams to stdout, ending with a newline.  \"> \" prompts on stderr\n"
+    "when standard input is a terminal.  /exit, EOF, or Ctrl-C at the prompt end the chat;\n"
+    "/reset starts a new conversation (the --system message stays); Ctrl-C during a turn stops\n"
+    "that prompt or reply only.  A turn whose rendered conversation extends the previous one\n"
+    "feeds only the new tokens; stderr shows \"in: REUSED + NEW tokens\", prefill and decode\n"
+    "tok/s per turn.  A turn whose prompt plus -n exceeds the model's context is refused with\n"
+    "a message (the chat goes on; exit status 2 at the end).\n";
 
 static const char chat_footer[] =
     "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "
@@ -75,94 +88,49 @@ static int parse_args(int argc, char **argv, chat_args *a)
 
 /* ---- the conversation --------------------------------------------------------------------- */
 
-/* A token sequence a state holds (grown by doubling). */
-typedef struct id_seq {
-    uint32_t *ids; /* [cap] */
-    size_t n, cap;
-} id_seq;
-
 /* Everything a chat holds; released by chat_free whatever was built. */
 typedef struct chat_ctx {
     kl_tokenizer *tok;
     kl_model *m;
-    kl_state live;   /* the sequence fed so far */
-    kl_state snap;   /* snapshot at the end of the last prompt */
-    id_seq live_ids; /* ids held by live */
-    id_seq snap_ids; /* ids held by snap */
+    kl_session sess; /* the conversation's state: prefix reuse and snapshots */
     kl_sampler samp;
-    float *logits;     /* [vocab] fp32 */
-    uint32_t *gen;     /* [n_predict] ids of the current reply */
+    kl_cli_load load;
+    kl_token *gen;     /* [n_predict] ids of the current reply */
     kl_chat_msg *msgs; /* [cap_msgs] the conversation; contents owned (kl_strdup) */
     size_t n_msgs, cap_msgs;
-    char *reply; /* current reply text, reply_len bytes (kl_malloc'd) */
+    size_t n_fixed; /* messages kept by /reset (the system message) */
+    char *reply;    /* current reply text, reply_len bytes (kl_malloc'd) */
     size_t reply_len, reply_cap;
+    int refused; /* a turn was refused (exit status 2 at the end) */
     int json;      /* --json: replies are collected, not streamed */
     cJSON *turns;  /* --json: one {user, reply, reused_tokens, new_tokens} per turn */
 } chat_ctx;
 
+static void drop_msgs(chat_ctx *c, size_t keep)
+{
+    while (c->n_msgs > keep)
+        kl_free((char *)c->msgs[--c->n_msgs].content);
+}
+
 static void chat_free(chat_ctx *c)
 {
     kl_sampler_free(&c->samp);
-    kl_state_free(&c->live);
-    kl_state_free(&c->snap);
+    kl_session_free(&c->sess);
     kl_model_close(c->m);
     kl_tok_close(c->tok);
-    kl_free(c->live_ids.ids);
-    kl_free(c->snap_ids.ids);
-    kl_free(c->logits);
     kl_free(c->gen);
-    for (size_t i = 0; i < c->n_msgs; i++)
-        kl_free((char *)c->msgs[i].content);
+    drop_msgs(c, 0);
     kl_free(c->msgs);
     kl_free(c->reply);
     cJSON_Delete(c->turns);
     memset(c, 0, sizeof *c);
 }
 
-/* Makes room for need ids in q. */
-static int seq_reserve(id_seq *q, size_t need, kl_err *err)
-{
-    if (need <= q->cap)
-        return 0;
-    size_t cap = q->cap ? q->cap : 256;
-    while (cap < need)
-        cap *= 2;
-    uint32_t *p = kl_realloc(q->ids, cap * sizeof *p);
-    if (!p)
-        return kl_fail(err, KL_E_NOMEM, "a token sequence of %zu ids", need);
-    q->ids = p;
-    q->cap = cap;
-    return 0;
-}
-
-static int seq_set(id_seq *q, const uint32_t *ids, size_t n, kl_err *err)
-{
-    int rc = seq_reserve(q, n, err);
-    if (rc)
-        return rc;
-    if (n)
-        memcpy(q->ids, ids, n * sizeof *ids);
-    q->n = n;
-    return 0;
-}
-
-/* 1 if q is a strict prefix of ids[0..n): feeding the rest leaves at least one id. */
-static int seq_extends(const id_seq *q, const uint32_t *ids, size_t n)
-{
-    return q->n > 0 && q->n < n && !memcmp(q->ids, ids, q->n * sizeof *ids);
-}
-
 /* Appends a message with a copy of content. */
 static int add_msg(chat_ctx *c, const char *role, const char *content, kl_err *err)
 {
-    if (c->n_msgs == c->cap_msgs) {
-        size_t cap = c->cap_msgs ? 2 * c->cap_msgs : 16;
-        kl_chat_msg *p = kl_realloc(c->msgs, cap * sizeof *p);
-        if (!p)
-            return kl_fail(err, KL_E_NOMEM, "a conversation of %zu messages", cap);
-        c->msgs = p;
-        c->cap_msgs = cap;
-    }
+    if (kl_grow(&c->msgs, &c->cap_msgs, c->n_msgs + 1, sizeof *c->msgs))
+        return kl_fail(err, KL_E_NOMEM, "a conversation of %zu messages", c->n_msgs + 1);
     char *s = kl_strdup(content);
     if (!s)
         return kl_fail(err, KL_E_NOMEM, "a message of %zu bytes", strlen(content));
@@ -176,16 +144,8 @@ static int emit_cb(void *user, const char *s, size_t n, kl_err *err)
     chat_ctx *c = user;
     if (!c->json && (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0))
         return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
-    if (c->reply_len + n + 1 > c->reply_cap) {
-        size_t cap = c->reply_cap ? c->reply_cap : 256;
-        while (cap < c->reply_len + n + 1)
-            cap *= 2;
-        char *p = kl_realloc(c->reply, cap);
-        if (!p)
-            return kl_fail(err, KL_E_NOMEM, "a reply of %zu bytes", c->reply_len + n);
-        c->reply = p;
-        c->reply_cap = cap;
-    }
+    if (kl_grow(&c->reply, &c->reply_cap, c->reply_len + n + 1, 1))
+        return kl_fail(err, KL_E_NOMEM, "a reply of %zu bytes", c->reply_len + n);
     memcpy(c->reply + c->reply_len, s, n);
     c->reply_len += n;
     c->reply[c->reply_len] = 0;
@@ -205,41 +165,6 @@ static int add_reply(chat_ctx *c, kl_err *err)
     return rc;
 }
 
-/* Brings the live state to ids[0..n) feeding as little as possible; *reused = ids kept. */
-static int prefill(chat_ctx *c, const uint32_t *ids, size_t n, size_t *reused, kl_err *err)
-{
-    int rc;
-    if (seq_extends(&c->live_ids, ids, n)) {
-        *reused = c->live_ids.n;
-    } else if (seq_extends(&c->snap_ids, ids, n)) {
-        /* the reply was re-encoded differently (or not fed): back to the end of the prompt */
-        if ((rc = kl_state_copy(&c->live, &c->snap, err)))
-            return rc;
-        *reused = c->snap_ids.n;
-    } else {
-        kl_state_reset(&c->live);
-        *reused = 0;
-    }
-    size_t k = *reused, m = n - k;
-    int32_t *x = kl_malloc(m * sizeof *x);
-    if (!x)
-        return kl_fail(err, KL_E_NOMEM, "a prompt of %zu ids", m);
-    for (size_t i = 0; i < m; i++)
-        x[i] = (int32_t)ids[k + i];
-    rc = kl_forward(c->m, &c->live, x, m, c->logits, err);
-    kl_free(x);
-    if (rc) {
-        /* the state is unspecified after an error: forget both so the next turn starts over */
-        c->live_ids.n = c->snap_ids.n = 0;
-        return rc;
-    }
-    /* snapshot at the end of the prompt: recurrent state cannot be rewound */
-    if ((rc = seq_set(&c->live_ids, ids, n, err)) ||
-        (rc = kl_state_copy(&c->snap, &c->live, err)) || (rc = seq_set(&c->snap_ids, ids, n, err)))
-        c->snap_ids.n = 0;
-    return rc;
-}
-
 /* --json: the turn just done as an entry of c->turns. */
 static int add_turn_json(chat_ctx *c, const char *line, size_t reused, size_t fed, kl_err *err)
 {
@@ -255,90 +180,183 @@ static int add_turn_json(chat_ctx *c, const char *line, size_t reused, size_t fe
     return 0;
 }
 
-/* One user line: render, prefill what is new, generate, record the reply. */
-static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
+static void show_prefill(void *user, size_t done, size_t total)
 {
-    int rc;
+    kl_progress_show_count(user, done, total, "prompt tokens");
+}
+
+/* The conversation with the new user line, rendered and encoded into *ids (kl_malloc'd). */
+static int encode_turn(chat_ctx *c, kl_token **ids, size_t *n, kl_err *err)
+{
     char *text = NULL;
-    uint32_t *ids = NULL;
-    size_t n = 0, reused = 0;
-    if ((rc = add_msg(c, "user", line, err)) ||
-        (rc = kl_chat_render(c->msgs, c->n_msgs, NULL, 1, &text, err)) ||
-        (rc = kl_tok_encode(c->tok, text, strlen(text), &ids, &n, err)))
-        goto out;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] >= c->m->cfg.vocab_size) {
-            rc = kl_fail(err, KL_E_USAGE, "token id %u is outside the model's vocabulary (%u)",
-                         (unsigned)ids[i], (unsigned)c->m->cfg.vocab_size);
-            goto out;
-        }
-    if ((rc = prefill(c, ids, n, &reused, err)))
-        goto out;
-    fprintf(stderr, "kl chat: in: %zu + %zu\n", reused, n - reused);
+    int rc = kl_chat_render(c->msgs, c->n_msgs, NULL, 1, &text, err);
+    if (!rc)
+        rc = kl_tok_encode(c->tok, text, strlen(text), ids, n, err);
+    kl_free(text);
+    return rc;
+}
+
+/* Timings of one turn. */
+typedef struct turn_stats {
+    kl_session_stats feed;
+    double prefill_s, decode_s;
+    size_t n_prompt, n_out;
+} turn_stats;
+
+static double rate(size_t n, double s)
+{
+    return s > 0 ? (double)n / s : 0.0;
+}
+
+static void print_turn(const chat_args *a, const turn_stats *t)
+{
+    if (a->gen.quiet)
+        return;
+    fprintf(stderr, "kl chat: in: %zu + %zu tokens (prompt %zu), prefill %.3f s (%.1f tok/s); "
+            "out: %zu tokens, %.3f s (%.2f tok/s)\n", t->feed.reused, t->feed.fed, t->n_prompt,
+            t->prefill_s, rate(t->feed.fed, t->prefill_s), t->n_out, t->decode_s,
+            rate(t->n_out, t->decode_s));
+}
+
+/* Prefill of the prompt ids[0..n) with progress; *stopped 1 when Ctrl-C cut it short. */
+static int prefill(chat_ctx *c, const chat_args *a, const kl_token *ids, size_t n,
+                   turn_stats *t, kl_err *err)
+{
+    kl_progress p;
+    kl_progress_init(&p, "kl chat: prefill", a->gen.quiet);
+    kl_session_feed f = {.progress = show_prefill, .user = &p, .cancel = &kl_cli_interrupted};
+    double t0 = kl_now_s();
+    int rc = kl_session_prompt(&c->sess, ids, n, &f, &t->feed, err);
+    t->prefill_s = kl_now_s() - t0;
+    kl_progress_end(&p);
+    return rc;
+}
+
+/* Generates the reply into stdout and c->reply. */
+static int reply(chat_ctx *c, const chat_args *a, turn_stats *t, int *cancelled, kl_err *err)
+{
     c->reply_len = 0;
-    kl_gen g = {.m = c->m,
-                .st = &c->live,
-                .samp = &c->samp,
+    kl_gen g = {.samp = &c->samp,
                 .tok = c->tok,
-                .logits = c->logits,
                 .n_predict = (size_t)a->gen.n_predict,
                 .ids = c->gen,
                 .emit = emit_cb,
-                .user = c};
-    rc = kl_generate(&g, err);
-    /* the live state now also holds the fed reply ids */
-    int rc2 = seq_reserve(&c->live_ids, n + g.n_fed, err);
-    if (rc || rc2) {
-        c->live_ids.n = 0;
-        rc = rc ? rc : rc2;
+                .user = c,
+                .cancel = &kl_cli_interrupted};
+    double t0 = kl_now_s();
+    int rc = kl_session_generate(&c->sess, &g, err);
+    t->decode_s = kl_now_s() - t0;
+    t->n_out = g.n_ids;
+    *cancelled = g.cancelled;
+    if (rc)
+        return rc;
+    if (!c->json && (fputc('\n', stdout) == EOF || fflush(stdout) != 0))
+        return kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
+    return add_reply(c, err);
+}
+
+/* One user line: render, check the context, prefill what is new, generate, record the reply.
+ * A turn over the context is refused (message, no reply) and the chat goes on. */
+static int turn(chat_ctx *c, const chat_args *a, const char *line, kl_err *err)
+{
+    kl_token *ids = NULL;
+    turn_stats t = {0};
+    int cancelled = 0;
+    size_t n_before = c->n_msgs;
+    int rc = add_msg(c, "user", line, err);
+    if (!rc)
+        rc = encode_turn(c, &ids, &t.n_prompt, err);
+    if (!rc && (rc = kl_session_check_context(c->m->cfg.max_position, t.n_prompt,
+                                              a->gen.n_predict, err)) == KL_E_USAGE) {
+        char buf[1024];
+        fprintf(stderr, "kl chat: %s\n", kl_err_format(err, buf, sizeof buf));
+        kl_err_clear(err);
+        c->refused = 1;
+        drop_msgs(c, n_before);
+        rc = 0;
         goto out;
     }
-    memcpy(c->live_ids.ids + n, g.ids, g.n_fed * sizeof *g.ids);
-    c->live_ids.n = n + g.n_fed;
-    if (!c->json && (fputc('\n', stdout) == EOF || fflush(stdout) != 0)) {
-        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot write standard output");
+    if (rc || (rc = prefill(c, a, ids, t.n_prompt, &t, err)))
+        goto out;
+    if (t.feed.cancelled) {
+        drop_msgs(c, n_before);
+        fprintf(stderr, "kl chat: prompt interrupted\n");
         goto out;
     }
-    if ((rc = add_reply(c, err)) == 0 && c->json)
-        rc = add_turn_json(c, line, reused, n - reused, err);
+    rc = reply(c, a, &t, &cancelled, err);
+    if (cancelled)
+        fprintf(stderr, "kl chat: reply interrupted\n");
+    if (!rc && c->json)
+        rc = add_turn_json(c, line, t.feed.reused, t.feed.fed, err);
+    if (!rc)
+        print_turn(a, &t);
 out:
-    kl_free(text);
     kl_free(ids);
     return rc;
+}
+
+/* A command line ("/exit", "/reset"): 1 to end the chat, 0 otherwise. */
+static int command(chat_ctx *c, const char *line)
+{
+    if (!strcmp(line, "/exit"))
+        return 1;
+    if (!strcmp(line, "/reset")) {
+        drop_msgs(c, c->n_fixed);
+        kl_session_reset(&c->sess);
+        fprintf(stderr, "kl chat: new conversation\n");
+    } else {
+        fprintf(stderr, "kl chat: unknown command %s (/exit, /reset)\n", line);
+    }
+    return 0;
 }
 
 /* Loads the model, then one turn per line of stdin. */
 static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
 {
     int rc;
-    if ((rc = kl_tok_open(a->model, &c->tok, err)))
-        return rc;
-    kl_model_opts mo = {.threads = a->gen.threads, .route_weights = a->gen.route};
-    if ((rc = kl_model_open(&c->m, a->model, &mo, err)))
+    c->load = (kl_cli_load){.cmd = "chat",
+                            .model = a->model,
+                            .opts = {.threads = a->gen.threads, .route_weights = a->gen.route},
+                            .quiet = a->gen.quiet,
+                            .ignore_memory = a->gen.ignore_memory};
+    if ((rc = kl_cli_plan_model(&c->load, err)) || (rc = kl_tok_open(a->model, &c->tok, err)) ||
+        (rc = kl_cli_open_model(&c->load, &c->m, err)))
         return rc;
     uint32_t vocab = c->m->cfg.vocab_size;
-    c->logits = kl_calloc(vocab, sizeof *c->logits);
     c->gen = kl_calloc(a->gen.n_predict ? (size_t)a->gen.n_predict : 1, sizeof *c->gen);
-    if (!c->logits || !c->gen)
-        return kl_fail(err, KL_E_NOMEM, "buffers for a vocabulary of %u", (unsigned)vocab);
-    if ((rc = kl_state_init(&c->live, c->m, err)) || (rc = kl_state_init(&c->snap, c->m, err)) ||
+    if (!c->gen)
+        return kl_fail(err, KL_E_NOMEM, "buffers for %llu ids", a->gen.n_predict);
+    if ((rc = kl_session_init(&c->sess, c->m, 1, err)) ||
         (rc = kl_sampler_init(&c->samp, vocab, &a->gen.samp, err)))
         return rc;
     if (a->system && (rc = add_msg(c, "system", a->system, err)))
         return rc;
+    c->n_fixed = c->n_msgs;
+    int tty = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t line_cap = 0;
     ssize_t len;
-    while ((len = getline(&line, &line_cap, stdin)) >= 0) {
+    for (;;) {
+        /* a Ctrl-C from here until the line is read ends the chat; after, the turn */
+        kl_cli_interrupted = 0;
+        kl_cli_catch_sigint(0);
+        if (tty)
+            fputs("> ", stderr);
+        len = getline(&line, &line_cap, stdin);
+        kl_cli_catch_sigint(1);
+        if (len < 0)
+            break;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = 0;
         if (len == 0)
             continue;
-        if ((rc = turn(c, a, line, err)))
+        if (line[0] == '/' ? command(c, line) : (rc = turn(c, a, line, err)) != 0)
             break;
     }
-    if (!rc && ferror(stdin))
+    if (!rc && ferror(stdin) && !kl_cli_interrupted)
         rc = kl_fail_sys(err, KL_E_IO, errno, "cannot read standard input");
+    if (tty && !rc)
+        fputc('\n', stderr);
     free(line);
     return rc;
 }
@@ -363,6 +381,9 @@ int cmd_chat(int argc, char **argv)
     if (a.json && !(c.turns = cJSON_CreateArray()))
         return kl_cli_fail(KL_EXIT_BUG, "nomem", "out of memory", NULL);
     rc = chat(&a, &c, &err) ? kl_cli_report("chat", &err) : KL_EXIT_OK;
+    if (rc == KL_EXIT_OK && c.refused)
+        rc = kl_cli_fail(KL_EXIT_USAGE, "usage", "a turn was refused: over the model's context",
+                         NULL);
     if (a.json && rc == KL_EXIT_OK) {
         cJSON *root = kl_cli_json_head(1);
         cJSON_AddItemToObject(root, "turns", c.turns);

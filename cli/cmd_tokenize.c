@@ -85,7 +85,7 @@ static int read_stdin(char **out, size_t *len, kl_err *err)
 }
 
 /* The ids as a JSON array of numbers; NULL when out of memory. */
-static cJSON *ids_json(const uint32_t *ids, size_t n)
+static cJSON *ids_json(const kl_token *ids, size_t n)
 {
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; arr && i < n; i++) {
@@ -100,7 +100,7 @@ static cJSON *ids_json(const uint32_t *ids, size_t n)
 }
 
 /* One input's ids: a line of text, or an entry of the JSON "inputs" array. */
-static int print_ids(const tok_input *in, const uint32_t *ids, size_t n, cJSON *inputs)
+static int print_ids(const tok_input *in, const kl_token *ids, size_t n, cJSON *inputs)
 {
     if (inputs) {
         cJSON *o = cJSON_CreateObject(), *arr = ids_json(ids, n);
@@ -158,7 +158,7 @@ static int tokenize_one(const kl_tokenizer *tok, const tok_input *in, cJSON *inp
         return rc;
     kl_err err;
     kl_err_clear(&err);
-    uint32_t *ids = NULL;
+    kl_token *ids = NULL;
     size_t n = 0;
     double t0 = kl_now_s();
     int krc = kl_tok_encode(tok, text, len, &ids, &n, &err);
@@ -283,7 +283,7 @@ int cmd_detokenize(int argc, char **argv)
     const char *ids_text = NULL;
     int skip = 0, json = 0;
     const kl_opt opts[] = {
-        KL_VALUE("--ids", 0, KL_OPT_STR, &ids_text, "LIST", "ids separated by commas or spaces"),
+        KL_VALUE("--ids", 0, KL_OPT_STR, &ids_text, "LIST", "decimal ids separated by commas (no empty items)"),
         KL_FLAG("--skip-special", 0, &skip,
                 "leave out control tokens (specials marked \"special\": true)"),
         KL_FLAG("--json", 0, &json, "one JSON object: the text (invalid UTF-8 as U+FFFD)"),
@@ -296,7 +296,7 @@ int cmd_detokenize(int argc, char **argv)
         return rc;
     if (!ids_text)
         return kl_cli_usage("no --ids given");
-    uint32_t *ids = NULL;
+    kl_token *ids = NULL;
     size_t n = 0;
     if (kl_cli_parse_ids(ids_text, UINT32_MAX, &ids, &n))
         return kl_cli_usage("--ids wants numbers, not '%s'", ids_text);

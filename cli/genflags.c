@@ -76,6 +76,10 @@ void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows)
         KL_VALUE("--route-weights", 0, KL_OPT_FN, &f->route, "W",
                  "MoE weights unbiased (default) or biased (HF remote code)", .fn = parse_route,
                  .wants = "unbiased or biased"),
+        KL_FLAG("--quiet", 'q', &f->quiet, "errors only on stderr (no progress, load time or "
+                "timings)"),
+        KL_FLAG("--ignore-memory-check", 0, &f->ignore_memory,
+                "load even when the model is larger than the available memory"),
     };
     memcpy(rows, r, sizeof r);
 }

@@ -33,6 +33,20 @@ void kl_progress_show(kl_progress *p, uint64_t done, uint64_t total)
     p->drawn = 1;
 }
 
+void kl_progress_show_count(kl_progress *p, uint64_t done, uint64_t total, const char *unit)
+{
+    double now = kl_now_s();
+    if (!p->on || now - p->last < 0.1)
+        return;
+    p->last = now;
+    double dt = now - p->t0, rate = dt > 0 ? (double)done / dt : 0;
+    double eta = rate > 0 && total > done ? (double)(total - done) / rate : 0;
+    fprintf(stderr, "\r%s: %llu / %llu %s  %.1f/s  ETA %.0f s   ", p->label,
+            (unsigned long long)done, (unsigned long long)total, unit, rate, eta);
+    fflush(stderr);
+    p->drawn = 1;
+}
+
 void kl_progress_end(kl_progress *p)
 {
     if (p->drawn)

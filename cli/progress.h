@@ -17,6 +17,8 @@ typedef struct kl_progress {
 void kl_progress_init(kl_progress *p, const char *label, int quiet);
 /* total 0 = unknown (no ETA). */
 void kl_progress_show(kl_progress *p, uint64_t done, uint64_t total);
+/* The same line for a count of things (e.g. "tokens"): done / total, per second, ETA. */
+void kl_progress_show_count(kl_progress *p, uint64_t done, uint64_t total, const char *unit);
 /* Clears the line if anything was drawn. */
 void kl_progress_end(kl_progress *p);
 

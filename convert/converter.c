@@ -6,7 +6,6 @@
  */
 #include "convert/converter.h"
 
-#include "audit/audit.h"
 #include "common/clock.h"
 #include "common/cpu.h"
 #include "common/fasthash.h"
@@ -93,6 +92,8 @@ static const kl_ckpt_tensor *find_source(const conv *c, const kl_schema_entry *e
     return kl_ckcheck_tensor(&c->check, name);
 }
 
+/* The source's metadata check (loader/ckcheck: what kl audit reports as an error refuses the
+ * conversion with its first finding), then the MXFP4 schema and the source of every entry. */
 static int plan(conv *c, kl_err *err)
 {
     int rc = kl_ckcheck_require(&c->check, &c->ck, err);
@@ -960,28 +961,6 @@ static int check_paths(conv *c, kl_err *err)
     return 0;
 }
 
-/* The audit's first problem becomes the refusal. */
-static int audit_source(conv *c, kl_err *err)
-{
-    kl_audit_report r;
-    kl_audit_opts ao = {.tp = 1, .context = 1};
-    int rc = kl_audit_run(&r, c->o->src, &ao, err);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < r.n_findings; i++) {
-        const kl_finding *f = &r.findings[i];
-        if (f->severity != KL_SEV_ERROR)
-            continue;
-        rc = kl_fail_at(err, KL_E_FORMAT, f->rule, f->tensor[0] ? f->tensor : NULL, f->offset,
-                        "source refused (%zu problem(s); run kl audit): %s", r.n_errors,
-                        f->message);
-        kl_err_context(err, f->file, NULL, KL_NO_OFFSET, NULL);
-        break;
-    }
-    kl_audit_report_free(&r);
-    return rc;
-}
-
 static int open_source(conv *c, kl_err *err)
 {
     int rc = kl_ckpt_open(&c->ck, c->o->src, err);
@@ -1232,8 +1211,6 @@ int kl_convert(const kl_convert_opts *o, kl_err *err)
     c.t0 = kl_now_s();
     test_kill_config(&c);
     int rc = check_paths(&c, err);
-    if (!rc)
-        rc = audit_source(&c, err);
     if (!rc)
         rc = open_source(&c, err);
     if (!rc)

@@ -501,10 +501,10 @@ void kl_chat_parsed_free(kl_chat_parsed *p)
 /* ------------------------------------------------------------------------------------------ */
 /* Stop ids                                                                                   */
 
-int kl_chat_stop_ids(const kl_tokenizer *tok, uint32_t ids[KL_CHAT_MAX_STOP], size_t *n,
+int kl_chat_stop_ids(const kl_tokenizer *tok, kl_token ids[KL_CHAT_MAX_STOP], size_t *n,
                      kl_err *err)
 {
-    uint32_t id;
+    kl_token id;
     size_t k = 0;
     if (!tok || !ids || !n)
         return kl_fail(err, KL_E_USAGE, "kl_chat_stop_ids: NULL argument");

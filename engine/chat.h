@@ -35,6 +35,7 @@
 #define KL_ENGINE_CHAT_H
 
 #include "common/err.h"
+#include "engine/token.h"
 #include "engine/tokenizer.h"
 
 #include <stddef.h>
@@ -112,7 +113,7 @@ void kl_chat_parsed_free(kl_chat_parsed *p);
 /* Writes the stop ids of tok into ids[0..*n): <|im_end|> first (required, KL_E_FORMAT if the
  * tokenizer lacks it), then [EOS] and [EOT] where the tokenizer names them.  ids has room for
  * KL_CHAT_MAX_STOP entries. */
-int kl_chat_stop_ids(const kl_tokenizer *tok, uint32_t ids[KL_CHAT_MAX_STOP], size_t *n,
+int kl_chat_stop_ids(const kl_tokenizer *tok, kl_token ids[KL_CHAT_MAX_STOP], size_t *n,
                      kl_err *err);
 
 #endif

@@ -14,6 +14,7 @@
  */
 #include "engine/forward.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 
 #include <math.h>
@@ -358,39 +359,68 @@ static void kda_chunk(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs 
 typedef struct mla_job {
     const kl_wmat      *kvb;
     const kl_mla_cache *mc;
-    float              *scores;   /* [nh, scores_cap] */
-    size_t              scores_cap;
+    float              *scores;   /* [nh, rows, scores_cap] */
+    size_t              scores_cap, rows;
     const dims         *d;
     const bufs         *b;
     size_t              T, base;  /* chunk tokens; cache entries before the chunk */
 } mla_job;
 
-/* Token t of head h attends to the cache up to itself (causal); ql [R] holds its absorbed
- * query on entry and its attention-weighted latent (ctx) on return. */
-static void mla_attend(const mla_job *j, size_t h, size_t t, float *ql)
+/* Cache rows per block of the blocked attention: about 128 KiB, so a block read for the first
+ * token of a group is still in the core's cache for the others. */
+static size_t mla_block_rows(size_t cw)
+{
+    size_t r = ((size_t)128 << 10) / (cw * sizeof(float));
+    return r < 16 ? 16 : r;
+}
+
+/* Tokens t0..t0+G of head h attend to the cache, each up to itself (causal); ql [T, R] holds
+ * their absorbed queries on entry and their attention-weighted latents (ctx) on return.  The
+ * cache is walked in blocks, each block once for the whole group; every token's softmax and
+ * context sums still run over the cache in order, so the result is the one of attending one
+ * token at a time. */
+static void mla_attend_group(const mla_job *j, size_t h, size_t t0, size_t G, float *ql)
 {
     const dims *d = j->d;
-    size_t R = d->R, dr = d->dr, cw = R + dr, qw = d->dn + dr;
-    size_t n = j->base + t + 1;
-    const float *qr = j->b->q + t * d->nh * qw + h * qw + d->dn;
-    float *sc = j->scores + h * j->scores_cap;
-    float scale = 1.0f / sqrtf((float)qw), mx = -INFINITY;
-    /* scores (latent part + shared rope part), fp32 softmax */
-    for (size_t u = 0; u < n; u++) {
-        const float *cu = j->mc->c + u * cw;
-        sc[u] = (kl_vec_dot(ql, cu, R) + kl_vec_dot(qr, cu + R, dr)) * scale;
-        if (sc[u] > mx)
-            mx = sc[u];
+    size_t R = d->R, dr = d->dr, cw = R + dr, qw = d->dn + dr, blk = mla_block_rows(cw);
+    size_t n_max = j->base + t0 + G;   /* the last token's span */
+    float scale = 1.0f / sqrtf((float)qw);
+    float *sc0 = j->scores + h * j->rows * j->scores_cap, sum[KL_FORWARD_CHUNK];
+    /* scores (latent part + shared rope part) */
+    for (size_t u0 = 0; u0 < n_max; u0 += blk) {
+        for (size_t g = 0; g < G; g++) {
+            size_t t = t0 + g, n = j->base + t + 1, u1 = u0 + blk < n ? u0 + blk : n;
+            const float *q = ql + t * R, *qr = j->b->q + t * d->nh * qw + h * qw + d->dn;
+            float *sc = sc0 + g * j->scores_cap;
+            for (size_t u = u0; u < u1; u++) {
+                const float *cu = j->mc->c + u * cw;
+                sc[u] = (kl_vec_dot(q, cu, R) + kl_vec_dot(qr, cu + R, dr)) * scale;
+            }
+        }
     }
-    float sum = 0.0f;
-    for (size_t u = 0; u < n; u++) {
-        sc[u] = expf(sc[u] - mx);
-        sum += sc[u];
+    /* fp32 softmax per token, over its span in order */
+    for (size_t g = 0; g < G; g++) {
+        size_t n = j->base + t0 + g + 1;
+        float *sc = sc0 + g * j->scores_cap, mx = -INFINITY;
+        for (size_t u = 0; u < n; u++)
+            if (sc[u] > mx)
+                mx = sc[u];
+        sum[g] = 0.0f;
+        for (size_t u = 0; u < n; u++) {
+            sc[u] = expf(sc[u] - mx);
+            sum[g] += sc[u];
+        }
+        memset(ql + (t0 + g) * R, 0, R * sizeof *ql);
     }
-    /* ctx = Σ p_u c_u, over the spent query */
-    memset(ql, 0, R * sizeof *ql);
-    for (size_t u = 0; u < n; u++)
-        kl_vec_axpy(ql, sc[u] / sum, j->mc->c + u * cw, R);
+    /* ctx = Σ p_u c_u, over the spent queries */
+    for (size_t u0 = 0; u0 < n_max; u0 += blk) {
+        for (size_t g = 0; g < G; g++) {
+            size_t n = j->base + t0 + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
+            const float *sc = sc0 + g * j->scores_cap;
+            for (size_t u = u0; u < u1; u++)
+                kl_vec_axpy(ql + (t0 + g) * R, sc[u] / sum[g], j->mc->c + u * cw, R);
+        }
+    }
 }
 
 /* One head for the whole chunk (pool item h): absorbed queries, attention, W_vb. */
@@ -409,8 +439,8 @@ static void mla_head(void *ctx, size_t h)
         for (size_t t = 0; t < T; t++)
             kl_vec_axpy(ql + t * R, j->b->q[t * d->nh * qw + h * qw + i], row, R);
     }
-    for (size_t t = 0; t < T; t++)
-        mla_attend(j, h, t, ql + t * R);
+    for (size_t t0 = 0; t0 < T; t0 += j->rows)
+        mla_attend_group(j, h, t0, T - t0 < j->rows ? T - t0 : j->rows, ql);
     /* out_h = W_vb,h ctx for every token (serial: this is already one pool item) */
     kl_wmat vb = kl_wmat_rows(j->kvb, h * (dn + dv) + dn, dv);
     kl_wmat_matmul(&vb, ql, T, yo, NULL);
@@ -435,7 +465,8 @@ static void mla_chunk(kl_model *m, kl_state *s, uint32_t l, const dims *d, bufs 
         rmsnorm(cn, b->lr + t * cw, L->vec[KL_ROLE_MLA_KV_A_NORM], R, 1e-6f);
         memcpy(cn + R, b->lr + t * cw + R, dr * sizeof *cn);
     }
-    mla_job j = {&L->w[KL_ROLE_MLA_KV_B], mc, s->scores, s->scores_cap, d, b, T, mc->n};
+    mla_job j = {&L->w[KL_ROLE_MLA_KV_B], mc, s->scores, s->scores_cap, s->scores_rows, d, b, T,
+                 mc->n};
     mc->n += T;
     /* 4-7. heads in parallel, each head's tokens in order */
     double per_head = (double)(d->dn + d->dv) * (double)R + 2.0 * (double)mc->n * (double)cw;
@@ -660,6 +691,17 @@ void kl_state_reset(kl_state *s)
     s->pos = 0;
 }
 
+/* Tokens that attend as one group (rows of attention weights per head): as many of a chunk as
+ * fit in KL_SCORES_BUDGET bytes, at least one (long contexts fall back to one at a time). */
+#define KL_SCORES_BUDGET ((size_t)64 << 20)
+
+static size_t scores_rows(const dims *d, size_t cap)
+{
+    size_t per_row = d->nh * cap * sizeof(float);
+    size_t rows = per_row ? KL_SCORES_BUDGET / per_row : CHUNK;
+    return rows < 1 ? 1 : rows > CHUNK ? CHUNK : rows;
+}
+
 /* Grows every MLA cache, and the attention-weight scratch, to hold at least need tokens
  * (doubling). */
 static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
@@ -668,22 +710,19 @@ static int reserve_mla(kl_state *s, const dims *d, size_t need, kl_err *err)
         kl_mla_cache *mc = &s->mla[l];
         if (s->m->layers[l].attn != KL_ATTN_MLA || mc->cap >= need)
             continue;
-        size_t cap = mc->cap ? mc->cap : 64;
-        while (cap < need)
-            cap *= 2;
-        float *c = kl_realloc(mc->c, cap * kl_config_mla_token_bytes(&s->m->cfg, sizeof *c));
-        if (!c)
-            return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", cap);
-        mc->c = c;
-        mc->cap = cap;
+        if (kl_grow(&mc->c, &mc->cap, need, kl_config_mla_token_bytes(&s->m->cfg, sizeof *mc->c)))
+            return kl_fail(err, KL_E_NOMEM, "out of memory for an MLA cache of %zu tokens", need);
+        size_t cap = mc->cap;
         if (s->scores_cap < cap) {
             /* scratch: nothing to keep, so free first and halve the peak */
             kl_free(s->scores);
             s->scores_cap = 0;
-            if (!(s->scores = kl_malloc(d->nh * cap * sizeof *s->scores)))
+            size_t rows = scores_rows(d, cap);
+            if (!(s->scores = kl_malloc(d->nh * rows * cap * sizeof *s->scores)))
                 return kl_fail(err, KL_E_NOMEM, "out of memory for attention weights of %zu "
                                "tokens", cap);
             s->scores_cap = cap;
+            s->scores_rows = rows;
         }
     }
     return 0;
@@ -722,7 +761,7 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
 /* Forward                                                                                    */
 
 /* T <= CHUNK tokens through every layer; leaves their final hidden states in b->x. */
-static void forward_chunk(kl_model *m, kl_state *s, const int32_t *ids, size_t T, const dims *d,
+static void forward_chunk(kl_model *m, kl_state *s, const kl_token *ids, size_t T, const dims *d,
                           bufs *b)
 {
     size_t H = d->hidden;
@@ -751,7 +790,7 @@ static void forward_chunk(kl_model *m, kl_state *s, const int32_t *ids, size_t T
     s->pos += T;
 }
 
-int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
+int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err)
 {
     if (n == 0)
@@ -759,9 +798,9 @@ int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *lo
     if (s->m != m)
         return kl_fail(err, KL_E_USAGE, "state was initialised for another model");
     for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || (uint32_t)ids[i] >= m->cfg.vocab_size)
-            return kl_fail(err, KL_E_USAGE, "token id %d at %zu is outside the vocabulary (%u)",
-                           (int)ids[i], i, m->cfg.vocab_size);
+        if (ids[i] >= m->cfg.vocab_size)
+            return kl_fail(err, KL_E_USAGE, "token id %u at %zu is outside the vocabulary (%u)",
+                           (unsigned)ids[i], i, m->cfg.vocab_size);
     if (m->cfg.num_experts_per_token > MAX_TOPK ||
         m->cfg.num_experts_per_token > m->cfg.num_experts)
         return kl_fail(err, KL_E_UNSUPPORTED, "%u experts per token of %u (at most %d)",

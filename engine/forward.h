@@ -13,7 +13,8 @@
  * projection is one matrix x chunk product (each weight row read once per chunk), routed
  * experts run once per chunk on the tokens that chose them, while the KDA conv and delta-rule
  * recurrence (the exact reference, kimi-linear.md §3.2) and MLA's causal attention still go
- * token by token.  Every value of a token is computed in an order that does not depend on the
+ * token by token (attention reads each block of the latent cache once for a group of the
+ * chunk's tokens, each token's sums still in cache order).  Every value of a token is computed in an order that does not depend on the
  * chunk it travels in (engine/matvec.h), so any split of a prompt into calls gives
  * bit-identical logits.  MLA uses the absorbed form (exact without RoPE).
  *
@@ -30,6 +31,7 @@
 
 #include "common/err.h"
 #include "engine/model.h"
+#include "engine/token.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -55,8 +57,10 @@ typedef struct kl_state {
     float        *scratch;    /* one block carved into the chunk buffers (forward.c) */
     size_t        scratch_floats;
     int32_t      *route;      /* MoE routing scratch [chunk * top_k * 3 + num_experts + 1] */
-    float        *scores;     /* MLA attention weights [num_attention_heads, scores_cap] */
-    size_t        scores_cap; /* tokens per head row of scores (>= every MLA cache's cap) */
+    float        *scores;     /* MLA attention weights [num_attention_heads, scores_rows,
+                                 scores_cap]: one row per token of a group */
+    size_t        scores_cap; /* tokens per row of scores (>= every MLA cache's cap) */
+    size_t        scores_rows;/* tokens of a chunk that attend together (1..KL_FORWARD_CHUNK) */
 } kl_state;
 
 /* Allocates the state for m (bound until kl_state_free; m must outlive it). */
@@ -74,7 +78,7 @@ int  kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err);
 
 /* Feeds ids[0..n) after the tokens already in s; writes the logits after the last one into
  * logits_last[vocab] (may be NULL).  On error the state is unspecified: reset it. */
-int kl_forward(kl_model *m, kl_state *s, const int32_t *ids, size_t n, float *logits_last,
+int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err);
 
 #endif

@@ -10,7 +10,7 @@ static int emit(kl_gen *g, const char *s, size_t n, kl_err *err)
     return n && g->emit ? g->emit(g->user, s, n, err) : 0;
 }
 
-static int is_stop(const uint32_t *stop, size_t n_stop, uint32_t id)
+static int is_stop(const kl_token *stop, size_t n_stop, kl_token id)
 {
     for (size_t k = 0; k < n_stop; k++)
         if (id == stop[k])
@@ -21,8 +21,8 @@ static int is_stop(const uint32_t *stop, size_t n_stop, uint32_t id)
 int kl_generate(kl_gen *g, kl_err *err)
 {
     g->n_ids = g->n_fed = 0;
-    g->stopped = 0;
-    uint32_t stop[KL_CHAT_MAX_STOP];
+    g->stopped = g->cancelled = 0;
+    kl_token stop[KL_CHAT_MAX_STOP];
     size_t n_stop = 0;
     int rc = kl_chat_stop_ids(g->tok, stop, &n_stop, err);
     if (rc)
@@ -33,7 +33,11 @@ int kl_generate(kl_gen *g, kl_err *err)
     const char *s;
     size_t n;
     for (size_t step = 0; step < g->n_predict; step++) {
-        uint32_t id;
+        kl_token id;
+        if (g->cancel && *g->cancel) {
+            g->cancelled = 1;
+            break;
+        }
         if ((rc = kl_sampler_sample(g->samp, g->logits, &id, err)))
             goto out;
         if (is_stop(stop, n_stop, id)) {
@@ -46,8 +50,7 @@ int kl_generate(kl_gen *g, kl_err *err)
         if (step + 1 == g->n_predict)
             break;
         /* feed it: the next step samples from the logits after it */
-        int32_t x = (int32_t)id;
-        if ((rc = kl_forward(g->m, g->st, &x, 1, g->logits, err)))
+        if ((rc = kl_forward(g->m, g->st, &id, 1, g->logits, err)))
             goto out;
         g->n_fed++;
         if (g->on_fed && (rc = g->on_fed(g->user, g->logits, err)))

@@ -7,6 +7,7 @@
  * After kl_generate, g->st has processed its previous tokens plus ids[0..n_fed), and g->logits
  * hold the logits after the last fed id (or the prompt's when nothing was fed).  The last
  * sampled id is not fed (nothing would read its logits); a stop id is never stored nor fed.
+ * A cancel flag that turns nonzero ends the loop before the next sample, with no error.
  *
  * Errors: those of kl_sampler_sample, kl_forward, the tokenizer stream and the callbacks (the
  * first error ends the loop; the ids so far stay in g->ids).  Library code: prints nothing.
@@ -18,8 +19,10 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/sampler.h"
+#include "engine/token.h"
 #include "engine/tokenizer.h"
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,14 +39,17 @@ typedef struct kl_gen {
     const kl_tokenizer *tok;
     float              *logits;    /* [vocab] fp32: in, after the prompt; out, after the last fed */
     size_t              n_predict; /* ids to generate at most */
-    uint32_t           *ids;       /* [n_predict] out: generated ids (no stop id) */
+    kl_token           *ids;       /* [n_predict] out: generated ids (no stop id) */
     kl_gen_emit_fn      emit;      /* may be NULL */
     kl_gen_fed_fn       on_fed;    /* may be NULL */
     void               *user;      /* passed to the callbacks */
+    const volatile sig_atomic_t *cancel; /* NULL, or nonzero: stop before the next sample
+                                            (a SIGINT handler's flag) */
     /* outputs */
     size_t              n_ids;     /* ids stored */
     size_t              n_fed;     /* ids fed to st (n_ids or n_ids - 1) */
-    int                 stopped;   /* 1: ended at a stop id; 0: at n_predict */
+    int                 stopped;   /* 1: ended at a stop id; 0: at n_predict or cancelled */
+    int                 cancelled; /* 1: ended by the cancel flag */
 } kl_gen;
 
 /* Runs the loop described above; the outputs are zeroed first. */

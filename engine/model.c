@@ -69,12 +69,17 @@ static float *vec_f32(const kl_wmat *w)
 
 typedef struct load_ctx {
     uint8_t **dst;    /* [n_ext] */
+    const kl_model_opts *opts;   /* progress callback (may be NULL) */
+    uint64_t done, total;        /* payload bytes copied, to copy */
 } load_ctx;
 
 static int load_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
 {
     load_ctx *c = ctx;
     memcpy(c->dst[ext_idx] + ext_off, data, len);
+    c->done += len;
+    if (c->opts && c->opts->progress)
+        c->opts->progress(c->opts->progress_user, c->done, c->total);
     return 0;
 }
 
@@ -113,8 +118,9 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
 }
 
 /* Reads every schema tensor into its own buffer and binds it; chk bound each entry to its
- * tensor and checked names, shapes and dtypes. */
-static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk, kl_err *err)
+ * tensor and checked names, shapes and dtypes.  opts may be NULL (no progress). */
+static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
+                    const kl_model_opts *opts, kl_err *err)
 {
     const kl_schema *s = &chk->schema;
     kl_reader *rd = NULL;
@@ -152,7 +158,7 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
         ext[i] = (kl_extent){(uint32_t)ct->shard, t->file_off, t->n_bytes};
         m->weight_bytes += t->n_bytes;
     }
-    load_ctx lc = {(uint8_t **)m->bufs};
+    load_ctx lc = {(uint8_t **)m->bufs, opts, 0, m->weight_bytes};
     /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
     if ((rc = kl_reader_run_gathered(rd, ext, s->n, KL_GATHER_GAP, load_cb, &lc, err)))
         goto out;
@@ -235,7 +241,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
             }
         }
     }
-    if ((rc = load_all(m, &ck, &chk, err)))
+    if ((rc = load_all(m, &ck, &chk, opts, err)))
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)))

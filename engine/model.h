@@ -8,7 +8,8 @@
  * extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored
  * dtype (BF16 or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales).
  * Small per-channel vectors (norm weights, conv taps, A_log, dt_bias, router bias) are also
- * copied to fp32.  Tensors are bound by schema role / layer / expert; the dense MLP is found
+ * copied to fp32.  opts->progress, when set, is called with the payload bytes read so far as
+ * they arrive (from the reading thread, in order).  Tensors are bound by schema role / layer / expert; the dense MLP is found
  * under either spelling (the schema's alias).
  *
  * The weight matrices (kl_wmat) and the kernels that multiply them are in engine/matvec.h;
@@ -47,9 +48,14 @@ typedef struct kl_layer {
     kl_wmat     *experts[3];              /* [num_experts] w1 (gate), w2 (down), w3 (up) */
 } kl_layer;
 
+/* Load progress: payload bytes read so far of total (called from the reading thread). */
+typedef void (*kl_model_progress_fn)(void *user, uint64_t done, uint64_t total);
+
 typedef struct kl_model_opts {
     unsigned         threads;             /* 0 = usable CPUs, at most 64 */
     kl_route_weights route_weights;       /* default unbiased */
+    kl_model_progress_fn progress;        /* NULL: none */
+    void            *progress_user;       /* passed to progress */
 } kl_model_opts;
 
 typedef struct kl_model {

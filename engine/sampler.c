@@ -65,9 +65,9 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
     return 0;
 }
 
-uint32_t kl_sample_argmax(const float *logits, uint32_t n)
+kl_token kl_sample_argmax(const float *logits, uint32_t n)
 {
-    uint32_t best = 0;
+    kl_token best = 0;
     int found = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (isnan(logits[i]))
@@ -80,7 +80,7 @@ uint32_t kl_sample_argmax(const float *logits, uint32_t n)
     return best;
 }
 
-int kl_sampler_pick(kl_sampler *s, const float *logits, double u, uint32_t *id, kl_err *err)
+int kl_sampler_pick(kl_sampler *s, const float *logits, double u, kl_token *id, kl_err *err)
 {
     const kl_sampler_opts *o = &s->opts;
     uint32_t n_vocab = s->n_vocab;
@@ -153,7 +153,7 @@ int kl_sampler_pick(kl_sampler *s, const float *logits, double u, uint32_t *id, 
     return 0;
 }
 
-int kl_sampler_sample(kl_sampler *s, const float *logits, uint32_t *id, kl_err *err)
+int kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err *err)
 {
     double u = kl_rng_uniform(&s->rng);
     return kl_sampler_pick(s, logits, u, id, err);

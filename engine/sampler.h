@@ -31,6 +31,7 @@
 
 #include "common/err.h"
 #include "common/rng.h"
+#include "engine/token.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,7 +47,7 @@ typedef struct kl_sampler_opts {
 /* One candidate of the filtered distribution (scratch). */
 typedef struct kl_sample_cand {
     float    z;            /* logit / temperature */
-    uint32_t id;
+    kl_token id;
 } kl_sample_cand;
 
 typedef struct kl_sampler {
@@ -61,14 +62,14 @@ typedef struct kl_sampler {
 int  kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, kl_err *err);
 
 /* Argmax of logits[0..n) (NaN skipped, lowest id on ties); 0 if n == 0 or all are NaN. */
-uint32_t kl_sample_argmax(const float *logits, uint32_t n);
+kl_token kl_sample_argmax(const float *logits, uint32_t n);
 
 /* Picks from logits[n_vocab] with the uniform draw u in [0, 1) by the steps above; *id is
  * written on success. */
-int  kl_sampler_pick(kl_sampler *s, const float *logits, double u, uint32_t *id, kl_err *err);
+int  kl_sampler_pick(kl_sampler *s, const float *logits, double u, kl_token *id, kl_err *err);
 
 /* kl_sampler_pick with the next draw of the sampler's stream. */
-int  kl_sampler_sample(kl_sampler *s, const float *logits, uint32_t *id, kl_err *err);
+int  kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err *err);
 
 void kl_sampler_free(kl_sampler *s);
 

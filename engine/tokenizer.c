@@ -959,7 +959,7 @@ uint32_t kl_tok_n_ranks(const kl_tokenizer *t)
     return t->n_ranks;
 }
 
-const uint8_t *kl_tok_token_bytes(const kl_tokenizer *t, uint32_t id, size_t *len)
+const uint8_t *kl_tok_token_bytes(const kl_tokenizer *t, kl_token id, size_t *len)
 {
     if (id >= t->n_vocab)
         return NULL;
@@ -967,17 +967,17 @@ const uint8_t *kl_tok_token_bytes(const kl_tokenizer *t, uint32_t id, size_t *le
     return t->bytes + t->off[id];
 }
 
-int kl_tok_special_id(const kl_tokenizer *t, const char *name, uint32_t *id)
+int kl_tok_special_id(const kl_tokenizer *t, const char *name, kl_token *id)
 {
     return kl_strmap_get(&t->spec_names, name, id);
 }
 
-int kl_tok_is_control(const kl_tokenizer *t, uint32_t id)
+int kl_tok_is_control(const kl_tokenizer *t, kl_token id)
 {
     return id >= t->n_ranks && id < t->n_vocab && t->control[id - t->n_ranks];
 }
 
-int kl_tok_encode(const kl_tokenizer *t, const char *text, size_t n, uint32_t **ids,
+int kl_tok_encode(const kl_tokenizer *t, const char *text, size_t n, kl_token **ids,
                   size_t *n_ids, kl_err *err)
 {
     const uint8_t *s = (const uint8_t *)text;
@@ -1018,7 +1018,7 @@ done:
     return rc;
 }
 
-int kl_tok_decode(const kl_tokenizer *t, const uint32_t *ids, size_t n_ids, unsigned flags,
+int kl_tok_decode(const kl_tokenizer *t, const kl_token *ids, size_t n_ids, unsigned flags,
                   char **out, size_t *len, kl_err *err)
 {
     size_t total = 0;
@@ -1056,7 +1056,7 @@ int kl_tok_stream_init(kl_tok_stream *s, const kl_tokenizer *t, unsigned flags, 
     return 0;
 }
 
-int kl_tok_stream_push(kl_tok_stream *s, uint32_t id, const char **text, size_t *len,
+int kl_tok_stream_push(kl_tok_stream *s, kl_token id, const char **text, size_t *len,
                        kl_err *err)
 {
     const kl_tokenizer *t = s->tok;

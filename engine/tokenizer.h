@@ -35,6 +35,7 @@
 #define KL_ENGINE_TOKENIZER_H
 
 #include "common/err.h"
+#include "engine/token.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -60,21 +61,21 @@ uint32_t kl_tok_n_vocab(const kl_tokenizer *tok);  /* regular + special ids */
 uint32_t kl_tok_n_ranks(const kl_tokenizer *tok);  /* regular tokens = first special id */
 
 /* Bytes of id (a special id gives its name); NULL if id >= n_vocab.  Borrowed. */
-const uint8_t *kl_tok_token_bytes(const kl_tokenizer *tok, uint32_t id, size_t *len);
+const uint8_t *kl_tok_token_bytes(const kl_tokenizer *tok, kl_token id, size_t *len);
 
 /* Looks up a special token by name ("<|im_end|>"): 1 and *id set if found, 0 if not. */
-int kl_tok_special_id(const kl_tokenizer *tok, const char *name, uint32_t *id);
+int kl_tok_special_id(const kl_tokenizer *tok, const char *name, kl_token *id);
 
 /* 1 if id is a special id whose tokenizer_config entry says "special": true (or an unnamed
  * reserved slot), 0 otherwise (regular tokens, Kimi's tool-call markers, ids out of range). */
-int kl_tok_is_control(const kl_tokenizer *tok, uint32_t id);
+int kl_tok_is_control(const kl_tokenizer *tok, kl_token id);
 
 /* ---- encode / decode ---- */
 
 /* Encodes n bytes of UTF-8 text.  *ids (kl_malloc'd, caller frees with kl_free; NULL when
  * *n_ids is 0) receives the ids.  KL_E_USAGE if text is not valid UTF-8 (err->offset is the
  * byte offset of the bad sequence), KL_E_NOMEM. */
-int kl_tok_encode(const kl_tokenizer *tok, const char *text, size_t n, uint32_t **ids,
+int kl_tok_encode(const kl_tokenizer *tok, const char *text, size_t n, kl_token **ids,
                   size_t *n_ids, kl_err *err);
 
 enum { KL_TOK_SKIP_CONTROL = 1 };          /* decode flag: leave out kl_tok_is_control ids */
@@ -82,7 +83,7 @@ enum { KL_TOK_SKIP_CONTROL = 1 };          /* decode flag: leave out kl_tok_is_c
 /* Decodes ids into *out (kl_malloc'd, NUL-terminated for convenience; *len excludes the NUL).
  * The bytes may be invalid UTF-8 when the ids split a character.  KL_E_USAGE if an id is
  * >= n_vocab, KL_E_NOMEM. */
-int kl_tok_decode(const kl_tokenizer *tok, const uint32_t *ids, size_t n_ids, unsigned flags,
+int kl_tok_decode(const kl_tokenizer *tok, const kl_token *ids, size_t n_ids, unsigned flags,
                   char **out, size_t *len, kl_err *err);
 
 /* ---- streaming detokenizer ---- */
@@ -105,7 +106,7 @@ int kl_tok_stream_init(kl_tok_stream *s, const kl_tokenizer *tok, unsigned flags
 
 /* Appends id; *text and *len receive the bytes now safe to emit (borrowed, valid until the next call
  * on s; *len may be 0).  KL_E_USAGE if id >= n_vocab (the stream is unchanged). */
-int kl_tok_stream_push(kl_tok_stream *s, uint32_t id, const char **text, size_t *len,
+int kl_tok_stream_push(kl_tok_stream *s, kl_token id, const char **text, size_t *len,
                        kl_err *err);
 
 /* Returns the held-back bytes (an incomplete character at the end of the output) and resets. */

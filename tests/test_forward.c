@@ -63,13 +63,13 @@ static void teardown_ckpts(void)
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                    */
 
-static void prompt_n(int32_t *ids, size_t n, uint32_t vocab)
+static void prompt_n(kl_token *ids, size_t n, uint32_t vocab)
 {
     for (size_t i = 0; i < n; i++)
-        ids[i] = (int32_t)((uint32_t)(i * 37 + 11) % (vocab - 256));
+        ids[i] = (kl_token)((uint32_t)(i * 37 + 11) % (vocab - 256));
 }
 
-static void prompt(int32_t *ids, uint32_t vocab)
+static void prompt(kl_token *ids, uint32_t vocab)
 {
     prompt_n(ids, N_PROMPT, vocab);
 }
@@ -79,7 +79,7 @@ static kl_model *open_model(const char *dir, unsigned threads)
     kl_err err;
     kl_err_clear(&err);
     kl_model *m = NULL;
-    kl_model_opts o = {threads, KL_ROUTE_UNBIASED};
+    kl_model_opts o = {.threads = threads, .route_weights = KL_ROUTE_UNBIASED};
     int rc = kl_model_open(&m, dir, &o, &err);
     ck_assert_msg(rc == 0 && m, "kl_model_open(%s): expected 0, got %d (%s)", dir, rc,
                   t_fmt_err(&err));
@@ -87,7 +87,7 @@ static kl_model *open_model(const char *dir, unsigned threads)
 }
 
 /* Feeds ids in chunks of `chunk` tokens (0 = one call) into a fresh state; logits of the last. */
-static void run_chunks(kl_model *m, kl_state *s, const int32_t *ids, size_t n, size_t chunk,
+static void run_chunks(kl_model *m, kl_state *s, const kl_token *ids, size_t n, size_t chunk,
                        float *logits)
 {
     kl_err err;
@@ -132,7 +132,7 @@ static void check_split_invariance(const char *dir, const char *what)
                                     KL_FORWARD_CHUNK + 1};
     kl_model *m = open_model(dir, 4);
     size_t V = m->cfg.vocab_size;
-    int32_t ids[N_LONG];
+    kl_token ids[N_LONG];
     prompt_n(ids, N_LONG, m->cfg.vocab_size);
     float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b);
     kl_state s;
@@ -163,7 +163,7 @@ static void check_resumed_state(const char *dir, const char *what)
     size_t cut = KL_FORWARD_CHUNK + 6;
     kl_model *m = open_model(dir, 2);
     size_t V = m->cfg.vocab_size;
-    int32_t ids[N_LONG];
+    kl_token ids[N_LONG];
     prompt_n(ids, N_LONG, m->cfg.vocab_size);
     float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
     kl_state s, s2;
@@ -194,7 +194,7 @@ static void check_scalar_kernels(const char *dir, const char *what)
 {
     kl_model *m = open_model(dir, 2);
     size_t V = m->cfg.vocab_size;
-    int32_t ids[N_LONG];
+    kl_token ids[N_LONG];
     prompt_n(ids, N_LONG, m->cfg.vocab_size);
     float *l[2];
     kl_state s;
@@ -231,6 +231,32 @@ START_TEST(bf16_any_prompt_split_gives_identical_logits)
 }
 END_TEST
 
+/* MLA attention walks the latent cache in blocks for a group of a chunk's tokens: with a
+ * prompt longer than one block (1,365 rows of the tiny preset's 24 floats) the logits of one
+ * call still equal those of one token at a time. */
+START_TEST(attention_over_several_cache_blocks_matches_token_by_token)
+{
+    enum { N = 1500 };
+    kl_model *m = open_model(g_bf16, 2);
+    size_t V = m->cfg.vocab_size;
+    kl_token *ids = kl_malloc(N * sizeof *ids);
+    prompt_n(ids, N, m->cfg.vocab_size);
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b);
+    kl_state s;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(&s, m, &err) == 0);
+    run_chunks(m, &s, ids, N, 1, a);
+    run_chunks(m, &s, ids, N, 0, b);
+    assert_same_logits(b, a, V, "tiny bf16, 1500 tokens", "one call");
+    kl_state_free(&s);
+    kl_free(ids);
+    kl_free(a);
+    kl_free(b);
+    kl_model_close(m);
+}
+END_TEST
+
 START_TEST(mxfp4_any_prompt_split_gives_identical_logits)
 {
     check_split_invariance(g_mxfp4, "tiny mxfp4");
@@ -256,7 +282,7 @@ START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
     kl_model *m = open_model(g_bf16, 1);
     kl_model *m4 = open_model(g_bf16, 4);
     size_t V = m->cfg.vocab_size;
-    int32_t ids[N_PROMPT];
+    kl_token ids[N_PROMPT];
     prompt(ids, m->cfg.vocab_size);
     float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b), *c = kl_malloc(V * 4);
     kl_state s, s4;
@@ -264,7 +290,7 @@ START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
     ck_assert(kl_state_init(&s4, m4, NULL) == 0);
     run_chunks(m, &s, ids, N_PROMPT, 7, a);
     /* a different prompt in between, then reset and the first one again */
-    int32_t other[3] = {1, 2, 3};
+    kl_token other[3] = {1, 2, 3};
     kl_err err;
     kl_err_clear(&err);
     ck_assert(kl_forward(m, &s, other, 3, NULL, &err) == 0);
@@ -275,7 +301,7 @@ START_TEST(state_reset_reproduces_logits_and_thread_count_does_not_matter)
     ck_assert_msg(memcmp(a, c, V * sizeof *a) == 0, "1 vs 4 threads differ (rel L2 %g)",
                   t_rel_l2(c, a, V));
     /* whole chunks: big enough batches for the pool to take part */
-    int32_t lids[N_LONG];
+    kl_token lids[N_LONG];
     prompt_n(lids, N_LONG, m->cfg.vocab_size);
     run_chunks(m, &s, lids, N_LONG, 0, a);
     run_chunks(m4, &s4, lids, N_LONG, 0, c);
@@ -297,7 +323,7 @@ START_TEST(both_route_weight_modes_run_and_differ)
     for (int k = 0; k < 2; k++) {
         kl_model *m = open_model(dirs[k], 2);
         size_t V = m->cfg.vocab_size;
-        int32_t ids[N_PROMPT];
+        kl_token ids[N_PROMPT];
         prompt(ids, m->cfg.vocab_size);
         float *u = kl_malloc(V * sizeof *u), *b = kl_malloc(V * sizeof *b);
         kl_state s;
@@ -346,7 +372,7 @@ START_TEST(token_id_outside_vocabulary_is_refused)
     kl_model *m = open_model(g_bf16, 1);
     kl_state s;
     ck_assert(kl_state_init(&s, m, NULL) == 0);
-    int32_t bad[2] = {5, (int32_t)m->cfg.vocab_size};
+    kl_token bad[2] = {5, (kl_token)m->cfg.vocab_size};
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_forward(m, &s, bad, 2, NULL, &err);
@@ -367,6 +393,7 @@ static Suite *forward_suite(void)
     tcase_add_unchecked_fixture(tc, setup_ckpts, teardown_ckpts);
     tcase_add_test(tc, bf16_any_prompt_split_gives_identical_logits);
     tcase_add_test(tc, mxfp4_any_prompt_split_gives_identical_logits);
+    tcase_add_test(tc, attention_over_several_cache_blocks_matches_token_by_token);
     tcase_add_test(tc, resumed_state_gives_identical_logits);
     tcase_add_test(tc, scalar_kernels_agree_with_avx2);
     tcase_add_test(tc, state_reset_reproduces_logits_and_thread_count_does_not_matter);

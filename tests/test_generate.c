@@ -22,7 +22,11 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static char g_root[512], g_model[600];
 static const char *g_kl;
@@ -85,15 +89,11 @@ static size_t render_ids(const eng *e, const kl_chat_msg *msgs, size_t n, uint32
 }
 
 /* Feeds ids[0..n) to s; logits after the last into out (may be NULL). */
-static void feed(eng *e, kl_state *s, const uint32_t *ids, size_t n, float *out)
+static void feed(eng *e, kl_state *s, const kl_token *ids, size_t n, float *out)
 {
     kl_err err;
     kl_err_clear(&err);
-    int32_t *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (int32_t)ids[i];
-    int rc = kl_forward(e->m, s, x, n, out, &err);
-    free(x);
+    int rc = kl_forward(e->m, s, ids, n, out, &err);
     ck_assert_msg(rc == 0, "kl_forward of %zu ids: %s", n, t_fmt_err(&err));
 }
 
@@ -290,6 +290,140 @@ START_TEST(chat_bad_flags_exit_2)
 }
 END_TEST
 
+
+START_TEST(chat_exit_ends_and_reset_starts_a_new_conversation)
+{
+    int rc = kl_chat("hello there\\n/reset\\nhello there\\n/exit\\nnever read\\n", "-n 4 --threads 2");
+    char *err = slurp("err"), *out = slurp("out");
+    ck_assert_msg(rc == 0, "kl chat: expected exit 0, got %d; stderr: %s", rc, err);
+    ck_assert_msg(strstr(err, "new conversation") != NULL, "no /reset notice: %s", err);
+    const char *t1 = strstr(err, "in: "), *t2 = t1 ? strstr(t1 + 4, "in: ") : NULL;
+    ck_assert_msg(t1 && t2 && !strstr(t2 + 4, "in: "), "expected exactly two turns: %s", err);
+    unsigned long r1, n1, r2, n2;
+    ck_assert_msg(sscanf(t1, "in: %lu + %lu", &r1, &n1) == 2 &&
+                      sscanf(t2, "in: %lu + %lu", &r2, &n2) == 2,
+                  "stderr: unparsable counts: %s", err);
+    ck_assert_msg(r1 == 0 && r2 == 0 && n1 == n2 && n1 > 0,
+                  "after /reset the same line is a fresh prompt: got %lu + %lu, then %lu + %lu",
+                  r1, n1, r2, n2);
+    free(err);
+    free(out);
+}
+END_TEST
+
+START_TEST(chat_turn_over_the_context_is_refused_and_the_chat_goes_on)
+{
+    char model[700], cmd[8192];
+    snprintf(model, sizeof model, "%s/short", g_root);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && sed -i "
+             "'s/\"model_max_length\": *[0-9]*/\"model_max_length\": 40/' '%s/config.json'",
+             model, g_model, model, model);
+    ck_assert(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "printf 'hi\\nthis line is a good deal longer than forty tokens of "
+             "context, so it is refused\\n/exit\\n' | '%s' chat '%s' -n 4 > '%s/out' 2> '%s/err'",
+             g_kl, model, g_root, g_root);
+    int st = system(cmd);
+    ck_assert(st != -1 && WIFEXITED(st));
+    char *err = slurp("err");
+    ck_assert_msg(WEXITSTATUS(st) == 2, "expected exit 2 after a refused turn, got %d: %s",
+                  WEXITSTATUS(st), err);
+    ck_assert_msg(strstr(err, "to generate exceed the model's context of 40 tokens") &&
+                      strstr(err, "in: 0 + "),
+                  "expected one turn and one refusal naming 40: %s", err);
+    const char *in2 = strstr(strstr(err, "in: ") + 4, "in: ");
+    ck_assert_msg(!in2, "the refused turn was fed: %s", err);
+    free(err);
+}
+END_TEST
+
+/* Reads what is available on fd into buf (appending, NUL-terminated); 0 at EOF. */
+static ssize_t drain(int fd, char *buf, size_t cap, size_t *len)
+{
+    char tmp[4096];
+    ssize_t k = read(fd, tmp, sizeof tmp);
+    if (k > 0 && *len + 1 < cap) {
+        size_t c = (size_t)k < cap - 1 - *len ? (size_t)k : cap - 1 - *len;
+        memcpy(buf + *len, tmp, c);
+        *len += c;
+        buf[*len] = 0;
+    }
+    return k;
+}
+
+/* Polls the child's stdout and stderr (reading both) until stderr holds want, or until both
+ * end when want is NULL; fails the test after limit_s seconds without progress (a hang). */
+static void pump(int out, int err, char *ebuf, size_t ecap, size_t *elen, const char *want,
+                 int limit_s)
+{
+    static char obuf[1 << 16];
+    size_t olen = 0;
+    int open_out = 1, open_err = 1;
+    while (open_out || open_err) {
+        if (want && strstr(ebuf, want))
+            return;
+        struct pollfd p[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+        int k = poll(p, 2, limit_s * 1000);
+        ck_assert_msg(k > 0, "kl chat: no output for %d s (waiting for \"%s\"); stderr: %s",
+                      limit_s, want ? want : "EOF", ebuf);
+        if (open_out && p[0].revents && drain(out, obuf, sizeof obuf, &olen) <= 0)
+            open_out = 0, p[0].fd = -1;
+        if (olen > sizeof obuf / 2)
+            olen = 0;
+        if (open_err && p[1].revents && drain(err, ebuf, ecap, elen) <= 0)
+            open_err = 0;
+        if (!open_out)
+            out = -1;
+        if (!open_err)
+            err = -1;
+    }
+    ck_assert_msg(!want, "kl chat ended before \"%s\": %s", want, ebuf);
+}
+
+START_TEST(chat_ctrl_c_stops_the_reply_only)
+{
+    int in[2], out[2], err[2];
+    ck_assert(pipe(in) == 0 && pipe(out) == 0 && pipe(err) == 0);
+    /* a small stdout pipe that nobody reads yet: the reply (tens of KiB for this line) blocks
+     * in it, so it is still running whenever the signal comes */
+    fcntl(out[1], F_SETPIPE_SZ, 4096);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        close(in[1]);
+        close(out[0]);
+        close(err[0]);
+        execl(g_kl, "kl", "chat", g_model, "-n", "1000000", "--threads", "1", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    ck_assert(write(in[1], "g\n", 2) == 2);
+    /* the reply has started once stdout is readable: the line was read, the turn is on */
+    struct pollfd p = {out[0], POLLIN, 0};
+    ck_assert_msg(poll(&p, 1, 120000) == 1, "kl chat: no reply within 120 s");
+    ck_assert(kill(pid, SIGINT) == 0);
+    static char ebuf[1 << 16];
+    size_t elen = 0;
+    ebuf[0] = 0;
+    pump(out[0], err[0], ebuf, sizeof ebuf, &elen, "reply interrupted", 120);
+    int st;
+    ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "kl chat exited after one Ctrl-C: %s", ebuf);
+    ck_assert(write(in[1], "/exit\n", 6) == 6);
+    close(in[1]);
+    pump(out[0], err[0], ebuf, sizeof ebuf, &elen, NULL, 120);
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "after /exit: expected exit 0, got status %d; stderr: %s", st, ebuf);
+    ck_assert_msg(strstr(ebuf, "in: 0 + ") != NULL, "no turn line: %s", ebuf);
+    close(out[0]);
+    close(err[0]);
+}
+END_TEST
+
 static Suite *generate_suite(void)
 {
     Suite *s = suite_create("generate");
@@ -305,6 +439,9 @@ static Suite *generate_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, chat_two_turns_exit_0_and_reuse_the_prefix);
     tcase_add_test(tc, chat_bad_flags_exit_2);
+    tcase_add_test(tc, chat_exit_ends_and_reset_starts_a_new_conversation);
+    tcase_add_test(tc, chat_turn_over_the_context_is_refused_and_the_chat_goes_on);
+    tcase_add_test(tc, chat_ctrl_c_stops_the_reply_only);
     suite_add_tcase(s, tc);
     return s;
 }

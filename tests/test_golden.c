@@ -27,21 +27,21 @@
 
 typedef struct golden_ref {
     cJSON   *root;
-    int32_t *prompt, *greedy;
+    kl_token *prompt, *greedy;
     size_t   n_prompt, n_greedy, n_steps;
     uint32_t vocab;
     float   *logits;            /* [n_steps, vocab] */
 } golden_ref;
 
-static int32_t *int_array(const cJSON *a, size_t *n)
+static kl_token *int_array(const cJSON *a, size_t *n)
 {
     ck_assert_msg(cJSON_IsArray(a), "expected an array of ids");
     *n = (size_t)cJSON_GetArraySize(a);
-    int32_t *v = calloc(*n ? *n : 1, sizeof *v);
+    kl_token *v = calloc(*n ? *n : 1, sizeof *v);
     ck_assert_ptr_nonnull(v);
     size_t i = 0;
     for (const cJSON *e = a->child; e; e = e->next)
-        v[i++] = (int32_t)e->valuedouble;
+        v[i++] = (kl_token)e->valuedouble;
     return v;
 }
 

@@ -8,6 +8,7 @@
  * (len+1) * vocab floats whose first row is the prompt-only run's logits and whose row i equals
  * a direct run of the prompt plus the first i forced ids; bad flags exit 2.
  */
+#include "cli/cli.h"
 #include "common/err.h"
 #include "common/mem.h"
 #include "synth/synth.h"
@@ -17,7 +18,9 @@
 #include <cJSON.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define VOCAB 1024u /* tiny preset */
 
@@ -310,6 +313,211 @@ START_TEST(run_bad_flags_exit_2)
 }
 END_TEST
 
+
+/* Runs a shell command line (stdout/stderr into g_root/out, g_root/err); exit status. */
+static int sh(const char *cmdline)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s > '%s/out' 2> '%s/err'", cmdline, g_root, g_root);
+    int st = system(cmd);
+    ck_assert_msg(st != -1 && WIFEXITED(st), "`%s` did not exit normally", cmd);
+    return WEXITSTATUS(st);
+}
+
+static char *slurp_err(void)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/err", g_root);
+    return t_slurp(path, NULL);
+}
+
+/* Number of entries of dir whose name contains part. */
+static int count_named(const char *dir, const char *part)
+{
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c -F -e '%s'", dir, part);
+    FILE *p = popen(cmd, "r");
+    ck_assert(p != NULL);
+    int n = -1;
+    ck_assert(fscanf(p, "%d", &n) == 1);
+    pclose(p);
+    return n;
+}
+
+START_TEST(run_logits_out_inside_the_model_is_refused_and_the_file_kept)
+{
+    char cfg[700], args[2048], alias[700];
+    snprintf(cfg, sizeof cfg, "%s/config.json", g_model);
+    size_t n0;
+    char *before = t_slurp(cfg, &n0);
+    /* the case, then the same directory through a symlink and through ".." */
+    snprintf(alias, sizeof alias, "%s/alias", g_root);
+    ck_assert(symlink(g_model, alias) == 0);
+    const char *targets[] = {"%s/config.json", "%s/../tiny/new.bin", "%s/../alias/new.bin"};
+    for (size_t i = 0; i < 3; i++) {
+        char target[800];
+        snprintf(target, sizeof target, targets[i], g_model);
+        snprintf(args, sizeof args, "--ids 1,2 --force-ids 5 --logits-out '%s'", target);
+        int rc = kl_run(args);
+        char *err = slurp_err();
+        ck_assert_msg(rc == 2 && strstr(err, "inside the model directory"),
+                      "--logits-out %s: expected exit 2 and a refusal, got %d: %s", target, rc,
+                      err);
+        free(err);
+    }
+    size_t n1;
+    char *after = t_slurp(cfg, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "config.json changed (%zu -> %zu bytes)",
+                  n0, n1);
+    ck_assert_msg(count_named(g_model, "new.bin") == 0 && count_named(g_model, ".config") == 0,
+                  "something was created in the model directory");
+    /* a symlink outside the model that points into it is refused too */
+    char link[700];
+    snprintf(link, sizeof link, "%s/link.bin", g_root);
+    ck_assert(symlink(cfg, link) == 0);
+    snprintf(args, sizeof args, "--ids 1,2 --force-ids 5 --logits-out '%s'", link);
+    ck_assert_int_eq(kl_run(args), 2);
+    free(before);
+    free(after);
+    after = t_slurp(cfg, &n1);
+    ck_assert_msg(n0 == n1, "config.json changed through a symlink");
+    free(after);
+    unlink(link);
+    unlink(alias);
+}
+END_TEST
+
+START_TEST(run_logits_out_failed_write_leaves_no_file)
+{
+    char dir[700], target[800], cmd[4096];
+    snprintf(dir, sizeof dir, "%s/outdir", g_root);
+    ck_assert(mkdir(dir, 0755) == 0);
+    snprintf(target, sizeof target, "%s/logits.bin", dir);
+    /* a file limit of 1 KiB (with SIGXFSZ ignored, writes fail with EFBIG): no file at all */
+    snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 2; exec '%s' run '%s' --ids 1,2 "
+             "--force-ids 5,6 --logits-out '%s'", g_kl, g_model, target);
+    int rc = sh(cmd);
+    char *err = slurp_err();
+    ck_assert_msg(rc == 2, "write past the file limit: expected exit 2, got %d: %s", rc, err);
+    free(err);
+    ck_assert_msg(count_named(dir, "logits") == 0, "a logits file (or its temporary) was left");
+    /* an older file at the path is left as it was */
+    t_write(target, "old", 3);
+    rc = sh(cmd);
+    ck_assert_int_eq(rc, 2);
+    size_t n;
+    char *kept = t_slurp(target, &n);
+    ck_assert_msg(n == 3 && !memcmp(kept, "old", 3), "the old file was changed (%zu bytes)", n);
+    free(kept);
+    ck_assert_msg(count_named(dir, "logits") == 1, "a temporary file was left");
+    /* not a regular file: refused before anything */
+    ck_assert_int_eq(kl_run("--ids 1,2 --force-ids 5 --logits-out /dev/full"), 2);
+    snprintf(cmd, sizeof cmd, "--ids 1 --force-ids 5 --logits-out '%s'", dir);
+    ck_assert_int_eq(kl_run(cmd), 2);
+    /* and a good run replaces it whole */
+    snprintf(cmd, sizeof cmd, "--ids 1,2 --force-ids 5 --logits-out '%s'", target);
+    ck_assert_int_eq(kl_run(cmd), 0);
+    float *l = read_logits(target, &n);
+    ck_assert_msg(n == 2 * VOCAB, "expected 2 rows, got %zu floats", n);
+    free(l);
+}
+END_TEST
+
+START_TEST(run_and_detokenize_id_lists_are_strict)
+{
+    const char *bad[] = {"1,,2", "1,2,", ",1", "", " ", "1 2", "1;2", "+1", "-1", "1,a", ","};
+    char args[1024], cmd[2048];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--ids '%s' -n 1", bad[i]);
+        int rc = kl_run(args);
+        ck_assert_msg(rc == 2, "run --ids '%s': expected exit 2, got %d", bad[i], rc);
+        snprintf(args, sizeof args, "--ids 1 --force-ids '%s' --logits-out '%s/x.bin'", bad[i],
+                 g_root);
+        rc = kl_run(args);
+        ck_assert_msg(rc == 2, "run --force-ids '%s': expected exit 2, got %d", bad[i], rc);
+        snprintf(cmd, sizeof cmd, "'%s' detokenize '%s' --ids '%s'", g_kl, g_model, bad[i]);
+        rc = sh(cmd);
+        ck_assert_msg(rc == 2, "detokenize --ids '%s': expected exit 2, got %d", bad[i], rc);
+    }
+    ck_assert_int_eq(kl_run("--ids ' 1, 2 ,3 ' -n 1"), 0);
+    snprintf(cmd, sizeof cmd, "'%s' detokenize '%s' --ids '72, 101'", g_kl, g_model);
+    ck_assert_int_eq(sh(cmd), 0);
+    /* the parser itself */
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kl_cli_parse_ids("7, 8,9", 100, &ids, &n), 0);
+    ck_assert_msg(n == 3 && ids[0] == 7 && ids[1] == 8 && ids[2] == 9, "7, 8,9 -> %zu ids", n);
+    kl_free(ids);
+    ck_assert_int_eq(kl_cli_parse_ids("101", 100, &ids, &n), -1);
+    ck_assert_int_eq(kl_cli_parse_ids("4294967296", UINT64_MAX, &ids, &n), -1);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(kl_cli_parse_ids(bad[i], 100, &ids, &n) == -1, "'%s' was accepted", bad[i]);
+}
+END_TEST
+
+/* A copy of the model whose config says its context is 8 tokens; its path into out. */
+static void short_context_model(char *out, size_t n)
+{
+    snprintf(out, n, "%s/short", g_root);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && sed -i "
+             "'s/\"model_max_length\": *[0-9]*/\"model_max_length\": 8/' '%s/config.json' && "
+             "grep -q '\"model_max_length\": 8' '%s/config.json'", out, g_model, out, out, out);
+    ck_assert_msg(system(cmd) == 0, "cannot make %s", out);
+}
+
+START_TEST(run_over_the_context_is_refused_before_loading)
+{
+    char model[700], cmd[2048];
+    short_context_model(model, sizeof model);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2,3 -n 6", g_kl, model);
+    int rc = sh(cmd);
+    char *err = slurp_err();
+    ck_assert_msg(rc == 2 && strstr(err, "3 tokens") && strstr(err, "6 to generate") &&
+                      strstr(err, "8 tokens") && !strstr(err, "loaded"),
+                  "3 + 6 > 8: expected exit 2 naming 3, 6 and 8 before loading, got %d: %s", rc,
+                  err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2,3 --force-ids 1,2,3,4,5,6 "
+             "--logits-out '%s/l.bin'", g_kl, model, g_root);
+    ck_assert_int_eq(sh(cmd), 2);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,2,3 -n 5", g_kl, model);
+    ck_assert_int_eq(sh(cmd), 0);
+}
+END_TEST
+
+START_TEST(run_memory_check_refuses_with_the_numbers_and_the_flag_overrides)
+{
+    char mi[700], cmd[2048];
+    snprintf(mi, sizeof mi, "%s/meminfo", g_root);
+    const char *text = "MemTotal: 4 kB\nMemAvailable: 1 kB\n";
+    t_write(mi, text, strlen(text));
+    snprintf(cmd, sizeof cmd, "KL_MEMINFO='%s' '%s' run '%s' --ids 1,2 -n 1", mi, g_kl, g_model);
+    int rc = sh(cmd);
+    char *err = slurp_err();
+    ck_assert_msg(rc == 2 && strstr(err, "available") && strstr(err, "1024 bytes") &&
+                      !strstr(err, "loaded"),
+                  "1 kB available: expected exit 2 with the figures before loading, got %d: %s",
+                  rc, err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "KL_MEMINFO='%s' '%s' run '%s' --ids 1,2 -n 1 --json "
+             "--ignore-memory-check", mi, g_kl, g_model);
+    ck_assert_int_eq(sh(cmd), 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/out", g_root);
+    char *out = t_slurp(path, NULL);
+    cJSON *j = cJSON_Parse(out);
+    ck_assert_msg(j && cJSON_IsNumber(cJSON_GetObjectItem(j, "load_s")) &&
+                      cJSON_IsNumber(cJSON_GetObjectItem(j, "load_gbps")),
+                  "JSON without load_s / load_gbps: %s", out);
+    cJSON_Delete(j);
+    free(out);
+    err = slurp_err();
+    ck_assert_msg(strstr(err, "loaded") && strstr(err, "GB/s"), "no load line: %s", err);
+    free(err);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *run_suite(void)
@@ -330,6 +538,11 @@ static Suite *run_suite(void)
     tcase_add_test(tc, run_prompt_and_chat_generate_text);
     tcase_add_test(tc, run_force_ids_rows_match_direct_prefix_runs);
     tcase_add_test(tc, run_bad_flags_exit_2);
+    tcase_add_test(tc, run_logits_out_inside_the_model_is_refused_and_the_file_kept);
+    tcase_add_test(tc, run_logits_out_failed_write_leaves_no_file);
+    tcase_add_test(tc, run_and_detokenize_id_lists_are_strict);
+    tcase_add_test(tc, run_over_the_context_is_refused_before_loading);
+    tcase_add_test(tc, run_memory_check_refuses_with_the_numbers_and_the_flag_overrides);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,55 @@
+/* cli/loadmodel.c — plan, memory check and timed loading of a model (see loadmodel.h). */
+#include "cli/loadmodel.h"
+
+#include "cli/progress.h"
+#include "common/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
+{
+    int rc = kl_cost_plan_read(l->model, &l->plan, err);
+    if (rc || l->ignore_memory)
+        return rc;
+    uint64_t avail;
+    kl_err merr;
+    kl_err_clear(&merr);
+    const char *meminfo = getenv("KL_MEMINFO");
+    if (kl_cost_mem_available(meminfo && *meminfo ? meminfo : NULL, &avail, &merr)) {
+        char buf[512];
+        fprintf(stderr, "kl %s: warning: memory check skipped: %s\n", l->cmd,
+                kl_err_format(&merr, buf, sizeof buf));
+        return 0;
+    }
+    if ((rc = kl_cost_check_memory(l->plan.weight_bytes, avail, err)))
+        kl_err_context(err, l->model, NULL, KL_NO_OFFSET, NULL);
+    return rc;
+}
+
+static void show_load(void *user, uint64_t done, uint64_t total)
+{
+    kl_progress_show(user, done, total);
+}
+
+int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
+{
+    kl_progress p;
+    char label[64];
+    snprintf(label, sizeof label, "kl %s: loading", l->cmd);
+    kl_progress_init(&p, label, l->quiet);
+    kl_model_opts mo = l->opts;
+    mo.progress = show_load;
+    mo.progress_user = &p;
+    double t0 = kl_now_s();
+    int rc = kl_model_open(m, l->model, &mo, err);
+    l->load_s = kl_now_s() - t0;
+    kl_progress_end(&p);
+    if (rc)
+        return rc;
+    l->load_gbps = l->load_s > 0 ? (double)(*m)->weight_bytes / l->load_s / 1e9 : 0;
+    if (!l->quiet)
+        fprintf(stderr, "kl %s: loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
+                (double)(*m)->weight_bytes / 1e9, l->load_s, l->load_gbps);
+    return 0;
+}

@@ -1,0 +1,32 @@
+/*
+ * cli/loadmodel.h — what run, chat and bench decode do before and while loading a model:
+ * read its plan (size, context) from metadata, refuse it when it does not fit in the memory
+ * available (MemAvailable; `--ignore-memory-check` skips this; $KL_MEMINFO names another
+ * meminfo file, for tests), then load it with a progress line on stderr (terminal only, off
+ * with -q) and report the load time and rate ("kl CMD: loaded X GB in S s (R GB/s)", off with -q).
+ */
+#ifndef KL_CLI_LOADMODEL_H
+#define KL_CLI_LOADMODEL_H
+
+#include "common/err.h"
+#include "engine/cost.h"
+#include "engine/model.h"
+
+typedef struct kl_cli_load {
+    const char   *cmd;            /* "run", "chat", "bench decode": the message prefix */
+    const char   *model;          /* checkpoint directory */
+    kl_model_opts opts;           /* threads, route weights (progress is set here) */
+    int           quiet;          /* -q: no progress, no load line */
+    int           ignore_memory;  /* --ignore-memory-check */
+    /* outputs */
+    kl_cost_plan  plan;           /* from kl_cli_plan_model */
+    double        load_s;         /* from kl_cli_open_model */
+    double        load_gbps;      /* weight bytes / load_s / 1e9 */
+} kl_cli_load;
+
+/* Reads l->plan and checks it against the available memory (unless ignored); 0 or an error. */
+int kl_cli_plan_model(kl_cli_load *l, kl_err *err);
+/* Loads the model into *m (owned: kl_model_close) with progress, timing it. */
+int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err);
+
+#endif
