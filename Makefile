@@ -41,7 +41,7 @@ TEST_SCRIPTS += tests/install.sh
 # the README's example commands, top to bottom (all but the 9 GB ones)
 TEST_SCRIPTS += tests/readme.sh
 
-.PHONY: all test demo fuzz portable install clean deps
+.PHONY: all test demo fuzz portable install clean deps gpu gpu-compile
 all: $(B)/kl
 
 $(B)/obj/%.o: %.c $(HDRS)
@@ -73,8 +73,14 @@ $(BA)/test_%: tests/test_%.c tests/testutil.h $(BA)/libkl.a $(ACLI_NOMAIN) $(HDR
 $(BA)/replay_%: tests/fuzz/%.c tests/fuzz/replay_main.c $(BA)/libkl.a $(HDRS)
 	$(CC) $(CSTD) $(WARN) $(ASANFLAGS) $(CPPFLAGS) -o $@ $< tests/fuzz/replay_main.c $(BA)/libkl.a $(LDLIBS)
 
-test: $(BA)/kl $(TEST_BIN) $(REPLAY_BIN)
+test: $(BA)/kl $(TEST_BIN) $(REPLAY_BIN) gpu-compile
 	@KL_BIN=$(abspath $(BA)/kl) sh tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN) $(TEST_SCRIPTS)
+
+# The CUDA path must keep compiling where nvcc is installed (the device tests run on the GPU
+# machine: scripts/gpu/, or `make GPU=cuda gpu` there).
+gpu-compile:
+	@if [ -x "$(NVCC)" ] || command -v "$(NVCC)" >/dev/null 2>&1; then $(MAKE) --no-print-directory GPU=cuda gpu; \
+	else echo "make test: no nvcc, the CUDA kernels were not compiled"; fi
 
 demo:
 	@sh scripts/demo.sh
@@ -106,6 +112,32 @@ portable: $(B)/libkl.a $(CLI_OBJ)
 	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 \
 	  -Wl,-Bdynamic -lcjson -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BP)/
+
+# ---- GPU kernels (make GPU=cuda gpu, or GPU=hip): one source, kernels/gpu.h maps the runtime ----
+GPU_ARCH ?= sm_90
+NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
+ifeq ($(GPU),cuda)
+GPUCC := $(NVCC) -std=c++17 -O3 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+else ifeq ($(GPU),hip)
+GPUCC := hipcc -std=c++17 -O3 -Wall -Wextra -Werror -Wno-unused-parameter
+endif
+BG       ?= $(B)/gpu-$(GPU)
+GPU_SRC  := $(sort $(wildcard kernels/*.cu))
+GPU_OBJ  := $(GPU_SRC:kernels/%.cu=$(BG)/%.o)
+GPU_TEST := $(patsubst tests/gpu/%.cu,$(BG)/%,$(sort $(wildcard tests/gpu/test_*.cu)))
+GPU_HDRS := $(wildcard kernels/*.h) common/err.h common/mxfp4_format.h
+
+$(BG)/%.o: kernels/%.cu $(GPU_HDRS)
+	@mkdir -p $(BG)
+	$(GPUCC) -I. -c $< -o $@
+
+# device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err
+$(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS)
+	$(GPUCC) -I. -o $@ $< $(GPU_OBJ) $(B)/libkl.a -lm
+
+.SECONDARY: $(GPU_OBJ)
+gpu: $(GPU_TEST)
+	@[ -n "$(GPU)" ] || { echo "make gpu: say GPU=cuda or GPU=hip"; exit 2; }
 
 deps:
 	sh scripts/install-deps.sh

@@ -14,6 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
     KL_OK = 0,
     KL_E_IO = -1,          /* a system call failed (errno in sys_errno) */
@@ -81,6 +85,14 @@ const char *kl_err_code_name(int code);
 
 /* Reports file/line and aborts: only for states our own code cannot reach. */
 #define KL_BUG(msg) kl_bug(__FILE__, __LINE__, (msg))
+#ifdef __cplusplus /* GPU sources (kernels/) include this header as C++ */
+[[noreturn]] void kl_bug(const char *file, int line, const char *msg);
+#else
 _Noreturn void kl_bug(const char *file, int line, const char *msg);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

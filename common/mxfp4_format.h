@@ -40,9 +40,13 @@
 
 KL_HD static inline float kl_mxfp4_f32_from_bits(uint32_t u)
 {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return __uint_as_float(u); /* memcpy would go through a local-memory stack slot */
+#else
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+#endif
 }
 
 /* ---- E2M1 ---------------------------------------------------------------------------------- */

@@ -1,0 +1,70 @@
+/*
+ * kernels/gpu.h — the one file that includes a GPU runtime header.
+ *
+ * Kernels and launchers are written against HIP runtime names.  Under hipcc they are the real
+ * thing; under nvcc this header maps each one used to its CUDA twin, so one source builds for
+ * both (make GPU=cuda, make GPU=hip).  It also holds what differs between the two: warp
+ * shuffles (CUDA takes a lane mask) and the error check that fills a kl_err.
+ *
+ * Reductions use groups of KL_GPU_GROUP = 32 lanes on every target: a 64-lane CDNA wavefront
+ * is two groups, so the same shuffle offsets (16..1) and launch shapes work everywhere.
+ */
+#ifndef KL_KERNELS_GPU_H
+#define KL_KERNELS_GPU_H
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#else
+#include <cuda_runtime.h>
+
+#define hipError_t              cudaError_t
+#define hipSuccess              cudaSuccess
+#define hipGetErrorString       cudaGetErrorString
+#define hipGetLastError         cudaGetLastError
+#define hipGetDeviceCount       cudaGetDeviceCount
+#define hipDeviceSynchronize    cudaDeviceSynchronize
+#define hipMalloc               cudaMalloc
+#define hipFree                 cudaFree
+#define hipMemcpy               cudaMemcpy
+#define hipMemcpyAsync          cudaMemcpyAsync
+#define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStream_t             cudaStream_t
+#define hipEvent_t              cudaEvent_t
+#define hipEventCreate          cudaEventCreate
+#define hipEventRecord          cudaEventRecord
+#define hipEventSynchronize     cudaEventSynchronize
+#define hipEventElapsedTime     cudaEventElapsedTime
+#define hipEventDestroy         cudaEventDestroy
+#endif
+
+#include "common/err.h"
+
+#define KL_GPU_GROUP 32 /* lanes that reduce together (see the header comment) */
+
+/* Sum of v over the KL_GPU_GROUP lanes of a group, returned to every lane. */
+__device__ static inline float kl_gpu_group_sum(float v)
+{
+    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2) {
+#if defined(__HIPCC__)
+        v += __shfl_xor(v, o, KL_GPU_GROUP);
+#else
+        v += __shfl_xor_sync(0xffffffffu, v, o, KL_GPU_GROUP);
+#endif
+    }
+    return v;
+}
+
+/* 0, or KL_E_GPU with the statement, the runtime's message, file and line in err. */
+static inline int kl_gpu_check(hipError_t e, const char *stmt, const char *file, int line,
+                               kl_err *err)
+{
+    if (e == hipSuccess)
+        return 0;
+    return kl_fail(err, KL_E_GPU, "%s: %s (%s:%d)", stmt, hipGetErrorString(e), file, line);
+}
+
+#define KL_GPU_CHECK(err, call) kl_gpu_check((call), #call, __FILE__, __LINE__, (err))
+
+#endif
