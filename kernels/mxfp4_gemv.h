@@ -6,8 +6,8 @@
  * packed [rows, cols/2] u8, element 2i in the low nibble (E2M1 codes), scale [rows, cols/32]
  * u8 (E8M0).  x [cols] and y [rows] are fp32.  All pointers are device memory; cols is a
  * multiple of 32 and at most 11264 (x is staged in 48 KiB of shared memory), packed and x are
- * 16-byte aligned.  Each row is summed in fp32 per 32-element block, then scaled: the order differs
- * from the CPU kernels', so results agree to rounding, not bit for bit.
+ * 16-byte aligned.  Each row is summed in fp32 per 32-element block, then scaled: the order
+ * differs from the CPU kernels', so results agree to rounding, not bit for bit.
  *
  * kl_gpu_mxfp4_gemv checks the arguments (KL_E_USAGE), enqueues the kernel on stream (NULL:
  * the default stream) and returns without waiting; launch errors are KL_E_GPU.
