@@ -283,7 +283,8 @@ int cmd_detokenize(int argc, char **argv)
     const char *ids_text = NULL;
     int skip = 0, json = 0;
     const kl_opt opts[] = {
-        KL_VALUE("--ids", 0, KL_OPT_STR, &ids_text, "LIST", "decimal ids separated by commas (no empty items)"),
+        KL_VALUE("--ids", 0, KL_OPT_STR, &ids_text, "LIST",
+                 "decimal ids separated by commas (no empty items)"),
         KL_FLAG("--skip-special", 0, &skip,
                 "leave out control tokens (specials marked \"special\": true)"),
         KL_FLAG("--json", 0, &json, "one JSON object: the text (invalid UTF-8 as U+FFFD)"),

@@ -23,8 +23,9 @@
  * same digest read back, and made from the same source — the same source files (name, size,
  * mtime, ctime) holding the same bytes (an XXH3-128 tree over the shard's source extents,
  * kl_srcdigest in convert/shard_digest.h: it catches a replaced or edited source, not an
- * attacker; taken while they were read and compared on resume by reading them again).  A shard whose source
- * changed is redone, never reused; a journal of an older format starts the run over.
+ * attacker; taken while they were read and compared on resume by reading them again).  A
+ * shard whose source changed is redone, never reused; a journal of an older format starts the
+ * run over.
  * DST.partial is renamed to DST only when everything is on disk.  kl never deletes what it did
  * not create: a DST.partial that is a symbolic link, not a directory, or holds anything but
  * kl convert's own journal and files is refused (KL_E_USAGE, rule CONVERT-PARTIAL).
@@ -37,8 +38,9 @@
  * Pipeline: the reader keeps its ring of source reads in flight; the converting thread copies
  * or quantizes (with the pool, straight into the write-behind queue) each chunk as it arrives,
  * and hashes it in place for the source digest (whole leaves on the pool; no copy); writer
- * lanes hash and pwrite the queued output.  Reading, quantizing and writing overlap, and only the shard's fsync waits
- * at its end.  A resume reads the source of every journaled shard again to check its digest.
+ * lanes hash and pwrite the queued output.  Reading, quantizing and writing overlap, and only
+ * the shard's fsync waits at its end.  A resume reads the source of every journaled shard
+ * again to check its digest.
  * Memory: bounded by the reader's ring, the write-behind arena and per-thread buffers
  * (≤ max_memory, default 2 GiB, a cap: buffers are no larger than the source and output
  * need), never by the model size.

@@ -240,8 +240,8 @@ static int row_scalar(const uint16_t *in16, const float *in32, size_t n, kl_scal
 /* the 4-vector loops must become straight code so that the vectors stay in registers */
 #define UNROLL4 _Pragma("GCC unroll 4")
 
-/* Magnitude codes of 8 values 0 <= q < 2^22, the same as kl_e2m1_magnitude_code (ties to even), from two
- * float roundings instead of seven compares:
+/* Magnitude codes of 8 values 0 <= q < 2^22, the same as kl_e2m1_magnitude_code (ties to even),
+ * from two float roundings instead of seven compares:
  *   halves = RNE(2q): q + 2^22 (whose ulp is 0.5) rounds q to halves, ties to the even count,
  *            and the bit difference is that count; it is the code for q < 2 (step 0.5);
  *   norm   = the code for q >= 1, where the grid is a float with one mantissa bit: round the
@@ -352,8 +352,8 @@ AVX2_INLINE int mse_exponent_avx2(const __m256 *ax, uint32_t a, int lo, int hi)
 {
     /* 0.25 * 2^lo = 2^(lo - 2) >= 2^-129, a subnormal float below 2^-126 */
     int k = lo - 2;
-    const __m256 keep =
-        _mm256_set1_ps(kl_mxfp4_f32_from_bits(k >= -126 ? (uint32_t)(k + 127) << 23 : 1u << (k + 149)));
+    const uint32_t keep_bits = k >= -126 ? (uint32_t)(k + 127) << 23 : 1u << (k + 149);
+    const __m256 keep = _mm256_set1_ps(kl_mxfp4_f32_from_bits(keep_bits));
     /* first ocp's exponent, then ceil's when it is the one above */
     const int e0 = mse_first(a, lo, hi);
     double best = block_sse_avx2(ax, keep, e0) * (double)(1u << (2 * (e0 - lo)));

@@ -3,10 +3,11 @@
  * metadata alone), the memory the system has available, and the weight bytes one decoded token
  * reads from a bound model.
  *
- * kl_cost_plan_read opens the checkpoint for metadata only (loader/checkpoint.h: config, index
- * and shard headers, no tensor data), refuses it as kl_model_open would (loader/ckcheck.h), and
- * sums the payload bytes of the schema's tensors: the weights kl_model_open will hold.  kl_cost_mem_available reads MemAvailable from a meminfo file
- * (normally /proc/meminfo).  kl_cost_check_memory compares the two.
+ * kl_cost_plan_read opens the checkpoint for metadata only (loader/checkpoint.h: config, index and
+ * shard headers, no tensor data), refuses it as kl_model_open would (loader/ckcheck.h), and sums
+ * the payload bytes of the schema's tensors: the weights kl_model_open will hold.
+ * kl_cost_mem_available reads MemAvailable from a meminfo file (normally /proc/meminfo).
+ * kl_cost_check_memory compares the two.
  *
  * Errors: those of kl_ckpt_open / kl_ckcheck_require; KL_E_IO or KL_E_FORMAT (meminfo unreadable
  * or without MemAvailable); KL_E_NOMEM from kl_cost_check_memory when the model does not fit.

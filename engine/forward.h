@@ -10,12 +10,12 @@
  * states one kl_forward at a time.
  *
  * kl_forward processes n tokens in chunks of up to KL_FORWARD_CHUNK.  Within a chunk every
- * projection is one matrix x chunk product (each weight row read once per chunk), routed
- * experts run once per chunk on the tokens that chose them, while the KDA conv and delta-rule
- * recurrence (the exact reference, kimi-linear.md §3.2) and MLA's causal attention still go
- * token by token (attention reads each block of the latent cache once for a group of the
- * chunk's tokens, each token's sums still in cache order).  Every value of a token is computed in an order that does not depend on the
- * chunk it travels in (engine/matvec.h), so any split of a prompt into calls gives
+ * projection is one matrix x chunk product (each weight row read once per chunk), routed experts
+ * run once per chunk on the tokens that chose them, while the KDA conv and delta-rule recurrence
+ * (the exact reference, kimi-linear.md §3.2) and MLA's causal attention still go token by token
+ * (attention reads each block of the latent cache once for a group of the chunk's tokens, each
+ * token's sums still in cache order).  Every value of a token is computed in an order that does not
+ * depend on the chunk it travels in (engine/matvec.h), so any split of a prompt into calls gives
  * bit-identical logits.  MLA uses the absorbed form (exact without RoPE).
  *
  * Numerics: the reference fixtures come from transformers in fp32, where RMSNorm's "cast to the

@@ -422,7 +422,8 @@ static AVX2_FN void axpy_avx2(float *y, float a, const float *x, size_t n)
     __m256 va = _mm256_set1_ps(a);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++)
         y[i] += a * x[i];
 }

@@ -41,8 +41,8 @@
  *    Unicode < 6.3, format character since), and tiktoken does not.
  * The eight alternatives and their order are otherwise Kimi's, verbatim.
  */
-#define WS "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
-           "\\x{205F}\\x{3000}"
+#define WS "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
+           "\\x{202F}\\x{205F}\\x{3000}"
 #define HAN "\\p{sc=Han}"
 #define NOHAN "(?!" HAN ")"
 #define UPPERISH NOHAN "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"

@@ -104,8 +104,8 @@ typedef struct kl_tok_stream {
 /* Zeroes s and allocates its buffer.  0 or KL_E_NOMEM. */
 int kl_tok_stream_init(kl_tok_stream *s, const kl_tokenizer *tok, unsigned flags, kl_err *err);
 
-/* Appends id; *text and *len receive the bytes now safe to emit (borrowed, valid until the next call
- * on s; *len may be 0).  KL_E_USAGE if id >= n_vocab (the stream is unchanged). */
+/* Appends id; *text and *len receive the bytes now safe to emit (borrowed, valid until the next
+ * call on s; *len may be 0).  KL_E_USAGE if id >= n_vocab (the stream is unchanged). */
 int kl_tok_stream_push(kl_tok_stream *s, kl_token id, const char **text, size_t *len,
                        kl_err *err);
 

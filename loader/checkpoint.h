@@ -2,12 +2,12 @@
  * loader/checkpoint.h — a checkpoint directory opened for metadata: config.json,
  * model.safetensors.index.json and every shard header, joined into one tensor table.
  *
- * Opening never fails on a broken file: each file's parse result is kept (ok flag + kl_err)
- * so audit can report every problem at once.  The full metadata check (index consistency,
- * schema match) is loader/ckcheck.h, which the engine and the converter use to refuse a broken
- * checkpoint; kl_ckpt_require_ok() only turns the first unparsable file into an error.  Only an unreadable directory
- * is an error of kl_ckpt_open itself.  Reads header bytes only, never tensor data, and never
- * opens a file for writing.
+ * Opening never fails on a broken file: each file's parse result is kept (ok flag + kl_err) so
+ * audit can report every problem at once.  The full metadata check (index consistency, schema
+ * match) is loader/ckcheck.h, which the engine and the converter use to refuse a broken checkpoint;
+ * kl_ckpt_require_ok() only turns the first unparsable file into an error.  Only an unreadable
+ * directory is an error of kl_ckpt_open itself.  Reads header bytes only, never tensor data, and
+ * never opens a file for writing.
  *
  * Shards: those named by the index, in name order, then every other *.safetensors file of the
  * directory in name order (without an index these are the shards; with one, strays).

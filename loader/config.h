@@ -89,7 +89,7 @@ typedef struct kl_config {
     uint32_t  moe_intermediate_size;   /* each routed expert and each shared expert */
     double    rms_norm_eps;
     bool      tie_word_embeddings;
-    uint64_t  max_position;            /* model_max_length or max_position_embeddings, 0 if absent */
+    uint64_t  max_position;            /* model_max_length or max_position_embeddings, 0: absent */
     int64_t   bos_token_id, eos_token_id, pad_token_id;  /* -1 if absent */
 
     /* MLA */

@@ -36,9 +36,9 @@
  *   MXFP4 experts         blocks of 32 N(0, 1/sqrt(in)) values quantized by convert/mxfp4.h
  *                         with the OCP rule (E8M0 scale 127 + floor(log2(block amax)) - 2), so
  *                         the dequantized std is that of the BF16 weights; elements that round
- *                         to zero keep their sign (code 8, -0), as in every version of synth.  Blocks come from a table of 65,536
- *                         quantized Gaussian blocks per distinct sigma, picked and sign-flipped
- *                         at random.
+ *                         to zero keep their sign (code 8, -0), as in every version of synth.
+ *                         Blocks come from a table of 65,536 quantized Gaussian blocks per
+ *                         distinct sigma, picked and sign-flipped at random.
  * Determinism: every tensor is cut into fixed RNG units (64 KiB of output; for MXFP4 4096
  * groups, shared by a weight_packed and its weight_scale); each unit has its own stream keyed by
  * (seed, schema index, unit), so the bytes depend on neither the thread count nor the I/O
