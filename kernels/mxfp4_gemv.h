@@ -15,16 +15,11 @@
 #ifndef KL_KERNELS_MXFP4_GEMV_H
 #define KL_KERNELS_MXFP4_GEMV_H
 
-#include "common/err.h"
-
-#include <stddef.h>
-#include <stdint.h>
+#include "kernels/gpu_api.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct kl_gpu_stream_s *kl_gpu_stream; /* a hipStream_t / cudaStream_t */
 
 typedef struct kl_mxfp4_gemv_args {
     const uint8_t *packed; /* [rows, cols/2] u8, E2M1 pairs, low nibble first */

@@ -1,0 +1,112 @@
+/*
+ * engine/backend.h — where the forward pass runs: the block-level operations a backend (CPU,
+ * GPU) implements, the batch they run on, and the per-sequence slots they keep.
+ *
+ * One orchestration: kl_backend_forward (engine/forward.c) walks the layers of the model and
+ * calls the backend's operations on one chunk of a batch at a time:
+ *
+ *     begin(chunk)                       ids and slots in, x = embedding rows
+ *     norm(INPUT, 0)                     xn = RMSNorm_in,0(x)
+ *     for each layer l:
+ *         kda(l) or mla(l)               y = attention of xn (the slots' states advance)
+ *         add_norm(POST, l)              x += y; xn = RMSNorm_post,l(x)
+ *         moe(l) or mlp(l)               y = FFN of xn
+ *         add_norm(INPUT, l+1 or FINAL)  x += y; xn = the next norm of x
+ *     head(logits, argmax)               lm_head of xn for the tokens that want logits
+ *     end()                              the slots' lengths advance by their tokens
+ *
+ * A backend may enqueue work asynchronously (a GPU stream) and capture the sequence as a graph;
+ * only head() returns data to the host, and end() is where a backend may synchronise.
+ *
+ * Batch: tokens of one or more sequences.  Each token names its slot; the tokens of one slot
+ * form one contiguous run in sequence order, and the first of them goes at the slot's current
+ * length (positions are implied: the slot's length, +1 per token).  Continuous batching packs
+ * the decode tokens of running sequences and prompt pieces of new ones into one batch.
+ *
+ * Slots: a backend keeps, per open slot, the sequence state of every layer (KDA conv windows
+ * and fp32 delta-rule state, MLA latent cache).  slot_copy makes dst the same sequence as src
+ * (a snapshot or its restore): feeding the same ids to both then gives identical logits.
+ *
+ * Ownership: a backend borrows the model (kl_model: config, layer kinds, route_weights, and on
+ * the CPU the weights themselves); kl_backend_free releases everything the backend holds.
+ * Thread safety: one forward at a time per backend.
+ */
+#ifndef KL_ENGINE_BACKEND_H
+#define KL_ENGINE_BACKEND_H
+
+#include "common/err.h"
+#include "engine/token.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kl_model;
+
+/* Tokens of one forward call (host memory, borrowed for the call). */
+typedef struct kl_batch {
+    size_t          n;       /* tokens */
+    const kl_token *ids;     /* [n] */
+    const uint32_t *slot;    /* [n] slot of each token (runs, see above) */
+    const uint8_t  *want;    /* [n] 1: this token's logits are wanted; NULL: only the last */
+} kl_batch;
+
+typedef enum kl_norm_which {
+    KL_NORM_INPUT = 0,       /* layer l's input_layernorm */
+    KL_NORM_POST = 1,        /* layer l's post_attention_layernorm */
+    KL_NORM_FINAL = 2,       /* the model's final norm (l ignored) */
+} kl_norm_which;
+
+typedef struct kl_backend kl_backend;
+
+typedef struct kl_backend_ops {
+    /* -- slots ------------------------------------------------------------------------- */
+    int  (*slot_open)(kl_backend *be, uint32_t *slot, kl_err *err);   /* an empty sequence */
+    void (*slot_close)(kl_backend *be, uint32_t slot);
+    void (*slot_reset)(kl_backend *be, uint32_t slot);                /* back to empty */
+    int  (*slot_copy)(kl_backend *be, uint32_t dst, uint32_t src, kl_err *err);
+    /* -- one chunk (at most be->max_tokens tokens) ------------------------------------- */
+    /* Binds the chunk (validated by the caller: ids in the vocabulary, runs, open slots),
+     * grows the slots' caches to hold it (KL_E_NOMEM before any state changes) and writes the
+     * embedding rows of its ids into x. */
+    int  (*begin)(kl_backend *be, const kl_batch *chunk, kl_err *err);
+    int  (*norm)(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err);
+    int  (*add_norm)(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err);
+    int  (*kda)(kl_backend *be, uint32_t layer, kl_err *err);
+    int  (*mla)(kl_backend *be, uint32_t layer, kl_err *err);
+    int  (*moe)(kl_backend *be, uint32_t layer, kl_err *err);
+    int  (*mlp)(kl_backend *be, uint32_t layer, kl_err *err);
+    /* lm_head on xn for the chunk's wanted tokens, in chunk order: logits [n_wanted, vocab]
+     * fp32 and/or argmax [n_wanted] (ties: lowest id) into host memory; either may be NULL. */
+    int  (*head)(kl_backend *be, float *logits, kl_token *argmax, kl_err *err);
+    /* The chunk is done: each slot's length grows by its tokens.  Waits for the device. */
+    int  (*end)(kl_backend *be, kl_err *err);
+    void (*destroy)(kl_backend *be);
+} kl_backend_ops;
+
+struct kl_backend {
+    const kl_backend_ops   *ops;
+    const char             *name;        /* "cpu", "gpu" */
+    struct kl_model        *m;           /* borrowed */
+    size_t                  max_tokens;  /* tokens per chunk (begin .. end) */
+    uint32_t                max_slots;   /* slots open at once */
+    size_t                 *slot_len;    /* [max_slots] tokens each slot holds */
+    void                   *impl;        /* the backend's own state */
+};
+
+/* Runs the batch through the model in chunks of at most be->max_tokens (see above).  logits
+ * [n_wanted, vocab] and argmax [n_wanted] receive the wanted tokens' results in batch order;
+ * either may be NULL.  KL_E_USAGE: empty batch, an id outside the vocabulary, a slot not open
+ * or whose tokens do not form one run.  On error the slots of the batch are unspecified: reset
+ * them. */
+int  kl_backend_forward(kl_backend *be, const kl_batch *b, float *logits, kl_token *argmax,
+                        kl_err *err);
+
+/* The CPU backend over m's host weights (engine/backend_cpu.c): bit-identical to the golden
+ * fixtures, any chunk split of a sequence giving the same logits. */
+int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
+/* The GPU backend (engine/backend_gpu.c): uploads m's weights to device 0.  In a build
+ * without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
+int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
+void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
+
+#endif

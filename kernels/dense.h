@@ -1,0 +1,43 @@
+/*
+ * kernels/dense.h — the products and elementwise steps of a forward chunk on the GPU:
+ * Y = X Wᵀ for every weight kind, embedding rows, residual add + RMSNorm, SiLU gating and the
+ * argmax of logits.  Conventions: kernels/gpu_api.h.
+ *
+ * Products are fp32 in and out, weights in their stored kind; each output element is summed in
+ * fp32.  For few tokens (decode: n <= 8) each weight row is read once for all n tokens, which is
+ * the byte-bound regime of decode; larger n is still correct (tokens in groups).
+ */
+#ifndef KL_KERNELS_DENSE_H
+#define KL_KERNELS_DENSE_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y [n, w->rows] = x [n, w->cols] Wᵀ (row-major, leading dimensions cols and rows). */
+int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
+                  kl_err *err);
+
+/* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32. */
+int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,
+                 kl_gpu_stream s, kl_err *err);
+
+/* For each of n rows of width h: x += y (skipped when y is NULL), then
+ * xn = w ⊙ x · 1/sqrt(mean(x²) + eps) (w [h] fp32).  xn may not alias x. */
+int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint32_t n, uint32_t h,
+                       float eps, float *xn, kl_gpu_stream s, kl_err *err);
+
+/* a[i] = SiLU(a[i]) · b[i] for i < count. */
+int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_stream s, kl_err *err);
+
+/* out[t] = the index of the largest of logits[t][0..vocab) (ties: the lowest index), t < n. */
+int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, uint32_t *out,
+                  kl_gpu_stream s, kl_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

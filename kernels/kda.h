@@ -1,0 +1,62 @@
+/*
+ * kernels/kda.h — Kimi Delta Attention on the GPU for the tokens of one chunk
+ * (kimi-linear.md §3.2, the CPU reference: engine/forward.c).  Conventions: kernels/gpu_api.h.
+ *
+ * The projections (q, k, v, f_a→f_b, b, g_a→g_b, o) are kl_gpu_matmul calls of the backend;
+ * these launchers do what lies between them, for every run of the chunk (kl_gpu_tokens), each
+ * run's tokens in order against its slot's state:
+ *
+ * kl_gpu_kda_conv — causal depthwise conv + SiLU of q, k and v in place, [n, D] each (D =
+ *   heads * head_dim), taps [D, W] fp32 each (tap W-1 multiplies the current token), windows
+ *   win + slot * win_stride: [3][D][W-1] fp32 (q, k, v; column 0 the oldest input), updated.
+ *
+ * kl_gpu_kda_recur — per token, per head h (channels c of the head):
+ *   g_c = -exp(a_log[h]) · softplus(f_c + dt_bias_c)   (softplus(z) = z for z > 20)
+ *   β = sigmoid(beta_logit[h]);  q̂ = q/sqrt(Σq² + 1e-6) / sqrt(K);  k̂ = k/sqrt(Σk² + 1e-6)
+ *   S ← diag(exp g) S;  u = β (v − Sᵀ k̂);  S ← S + k̂ uᵀ;  o = Sᵀ q̂
+ *   o ← o · 1/sqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate)
+ *   with S = state + slot * state_stride: [H][K][K] fp32, S[h][i][j] (key i, value j).
+ */
+#ifndef KL_KERNELS_KDA_H
+#define KL_KERNELS_KDA_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kl_gpu_kda_conv_args {
+    float         *qkv[3];    /* [n, D] each, in place */
+    const float   *taps[3];   /* [D, W] fp32 each */
+    uint32_t       D, W;      /* W >= 1 */
+    float         *win;       /* window pool: slot s at win + s * win_stride */
+    size_t         win_stride;   /* floats per slot, >= 3 * D * (W - 1) */
+} kl_gpu_kda_conv_args;
+
+int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
+                    kl_err *err);
+
+typedef struct kl_gpu_kda_recur_args {
+    const float *q, *k, *v;   /* [n, H*K] after the conv */
+    const float *f;           /* [n, H*K] f_b output (before the gate function) */
+    const float *beta_logit;  /* [n, H] b_proj output */
+    const float *gate;        /* [n, H*K] g_b output */
+    const float *a_log;       /* [H] */
+    const float *dt_bias;     /* [H*K] */
+    const float *o_norm;      /* [K] */
+    float        eps;         /* rms_norm_eps */
+    uint32_t     H, K;        /* heads, head_dim (K == V, K <= 128) */
+    float       *state;       /* state pool: slot s at state + s * state_stride */
+    size_t       state_stride;   /* floats per slot, >= H * K * K */
+    float       *o;           /* [n, H*K] out */
+} kl_gpu_kda_recur_args;
+
+int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
+                     kl_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

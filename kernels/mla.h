@@ -1,0 +1,61 @@
+/*
+ * kernels/mla.h — multi-head latent attention on the GPU, absorbed form without RoPE
+ * (kimi-linear.md §3.3, the CPU reference: engine/forward.c).  Conventions: kernels/gpu_api.h.
+ *
+ * The projections q = W_q x [n, nh*(dn+dr)], kva = W_kva x [n, R+dr] and o_proj are
+ * kl_gpu_matmul calls of the backend.  Between them:
+ *
+ * kl_gpu_mla_append — for each token t (slot s, position p): row p of slot s's cache =
+ *   [RMSNorm(kva[t][0:R]) with kv_norm and eps 1e-6, kva[t][R:R+dr] unchanged].
+ *   Every token of the chunk is appended before any attends (run the two in this order).
+ *
+ * kl_gpu_mla_attend — for each token t (slot s, position p) and head h:
+ *   ql = W_kb,hᵀ q_nope,h  (W_kb,h: rows h*(dn+dv) .. +dn of kv_b [nh*(dn+dv), R])
+ *   score_u = (ql · c_u + q_rope,h · kr_u) / sqrt(dn + dr) for u = 0..p of slot s's cache
+ *   ctx = Σ_u softmax(score)_u c_u   (fp32 softmax)
+ *   o[t][h*dv .. +dv] = W_vb,h ctx  (W_vb,h: rows h*(dn+dv)+dn .. +dv of kv_b)
+ * Caches: cache[s] (a device array of device pointers, one per slot) points at slot s's rows
+ * [cap, R+dr] fp32, row u = position u.
+ */
+#ifndef KL_KERNELS_MLA_H
+#define KL_KERNELS_MLA_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kl_gpu_mla_dims {
+    uint32_t nh, dn, dr, dv, R;   /* heads, nope, rope, value dims, kv_lora_rank */
+} kl_gpu_mla_dims;
+
+typedef struct kl_gpu_mla_append_args {
+    kl_gpu_mla_dims d;
+    const float    *kva;          /* [n, R+dr] */
+    const float    *kv_norm;      /* [R] */
+    float *const   *cache;        /* [slots] device pointers to [cap, R+dr] */
+} kl_gpu_mla_append_args;
+
+int kl_gpu_mla_append(const kl_gpu_mla_append_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
+                      kl_err *err);
+
+typedef struct kl_gpu_mla_attend_args {
+    kl_gpu_mla_dims   d;
+    const float      *q;          /* [n, nh*(dn+dr)] */
+    const kl_gpu_mat *kv_b;       /* [nh*(dn+dv), R], F32 or BF16 */
+    const float *const *cache;    /* [slots] as for append */
+    float            *scratch;    /* kl_gpu_mla_scratch(d, n, max_span) floats */
+    float            *o;          /* [n, nh*dv] out */
+} kl_gpu_mla_attend_args;
+
+/* Floats of scratch kl_gpu_mla_attend needs for n tokens whose spans are at most max_span. */
+size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span);
+int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
+                         kl_gpu_stream s, kl_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * kernels/moe.h — the routed mixture of experts on the GPU (kimi-linear.md §3.4): router
+ * top-k, the selected experts' SiLU-gated MLPs, and the weighted sum.  Conventions:
+ * kernels/gpu_api.h.
+ *
+ * Router (steps 1-4): s = sigmoid(logit); selection score s + bias (bias may be NULL); the
+ * top_k largest selection scores (ties: the lowest expert id), in descending order; weight
+ * s (or s + bias when biased_weights) of each, divided by their sum + 1e-20 when renormalize,
+ * times scaling.
+ *
+ * Experts (step 5-6): for token t and its k-th choice e = idx[t, k] with weight w = wt[t, k]:
+ *     h = SiLU(w1_e x_t) ⊙ (w3_e x_t)          (w1 gate, w3 up: [I, H] each)
+ *     y_t = Σ_k w · (w2_e h)                    (w2 down: [H, I]), summed in k order
+ * only the selected experts' weights are read; any stored kind (MXFP4 the one that matters).
+ * add_to_y: y_t += the sum instead of y_t = (the shared experts' output already in y).
+ */
+#ifndef KL_KERNELS_MOE_H
+#define KL_KERNELS_MOE_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kl_gpu_route_args {
+    const float *logits;      /* [n, n_experts] router logits (fp32) */
+    const float *bias;        /* [n_experts] e_score_correction_bias, or NULL */
+    uint32_t     n, n_experts, top_k;   /* top_k <= 64 and <= n_experts */
+    int          biased_weights;        /* 1: weights from s + bias (HF remote code) */
+    int          renormalize;
+    float        scaling;               /* routed_scaling_factor */
+    int32_t     *idx;         /* [n, top_k] out: chosen experts, descending selection score */
+    float       *wt;          /* [n, top_k] out: their weights */
+} kl_gpu_route_args;
+
+int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err);
+
+typedef struct kl_gpu_experts_args {
+    const kl_gpu_stack *w1, *w2, *w3;   /* gate [E, I, H], down [E, H, I], up [E, I, H] */
+    const float   *x;         /* [n, H] normed input */
+    uint32_t       n, top_k;
+    const int32_t *idx;       /* [n, top_k] */
+    const float   *wt;        /* [n, top_k] */
+    float         *scratch;   /* kl_gpu_experts_scratch(n, top_k, I, H) floats */
+    float         *y;         /* [n, H] out */
+    int            add_to_y;
+} kl_gpu_experts_args;
+
+/* Floats of scratch kl_gpu_experts needs for n tokens. */
+size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t inter, uint32_t hidden);
+int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
