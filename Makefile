@@ -41,7 +41,7 @@ TEST_SCRIPTS += tests/install.sh
 # the README's example commands, top to bottom (all but the 9 GB ones)
 TEST_SCRIPTS += tests/readme.sh
 
-.PHONY: all test demo fuzz portable install clean deps gpu gpu-compile
+.PHONY: all test demo fuzz portable install clean deps gpu gpu-kl gpu-compile
 all: $(B)/kl
 
 $(B)/obj/%.o: %.c $(HDRS)
@@ -162,6 +162,7 @@ $(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS)
 	$(GPUCC) $(GPU_TEST_FLAGS) -I. -o $@ $(GPU_X) $< $(GPU_XEND) $(GPU_OBJ) $(B)/libkl.a -lm
 
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)
+gpu-kl: $(BG)/kl
 gpu: $(GPU_TEST)
 	@[ -n "$(GPU)" ] || { echo "make gpu: say GPU=cuda or GPU=hip"; exit 2; }
 

@@ -12,6 +12,7 @@
  * mxfp4 and rules print one JSON object; decode prints text, or one JSON object with --json.
  */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "cli/loadmodel.h"
 
 #include "common/clock.h"
@@ -23,6 +24,7 @@
 #include "common/rng.h"
 #include "convert/mxfp4.h"
 #include "convert/verify.h"
+#include "engine/backend.h"
 #include "engine/cost.h"
 #include "engine/forward.h"
 #include "engine/model.h"
@@ -48,11 +50,12 @@ static const char usage_text[] =
     "Student-t with 3 degrees of freedom, Gaussian with 0.1% outliers at 10 sigma) with every\n"
     "scale rule and prints the relative RMSE of each (one JSON object).\n"
     "`decode` loads MODEL, feeds a prompt of N random ids (default 64, fixed seed) in one call,\n"
-    "then decodes N greedy tokens (default 32) one at a time on the CPU engine, and reports\n"
-    "prefill and decode tok/s, the weight bytes one decoded token reads (non-expert weights,\n"
-    "shared experts, the top-k routed experts of each MoE layer, lm_head and one embedding row,\n"
-    "from the model's tensors), the bandwidth that implies (bytes x tok/s) and the host\n"
-    "memory-read ceiling measured in the same run.  Text, or one JSON object with --json.\n"
+    "then decodes N greedy tokens (default 32) one at a time (--device: CPU or GPU engine), and\n"
+    "reports prefill and decode tok/s, the weight bytes one decoded token reads (non-expert\n"
+    "weights, shared experts, the top-k routed experts of each MoE layer, lm_head and one\n"
+    "embedding row, from the model's tensors), the bandwidth that implies (bytes x tok/s) and\n"
+    "the ceiling measured in the same run (host memory read; on the GPU its device copy rate).\n"
+    "Text, or one JSON object with --json.\n"
     "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
 
 static const char mxfp4_about[] =
@@ -67,11 +70,12 @@ static const char rules_about[] =
 
 static const char decode_about[] =
     "Loads MODEL, feeds a prompt of N random ids (default 64, fixed seed) in one call, then\n"
-    "decodes N greedy tokens (default 32) one at a time on the CPU engine, and reports prefill\n"
-    "and decode tok/s, the weight bytes one decoded token reads (non-expert weights, shared\n"
-    "experts, the top-k routed experts of each MoE layer, lm_head and one embedding row, from\n"
-    "the model's tensors: kl_cost_token_bytes), the bandwidth that implies (bytes x tok/s) and\n"
-    "the host memory-read ceiling measured in the same run.  Text, or one JSON object with\n"
+    "decodes N greedy tokens (default 32) one at a time on the engine --device picks, and\n"
+    "reports prefill and decode tok/s, the weight bytes one decoded token reads (non-expert\n"
+    "weights, shared experts, the top-k routed experts of each MoE layer, lm_head and one\n"
+    "embedding row, from the model's tensors: kl_cost_token_bytes), the bandwidth that implies\n"
+    "(bytes x tok/s) and the ceiling measured in the same run: host memory read on the CPU,\n"
+    "the device-to-device copy rate (HBM) on the GPU.  Text, or one JSON object with\n"
     "--json.  The model must fit in the available memory (--ignore-memory-check to load\n"
     "anyway); loading shows progress on a terminal and its time on stderr (-q: errors only).\n"
     "KL_CPU_KERNELS=scalar in the environment measures the scalar kernels.\n";
@@ -186,13 +190,22 @@ typedef struct decode_args {
     const char        *model;
     unsigned long long threads, prompt_tokens, tokens;
     int                json, quiet, ignore_memory;
+    kl_cli_device      device;
 } decode_args;
 
 typedef struct decode_result {
     double         prefill_s, decode_s;
     kl_token_bytes bytes;
-    kl_membench_result ceiling;
+    kl_membench_result ceiling;   /* CPU: host memory read */
+    kl_gpu_ceilings gpu;          /* GPU: HBM (device copy) and pinned host-to-device */
+    int            on_gpu;
 } decode_result;
+
+/* The bandwidth the decode rate is bound by: HBM on the GPU, host memory read on the CPU. */
+static double ceiling_gbps(const decode_result *r)
+{
+    return r->on_gpu ? r->gpu.hbm_gbps : r->ceiling.read_gbps;
+}
 
 /* Prefill of random ids, then greedy decode steps; timings into res. */
 static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl_err *err)
@@ -239,6 +252,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
     cJSON *j = kl_cli_json_head(1);
     cJSON_AddStringToObject(j, "model", a->model);
+    cJSON_AddStringToObject(j, "device", r->on_gpu ? r->gpu.device : "cpu");
     cJSON_AddNumberToObject(j, "threads", kl_pool_threads(m->pool));
     cJSON_AddStringToObject(j, "kernels", kl_matvec_kernels_name(kl_matvec_kernels()));
     cJSON_AddNumberToObject(j, "weight_bytes", (double)m->weight_bytes);
@@ -258,9 +272,15 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     cJSON_AddNumberToObject(parts, "lm_head", b->lm_head);
     cJSON_AddNumberToObject(parts, "embedding_row", b->embedding_row);
     cJSON_AddNumberToObject(j, "effective_gbps", eff);
-    cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
+    if (r->on_gpu) {
+        cJSON_AddNumberToObject(j, "upload_s", l->upload_s);
+        cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
+        cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
+    } else {
+        cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
+    }
     cJSON_AddNumberToObject(j, "ratio_to_ceiling",
-                            r->ceiling.read_gbps > 0 ? eff / r->ceiling.read_gbps : 0);
+                            ceiling_gbps(r) > 0 ? eff / ceiling_gbps(r) : 0);
     return kl_cli_print_json(j);
 }
 
@@ -278,9 +298,9 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
            b->non_expert / 1e9, b->shared_experts / 1e9, b->routed_experts / 1e9,
            b->lm_head / 1e9, b->embedding_row / 1e9);
-    printf("  effective bandwidth %.2f GB/s; host memory-read ceiling %.2f GB/s (ratio %.2f)\n",
-           eff, r->ceiling.read_gbps,
-           r->ceiling.read_gbps > 0 ? eff / r->ceiling.read_gbps : 0);
+    printf("  effective bandwidth %.2f GB/s; %s %.2f GB/s (ratio %.2f)\n", eff,
+           r->on_gpu ? "HBM (device copy) on the GPU" : "host memory-read ceiling",
+           ceiling_gbps(r), ceiling_gbps(r) > 0 ? eff / ceiling_gbps(r) : 0);
 }
 
 static int parse_decode(int argc, char **argv, decode_args *a)
@@ -299,11 +319,12 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         KL_FLAG("--quiet", 'q', &a->quiet, "errors only on stderr (no load progress or time)"),
         KL_FLAG("--ignore-memory-check", 0, &a->ignore_memory,
                 "load even when the model is larger than the available memory"),
+        KL_DEVICE_ROW(&a->device),
         {0}};
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
-                    "                       [--json] [-q] [--ignore-memory-check]\n",
+                    "                       [--json] [-q] [--ignore-memory-check] [--device D]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
@@ -329,7 +350,8 @@ static int bench_decode(int argc, char **argv)
                      .model = a.model,
                      .opts = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED},
                      .quiet = a.quiet,
-                     .ignore_memory = a.ignore_memory};
+                     .ignore_memory = a.ignore_memory,
+                     .device = a.device};
     decode_result res;
     memset(&res, 0, sizeof res);
     if (kl_cli_plan_model(&l, &err) || kl_cli_open_model(&l, &m, &err) ||
@@ -338,9 +360,12 @@ static int bench_decode(int argc, char **argv)
         return kl_cli_report("bench decode", &err);
     }
     kl_cost_token_bytes(m, &res.bytes);
-    /* the ceiling with as many threads as the engine, measured after the model is loaded */
-    if (kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling, &err))
-        fprintf(stderr, "kl bench decode: no memory-read ceiling: %s\n", err.msg);
+    res.on_gpu = !strcmp(l.device_used, "gpu");
+    /* the ceiling measured after the model is loaded (CPU: as many threads as the engine) */
+    if (res.on_gpu ? kl_backend_gpu_ceilings(&res.gpu, &err)
+                   : kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling,
+                                      &err))
+        fprintf(stderr, "kl bench decode: no bandwidth ceiling: %s\n", err.msg);
     rc = KL_EXIT_OK;
     if (a.json)
         rc = print_decode_json(&a, m, &res, &l);

@@ -318,7 +318,8 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
                             .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route},
                             .quiet = a->gen.quiet,
-                            .ignore_memory = a->gen.ignore_memory};
+                            .ignore_memory = a->gen.ignore_memory,
+                            .device = a->gen.device};
     if ((rc = kl_cli_plan_model(&c->load, err)) || (rc = kl_tok_open(a->model, &c->tok, err)) ||
         (rc = kl_cli_open_model(&c->load, &c->m, err)))
         return rc;

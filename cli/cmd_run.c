@@ -297,7 +297,8 @@ static int prepare(const run_args *a, run_ctx *c, kl_err *err)
                             .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route},
                             .quiet = a->gen.quiet,
-                            .ignore_memory = a->gen.ignore_memory};
+                            .ignore_memory = a->gen.ignore_memory,
+                            .device = a->gen.device};
     if ((rc = kl_cli_plan_model(&c->load, err)))
         return rc;
     /* Teacher forcing from ids never touches text: checkpoints without tokenizer files (as

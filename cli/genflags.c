@@ -51,6 +51,18 @@ static int parse_route(void *target, const char *v)
     return 0;
 }
 
+int kl_cli_parse_device(void *target, const char *v)
+{
+    static const char *const names[] = {"auto", "cpu", "gpu"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcmp(v, names[i])) {
+            *(kl_cli_device *)target = (kl_cli_device)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows)
 {
     const kl_opt r[KL_GEN_FLAG_ROWS] = {
@@ -80,6 +92,7 @@ void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows)
                 "timings)"),
         KL_FLAG("--ignore-memory-check", 0, &f->ignore_memory,
                 "load even when the model is larger than the available memory"),
+        KL_DEVICE_ROW(&f->device),
     };
     memcpy(rows, r, sizeof r);
 }

@@ -1,12 +1,13 @@
 /*
  * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-k,
- * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, as rows of
- * their option tables.
+ * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, --device, as
+ * rows of their option tables (--device also in kl bench decode: KL_DEVICE_ROW).
  */
 #ifndef KL_CLI_GENFLAGS_H
 #define KL_CLI_GENFLAGS_H
 
 #include "cli/cli.h"
+#include "cli/loadmodel.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
@@ -17,9 +18,17 @@ typedef struct kl_gen_flags {
     kl_route_weights route;
     int quiet;         /* -q: errors only on stderr (no progress, load line or timings) */
     int ignore_memory; /* --ignore-memory-check */
+    kl_cli_device device; /* --device */
 } kl_gen_flags;
 
-#define KL_GEN_FLAG_ROWS 10
+#define KL_GEN_FLAG_ROWS 11
+
+/* --device auto|cpu|gpu into a kl_cli_device (an option-table parser: 0 or -1). */
+int kl_cli_parse_device(void *target, const char *v);
+#define KL_DEVICE_ROW(tgt)                                                                       \
+    KL_VALUE("--device", 0, KL_OPT_FN, (tgt), "D",                                               \
+             "where to run: auto (default: the GPU if there is one), cpu or gpu",               \
+             .fn = kl_cli_parse_device, .wants = "auto, cpu or gpu")
 
 /* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help
  * is the help of -n (its default differs between run and chat). */

@@ -3,6 +3,7 @@
 
 #include "cli/progress.h"
 #include "common/clock.h"
+#include "engine/backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,26 @@ static void show_load(void *user, uint64_t done, uint64_t total)
     kl_progress_show(user, done, total);
 }
 
+/* Moves m to the GPU when l->device asks for it (or auto finds one). */
+static int use_device(kl_cli_load *l, kl_model *m, kl_err *err)
+{
+    l->device_used = "cpu";
+    if (l->device == KL_DEVICE_CPU || (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available()))
+        return 0;
+    kl_backend *be = NULL;
+    double t0 = kl_now_s();
+    int rc = kl_backend_gpu_create(&be, m, err);
+    if (!rc && (rc = kl_model_use_backend(m, be, err)))
+        kl_backend_free(be);
+    if (rc)
+        return rc;
+    l->device_used = "gpu";
+    l->upload_s = kl_now_s() - t0;
+    if (!l->quiet)
+        fprintf(stderr, "kl %s: on the GPU: weights uploaded in %.3f s\n", l->cmd, l->upload_s);
+    return 0;
+}
+
 int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
 {
     kl_progress p;
@@ -51,5 +72,5 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     if (!l->quiet)
         fprintf(stderr, "kl %s: loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
                 (double)(*m)->weight_bytes / 1e9, l->load_s, l->load_gbps);
-    return 0;
+    return use_device(l, *m, err);
 }

@@ -3,7 +3,8 @@
  * read its plan (size, context) from metadata, refuse it when it does not fit in the memory
  * available (MemAvailable; `--ignore-memory-check` skips this; $KL_MEMINFO names another
  * meminfo file, for tests), then load it with a progress line on stderr (terminal only, off
- * with -q) and report the load time and rate ("kl CMD: loaded X GB in S s (R GB/s)", off with -q).
+ * with -q) and report the load time and rate ("kl CMD: loaded X GB in S s (R GB/s)", off with -q);
+ * then put it on the device --device names (engine/backend.h).
  */
 #ifndef KL_CLI_LOADMODEL_H
 #define KL_CLI_LOADMODEL_H
@@ -12,21 +13,29 @@
 #include "engine/cost.h"
 #include "engine/model.h"
 
+/* --device: where the forward pass runs (auto: the GPU when this build has GPU support and a
+ * device is visible, else the CPU). */
+typedef enum kl_cli_device { KL_DEVICE_AUTO = 0, KL_DEVICE_CPU, KL_DEVICE_GPU } kl_cli_device;
+
 typedef struct kl_cli_load {
     const char   *cmd;            /* "run", "chat", "bench decode": the message prefix */
     const char   *model;          /* checkpoint directory */
     kl_model_opts opts;           /* threads, route weights (progress is set here) */
     int           quiet;          /* -q: no progress, no load line */
     int           ignore_memory;  /* --ignore-memory-check */
+    kl_cli_device device;         /* --device */
     /* outputs */
     kl_cost_plan  plan;           /* from kl_cli_plan_model */
     double        load_s;         /* from kl_cli_open_model */
     double        load_gbps;      /* weight bytes / load_s / 1e9 */
+    const char   *device_used;    /* "cpu" or "gpu" */
+    double        upload_s;       /* GPU: seconds to put the weights on the device */
 } kl_cli_load;
 
 /* Reads l->plan and checks it against the available memory (unless ignored); 0 or an error. */
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err);
-/* Loads the model into *m (owned: kl_model_close) with progress, timing it. */
+/* Loads the model into *m (owned: kl_model_close) with progress, timing it, then moves it to
+ * the device l->device names (KL_E_UNSUPPORTED: --device gpu without a GPU or GPU support). */
 int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err);
 
 #endif

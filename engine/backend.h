@@ -109,4 +109,17 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
 
+/* 1 when this build has GPU support and a device is visible, else 0. */
+int  kl_backend_gpu_available(void);
+
+/* The GPU ceilings kl bench reports figures against, measured now on device 0: copy rates
+ * device-to-device (bytes read plus written per second: the HBM bandwidth) and pinned
+ * host-to-device.  KL_E_UNSUPPORTED in a build without GPU support. */
+typedef struct kl_gpu_ceilings {
+    char   device[96];
+    double hbm_gbps, h2d_gbps;
+    size_t mem_total;          /* device memory, bytes */
+} kl_gpu_ceilings;
+int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
+
 #endif

@@ -16,6 +16,8 @@
 
 #include "engine/model.h"
 
+#include <string.h>
+
 #ifdef KL_GPU
 
 #include "common/mem.h"
@@ -24,8 +26,6 @@
 #include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/runtime.h"
-
-#include <string.h>
 
 #define GPU_CHUNK 64u   /* tokens per chunk */
 #define GPU_SLOTS 8u    /* sequences held at once */
@@ -726,14 +726,47 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return 0;
 }
 
+int kl_backend_gpu_available(void)
+{
+    return kl_gpu_device_count() > 0;
+}
+
+int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
+{
+    memset(c, 0, sizeof *c);
+    size_t fr;
+    int rc = kl_gpu_device_open(0, c->device, sizeof c->device, err);
+    if (!rc)
+        rc = kl_gpu_mem_info(&fr, &c->mem_total, err);
+    if (!rc)
+        rc = kl_gpu_measure_rates((size_t)1 << 30, 5, &c->hbm_gbps, &c->h2d_gbps, err);
+    return rc;
+}
+
 #else /* no GPU support in this build */
+
+static int no_gpu(kl_err *err)
+{
+    return kl_fail(err, KL_E_UNSUPPORTED, "this kl was built without GPU support (build it "
+                   "with make GPU=cuda or make GPU=hip)");
+}
 
 int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
     (void)m;
     *out = NULL;
-    return kl_fail(err, KL_E_UNSUPPORTED, "this kl was built without GPU support (build it "
-                   "with make GPU=cuda or make GPU=hip)");
+    return no_gpu(err);
+}
+
+int kl_backend_gpu_available(void)
+{
+    return 0;
+}
+
+int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
+{
+    memset(c, 0, sizeof *c);
+    return no_gpu(err);
 }
 
 #endif

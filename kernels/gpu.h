@@ -30,6 +30,7 @@
 #define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipMemcpyKind           cudaMemcpyKind
 #define hipStream_t             cudaStream_t
 #define hipEvent_t              cudaEvent_t
 #define hipEventCreate          cudaEventCreate

@@ -44,6 +44,12 @@ typedef struct kl_gpu_timer_s *kl_gpu_timer;
 int  kl_gpu_timer_begin(kl_gpu_timer *t, kl_gpu_stream s, kl_err *err);
 int  kl_gpu_timer_end(kl_gpu_timer t, kl_gpu_stream s, double *ms, kl_err *err); /* frees t */
 
+/* Copy rates of the current device, each the best of reps copies of bytes: device-to-device in
+ * bytes read plus written per second (the HBM ceiling a kernel's bytes compare with), and
+ * pinned host-to-device in bytes per second (the ceiling of uploading weights). */
+int  kl_gpu_measure_rates(size_t bytes, int reps, double *d2d_gbps, double *h2d_gbps,
+                          kl_err *err);
+
 /* Graphs: everything enqueued on s between capture_begin and capture_end is recorded (not
  * run) and instantiated into *g; kl_gpu_graph_launch replays it on s. */
 int  kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err);

@@ -1,0 +1,71 @@
+#!/bin/bash
+# Issue 10 on the GPU machine in one device call (build here with `make GPU=cuda gpu-kl`, carry
+# build/gpu-cuda): the device tests, the GPU engine against the golden fixtures (transformers,
+# fp32) and against the CPU engine teacher-forced, then the full 48B geometry with synthetic
+# MXFP4 experts: GPU vs CPU on a 64-token prompt and kl bench decode.  Ends with a short table.
+#   STAGES="tests golden full" (default all three); W: work folder; KEEP=1 keeps the full model.
+set -u
+OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/engine.log") 2>&1
+BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
+STAGES=${STAGES:-"tests golden full"}
+TABLE="$OUT/table.txt"; : > "$TABLE"
+row() { echo "$*" | tee -a "$TABLE"; }
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
+
+stage_tests() {
+    for t in "$BG"/test_*; do
+        echo "== $(basename "$t")"
+        timeout 300 "$t"; local rc=$?
+        row "device-test $(basename "$t") rc=$rc"
+    done
+}
+
+# teacher-forced logits of DIR on DEVICE into FILE (prompt ids and forced ids as arguments)
+forced() {  # dir device route prompt greedy file
+    "$KL" run "$1" --device "$2" --route-weights "$3" --ids "$4" --force-ids "$5" \
+        --logits-out "$6" -q > /dev/null
+}
+
+summary() {  # label, compare.py output
+    python3 -c "import json,sys; d=json.loads(sys.argv[2]); print(sys.argv[1], 'max_rel_l2=%.3g' % d['max_rel_l2'], 'argmax_ok=%s' % d['argmax_ok'], 'PASS' if d['pass'] else 'FAIL')" "$1" "$2"
+}
+
+stage_golden() {
+    local G=tests/fixtures/golden prompt
+    prompt=$(cat $G/prompt.txt)
+    rm -rf "$W/tiny-mxfp4"; "$KL" convert tests/fixtures/ref_tiny "$W/tiny-mxfp4" -q
+    for name in tiny small4 multi tiny-mxfp4; do
+        local dir=$G/$name
+        [ $name = tiny ] && dir=tests/fixtures/ref_tiny
+        [ $name = tiny-mxfp4 ] && dir=$W/tiny-mxfp4
+        for route in unbiased biased; do
+            local ref=$G/$name-$route.json tag=$name-$route greedy vocab
+            greedy=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$ref")
+            vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab'])" "$ref")
+            forced "$dir" gpu $route "$prompt" "$greedy" "$W/$tag-gpu.bin" || { row "$tag gpu run FAILED"; continue; }
+            forced "$dir" cpu $route "$prompt" "$greedy" "$W/$tag-cpu.bin"
+            row "$(summary "$tag gpu-vs-transformers" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 "$ref" "$W/$tag-gpu.bin")")"
+            row "$(summary "$tag gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/$tag-cpu.bin" "$W/$tag-gpu.bin")")"
+        done
+    done
+}
+
+stage_full() {
+    local D="$W/full-mxfp4" p f
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    p=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1, 160000)) for _ in range(64)))")
+    f=$(python3 -c "import random; r=random.Random(6); print(','.join(str(r.randrange(1, 160000)) for _ in range(8)))")
+    forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu.bin" && forced "$D" cpu unbiased "$p" "$f" "$W/full-cpu.bin" &&
+        row "$(summary "full-64 gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu.bin")")"
+    for ctx in 64 8192; do
+        "$KL" bench decode "$D" --device gpu --prompt-tokens $ctx --tokens 64 --json -q > "$W/bench-$ctx.json" &&
+            row "bench ctx=$ctx $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s, %.3f ms/tok, %.3f GB/tok, ratio_to_hbm %.3f (hbm %.0f GB/s), prefill %.0f tok/s, upload %.2f s' % (d['decode_tok_s'], 1e3/d['decode_tok_s'], d['bytes_per_token']/1e9, d['ratio_to_ceiling'], d['hbm_copy_gbps'], d['prefill_tok_s'], d['upload_s']))" "$W/bench-$ctx.json")"
+        cp "$W/bench-$ctx.json" "$OUT/" 2>/dev/null
+    done
+    [ -n "${KEEP:-}" ] || rm -rf "$D"
+}
+
+for s in $STAGES; do echo "== stage $s $(date -u +%T)"; stage_$s; done
+echo "== table"; cat "$TABLE"
+echo "== done $(date -u +%FT%TZ)"
