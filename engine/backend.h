@@ -90,6 +90,8 @@ struct kl_backend {
     size_t                  max_tokens;  /* tokens per chunk (begin .. end) */
     uint32_t                max_slots;   /* slots open at once */
     size_t                 *slot_len;    /* [max_slots] tokens each slot holds */
+    uint8_t                *slot_used;   /* [max_slots] 1: the slot is open (slot_open sets it,
+                                            slot_close clears it) */
     void                   *impl;        /* the backend's own state */
 };
 
