@@ -161,8 +161,7 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
         return kl_fail(err, KL_E_USAGE, "state copy between states of different models");
     kl_backend *be = src->m->be;
     int rc = be->ops->slot_copy(be, dst->slot, src->slot, err);
-    if (!rc)
-        dst->pos = src->pos;
+    dst->pos = be->slot_len[dst->slot];
     return rc;
 }
 
