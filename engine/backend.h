@@ -13,6 +13,8 @@
  *         moe(l) or mlp(l)               y = FFN of xn
  *         add_norm(INPUT, l+1 or FINAL)  x += y; xn = the next norm of x
  *     head(logits, argmax)               lm_head of xn for the tokens that want logits
+ *                                        (skipped when the chunk has none or the caller
+ *                                        asked for neither logits nor argmax)
  *     end()                              the slots' lengths advance by their tokens
  *
  * A backend may enqueue work asynchronously (a GPU stream) and capture the sequence as a graph;
@@ -90,14 +92,16 @@ struct kl_backend {
     size_t                  max_tokens;  /* tokens per chunk (begin .. end) */
     uint32_t                max_slots;   /* slots open at once */
     size_t                 *slot_len;    /* [max_slots] tokens each slot holds */
+    uint8_t                *slot_used;   /* [max_slots] 1: the slot is open (slot_open sets it,
+                                            slot_close clears it) */
     void                   *impl;        /* the backend's own state */
 };
 
 /* Runs the batch through the model in chunks of at most be->max_tokens (see above).  logits
  * [n_wanted, vocab] and argmax [n_wanted] receive the wanted tokens' results in batch order;
  * either may be NULL.  KL_E_USAGE: empty batch, an id outside the vocabulary, a slot not open
- * or whose tokens do not form one run.  On error the slots of the batch are unspecified: reset
- * them. */
+ * or whose tokens do not form one run: checked before anything changes.  After another error
+ * the slots of the batch are unspecified: reset them. */
 int  kl_backend_forward(kl_backend *be, const kl_batch *b, float *logits, kl_token *argmax,
                         kl_err *err);
 

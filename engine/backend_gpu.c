@@ -703,6 +703,7 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
     g->open = kl_calloc(GPU_SLOTS, sizeof *g->open);
     g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
+    g->base.slot_used = g->open;   /* the open flags the orchestration checks (freed as open) */
     int rc = 0;
     if (!g->L || !g->mla_cap || !g->open || !g->base.slot_len)
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");

@@ -244,7 +244,8 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     if ((rc = load_all(m, &ck, &chk, opts, err)))
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
-    if ((rc = kl_pool_create(&m->pool, threads, err)))
+    if ((rc = kl_pool_create(&m->pool, threads, err)) ||
+        (rc = kl_backend_cpu_create(&m->be, m, err)))
         goto fail;
     kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);
@@ -259,10 +260,26 @@ fail:
     return rc;
 }
 
+int kl_model_use_backend(kl_model *m, kl_backend *be, kl_err *err)
+{
+    if (!be || be->m != m)
+        return kl_fail(err, KL_E_USAGE, "a backend for another model");
+    if (be == m->be)
+        return 0;
+    for (uint32_t i = 0; m->be && i < m->be->max_slots; i++)
+        if (m->be->slot_used[i])
+            return kl_fail(err, KL_E_USAGE, "the %s backend still has a sequence open (slot "
+                           "%u): free every state first", m->be->name, i);
+    kl_backend_free(m->be);
+    m->be = be;
+    return 0;
+}
+
 void kl_model_close(kl_model *m)
 {
     if (!m)
         return;
+    kl_backend_free(m->be);
     kl_pool_destroy(m->pool);
     if (m->layers) {
         for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {

@@ -28,6 +28,7 @@
 
 #include "common/err.h"
 #include "common/pool.h"
+#include "engine/backend.h"
 #include "engine/matvec.h"
 #include "loader/config.h"
 #include "loader/schema.h"
@@ -69,10 +70,19 @@ typedef struct kl_model {
     size_t           n_bufs;
     void           **bufs;                /* [n_bufs] owned tensor payloads */
     uint64_t         weight_bytes;        /* sum of tensor payload bytes held */
+    kl_backend      *be;                  /* where kl_forward runs: the CPU backend from
+                                             kl_model_open, or one kl_model_use_backend
+                                             installed (owned, freed by kl_model_close) */
 } kl_model;
 
-/* Opens dir and binds every tensor; opts may be NULL.  *out is owned: kl_model_close. */
+/* Opens dir, binds every tensor and creates the CPU backend over them (m->be); opts may be
+ * NULL.  *out is owned: kl_model_close. */
 int  kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err);
-void kl_model_close(kl_model *m);  /* NULL ok */
+/* Makes be (created for m, e.g. by kl_backend_gpu_create) the backend kl_forward runs on:
+ * the model takes it over and frees the one it had.  KL_E_USAGE, be still the caller's: be
+ * NULL or created for another model, or a slot (a kl_state) still open on the current one. */
+int  kl_model_use_backend(kl_model *m, kl_backend *be, kl_err *err);
+/* Frees the backend, then the weights; every kl_state of m must be freed before.  NULL ok. */
+void kl_model_close(kl_model *m);
 
 #endif
