@@ -37,6 +37,9 @@
 #define hipEventSynchronize     cudaEventSynchronize
 #define hipEventElapsedTime     cudaEventElapsedTime
 #define hipEventDestroy         cudaEventDestroy
+#define hipMemset               cudaMemset
+#define hipFuncSetAttribute     cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif
 
 #include "common/err.h"
