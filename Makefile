@@ -132,7 +132,7 @@ $(BG)/%.o: kernels/%.cu $(GPU_HDRS)
 	$(GPUCC) -I. -c $< -o $@
 
 # device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err
-$(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS)
+$(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS) $(wildcard tests/gpu/*.h)
 	$(GPUCC) -I. -o $@ $< $(GPU_OBJ) $(B)/libkl.a -lm
 
 .SECONDARY: $(GPU_OBJ)
