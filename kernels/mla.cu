@@ -24,7 +24,8 @@
 #define TILE          16     /* cache rows staged in shared memory at a time */
 #define ROW_PAIRS     (TILE / 2) /* a score item: 2 rows x 1 head */
 #define CTX_ITEMS     16     /* float4 context accumulators per attend thread */
-#define MAX_SPLITS    256    /* splits of one token's span at most */
+#define MAX_SPLITS    256    /* splits of one token's span at most (2 blocks per SM fill 128) */
+#define SPLIT_TILES   4      /* tiles per split at least (each block loads all the queries) */
 #define VB_GROUPS     8      /* output rows per vb block */
 #define VB_TOKENS     4      /* tokens per vb group */
 #define MAX_SHARED    (200u << 10)  /* attend's shared memory at most (bytes) */
@@ -90,20 +91,20 @@ typedef struct split_plan {
     uint32_t n, rows;
 } split_plan;
 
-/* Splits of a span of max_span rows at most: one per tile, up to MAX_SPLITS (>= 1). */
+/* Splits of a span of max_span rows at most: one per SPLIT_TILES tiles, 1 .. MAX_SPLITS. */
 static uint32_t splits_bound(uint32_t max_span)
 {
-    uint32_t tiles = (max_span + TILE - 1) / TILE;
-    return tiles == 0 ? 1 : tiles < MAX_SPLITS ? tiles : MAX_SPLITS;
+    uint64_t n = ((uint64_t)max_span + TILE * SPLIT_TILES - 1) / (TILE * SPLIT_TILES);
+    return n == 0 ? 1 : n < MAX_SPLITS ? (uint32_t)n : MAX_SPLITS;
 }
 
 /* max_span >= 1: splits of whole tiles, as few tiles each as keeps them within the bound. */
 static split_plan plan_splits(uint32_t max_span)
 {
-    uint32_t tiles = (max_span + TILE - 1) / TILE;
+    const uint64_t tiles = ((uint64_t)max_span + TILE - 1) / TILE, b = splits_bound(max_span);
     split_plan p;
-    p.rows = TILE * ((tiles + splits_bound(max_span) - 1) / splits_bound(max_span));
-    p.n = (max_span + p.rows - 1) / p.rows; /* <= splits_bound: the scratch holds them */
+    p.rows = (uint32_t)(TILE * ((tiles + b - 1) / b));
+    p.n = (uint32_t)(((uint64_t)max_span + p.rows - 1) / p.rows); /* <= b: the scratch holds them */
     return p;
 }
 
@@ -231,8 +232,10 @@ __device__ static void tile_softmax(uint32_t nh, uint32_t nr, float *ps, float *
     }
 }
 
-/* grid (splits, n): split blockIdx.x of token blockIdx.y's span, every head */
-__global__ static void __launch_bounds__(ATT_THREADS)
+/* grid (splits, n): split blockIdx.x of token blockIdx.y's span, every head.  Two blocks per
+ * SM (at the full shape: 111 KiB of shared memory and at most 128 registers each; ptxas spills
+ * 40 bytes), so one block's loads overlap the other's arithmetic. */
+__global__ static void __launch_bounds__(ATT_THREADS, 2)
 attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 {
     extern __shared__ float4 shared4[];
