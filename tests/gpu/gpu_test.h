@@ -38,7 +38,7 @@ static std::vector<void *> t_allocs;
 static inline void t_free_all()
 {
     for (void *p : t_allocs)
-        hipFree(p);
+        (void)hipFree(p);
     t_allocs.clear();
 }
 
@@ -91,16 +91,15 @@ template <class F> static int t_median_us(F fn, int reps, double *us, kl_err *er
     int rc = fn(0);
     for (int i = 0; i < reps && !rc; i++) {
         float ms = 0;
-        hipEventRecord(t0, 0);
-        rc = fn(i);
-        hipEventRecord(t1, 0);
-        if (!rc && (KL_GPU_CHECK(err, hipEventSynchronize(t1)) ||
-                    KL_GPU_CHECK(err, hipEventElapsedTime(&ms, t0, t1))))
+        if (KL_GPU_CHECK(err, hipEventRecord(t0, 0)) || (rc = fn(i)) ||
+            KL_GPU_CHECK(err, hipEventRecord(t1, 0)) ||
+            KL_GPU_CHECK(err, hipEventSynchronize(t1)) ||
+            KL_GPU_CHECK(err, hipEventElapsedTime(&ms, t0, t1)))
             rc = err->code;
         v.push_back(ms * 1e3);
     }
-    hipEventDestroy(t0);
-    hipEventDestroy(t1);
+    (void)hipEventDestroy(t0);
+    (void)hipEventDestroy(t1);
     if (rc)
         return rc;
     std::sort(v.begin(), v.end());
