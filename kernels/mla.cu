@@ -18,8 +18,10 @@
 #include "kernels/mla.h"
 #include "kernels/tokens.h"
 
-#define ABS_THREADS   128
-#define ABS_TOKENS    8      /* tokens per absorb thread */
+#define VEC           8      /* kv_b columns per 16-byte load (BF16; F32: two loads) */
+#define ABS_COLS      16     /* absorb: threads across the columns, VEC each */
+#define ABS_ROWS      16     /* absorb: threads across the rows of W_kb,h */
+#define ABS_TOKENS    4      /* tokens per absorb block */
 #define ATT_THREADS   256
 #define TILE          16     /* cache rows staged in shared memory at a time */
 #define ROW_PAIRS     (TILE / 2) /* a score item: 2 rows x 1 head */
@@ -30,13 +32,25 @@
 #define VB_TOKENS     4      /* tokens per vb group */
 #define MAX_SHARED    (200u << 10)  /* attend's shared memory at most (bytes) */
 
-/* Element idx of kv_b as fp32 (F32 or BF16; the kind is checked by the launcher).  The
- * descriptor travels by value: a.kv_b points at host memory. */
-__device__ static inline float weight(const kl_gpu_mat &m, size_t idx)
+/* Elements idx .. idx+VEC of kv_b as fp32 into w (F32 or BF16, the kind checked by the
+ * launcher; idx a multiple of VEC, so the loads are 16-byte aligned).  The descriptor travels
+ * by value: a.kv_b points at host memory. */
+__device__ static inline void weights8(const kl_gpu_mat &m, size_t idx, float w[VEC])
 {
-    if (m.kind == KL_GPU_W_BF16)
-        return __uint_as_float((uint32_t)((const uint16_t *)m.data)[idx] << 16);
-    return ((const float *)m.data)[idx];
+    if (m.kind == KL_GPU_W_BF16) {
+        const uint4 u = *(const uint4 *)((const uint16_t *)m.data + idx);
+        const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[2 * k] = __uint_as_float(p[k] << 16);
+            w[2 * k + 1] = __uint_as_float(p[k] & 0xffff0000u);
+        }
+        return;
+    }
+    const float4 a = *(const float4 *)((const float *)m.data + idx);
+    const float4 b = *(const float4 *)((const float *)m.data + idx + 4);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -62,11 +76,11 @@ __global__ static void append_kernel(kl_gpu_mla_append_args a, const uint32_t *t
 
 static int check_dims(const char *who, const kl_gpu_mla_dims *d, kl_err *err)
 {
-    if (d->nh == 0 || d->dn == 0 || d->dv == 0 || d->R == 0 || d->R % 4 || d->dr % 4 ||
+    if (d->nh == 0 || d->dn == 0 || d->dv == 0 || d->R == 0 || d->R % VEC || d->dr % 4 ||
         (size_t)d->nh * d->R > (size_t)4 * ATT_THREADS * CTX_ITEMS || d->nh > 65535)
-        return kl_fail(err, KL_E_USAGE, "%s: nh %u, dn %u, dr %u, dv %u, R %u (need R and dr "
-                       "multiples of 4, nh * R <= %d)", who, d->nh, d->dn, d->dr, d->dv, d->R,
-                       4 * ATT_THREADS * CTX_ITEMS);
+        return kl_fail(err, KL_E_USAGE, "%s: nh %u, dn %u, dr %u, dv %u, R %u (need R a multiple "
+                       "of %d, dr of 4, nh * R <= %d)", who, d->nh, d->dn, d->dr, d->dv, d->R,
+                       VEC, 4 * ATT_THREADS * CTX_ITEMS);
     return 0;
 }
 
@@ -127,30 +141,49 @@ extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint3
     return (size_t)n * d->nh * (2 * (size_t)d->R + (size_t)splits_bound(max_span) * (d->R + 2));
 }
 
-/* grid (R / ABS_THREADS, nh, token groups): column c of token t's absorbed query, head h */
-__global__ static void absorb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n,
-                                     float *ql)
+/* grid (R / (ABS_COLS * VEC), nh, token groups): columns of head h's absorbed queries.  Thread
+ * (row group rg, column group cg) sums rows i = rg, rg + ABS_ROWS, .. of W_kb,h over its VEC
+ * columns; the row groups' sums are added in shared memory in order. */
+__global__ static void __launch_bounds__(ABS_COLS * ABS_ROWS)
+absorb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, float *ql)
 {
+    __shared__ float part[ABS_ROWS][ABS_TOKENS][ABS_COLS * VEC];
     const kl_gpu_mla_dims d = a.d;
-    const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+    const uint32_t cg = threadIdx.x % ABS_COLS, rg = threadIdx.x / ABS_COLS, h = blockIdx.y;
+    const uint32_t c0 = blockIdx.x * ABS_COLS * VEC, c = c0 + cg * VEC;
     const uint32_t t0 = blockIdx.z * ABS_TOKENS, qw = d.dn + d.dr;
-    if (c >= d.R)
-        return;
-    float acc[ABS_TOKENS];
+    float acc[ABS_TOKENS][VEC];
 #pragma unroll
     for (int k = 0; k < ABS_TOKENS; k++)
-        acc[k] = 0.0f;
-    for (uint32_t i = 0; i < d.dn; i++) {
-        const float w = weight(kv_b, ((size_t)h * (d.dn + d.dv) + i) * d.R + c);
 #pragma unroll
-        for (int k = 0; k < ABS_TOKENS; k++)
-            if (t0 + k < n)
-                acc[k] += a.q[((size_t)(t0 + k) * d.nh + h) * qw + i] * w;
+        for (int e = 0; e < VEC; e++)
+            acc[k][e] = 0.0f;
+    for (uint32_t i = rg; c < d.R && i < d.dn; i += ABS_ROWS) {
+        float w[VEC];
+        weights8(kv_b, ((size_t)h * (d.dn + d.dv) + i) * d.R + c, w);
+#pragma unroll
+        for (int k = 0; k < ABS_TOKENS; k++) {
+            const float q = t0 + k < n ? a.q[((size_t)(t0 + k) * d.nh + h) * qw + i] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                acc[k][e] += q * w[e];
+        }
     }
 #pragma unroll
     for (int k = 0; k < ABS_TOKENS; k++)
-        if (t0 + k < n)
-            ql[((size_t)(t0 + k) * d.nh + h) * d.R + c] = acc[k];
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            part[rg][k][cg * VEC + e] = acc[k][e];
+    __syncthreads();
+    for (uint32_t x = threadIdx.x; x < ABS_TOKENS * ABS_COLS * VEC; x += blockDim.x) {
+        const uint32_t k = x / (ABS_COLS * VEC), col = x % (ABS_COLS * VEC);
+        if (t0 + k >= n || c0 + col >= d.R)
+            continue;
+        float v = 0.0f;
+        for (int g = 0; g < ABS_ROWS; g++)
+            v += part[g][k][col];
+        ql[((size_t)(t0 + k) * d.nh + h) * d.R + c0 + col] = v;
+    }
 }
 
 /* Shared memory of attend: row stride of the queries, padded to 4 mod 32 words so that the
@@ -328,7 +361,8 @@ __global__ static void combine_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t 
     }
 }
 
-/* grid (nh * dv / VB_GROUPS, token groups): o[t][h*dv + i] = W_vb,h row i · ctx[t][h] */
+/* grid (nh * dv / VB_GROUPS, token groups): o[t][h*dv + i] = W_vb,h row i · ctx[t][h], a lane
+ * group per row, VEC columns per lane and step */
 __global__ static void vb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n,
                                  const float *ctx)
 {
@@ -343,12 +377,18 @@ __global__ static void vb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint
 #pragma unroll
     for (int k = 0; k < VB_TOKENS; k++)
         acc[k] = 0.0f;
-    for (uint32_t j = lane; j < d.R; j += KL_GPU_GROUP) {
-        const float w = weight(kv_b, w0 + j);
+    for (uint32_t j = lane * VEC; j < d.R; j += KL_GPU_GROUP * VEC) {
+        float w[VEC];
+        weights8(kv_b, w0 + j, w);
 #pragma unroll
-        for (int k = 0; k < VB_TOKENS; k++)
-            if (t0 + k < n)
-                acc[k] += w * ctx[((size_t)(t0 + k) * d.nh + h) * d.R + j];
+        for (int k = 0; k < VB_TOKENS; k++) {
+            if (t0 + k >= n)
+                continue;
+            const float4 *c = (const float4 *)(ctx + ((size_t)(t0 + k) * d.nh + h) * d.R + j);
+            const float4 u = c[0], v = c[1];
+            acc[k] += w[0] * u.x + w[1] * u.y + w[2] * u.z + w[3] * u.w +
+                      w[4] * v.x + w[5] * v.y + w[6] * v.z + w[7] * v.w;
+        }
     }
 #pragma unroll
     for (int k = 0; k < VB_TOKENS; k++) {
@@ -375,8 +415,8 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
         return kl_fail(err, KL_E_USAGE, "mla attend: nh %u x (R + dr) %u needs %zu bytes of "
                        "shared memory (at most %u)", d->nh, d->R + d->dr, attend_shared(d),
                        MAX_SHARED);
-    if ((uintptr_t)a->scratch % 16)
-        return kl_fail(err, KL_E_USAGE, "mla attend: scratch must be 16-byte aligned");
+    if ((uintptr_t)a->scratch % 16 || (uintptr_t)w->data % 16)
+        return kl_fail(err, KL_E_USAGE, "mla attend: scratch and kv_b must be 16-byte aligned");
     if (t->n && t->max_span == 0)
         return kl_fail(err, KL_E_USAGE, "mla attend: max_span 0 for %u tokens", t->n);
     return 0;
@@ -394,13 +434,20 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     const split_plan sp = plan_splits(t->max_span);
     attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, sp.n), sp.rows,
                     1.0f / sqrtf((float)(d->dn + d->dr))};
+    /* The shared-memory opt-in is a setting of the function, not a stream operation: made
+     * when a launch first needs more than before, so a captured decode step makes none. */
+    static size_t shared_set;
     const size_t shared = attend_shared(d);
-    if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)attend_kernel,
-                                              hipFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)shared)))
-        return err->code;
-    dim3 g_abs((d->R + ABS_THREADS - 1) / ABS_THREADS, d->nh, (t->n + ABS_TOKENS - 1) / ABS_TOKENS);
-    absorb_kernel<<<g_abs, ABS_THREADS, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ql);
+    if (shared > shared_set) {
+        if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)attend_kernel,
+                                                  hipFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)shared)))
+            return err->code;
+        shared_set = shared;
+    }
+    dim3 g_abs((d->R + ABS_COLS * VEC - 1) / (ABS_COLS * VEC), d->nh,
+               (t->n + ABS_TOKENS - 1) / ABS_TOKENS);
+    absorb_kernel<<<g_abs, ABS_COLS * ABS_ROWS, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ql);
     attend_kernel<<<dim3(sp.n, t->n), ATT_THREADS, shared, st>>>(*a, x);
     combine_kernel<<<dim3(d->nh, t->n), 128, 0, st>>>(*d, x, sp.n);
     dim3 g_vb((d->nh * d->dv + VB_GROUPS - 1) / VB_GROUPS, (t->n + VB_TOKENS - 1) / VB_TOKENS);
