@@ -158,7 +158,7 @@ $(BG)/kl: $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ)
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BG)/
 
 # device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err
-$(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS)
+$(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS) $(wildcard tests/gpu/*.h)
 	$(GPUCC) $(GPU_TEST_FLAGS) -I. -o $@ $(GPU_X) $< $(GPU_XEND) $(GPU_OBJ) $(B)/libkl.a -lm
 
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)

@@ -59,6 +59,9 @@
 #define hipGraphLaunch          cudaGraphLaunch
 #define hipGraphDestroy         cudaGraphDestroy
 #define hipGraphExecDestroy     cudaGraphExecDestroy
+#define hipMemset               cudaMemset
+#define hipFuncSetAttribute     cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif
 
 #include "common/err.h"

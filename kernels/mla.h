@@ -43,9 +43,9 @@ int kl_gpu_mla_append(const kl_gpu_mla_append_args *a, const kl_gpu_tokens *t, k
 typedef struct kl_gpu_mla_attend_args {
     kl_gpu_mla_dims   d;
     const float      *q;          /* [n, nh*(dn+dr)] */
-    const kl_gpu_mat *kv_b;       /* [nh*(dn+dv), R], F32 or BF16 */
+    const kl_gpu_mat *kv_b;       /* host descriptor: [nh*(dn+dv), R], F32 or BF16 */
     const float *const *cache;    /* [slots] as for append */
-    float            *scratch;    /* kl_gpu_mla_scratch(d, n, max_span) floats */
+    float            *scratch;    /* kl_gpu_mla_scratch(d, n, max_span) floats, 16-B aligned */
     float            *o;          /* [n, nh*dv] out */
 } kl_gpu_mla_attend_args;
 

@@ -1,0 +1,264 @@
+/*
+ * kernels/kda.cu — KDA between the projections: short conv + SiLU, and the delta-rule
+ * recurrence with its gated RMSNorm (see kda.h; the CPU reference: engine/forward.c).
+ *
+ * Conv: one thread per (run, q/k/v, channel); it keeps the channel's window in registers and
+ * walks the run's tokens in order, exactly as short_conv does.
+ *
+ * Recurrence: one block of RECUR_THREADS per (run, head); the head's state S [K][K] stays in
+ * registers for the whole run (read once, written once).  Thread (group w, lane) owns rows
+ * i = w + RECUR_GROUPS * r and columns j = lane + KL_GPU_GROUP * c.  Per token, with
+ * d_i = exp(g_i), the one-pass form of the reference's steps (exact in real arithmetic):
+ *   a_j = Σ_i k̂_i d_i S_ij,  b_j = Σ_i q̂_i d_i S_ij          (S after the decay, read once)
+ *   u_j = β (v_j − a_j),    o_j = b_j + u_j (q̂·k̂),    S'_ij = d_i S_ij + k̂_i u_j.
+ * The column sums over i are partial per group, then summed over the groups in shared memory
+ * in a fixed order (deterministic).
+ */
+#include "kernels/gpu.h"
+#include "kernels/kda.h"
+#include "kernels/tokens.h"
+
+#define CONV_THREADS  256
+#define CONV_MAX_W    8                    /* taps per channel at most */
+#define RECUR_GROUPS  16                   /* groups of KL_GPU_GROUP lanes per block */
+#define RECUR_THREADS (RECUR_GROUPS * KL_GPU_GROUP)
+#define MAX_K         128                  /* head_dim at most */
+#define ROWS_PER      (MAX_K / RECUR_GROUPS) /* state rows per thread */
+#define COLS_PER      (MAX_K / KL_GPU_GROUP) /* state columns per thread */
+
+__device__ static inline float silu(float z)
+{
+    return z / (1.0f + expf(-z));
+}
+
+__device__ static inline float sigmoid(float z)
+{
+    return 1.0f / (1.0f + expf(-z));
+}
+
+/* softplus with fla's threshold, as the CPU engine */
+__device__ static inline float softplus(float z)
+{
+    return z > 20.0f ? z : log1pf(expf(z));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Short conv                                                                                 */
+
+/* grid (channel blocks, 3, runs): channel c of x = qkv[blockIdx.y] over run blockIdx.z */
+__global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_start,
+                                   const uint32_t *run_slot)
+{
+    const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x, which = blockIdx.y;
+    if (c >= a.D)
+        return;
+    const uint32_t W = a.W, r = blockIdx.z;
+    /* selects, not a[which]: a dynamic index into the parameters copies them to the stack */
+    float *x = which == 0 ? a.qkv[0] : which == 1 ? a.qkv[1] : a.qkv[2];
+    const float *w = (which == 0 ? a.taps[0] : which == 1 ? a.taps[1] : a.taps[2]) + (size_t)c * W;
+    float *st = a.win + run_slot[r] * a.win_stride + ((size_t)which * a.D + c) * (W - 1);
+    float win[CONV_MAX_W]; /* unrolled with guards, so it stays in registers */
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_W - 1; j++)
+        win[j] = j + 1 < (int)W ? st[j] : 0.0f;
+    for (uint32_t t = run_start[r]; t < run_start[r + 1]; t++) {
+        const float in = x[(size_t)t * a.D + c];
+        float acc = w[W - 1] * in; /* tap W-1: the current token */
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_W - 1; j++)
+            if (j + 1 < (int)W)
+                acc += w[j] * win[j];
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_W - 1; j++) /* slide: drop the oldest, append `in` */
+            if (j + 1 < (int)W)
+                win[j] = j + 2 < (int)W ? win[j + 1] : in;
+        x[(size_t)t * a.D + c] = silu(acc);
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_W - 1; j++)
+        if (j + 1 < (int)W)
+            st[j] = win[j];
+}
+
+extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_tokens *t,
+                               kl_gpu_stream s, kl_err *err)
+{
+    if (!a || !a->win)
+        return kl_fail(err, KL_E_USAGE, "kda conv: arguments or window pool NULL");
+    for (int i = 0; i < 3; i++)
+        if (!a->qkv[i] || !a->taps[i])
+            return kl_fail(err, KL_E_USAGE, "kda conv: input %d or its taps NULL", i);
+    if (a->D == 0 || a->W == 0 || a->W > CONV_MAX_W)
+        return kl_fail(err, KL_E_USAGE, "kda conv: D %u, W %u (need D >= 1, 1 <= W <= %d)",
+                       a->D, a->W, CONV_MAX_W);
+    if (a->win_stride < 3 * (size_t)a->D * (a->W - 1))
+        return kl_fail(err, KL_E_USAGE, "kda conv: window stride %zu < 3 * D * (W - 1)",
+                       a->win_stride);
+    if (kl_gpu_tokens_check("kda conv", t, 0, err))
+        return err->code;
+    if (t->n_runs == 0)
+        return 0;
+    dim3 grid((a->D + CONV_THREADS - 1) / CONV_THREADS, 3, t->n_runs);
+    conv_kernel<<<grid, CONV_THREADS, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Recurrence                                                                                 */
+
+/* Per-token vectors of one head, shared by the block. */
+struct head_vecs {
+    float kd[MAX_K], qd[MAX_K];  /* k̂ ⊙ d, q̂ ⊙ d */
+    float d[MAX_K], kh[MAX_K];   /* d = exp(g), k̂ */
+    float v[MAX_K], u[MAX_K];    /* v, then u = β (v − a) */
+    float o[MAX_K];              /* readout before the norm */
+    float beta, qk;              /* β, q̂·k̂ */
+};
+
+/* Group 0 (KL_GPU_GROUP lanes): the token's q̂, k̂, d, β and q̂·k̂ of head h into hv. */
+__device__ static void token_prep(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
+                                  unsigned lane, head_vecs *hv)
+{
+    const uint32_t K = a.K;
+    const size_t off = t * a.H * K + (size_t)h * K;
+    float qq = 0.0f, kk = 0.0f;
+    for (uint32_t i = lane; i < K; i += KL_GPU_GROUP) {
+        qq += a.q[off + i] * a.q[off + i];
+        kk += a.k[off + i] * a.k[off + i];
+    }
+    qq = kl_gpu_group_sum(qq);
+    kk = kl_gpu_group_sum(kk);
+    const float qn = (1.0f / sqrtf((float)K)) / sqrtf(qq + 1e-6f), kn = 1.0f / sqrtf(kk + 1e-6f);
+    const float A = -expf(a.a_log[h]);
+    float qk = 0.0f;
+    for (uint32_t i = lane; i < K; i += KL_GPU_GROUP) {
+        const float qh = a.q[off + i] * qn, khi = a.k[off + i] * kn;
+        const float d = expf(A * softplus(a.f[off + i] + a.dt_bias[(size_t)h * K + i]));
+        hv->kd[i] = khi * d;
+        hv->qd[i] = qh * d;
+        hv->d[i] = d;
+        hv->kh[i] = khi;
+        hv->v[i] = a.v[off + i];
+        qk += qh * khi;
+    }
+    qk = kl_gpu_group_sum(qk);
+    if (lane == 0) {
+        hv->qk = qk;
+        hv->beta = sigmoid(a.beta_logit[t * a.H + h]);
+    }
+}
+
+/* Group 0: o = o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate) of head h, token t. */
+__device__ static void token_norm(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
+                                  unsigned lane, const head_vecs *hv)
+{
+    const uint32_t K = a.K;
+    const size_t off = t * a.H * K + (size_t)h * K;
+    float ss = 0.0f;
+    for (uint32_t j = lane; j < K; j += KL_GPU_GROUP)
+        ss += hv->o[j] * hv->o[j];
+    ss = kl_gpu_group_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)K + a.eps);
+    for (uint32_t j = lane; j < K; j += KL_GPU_GROUP)
+        a.o[off + j] = hv->o[j] * inv * a.o_norm[j] * sigmoid(a.gate[off + j]);
+}
+
+/* grid (H, runs): head blockIdx.x of run blockIdx.y, its tokens in order */
+__global__ static void __launch_bounds__(RECUR_THREADS)
+recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
+{
+    __shared__ head_vecs hv;
+    __shared__ float part[2][RECUR_GROUPS][MAX_K]; /* per-group partial a_j, b_j */
+    const uint32_t h = blockIdx.x, r = blockIdx.y, K = a.K;
+    const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
+    float st[ROWS_PER][COLS_PER];
+#pragma unroll
+    for (int ri = 0; ri < ROWS_PER; ri++)
+#pragma unroll
+        for (int ci = 0; ci < COLS_PER; ci++) {
+            const uint32_t i = w + RECUR_GROUPS * ri, j = lane + KL_GPU_GROUP * ci;
+            st[ri][ci] = i < K && j < K ? S[i * K + j] : 0.0f;
+        }
+    for (uint32_t t = run_start[r]; t < run_start[r + 1]; t++) {
+        if (w == 0)
+            token_prep(a, t, h, lane, &hv);
+        __syncthreads();
+        /* partial a_j, b_j over this group's rows */
+#pragma unroll
+        for (int ci = 0; ci < COLS_PER; ci++) {
+            const uint32_t j = lane + KL_GPU_GROUP * ci;
+            float pa = 0.0f, pb = 0.0f;
+#pragma unroll
+            for (int ri = 0; ri < ROWS_PER; ri++) {
+                const uint32_t i = w + RECUR_GROUPS * ri;
+                if (i < K) {
+                    pa += hv.kd[i] * st[ri][ci];
+                    pb += hv.qd[i] * st[ri][ci];
+                }
+            }
+            if (j < K) {
+                part[0][w][j] = pa;
+                part[1][w][j] = pb;
+            }
+        }
+        __syncthreads();
+        /* column j: sum over the groups in order, then u_j and the readout o_j */
+        for (uint32_t j = threadIdx.x; j < K; j += RECUR_THREADS) {
+            float sa = 0.0f, sb = 0.0f;
+            for (int g = 0; g < RECUR_GROUPS; g++) {
+                sa += part[0][g][j];
+                sb += part[1][g][j];
+            }
+            const float u = hv.beta * (hv.v[j] - sa);
+            hv.u[j] = u;
+            hv.o[j] = sb + u * hv.qk;
+        }
+        __syncthreads();
+        /* S' = diag(d) S + k̂ uᵀ */
+#pragma unroll
+        for (int ri = 0; ri < ROWS_PER; ri++) {
+            const uint32_t i = w + RECUR_GROUPS * ri;
+            if (i >= K)
+                continue;
+#pragma unroll
+            for (int ci = 0; ci < COLS_PER; ci++) {
+                const uint32_t j = lane + KL_GPU_GROUP * ci;
+                if (j < K)
+                    st[ri][ci] = hv.d[i] * st[ri][ci] + hv.kh[i] * hv.u[j];
+            }
+        }
+        if (w == 0)
+            token_norm(a, t, h, lane, &hv);
+        __syncthreads(); /* hv is rewritten by the next token */
+    }
+#pragma unroll
+    for (int ri = 0; ri < ROWS_PER; ri++)
+#pragma unroll
+        for (int ci = 0; ci < COLS_PER; ci++) {
+            const uint32_t i = w + RECUR_GROUPS * ri, j = lane + KL_GPU_GROUP * ci;
+            if (i < K && j < K)
+                S[i * K + j] = st[ri][ci];
+        }
+}
+
+extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t,
+                                kl_gpu_stream s, kl_err *err)
+{
+    if (!a || !a->q || !a->k || !a->v || !a->f || !a->beta_logit || !a->gate || !a->a_log ||
+        !a->dt_bias || !a->o_norm || !a->state || !a->o)
+        return kl_fail(err, KL_E_USAGE, "kda recur: a pointer is NULL");
+    if (a->H == 0 || a->H > 65535 || a->K == 0 || a->K > MAX_K)
+        return kl_fail(err, KL_E_USAGE, "kda recur: H %u, K %u (need 1 <= H <= 65535, "
+                       "1 <= K <= %d)", a->H, a->K, MAX_K);
+    if (a->state_stride < (size_t)a->H * a->K * a->K)
+        return kl_fail(err, KL_E_USAGE, "kda recur: state stride %zu < H * K * K",
+                       a->state_stride);
+    if (kl_gpu_tokens_check("kda recur", t, 0, err))
+        return err->code;
+    if (t->n_runs == 0)
+        return 0;
+    dim3 grid(a->H, t->n_runs);
+    recur_kernel<<<grid, RECUR_THREADS, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}

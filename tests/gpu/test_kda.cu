@@ -1,0 +1,361 @@
+/*
+ * tests/gpu/test_kda.cu — kl_gpu_kda_conv and kl_gpu_kda_recur against a host reference in
+ * double that follows engine/forward.c (short_conv, forget_gate, kda_head_token: decay, then
+ * u = β (v − Sᵀ k̂), then S += k̂ uᵀ, then o = Sᵀ q̂, then the gated RMSNorm); the kernel's
+ * one-pass form is thereby checked against the reference form.  Chunks of several runs in
+ * different slots, tiny and full shapes; then the n = 1 full-shape launches timed, with bytes
+ * moved / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ */
+#include "kernels/kda.h"
+#include "tests/gpu/gpu_test.h"
+
+#include <string.h>
+
+struct run_spec {
+    uint32_t slot, len;
+};
+
+struct kda_case {
+    const char *name;
+    uint32_t H, K, W, slots;
+    std::vector<run_spec> runs;
+};
+
+/* One case's inputs on the host (q, k, v before the conv). */
+struct kda_host {
+    uint32_t H, K, D, W, n, slots;
+    size_t win_stride, state_stride;
+    float eps = 1e-6f;
+    std::vector<float> qkv[3], taps[3], win, f, beta, gate, a_log, dt, onorm, state;
+    std::vector<uint32_t> tok_slot, tok_pos, run_start, run_slot;
+};
+
+static void make_host(const kda_case &c, t_rng &g, kda_host &x)
+{
+    x.H = c.H, x.K = c.K, x.D = c.H * c.K, x.W = c.W, x.slots = c.slots, x.n = 0;
+    x.win_stride = 3 * (size_t)x.D * (x.W - 1) + 5;  /* strides wider than needed */
+    x.state_stride = (size_t)x.H * x.K * x.K + 8;
+    x.run_start.push_back(0);
+    for (const run_spec &r : c.runs) {
+        for (uint32_t i = 0; i < r.len; i++) {
+            x.tok_slot.push_back(r.slot);
+            x.tok_pos.push_back(3 + i);
+        }
+        x.n += r.len;
+        x.run_start.push_back(x.n);
+        x.run_slot.push_back(r.slot);
+    }
+    const size_t nD = (size_t)x.n * x.D;
+    for (int i = 0; i < 3; i++) {
+        x.qkv[i].resize(nD);
+        g.fill(x.qkv[i], -1, 1);
+        x.taps[i].resize((size_t)x.D * x.W);
+        g.fill(x.taps[i], -0.6f, 0.6f);
+    }
+    x.win.resize(x.slots * x.win_stride);
+    g.fill(x.win, -1, 1);
+    x.f.resize(nD);
+    g.fill(x.f, -3, 2);
+    x.beta.resize((size_t)x.n * x.H);
+    g.fill(x.beta, -2, 2);
+    x.gate.resize(nD);
+    g.fill(x.gate, -2, 2);
+    x.a_log.resize(x.H);
+    g.fill(x.a_log, -1, 0.5f);
+    x.dt.resize(x.D);
+    g.fill(x.dt, -1, 1);
+    x.onorm.resize(x.K);
+    g.fill(x.onorm, 0.5f, 1.5f);
+    x.state.resize(x.slots * x.state_stride);
+    g.fill(x.state, -0.5f, 0.5f);
+}
+
+/* ---- host reference (double) ------------------------------------------------------------ */
+
+struct kda_ref {
+    std::vector<double> qkv[3], win, o, state;
+};
+
+static double sigmoid_d(double z) { return 1.0 / (1.0 + exp(-z)); }
+static double softplus_d(double z) { return z > 20.0 ? z : log1p(exp(z)); }
+
+static void ref_conv(const kda_host &x, kda_ref &r)
+{
+    const uint32_t D = x.D, W = x.W;
+    r.win.assign(x.win.begin(), x.win.end());
+    for (int w = 0; w < 3; w++) {
+        r.qkv[w].assign(x.qkv[w].begin(), x.qkv[w].end());
+        for (size_t ri = 0; ri < x.run_slot.size(); ri++)
+            for (uint32_t c = 0; c < D; c++) {
+                double *st = &r.win[x.run_slot[ri] * x.win_stride + ((size_t)w * D + c) * (W - 1)];
+                const float *tap = &x.taps[w][(size_t)c * W];
+                for (uint32_t t = x.run_start[ri]; t < x.run_start[ri + 1]; t++) {
+                    double in = r.qkv[w][(size_t)t * D + c], a = tap[W - 1] * in;
+                    for (uint32_t j = 0; j + 1 < W; j++)
+                        a += tap[j] * st[j];
+                    for (uint32_t j = 0; j + 2 < W; j++)
+                        st[j] = st[j + 1];
+                    if (W > 1)
+                        st[W - 2] = in;
+                    r.qkv[w][(size_t)t * D + c] = a / (1.0 + exp(-a));
+                }
+            }
+    }
+}
+
+/* One head h, token t, state S [K][K] of the head: the reference form, step by step. */
+static void ref_head_token(const kda_host &x, kda_ref &r, double *S, uint32_t h, uint32_t t)
+{
+    const uint32_t K = x.K;
+    const size_t off = (size_t)t * x.D + (size_t)h * K;
+    std::vector<double> q(K), k(K), d(K), u(K), o(K, 0.0);
+    double qq = 0, kk = 0;
+    for (uint32_t i = 0; i < K; i++) {
+        q[i] = r.qkv[0][off + i], k[i] = r.qkv[1][off + i];
+        qq += q[i] * q[i], kk += k[i] * k[i];
+    }
+    for (uint32_t i = 0; i < K; i++) {
+        q[i] *= 1.0 / sqrt((double)K) / sqrt(qq + 1e-6);
+        k[i] *= 1.0 / sqrt(kk + 1e-6);
+        d[i] = exp(-exp((double)x.a_log[h]) * softplus_d((double)x.f[off + i] + x.dt[h * K + i]));
+    }
+    const double beta = sigmoid_d(x.beta[(size_t)t * x.H + h]);
+    for (uint32_t i = 0; i < K; i++)   /* S ← diag(d) S */
+        for (uint32_t j = 0; j < K; j++)
+            S[i * K + j] *= d[i];
+    for (uint32_t j = 0; j < K; j++) { /* u = β (v − Sᵀ k̂) */
+        double a = 0;
+        for (uint32_t i = 0; i < K; i++)
+            a += S[i * K + j] * k[i];
+        u[j] = beta * (r.qkv[2][off + j] - a);
+    }
+    for (uint32_t i = 0; i < K; i++)   /* S += k̂ uᵀ, o = Sᵀ q̂ */
+        for (uint32_t j = 0; j < K; j++) {
+            S[i * K + j] += k[i] * u[j];
+            o[j] += S[i * K + j] * q[i];
+        }
+    double ss = 0;
+    for (uint32_t j = 0; j < K; j++)
+        ss += o[j] * o[j];
+    const double inv = 1.0 / sqrt(ss / K + x.eps);
+    for (uint32_t j = 0; j < K; j++)
+        r.o[off + j] = o[j] * inv * x.onorm[j] * sigmoid_d(x.gate[off + j]);
+}
+
+static void ref_recur(const kda_host &x, kda_ref &r)
+{
+    r.state.assign(x.state.begin(), x.state.end());
+    r.o.assign((size_t)x.n * x.D, 0.0);
+    for (size_t ri = 0; ri < x.run_slot.size(); ri++)
+        for (uint32_t h = 0; h < x.H; h++) {
+            double *S = &r.state[x.run_slot[ri] * x.state_stride + (size_t)h * x.K * x.K];
+            for (uint32_t t = x.run_start[ri]; t < x.run_start[ri + 1]; t++)
+                ref_head_token(x, r, S, h, t);
+        }
+}
+
+/* ---- the device side -------------------------------------------------------------------- */
+
+struct kda_dev {
+    kl_gpu_kda_conv_args conv;
+    kl_gpu_kda_recur_args recur;
+    kl_gpu_tokens tok;
+};
+
+static int upload(const kda_host &x, kda_dev &d, kl_err *err)
+{
+    float *qkv[3], *taps[3], *win, *f, *beta, *gate, *a_log, *dt, *onorm, *state, *o;
+    uint32_t *ts, *tp, *rs, *rsl;
+    for (int i = 0; i < 3; i++)
+        if (t_put(&qkv[i], x.qkv[i], err) || t_put(&taps[i], x.taps[i], err))
+            return err->code;
+    if (t_put(&win, x.win, err) || t_put(&f, x.f, err) || t_put(&beta, x.beta, err) ||
+        t_put(&gate, x.gate, err) || t_put(&a_log, x.a_log, err) || t_put(&dt, x.dt, err) ||
+        t_put(&onorm, x.onorm, err) || t_put(&state, x.state, err) ||
+        t_alloc(&o, (size_t)x.n * x.D, err) || t_put(&ts, x.tok_slot, err) ||
+        t_put(&tp, x.tok_pos, err) || t_put(&rs, x.run_start, err) ||
+        t_put(&rsl, x.run_slot, err) ||
+        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float)))) /* NaN */
+        return err->code;
+    d.conv = {{qkv[0], qkv[1], qkv[2]}, {taps[0], taps[1], taps[2]}, x.D, x.W, win,
+              x.win_stride};
+    d.recur = {qkv[0], qkv[1], qkv[2], f, beta, gate, a_log, dt, onorm, x.eps, x.H, x.K,
+               state, x.state_stride, o};
+    uint32_t max_run = 0;
+    for (size_t i = 0; i + 1 < x.run_start.size(); i++)
+        max_run = std::max(max_run, x.run_start[i + 1] - x.run_start[i]);
+    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, 4 + max_run, ts, tp, rs, rsl};
+    return 0;
+}
+
+/* Max over blocks of `width` values of the relative L2 error of got against ref. */
+static double max_block_err(const std::vector<float> &got, const std::vector<double> &ref,
+                            size_t width)
+{
+    double m = 0;
+    for (size_t b = 0; b + width <= ref.size(); b += width)
+        m = std::max(m, t_rel_l2(&got[b], &ref[b], width));
+    return m;
+}
+
+struct kda_errs {
+    double conv = 1e30, win = 1e30, o = 1e30, state = 1e30;
+};
+
+static int run_case(const kda_case &c, t_rng &g, kda_errs *e, kl_err *err)
+{
+    kda_host x;
+    kda_ref r;
+    kda_dev d;
+    make_host(c, g, x);
+    ref_conv(x, r);
+    ref_recur(x, r);
+    if (upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err) ||
+        kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err))
+        return err->code;
+    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), o(r.o.size()),
+        state(x.state.size());
+    e->conv = 0;
+    for (int w = 0; w < 3; w++) {
+        if (t_get(qkv, d.conv.qkv[w], err))
+            return err->code;
+        e->conv = std::max(e->conv, t_rel_l2(qkv.data(), r.qkv[w].data(), qkv.size()));
+    }
+    if (t_get(win, d.conv.win, err) || t_get(o, d.recur.o, err) ||
+        t_get(state, d.recur.state, err))
+        return err->code;
+    e->win = t_rel_l2(win.data(), r.win.data(), win.size());
+    e->o = max_block_err(o, r.o, x.K);
+    e->state = 0;
+    for (uint32_t s = 0; s < x.slots; s++)
+        for (uint32_t h = 0; h < x.H; h++) {
+            size_t b = s * x.state_stride + (size_t)h * x.K * x.K;
+            e->state = std::max(e->state, t_rel_l2(&state[b], &r.state[b], (size_t)x.K * x.K));
+        }
+    fprintf(stderr, "test_kda: %-16s conv %.2e win %.2e o %.2e state %.2e\n", c.name, e->conv,
+            e->win, e->o, e->state);
+    return 0;
+}
+
+/* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens. */
+static int refusals(t_rng &g, kl_err *err)
+{
+    kda_case c = {"refusals", 2, 16, 4, 1, {{0, 2}}};
+    kda_host x;
+    kda_dev d;
+    make_host(c, g, x);
+    if (upload(x, d, err))
+        return -1;
+    kl_err e;
+    kl_err_clear(&e);
+    kl_gpu_kda_recur_args rk = d.recur;
+    rk.K = 129;
+    kl_gpu_kda_conv_args cw = d.conv, cn = d.conv;
+    cw.W = 9;
+    cn.qkv[1] = nullptr;
+    kl_gpu_tokens bad = d.tok;
+    bad.n_runs = 3;
+    int ok = kl_gpu_kda_recur(&rk, &d.tok, NULL, &e) == KL_E_USAGE &&
+             kl_gpu_kda_conv(&cw, &d.tok, NULL, &e) == KL_E_USAGE &&
+             kl_gpu_kda_conv(&cn, &d.tok, NULL, &e) == KL_E_USAGE &&
+             kl_gpu_kda_recur(&d.recur, &bad, NULL, &e) == KL_E_USAGE;
+    return ok;
+}
+
+/* ---- timing at the full shape, n = 1 ----------------------------------------------------- */
+
+struct kda_times {
+    double conv_us = 0, recur_us = 0, copy_gbps = 0;
+    size_t conv_bytes = 0, recur_bytes = 0;
+};
+
+/* One token of the full shape; the state rotates over 64 slots (128 MiB, past the L2). */
+static int time_full(t_rng &g, kda_times *tm, kl_err *err)
+{
+    const uint32_t slots = 64, H = 32, K = 128, D = H * K, W = 4;
+    kda_case c = {"timing", H, K, W, 1, {{0, 1}}};
+    kda_host x;
+    kda_dev d;
+    make_host(c, g, x);
+    std::vector<uint32_t> slot_ids(slots);
+    for (uint32_t s = 0; s < slots; s++)
+        slot_ids[s] = s;
+    uint32_t *ids;
+    float *state, *win;
+    const size_t sstride = (size_t)H * K * K, wstride = 3 * (size_t)D * (W - 1);
+    if (upload(x, d, err) || t_put(&ids, slot_ids, err) ||
+        t_alloc(&state, slots * sstride, err) || t_alloc(&win, slots * wstride, err) ||
+        KL_GPU_CHECK(err, hipMemset(state, 0x3c, slots * sstride * sizeof(float))) ||
+        KL_GPU_CHECK(err, hipMemset(win, 0x3c, slots * wstride * sizeof(float))))
+        return err->code;
+    d.recur.state = state, d.recur.state_stride = sstride;
+    d.conv.win = win, d.conv.win_stride = wstride;
+    kl_gpu_tokens tok = d.tok;
+    auto conv = [&](int i) {
+        tok.run_slot = ids + i % slots;
+        return kl_gpu_kda_conv(&d.conv, &tok, NULL, err);
+    };
+    auto recur = [&](int i) {
+        tok.run_slot = ids + i % slots;
+        return kl_gpu_kda_recur(&d.recur, &tok, NULL, err);
+    };
+    if (t_median_us(conv, 41, &tm->conv_us, err) || t_median_us(recur, 41, &tm->recur_us, err) ||
+        t_copy_gbps((size_t)256 << 20, &tm->copy_gbps, err))
+        return err->code;
+    /* conv: q, k, v read and written, taps read, windows read and written */
+    tm->conv_bytes = 3 * ((size_t)D * 2 + (size_t)D * W + (size_t)D * (W - 1) * 2) * 4;
+    /* recur: the state read and written, q k v f gate in and o out, the small vectors */
+    tm->recur_bytes = (2 * sstride + 6 * (size_t)D + D + K + 2 * H) * 4;
+    return 0;
+}
+
+int main(void)
+{
+    if (t_need_gpu("test_kda"))
+        return 77;
+    kl_err err;
+    kl_err_clear(&err);
+    t_rng g;
+    const kda_case cases[] = {
+        {"tiny_3runs", 2, 16, 4, 3, {{2, 3}, {0, 1}, {1, 4}}},
+        {"odd_K40_W2", 3, 40, 2, 2, {{1, 2}, {0, 5}}},
+        {"tiny_W1", 2, 32, 1, 2, {{1, 3}}},
+        {"full_n1", 32, 128, 4, 2, {{1, 1}}},
+        {"full_3runs", 32, 128, 4, 3, {{0, 5}, {2, 1}, {1, 3}}},
+    };
+    double worst = 0;
+    std::vector<kda_errs> errs;
+    for (const kda_case &c : cases) {
+        kda_errs e;
+        if (run_case(c, g, &e, &err))
+            goto fail;
+        errs.push_back(e);
+        worst = std::max({worst, e.conv, e.win, e.o, e.state});
+        t_free_all();
+    }
+    {
+        int refused = refusals(g, &err);
+        t_free_all();
+        if (refused < 0)
+            goto fail;
+        kda_times tm;
+        if (time_full(g, &tm, &err))
+            goto fail;
+        t_free_all();
+        const int ok = refused && worst < 1e-4;
+        const double recur_gbps = tm.recur_bytes / (tm.recur_us * 1e-6) / 1e9;
+        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
+               "\"full_n1\":{\"o\":%.3g,\"state\":%.3g},\"full_3runs\":{\"o\":%.3g,"
+               "\"state\":%.3g},\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_us\":%.2f,"
+               "\"recur_bytes\":%zu,\"recur_gbps\":%.1f,\"d2d_copy_gbps\":%.1f,"
+               "\"recur_ratio_to_copy\":%.3f}\n",
+               ok ? "true" : "false", refused ? "true" : "false", worst, errs[3].o,
+               errs[3].state, errs[4].o, errs[4].state, tm.conv_us, tm.conv_bytes, tm.recur_us,
+               tm.recur_bytes, recur_gbps, tm.copy_gbps, recur_gbps / tm.copy_gbps);
+        return ok ? 0 : 1;
+    }
+fail:
+    fprintf(stderr, "test_kda: %s\n", err.msg);
+    t_free_all();
+    return 1;
+}

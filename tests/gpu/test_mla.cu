@@ -1,0 +1,351 @@
+/*
+ * tests/gpu/test_mla.cu — kl_gpu_mla_append and kl_gpu_mla_attend against a host reference in
+ * double that follows engine/forward.c (mla_chunk, mla_head, mla_attend_group: RMSNorm of the
+ * latent into the cache, absorbed query W_kb,hᵀ q_nope, scores with the shared rope key, an
+ * exact softmax over the span, context, W_vb,h ctx).  Tiny shapes with F32 and BF16 kv_b, the
+ * full shape at n = 1 with spans 1, 2, 1000 and 65536, chunks of several runs in different
+ * slots with differing spans; then the n = 1 full-shape attention timed at each span, with
+ * bytes read / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
+ * line.
+ */
+#include "kernels/mla.h"
+#include "tests/gpu/gpu_test.h"
+
+#include "common/numfmt.h"
+
+struct mla_run {
+    uint32_t slot, pos0, len;
+};
+
+struct mla_case {
+    const char *name;
+    kl_gpu_mla_dims d;
+    bool bf16, timed;
+    uint32_t slots;
+    std::vector<mla_run> runs;
+};
+
+/* One case on the host: inputs, and the cache as the reference sees it after the append. */
+struct mla_host {
+    kl_gpu_mla_dims d;
+    uint32_t n = 0, cw, qw, cap = 0, max_span = 0;
+    std::vector<float> q, kva, kv_norm, kvb;   /* kvb: the weights' values (bf16-rounded) */
+    std::vector<uint16_t> kvb_bf16;
+    std::vector<std::vector<float>> cache;     /* per slot [cap][cw]: the device's start */
+    std::vector<std::vector<double>> ref_rows; /* per token: its appended row */
+    std::vector<uint32_t> tok_slot, tok_pos, run_start, run_slot;
+};
+
+static void make_host(const mla_case &c, t_rng &g, mla_host &x)
+{
+    const kl_gpu_mla_dims &d = c.d;
+    x.d = d, x.cw = d.R + d.dr, x.qw = d.dn + d.dr;
+    x.run_start.push_back(0);
+    for (const mla_run &r : c.runs) {
+        for (uint32_t i = 0; i < r.len; i++) {
+            x.tok_slot.push_back(r.slot);
+            x.tok_pos.push_back(r.pos0 + i);
+        }
+        x.n += r.len;
+        x.run_start.push_back(x.n);
+        x.run_slot.push_back(r.slot);
+        x.max_span = std::max(x.max_span, r.pos0 + r.len);
+    }
+    x.cap = x.max_span + 3;
+    x.q.resize((size_t)x.n * d.nh * x.qw);
+    g.fill(x.q, -2, 2);
+    x.kva.resize((size_t)x.n * x.cw);
+    g.fill(x.kva, -3, 3);
+    x.kv_norm.resize(d.R);
+    g.fill(x.kv_norm, 0.5f, 1.5f);
+    x.kvb.resize((size_t)d.nh * (d.dn + d.dv) * d.R);
+    g.fill(x.kvb, -0.15f, 0.15f);
+    if (c.bf16) {
+        x.kvb_bf16.resize(x.kvb.size());
+        for (size_t i = 0; i < x.kvb.size(); i++) {
+            x.kvb_bf16[i] = kl_f32_to_bf16(x.kvb[i]);
+            x.kvb[i] = kl_bf16_to_f32(x.kvb_bf16[i]);
+        }
+    }
+    /* rows before each run: earlier tokens; the rest NaN until the append writes them */
+    x.cache.assign(c.slots, std::vector<float>((size_t)x.cap * x.cw, NAN));
+    for (const mla_run &r : c.runs)
+        for (size_t i = 0; i < (size_t)r.pos0 * x.cw; i++)
+            x.cache[r.slot][i] = i % x.cw < d.R ? g.uniform(-1.5f, 1.5f) : g.uniform(-1, 1);
+}
+
+/* ---- host reference (double) ------------------------------------------------------------ */
+
+static void ref_append(mla_host &x)
+{
+    const uint32_t R = x.d.R;
+    x.ref_rows.assign(x.n, std::vector<double>(x.cw));
+    for (uint32_t t = 0; t < x.n; t++) {
+        const float *in = &x.kva[(size_t)t * x.cw];
+        double ss = 0;
+        for (uint32_t k = 0; k < R; k++)
+            ss += (double)in[k] * in[k];
+        const double inv = 1.0 / sqrt(ss / R + 1e-6);
+        for (uint32_t k = 0; k < x.cw; k++)
+            x.ref_rows[t][k] = k < R ? x.kv_norm[k] * (in[k] * inv) : in[k];
+    }
+}
+
+/* Row u of slot s as the reference sees it: a chunk token's appended row, else the start. */
+static void ref_row(const mla_host &x, uint32_t s, uint32_t u, std::vector<double> &row)
+{
+    for (uint32_t t = 0; t < x.n; t++)
+        if (x.tok_slot[t] == s && x.tok_pos[t] == u) {
+            row = x.ref_rows[t];
+            return;
+        }
+    for (uint32_t k = 0; k < x.cw; k++)
+        row[k] = x.cache[s][(size_t)u * x.cw + k];
+}
+
+/* o [n][nh*dv] of every token. */
+static void ref_attend(const mla_host &x, std::vector<double> &o)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    o.assign((size_t)x.n * d.nh * d.dv, 0.0);
+    std::vector<double> row(x.cw), ql(x.cw), ctx(d.R);
+    for (uint32_t t = 0; t < x.n; t++) {
+        const uint32_t s = x.tok_slot[t], span = x.tok_pos[t] + 1;
+        std::vector<std::vector<double>> rows(span, std::vector<double>(x.cw));
+        for (uint32_t u = 0; u < span; u++)
+            ref_row(x, s, u, rows[u]);
+        for (uint32_t h = 0; h < d.nh; h++) {
+            const float *q = &x.q[((size_t)t * d.nh + h) * x.qw];
+            const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * d.R];
+            for (uint32_t k = 0; k < d.R; k++) { /* ql = W_kb,hᵀ q_nope; then q_rope */
+                ql[k] = 0;
+                for (uint32_t i = 0; i < d.dn; i++)
+                    ql[k] += (double)q[i] * w[(size_t)i * d.R + k];
+            }
+            for (uint32_t k = 0; k < d.dr; k++)
+                ql[d.R + k] = q[d.dn + k];
+            std::vector<double> sc(span);
+            double mx = -INFINITY, sum = 0;
+            for (uint32_t u = 0; u < span; u++) {
+                sc[u] = 0;
+                for (uint32_t k = 0; k < x.cw; k++)
+                    sc[u] += ql[k] * rows[u][k];
+                sc[u] /= sqrt((double)x.qw);
+                mx = std::max(mx, sc[u]);
+            }
+            for (uint32_t u = 0; u < span; u++)
+                sum += (sc[u] = exp(sc[u] - mx));
+            std::fill(ctx.begin(), ctx.end(), 0.0);
+            for (uint32_t u = 0; u < span; u++)
+                for (uint32_t k = 0; k < d.R; k++)
+                    ctx[k] += sc[u] / sum * rows[u][k];
+            for (uint32_t j = 0; j < d.dv; j++) { /* W_vb,h ctx */
+                double v = 0;
+                for (uint32_t k = 0; k < d.R; k++)
+                    v += (double)w[(size_t)(d.dn + j) * d.R + k] * ctx[k];
+                o[((size_t)t * d.nh + h) * d.dv + j] = v;
+            }
+        }
+    }
+}
+
+/* ---- the device side -------------------------------------------------------------------- */
+
+struct mla_dev {
+    kl_gpu_mla_append_args append;
+    kl_gpu_mla_attend_args attend;
+    kl_gpu_mat kv_b;
+    kl_gpu_tokens tok;
+    std::vector<float *> slot_cache;
+};
+
+static int upload(const mla_host &x, bool bf16, mla_dev &d, kl_err *err)
+{
+    float *q, *kva, *kv_norm, *scratch, *o, **cache;
+    uint32_t *ts, *tp, *rs, *rsl;
+    d.slot_cache.resize(x.cache.size());
+    for (size_t s = 0; s < x.cache.size(); s++)
+        if (t_put(&d.slot_cache[s], x.cache[s], err))
+            return err->code;
+    const size_t n_o = (size_t)x.n * x.d.nh * x.d.dv;
+    if (t_put(&q, x.q, err) || t_put(&kva, x.kva, err) || t_put(&kv_norm, x.kv_norm, err) ||
+        t_put(&cache, d.slot_cache, err) || t_alloc(&o, n_o, err) ||
+        t_alloc(&scratch, kl_gpu_mla_scratch(&x.d, x.n, x.max_span), err) ||
+        t_put(&ts, x.tok_slot, err) || t_put(&tp, x.tok_pos, err) ||
+        t_put(&rs, x.run_start, err) || t_put(&rsl, x.run_slot, err) ||
+        KL_GPU_CHECK(err, hipMemset(o, 0xff, n_o * sizeof(float)))) /* NaN */
+        return err->code;
+    d.kv_b = {bf16 ? KL_GPU_W_BF16 : KL_GPU_W_F32, x.d.nh * (x.d.dn + x.d.dv), x.d.R, nullptr,
+              nullptr, nullptr};
+    if (bf16) {
+        uint16_t *w;
+        if (t_put(&w, x.kvb_bf16, err))
+            return err->code;
+        d.kv_b.data = w;
+    } else {
+        float *w;
+        if (t_put(&w, x.kvb, err))
+            return err->code;
+        d.kv_b.data = w;
+    }
+    d.append = {x.d, kva, kv_norm, cache};
+    d.attend = {x.d, q, &d.kv_b, cache, scratch, o};
+    uint32_t max_run = 0;
+    for (size_t i = 0; i + 1 < x.run_start.size(); i++)
+        max_run = std::max(max_run, x.run_start[i + 1] - x.run_start[i]);
+    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, x.max_span, ts, tp, rs, rsl};
+    return 0;
+}
+
+struct mla_result {
+    double append = 1e30, o = 1e30;   /* max relative L2: per appended row, per (token, head) */
+    double us = 0, gbps = 0;          /* timed cases: attend's median and bytes read / time */
+    size_t bytes = 0;
+};
+
+/* The attention's median time, kv_b rotating over 8 copies (its bytes then come from HBM, as
+ * in a decode step where every layer's weights differ). */
+static int time_attend(const mla_host &x, mla_dev &d, mla_result *res, kl_err *err)
+{
+    const size_t wbytes =
+        (size_t)d.kv_b.rows * d.kv_b.cols * (d.kv_b.kind == KL_GPU_W_BF16 ? 2 : 4);
+    std::vector<kl_gpu_mat> w(8, d.kv_b);
+    for (size_t i = 1; i < w.size(); i++) {
+        char *p;
+        if (t_alloc(&p, wbytes, err) ||
+            KL_GPU_CHECK(err, hipMemcpy(p, d.kv_b.data, wbytes, hipMemcpyDeviceToDevice)))
+            return err->code;
+        w[i].data = p;
+    }
+    kl_gpu_mla_attend_args a = d.attend;
+    auto attend = [&](int i) {
+        a.kv_b = &w[i % w.size()];
+        return kl_gpu_mla_attend(&a, &d.tok, NULL, err);
+    };
+    if (t_median_us(attend, 21, &res->us, err))
+        return err->code;
+    res->bytes = (size_t)x.max_span * x.cw * 4 + wbytes;
+    res->gbps = res->bytes / (res->us * 1e-6) / 1e9;
+    return 0;
+}
+
+static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
+{
+    mla_host x;
+    mla_dev d;
+    std::vector<double> ref_o;
+    make_host(c, g, x);
+    ref_append(x);
+    ref_attend(x, ref_o);
+    if (upload(x, c.bf16, d, err) || kl_gpu_mla_append(&d.append, &d.tok, NULL, err) ||
+        kl_gpu_mla_attend(&d.attend, &d.tok, NULL, err))
+        return err->code;
+    std::vector<float> o(ref_o.size()), row(x.cw);
+    if (t_get(o, d.attend.o, err))
+        return err->code;
+    res->append = 0;
+    for (uint32_t t = 0; t < x.n; t++) {
+        const float *src = d.slot_cache[x.tok_slot[t]] + (size_t)x.tok_pos[t] * x.cw;
+        if (KL_GPU_CHECK(err, hipMemcpy(row.data(), src, x.cw * sizeof(float),
+                                        hipMemcpyDeviceToHost)))
+            return err->code;
+        res->append = std::max(res->append, t_rel_l2(row.data(), x.ref_rows[t].data(), x.cw));
+    }
+    res->o = 0;
+    for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
+        res->o = std::max(res->o, t_rel_l2(&o[b], &ref_o[b], c.d.dv));
+    if (c.timed && time_attend(x, d, res, err))
+        return err->code;
+    fprintf(stderr, "test_mla: %-18s append %.2e o %.2e", c.name, res->append, res->o);
+    if (c.timed)
+        fprintf(stderr, "  %.1f us, %.1f GB/s", res->us, res->gbps);
+    fprintf(stderr, "\n");
+    return 0;
+}
+
+/* The launchers refuse what they cannot do. */
+static int refusals(t_rng &g, kl_err *err)
+{
+    mla_case c = {"refusals", {2, 16, 8, 16, 32}, false, false, 1, {{0, 0, 2}}};
+    mla_host x;
+    mla_dev d;
+    make_host(c, g, x);
+    if (upload(x, false, d, err))
+        return -1;
+    kl_err e;
+    kl_err_clear(&e);
+    kl_gpu_mla_attend_args odd_r = d.attend, mx = d.attend, rows = d.attend, mis = d.attend;
+    odd_r.d.R = 30;
+    kl_gpu_mat wk = d.kv_b, wr = d.kv_b;
+    wk.kind = KL_GPU_W_MXFP4;
+    mx.kv_b = &wk;
+    wr.rows += 1;
+    rows.kv_b = &wr;
+    mis.scratch += 1;
+    kl_gpu_tokens no_span = d.tok;
+    no_span.max_span = 0;
+    kl_gpu_mla_append_args ap = d.append;
+    ap.kv_norm = nullptr;
+    return kl_gpu_mla_attend(&odd_r, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_mla_attend(&mx, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_mla_attend(&rows, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_mla_attend(&mis, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_mla_attend(&d.attend, &no_span, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_mla_append(&ap, &d.tok, NULL, &e) == KL_E_USAGE;
+}
+
+int main(void)
+{
+    if (t_need_gpu("test_mla"))
+        return 77;
+    kl_err err;
+    kl_err_clear(&err);
+    t_rng g;
+    const kl_gpu_mla_dims full = {32, 128, 64, 128, 512};
+    const mla_case cases[] = {
+        {"tiny_f32_3runs", {2, 16, 8, 16, 32}, false, false, 3, {{2, 0, 3}, {0, 7, 1}, {1, 40, 5}}},
+        {"tiny_bf16_nh3", {3, 8, 4, 12, 16}, true, false, 2, {{0, 0, 1}, {1, 100, 2}}},
+        {"full_span1", full, true, true, 1, {{0, 0, 1}}},
+        {"full_span2", full, true, true, 1, {{0, 1, 1}}},
+        {"full_span1000", full, true, true, 1, {{0, 999, 1}}},
+        {"full_span65536", full, true, true, 1, {{0, 65535, 1}}},
+        {"full_3runs", full, true, false, 3, {{1, 0, 4}, {0, 1500, 1}, {2, 300, 6}}},
+        {"full_f32_2runs", full, false, false, 2, {{1, 20, 2}, {0, 5000, 3}}},
+    };
+    const size_t n_cases = sizeof cases / sizeof cases[0];
+    std::vector<mla_result> res(n_cases);
+    double worst = 0, copy_gbps = 0;
+    int refused = 0;
+    for (size_t i = 0; i < n_cases; i++) {
+        if (run_case(cases[i], g, &res[i], &err))
+            goto fail;
+        worst = std::max({worst, res[i].append, res[i].o});
+        t_free_all();
+    }
+    refused = refusals(g, &err);
+    t_free_all();
+    if (refused < 0 || t_copy_gbps((size_t)256 << 20, &copy_gbps, &err))
+        goto fail;
+    t_free_all();
+    {
+        const int ok = refused && worst < 1e-4;
+        printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,\"full_n1\":[",
+               ok ? "true" : "false", refused ? "true" : "false", worst);
+        const char *sep = "";
+        for (size_t i = 0; i < n_cases; i++) {
+            if (!cases[i].timed)
+                continue;
+            printf("%s{\"span\":%u,\"o_err\":%.3g,\"attend_us\":%.2f,\"bytes\":%zu,"
+                   "\"gbps\":%.1f,\"ratio_to_copy\":%.3f}", sep,
+                   cases[i].runs[0].pos0 + 1, res[i].o, res[i].us, res[i].bytes, res[i].gbps,
+                   res[i].gbps / copy_gbps);
+            sep = ",";
+        }
+        printf("],\"d2d_copy_gbps\":%.1f}\n", copy_gbps);
+        return ok ? 0 : 1;
+    }
+fail:
+    fprintf(stderr, "test_mla: %s\n", err.msg);
+    t_free_all();
+    return 1;
+}
