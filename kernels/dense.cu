@@ -18,27 +18,91 @@
 
 /* ---- matmul ------------------------------------------------------------------------------ */
 
+/* G groups per row (G = 1, 2, 4 or 8: more for matrices of few rows, so enough loads are in
+ * flight), KL_ROW_WARPS / G rows per block; the groups' sums are added in group order. */
 template <int NT>
 __global__ static void __launch_bounds__(THREADS)
-    matmul_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, int vec)
+    matmul_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, int vec, unsigned G)
 {
     __shared__ float lut[16];
+    __shared__ float red[KL_ROW_WARPS][NT];
     kl_row_lut_init(lut);
     __syncthreads();
-    const size_t row = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
-    const unsigned lane = threadIdx.x % KL_GPU_GROUP;
-    if (row >= w.rows) /* the whole group leaves together */
-        return;
+    const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const size_t row = (size_t)blockIdx.x * (KL_ROW_WARPS / G) + wi / G;
     const uint32_t t0 = blockIdx.y * NT;
     const kl_row_x xs = {x + (size_t)t0 * w.cols, w.cols, n - t0 < NT ? n - t0 : NT};
-    float acc[NT];
-    kl_row_dot<NT>(w, row, xs, vec, lut, lane, acc);
-    if (lane != 0)
+    float acc[NT] = {0.0f};
+    if (row < w.rows) /* the same for the whole group */
+        kl_row_dot<NT>(w, row, xs, vec, lut, wi % G * KL_GPU_GROUP + lane, G * KL_GPU_GROUP,
+                       acc);
+    if (G > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                red[wi][t] = acc[t];
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            acc[t] = 0.0f;
+            for (unsigned g = 0; g < G; g++)
+                acc[t] += red[wi / G * G + g][t];
+        }
+    }
+    if (row >= w.rows || lane != 0 || wi % G != 0)
         return;
 #pragma unroll
     for (int t = 0; t < NT; t++)
         if ((uint32_t)t < xs.nt)
             y[(size_t)(t0 + t) * w.rows + row] = acc[t];
+}
+
+/* MXFP4, one token: each group does rpw consecutive rows, two at a time, x in registers. */
+template <int S>
+__global__ static void __launch_bounds__(THREADS)
+    matmul_mxfp4_xreg_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    const size_t r0 = ((size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP) * rpw;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP;
+    if (r0 >= w.rows)
+        return;
+    const size_t r1 = r0 + rpw < w.rows ? r0 + rpw : w.rows;
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, x, w.cols, lane);
+    for (size_t r = r0; r < r1; r += 2) {
+        const size_t rb = r + 1 < r1 ? r + 1 : r;
+        const uint8_t *rows[2] = {w.packed + r * (w.cols / 2), w.packed + rb * (w.cols / 2)};
+        const uint8_t *scales[2] = {w.scale + r * (w.cols / KL_MXFP4_BLOCK),
+                                    w.scale + rb * (w.cols / KL_MXFP4_BLOCK)};
+        float out[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, w.cols, xr, lut, lane, out);
+        if (lane == 0) {
+            y[r] = out[0];
+            y[rb] = out[1];
+        }
+    }
+}
+
+/* Rows per group of the register kernels: enough groups to fill the GPU (about 4096), at
+ * least 2 (rows go in pairs), at most 32. */
+static uint32_t rows_per_group(size_t rows)
+{
+    const size_t r = rows / 4096;
+    return r < 2 ? 2 : r > 32 ? 32 : (uint32_t)r;
+}
+
+static int matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
+{
+    const uint32_t rpw = rows_per_group(w->rows);
+    const size_t groups = (w->rows + rpw - 1) / rpw;
+    const unsigned blocks = (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+    kl_xreg_dispatch(kl_xreg_s(w->cols), [&](auto sc) {
+        matmul_mxfp4_xreg_kernel<decltype(sc)::value><<<blocks, THREADS, 0, st>>>(*w, x, y, rpw);
+    });
+    return 0;
 }
 
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -52,19 +116,27 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
     const int vec = kl_row_vec_ok(w, x, w->cols);
     if (w->kind == KL_GPU_W_MXFP4 && !vec)
         return kl_fail(err, KL_E_USAGE, "matmul: MXFP4 needs x 16-byte aligned");
+    hipStream_t st = (hipStream_t)s;
+    if (w->kind == KL_GPU_W_MXFP4 && n == 1 && kl_xreg_s(w->cols)) {
+        matmul_mxfp4_xreg(w, x, y, st);
+        return KL_GPU_CHECK(err, hipGetLastError());
+    }
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
-    const dim3 grid((w->rows + KL_ROW_WARPS - 1) / KL_ROW_WARPS, (n + nt - 1) / nt);
+    unsigned G = 1;
+    while (G < KL_ROW_WARPS && (size_t)w->rows * G < 4096)
+        G *= 2;
+    const unsigned per_block = KL_ROW_WARPS / G;
+    const dim3 grid((w->rows + per_block - 1) / per_block, (n + nt - 1) / nt);
     if (grid.y > MAX_GRID_Y)
         return kl_fail(err, KL_E_USAGE, "matmul: %u tokens is too many", n);
-    hipStream_t st = (hipStream_t)s;
     if (nt == 1)
-        matmul_kernel<1><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec);
+        matmul_kernel<1><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
     else if (nt == 2)
-        matmul_kernel<2><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec);
+        matmul_kernel<2><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
     else if (nt == 4)
-        matmul_kernel<4><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec);
+        matmul_kernel<4><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
     else
-        matmul_kernel<8><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec);
+        matmul_kernel<8><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

@@ -134,8 +134,8 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
     if (j.e >= 0) {
         const kl_row_x xs = {k.x + j.slot / k.top_k * k.H, k.H, 1};
         const size_t r = (size_t)j.e * k.I + j.row;
-        kl_row_dot<1>(k.w1, r, xs, k.vec1, lut, j.lane, &g);
-        kl_row_dot<1>(k.w3, r, xs, k.vec3, lut, j.lane, &u);
+        kl_row_dot<1>(k.w1, r, xs, k.vec1, lut, j.lane, KL_GPU_GROUP, &g);
+        kl_row_dot<1>(k.w3, r, xs, k.vec3, lut, j.lane, KL_GPU_GROUP, &u);
     }
     if (j.lane == 0)
         k.h[j.slot * k.I + j.row] = g / (1.0f + expf(-g)) * u;
@@ -152,10 +152,138 @@ __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
     float d = __uint_as_float(0x7fc00000u);
     if (j.e >= 0) {
         const kl_row_x xs = {k.h + j.slot * k.I, k.I, 1};
-        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, lut, j.lane, &d);
+        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, lut, j.lane, KL_GPU_GROUP,
+                      &d);
     }
     if (j.lane == 0)
         k.part[j.slot * k.H + j.row] = k.wt[j.slot] * d;
+}
+
+/* ---- MXFP4 with x in registers (kernels/row_dot.cuh): a group per (slot, rpw rows) ------- */
+
+/* The group's slot, its rows [r0, r1) of rows (chunks of rpw), expert and lane; 0: no work. */
+struct experts_chunk {
+    size_t   slot, r0, r1;
+    int64_t  e;
+    unsigned lane;
+};
+
+__device__ static int experts_chunk_of(const experts_k &k, uint32_t rows, uint32_t rpw,
+                                       experts_chunk *c)
+{
+    const size_t per_slot = (rows + rpw - 1) / rpw;
+    const size_t g = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
+    if (g >= (size_t)k.n_slots * per_slot)
+        return 0;
+    c->slot = g / per_slot;
+    c->r0 = g % per_slot * rpw;
+    c->r1 = c->r0 + rpw < rows ? c->r0 + rpw : rows;
+    c->lane = threadIdx.x % KL_GPU_GROUP;
+    const int32_t e = k.idx[c->slot];
+    c->e = e >= 0 && (uint32_t)e < k.E ? e : -1;
+    return 1;
+}
+
+/* Row r of stacked MXFP4 matrix m: its packed codes and scales. */
+__device__ static inline const uint8_t *packed_row(const kl_gpu_mat &m, size_t r)
+{
+    return m.packed + r * (m.cols / 2);
+}
+__device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
+{
+    return m.scale + r * (m.cols / KL_MXFP4_BLOCK);
+}
+
+template <int S>
+__global__ static void __launch_bounds__(THREADS) gate_up_xreg_kernel(experts_k k, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_chunk c;
+    if (!experts_chunk_of(k, k.I, rpw, &c))
+        return;
+    float *h = k.h + c.slot * k.I;
+    if (c.e < 0) {
+        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
+            h[r] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
+    for (size_t r = c.r0; r < c.r1; r++) {
+        const size_t er = (size_t)c.e * k.I + r;
+        const uint8_t *rows[2] = {packed_row(k.w1, er), packed_row(k.w3, er)};
+        const uint8_t *scales[2] = {scale_row(k.w1, er), scale_row(k.w3, er)};
+        float gu[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.H, xr, lut, c.lane, gu);
+        if (c.lane == 0)
+            h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+    }
+}
+
+template <int S>
+__global__ static void __launch_bounds__(THREADS) down_xreg_kernel(experts_k k, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_chunk c;
+    if (!experts_chunk_of(k, k.H, rpw, &c))
+        return;
+    float *part = k.part + c.slot * k.H;
+    if (c.e < 0) {
+        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
+            part[r] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, k.h + c.slot * k.I, k.I, c.lane);
+    const float wt = k.wt[c.slot];
+    for (size_t r = c.r0; r < c.r1; r += 2) {
+        const size_t rb = r + 1 < c.r1 ? r + 1 : r, e0 = (size_t)c.e * k.H;
+        const uint8_t *rows[2] = {packed_row(k.w2, e0 + r), packed_row(k.w2, e0 + rb)};
+        const uint8_t *scales[2] = {scale_row(k.w2, e0 + r), scale_row(k.w2, e0 + rb)};
+        float d[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.I, xr, lut, c.lane, d);
+        if (c.lane == 0) {
+            part[r] = wt * d[0];
+            part[rb] = wt * d[1];
+        }
+    }
+}
+
+/* Rows per group: about 4096 groups in all, 1..16 (down: even, its rows go in pairs). */
+static uint32_t experts_rpw(size_t jobs, int even)
+{
+    size_t r = jobs / 4096;
+    r = r < 1 ? 1 : r > 16 ? 16 : r;
+    return (uint32_t)(even && r % 2 ? r + 1 : r);
+}
+
+static unsigned chunk_blocks(size_t slots, uint32_t rows, uint32_t rpw)
+{
+    const size_t groups = slots * ((rows + rpw - 1) / rpw);
+    return (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+}
+
+/* gate_up and down of the register path: all three stacks MXFP4, I and H at most 4096. */
+static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
+{
+    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I, 0);
+    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H, 1);
+    kl_xreg_dispatch(kl_xreg_s(k.H), [&](auto sc) {
+        gate_up_xreg_kernel<decltype(sc)::value>
+            <<<chunk_blocks(k.n_slots, k.I, rpw1), THREADS, 0, st>>>(k, rpw1);
+    });
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc)
+        return rc;
+    kl_xreg_dispatch(kl_xreg_s(k.I), [&](auto sc) {
+        down_xreg_kernel<decltype(sc)::value>
+            <<<chunk_blocks(k.n_slots, k.H, rpw2), THREADS, 0, st>>>(k, rpw2);
+    });
+    return KL_GPU_CHECK(err, hipGetLastError());
 }
 
 __global__ static void combine_kernel(experts_k k)
@@ -238,11 +366,16 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         (k.w2.kind == KL_GPU_W_MXFP4 && !k.vec2))
         return kl_fail(err, KL_E_USAGE, "experts: MXFP4 needs x and scratch 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
-    gate_up_kernel<<<blocks_of((size_t)k.n_slots * k.I), THREADS, 0, st>>>(k);
-    if ((rc = KL_GPU_CHECK(err, hipGetLastError())))
-        return rc;
-    down_kernel<<<blocks_of((size_t)k.n_slots * k.H), THREADS, 0, st>>>(k);
-    if ((rc = KL_GPU_CHECK(err, hipGetLastError())))
+    if (k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
+        k.w3.kind == KL_GPU_W_MXFP4 && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
+        rc = experts_xreg(k, st, err);
+    } else {
+        gate_up_kernel<<<blocks_of((size_t)k.n_slots * k.I), THREADS, 0, st>>>(k);
+        if (!(rc = KL_GPU_CHECK(err, hipGetLastError())))
+            down_kernel<<<blocks_of((size_t)k.n_slots * k.H), THREADS, 0, st>>>(k);
+        rc = rc ? rc : KL_GPU_CHECK(err, hipGetLastError());
+    }
+    if (rc)
         return rc;
     const size_t outs = (size_t)a->n * k.H;
     combine_kernel<<<(unsigned)((outs + THREADS - 1) / THREADS), THREADS, 0, st>>>(k);

@@ -20,6 +20,8 @@
 
 #include "common/mxfp4_format.h"
 
+#include <type_traits>
+
 #define KL_ROW_UNROLL 4
 #define KL_ROW_WARPS  8 /* groups per block in the kernels that give a group one row */
 
@@ -80,20 +82,20 @@ __device__ static inline void kl_row_unpack(uint4 q, float *w, int bf16)
 /* F32 (V = 4) or BF16 (V = 8) row in 16-byte pieces: cols % V == 0, row 16-byte aligned. */
 template <int NT, int V>
 __device__ static void kl_row_vec(const void *row, uint32_t cols, kl_row_x xs, unsigned lane,
-                                  float *acc)
+                                  unsigned lanes, float *acc)
 {
     const uint4 *p = (const uint4 *)row;
     const uint32_t np = cols / V;
-    for (uint32_t c0 = lane; c0 < np; c0 += KL_GPU_GROUP * KL_ROW_UNROLL) {
+    for (uint32_t c0 = lane; c0 < np; c0 += lanes * KL_ROW_UNROLL) {
         uint4 q[KL_ROW_UNROLL];
 #pragma unroll
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
-            const uint32_t c = c0 + u * KL_GPU_GROUP;
+            const uint32_t c = c0 + u * lanes;
             q[u] = c < np ? p[c] : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
-            const uint32_t c = c0 + u * KL_GPU_GROUP;
+            const uint32_t c = c0 + u * lanes;
             if (c >= np)
                 break;
             float w[8];
@@ -106,22 +108,23 @@ __device__ static void kl_row_vec(const void *row, uint32_t cols, kl_row_x xs, u
 /* MXFP4 row: words of 8 codes; word c lies in block c / 4 (cols % 32 == 0). */
 template <int NT>
 __device__ static void kl_row_mxfp4(const uint8_t *packed, const uint8_t *scale, uint32_t cols,
-                                    kl_row_x xs, const float *lut, unsigned lane, float *acc)
+                                    kl_row_x xs, const float *lut, unsigned lane,
+                                    unsigned lanes, float *acc)
 {
     const uint32_t *p = (const uint32_t *)packed;
     const uint32_t nw = cols / 8;
-    for (uint32_t c0 = lane; c0 < nw; c0 += KL_GPU_GROUP * KL_ROW_UNROLL) {
+    for (uint32_t c0 = lane; c0 < nw; c0 += lanes * KL_ROW_UNROLL) {
         uint32_t q[KL_ROW_UNROLL];
         uint8_t s[KL_ROW_UNROLL];
 #pragma unroll
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
-            const uint32_t c = c0 + u * KL_GPU_GROUP;
+            const uint32_t c = c0 + u * lanes;
             q[u] = c < nw ? p[c] : 0u;
             s[u] = c < nw ? scale[c / 4] : (uint8_t)KL_E8M0_BIAS;
         }
 #pragma unroll
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
-            const uint32_t c = c0 + u * KL_GPU_GROUP;
+            const uint32_t c = c0 + u * lanes;
             if (c >= nw)
                 break;
             float w[8], part[NT];
@@ -140,12 +143,12 @@ __device__ static void kl_row_mxfp4(const uint8_t *packed, const uint8_t *scale,
     }
 }
 
-/* F32/BF16 row, any alignment: lane l takes elements l, l + 32, ... */
+/* F32/BF16 row, any alignment: lane l takes elements l, l + lanes, ... */
 template <int NT>
 __device__ static void kl_row_plain(const void *row, int bf16, uint32_t cols, kl_row_x xs,
-                                    unsigned lane, float *acc)
+                                    unsigned lane, unsigned lanes, float *acc)
 {
-    for (uint32_t c = lane; c < cols; c += KL_GPU_GROUP) {
+    for (uint32_t c = lane; c < cols; c += lanes) {
         const float w = bf16 ? kl_bf16_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
 #pragma unroll
         for (int t = 0; t < NT; t++)
@@ -154,11 +157,13 @@ __device__ static void kl_row_plain(const void *row, int bf16, uint32_t cols, kl
     }
 }
 
-/* acc[t] = Σ_c W[r][c] · x_t[c] for t < xs.nt, on every lane of the group.  vec: the 16-byte
- * paths may be used (kl_row_vec_ok); lut: kl_row_lut_init's table (MXFP4 only). */
+/* acc[t] = Σ_c W[r][c] · x_t[c] for t < xs.nt, summed over the group, on every lane of it.
+ * lane of lanes (a multiple of KL_GPU_GROUP): the row's pieces are split among that many lanes,
+ * the group taking its share (the caller adds the groups' sums when lanes > KL_GPU_GROUP).
+ * vec: the 16-byte paths may be used (kl_row_vec_ok); lut: kl_row_lut_init's table (MXFP4). */
 template <int NT>
 __device__ static void kl_row_dot(const kl_gpu_mat &m, size_t r, kl_row_x xs, int vec,
-                                  const float *lut, unsigned lane, float *acc)
+                                  const float *lut, unsigned lane, unsigned lanes, float *acc)
 {
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -166,20 +171,100 @@ __device__ static void kl_row_dot(const kl_gpu_mat &m, size_t r, kl_row_x xs, in
     const uint32_t cols = m.cols;
     if (m.kind == KL_GPU_W_MXFP4) {
         kl_row_mxfp4<NT>(m.packed + r * (cols / 2), m.scale + r * (cols / KL_MXFP4_BLOCK), cols,
-                         xs, lut, lane, acc);
+                         xs, lut, lane, lanes, acc);
     } else {
         const int bf16 = m.kind == KL_GPU_W_BF16;
         const void *row = (const uint8_t *)m.data + r * cols * (bf16 ? 2 : 4);
         if (!vec)
-            kl_row_plain<NT>(row, bf16, cols, xs, lane, acc);
+            kl_row_plain<NT>(row, bf16, cols, xs, lane, lanes, acc);
         else if (bf16)
-            kl_row_vec<NT, 8>(row, cols, xs, lane, acc);
+            kl_row_vec<NT, 8>(row, cols, xs, lane, lanes, acc);
         else
-            kl_row_vec<NT, 4>(row, cols, xs, lane, acc);
+            kl_row_vec<NT, 4>(row, cols, xs, lane, lanes, acc);
     }
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = kl_gpu_group_sum(acc[t]);
+}
+
+/* ---- MXFP4 against one vector held in registers ------------------------------------------ */
+
+/* The vector of an MXFP4 product for one lane: its words c = lane + 32 j (j < S) of 8 codes,
+ * 8 floats each (0 past cols), loaded once and kept for every row the group multiplies: the
+ * only shared-memory reads left are the code table's, one per weight. */
+template <int S> struct kl_xreg {
+    float v[S][8];
+};
+
+/* The S a row of cols columns needs (1, 2, 4, 9 or 16), or 0: more than 4096 columns. */
+static inline int kl_xreg_s(uint32_t cols)
+{
+    const uint32_t need = (cols / 8 + KL_GPU_GROUP - 1) / KL_GPU_GROUP;
+    return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 9 ? 9 : need <= 16 ? 16 : 0;
+}
+
+template <int S>
+__device__ static inline void kl_xreg_load(kl_xreg<S> &xr, const float *x, uint32_t cols,
+                                           unsigned lane)
+{
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        const uint32_t c = lane + j * KL_GPU_GROUP;
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 a = c < cols / 8 ? x4[2 * c] : z, b = c < cols / 8 ? x4[2 * c + 1] : z;
+        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            xr.v[j][i] = f[i];
+    }
+}
+
+/* out[k] = row k of R MXFP4 rows (rows[k] its packed codes, scales[k] its E8M0 bytes) dotted
+ * with xr, summed over the group.  All R * S words are loaded before the first is used; words
+ * past the row read as code 0 with scale byte 0, which adds exactly 0. */
+template <int S, int R>
+__device__ static inline void kl_row_mxfp4_xreg(const uint8_t *const *rows,
+                                                const uint8_t *const *scales, uint32_t cols,
+                                                const kl_xreg<S> &xr, const float *lut,
+                                                unsigned lane, float *out)
+{
+    const uint32_t nw = cols / 8;
+    uint32_t q[R][S], e[R][S];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            const uint32_t c = lane + j * KL_GPU_GROUP;
+            q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
+            e[k][j] = c < nw ? scales[k][c / 4] : 0u;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            float part = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                part = fmaf(lut[(q[k][j] >> (4 * i)) & 15u], xr.v[j][i], part);
+            acc = fmaf(part, kl_e8m0_value((uint8_t)e[k][j]), acc);
+        }
+        out[k] = kl_gpu_group_sum(acc);
+    }
+}
+
+/* Calls f(std::integral_constant<int, S>()) for S = 1, 2, 4, 9 or 16 (kl_xreg_s's values). */
+template <class F> static inline void kl_xreg_dispatch(int s, F f)
+{
+    switch (s) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 9: f(std::integral_constant<int, 9>()); break;
+    default: f(std::integral_constant<int, 16>()); break;
+    }
 }
 
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,

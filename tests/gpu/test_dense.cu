@@ -307,6 +307,7 @@ int main(void)
         time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
     time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
+    time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
     time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
     time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
     check_argmax(163840);
