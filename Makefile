@@ -23,7 +23,7 @@ LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
-HDRS     := $(sort $(foreach d,$(LIB_DIRS) cli tests,$(wildcard $(d)/*.h)))
+HDRS     := $(sort $(foreach d,$(LIB_DIRS) cli tests kernels,$(wildcard $(d)/*.h)))
 
 B  ?= build
 BA ?= $(B)/asan
@@ -76,11 +76,13 @@ $(BA)/replay_%: tests/fuzz/%.c tests/fuzz/replay_main.c $(BA)/libkl.a $(HDRS)
 test: $(BA)/kl $(TEST_BIN) $(REPLAY_BIN) gpu-compile
 	@KL_BIN=$(abspath $(BA)/kl) sh tests/run_tests.sh $(TEST_BIN) $(REPLAY_BIN) $(TEST_SCRIPTS)
 
-# The CUDA path must keep compiling where nvcc is installed (the device tests run on the GPU
-# machine: scripts/gpu/, or `make GPU=cuda gpu` there).
+# The CUDA and HIP paths must keep compiling where nvcc / hipcc are installed (device tests
+# run on the GPU machine: scripts/gpu/, or `make GPU=cuda gpu` there).
 gpu-compile:
 	@if [ -x "$(NVCC)" ] || command -v "$(NVCC)" >/dev/null 2>&1; then $(MAKE) --no-print-directory GPU=cuda gpu; \
-	else echo "make test: no nvcc, the CUDA kernels were not compiled"; fi
+	else echo "make test: no nvcc, the CUDA path was not compiled"; fi
+	@if command -v "$(HIPCC)" >/dev/null 2>&1; then $(MAKE) --no-print-directory GPU=hip gpu; \
+	else echo "make test: no hipcc, the HIP path was not compiled"; fi
 
 demo:
 	@sh scripts/demo.sh
@@ -113,29 +115,53 @@ portable: $(B)/libkl.a $(CLI_OBJ)
 	  -Wl,-Bdynamic -lcjson -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BP)/
 
-# ---- GPU kernels (make GPU=cuda gpu, or GPU=hip): one source, kernels/gpu.h maps the runtime ----
+# ---- GPU build (make GPU=cuda gpu, or GPU=hip): kl with the GPU backend, and the device tests ----
+# One source: kernels/gpu.h maps the HIP runtime names to CUDA under nvcc.  $(BG)/kl is linked
+# like `make portable` (static liburing, libaio, libcrypto, libpcre2-8; libcjson beside it) plus
+# the GPU runtime (static cudart; libamdhip64 for HIP), so the folder runs on the GPU machine.
 GPU_ARCH ?= sm_90
+HIP_ARCH ?= gfx90a
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) nvcc)
+HIPCC    ?= hipcc
+CUDA_LIB ?= $(dir $(realpath $(NVCC)))../lib64
 ifeq ($(GPU),cuda)
-GPUCC := $(NVCC) -std=c++17 -O3 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+GPUCC    := $(NVCC) -std=c++17 -O3 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+GPU_LIBS := -L$(CUDA_LIB) -lcudart_static -lrt
 else ifeq ($(GPU),hip)
-GPUCC := hipcc -std=c++17 -O3 -Wall -Wextra -Werror -Wno-unused-parameter
+GPUCC    := $(HIPCC) --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Wall -Wextra -Werror -Wno-unused-parameter
+GPU_LIBS := -lamdhip64
+# HIP marks every runtime call nodiscard; the device tests free and time without checking each
+GPU_TEST_FLAGS := -Wno-unused-result
+# .cu is not a HIP suffix for clang: name the language for the source only
+GPU_X    := -x hip
+GPU_XEND := -x none
 endif
 BG       ?= $(B)/gpu-$(GPU)
 GPU_SRC  := $(sort $(wildcard kernels/*.cu))
 GPU_OBJ  := $(GPU_SRC:kernels/%.cu=$(BG)/%.o)
 GPU_TEST := $(patsubst tests/gpu/%.cu,$(BG)/%,$(sort $(wildcard tests/gpu/test_*.cu)))
 GPU_HDRS := $(wildcard kernels/*.h kernels/*.cuh tests/gpu/*.h) common/err.h common/mxfp4_format.h
+GLIB_OBJ := $(LIB_SRC:%.c=$(BG)/obj/%.o)
+GCLI_OBJ := $(CLI_SRC:%.c=$(BG)/obj/%.o)
 
 $(BG)/%.o: kernels/%.cu $(GPU_HDRS)
 	@mkdir -p $(BG)
-	$(GPUCC) -I. -c $< -o $@
+	$(GPUCC) -I. -c $(GPU_X) $< -o $@
+
+$(BG)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) $(CFLAGS) $(CPPFLAGS) -DKL_GPU=1 -c $< -o $@
+
+$(BG)/kl: $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ)
+	$(CXX) -o $@ $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ) -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 \
+	  -Wl,-Bdynamic -lcjson $(GPU_LIBS) -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
+	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BG)/
 
 # device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err
 $(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS)
-	$(GPUCC) -I. -o $@ $< $(GPU_OBJ) $(B)/libkl.a -lm
+	$(GPUCC) $(GPU_TEST_FLAGS) -I. -o $@ $(GPU_X) $< $(GPU_XEND) $(GPU_OBJ) $(B)/libkl.a -lm
 
-.SECONDARY: $(GPU_OBJ)
+.SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)
 gpu: $(GPU_TEST)
 	@[ -n "$(GPU)" ] || { echo "make gpu: say GPU=cuda or GPU=hip"; exit 2; }
 

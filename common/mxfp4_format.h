@@ -3,9 +3,9 @@
  *
  * The one definition of the format for every part of kl: the quantizer (convert/mxfp4.c, which
  * adds the scale rules), the CPU kernels (engine/matvec.c), verification, and the GPU kernels
- * (kernels/, CUDA).  Header only: static inline, plain C that also compiles as C++/CUDA (KL_HD
- * marks the functions __host__ __device__ under nvcc), no library call but memcpy, no tables
- * outside a function.
+ * (kernels/, CUDA and HIP).  Header only: static inline, plain C that also compiles as C++,
+ * CUDA and HIP (KL_HD marks the functions __host__ __device__ under nvcc and hipcc), no library
+ * call but memcpy, no tables outside a function.
  *
  * Layout (compressed-tensors "mxfp4-pack-quantized", as gpt-oss and OCP-based converters):
  *   packed[i/2]: element 2i in the LOW nibble, element 2i+1 in the HIGH nibble;
@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define KL_HD __host__ __device__
 #else
 #define KL_HD

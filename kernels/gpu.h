@@ -39,6 +39,27 @@
 #define hipEventSynchronize     cudaEventSynchronize
 #define hipEventElapsedTime     cudaEventElapsedTime
 #define hipEventDestroy         cudaEventDestroy
+#define hipSetDevice            cudaSetDevice
+#define hipDeviceProp_t         cudaDeviceProp
+#define hipGetDeviceProperties  cudaGetDeviceProperties
+#define hipMemGetInfo           cudaMemGetInfo
+#define hipMemsetAsync          cudaMemsetAsync
+#define hipHostMalloc           cudaHostAlloc
+#define hipHostMallocDefault    cudaHostAllocDefault
+#define hipHostFree             cudaFreeHost
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamNonBlocking    cudaStreamNonBlocking
+#define hipStreamDestroy        cudaStreamDestroy
+#define hipStreamSynchronize    cudaStreamSynchronize
+#define hipStreamBeginCapture   cudaStreamBeginCapture
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipStreamEndCapture     cudaStreamEndCapture
+#define hipGraph_t              cudaGraph_t
+#define hipGraphExec_t          cudaGraphExec_t
+#define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define hipGraphLaunch          cudaGraphLaunch
+#define hipGraphDestroy         cudaGraphDestroy
+#define hipGraphExecDestroy     cudaGraphExecDestroy
 #endif
 
 #include "common/err.h"

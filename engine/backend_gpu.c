@@ -1,0 +1,739 @@
+/*
+ * engine/backend_gpu.c — the GPU backend of engine/backend.h on one device.
+ *
+ * At creation every weight of the host model is copied to device memory in the kinds it is
+ * stored in (BF16, F32, MXFP4), each layer's routed experts stacked per role ([E, out, in] and
+ * [E, out, in/32] scales, kernels/gpu_api.h kl_gpu_stack), small vectors as fp32.  Per slot the
+ * backend keeps, for every KDA layer, the conv windows and the fp32 delta-rule state (pools of
+ * max_slots entries allocated up front) and, for every MLA layer, a latent cache of fp32 rows
+ * that doubles when a chunk needs more room.
+ *
+ * Every operation enqueues kernels (kernels/) on one stream and returns; head() and end()
+ * are the only points that wait.  Scratch for one chunk of up to max_tokens tokens is allocated
+ * once.  In a build without GPU support the file compiles to the refusal at the bottom.
+ */
+#include "engine/backend.h"
+
+#include "engine/model.h"
+
+#ifdef KL_GPU
+
+#include "common/mem.h"
+#include "kernels/dense.h"
+#include "kernels/kda.h"
+#include "kernels/mla.h"
+#include "kernels/moe.h"
+#include "kernels/runtime.h"
+
+#include <string.h>
+
+#define GPU_CHUNK 64u   /* tokens per chunk */
+#define GPU_SLOTS 8u    /* sequences held at once */
+#define MLA_CAP0  256u  /* initial rows of a slot's MLA cache */
+
+/* ------------------------------------------------------------------------------------------ */
+/* State                                                                                      */
+
+typedef struct gpu_layer {
+    kl_gpu_mat   w[KL_ROLE_COUNT];   /* matrices by role (KL_GPU_W_NONE if absent) */
+    float       *vec[KL_ROLE_COUNT]; /* fp32 vectors by role */
+    kl_gpu_stack ex[3];              /* routed experts: w1 (gate), w2 (down), w3 (up) */
+    float       *win, *state;        /* KDA: conv windows and delta-rule state, [slots] each */
+    float      **cache_h;            /* MLA: [slots] device row pointers (host copy) */
+    float      **cache_d;            /* MLA: the same array on the device */
+} gpu_layer;
+
+typedef struct gpu_dims {
+    uint32_t hidden, vocab;
+    uint32_t kh, kd, kD, kw;         /* KDA heads, head dim, heads*dim, conv kernel */
+    uint32_t nh, dn, dr, dv, R;      /* MLA */
+    uint32_t E, topk, inter;         /* routed experts, per token, intermediate */
+    uint32_t wide, low, ffn;         /* widest projection, low-rank output, FFN intermediate */
+} gpu_dims;
+
+/* Host-side description of the chunk in flight (its device twin: dev_tok). */
+enum { TOK_IDS, TOK_SLOT, TOK_POS, TOK_RUN_START, TOK_RUN_SLOT, TOK_ARRAYS };
+
+typedef struct gpu_be {
+    kl_backend    base;
+    kl_gpu_stream st;
+    gpu_dims      d;
+    gpu_layer    *L;
+    kl_gpu_mat    embed, lm_head;
+    float        *final_norm;
+    size_t        win_stride, state_stride;   /* floats per slot in the KDA pools */
+    size_t       *mla_cap;                    /* [slots] rows allocated per MLA cache */
+    uint8_t      *open;                       /* [slots] */
+    void        **allocs;                     /* device buffers owned (freed at destroy) */
+    size_t        n_allocs, cap_allocs;
+    /* the chunk */
+    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of GPU_CHUNK + 1 */
+    uint32_t     *dev_tok;
+    kl_gpu_tokens tok;
+    uint32_t      n_want, want[GPU_CHUNK];
+    uint32_t      run_len[GPU_CHUNK];
+    /* scratch */
+    float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
+    float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch;
+    int32_t  *idx;
+    uint32_t *amax;
+    size_t    mla_scratch_floats;
+} gpu_be;
+
+static gpu_be *impl(kl_backend *be)
+{
+    return (gpu_be *)be->impl;
+}
+
+/* Device allocation recorded for destroy. */
+static int dev_alloc(gpu_be *g, void **p, size_t bytes, kl_err *err)
+{
+    if (g->n_allocs == g->cap_allocs) {
+        size_t cap = g->cap_allocs ? 2 * g->cap_allocs : 256;
+        void **a = kl_realloc(g->allocs, cap * sizeof *a);
+        if (!a)
+            return kl_fail(err, KL_E_NOMEM, "out of memory");
+        g->allocs = a;
+        g->cap_allocs = cap;
+    }
+    int rc = kl_gpu_alloc(p, bytes, err);
+    if (!rc)
+        g->allocs[g->n_allocs++] = *p;
+    return rc;
+}
+
+static int dev_floats(gpu_be *g, float **p, size_t n, kl_err *err)
+{
+    return dev_alloc(g, (void **)p, n * sizeof(float), err);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Upload                                                                                     */
+
+static kl_gpu_wkind gpu_kind(kl_wkind k)
+{
+    switch (k) {
+    case KL_W_F32: return KL_GPU_W_F32;
+    case KL_W_BF16: return KL_GPU_W_BF16;
+    case KL_W_MXFP4: return KL_GPU_W_MXFP4;
+    default: return KL_GPU_W_NONE;
+    }
+}
+
+/* Bytes of the value payload (data or packed codes) and of the scales of one matrix. */
+static void payload_bytes(const kl_wmat *w, size_t *data, size_t *scale)
+{
+    *scale = w->kind == KL_W_MXFP4 ? (size_t)(w->rows * (w->cols / 32)) : 0;
+    *data = (size_t)kl_wmat_bytes(w) - *scale;
+}
+
+static const void *payload(const kl_wmat *w)
+{
+    return w->kind == KL_W_MXFP4 ? (const void *)w->packed : w->data;
+}
+
+/* n matrices of one shape and kind into one stacked device matrix (n = 1: a plain copy). */
+static int upload_stack(gpu_be *g, const kl_wmat *w, uint32_t n, kl_gpu_mat *out, kl_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (w[0].kind == KL_W_NONE)
+        return 0;
+    size_t db, sb;
+    payload_bytes(&w[0], &db, &sb);
+    uint8_t *dd = NULL, *sd = NULL;
+    int rc = dev_alloc(g, (void **)&dd, db * n, err);
+    if (!rc && sb)
+        rc = dev_alloc(g, (void **)&sd, sb * n, err);
+    for (uint32_t e = 0; !rc && e < n; e++) {
+        if (w[e].kind != w[0].kind || w[e].rows != w[0].rows || w[e].cols != w[0].cols)
+            return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in kind or "
+                           "shape (expert %u)", e);
+        rc = kl_gpu_h2d(dd + e * db, payload(&w[e]), db, g->st, err);
+        if (!rc && sb)
+            rc = kl_gpu_h2d(sd + e * sb, w[e].scale, sb, g->st, err);
+    }
+    if (rc)
+        return rc;
+    *out = (kl_gpu_mat){gpu_kind(w[0].kind), (uint32_t)w[0].rows, (uint32_t)w[0].cols,
+                        sd ? NULL : dd, sd ? dd : NULL, sd};
+    return kl_gpu_stream_sync(g->st, err);   /* the host buffers may go after this */
+}
+
+static int upload_floats(gpu_be *g, const float *src, size_t n, float **out, kl_err *err)
+{
+    int rc = dev_floats(g, out, n, err);
+    if (!rc)
+        rc = kl_gpu_h2d(*out, src, n * sizeof *src, g->st, err);
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    return rc;
+}
+
+static int upload_layer(gpu_be *g, const kl_layer *hl, gpu_layer *gl, kl_err *err)
+{
+    int rc = 0;
+    for (int r = 0; !rc && r < KL_ROLE_COUNT; r++) {
+        const kl_wmat *w = &hl->w[r];
+        if (w->kind == KL_W_NONE)
+            continue;
+        if (hl->vec[r])
+            rc = upload_floats(g, hl->vec[r], (size_t)(w->rows * w->cols), &gl->vec[r], err);
+        else
+            rc = upload_stack(g, w, 1, &gl->w[r], err);
+    }
+    for (int i = 0; !rc && i < 3 && hl->moe && hl->experts[i]; i++) {
+        rc = upload_stack(g, hl->experts[i], g->d.E, &gl->ex[i].m, err);
+        gl->ex[i].n = g->d.E;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dimensions, pools, scratch                                                                 */
+
+static uint32_t max2u(uint32_t a, uint32_t b)
+{
+    return a > b ? a : b;
+}
+
+static uint32_t max_rows(const kl_model *m, kl_role r)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        n = max2u(n, (uint32_t)m->layers[l].w[r].rows);
+    return n;
+}
+
+static void get_dims(const kl_model *m, gpu_dims *d)
+{
+    const kl_config *c = &m->cfg;
+    *d = (gpu_dims){.hidden = c->hidden_size, .vocab = c->vocab_size, .kh = c->kda_num_heads,
+                    .kd = c->kda_head_dim, .kw = c->kda_conv_kernel,
+                    .nh = c->num_attention_heads, .dn = c->qk_nope_head_dim,
+                    .dr = c->qk_rope_head_dim, .dv = c->v_head_dim, .R = c->kv_lora_rank,
+                    .E = c->num_experts, .topk = c->num_experts_per_token};
+    d->kD = d->kh * d->kd;
+    static const kl_role wide_roles[] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V,
+                                         KL_ROLE_KDA_F_B, KL_ROLE_KDA_G_B, KL_ROLE_MLA_Q};
+    d->wide = max2u(d->kD, max2u(d->nh * (d->dn + d->dr), d->nh * d->dv));
+    for (size_t i = 0; i < sizeof wide_roles / sizeof *wide_roles; i++)
+        d->wide = max2u(d->wide, max_rows(m, wide_roles[i]));
+    d->low = max2u(d->R + d->dr,
+                   max2u(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
+    d->ffn = max2u(max_rows(m, KL_ROLE_MLP_GATE), max_rows(m, KL_ROLE_SHARED_GATE));
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        if (m->layers[l].moe && m->layers[l].experts[0])
+            d->inter = max2u(d->inter, (uint32_t)m->layers[l].experts[0][0].rows);
+}
+
+static int alloc_scratch(gpu_be *g, kl_err *err)
+{
+    const gpu_dims *d = &g->d;
+    size_t T = GPU_CHUNK, H = d->hidden, W = d->wide;
+    struct { float **p; size_t n; } t[] = {
+        {&g->x, T * H}, {&g->xn, T * H}, {&g->y, T * H}, {&g->q, T * W}, {&g->k, T * W},
+        {&g->v, T * W}, {&g->f, T * W}, {&g->g, T * W}, {&g->o, T * W}, {&g->lr, T * d->low},
+        {&g->lr2, T * d->low}, {&g->beta, T * max2u(d->kh, 1)}, {&g->h1, T * max2u(d->ffn, 1)},
+        {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
+        {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
+        {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(GPU_CHUNK, d->topk, d->inter, H)
+                                  : 1},
+    };
+    int rc = 0;
+    for (size_t i = 0; !rc && i < sizeof t / sizeof *t; i++)
+        rc = dev_floats(g, t[i].p, t[i].n ? t[i].n : 1, err);
+    if (!rc)
+        rc = dev_alloc(g, (void **)&g->idx, T * max2u(d->topk, 1) * sizeof *g->idx, err);
+    if (!rc)
+        rc = dev_alloc(g, (void **)&g->amax, T * sizeof *g->amax, err);
+    if (!rc)
+        rc = dev_alloc(g, (void **)&g->dev_tok, TOK_ARRAYS * (T + 1) * sizeof(uint32_t), err);
+    if (!rc)
+        rc = kl_gpu_host_alloc((void **)&g->host_tok, TOK_ARRAYS * (T + 1) * sizeof(uint32_t),
+                               err);
+    return rc;
+}
+
+/* KDA pools for every slot, and the MLA pointer tables (caches come at the first chunk). */
+static int alloc_pools(gpu_be *g, kl_err *err)
+{
+    const gpu_dims *d = &g->d;
+    const kl_model *m = g->base.m;
+    g->win_stride = (size_t)3 * d->kD * (d->kw > 1 ? d->kw - 1 : 1);
+    g->state_stride = (size_t)d->kh * d->kd * d->kd;
+    int rc = 0;
+    for (uint32_t l = 0; !rc && l < m->cfg.num_hidden_layers; l++) {
+        gpu_layer *gl = &g->L[l];
+        if (m->layers[l].attn == KL_ATTN_KDA) {
+            rc = dev_floats(g, &gl->win, GPU_SLOTS * g->win_stride, err);
+            if (!rc)
+                rc = dev_floats(g, &gl->state, GPU_SLOTS * g->state_stride, err);
+            continue;
+        }
+        gl->cache_h = kl_calloc(GPU_SLOTS, sizeof *gl->cache_h);
+        if (!gl->cache_h)
+            return kl_fail(err, KL_E_NOMEM, "out of memory");
+        rc = dev_alloc(g, (void **)&gl->cache_d, GPU_SLOTS * sizeof *gl->cache_d, err);
+        if (!rc)
+            rc = kl_gpu_memset(gl->cache_d, 0, GPU_SLOTS * sizeof *gl->cache_d, g->st, err);
+    }
+    return rc;
+}
+
+/* Grows slot s's MLA caches to hold need rows (doubling), keeping the rows it holds. */
+static int reserve_mla(gpu_be *g, uint32_t s, size_t need, kl_err *err)
+{
+    if (g->mla_cap[s] >= need)
+        return 0;
+    size_t cap = g->mla_cap[s] ? g->mla_cap[s] : MLA_CAP0;
+    while (cap < need)
+        cap *= 2;
+    size_t row = (size_t)g->d.R + g->d.dr, keep = g->base.slot_len[s];
+    const kl_model *m = g->base.m;
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        gpu_layer *gl = &g->L[l];
+        if (m->layers[l].attn != KL_ATTN_MLA)
+            continue;
+        float *c = NULL;
+        int rc = kl_gpu_alloc((void **)&c, cap * row * sizeof *c, err);
+        if (!rc && keep)
+            rc = kl_gpu_d2d(c, gl->cache_h[s], keep * row * sizeof *c, g->st, err);
+        if (!rc)
+            rc = kl_gpu_h2d(gl->cache_d + s, &c, sizeof c, g->st, err);
+        if (!rc)
+            rc = kl_gpu_stream_sync(g->st, err);   /* before the old rows go, and &c */
+        if (rc) {
+            kl_gpu_free(c);
+            return rc;
+        }
+        kl_gpu_free(gl->cache_h[s]);
+        gl->cache_h[s] = c;
+    }
+    g->mla_cap[s] = cap;
+    return 0;
+}
+
+/* MLA attention scratch for the chunk's longest span. */
+static int reserve_mla_scratch(gpu_be *g, kl_err *err)
+{
+    kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
+    size_t need = kl_gpu_mla_scratch(&md, g->tok.n, g->tok.max_span);
+    if (need <= g->mla_scratch_floats)
+        return 0;
+    size_t cap = g->mla_scratch_floats ? g->mla_scratch_floats : need;
+    while (cap < need)
+        cap *= 2;
+    kl_gpu_free(g->mla_scratch);
+    g->mla_scratch = NULL;
+    g->mla_scratch_floats = 0;
+    int rc = kl_gpu_alloc((void **)&g->mla_scratch, cap * sizeof(float), err);
+    if (!rc)
+        g->mla_scratch_floats = cap;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Slots                                                                                      */
+
+static int zero_slot(gpu_be *g, uint32_t s, kl_err *err)
+{
+    const kl_model *m = g->base.m;
+    int rc = 0;
+    for (uint32_t l = 0; !rc && l < m->cfg.num_hidden_layers; l++) {
+        gpu_layer *gl = &g->L[l];
+        if (!gl->win)
+            continue;
+        rc = kl_gpu_memset(gl->win + s * g->win_stride, 0, g->win_stride * sizeof(float),
+                           g->st, err);
+        if (!rc)
+            rc = kl_gpu_memset(gl->state + s * g->state_stride, 0,
+                               g->state_stride * sizeof(float), g->st, err);
+    }
+    g->base.slot_len[s] = 0;
+    return rc;
+}
+
+static int gpu_slot_open(kl_backend *be, uint32_t *slot, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    for (uint32_t s = 0; s < be->max_slots; s++) {
+        if (g->open[s])
+            continue;
+        int rc = zero_slot(g, s, err);
+        if (rc)
+            return rc;
+        g->open[s] = 1;
+        *slot = s;
+        return 0;
+    }
+    return kl_fail(err, KL_E_NOMEM, "all %u GPU sequence slots are in use", be->max_slots);
+}
+
+static void gpu_slot_close(kl_backend *be, uint32_t slot)
+{
+    impl(be)->open[slot] = 0;
+}
+
+static void gpu_slot_reset(kl_backend *be, uint32_t slot)
+{
+    kl_err e;
+    kl_err_clear(&e);
+    (void)zero_slot(impl(be), slot, &e);   /* a memset fails only with a broken device */
+}
+
+static int gpu_slot_copy(kl_backend *be, uint32_t dst, uint32_t src, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    size_t n = be->slot_len[src], row = (size_t)g->d.R + g->d.dr;
+    int rc = reserve_mla(g, dst, n, err);
+    for (uint32_t l = 0; !rc && l < be->m->cfg.num_hidden_layers; l++) {
+        gpu_layer *gl = &g->L[l];
+        if (gl->win) {
+            rc = kl_gpu_d2d(gl->win + dst * g->win_stride, gl->win + src * g->win_stride,
+                            g->win_stride * sizeof(float), g->st, err);
+            if (!rc)
+                rc = kl_gpu_d2d(gl->state + dst * g->state_stride,
+                                gl->state + src * g->state_stride,
+                                g->state_stride * sizeof(float), g->st, err);
+        } else if (n) {
+            rc = kl_gpu_d2d(gl->cache_h[dst], gl->cache_h[src], n * row * sizeof(float), g->st,
+                            err);
+        }
+    }
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    if (!rc)
+        be->slot_len[dst] = n;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The chunk                                                                                  */
+
+static uint32_t *tok_array(uint32_t *base, int which)
+{
+    return base + (size_t)which * (GPU_CHUNK + 1);
+}
+
+/* Runs, positions and wanted rows of the chunk into host_tok and g->tok (host counts). */
+static void describe_chunk(gpu_be *g, const kl_batch *c)
+{
+    uint32_t *ids = tok_array(g->host_tok, TOK_IDS), *ts = tok_array(g->host_tok, TOK_SLOT);
+    uint32_t *tp = tok_array(g->host_tok, TOK_POS);
+    uint32_t *rs = tok_array(g->host_tok, TOK_RUN_START);
+    uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    kl_gpu_tokens *t = &g->tok;
+    t->n = (uint32_t)c->n;
+    t->n_runs = t->max_run = t->max_span = 0;
+    g->n_want = 0;
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t s = c->slot[i];
+        if (i == 0 || s != c->slot[i - 1]) {
+            rs[t->n_runs] = i;
+            rsl[t->n_runs] = s;
+            g->run_len[t->n_runs++] = 0;
+        }
+        uint32_t r = t->n_runs - 1;
+        ids[i] = c->ids[i];
+        ts[i] = s;
+        tp[i] = (uint32_t)g->base.slot_len[s] + g->run_len[r]++;
+        t->max_run = max2u(t->max_run, g->run_len[r]);
+        t->max_span = max2u(t->max_span, tp[i] + 1);
+        if (c->want ? c->want[i] : i + 1 == t->n)
+            g->want[g->n_want++] = i;
+    }
+    rs[t->n_runs] = t->n;
+    t->tok_slot = tok_array(g->dev_tok, TOK_SLOT);
+    t->tok_pos = tok_array(g->dev_tok, TOK_POS);
+    t->run_start = tok_array(g->dev_tok, TOK_RUN_START);
+    t->run_slot = tok_array(g->dev_tok, TOK_RUN_SLOT);
+}
+
+static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    if (c->n > GPU_CHUNK)
+        return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, GPU_CHUNK);
+    int rc = kl_gpu_stream_sync(g->st, err);   /* host_tok may still feed the last chunk */
+    if (rc)
+        return rc;
+    describe_chunk(g, c);
+    for (uint32_t r = 0; !rc && r < g->tok.n_runs; r++) {
+        uint32_t s = tok_array(g->host_tok, TOK_RUN_SLOT)[r];
+        rc = reserve_mla(g, s, be->slot_len[s] + g->run_len[r], err);
+    }
+    if (!rc)
+        rc = reserve_mla_scratch(g, err);
+    if (!rc)
+        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (GPU_CHUNK + 1) * sizeof(uint32_t),
+                        g->st, err);
+    if (!rc)
+        rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
+                          err);
+    return rc;
+}
+
+static const float *norm_weight(gpu_be *g, kl_norm_which which, uint32_t layer)
+{
+    switch (which) {
+    case KL_NORM_INPUT: return g->L[layer].vec[KL_ROLE_INPUT_NORM];
+    case KL_NORM_POST: return g->L[layer].vec[KL_ROLE_POST_ATTN_NORM];
+    default: return g->final_norm;
+    }
+}
+
+static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    return kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
+                              g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st, err);
+}
+
+static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
+{
+    return norm_op(be, which, layer, 0, err);
+}
+
+static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
+{
+    return norm_op(be, which, layer, 1, err);
+}
+
+/* y [n, rows] = x [n, cols] Wᵀ for the chunk's tokens */
+static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
+{
+    return kl_gpu_matmul(w, x, g->tok.n, y, g->st, err);
+}
+
+static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    gpu_layer *L = &g->L[layer];
+    const gpu_dims *d = &g->d;
+    int rc = mm(g, &L->w[KL_ROLE_KDA_Q], g->xn, g->q, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_K], g->xn, g->k, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_V], g->xn, g->v, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_A], g->xn, g->lr, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_B], g->xn, g->beta, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_A], g->xn, g->lr2, err);
+    if (!rc) {
+        kl_gpu_kda_conv_args ca = {
+            .qkv = {g->q, g->k, g->v},
+            .taps = {L->vec[KL_ROLE_KDA_Q_CONV], L->vec[KL_ROLE_KDA_K_CONV],
+                     L->vec[KL_ROLE_KDA_V_CONV]},
+            .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
+        rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
+    }
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_B], g->lr, g->f, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], g->lr2, g->g, err);
+    if (!rc) {
+        kl_gpu_kda_recur_args ra = {
+            .q = g->q, .k = g->k, .v = g->v, .f = g->f, .beta_logit = g->beta, .gate = g->g,
+            .a_log = L->vec[KL_ROLE_KDA_A_LOG], .dt_bias = L->vec[KL_ROLE_KDA_DT_BIAS],
+            .o_norm = L->vec[KL_ROLE_KDA_O_NORM], .eps = (float)be->m->cfg.rms_norm_eps,
+            .H = d->kh, .K = d->kd, .state = L->state, .state_stride = g->state_stride,
+            .o = g->o};
+        rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
+    }
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);
+    return rc;
+}
+
+static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    gpu_layer *L = &g->L[layer];
+    kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
+    int rc = mm(g, &L->w[KL_ROLE_MLA_Q], g->xn, g->q, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_KV_A], g->xn, g->lr, err);
+    if (!rc) {
+        kl_gpu_mla_append_args aa = {md, g->lr, L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
+        rc = kl_gpu_mla_append(&aa, &g->tok, g->st, err);
+    }
+    if (!rc) {
+        kl_gpu_mla_attend_args at = {md, g->q, &L->w[KL_ROLE_MLA_KV_B],
+                                     (const float *const *)L->cache_d, g->mla_scratch, g->o};
+        rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
+    }
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err);
+    return rc;
+}
+
+/* y = down(SiLU(gate x) ⊙ (up x)) for the chunk, h1/h2 as scratch */
+static int glu(gpu_be *g, const kl_gpu_mat *gate, const kl_gpu_mat *up, const kl_gpu_mat *down,
+               float *h1, float *h2, kl_err *err)
+{
+    int rc = mm(g, gate, g->xn, h1, err);
+    if (!rc) rc = mm(g, up, g->xn, h2, err);
+    if (!rc) rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * gate->rows, g->st, err);
+    if (!rc) rc = mm(g, down, h1, g->y, err);
+    return rc;
+}
+
+static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    gpu_layer *L = &g->L[layer];
+    return glu(g, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN], g->h1,
+               g->h2, err);
+}
+
+static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    gpu_layer *L = &g->L[layer];
+    const kl_config *c = &be->m->cfg;
+    int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
+    int rc = mm(g, &L->w[KL_ROLE_ROUTER], g->xn, g->router, err);
+    if (!rc) {
+        kl_gpu_route_args ra = {
+            .logits = g->router, .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
+            .n_experts = g->d.E, .top_k = g->d.topk,
+            .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
+            .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
+            .idx = g->idx, .wt = g->wt};
+        rc = kl_gpu_route(&ra, g->st, err);
+    }
+    if (!rc && shared)
+        rc = glu(g, &L->w[KL_ROLE_SHARED_GATE], &L->w[KL_ROLE_SHARED_UP],
+                 &L->w[KL_ROLE_SHARED_DOWN], g->h1, g->h2, err);
+    if (!rc) {
+        kl_gpu_experts_args ea = {
+            .w1 = &L->ex[0], .w2 = &L->ex[1], .w3 = &L->ex[2], .x = g->xn, .n = g->tok.n,
+            .top_k = g->d.topk, .idx = g->idx, .wt = g->wt, .scratch = g->ex_scratch, .y = g->y,
+            .add_to_y = shared};
+        rc = kl_gpu_experts(&ea, g->st, err);
+    }
+    return rc;
+}
+
+static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    size_t H = g->d.hidden, V = g->d.vocab;
+    int rc = 0;
+    /* the wanted rows of xn, packed */
+    for (uint32_t i = 0; !rc && i < g->n_want; i++)
+        rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
+                        err);
+    if (!rc && g->n_want)
+        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
+    if (!rc && argmax && g->n_want)
+        rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
+    if (!rc && logits && g->n_want)
+        rc = kl_gpu_d2h(logits, g->logits, (size_t)g->n_want * V * sizeof(float), g->st, err);
+    if (!rc && argmax && g->n_want)
+        rc = kl_gpu_d2h(argmax, g->amax, g->n_want * sizeof *argmax, g->st, err);
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    return rc;
+}
+
+static int gpu_end(kl_backend *be, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    int rc = kl_gpu_stream_sync(g->st, err);
+    if (rc)
+        return rc;
+    const uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    for (uint32_t r = 0; r < g->tok.n_runs; r++)
+        be->slot_len[rsl[r]] += g->run_len[r];
+    return 0;
+}
+
+static void gpu_destroy(kl_backend *be)
+{
+    gpu_be *g = impl(be);
+    if (!g)
+        return;
+    if (g->L) {
+        for (uint32_t l = 0; l < be->m->cfg.num_hidden_layers; l++) {
+            for (uint32_t s = 0; g->L[l].cache_h && s < GPU_SLOTS; s++)
+                kl_gpu_free(g->L[l].cache_h[s]);
+            kl_free(g->L[l].cache_h);
+        }
+    }
+    for (size_t i = 0; i < g->n_allocs; i++)
+        kl_gpu_free(g->allocs[i]);
+    kl_gpu_free(g->mla_scratch);
+    kl_gpu_host_free(g->host_tok);
+    kl_gpu_stream_destroy(g->st);
+    kl_free(g->allocs);
+    kl_free(g->L);
+    kl_free(g->mla_cap);
+    kl_free(g->open);
+    kl_free(be->slot_len);
+    kl_free(g);
+}
+
+static const kl_backend_ops gpu_ops = {
+    .slot_open = gpu_slot_open, .slot_close = gpu_slot_close, .slot_reset = gpu_slot_reset,
+    .slot_copy = gpu_slot_copy, .begin = gpu_begin, .norm = gpu_norm, .add_norm = gpu_add_norm,
+    .kda = gpu_kda, .mla = gpu_mla, .moe = gpu_moe, .mlp = gpu_mlp, .head = gpu_head,
+    .end = gpu_end, .destroy = gpu_destroy,
+};
+
+static int upload_model(gpu_be *g, kl_err *err)
+{
+    const kl_model *m = g->base.m;
+    int rc = upload_stack(g, &m->embed, 1, &g->embed, err);
+    if (!rc && m->lm_head.data == m->embed.data)
+        g->lm_head = g->embed;
+    else if (!rc)
+        rc = upload_stack(g, &m->lm_head, 1, &g->lm_head, err);
+    if (!rc)
+        rc = upload_floats(g, m->final_norm, g->d.hidden, &g->final_norm, err);
+    for (uint32_t l = 0; !rc && l < m->cfg.num_hidden_layers; l++)
+        rc = upload_layer(g, &m->layers[l], &g->L[l], err);
+    return rc;
+}
+
+int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
+    *out = NULL;
+    if (kl_gpu_device_count() < 1)
+        return kl_fail(err, KL_E_UNSUPPORTED, "no GPU found (use --device cpu)");
+    gpu_be *g = kl_calloc(1, sizeof *g);
+    if (!g)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = GPU_CHUNK,
+                           .max_slots = GPU_SLOTS, .impl = g};
+    get_dims(m, &g->d);
+    g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
+    g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
+    g->open = kl_calloc(GPU_SLOTS, sizeof *g->open);
+    g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
+    int rc = 0;
+    if (!g->L || !g->mla_cap || !g->open || !g->base.slot_len)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (!rc)
+        rc = kl_gpu_device_open(0, NULL, 0, err);
+    if (!rc)
+        rc = kl_gpu_stream_create(&g->st, err);
+    if (!rc)
+        rc = upload_model(g, err);
+    if (!rc)
+        rc = alloc_pools(g, err);
+    if (!rc)
+        rc = alloc_scratch(g, err);
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    if (rc) {
+        gpu_destroy(&g->base);
+        return rc;
+    }
+    *out = &g->base;
+    return 0;
+}
+
+#else /* no GPU support in this build */
+
+int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
+    (void)m;
+    *out = NULL;
+    return kl_fail(err, KL_E_UNSUPPORTED, "this kl was built without GPU support (build it "
+                   "with make GPU=cuda or make GPU=hip)");
+}
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * kernels/runtime.h — the GPU runtime as engine/ and cli/ see it: devices, memory, copies,
+ * streams, timing and graphs, behind plain C names (no runtime header needed to include this).
+ * Conventions: kernels/gpu_api.h (0 or a KL_E_GPU / KL_E_NOMEM error with the runtime's
+ * message).  In a build without GPU support (no GPU=cuda|hip) none of this is linked: callers
+ * are compiled only under KL_GPU.
+ */
+#ifndef KL_KERNELS_RUNTIME_H
+#define KL_KERNELS_RUNTIME_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kl_gpu_graph_s *kl_gpu_graph;   /* an instantiated (executable) graph */
+
+/* Devices visible to this process (0 when there is no driver or no device: not an error). */
+int  kl_gpu_device_count(void);
+/* Makes dev current for this thread; name (may be NULL) receives its name. */
+int  kl_gpu_device_open(int dev, char *name, size_t name_len, kl_err *err);
+int  kl_gpu_mem_info(size_t *free_bytes, size_t *total_bytes, kl_err *err);
+
+/* Device memory: KL_E_NOMEM names the bytes asked and what the device has free. */
+int  kl_gpu_alloc(void **p, size_t bytes, kl_err *err);
+void kl_gpu_free(void *p);                         /* NULL ok */
+/* Page-locked host memory (copies from it run at the link's rate and asynchronously). */
+int  kl_gpu_host_alloc(void **p, size_t bytes, kl_err *err);
+void kl_gpu_host_free(void *p);                    /* NULL ok */
+
+/* Copies on a stream (h2d / d2h / d2d); asynchronous only when the host side is pinned. */
+int  kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
+int  kl_gpu_d2h(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
+int  kl_gpu_d2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
+int  kl_gpu_memset(void *dst, int byte, size_t bytes, kl_gpu_stream s, kl_err *err);
+
+int  kl_gpu_stream_create(kl_gpu_stream *s, kl_err *err);
+void kl_gpu_stream_destroy(kl_gpu_stream s);       /* NULL ok */
+int  kl_gpu_stream_sync(kl_gpu_stream s, kl_err *err);
+
+/* Milliseconds between two points of a stream: begin, enqueue work, then end (waits). */
+typedef struct kl_gpu_timer_s *kl_gpu_timer;
+int  kl_gpu_timer_begin(kl_gpu_timer *t, kl_gpu_stream s, kl_err *err);
+int  kl_gpu_timer_end(kl_gpu_timer t, kl_gpu_stream s, double *ms, kl_err *err); /* frees t */
+
+/* Graphs: everything enqueued on s between capture_begin and capture_end is recorded (not
+ * run) and instantiated into *g; kl_gpu_graph_launch replays it on s. */
+int  kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err);
+int  kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, kl_err *err);
+int  kl_gpu_graph_launch(kl_gpu_graph g, kl_gpu_stream s, kl_err *err);
+void kl_gpu_graph_destroy(kl_gpu_graph g);         /* NULL ok */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
