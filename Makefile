@@ -140,7 +140,7 @@ BG       ?= $(B)/gpu-$(GPU)
 GPU_SRC  := $(sort $(wildcard kernels/*.cu))
 GPU_OBJ  := $(GPU_SRC:kernels/%.cu=$(BG)/%.o)
 GPU_TEST := $(patsubst tests/gpu/%.cu,$(BG)/%,$(sort $(wildcard tests/gpu/test_*.cu)))
-GPU_HDRS := $(wildcard kernels/*.h) common/err.h common/mxfp4_format.h
+GPU_HDRS := $(wildcard kernels/*.h kernels/*.cuh tests/gpu/*.h) common/err.h common/mxfp4_format.h
 GLIB_OBJ := $(LIB_SRC:%.c=$(BG)/obj/%.o)
 GCLI_OBJ := $(CLI_SRC:%.c=$(BG)/obj/%.o)
 

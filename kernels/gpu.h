@@ -27,6 +27,8 @@
 #define hipFree                 cudaFree
 #define hipMemcpy               cudaMemcpy
 #define hipMemcpyAsync          cudaMemcpyAsync
+#define hipMemset               cudaMemset
+#define hipFuncSetAttribute     cudaFuncSetAttribute
 #define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
@@ -68,16 +70,21 @@
 
 #define KL_GPU_GROUP 32 /* lanes that reduce together (see the header comment) */
 
+/* v of the lane whose index within the group is this lane's XOR o (all lanes take part). */
+template <class T> __device__ static inline T kl_gpu_shfl_xor(T v, int o)
+{
+#if defined(__HIPCC__)
+    return __shfl_xor(v, o, KL_GPU_GROUP);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, o, KL_GPU_GROUP);
+#endif
+}
+
 /* Sum of v over the KL_GPU_GROUP lanes of a group, returned to every lane. */
 __device__ static inline float kl_gpu_group_sum(float v)
 {
-    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2) {
-#if defined(__HIPCC__)
-        v += __shfl_xor(v, o, KL_GPU_GROUP);
-#else
-        v += __shfl_xor_sync(0xffffffffu, v, o, KL_GPU_GROUP);
-#endif
-    }
+    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2)
+        v += kl_gpu_shfl_xor(v, o);
     return v;
 }
 

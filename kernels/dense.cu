@@ -1,0 +1,288 @@
+/*
+ * kernels/dense.cu — products, embedding, residual + RMSNorm, SiLU gating and arg-max on the
+ * GPU (see dense.h).
+ *
+ * kl_gpu_matmul: one group of 32 lanes per weight row (kernels/row_dot.cuh), KL_ROW_WARPS rows
+ * per block; tokens go in groups of NT = 1, 2, 4 or 8 (the smallest that holds n, 8 above),
+ * one group per grid row, so for n <= 8 each weight row is read once; per group every lane
+ * keeps NT partial sums.  The bytes moved are the weights' (x and y are small and cached).
+ */
+#include "kernels/dense.h"
+#include "kernels/row_dot.cuh"
+
+#include <math.h>
+
+#define THREADS      256
+#define ARGMAX_THREADS 1024
+#define MAX_GRID_Y   65535u
+
+/* ---- matmul ------------------------------------------------------------------------------ */
+
+/* G groups per row (G = 1, 2, 4 or 8: more for matrices of few rows, so enough loads are in
+ * flight), KL_ROW_WARPS / G rows per block; the groups' sums are added in group order. */
+template <int NT>
+__global__ static void __launch_bounds__(THREADS)
+    matmul_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, int vec, unsigned G)
+{
+    __shared__ float lut[16];
+    __shared__ float red[KL_ROW_WARPS][NT];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const size_t row = (size_t)blockIdx.x * (KL_ROW_WARPS / G) + wi / G;
+    const uint32_t t0 = blockIdx.y * NT;
+    const kl_row_x xs = {x + (size_t)t0 * w.cols, w.cols, n - t0 < NT ? n - t0 : NT};
+    float acc[NT] = {0.0f};
+    if (row < w.rows) /* the same for the whole group */
+        kl_row_dot<NT>(w, row, xs, vec, lut, wi % G * KL_GPU_GROUP + lane, G * KL_GPU_GROUP,
+                       acc);
+    if (G > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                red[wi][t] = acc[t];
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            acc[t] = 0.0f;
+            for (unsigned g = 0; g < G; g++)
+                acc[t] += red[wi / G * G + g][t];
+        }
+    }
+    if (row >= w.rows || lane != 0 || wi % G != 0)
+        return;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        if ((uint32_t)t < xs.nt)
+            y[(size_t)(t0 + t) * w.rows + row] = acc[t];
+}
+
+/* MXFP4, one token: each group does rpw consecutive rows, two at a time, x in registers. */
+template <int S>
+__global__ static void __launch_bounds__(THREADS)
+    matmul_mxfp4_xreg_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    const size_t r0 = ((size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP) * rpw;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP;
+    if (r0 >= w.rows)
+        return;
+    const size_t r1 = r0 + rpw < w.rows ? r0 + rpw : w.rows;
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, x, w.cols, lane);
+    for (size_t r = r0; r < r1; r += 2) {
+        const size_t rb = r + 1 < r1 ? r + 1 : r;
+        const uint8_t *rows[2] = {w.packed + r * (w.cols / 2), w.packed + rb * (w.cols / 2)};
+        const uint8_t *scales[2] = {w.scale + r * (w.cols / KL_MXFP4_BLOCK),
+                                    w.scale + rb * (w.cols / KL_MXFP4_BLOCK)};
+        float out[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, w.cols, xr, lut, lane, out);
+        if (lane == 0) {
+            y[r] = out[0];
+            y[rb] = out[1];
+        }
+    }
+}
+
+/* Rows per group of the register kernels: enough groups to fill the GPU (about 4096), at
+ * least 2 (rows go in pairs), at most 32. */
+static uint32_t rows_per_group(size_t rows)
+{
+    const size_t r = rows / 4096;
+    return r < 2 ? 2 : r > 32 ? 32 : (uint32_t)r;
+}
+
+static int matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
+{
+    const uint32_t rpw = rows_per_group(w->rows);
+    const size_t groups = (w->rows + rpw - 1) / rpw;
+    const unsigned blocks = (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+    kl_xreg_dispatch(kl_xreg_s(w->cols), [&](auto sc) {
+        matmul_mxfp4_xreg_kernel<decltype(sc)::value><<<blocks, THREADS, 0, st>>>(*w, x, y, rpw);
+    });
+    return 0;
+}
+
+extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                             kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(w, "matmul", err);
+    if (rc)
+        return rc;
+    if (!x || !y || n == 0)
+        return kl_fail(err, KL_E_USAGE, "matmul: x or y is NULL, or n is 0");
+    const int vec = kl_row_vec_ok(w, x, w->cols);
+    if (w->kind == KL_GPU_W_MXFP4 && !vec)
+        return kl_fail(err, KL_E_USAGE, "matmul: MXFP4 needs x 16-byte aligned");
+    hipStream_t st = (hipStream_t)s;
+    if (w->kind == KL_GPU_W_MXFP4 && n == 1 && kl_xreg_s(w->cols)) {
+        matmul_mxfp4_xreg(w, x, y, st);
+        return KL_GPU_CHECK(err, hipGetLastError());
+    }
+    const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    unsigned G = 1;
+    while (G < KL_ROW_WARPS && (size_t)w->rows * G < 4096)
+        G *= 2;
+    const unsigned per_block = KL_ROW_WARPS / G;
+    const dim3 grid((w->rows + per_block - 1) / per_block, (n + nt - 1) / nt);
+    if (grid.y > MAX_GRID_Y)
+        return kl_fail(err, KL_E_USAGE, "matmul: %u tokens is too many", n);
+    if (nt == 1)
+        matmul_kernel<1><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
+    else if (nt == 2)
+        matmul_kernel<2><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
+    else if (nt == 4)
+        matmul_kernel<4><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
+    else
+        matmul_kernel<8><<<grid, THREADS, 0, st>>>(*w, x, n, y, vec, G);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- embed ------------------------------------------------------------------------------- */
+
+/* Block t: row ids[t] of the table as fp32 (an id past the table gives NaN: visible). */
+__global__ static void embed_kernel(kl_gpu_mat tab, const uint32_t *ids, float *x)
+{
+    const uint32_t id = ids[blockIdx.x];
+    float *out = x + (size_t)blockIdx.x * tab.cols;
+    for (uint32_t c = threadIdx.x; c < tab.cols; c += blockDim.x) {
+        float v = __uint_as_float(0x7fc00000u);
+        if (id < tab.rows) {
+            const size_t i = (size_t)id * tab.cols + c;
+            v = tab.kind == KL_GPU_W_BF16 ? kl_bf16_f32(((const uint16_t *)tab.data)[i])
+                                          : ((const float *)tab.data)[i];
+        }
+        out[c] = v;
+    }
+}
+
+extern "C" int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,
+                            kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(table, "embed", err);
+    if (rc)
+        return rc;
+    if (table->kind == KL_GPU_W_MXFP4)
+        return kl_fail(err, KL_E_USAGE, "embed: the table must be F32 or BF16");
+    if (!ids || !x || n == 0 || n > 0x7fffffffu)
+        return kl_fail(err, KL_E_USAGE, "embed: ids or x is NULL, or n is 0 or too large");
+    embed_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(*table, ids, x);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- residual + RMSNorm ------------------------------------------------------------------ */
+
+/* Sum of v over the block (THREADS threads), on every thread; the groups' sums are added in
+ * group order by thread 0, so the result does not depend on timing. */
+__device__ static float block_sum(float v)
+{
+    __shared__ float part[THREADS / KL_GPU_GROUP];
+    __shared__ float total;
+    v = kl_gpu_group_sum(v);
+    if (threadIdx.x % KL_GPU_GROUP == 0)
+        part[threadIdx.x / KL_GPU_GROUP] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int g = 0; g < THREADS / KL_GPU_GROUP; g++)
+            s += part[g];
+        total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* Block r: row r of x (+= y), its mean square, then xn.  Each thread re-reads only the
+ * elements it wrote. */
+__global__ static void __launch_bounds__(THREADS)
+    add_rmsnorm_kernel(float *x, const float *y, const float *w, uint32_t h, float eps,
+                       float *xn)
+{
+    float *xr = x + (size_t)blockIdx.x * h;
+    const float *yr = y ? y + (size_t)blockIdx.x * h : NULL;
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < h; i += THREADS) {
+        float v = xr[i];
+        if (yr) {
+            v += yr[i];
+            xr[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)h + eps);
+    float *out = xn + (size_t)blockIdx.x * h;
+    for (uint32_t i = threadIdx.x; i < h; i += THREADS)
+        out[i] = w[i] * (xr[i] * inv);
+}
+
+extern "C" int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint32_t n,
+                                  uint32_t h, float eps, float *xn, kl_gpu_stream s, kl_err *err)
+{
+    if (!x || !w || !xn || n == 0 || h == 0 || n > 0x7fffffffu)
+        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: x, w or xn is NULL, or n or h is 0");
+    if (xn == x)
+        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: xn may not alias x");
+    add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, y, w, h, eps, xn);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- SiLU gating ------------------------------------------------------------------------- */
+
+__global__ static void silu_mul_kernel(float *a, const float *b, size_t count)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
+        const float z = a[i];
+        a[i] = z / (1.0f + expf(-z)) * b[i];
+    }
+}
+
+extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_stream s,
+                               kl_err *err)
+{
+    if (!a || !b || count == 0)
+        return kl_fail(err, KL_E_USAGE, "silu_mul: a or b is NULL, or count is 0");
+    size_t blocks = (count + THREADS - 1) / THREADS;
+    blocks = blocks > 65536 ? 65536 : blocks;
+    silu_mul_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(a, b, count);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- arg-max ----------------------------------------------------------------------------- */
+
+/* Block t: the index of the largest of logits[t] (ties: lowest; NaN skipped; all NaN: 0), as
+ * kl_sample_argmax.  Each thread scans a strided share, the groups reduce with shuffles, then
+ * thread 0 takes the best of the groups' bests. */
+__global__ static void __launch_bounds__(ARGMAX_THREADS)
+    argmax_kernel(const float *logits, uint32_t vocab, uint32_t *out)
+{
+    __shared__ kl_best group_best[ARGMAX_THREADS / KL_GPU_GROUP];
+    const float *l = logits + (size_t)blockIdx.x * vocab;
+    kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
+    for (uint32_t i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
+        const kl_best c = {l[i], i, 0.0f};
+        if (!isnan(c.v) && kl_best_above(c, b))
+            b = c;
+    }
+    b = kl_best_group(b);
+    if (threadIdx.x % KL_GPU_GROUP == 0)
+        group_best[threadIdx.x / KL_GPU_GROUP] = b;
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    for (int g = 1; g < ARGMAX_THREADS / KL_GPU_GROUP; g++)
+        if (kl_best_above(group_best[g], b))
+            b = group_best[g];
+    out[blockIdx.x] = b.i == UINT32_MAX ? 0 : b.i;
+}
+
+extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, uint32_t *out,
+                             kl_gpu_stream s, kl_err *err)
+{
+    if (!logits || !out || n == 0 || vocab == 0 || n > 0x7fffffffu)
+        return kl_fail(err, KL_E_USAGE, "argmax: logits or out is NULL, or n or vocab is 0");
+    argmax_kernel<<<n, ARGMAX_THREADS, 0, (hipStream_t)s>>>(logits, vocab, out);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}

@@ -1,0 +1,383 @@
+/*
+ * kernels/moe.cu — router top-k and the routed experts on the GPU (see moe.h).
+ *
+ * kl_gpu_route: one group of 32 lanes per token; lane l owns experts l, l + 32, ... (their
+ * scores in shared memory, touched by no other lane, so no barrier), and each of the top_k
+ * rounds is a group arg-max by shuffles (kl_best_group: ties to the lowest id).
+ *
+ * kl_gpu_experts, three launches, each slot (token t, choice k) on its own:
+ *   gate_up: a group per (slot, row of I): h[slot] = SiLU(w1_e x_t) ⊙ (w3_e x_t)
+ *   down:    a group per (slot, row of H): part[slot] = wt · (w2_e h[slot])
+ *   combine: a thread per (t, column): y_t (+)= Σ_k part[t, k] in k order (deterministic).
+ * Only the chosen experts' rows are read; a token's expert chosen twice (impossible from the
+ * router) or by two tokens is read once per slot.  Scratch: h [n·top_k, I] then part
+ * [n·top_k, H].  An expert id outside [0, E) gives NaN outputs instead of a stray read.
+ */
+#include "kernels/moe.h"
+#include "kernels/row_dot.cuh"
+
+#include <math.h>
+
+#define THREADS     256
+#define ROUTE_WARPS 4    /* tokens per router block */
+#define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
+#define ROUTE_MAX_K 64
+
+/* ---- router ------------------------------------------------------------------------------ */
+
+__global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
+    route_kernel(kl_gpu_route_args a)
+{
+    extern __shared__ float route_sh[]; /* per group: s [E], then sel [E] */
+    const uint32_t E = a.n_experts, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
+    if (t >= a.n)
+        return;
+    float *s = route_sh + (size_t)g * 2 * E, *sel = s + E;
+    const float *lg = a.logits + (size_t)t * E;
+    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >) */
+    for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
+        const float v = 1.0f / (1.0f + expf(-lg[e]));
+        const float q = v + (a.bias ? a.bias[e] : 0.0f);
+        s[e] = v;
+        sel[e] = isnan(q) ? -INFINITY : q;
+    }
+    /* 2-3. top-k by repeated arg-max; weights s or s + bias */
+    int32_t *idx = a.idx + (size_t)t * a.top_k;
+    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f;
+    for (uint32_t k = 0; k < a.top_k; k++) {
+        kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
+        for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
+            const kl_best c = {sel[e], e, s[e]};
+            if (kl_best_above(c, b))
+                b = c;
+        }
+        b = kl_best_group(b);
+        if (b.i % KL_GPU_GROUP == lane)
+            sel[b.i] = -INFINITY;
+        const float w = a.biased_weights ? b.v : b.p;
+        wsum += w;
+        if (lane == 0) {
+            idx[k] = (int32_t)b.i;
+            wt[k] = w;
+        }
+    }
+    /* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
+    if (lane != 0)
+        return;
+    for (uint32_t k = 0; k < a.top_k; k++) {
+        float w = wt[k];
+        if (a.renormalize)
+            w /= wsum + 1e-20f;
+        wt[k] = w * a.scaling;
+    }
+}
+
+extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err)
+{
+    if (!a || !a->logits || !a->idx || !a->wt || a->n == 0 || a->n > 0x7fffffffu)
+        return kl_fail(err, KL_E_USAGE, "route: logits, idx or wt is NULL, or n is 0");
+    if (a->n_experts == 0 || a->n_experts > ROUTE_MAX_E || a->top_k == 0 ||
+        a->top_k > a->n_experts || a->top_k > ROUTE_MAX_K)
+        return kl_fail(err, KL_E_USAGE,
+                       "route: %u experts, top %u (need 1 <= top_k <= min(E, %d), E <= %d)",
+                       a->n_experts, a->top_k, ROUTE_MAX_K, ROUTE_MAX_E);
+    const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
+    const size_t shared = (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
+    route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- experts ----------------------------------------------------------------------------- */
+
+/* What the expert kernels share (by value). */
+struct experts_k {
+    kl_gpu_mat     w1, w2, w3;   /* expert 0's; expert e's rows start at e * rows */
+    uint32_t       E, I, H, top_k, n_slots;
+    int            vec1, vec2, vec3;
+    const float   *x;
+    const int32_t *idx;
+    const float   *wt;
+    float         *h, *part, *y;
+    int            add_to_y;
+};
+
+/* The group's (slot, row) among n_slots * rows, its expert (-1: none valid), and its lane. */
+struct experts_job {
+    size_t   slot, row;
+    int64_t  e;
+    unsigned lane;
+};
+
+__device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_job *j)
+{
+    const size_t g = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
+    if (g >= (size_t)k.n_slots * rows)
+        return 0;
+    j->slot = g / rows;
+    j->row = g % rows;
+    j->lane = threadIdx.x % KL_GPU_GROUP;
+    const int32_t e = k.idx[j->slot];
+    j->e = e >= 0 && (uint32_t)e < k.E ? e : -1;
+    return 1;
+}
+
+__global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_job j;
+    if (!experts_job_of(k, k.I, &j))
+        return;
+    float g = __uint_as_float(0x7fc00000u), u = g;
+    if (j.e >= 0) {
+        const kl_row_x xs = {k.x + j.slot / k.top_k * k.H, k.H, 1};
+        const size_t r = (size_t)j.e * k.I + j.row;
+        kl_row_dot<1>(k.w1, r, xs, k.vec1, lut, j.lane, KL_GPU_GROUP, &g);
+        kl_row_dot<1>(k.w3, r, xs, k.vec3, lut, j.lane, KL_GPU_GROUP, &u);
+    }
+    if (j.lane == 0)
+        k.h[j.slot * k.I + j.row] = g / (1.0f + expf(-g)) * u;
+}
+
+__global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_job j;
+    if (!experts_job_of(k, k.H, &j))
+        return;
+    float d = __uint_as_float(0x7fc00000u);
+    if (j.e >= 0) {
+        const kl_row_x xs = {k.h + j.slot * k.I, k.I, 1};
+        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, lut, j.lane, KL_GPU_GROUP,
+                      &d);
+    }
+    if (j.lane == 0)
+        k.part[j.slot * k.H + j.row] = k.wt[j.slot] * d;
+}
+
+/* ---- MXFP4 with x in registers (kernels/row_dot.cuh): a group per (slot, rpw rows) ------- */
+
+/* The group's slot, its rows [r0, r1) of rows (chunks of rpw), expert and lane; 0: no work. */
+struct experts_chunk {
+    size_t   slot, r0, r1;
+    int64_t  e;
+    unsigned lane;
+};
+
+__device__ static int experts_chunk_of(const experts_k &k, uint32_t rows, uint32_t rpw,
+                                       experts_chunk *c)
+{
+    const size_t per_slot = (rows + rpw - 1) / rpw;
+    const size_t g = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
+    if (g >= (size_t)k.n_slots * per_slot)
+        return 0;
+    c->slot = g / per_slot;
+    c->r0 = g % per_slot * rpw;
+    c->r1 = c->r0 + rpw < rows ? c->r0 + rpw : rows;
+    c->lane = threadIdx.x % KL_GPU_GROUP;
+    const int32_t e = k.idx[c->slot];
+    c->e = e >= 0 && (uint32_t)e < k.E ? e : -1;
+    return 1;
+}
+
+/* Row r of stacked MXFP4 matrix m: its packed codes and scales. */
+__device__ static inline const uint8_t *packed_row(const kl_gpu_mat &m, size_t r)
+{
+    return m.packed + r * (m.cols / 2);
+}
+__device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
+{
+    return m.scale + r * (m.cols / KL_MXFP4_BLOCK);
+}
+
+template <int S>
+__global__ static void __launch_bounds__(THREADS) gate_up_xreg_kernel(experts_k k, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_chunk c;
+    if (!experts_chunk_of(k, k.I, rpw, &c))
+        return;
+    float *h = k.h + c.slot * k.I;
+    if (c.e < 0) {
+        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
+            h[r] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
+    for (size_t r = c.r0; r < c.r1; r++) {
+        const size_t er = (size_t)c.e * k.I + r;
+        const uint8_t *rows[2] = {packed_row(k.w1, er), packed_row(k.w3, er)};
+        const uint8_t *scales[2] = {scale_row(k.w1, er), scale_row(k.w3, er)};
+        float gu[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.H, xr, lut, c.lane, gu);
+        if (c.lane == 0)
+            h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+    }
+}
+
+template <int S>
+__global__ static void __launch_bounds__(THREADS) down_xreg_kernel(experts_k k, uint32_t rpw)
+{
+    __shared__ float lut[16];
+    kl_row_lut_init(lut);
+    __syncthreads();
+    experts_chunk c;
+    if (!experts_chunk_of(k, k.H, rpw, &c))
+        return;
+    float *part = k.part + c.slot * k.H;
+    if (c.e < 0) {
+        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
+            part[r] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, k.h + c.slot * k.I, k.I, c.lane);
+    const float wt = k.wt[c.slot];
+    for (size_t r = c.r0; r < c.r1; r += 2) {
+        const size_t rb = r + 1 < c.r1 ? r + 1 : r, e0 = (size_t)c.e * k.H;
+        const uint8_t *rows[2] = {packed_row(k.w2, e0 + r), packed_row(k.w2, e0 + rb)};
+        const uint8_t *scales[2] = {scale_row(k.w2, e0 + r), scale_row(k.w2, e0 + rb)};
+        float d[2];
+        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.I, xr, lut, c.lane, d);
+        if (c.lane == 0) {
+            part[r] = wt * d[0];
+            part[rb] = wt * d[1];
+        }
+    }
+}
+
+/* Rows per group: about 4096 groups in all, 1..16 (down: even, its rows go in pairs). */
+static uint32_t experts_rpw(size_t jobs, int even)
+{
+    size_t r = jobs / 4096;
+    r = r < 1 ? 1 : r > 16 ? 16 : r;
+    return (uint32_t)(even && r % 2 ? r + 1 : r);
+}
+
+static unsigned chunk_blocks(size_t slots, uint32_t rows, uint32_t rpw)
+{
+    const size_t groups = slots * ((rows + rpw - 1) / rpw);
+    return (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+}
+
+/* gate_up and down of the register path: all three stacks MXFP4, I and H at most 4096. */
+static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
+{
+    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I, 0);
+    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H, 1);
+    kl_xreg_dispatch(kl_xreg_s(k.H), [&](auto sc) {
+        gate_up_xreg_kernel<decltype(sc)::value>
+            <<<chunk_blocks(k.n_slots, k.I, rpw1), THREADS, 0, st>>>(k, rpw1);
+    });
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc)
+        return rc;
+    kl_xreg_dispatch(kl_xreg_s(k.I), [&](auto sc) {
+        down_xreg_kernel<decltype(sc)::value>
+            <<<chunk_blocks(k.n_slots, k.H, rpw2), THREADS, 0, st>>>(k, rpw2);
+    });
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+__global__ static void combine_kernel(experts_k k)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t n = k.n_slots / k.top_k;
+    if (i >= n * k.H)
+        return;
+    const size_t t = i / k.H, c = i % k.H;
+    const float *p = k.part + t * k.top_k * k.H + c;
+    float s = 0.0f;
+    for (uint32_t q = 0; q < k.top_k; q++)
+        s += p[(size_t)q * k.H];
+    k.y[i] = k.add_to_y ? k.y[i] + s : s;
+}
+
+extern "C" size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t inter,
+                                         uint32_t hidden)
+{
+    return (size_t)n * top_k * ((size_t)inter + hidden);
+}
+
+/* 0, or KL_E_USAGE: the stacks exist, agree on E, I and H, and each can be multiplied. */
+static int experts_check(const kl_gpu_experts_args *a, kl_err *err)
+{
+    if (!a || !a->w1 || !a->w2 || !a->w3 || !a->x || !a->idx || !a->wt || !a->scratch ||
+        !a->y || a->n == 0 || a->top_k == 0)
+        return kl_fail(err, KL_E_USAGE, "experts: a pointer is NULL, or n or top_k is 0");
+    int rc = kl_row_mat_check(&a->w1->m, "experts w1", err);
+    if (!rc)
+        rc = kl_row_mat_check(&a->w2->m, "experts w2", err);
+    if (!rc)
+        rc = kl_row_mat_check(&a->w3->m, "experts w3", err);
+    if (rc)
+        return rc;
+    const kl_gpu_mat *g = &a->w1->m, *d = &a->w2->m, *u = &a->w3->m;
+    if (a->w1->n == 0 || a->w2->n != a->w1->n || a->w3->n != a->w1->n || u->rows != g->rows ||
+        u->cols != g->cols || d->rows != g->cols || d->cols != g->rows)
+        return kl_fail(err, KL_E_USAGE,
+                       "experts: stacks disagree (w1 %u x [%u, %u], w2 %u x [%u, %u], "
+                       "w3 %u x [%u, %u])", a->w1->n, g->rows, g->cols, a->w2->n, d->rows,
+                       d->cols, a->w3->n, u->rows, u->cols);
+    const size_t slots = (size_t)a->n * a->top_k;
+    if (slots * (g->rows > d->rows ? g->rows : d->rows) / KL_ROW_WARPS >= 0x7fffffffu)
+        return kl_fail(err, KL_E_USAGE, "experts: %u tokens x top %u is too many", a->n,
+                       a->top_k);
+    return 0;
+}
+
+static unsigned blocks_of(size_t groups)
+{
+    return (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+}
+
+extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err)
+{
+    int rc = experts_check(a, err);
+    if (rc)
+        return rc;
+    experts_k k;
+    k.w1 = a->w1->m;
+    k.w2 = a->w2->m;
+    k.w3 = a->w3->m;
+    k.E = a->w1->n;
+    k.I = k.w1.rows;
+    k.H = k.w1.cols;
+    k.top_k = a->top_k;
+    k.n_slots = a->n * a->top_k;
+    k.x = a->x;
+    k.idx = a->idx;
+    k.wt = a->wt;
+    k.h = a->scratch;
+    k.part = a->scratch + (size_t)k.n_slots * k.I;
+    k.y = a->y;
+    k.add_to_y = a->add_to_y;
+    k.vec1 = kl_row_vec_ok(&k.w1, k.x, k.H);
+    k.vec3 = kl_row_vec_ok(&k.w3, k.x, k.H);
+    k.vec2 = kl_row_vec_ok(&k.w2, k.h, k.I);
+    if ((k.w1.kind == KL_GPU_W_MXFP4 && !k.vec1) || (k.w3.kind == KL_GPU_W_MXFP4 && !k.vec3) ||
+        (k.w2.kind == KL_GPU_W_MXFP4 && !k.vec2))
+        return kl_fail(err, KL_E_USAGE, "experts: MXFP4 needs x and scratch 16-byte aligned");
+    hipStream_t st = (hipStream_t)s;
+    if (k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
+        k.w3.kind == KL_GPU_W_MXFP4 && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
+        rc = experts_xreg(k, st, err);
+    } else {
+        gate_up_kernel<<<blocks_of((size_t)k.n_slots * k.I), THREADS, 0, st>>>(k);
+        if (!(rc = KL_GPU_CHECK(err, hipGetLastError())))
+            down_kernel<<<blocks_of((size_t)k.n_slots * k.H), THREADS, 0, st>>>(k);
+        rc = rc ? rc : KL_GPU_CHECK(err, hipGetLastError());
+    }
+    if (rc)
+        return rc;
+    const size_t outs = (size_t)a->n * k.H;
+    combine_kernel<<<(unsigned)((outs + THREADS - 1) / THREADS), THREADS, 0, st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}

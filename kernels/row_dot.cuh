@@ -1,0 +1,328 @@
+/*
+ * kernels/row_dot.cuh — device code that kernels/dense.cu and kernels/moe.cu share: one weight
+ * row (any kl_gpu_wkind) against up to NT fp32 vectors, summed by one group of KL_GPU_GROUP
+ * lanes, and the (value, index) arg-max step of the reductions.  Included by .cu files only.
+ *
+ * Row dot, decode being bound by the weight bytes: the group reads its row in 16-byte pieces
+ * (F32: 4 weights, BF16: 8) or, for MXFP4, 4-byte words of 8 codes (4 lanes per 32-block, so
+ * the group's x loads are 1 KiB contiguous per step), lane l taking pieces l, l + 32, ...;
+ * KL_ROW_UNROLL pieces are loaded before the first is used, so several loads are in flight
+ * per lane.  x comes from global memory (L1-cached: every group of the block reads the same
+ * x).  Each lane sums in fp32 (MXFP4: the 8 unscaled products, then times the block's 2^e,
+ * exact), then the lanes' sums are added by kl_gpu_group_sum.  F32/BF16 rows that are not
+ * 16-byte aligned (or x that is not) take a plain path: lane l reads elements l, l + 32, ...
+ */
+#ifndef KL_KERNELS_ROW_DOT_CUH
+#define KL_KERNELS_ROW_DOT_CUH
+
+#include "kernels/gpu.h"
+#include "kernels/gpu_api.h"
+
+#include "common/mxfp4_format.h"
+
+#include <type_traits>
+
+#define KL_ROW_UNROLL 4
+#define KL_ROW_WARPS  8 /* groups per block in the kernels that give a group one row */
+
+/* The fp32 vectors a row meets: vector t at x + t * ld, t < nt (nt <= NT of the call). */
+struct kl_row_x {
+    const float *x;
+    size_t       ld;
+    uint32_t     nt;
+};
+
+__device__ static inline float kl_bf16_f32(uint32_t b)
+{
+    return __uint_as_float(b << 16);
+}
+
+/* Fills lut[16] with the E2M1 values (the block's threads, before a barrier). */
+__device__ static inline void kl_row_lut_init(float *lut)
+{
+    if (threadIdx.x < 16)
+        lut[threadIdx.x] = kl_e2m1_value(threadIdx.x);
+}
+
+/* acc[t] += Σ_j w[j] · x_t[col + j], j < V (V a multiple of 4; x_t + col 16-byte aligned). */
+template <int NT, int V>
+__device__ static inline void kl_row_dotv(const float *w, kl_row_x xs, size_t col, float *acc)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if ((uint32_t)t >= xs.nt)
+            break;
+        const float4 *x4 = (const float4 *)(xs.x + t * xs.ld + col);
+#pragma unroll
+        for (int q = 0; q < V / 4; q++) {
+            const float4 a = x4[q];
+            acc[t] = fmaf(w[4 * q + 0], a.x, acc[t]);
+            acc[t] = fmaf(w[4 * q + 1], a.y, acc[t]);
+            acc[t] = fmaf(w[4 * q + 2], a.z, acc[t]);
+            acc[t] = fmaf(w[4 * q + 3], a.w, acc[t]);
+        }
+    }
+}
+
+/* Weights of one 16-byte piece as fp32: F32 gives 4, BF16 8. */
+__device__ static inline void kl_row_unpack(uint4 q, float *w, int bf16)
+{
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (bf16) {
+            w[2 * k] = kl_bf16_f32(u[k] & 0xffffu);
+            w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+        } else {
+            w[k] = __uint_as_float(u[k]);
+        }
+    }
+}
+
+/* F32 (V = 4) or BF16 (V = 8) row in 16-byte pieces: cols % V == 0, row 16-byte aligned. */
+template <int NT, int V>
+__device__ static void kl_row_vec(const void *row, uint32_t cols, kl_row_x xs, unsigned lane,
+                                  unsigned lanes, float *acc)
+{
+    const uint4 *p = (const uint4 *)row;
+    const uint32_t np = cols / V;
+    for (uint32_t c0 = lane; c0 < np; c0 += lanes * KL_ROW_UNROLL) {
+        uint4 q[KL_ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KL_ROW_UNROLL; u++) {
+            const uint32_t c = c0 + u * lanes;
+            q[u] = c < np ? p[c] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < KL_ROW_UNROLL; u++) {
+            const uint32_t c = c0 + u * lanes;
+            if (c >= np)
+                break;
+            float w[8];
+            kl_row_unpack(q[u], w, V == 8);
+            kl_row_dotv<NT, V>(w, xs, (size_t)c * V, acc);
+        }
+    }
+}
+
+/* MXFP4 row: words of 8 codes; word c lies in block c / 4 (cols % 32 == 0). */
+template <int NT>
+__device__ static void kl_row_mxfp4(const uint8_t *packed, const uint8_t *scale, uint32_t cols,
+                                    kl_row_x xs, const float *lut, unsigned lane,
+                                    unsigned lanes, float *acc)
+{
+    const uint32_t *p = (const uint32_t *)packed;
+    const uint32_t nw = cols / 8;
+    for (uint32_t c0 = lane; c0 < nw; c0 += lanes * KL_ROW_UNROLL) {
+        uint32_t q[KL_ROW_UNROLL];
+        uint8_t s[KL_ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KL_ROW_UNROLL; u++) {
+            const uint32_t c = c0 + u * lanes;
+            q[u] = c < nw ? p[c] : 0u;
+            s[u] = c < nw ? scale[c / 4] : (uint8_t)KL_E8M0_BIAS;
+        }
+#pragma unroll
+        for (int u = 0; u < KL_ROW_UNROLL; u++) {
+            const uint32_t c = c0 + u * lanes;
+            if (c >= nw)
+                break;
+            float w[8], part[NT];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                w[j] = lut[(q[u] >> (4 * j)) & 15u];
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                part[t] = 0.0f;
+            kl_row_dotv<NT, 8>(w, xs, (size_t)c * 8, part);
+            const float x = kl_e8m0_value(s[u]);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[t] = fmaf(part[t], x, acc[t]);
+        }
+    }
+}
+
+/* F32/BF16 row, any alignment: lane l takes elements l, l + lanes, ... */
+template <int NT>
+__device__ static void kl_row_plain(const void *row, int bf16, uint32_t cols, kl_row_x xs,
+                                    unsigned lane, unsigned lanes, float *acc)
+{
+    for (uint32_t c = lane; c < cols; c += lanes) {
+        const float w = bf16 ? kl_bf16_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if ((uint32_t)t < xs.nt)
+                acc[t] = fmaf(w, xs.x[t * xs.ld + c], acc[t]);
+    }
+}
+
+/* acc[t] = Σ_c W[r][c] · x_t[c] for t < xs.nt, summed over the group, on every lane of it.
+ * lane of lanes (a multiple of KL_GPU_GROUP): the row's pieces are split among that many lanes,
+ * the group taking its share (the caller adds the groups' sums when lanes > KL_GPU_GROUP).
+ * vec: the 16-byte paths may be used (kl_row_vec_ok); lut: kl_row_lut_init's table (MXFP4). */
+template <int NT>
+__device__ static void kl_row_dot(const kl_gpu_mat &m, size_t r, kl_row_x xs, int vec,
+                                  const float *lut, unsigned lane, unsigned lanes, float *acc)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        acc[t] = 0.0f;
+    const uint32_t cols = m.cols;
+    if (m.kind == KL_GPU_W_MXFP4) {
+        kl_row_mxfp4<NT>(m.packed + r * (cols / 2), m.scale + r * (cols / KL_MXFP4_BLOCK), cols,
+                         xs, lut, lane, lanes, acc);
+    } else {
+        const int bf16 = m.kind == KL_GPU_W_BF16;
+        const void *row = (const uint8_t *)m.data + r * cols * (bf16 ? 2 : 4);
+        if (!vec)
+            kl_row_plain<NT>(row, bf16, cols, xs, lane, lanes, acc);
+        else if (bf16)
+            kl_row_vec<NT, 8>(row, cols, xs, lane, lanes, acc);
+        else
+            kl_row_vec<NT, 4>(row, cols, xs, lane, lanes, acc);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        acc[t] = kl_gpu_group_sum(acc[t]);
+}
+
+/* ---- MXFP4 against one vector held in registers ------------------------------------------ */
+
+/* The vector of an MXFP4 product for one lane: its words c = lane + 32 j (j < S) of 8 codes,
+ * 8 floats each (0 past cols), loaded once and kept for every row the group multiplies: the
+ * only shared-memory reads left are the code table's, one per weight. */
+template <int S> struct kl_xreg {
+    float v[S][8];
+};
+
+/* The S a row of cols columns needs (1, 2, 4, 9 or 16), or 0: more than 4096 columns. */
+static inline int kl_xreg_s(uint32_t cols)
+{
+    const uint32_t need = (cols / 8 + KL_GPU_GROUP - 1) / KL_GPU_GROUP;
+    return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 9 ? 9 : need <= 16 ? 16 : 0;
+}
+
+template <int S>
+__device__ static inline void kl_xreg_load(kl_xreg<S> &xr, const float *x, uint32_t cols,
+                                           unsigned lane)
+{
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        const uint32_t c = lane + j * KL_GPU_GROUP;
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 a = c < cols / 8 ? x4[2 * c] : z, b = c < cols / 8 ? x4[2 * c + 1] : z;
+        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            xr.v[j][i] = f[i];
+    }
+}
+
+/* out[k] = row k of R MXFP4 rows (rows[k] its packed codes, scales[k] its E8M0 bytes) dotted
+ * with xr, summed over the group.  All R * S words are loaded before the first is used; words
+ * past the row read as code 0 with scale byte 0, which adds exactly 0. */
+template <int S, int R>
+__device__ static inline void kl_row_mxfp4_xreg(const uint8_t *const *rows,
+                                                const uint8_t *const *scales, uint32_t cols,
+                                                const kl_xreg<S> &xr, const float *lut,
+                                                unsigned lane, float *out)
+{
+    const uint32_t nw = cols / 8;
+    uint32_t q[R][S], e[R][S];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            const uint32_t c = lane + j * KL_GPU_GROUP;
+            q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
+            e[k][j] = c < nw ? scales[k][c / 4] : 0u;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            float part = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                part = fmaf(lut[(q[k][j] >> (4 * i)) & 15u], xr.v[j][i], part);
+            acc = fmaf(part, kl_e8m0_value((uint8_t)e[k][j]), acc);
+        }
+        out[k] = kl_gpu_group_sum(acc);
+    }
+}
+
+/* Calls f(std::integral_constant<int, S>()) for S = 1, 2, 4, 9 or 16 (kl_xreg_s's values). */
+template <class F> static inline void kl_xreg_dispatch(int s, F f)
+{
+    switch (s) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 9: f(std::integral_constant<int, 9>()); break;
+    default: f(std::integral_constant<int, 16>()); break;
+    }
+}
+
+/* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,
+ * 16-byte aligned packed payload). */
+static inline int kl_row_mat_check(const kl_gpu_mat *m, const char *what, kl_err *err)
+{
+    if (!m || m->rows == 0 || m->cols == 0)
+        return kl_fail(err, KL_E_USAGE, "%s: no matrix, or an empty one", what);
+    if (m->kind == KL_GPU_W_MXFP4) {
+        if (!m->packed || !m->scale || m->cols % KL_MXFP4_BLOCK || (uintptr_t)m->packed % 16)
+            return kl_fail(err, KL_E_USAGE,
+                           "%s: MXFP4 %u x %u needs packed (16-byte aligned) and scale, "
+                           "cols a multiple of 32", what, m->rows, m->cols);
+        return 0;
+    }
+    if (m->kind != KL_GPU_W_F32 && m->kind != KL_GPU_W_BF16)
+        return kl_fail(err, KL_E_USAGE, "%s: weight kind %d is not F32, BF16 or MXFP4", what,
+                       (int)m->kind);
+    if (!m->data)
+        return kl_fail(err, KL_E_USAGE, "%s: data is NULL", what);
+    return 0;
+}
+
+/* Whether rows of m may take the 16-byte paths against vectors at x with leading dimension
+ * ld (MXFP4 always does: the launchers refuse x that it cannot). */
+static inline int kl_row_vec_ok(const kl_gpu_mat *m, const float *x, size_t ld)
+{
+    const uint32_t v = m->kind == KL_GPU_W_BF16 ? 8 : 4;
+    const int x_ok = (uintptr_t)x % 16 == 0 && ld % 4 == 0;
+    if (m->kind == KL_GPU_W_MXFP4)
+        return x_ok;
+    return x_ok && (uintptr_t)m->data % 16 == 0 && m->cols % v == 0;
+}
+
+/* ---- arg-max ------------------------------------------------------------------------------ */
+
+/* A candidate: value v of index i (none: v = -inf, i = UINT32_MAX), p carried along. */
+struct kl_best {
+    float    v;
+    uint32_t i;
+    float    p;
+};
+
+/* a ranks above b: larger value, or equal value and lower index (a total order). */
+__device__ static inline int kl_best_above(kl_best a, kl_best b)
+{
+    return a.v > b.v || (a.v == b.v && a.i < b.i);
+}
+
+/* The best candidate of the group, on every lane. */
+__device__ static inline kl_best kl_best_group(kl_best b)
+{
+    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2) {
+        kl_best c = {kl_gpu_shfl_xor(b.v, o), kl_gpu_shfl_xor(b.i, o), kl_gpu_shfl_xor(b.p, o)};
+        if (kl_best_above(c, b))
+            b = c;
+    }
+    return b;
+}
+
+#endif

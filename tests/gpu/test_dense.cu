@@ -1,0 +1,318 @@
+/*
+ * tests/gpu/test_dense.cu — kernels/dense.h against host references computed here (double):
+ * kl_gpu_matmul for every weight kind at tiny odd shapes and at Kimi-Linear's real shapes
+ * (n = 1 and n = 5), kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul and kl_gpu_argmax
+ * (ties, NaN), plus the launchers' refusals.  Then the n = 1 products timed with events
+ * (median of 25 single calls, weights rotated over copies so the L2 cannot hold them) beside
+ * a device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail,
+ * 77 no GPU.
+ */
+#include "kernels/dense.h"
+#include "tests/gpu/gpu_testutil.h"
+
+#include <string>
+
+#define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
+
+static int g_ok = 1;
+static std::string g_checks, g_times;
+
+/* Records one check (err must be <= tol; NaN fails) in the JSON. */
+static void check(const char *what, double err, double tol)
+{
+    const int ok = err <= tol;
+    g_ok &= ok;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s{\"what\":\"%s\",\"err\":%.3g,\"ok\":%s}",
+             g_checks.empty() ? "" : ",", what, err, ok ? "true" : "false");
+    g_checks += buf;
+    if (!ok)
+        fprintf(stderr, "test_dense: FAIL %s: %.3g > %.3g\n", what, err, tol);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------ */
+
+/* The largest over the n tokens of the relative L2 error of Y = X Wᵀ, rows r % step == 0
+ * checked; x starts x_off floats into its buffer (1: not 16-byte aligned). */
+static double matmul_error(const t_mat &m, const kl_gpu_mat &d, uint32_t n, size_t step,
+                           size_t x_off)
+{
+    std::vector<float> x = t_vec(n * m.cols + x_off);
+    float *dx = t_upload(x), *dy = (float *)t_alloc(n * m.rows * sizeof(float));
+    T_CHECK(hipMemset(dy, 0xff, n * m.rows * sizeof(float))); /* NaN: unwritten shows */
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_matmul(&d, dx + x_off, n, dy, NULL, &err), &err, "kl_gpu_matmul");
+    std::vector<float> y = t_download(dy, n * m.rows), w(m.cols), got;
+    std::vector<std::vector<double>> ref(n);
+    std::vector<std::vector<float>> gy(n);
+    for (size_t r = 0; r < m.rows; r += step) {
+        t_mat_row(m, r, w.data());
+        for (uint32_t t = 0; t < n; t++) {
+            double s = 0;
+            for (size_t c = 0; c < m.cols; c++)
+                s += (double)w[c] * x[x_off + t * m.cols + c];
+            ref[t].push_back(s);
+            gy[t].push_back(y[t * m.rows + r]);
+        }
+    }
+    double worst = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        const double e = t_rel_l2(gy[t].data(), ref[t].data(), ref[t].size());
+        worst = e > worst || e != e ? e : worst;
+    }
+    hipFree(dx);
+    hipFree(dy);
+    return worst;
+}
+
+static void check_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, const uint32_t *ns,
+                         size_t n_ns, size_t step, size_t x_off)
+{
+    const t_mat m = t_mat_random(kind, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    for (size_t i = 0; i < n_ns; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols,
+                 ns[i], x_off ? " x unaligned" : "");
+        check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
+    }
+}
+
+/* Median time of y = W x (n tokens) over weights rotated among copies of >= 512 MB in all. */
+static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
+                        double copy_gbps)
+{
+    const t_mat m = t_mat_random(kind, rows, cols);
+    const size_t bytes = t_mat_bytes(m);
+    const size_t copies = std::min<size_t>(256, ((size_t)512 << 20) / bytes + 1);
+    std::vector<kl_gpu_mat> w(1, t_mat_upload(m));
+    while (w.size() < copies)
+        w.push_back(t_mat_replica(w[0], m));
+    float *dx = t_upload(t_vec(n * cols)), *dy = (float *)t_alloc(n * rows * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    const double s = t_median_s(
+        [&](int i) { t_ok(kl_gpu_matmul(&w[i % copies], dx, n, dy, NULL, &err), &err,
+                          "kl_gpu_matmul"); },
+        25);
+    const double gbps = bytes / s / 1e9;
+    char buf[256];
+    snprintf(buf, sizeof buf,
+             "%s{\"what\":\"matmul %s %zux%zu n=%u\",\"weight_bytes\":%zu,\"us\":%.2f,"
+             "\"gbps\":%.1f,\"ratio_to_copy\":%.3f}",
+             g_times.empty() ? "" : ",", t_kind_name(kind), rows, cols, n, bytes, s * 1e6,
+             gbps, gbps / copy_gbps);
+    g_times += buf;
+    T_CHECK(hipDeviceSynchronize());
+    hipFree(dx);
+    hipFree(dy);
+    for (auto &c : w)
+        t_mat_free(c);
+}
+
+static void test_matmul(void)
+{
+    static const uint32_t tiny_n[] = {1, 3, 5, 9}, real_n[] = {1, 5};
+    /* tiny: the 16-byte paths (cols 32, 64), the plain path (cols 37, or x unaligned) */
+    for (kl_gpu_wkind k : {KL_GPU_W_F32, KL_GPU_W_BF16, KL_GPU_W_MXFP4}) {
+        check_matmul(k, 3, 32, tiny_n, 4, 1, 0);
+        check_matmul(k, 3, 64, tiny_n, 4, 1, 0);
+        check_matmul(k, 17, 96, tiny_n, 4, 1, 0);
+        if (k != KL_GPU_W_MXFP4) {
+            check_matmul(k, 3, 37, tiny_n, 4, 1, 0);
+            check_matmul(k, 5, 64, tiny_n, 4, 1, 1);
+        }
+    }
+    /* the projections, dense MLP and lm_head of Kimi-Linear (lm_head rows sampled) */
+    static const size_t shapes[][2] = {{4096, 2304}, {2304, 4096}, {128, 2304}, {8192, 512},
+                                       {9216, 2304}, {2304, 9216}, {163840, 2304}};
+    for (const auto &sh : shapes)
+        check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
+    /* MXFP4: the routed experts' shapes */
+    check_matmul(KL_GPU_W_MXFP4, 3072, 2304, real_n, 2, 1, 0);
+    check_matmul(KL_GPU_W_MXFP4, 2304, 1024, real_n, 2, 1, 0);
+    check_matmul(KL_GPU_W_F32, 1000, 2304, real_n, 2, 1, 0);
+}
+
+/* The launchers refuse what they cannot do, before any work. */
+static void test_refusals(void)
+{
+    kl_err err;
+    kl_gpu_mat m = t_mat_upload(t_mat_random(KL_GPU_W_MXFP4, 4, 64));
+    float *x = (float *)t_alloc(4096), *y = (float *)t_alloc(4096);
+    kl_err_clear(&err);
+    int bad_cols, bad_align, bad_kind, alias;
+    m.cols = 48;
+    bad_cols = kl_gpu_matmul(&m, x, 1, y, NULL, &err) == KL_E_USAGE;
+    m.cols = 64;
+    kl_err_clear(&err);
+    bad_align = kl_gpu_matmul(&m, x + 1, 1, y, NULL, &err) == KL_E_USAGE;
+    kl_err_clear(&err);
+    bad_kind = kl_gpu_embed(&m, (const uint32_t *)x, 1, y, NULL, &err) == KL_E_USAGE;
+    kl_err_clear(&err);
+    alias = kl_gpu_add_rmsnorm(x, NULL, y, 1, 8, 1e-6f, x, NULL, &err) == KL_E_USAGE;
+    check("refuses mxfp4 cols 48", !bad_cols, 0);
+    check("refuses mxfp4 x unaligned", !bad_align, 0);
+    check("refuses mxfp4 embed", !bad_kind, 0);
+    check("refuses xn aliasing x", !alias, 0);
+}
+
+/* ---- embed, add_rmsnorm, silu_mul, argmax ------------------------------------------------ */
+
+static void check_embed(kl_gpu_wkind kind, size_t rows, size_t cols)
+{
+    const t_mat m = t_mat_random(kind, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    const std::vector<uint32_t> ids = {3, 0, (uint32_t)rows - 1, 3, (uint32_t)rows};
+    uint32_t *di = t_upload(ids);
+    float *dx = (float *)t_alloc(ids.size() * cols * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_embed(&d, di, (uint32_t)ids.size(), dx, NULL, &err), &err, "kl_gpu_embed");
+    std::vector<float> x = t_download(dx, ids.size() * cols), w(cols);
+    double bad = 0;
+    for (size_t t = 0; t < ids.size(); t++) {
+        if (ids[t] < rows)
+            t_mat_row(m, ids[t], w.data());
+        for (size_t c = 0; c < cols; c++)
+            bad += ids[t] < rows ? memcmp(&w[c], &x[t * cols + c], 4) != 0
+                                 : !isnan(x[t * cols + c]);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "embed %s %zux%zu (wrong values)", t_kind_name(kind), rows,
+             cols);
+    check(what, bad, 0);
+}
+
+static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
+{
+    const float eps = 1e-6f;
+    std::vector<float> x = t_vec((size_t)n * h), y = t_vec((size_t)n * h), w = t_vec(h);
+    float *dx = t_upload(x), *dy = t_upload(y), *dw = t_upload(w);
+    float *dn = (float *)t_alloc((size_t)n * h * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_add_rmsnorm(dx, with_y ? dy : NULL, dw, n, h, eps, dn, NULL, &err), &err,
+         "kl_gpu_add_rmsnorm");
+    std::vector<float> gx = t_download(dx, (size_t)n * h), gn = t_download(dn, (size_t)n * h);
+    double worst = 0, x_bad = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        std::vector<double> ref(h);
+        double ss = 0;
+        for (uint32_t i = 0; i < h; i++) {
+            const float v = with_y ? x[t * h + i] + y[t * h + i] : x[t * h + i];
+            x_bad += memcmp(&v, &gx[t * h + i], 4) != 0;
+            ss += (double)v * v;
+        }
+        const double inv = 1.0 / sqrt(ss / h + eps);
+        for (uint32_t i = 0; i < h; i++)
+            ref[i] = (double)w[i] * gx[t * h + i] * inv;
+        worst = std::max(worst, t_rel_l2(&gn[t * h], ref.data(), h));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "add_rmsnorm n=%u h=%u y=%d", n, h, with_y);
+    check(what, worst, TOL);
+    snprintf(what, sizeof what, "add_rmsnorm n=%u h=%u y=%d (x != x + y)", n, h, with_y);
+    check(what, x_bad, 0);
+}
+
+static void check_silu_mul(size_t count)
+{
+    std::vector<float> a = t_vec(count), b = t_vec(count);
+    for (auto &v : a)
+        v *= 8.0f;
+    float *da = t_upload(a), *db = t_upload(b);
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_silu_mul(da, db, count, NULL, &err), &err, "kl_gpu_silu_mul");
+    std::vector<float> g = t_download(da, count);
+    std::vector<double> ref(count);
+    for (size_t i = 0; i < count; i++)
+        ref[i] = a[i] / (1.0 + exp(-(double)a[i])) * b[i];
+    check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
+}
+
+/* kl_sample_argmax's rule: NaN skipped, ties to the lowest index, all NaN gives 0. */
+static uint32_t host_argmax(const float *l, uint32_t n)
+{
+    uint32_t best = 0;
+    int found = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (isnan(l[i]))
+            continue;
+        if (!found || l[i] > l[best]) {
+            best = i;
+            found = 1;
+        }
+    }
+    return best;
+}
+
+static void check_argmax(uint32_t vocab)
+{
+    const uint32_t n = 6;
+    std::vector<float> l = t_vec((size_t)n * vocab);
+    l[1 * vocab + 70001] = 3.0f; /* a tie: the lower index wins */
+    l[1 * vocab + 9] = 3.0f;
+    for (uint32_t i = 0; i < vocab; i += 7)
+        l[2 * vocab + i] = NAN;
+    l[2 * vocab + 5] = 2.0f; /* among NaNs */
+    for (uint32_t i = 0; i < vocab; i++) {
+        l[3 * vocab + i] = NAN;       /* all NaN: 0 */
+        l[4 * vocab + i] = -INFINITY; /* all -inf: 0 */
+    }
+    l[4 * vocab + 0] = NAN;           /* ... and the first -inf is index 1 */
+    l[5 * vocab + vocab - 1] = 5.0f;  /* the last index */
+    float *dl = t_upload(l);
+    uint32_t *dout = (uint32_t *)t_alloc(n * sizeof(uint32_t));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_argmax(dl, n, vocab, dout, NULL, &err), &err, "kl_gpu_argmax");
+    std::vector<uint32_t> got = t_download(dout, n);
+    double wrong = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t want = host_argmax(&l[(size_t)t * vocab], vocab);
+        if (got[t] != want) {
+            fprintf(stderr, "test_dense: argmax row %u: got %u, want %u\n", t, got[t], want);
+            wrong++;
+        }
+    }
+    check("argmax 6 x 163840 (wrong rows)", wrong, 0);
+    const double s = t_median_s([&](int) { kl_gpu_argmax(dl, 1, vocab, dout, NULL, &err); }, 25);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s{\"what\":\"argmax n=1 vocab=%u\",\"us\":%.2f,\"gbps\":%.1f}",
+             g_times.empty() ? "" : ",", vocab, s * 1e6, vocab * 4.0 / s / 1e9);
+    g_times += buf;
+}
+
+int main(void)
+{
+    if (!t_have_gpu("test_dense"))
+        return 77;
+    test_refusals();
+    test_matmul();
+    check_embed(KL_GPU_W_F32, 50, 37);
+    check_embed(KL_GPU_W_BF16, 1000, 2304);
+    for (int y = 0; y < 2; y++) {
+        check_add_rmsnorm(5, 2304, y);
+        check_add_rmsnorm(3, 37, y);
+    }
+    check_silu_mul(1000003);
+    const double copy = t_copy_gbps();
+    static const size_t bf16_shapes[][2] = {{163840, 2304}, {9216, 2304}, {2304, 9216},
+                                            {4096, 2304},   {2304, 4096}, {8192, 512},
+                                            {128, 2304}};
+    for (const auto &sh : bf16_shapes)
+        time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+    time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
+    time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
+    time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
+    time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
+    time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
+    check_argmax(163840);
+    printf("{\"test\":\"dense\",\"ok\":%s,\"d2d_copy_gbps\":%.1f,\"checks\":[%s],"
+           "\"timing\":[%s]}\n",
+           g_ok ? "true" : "false", copy, g_checks.c_str(), g_times.c_str());
+    return g_ok ? 0 : 1;
+}
