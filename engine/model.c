@@ -263,7 +263,7 @@ fail:
 int kl_model_use_backend(kl_model *m, kl_backend *be, kl_err *err)
 {
     if (!be || be->m != m)
-        return kl_fail(err, KL_E_USAGE, "a backend for another model");
+        return kl_fail(err, KL_E_USAGE, "no backend, or one created for another model");
     if (be == m->be)
         return 0;
     for (uint32_t i = 0; m->be && i < m->be->max_slots; i++)
