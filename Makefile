@@ -163,7 +163,7 @@ $(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS) $(wildcard
 
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)
 gpu-kl: $(BG)/kl
-gpu: $(GPU_TEST)
+gpu: $(BG)/kl $(GPU_TEST)
 	@[ -n "$(GPU)" ] || { echo "make gpu: say GPU=cuda or GPU=hip"; exit 2; }
 
 deps:

@@ -11,11 +11,21 @@
  * Every operation enqueues kernels (kernels/) on one stream and returns; head() and end()
  * are the only points that wait.  Scratch for one chunk of up to max_tokens tokens is allocated
  * once.  In a build without GPU support the file compiles to the refusal at the bottom.
+ *
+ * Decode graphs: a chunk of one token is the decode step, and its hundreds of small kernels
+ * cost more in launches than in work.  So the first such step of a slot is captured as a graph
+ * (every operation from the embedding to lm_head, argmax and the copies of both into pinned
+ * host buffers) and later steps replay it: begin() uploads the token's id and position (the
+ * kernels read them from device memory), the operations then enqueue nothing, and head() or
+ * end() launches the graph.  What a graph bakes in is keyed: the slot, its MLA cache capacity
+ * (attention is launched for the capacity and each kernel reads the token's real span) and the
+ * attention scratch; a change of any of them captures anew.  KL_GPU_GRAPHS=0 turns graphs off.
  */
 #include "engine/backend.h"
 
 #include "engine/model.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef KL_GPU
@@ -54,6 +64,15 @@ typedef struct gpu_dims {
 /* Host-side description of the chunk in flight (its device twin: dev_tok). */
 enum { TOK_IDS, TOK_SLOT, TOK_POS, TOK_RUN_START, TOK_RUN_SLOT, TOK_ARRAYS };
 
+/* A captured decode step (see the header comment) and what it was captured for. */
+typedef struct gpu_graph {
+    kl_gpu_graph  exec;          /* NULL: none */
+    size_t        cap;           /* the slot's MLA capacity then */
+    const float  *mla_scratch;   /* the attention scratch then */
+} gpu_graph;
+
+typedef enum graph_mode { EAGER = 0, CAPTURE, REPLAY } graph_mode;
+
 typedef struct gpu_be {
     kl_backend    base;
     kl_gpu_stream st;
@@ -78,6 +97,14 @@ typedef struct gpu_be {
     int32_t  *idx;
     uint32_t *amax;
     size_t    mla_scratch_floats;
+    /* decode graphs */
+    int        graphs_on;
+    gpu_graph  graph[GPU_SLOTS];
+    graph_mode mode;
+    gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
+    int        head_done;                     /* head() ran for this chunk */
+    float     *host_logits;                   /* pinned [vocab]: a graph's logits */
+    uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -251,6 +278,10 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
     if (!rc)
         rc = kl_gpu_host_alloc((void **)&g->host_tok, TOK_ARRAYS * (T + 1) * sizeof(uint32_t),
                                err);
+    if (!rc)
+        rc = kl_gpu_host_alloc((void **)&g->host_logits, (size_t)d->vocab * sizeof(float), err);
+    if (!rc)
+        rc = kl_gpu_host_alloc((void **)&g->host_amax, sizeof *g->host_amax, err);
     return rc;
 }
 
@@ -449,6 +480,34 @@ static void describe_chunk(gpu_be *g, const kl_batch *c)
     t->run_slot = tok_array(g->dev_tok, TOK_RUN_SLOT);
 }
 
+/* Ends a capture that failed half way (the stream must leave capture mode) and forgets it. */
+static void abandon_capture(gpu_be *g)
+{
+    kl_gpu_graph gr = NULL;
+    kl_err e;
+    kl_err_clear(&e);
+    if (!kl_gpu_capture_end(g->st, &gr, &e))
+        kl_gpu_graph_destroy(gr);
+    g->cur->exec = NULL;
+    g->mode = EAGER;
+}
+
+/* Decides how a one-token chunk runs: REPLAY a graph captured for the same slot, capacity and
+ * scratch, or CAPTURE a new one (after dropping a stale one). */
+static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
+{
+    gpu_graph *gr = &g->graph[slot];
+    g->cur = gr;
+    if (gr->exec && gr->cap == g->mla_cap[slot] && gr->mla_scratch == g->mla_scratch) {
+        g->mode = REPLAY;
+        return 0;
+    }
+    kl_gpu_graph_destroy(gr->exec);
+    *gr = (gpu_graph){NULL, g->mla_cap[slot], g->mla_scratch};
+    g->mode = CAPTURE;
+    return kl_gpu_capture_begin(g->st, err);
+}
+
 static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
 {
     gpu_be *g = impl(be);
@@ -458,18 +517,28 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     if (rc)
         return rc;
     describe_chunk(g, c);
+    int graph = g->graphs_on && c->n == 1;
+    uint32_t s0 = c->slot[0];
     for (uint32_t r = 0; !rc && r < g->tok.n_runs; r++) {
         uint32_t s = tok_array(g->host_tok, TOK_RUN_SLOT)[r];
         rc = reserve_mla(g, s, be->slot_len[s] + g->run_len[r], err);
     }
+    if (graph)   /* attention sized for the capacity: the graph holds until the cache grows */
+        g->tok.max_span = (uint32_t)g->mla_cap[s0];
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
         rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (GPU_CHUNK + 1) * sizeof(uint32_t),
                         g->st, err);
-    if (!rc)
+    g->mode = EAGER;
+    g->head_done = 0;
+    if (!rc && graph)
+        rc = choose_graph(g, s0, err);
+    if (!rc && g->mode != REPLAY)
         rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
                           err);
+    if (rc && g->mode == CAPTURE)
+        abandon_capture(g);
     return rc;
 }
 
@@ -482,11 +551,23 @@ static const float *norm_weight(gpu_be *g, kl_norm_which which, uint32_t layer)
     }
 }
 
+/* The end of every operation: a failure while capturing abandons the capture, so the stream
+ * leaves capture mode (the orchestration stops at the first error). */
+static int op_done(gpu_be *g, int rc)
+{
+    if (rc && g->mode == CAPTURE)
+        abandon_capture(g);
+    return rc;
+}
+
 static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add, kl_err *err)
 {
     gpu_be *g = impl(be);
-    return kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
-                              g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st, err);
+    if (g->mode == REPLAY)
+        return 0;
+    return op_done(g, kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
+                              g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st,
+                                         err));
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
@@ -508,6 +589,8 @@ static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *
 static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
+    if (g->mode == REPLAY)
+        return 0;
     gpu_layer *L = &g->L[layer];
     const gpu_dims *d = &g->d;
     int rc = mm(g, &L->w[KL_ROLE_KDA_Q], g->xn, g->q, err);
@@ -536,12 +619,14 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);
-    return rc;
+    return op_done(g, rc);
 }
 
 static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
+    if (g->mode == REPLAY)
+        return 0;
     gpu_layer *L = &g->L[layer];
     kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
     int rc = mm(g, &L->w[KL_ROLE_MLA_Q], g->xn, g->q, err);
@@ -556,7 +641,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err);
-    return rc;
+    return op_done(g, rc);
 }
 
 /* y = down(SiLU(gate x) ⊙ (up x)) for the chunk, h1/h2 as scratch */
@@ -573,14 +658,18 @@ static int glu(gpu_be *g, const kl_gpu_mat *gate, const kl_gpu_mat *up, const kl
 static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
+    if (g->mode == REPLAY)
+        return 0;
     gpu_layer *L = &g->L[layer];
-    return glu(g, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN], g->h1,
-               g->h2, err);
+    return op_done(g, glu(g, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP],
+                          &L->w[KL_ROLE_MLP_DOWN], g->h1, g->h2, err));
 }
 
 static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
+    if (g->mode == REPLAY)
+        return 0;
     gpu_layer *L = &g->L[layer];
     const kl_config *c = &be->m->cfg;
     int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
@@ -604,35 +693,75 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .add_to_y = shared};
         rc = kl_gpu_experts(&ea, g->st, err);
     }
+    return op_done(g, rc);
+}
+
+/* lm_head on the wanted rows of xn; logits and/or argmax copied to the given host buffers
+ * (either may be NULL).  Enqueued only. */
+static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
+{
+    size_t H = g->d.hidden, V = g->d.vocab;
+    int rc = 0;
+    if (!g->n_want)
+        return 0;
+    for (uint32_t i = 0; !rc && i < g->n_want; i++)   /* the wanted rows of xn, packed */
+        rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
+                        err);
+    if (!rc)
+        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
+    if (!rc && argmax)
+        rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
+    if (!rc && logits)
+        rc = kl_gpu_d2h(logits, g->logits, (size_t)g->n_want * V * sizeof(float), g->st, err);
+    if (!rc && argmax)
+        rc = kl_gpu_d2h(argmax, g->amax, g->n_want * sizeof *argmax, g->st, err);
     return rc;
+}
+
+/* CAPTURE: the head (into the pinned buffers) ends the capture; then the graph runs and the
+ * host waits for it. */
+static int run_graph(gpu_be *g, kl_err *err)
+{
+    int rc = 0;
+    if (g->mode == CAPTURE) {
+        kl_gpu_graph exec = NULL;
+        if ((rc = enqueue_head(g, g->host_logits, g->host_amax, err))) {
+            abandon_capture(g);
+            return rc;
+        }
+        rc = kl_gpu_capture_end(g->st, &exec, err);
+        g->mode = rc ? EAGER : REPLAY;
+        if (rc)
+            return rc;
+        g->cur->exec = exec;
+    }
+    g->head_done = 1;
+    rc = kl_gpu_graph_launch(g->cur->exec, g->st, err);
+    return rc ? rc : kl_gpu_stream_sync(g->st, err);
 }
 
 static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
 {
     gpu_be *g = impl(be);
-    size_t H = g->d.hidden, V = g->d.vocab;
-    int rc = 0;
-    /* the wanted rows of xn, packed */
-    for (uint32_t i = 0; !rc && i < g->n_want; i++)
-        rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
-                        err);
-    if (!rc && g->n_want)
-        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
-    if (!rc && argmax && g->n_want)
-        rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
-    if (!rc && logits && g->n_want)
-        rc = kl_gpu_d2h(logits, g->logits, (size_t)g->n_want * V * sizeof(float), g->st, err);
-    if (!rc && argmax && g->n_want)
-        rc = kl_gpu_d2h(argmax, g->amax, g->n_want * sizeof *argmax, g->st, err);
-    if (!rc)
-        rc = kl_gpu_stream_sync(g->st, err);
+    if (g->mode == EAGER) {
+        int rc = enqueue_head(g, logits, argmax, err);
+        return rc ? rc : kl_gpu_stream_sync(g->st, err);
+    }
+    int rc = run_graph(g, err);   /* a one-token chunk: one wanted row */
+    if (!rc && logits)
+        memcpy(logits, g->host_logits, (size_t)g->d.vocab * sizeof *logits);
+    if (!rc && argmax)
+        argmax[0] = g->host_amax[0];
     return rc;
 }
 
 static int gpu_end(kl_backend *be, kl_err *err)
 {
     gpu_be *g = impl(be);
-    int rc = kl_gpu_stream_sync(g->st, err);
+    int rc = g->mode != EAGER && !g->head_done ? run_graph(g, err) : 0;
+    g->mode = EAGER;
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
     if (rc)
         return rc;
     const uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
@@ -653,8 +782,12 @@ static void gpu_destroy(kl_backend *be)
             kl_free(g->L[l].cache_h);
         }
     }
+    for (uint32_t s = 0; s < GPU_SLOTS; s++)
+        kl_gpu_graph_destroy(g->graph[s].exec);
     for (size_t i = 0; i < g->n_allocs; i++)
         kl_gpu_free(g->allocs[i]);
+    kl_gpu_host_free(g->host_logits);
+    kl_gpu_host_free(g->host_amax);
     kl_gpu_free(g->mla_scratch);
     kl_gpu_host_free(g->host_tok);
     kl_gpu_stream_destroy(g->st);
@@ -699,6 +832,8 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = GPU_CHUNK,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
+    const char *graphs = getenv("KL_GPU_GRAPHS");
+    g->graphs_on = !(graphs && !strcmp(graphs, "0"));
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
     g->open = kl_calloc(GPU_SLOTS, sizeof *g->open);

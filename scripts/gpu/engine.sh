@@ -58,7 +58,9 @@ stage_full() {
     f=$(python3 -c "import random; r=random.Random(6); print(','.join(str(r.randrange(1, 160000)) for _ in range(8)))")
     forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu.bin" && forced "$D" cpu unbiased "$p" "$f" "$W/full-cpu.bin" &&
         row "$(summary "full-64 gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu.bin")")"
-    for ctx in 64 8192; do
+    KL_GPU_GRAPHS=0 "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 32 --json -q > "$W/bench-nographs.json" &&
+        row "bench ctx=64 without graphs: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s' % d['decode_tok_s'])" "$W/bench-nographs.json")"
+    for ctx in ${CTXS:-64 8192}; do
         "$KL" bench decode "$D" --device gpu --prompt-tokens $ctx --tokens 64 --json -q > "$W/bench-$ctx.json" &&
             row "bench ctx=$ctx $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s, %.3f ms/tok, %.3f GB/tok, ratio_to_hbm %.3f (hbm %.0f GB/s), prefill %.0f tok/s, upload %.2f s' % (d['decode_tok_s'], 1e3/d['decode_tok_s'], d['bytes_per_token']/1e9, d['ratio_to_ceiling'], d['hbm_copy_gbps'], d['prefill_tok_s'], d['upload_s']))" "$W/bench-$ctx.json")"
         cp "$W/bench-$ctx.json" "$OUT/" 2>/dev/null
