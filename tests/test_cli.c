@@ -6,7 +6,8 @@
  * - a misspelt option or command gets a did-you-mean;
  * - stdout on /dev/full or closed: exit 2 and a message, never a silent 0;
  * - options parse one way: --name=VALUE, missing values, repeated and conflicting options;
- * - `kl tokenize --json` prints one object; `tokenize --file DIR` exits 2 like a missing file.
+ * - `kl tokenize --json` prints one object; `tokenize --file DIR` exits 2 like a missing file;
+ * - --device gpu in a build without GPU support is a clear error; --device tpu a usage error.
  */
 #include "common/err.h"
 #include "synth/synth.h"
@@ -346,6 +347,32 @@ START_TEST(tokenize_file_that_is_not_a_regular_file_exits_2)
 }
 END_TEST
 
+/* --device: gpu where this build has no GPU support (the CPU build make test uses) is one clear
+ * error naming the way out, in every command that takes it; auto and cpu run on the CPU; an
+ * unknown device is a usage error. */
+START_TEST(device_choice_is_checked_and_gpu_refused_clearly_without_support)
+{
+    const char *gpu[] = {"run T --ids 1,2 -n 1 --device gpu", "chat T -n 1 --device gpu",
+                         "bench decode T --prompt-tokens 2 --tokens 1 --device gpu"};
+    for (size_t i = 0; i < sizeof gpu / sizeof *gpu; i++) {
+        char *out, *err;
+        int rc = kl_capture(gpu[i], &out, &err);
+        ck_assert_msg(rc != 0, "`kl %s` succeeded without a GPU", gpu[i]);
+        ck_assert_msg(strstr(err, "without GPU support") && strstr(err, "GPU=cuda"),
+                      "`kl %s`: unclear message: %s", gpu[i], err);
+        free(out);
+        free(err);
+    }
+    ck_assert_int_eq(kl("run T --ids 1,2 -n 1 --device cpu", "> /dev/null"), 0);
+    ck_assert_int_eq(kl("run T --ids 1,2 -n 1 --device auto", "> /dev/null"), 0);
+    char *out, *err;
+    ck_assert_int_eq(kl_capture("run T --ids 1,2 -n 1 --device tpu", &out, &err), 2);
+    ck_assert_msg(strstr(err, "auto, cpu or gpu"), "unclear message: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *cli_suite(void)
@@ -362,6 +389,7 @@ static Suite *cli_suite(void)
     tcase_add_test(tc, help_lists_every_option_of_the_table);
     tcase_add_test(tc, tokenize_json_prints_one_object_for_all_inputs);
     tcase_add_test(tc, tokenize_file_that_is_not_a_regular_file_exits_2);
+    tcase_add_test(tc, device_choice_is_checked_and_gpu_refused_clearly_without_support);
     suite_add_tcase(s, tc);
     return s;
 }
