@@ -44,8 +44,22 @@
 /* ------------------------------------------------------------------------------------------ */
 /* State                                                                                      */
 
+/* Matrices that multiply the same input, stored one after another so that a one-token chunk
+ * runs them as one product (one launch, one pass over more bytes: small products are bound by
+ * their fixed cost, not their bytes).  Members in output order; each row count is a multiple
+ * of 4 except possibly the last, so every member's output stays 16-byte aligned. */
+enum { FUSE_KDA, FUSE_MLA, FUSE_MOE, FUSE_MLP, FUSE_GROUPS, FUSE_MAX = 6 };
+static const kl_role fuse_roles[FUSE_GROUPS][FUSE_MAX + 1] = {
+    [FUSE_KDA] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V, KL_ROLE_KDA_F_A, KL_ROLE_KDA_G_A,
+                  KL_ROLE_KDA_B, KL_ROLE_COUNT},
+    [FUSE_MLA] = {KL_ROLE_MLA_Q, KL_ROLE_MLA_KV_A, KL_ROLE_COUNT},
+    [FUSE_MOE] = {KL_ROLE_SHARED_GATE, KL_ROLE_SHARED_UP, KL_ROLE_ROUTER, KL_ROLE_COUNT},
+    [FUSE_MLP] = {KL_ROLE_MLP_GATE, KL_ROLE_MLP_UP, KL_ROLE_COUNT},
+};
+
 typedef struct gpu_layer {
     kl_gpu_mat   w[KL_ROLE_COUNT];   /* matrices by role (KL_GPU_W_NONE if absent) */
+    kl_gpu_mat   fused[FUSE_GROUPS]; /* a group's members as one matrix (NONE: not fusable) */
     float       *vec[KL_ROLE_COUNT]; /* fp32 vectors by role */
     kl_gpu_stack ex[3];              /* routed experts: w1 (gate), w2 (down), w3 (up) */
     float       *win, *state;        /* KDA: conv windows and delta-rule state, [slots] each */
@@ -94,6 +108,7 @@ typedef struct gpu_be {
     /* scratch */
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
     float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch;
+    float *fz;                                /* [fused rows]: a fused product's outputs */
     int32_t  *idx;
     uint32_t *amax;
     size_t    mla_scratch_floats;
@@ -159,31 +174,109 @@ static const void *payload(const kl_wmat *w)
     return w->kind == KL_W_MXFP4 ? (const void *)w->packed : w->data;
 }
 
-/* n matrices of one shape and kind into one stacked device matrix (n = 1: a plain copy). */
-static int upload_stack(gpu_be *g, const kl_wmat *w, uint32_t n, kl_gpu_mat *out, kl_err *err)
+/* n matrices of one kind and width, rows one after another in one device allocation (plus
+ * one for MXFP4 scales): views[i] is matrix i, *whole (may be NULL) all of them. */
+static int upload_rows(gpu_be *g, const kl_wmat *const *w, uint32_t n, kl_gpu_mat *views,
+                       kl_gpu_mat *whole, kl_err *err)
 {
-    memset(out, 0, sizeof *out);
-    if (w[0].kind == KL_W_NONE)
-        return 0;
-    size_t db, sb;
-    payload_bytes(&w[0], &db, &sb);
+    size_t db = 0, sb = 0, d_i, s_i;
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (w[i]->kind != w[0]->kind || w[i]->cols != w[0]->cols)
+            return kl_fail(err, KL_E_BUG, "stacked matrices differ in kind or width");
+        payload_bytes(w[i], &d_i, &s_i);
+        db += d_i;
+        sb += s_i;
+        rows += w[i]->rows;
+    }
     uint8_t *dd = NULL, *sd = NULL;
-    int rc = dev_alloc(g, (void **)&dd, db * n, err);
+    int rc = dev_alloc(g, (void **)&dd, db, err);
     if (!rc && sb)
-        rc = dev_alloc(g, (void **)&sd, sb * n, err);
-    for (uint32_t e = 0; !rc && e < n; e++) {
-        if (w[e].kind != w[0].kind || w[e].rows != w[0].rows || w[e].cols != w[0].cols)
-            return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in kind or "
-                           "shape (expert %u)", e);
-        rc = kl_gpu_h2d(dd + e * db, payload(&w[e]), db, g->st, err);
-        if (!rc && sb)
-            rc = kl_gpu_h2d(sd + e * sb, w[e].scale, sb, g->st, err);
+        rc = dev_alloc(g, (void **)&sd, sb, err);
+    size_t doff = 0, soff = 0;
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        payload_bytes(w[i], &d_i, &s_i);
+        rc = kl_gpu_h2d(dd + doff, payload(w[i]), d_i, g->st, err);
+        if (!rc && s_i)
+            rc = kl_gpu_h2d(sd + soff, w[i]->scale, s_i, g->st, err);
+        views[i] = (kl_gpu_mat){gpu_kind(w[i]->kind), (uint32_t)w[i]->rows,
+                                (uint32_t)w[i]->cols, sd ? NULL : dd + doff,
+                                sd ? dd + doff : NULL, sd ? sd + soff : NULL};
+        doff += d_i;
+        soff += s_i;
     }
     if (rc)
         return rc;
-    *out = (kl_gpu_mat){gpu_kind(w[0].kind), (uint32_t)w[0].rows, (uint32_t)w[0].cols,
-                        sd ? NULL : dd, sd ? dd : NULL, sd};
+    if (whole) {
+        *whole = views[0];
+        whole->rows = (uint32_t)rows;
+    }
     return kl_gpu_stream_sync(g->st, err);   /* the host buffers may go after this */
+}
+
+/* One matrix (NONE stays NONE). */
+static int upload_mat(gpu_be *g, const kl_wmat *w, kl_gpu_mat *out, kl_err *err)
+{
+    memset(out, 0, sizeof *out);
+    return w->kind == KL_W_NONE ? 0 : upload_rows(g, &w, 1, out, NULL, err);
+}
+
+/* A fusion group's members, stacked when all are present with one kind and width. */
+static int upload_group(gpu_be *g, const kl_layer *hl, gpu_layer *gl, int grp, kl_err *err)
+{
+    const kl_wmat *w[FUSE_MAX] = {0};
+    kl_gpu_mat views[FUSE_MAX];
+    uint32_t n = 0;
+    int same = 1;
+    for (const kl_role *r = fuse_roles[grp]; *r != KL_ROLE_COUNT; r++, n++) {
+        w[n] = &hl->w[*r];
+        same &= w[n]->kind != KL_W_NONE && w[n]->kind == w[0]->kind && w[n]->cols == w[0]->cols;
+    }
+    for (uint32_t i = 0; i + 1 < n; i++)   /* every member's output 16-byte aligned */
+        same &= w[i]->rows % 4 == 0;
+    memset(&gl->fused[grp], 0, sizeof gl->fused[grp]);
+    if (!same) {   /* each on its own */
+        int rc = 0;
+        for (uint32_t i = 0; !rc && i < n; i++)
+            rc = upload_mat(g, w[i], &gl->w[fuse_roles[grp][i]], err);
+        return rc;
+    }
+    int rc = upload_rows(g, w, n, views, &gl->fused[grp], err);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        gl->w[fuse_roles[grp][i]] = views[i];
+    return rc;
+}
+
+/* The fusion group role r belongs to, or -1. */
+static int group_of(kl_role r)
+{
+    for (int grp = 0; grp < FUSE_GROUPS; grp++)
+        for (const kl_role *m = fuse_roles[grp]; *m != KL_ROLE_COUNT; m++)
+            if (*m == r)
+                return grp;
+    return -1;
+}
+
+/* A layer's routed experts of one role: E matrices of one shape, stacked. */
+static int upload_experts(gpu_be *g, const kl_wmat *ex, kl_gpu_stack *out, kl_err *err)
+{
+    uint32_t E = g->d.E;
+    const kl_wmat **w = kl_calloc(E, sizeof *w);
+    kl_gpu_mat *views = kl_calloc(E, sizeof *views);
+    int rc = !w || !views ? kl_fail(err, KL_E_NOMEM, "out of memory") : 0;
+    for (uint32_t e = 0; !rc && e < E; e++) {
+        w[e] = &ex[e];
+        if (ex[e].rows != ex[0].rows)
+            rc = kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape (expert "
+                         "%u)", e);
+    }
+    if (!rc)
+        rc = upload_rows(g, w, E, views, NULL, err);
+    if (!rc)
+        *out = (kl_gpu_stack){views[0], E};
+    kl_free(w);
+    kl_free(views);
+    return rc;
 }
 
 static int upload_floats(gpu_be *g, const float *src, size_t n, float **out, kl_err *err)
@@ -199,19 +292,19 @@ static int upload_floats(gpu_be *g, const float *src, size_t n, float **out, kl_
 static int upload_layer(gpu_be *g, const kl_layer *hl, gpu_layer *gl, kl_err *err)
 {
     int rc = 0;
+    for (int grp = 0; !rc && grp < FUSE_GROUPS; grp++)
+        rc = upload_group(g, hl, gl, grp, err);
     for (int r = 0; !rc && r < KL_ROLE_COUNT; r++) {
         const kl_wmat *w = &hl->w[r];
-        if (w->kind == KL_W_NONE)
+        if (w->kind == KL_W_NONE || group_of((kl_role)r) >= 0)
             continue;
         if (hl->vec[r])
             rc = upload_floats(g, hl->vec[r], (size_t)(w->rows * w->cols), &gl->vec[r], err);
         else
-            rc = upload_stack(g, w, 1, &gl->w[r], err);
+            rc = upload_mat(g, w, &gl->w[r], err);
     }
-    for (int i = 0; !rc && i < 3 && hl->moe && hl->experts[i]; i++) {
-        rc = upload_stack(g, hl->experts[i], g->d.E, &gl->ex[i].m, err);
-        gl->ex[i].n = g->d.E;
-    }
+    for (int i = 0; !rc && i < 3 && hl->moe && hl->experts[i]; i++)
+        rc = upload_experts(g, hl->experts[i], &gl->ex[i], err);
     return rc;
 }
 
@@ -253,6 +346,17 @@ static void get_dims(const kl_model *m, gpu_dims *d)
             d->inter = max2u(d->inter, (uint32_t)m->layers[l].experts[0][0].rows);
 }
 
+/* The most rows of any fused group (after the upload). */
+static size_t fused_rows(const gpu_be *g)
+{
+    size_t n = 1;
+    for (uint32_t l = 0; l < g->base.m->cfg.num_hidden_layers; l++)
+        for (int grp = 0; grp < FUSE_GROUPS; grp++)
+            if (g->L[l].fused[grp].rows > n)
+                n = g->L[l].fused[grp].rows;
+    return n;
+}
+
 static int alloc_scratch(gpu_be *g, kl_err *err)
 {
     const gpu_dims *d = &g->d;
@@ -263,6 +367,7 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
         {&g->lr2, T * d->low}, {&g->beta, T * max2u(d->kh, 1)}, {&g->h1, T * max2u(d->ffn, 1)},
         {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
         {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
+        {&g->fz, fused_rows(g)},
         {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(GPU_CHUNK, d->topk, d->inter, H)
                                   : 1},
     };
@@ -586,6 +691,33 @@ static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *
     return kl_gpu_matmul(w, x, g->tok.n, y, g->st, err);
 }
 
+/* Whether the chunk runs group grp's products as one (a one-token chunk, the group fused). */
+static int fused(const gpu_be *g, const gpu_layer *L, int grp)
+{
+    return g->tok.n == 1 && L->fused[grp].kind != KL_GPU_W_NONE;
+}
+
+/* Outputs of the products of x by group grp's members: fused, the members' outputs lie one
+ * after another in g->fz (out[i] points at member i's); else each is its own product into the
+ * buffer out[i] names on entry. */
+static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x, float **out,
+                          kl_err *err)
+{
+    if (fused(g, L, grp)) {
+        float *p = g->fz;
+        for (int i = 0; fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
+            out[i] = p;
+            p += L->w[fuse_roles[grp][i]].rows;
+        }
+        return mm(g, &L->fused[grp], x, g->fz, err);
+    }
+    int rc = 0;
+    for (int i = 0; !rc && fuse_roles[grp][i] != KL_ROLE_COUNT; i++)
+        if (L->w[fuse_roles[grp][i]].kind != KL_GPU_W_NONE)
+            rc = mm(g, &L->w[fuse_roles[grp][i]], x, out[i], err);
+    return rc;
+}
+
 static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
@@ -593,25 +725,23 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         return 0;
     gpu_layer *L = &g->L[layer];
     const gpu_dims *d = &g->d;
-    int rc = mm(g, &L->w[KL_ROLE_KDA_Q], g->xn, g->q, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_K], g->xn, g->k, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_V], g->xn, g->v, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_A], g->xn, g->lr, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_B], g->xn, g->beta, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_A], g->xn, g->lr2, err);
+    /* q, k, v, f_a, g_a, b: fuse_roles[FUSE_KDA] order */
+    float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
+    int rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
+    float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
     if (!rc) {
         kl_gpu_kda_conv_args ca = {
-            .qkv = {g->q, g->k, g->v},
+            .qkv = {q, k, v},
             .taps = {L->vec[KL_ROLE_KDA_Q_CONV], L->vec[KL_ROLE_KDA_K_CONV],
                      L->vec[KL_ROLE_KDA_V_CONV]},
             .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
         rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
     }
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_B], g->lr, g->f, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], g->lr2, g->g, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
+    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
     if (!rc) {
         kl_gpu_kda_recur_args ra = {
-            .q = g->q, .k = g->k, .v = g->v, .f = g->f, .beta_logit = g->beta, .gate = g->g,
+            .q = q, .k = k, .v = v, .f = g->f, .beta_logit = beta, .gate = g->g,
             .a_log = L->vec[KL_ROLE_KDA_A_LOG], .dt_bias = L->vec[KL_ROLE_KDA_DT_BIAS],
             .o_norm = L->vec[KL_ROLE_KDA_O_NORM], .eps = (float)be->m->cfg.rms_norm_eps,
             .H = d->kh, .K = d->kd, .state = L->state, .state_stride = g->state_stride,
@@ -629,14 +759,14 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
         return 0;
     gpu_layer *L = &g->L[layer];
     kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
-    int rc = mm(g, &L->w[KL_ROLE_MLA_Q], g->xn, g->q, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_KV_A], g->xn, g->lr, err);
+    float *o2[2] = {g->q, g->lr};   /* q, kv_a */
+    int rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
     if (!rc) {
-        kl_gpu_mla_append_args aa = {md, g->lr, L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
+        kl_gpu_mla_append_args aa = {md, o2[1], L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
         rc = kl_gpu_mla_append(&aa, &g->tok, g->st, err);
     }
     if (!rc) {
-        kl_gpu_mla_attend_args at = {md, g->q, &L->w[KL_ROLE_MLA_KV_B],
+        kl_gpu_mla_attend_args at = {md, o2[0], &L->w[KL_ROLE_MLA_KV_B],
                                      (const float *const *)L->cache_d, g->mla_scratch, g->o};
         rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
     }
@@ -644,15 +774,12 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     return op_done(g, rc);
 }
 
-/* y = down(SiLU(gate x) ⊙ (up x)) for the chunk, h1/h2 as scratch */
-static int glu(gpu_be *g, const kl_gpu_mat *gate, const kl_gpu_mat *up, const kl_gpu_mat *down,
-               float *h1, float *h2, kl_err *err)
+/* y = down(SiLU(h1) ⊙ h2) for the chunk: the end of a gated MLP whose gate and up products
+ * h1 and h2 [n, down->cols] are done. */
+static int glu_down(gpu_be *g, float *h1, const float *h2, const kl_gpu_mat *down, kl_err *err)
 {
-    int rc = mm(g, gate, g->xn, h1, err);
-    if (!rc) rc = mm(g, up, g->xn, h2, err);
-    if (!rc) rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * gate->rows, g->st, err);
-    if (!rc) rc = mm(g, down, h1, g->y, err);
-    return rc;
+    int rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * down->cols, g->st, err);
+    return rc ? rc : mm(g, down, h1, g->y, err);
 }
 
 static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
@@ -661,8 +788,11 @@ static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
     if (g->mode == REPLAY)
         return 0;
     gpu_layer *L = &g->L[layer];
-    return op_done(g, glu(g, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP],
-                          &L->w[KL_ROLE_MLP_DOWN], g->h1, g->h2, err));
+    float *o2[2] = {g->h1, g->h2};   /* gate, up */
+    int rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
+    if (!rc)
+        rc = glu_down(g, o2[0], o2[1], &L->w[KL_ROLE_MLP_DOWN], err);
+    return op_done(g, rc);
 }
 
 static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
@@ -673,10 +803,11 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     gpu_layer *L = &g->L[layer];
     const kl_config *c = &be->m->cfg;
     int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
-    int rc = mm(g, &L->w[KL_ROLE_ROUTER], g->xn, g->router, err);
+    float *o3[3] = {g->h1, g->h2, g->router};   /* shared gate, shared up, router */
+    int rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
     if (!rc) {
         kl_gpu_route_args ra = {
-            .logits = g->router, .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
+            .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
             .n_experts = g->d.E, .top_k = g->d.topk,
             .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
             .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
@@ -684,8 +815,7 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_route(&ra, g->st, err);
     }
     if (!rc && shared)
-        rc = glu(g, &L->w[KL_ROLE_SHARED_GATE], &L->w[KL_ROLE_SHARED_UP],
-                 &L->w[KL_ROLE_SHARED_DOWN], g->h1, g->h2, err);
+        rc = glu_down(g, o3[0], o3[1], &L->w[KL_ROLE_SHARED_DOWN], err);
     if (!rc) {
         kl_gpu_experts_args ea = {
             .w1 = &L->ex[0], .w2 = &L->ex[1], .w3 = &L->ex[2], .x = g->xn, .n = g->tok.n,
@@ -809,11 +939,11 @@ static const kl_backend_ops gpu_ops = {
 static int upload_model(gpu_be *g, kl_err *err)
 {
     const kl_model *m = g->base.m;
-    int rc = upload_stack(g, &m->embed, 1, &g->embed, err);
+    int rc = upload_mat(g, &m->embed, &g->embed, err);
     if (!rc && m->lm_head.data == m->embed.data)
         g->lm_head = g->embed;
     else if (!rc)
-        rc = upload_stack(g, &m->lm_head, 1, &g->lm_head, err);
+        rc = upload_mat(g, &m->lm_head, &g->lm_head, err);
     if (!rc)
         rc = upload_floats(g, m->final_norm, g->d.hidden, &g->final_norm, err);
     for (uint32_t l = 0; !rc && l < m->cfg.num_hidden_layers; l++)
