@@ -73,15 +73,6 @@ static size_t max2(size_t a, size_t b)
     return a > b ? a : b;
 }
 
-/* The largest row count of role r over all layers. */
-static size_t max_rows(const kl_model *m, kl_role r)
-{
-    size_t n = 0;
-    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
-        n = max2(n, (size_t)m->layers[l].w[r].rows);
-    return n;
-}
-
 static void get_dims(const kl_model *m, dims *d)
 {
     const kl_config *c = &m->cfg;
@@ -98,19 +89,11 @@ static void get_dims(const kl_model *m, dims *d)
     d->R = c->kv_lora_rank;
     d->E = c->num_experts;
     d->topk = c->num_experts_per_token;
-    /* sizes from the bound tensors too (the low-rank gates have no config key) */
-    static const kl_role wide_roles[] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V,
-                                         KL_ROLE_KDA_F_B, KL_ROLE_KDA_G_B, KL_ROLE_MLA_Q};
-    d->wide = max2(d->kD, max2(d->nh * (d->dn + d->dr), d->nh * d->dv));
-    for (size_t i = 0; i < sizeof wide_roles / sizeof *wide_roles; i++)
-        d->wide = max2(d->wide, max_rows(m, wide_roles[i]));
-    d->low = max2(d->R + d->dr, max2(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
-    size_t routed = 0;
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
-        if (m->layers[l].moe && m->layers[l].experts[0])
-            routed = max2(routed, (size_t)m->layers[l].experts[0][0].rows);
-    d->ffn = max2(max_rows(m, KL_ROLE_MLP_GATE),
-                  d->topk * routed + max_rows(m, KL_ROLE_SHARED_GATE));
+    kl_model_widths w;
+    kl_model_widths_get(m, &w);
+    d->wide = (size_t)w.wide;
+    d->low = (size_t)w.low;
+    d->ffn = max2((size_t)w.mlp, d->topk * (size_t)w.routed + (size_t)w.shared);
     d->head_floats = CHUNK * d->R + d->R + CHUNK * d->dv;
 }
 

@@ -316,14 +316,6 @@ static uint32_t max2u(uint32_t a, uint32_t b)
     return a > b ? a : b;
 }
 
-static uint32_t max_rows(const kl_model *m, kl_role r)
-{
-    uint32_t n = 0;
-    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
-        n = max2u(n, (uint32_t)m->layers[l].w[r].rows);
-    return n;
-}
-
 static void get_dims(const kl_model *m, gpu_dims *d)
 {
     const kl_config *c = &m->cfg;
@@ -333,17 +325,12 @@ static void get_dims(const kl_model *m, gpu_dims *d)
                     .dr = c->qk_rope_head_dim, .dv = c->v_head_dim, .R = c->kv_lora_rank,
                     .E = c->num_experts, .topk = c->num_experts_per_token};
     d->kD = d->kh * d->kd;
-    static const kl_role wide_roles[] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V,
-                                         KL_ROLE_KDA_F_B, KL_ROLE_KDA_G_B, KL_ROLE_MLA_Q};
-    d->wide = max2u(d->kD, max2u(d->nh * (d->dn + d->dr), d->nh * d->dv));
-    for (size_t i = 0; i < sizeof wide_roles / sizeof *wide_roles; i++)
-        d->wide = max2u(d->wide, max_rows(m, wide_roles[i]));
-    d->low = max2u(d->R + d->dr,
-                   max2u(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
-    d->ffn = max2u(max_rows(m, KL_ROLE_MLP_GATE), max_rows(m, KL_ROLE_SHARED_GATE));
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
-        if (m->layers[l].moe && m->layers[l].experts[0])
-            d->inter = max2u(d->inter, (uint32_t)m->layers[l].experts[0][0].rows);
+    kl_model_widths w;
+    kl_model_widths_get(m, &w);
+    d->wide = (uint32_t)w.wide;
+    d->low = (uint32_t)w.low;
+    d->ffn = (uint32_t)(w.mlp > w.shared ? w.mlp : w.shared);
+    d->inter = (uint32_t)w.routed;
 }
 
 /* The most rows of any fused group (after the upload). */

@@ -296,3 +296,41 @@ void kl_model_close(kl_model *m)
     kl_free(m->final_norm);
     kl_free(m);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Widths                                                                                     */
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* The largest row count of role r over all layers. */
+static uint64_t max_rows(const kl_model *m, kl_role r)
+{
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        n = max_u64(n, m->layers[l].w[r].rows);
+    return n;
+}
+
+void kl_model_widths_get(const kl_model *m, kl_model_widths *w)
+{
+    const kl_config *c = &m->cfg;
+    static const kl_role wide_roles[] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V,
+                                         KL_ROLE_KDA_F_B, KL_ROLE_KDA_G_B, KL_ROLE_MLA_Q};
+    uint64_t qk = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim;
+    w->wide = max_u64((uint64_t)c->kda_num_heads * c->kda_head_dim,
+                      max_u64(c->num_attention_heads * qk,
+                              (uint64_t)c->num_attention_heads * c->v_head_dim));
+    for (size_t i = 0; i < sizeof wide_roles / sizeof *wide_roles; i++)
+        w->wide = max_u64(w->wide, max_rows(m, wide_roles[i]));
+    w->low = max_u64((uint64_t)c->kv_lora_rank + c->qk_rope_head_dim,
+                     max_u64(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
+    w->mlp = max_rows(m, KL_ROLE_MLP_GATE);
+    w->shared = max_rows(m, KL_ROLE_SHARED_GATE);
+    w->routed = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        if (m->layers[l].moe && m->layers[l].experts[0])
+            w->routed = max_u64(w->routed, m->layers[l].experts[0][0].rows);
+}

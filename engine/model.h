@@ -75,6 +75,17 @@ typedef struct kl_model {
                                              installed (owned, freed by kl_model_close) */
 } kl_model;
 
+/* Buffer widths the backends size their scratch by, from the config and the bound tensors (the
+ * low-rank gates have no config key). */
+typedef struct kl_model_widths {
+    uint64_t wide;     /* widest attention projection or gate output per token */
+    uint64_t low;      /* widest low-rank output (KDA gate ranks, MLA kv_a) */
+    uint64_t mlp;      /* widest dense-MLP intermediate */
+    uint64_t shared;   /* widest shared-experts intermediate (0: none) */
+    uint64_t routed;   /* widest routed-expert intermediate (0: no MoE layer) */
+} kl_model_widths;
+void kl_model_widths_get(const kl_model *m, kl_model_widths *w);
+
 /* Opens dir, binds every tensor and creates the CPU backend over them (m->be); opts may be
  * NULL.  *out is owned: kl_model_close. */
 int  kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err);
