@@ -35,6 +35,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static const char usage_text[] =
@@ -195,6 +196,8 @@ typedef struct decode_args {
 
 typedef struct decode_result {
     double         prefill_s, decode_s;
+    double         ttft_s;        /* process start to the prompt's logits (-1: unknown) */
+    uint64_t       peak_rss;      /* host bytes, before the ceilings are measured */
     kl_token_bytes bytes;
     kl_membench_result ceiling;   /* CPU: host memory read */
     kl_gpu_ceilings gpu;          /* GPU: HBM (device copy) and pinned host-to-device */
@@ -205,6 +208,13 @@ typedef struct decode_result {
 static double ceiling_gbps(const decode_result *r)
 {
     return r->on_gpu ? r->gpu.hbm_gbps : r->ceiling.read_gbps;
+}
+
+/* The most resident memory this process has had, in bytes. */
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024;
 }
 
 /* Prefill of random ids, then greedy decode steps; timings into res. */
@@ -228,12 +238,14 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
     double t0 = kl_now_s();
     rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
     res->prefill_s = kl_now_s() - t0;
+    res->ttft_s = kl_process_age_s();
     t0 = kl_now_s();
     for (size_t i = 0; i < a->tokens && !rc; i++) {
         kl_token id = kl_sample_argmax(logits, V);
         rc = kl_forward(m, &st, &id, 1, logits, err);
     }
     res->decode_s = kl_now_s() - t0;
+    res->peak_rss = peak_rss_bytes();
     kl_state_free(&st);
     kl_free(ids);
     kl_free(logits);
@@ -261,6 +273,8 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)a->prompt_tokens);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "prefill_tok_s", per_s((double)a->prompt_tokens, r->prefill_s));
+    cJSON_AddNumberToObject(j, "time_to_first_token_s", r->ttft_s);
+    cJSON_AddNumberToObject(j, "peak_host_rss_bytes", (double)r->peak_rss);
     cJSON_AddNumberToObject(j, "decode_tokens", (double)a->tokens);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
     cJSON_AddNumberToObject(j, "decode_tok_s", tok_s);
@@ -276,6 +290,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(j, "upload_s", l->upload_s);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
+        cJSON_AddNumberToObject(j, "gpu_memory_used_bytes", (double)r->gpu.mem_used);
     } else {
         cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
     }
@@ -291,8 +306,9 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
     printf("kl bench decode: %s (%u threads, %s kernels, %.3f GB of weights)\n", a->model,
            kl_pool_threads(m->pool), kl_matvec_kernels_name(kl_matvec_kernels()),
            (double)m->weight_bytes / 1e9);
-    printf("  prefill  %llu tokens in %.3f s: %.1f tok/s\n", a->prompt_tokens, r->prefill_s,
-           per_s((double)a->prompt_tokens, r->prefill_s));
+    printf("  prefill  %llu tokens in %.3f s: %.1f tok/s (first token %.2f s after the process "
+           "started)\n", a->prompt_tokens, r->prefill_s,
+           per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,

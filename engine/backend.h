@@ -123,6 +123,7 @@ typedef struct kl_gpu_ceilings {
     char   device[96];
     double hbm_gbps, h2d_gbps;
     size_t mem_total;          /* device memory, bytes */
+    size_t mem_used;           /* in use when measured (the model, its state and scratch) */
 } kl_gpu_ceilings;
 int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
 

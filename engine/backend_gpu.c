@@ -991,6 +991,7 @@ int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
     int rc = kl_gpu_device_open(0, c->device, sizeof c->device, err);
     if (!rc)
         rc = kl_gpu_mem_info(&fr, &c->mem_total, err);
+    c->mem_used = rc ? 0 : c->mem_total - fr;
     if (!rc)
         rc = kl_gpu_measure_rates((size_t)1 << 30, 5, &c->hbm_gbps, &c->h2d_gbps, err);
     return rc;

@@ -48,6 +48,19 @@ stage_golden() {
             row "$(summary "$tag gpu-vs-transformers" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 "$ref" "$W/$tag-gpu.bin")")"
             row "$(summary "$tag gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/$tag-cpu.bin" "$W/$tag-gpu.bin")")"
         done
+        # the prompt in chunks vs one token at a time (its first id, the rest forced): the
+        # chunked run's first row against the forced run's row after the whole prompt
+        local first=${prompt%%,*} rest=${prompt#*,}
+        forced "$dir" gpu unbiased "$first" "$rest" "$W/$name-tbt.bin" &&
+            python3 - "$W/$name-unbiased-gpu.bin" "$W/$name-tbt.bin" $vocab "$name" <<'PY' | tee -a "$TABLE"
+import struct, sys
+chunked, tbt, vocab = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), int(sys.argv[3])
+row = lambda raw, i: struct.unpack_from(f"<{vocab}f", raw, i * 4 * vocab)
+a, b = row(chunked, 0), row(tbt, len(tbt) // (4 * vocab) - 1)
+err = sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5 / (sum(y * y for y in b) ** 0.5 or 1)
+same = max(range(vocab), key=lambda k: a[k]) == max(range(vocab), key=lambda k: b[k])
+print(f"{sys.argv[4]} chunked-vs-token-by-token rel_l2={err:.3g} argmax_same={same}", "PASS" if err <= 2e-2 and same else "FAIL")
+PY
     done
 }
 
@@ -58,11 +71,11 @@ stage_full() {
     f=$(python3 -c "import random; r=random.Random(6); print(','.join(str(r.randrange(1, 160000)) for _ in range(8)))")
     forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu.bin" && forced "$D" cpu unbiased "$p" "$f" "$W/full-cpu.bin" &&
         row "$(summary "full-64 gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu.bin")")"
-    KL_GPU_GRAPHS=0 "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 32 --json -q > "$W/bench-nographs.json" &&
-        row "bench ctx=64 without graphs: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s' % d['decode_tok_s'])" "$W/bench-nographs.json")"
+    [ -z "${NOGRAPHS:-}" ] || { KL_GPU_GRAPHS=0 "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 32 --json -q > "$W/bench-nographs.json" &&
+        row "bench ctx=64 without graphs: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s' % d['decode_tok_s'])" "$W/bench-nographs.json")"; }
     for ctx in ${CTXS:-64 8192}; do
         "$KL" bench decode "$D" --device gpu --prompt-tokens $ctx --tokens 64 --json -q > "$W/bench-$ctx.json" &&
-            row "bench ctx=$ctx $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s, %.3f ms/tok, %.3f GB/tok, ratio_to_hbm %.3f (hbm %.0f GB/s), prefill %.0f tok/s, upload %.2f s' % (d['decode_tok_s'], 1e3/d['decode_tok_s'], d['bytes_per_token']/1e9, d['ratio_to_ceiling'], d['hbm_copy_gbps'], d['prefill_tok_s'], d['upload_s']))" "$W/bench-$ctx.json")"
+            row "bench ctx=$ctx $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s, %.3f ms/tok, %.3f GB/tok, ratio_to_hbm %.3f (hbm %.0f GB/s), prefill %.0f tok/s, ttft %.2f s, upload %.2f s (pinned h2d %.1f GB/s), host rss %.2f GB, gpu mem %.1f GB' % (d['decode_tok_s'], 1e3/d['decode_tok_s'], d['bytes_per_token']/1e9, d['ratio_to_ceiling'], d['hbm_copy_gbps'], d['prefill_tok_s'], d['time_to_first_token_s'], d['upload_s'], d['pinned_h2d_gbps'], d['peak_host_rss_bytes']/1e9, d['gpu_memory_used_bytes']/1e9))" "$W/bench-$ctx.json")"
         cp "$W/bench-$ctx.json" "$OUT/" 2>/dev/null
     done
     [ -n "${KEEP:-}" ] || rm -rf "$D"
