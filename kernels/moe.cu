@@ -42,9 +42,9 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         s[e] = v;
         sel[e] = isnan(q) ? -INFINITY : q;
     }
-    /* 2-3. top-k by repeated arg-max; weights s or s + bias */
+    /* 2-3. top-k by repeated arg-max; weights s or s + bias (weight k kept by lane k % 32) */
     int32_t *idx = a.idx + (size_t)t * a.top_k;
-    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f;
+    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
     for (uint32_t k = 0; k < a.top_k; k++) {
         kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
         for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
@@ -57,16 +57,14 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
             sel[b.i] = -INFINITY;
         const float w = a.biased_weights ? b.v : b.p;
         wsum += w;
-        if (lane == 0) {
+        w_lo = k == lane ? w : w_lo;
+        w_hi = k == lane + KL_GPU_GROUP ? w : w_hi;
+        if (lane == 0)
             idx[k] = (int32_t)b.i;
-            wt[k] = w;
-        }
     }
     /* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
-    if (lane != 0)
-        return;
-    for (uint32_t k = 0; k < a.top_k; k++) {
-        float w = wt[k];
+    for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
+        float w = h ? w_hi : w_lo;
         if (a.renormalize)
             w /= wsum + 1e-20f;
         wt[k] = w * a.scaling;
@@ -172,7 +170,7 @@ __device__ static int experts_chunk_of(const experts_k &k, uint32_t rows, uint32
                                        experts_chunk *c)
 {
     const size_t per_slot = (rows + rpw - 1) / rpw;
-    const size_t g = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
+    const size_t g = (size_t)blockIdx.x * KL_XREG_WARPS + threadIdx.x / KL_GPU_GROUP;
     if (g >= (size_t)k.n_slots * per_slot)
         return 0;
     c->slot = g / per_slot;
@@ -195,7 +193,8 @@ __device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
 }
 
 template <int S>
-__global__ static void __launch_bounds__(THREADS) gate_up_xreg_kernel(experts_k k, uint32_t rpw)
+__global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
+    gate_up_xreg_kernel(experts_k k, uint32_t rpw)
 {
     __shared__ float lut[16];
     kl_row_lut_init(lut);
@@ -211,19 +210,24 @@ __global__ static void __launch_bounds__(THREADS) gate_up_xreg_kernel(experts_k 
     }
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
-    for (size_t r = c.r0; r < c.r1; r++) {
-        const size_t er = (size_t)c.e * k.I + r;
-        const uint8_t *rows[2] = {packed_row(k.w1, er), packed_row(k.w3, er)};
-        const uint8_t *scales[2] = {scale_row(k.w1, er), scale_row(k.w3, er)};
-        float gu[2];
-        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.H, xr, lut, c.lane, gu);
-        if (c.lane == 0)
-            h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-    }
+    const size_t e0 = (size_t)c.e * k.I;
+    kl_mxw_run<S, 2>(
+        c.r0, c.r1, k.H, xr, lut, c.lane,
+        [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
+            rows[0] = packed_row(k.w1, e0 + r);
+            rows[1] = packed_row(k.w3, e0 + r);
+            scales[0] = scale_row(k.w1, e0 + r);
+            scales[1] = scale_row(k.w3, e0 + r);
+        },
+        [&](size_t r, const float *gu) {
+            if (c.lane == 0)
+                h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+        });
 }
 
 template <int S>
-__global__ static void __launch_bounds__(THREADS) down_xreg_kernel(experts_k k, uint32_t rpw)
+__global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
+    down_xreg_kernel(experts_k k, uint32_t rpw)
 {
     __shared__ float lut[16];
     kl_row_lut_init(lut);
@@ -240,48 +244,48 @@ __global__ static void __launch_bounds__(THREADS) down_xreg_kernel(experts_k k, 
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, k.h + c.slot * k.I, k.I, c.lane);
     const float wt = k.wt[c.slot];
-    for (size_t r = c.r0; r < c.r1; r += 2) {
-        const size_t rb = r + 1 < c.r1 ? r + 1 : r, e0 = (size_t)c.e * k.H;
-        const uint8_t *rows[2] = {packed_row(k.w2, e0 + r), packed_row(k.w2, e0 + rb)};
-        const uint8_t *scales[2] = {scale_row(k.w2, e0 + r), scale_row(k.w2, e0 + rb)};
-        float d[2];
-        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.I, xr, lut, c.lane, d);
-        if (c.lane == 0) {
-            part[r] = wt * d[0];
-            part[rb] = wt * d[1];
-        }
-    }
+    const size_t e0 = (size_t)c.e * k.H;
+    kl_mxw_run<S, 1>(
+        c.r0, c.r1, k.I, xr, lut, c.lane,
+        [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
+            rows[0] = packed_row(k.w2, e0 + r);
+            scales[0] = scale_row(k.w2, e0 + r);
+        },
+        [&](size_t r, const float *d) {
+            if (c.lane == 0)
+                part[r] = wt * d[0];
+        });
 }
 
-/* Rows per group: about 4096 groups in all, 1..16 (down: even, its rows go in pairs). */
-static uint32_t experts_rpw(size_t jobs, int even)
+/* Rows per group: about 2048 groups in all (fewer than the products' KL_ROW_TARGET: each
+ * group reloads x, measured best at n = 1), 1 to 16 rows each. */
+static uint32_t experts_rpw(size_t jobs)
 {
-    size_t r = jobs / 4096;
-    r = r < 1 ? 1 : r > 16 ? 16 : r;
-    return (uint32_t)(even && r % 2 ? r + 1 : r);
+    const size_t r = jobs / 2048;
+    return (uint32_t)(r < 1 ? 1 : r > 16 ? 16 : r);
 }
 
 static unsigned chunk_blocks(size_t slots, uint32_t rows, uint32_t rpw)
 {
     const size_t groups = slots * ((rows + rpw - 1) / rpw);
-    return (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+    return (unsigned)((groups + KL_XREG_WARPS - 1) / KL_XREG_WARPS);
 }
 
 /* gate_up and down of the register path: all three stacks MXFP4, I and H at most 4096. */
 static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
 {
-    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I, 0);
-    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H, 1);
+    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I);
+    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H);
     kl_xreg_dispatch(kl_xreg_s(k.H), [&](auto sc) {
         gate_up_xreg_kernel<decltype(sc)::value>
-            <<<chunk_blocks(k.n_slots, k.I, rpw1), THREADS, 0, st>>>(k, rpw1);
+            <<<chunk_blocks(k.n_slots, k.I, rpw1), KL_XREG_WARPS * KL_GPU_GROUP, 0, st>>>(k, rpw1);
     });
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     if (rc)
         return rc;
     kl_xreg_dispatch(kl_xreg_s(k.I), [&](auto sc) {
         down_xreg_kernel<decltype(sc)::value>
-            <<<chunk_blocks(k.n_slots, k.H, rpw2), THREADS, 0, st>>>(k, rpw2);
+            <<<chunk_blocks(k.n_slots, k.H, rpw2), KL_XREG_WARPS * KL_GPU_GROUP, 0, st>>>(k, rpw2);
     });
     return KL_GPU_CHECK(err, hipGetLastError());
 }

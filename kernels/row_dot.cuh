@@ -22,8 +22,10 @@
 
 #include <type_traits>
 
-#define KL_ROW_UNROLL 4
+#define KL_ROW_UNROLL 8    /* pieces per lane loaded before the first is used */
+#define KL_ROW_TARGET 8192 /* groups a product should have in all (the GPU full of loads) */
 #define KL_ROW_WARPS  8 /* groups per block in the kernels that give a group one row */
+#define KL_XREG_WARPS 4 /* groups per block of the MXFP4 kernels with x in registers */
 
 /* The fp32 vectors a row meets: vector t at x + t * ld, t < nt (nt <= NT of the call). */
 struct kl_row_x {
@@ -220,26 +222,35 @@ __device__ static inline void kl_xreg_load(kl_xreg<S> &xr, const float *x, uint3
     }
 }
 
-/* out[k] = row k of R MXFP4 rows (rows[k] its packed codes, scales[k] its E8M0 bytes) dotted
- * with xr, summed over the group.  All R * S words are loaded before the first is used; words
- * past the row read as code 0 with scale byte 0, which adds exactly 0. */
+/* The words and scale bytes of R MXFP4 rows that lane needs: loaded by kl_mxw_load, used by
+ * kl_mxw_dot, so a group can load the next rows before it multiplies these (two sets in
+ * flight).  Words past the row read as code 0 with scale byte 0, which adds exactly 0. */
+template <int S, int R> struct kl_mxw {
+    uint32_t q[R][S], e[R][S];
+};
+
 template <int S, int R>
-__device__ static inline void kl_row_mxfp4_xreg(const uint8_t *const *rows,
-                                                const uint8_t *const *scales, uint32_t cols,
-                                                const kl_xreg<S> &xr, const float *lut,
-                                                unsigned lane, float *out)
+__device__ static inline void kl_mxw_load(kl_mxw<S, R> &w, const uint8_t *const *rows,
+                                          const uint8_t *const *scales, uint32_t cols,
+                                          unsigned lane)
 {
     const uint32_t nw = cols / 8;
-    uint32_t q[R][S], e[R][S];
 #pragma unroll
     for (int k = 0; k < R; k++) {
 #pragma unroll
         for (int j = 0; j < S; j++) {
             const uint32_t c = lane + j * KL_GPU_GROUP;
-            q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
-            e[k][j] = c < nw ? scales[k][c / 4] : 0u;
+            w.q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
+            w.e[k][j] = c < nw ? scales[k][c / 4] : 0u;
         }
     }
+}
+
+/* out[k] = row k of w dotted with xr, summed over the group (on every lane). */
+template <int S, int R>
+__device__ static inline void kl_mxw_dot(const kl_mxw<S, R> &w, const kl_xreg<S> &xr,
+                                         const float *lut, float *out)
+{
 #pragma unroll
     for (int k = 0; k < R; k++) {
         float acc = 0.0f;
@@ -248,10 +259,41 @@ __device__ static inline void kl_row_mxfp4_xreg(const uint8_t *const *rows,
             float part = 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                part = fmaf(lut[(q[k][j] >> (4 * i)) & 15u], xr.v[j][i], part);
-            acc = fmaf(part, kl_e8m0_value((uint8_t)e[k][j]), acc);
+                part = fmaf(lut[(w.q[k][j] >> (4 * i)) & 15u], xr.v[j][i], part);
+            acc = fmaf(part, kl_e8m0_value((uint8_t)w.e[k][j]), acc);
         }
         out[k] = kl_gpu_group_sum(acc);
+    }
+}
+
+/* Runs a group over units u0 .. u1 (a unit: R rows, their addresses set by at(u, rows,
+ * scales)), the next unit's loads issued before this one's products; done(u, out) takes
+ * each unit's R sums. */
+template <int S, int R, class At, class Done>
+__device__ static inline void kl_mxw_run(size_t u0, size_t u1, uint32_t cols,
+                                         const kl_xreg<S> &xr, const float *lut, unsigned lane,
+                                         At at, Done done)
+{
+    const uint8_t *rows[R], *scales[R];
+    kl_mxw<S, R> a, b;
+    float out[R];
+    at(u0, rows, scales);
+    kl_mxw_load<S, R>(a, rows, scales, cols, lane);
+    for (size_t u = u0; u < u1; u += 2) {
+        if (u + 1 < u1) {
+            at(u + 1, rows, scales);
+            kl_mxw_load<S, R>(b, rows, scales, cols, lane);
+        }
+        kl_mxw_dot<S, R>(a, xr, lut, out);
+        done(u, out);
+        if (u + 1 >= u1)
+            break;
+        if (u + 2 < u1) {
+            at(u + 2, rows, scales);
+            kl_mxw_load<S, R>(a, rows, scales, cols, lane);
+        }
+        kl_mxw_dot<S, R>(b, xr, lut, out);
+        done(u + 1, out);
     }
 }
 
