@@ -122,8 +122,7 @@ __device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_
 
 __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
     experts_job j;
     if (!experts_job_of(k, k.I, &j))
@@ -132,8 +131,8 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
     if (j.e >= 0) {
         const kl_row_x xs = {k.x + j.slot / k.top_k * k.H, k.H, 1};
         const size_t r = (size_t)j.e * k.I + j.row;
-        kl_row_dot<1>(k.w1, r, xs, k.vec1, lut, j.lane, KL_GPU_GROUP, &g);
-        kl_row_dot<1>(k.w3, r, xs, k.vec3, lut, j.lane, KL_GPU_GROUP, &u);
+        kl_row_dot<1>(k.w1, r, xs, k.vec1, j.lane, KL_GPU_GROUP, &g);
+        kl_row_dot<1>(k.w3, r, xs, k.vec3, j.lane, KL_GPU_GROUP, &u);
     }
     if (j.lane == 0)
         k.h[j.slot * k.I + j.row] = g / (1.0f + expf(-g)) * u;
@@ -141,8 +140,7 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 
 __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
     experts_job j;
     if (!experts_job_of(k, k.H, &j))
@@ -150,7 +148,7 @@ __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
     float d = __uint_as_float(0x7fc00000u);
     if (j.e >= 0) {
         const kl_row_x xs = {k.h + j.slot * k.I, k.I, 1};
-        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, lut, j.lane, KL_GPU_GROUP,
+        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, j.lane, KL_GPU_GROUP,
                       &d);
     }
     if (j.lane == 0)
@@ -192,27 +190,36 @@ __device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
     return m.scale + r * (m.cols / KL_MXFP4_BLOCK);
 }
 
+/* The start of both register kernels (every thread of the block calls it): the code table,
+ * then the group's chunk; 1 when it has rows to multiply.  An expert id out of range sets
+ * the chunk's rows of out (the slot's [rows] outputs) to NaN instead. */
+__device__ static int experts_chunk_begin(const experts_k &k, uint32_t rows, uint32_t rpw,
+                                          float *out, experts_chunk *c)
+{
+    kl_row_lut_init();
+    __syncthreads();
+    if (!experts_chunk_of(k, rows, rpw, c))
+        return 0;
+    if (c->e >= 0)
+        return 1;
+    for (size_t r = c->r0 + c->lane; r < c->r1; r += KL_GPU_GROUP)
+        out[c->slot * rows + r] = __uint_as_float(0x7fc00000u);
+    return 0;
+}
+
 template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     gate_up_xreg_kernel(experts_k k, uint32_t rpw)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
-    __syncthreads();
     experts_chunk c;
-    if (!experts_chunk_of(k, k.I, rpw, &c))
+    if (!experts_chunk_begin(k, k.I, rpw, k.h, &c))
         return;
     float *h = k.h + c.slot * k.I;
-    if (c.e < 0) {
-        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
-            h[r] = __uint_as_float(0x7fc00000u);
-        return;
-    }
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
     const size_t e0 = (size_t)c.e * k.I;
     kl_mxw_run<S, 2>(
-        c.r0, c.r1, k.H, xr, lut, c.lane,
+        c.r0, c.r1, k.H, xr, c.lane,
         [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
             rows[0] = packed_row(k.w1, e0 + r);
             rows[1] = packed_row(k.w3, e0 + r);
@@ -229,24 +236,16 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     down_xreg_kernel(experts_k k, uint32_t rpw)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
-    __syncthreads();
     experts_chunk c;
-    if (!experts_chunk_of(k, k.H, rpw, &c))
+    if (!experts_chunk_begin(k, k.H, rpw, k.part, &c))
         return;
     float *part = k.part + c.slot * k.H;
-    if (c.e < 0) {
-        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
-            part[r] = __uint_as_float(0x7fc00000u);
-        return;
-    }
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, k.h + c.slot * k.I, k.I, c.lane);
     const float wt = k.wt[c.slot];
     const size_t e0 = (size_t)c.e * k.H;
     kl_mxw_run<S, 1>(
-        c.r0, c.r1, k.I, xr, lut, c.lane,
+        c.r0, c.r1, k.I, xr, c.lane,
         [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
             rows[0] = packed_row(k.w2, e0 + r);
             scales[0] = scale_row(k.w2, e0 + r);

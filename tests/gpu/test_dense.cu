@@ -8,6 +8,10 @@
  * 77 no GPU.
  */
 #include "kernels/dense.h"
+
+extern "C" {
+#include "engine/sampler.h" /* kl_sample_argmax: the rule kl_gpu_argmax follows */
+}
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
@@ -210,22 +214,6 @@ static void check_silu_mul(size_t count)
     t_check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
 }
 
-/* kl_sample_argmax's rule: NaN skipped, ties to the lowest index, all NaN gives 0. */
-static uint32_t host_argmax(const float *l, uint32_t n)
-{
-    uint32_t best = 0;
-    int found = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (isnan(l[i]))
-            continue;
-        if (!found || l[i] > l[best]) {
-            best = i;
-            found = 1;
-        }
-    }
-    return best;
-}
-
 static void check_argmax(uint32_t vocab, double copy_gbps)
 {
     const uint32_t n = 6;
@@ -249,7 +237,7 @@ static void check_argmax(uint32_t vocab, double copy_gbps)
     std::vector<uint32_t> got = t_download(dout, n);
     double wrong = 0;
     for (uint32_t t = 0; t < n; t++) {
-        const uint32_t want = host_argmax(&l[(size_t)t * vocab], vocab);
+        const uint32_t want = kl_sample_argmax(&l[(size_t)t * vocab], vocab);
         if (got[t] != want) {
             fprintf(stderr, "test_dense: argmax row %u: got %u, want %u\n", t, got[t], want);
             wrong++;
