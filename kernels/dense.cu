@@ -2,10 +2,12 @@
  * kernels/dense.cu — products, embedding, residual + RMSNorm, SiLU gating and arg-max on the
  * GPU (see dense.h).
  *
- * kl_gpu_matmul: one group of 32 lanes per weight row (kernels/row_dot.cuh), KL_ROW_WARPS rows
- * per block; tokens go in groups of NT = 1, 2, 4 or 8 (the smallest that holds n, 8 above),
- * one group per grid row, so for n <= 8 each weight row is read once; per group every lane
- * keeps NT partial sums.  The bytes moved are the weights' (x and y are small and cached).
+ * kl_gpu_matmul: G groups of 32 lanes per weight row (kernels/row_dot.cuh; G = 1..8, more for
+ * matrices of few long rows), KL_ROW_WARPS groups per block; tokens go in groups of NT = 1, 2,
+ * 4 or 8 (the smallest that holds n, 8 above), one token group per grid row, so for n <= 8
+ * each weight row is read once; every lane keeps NT partial sums.  MXFP4 at n = 1 with at
+ * most 4096 columns takes the register kernel instead (x held in registers).  The bytes moved
+ * are the weights' (x and y are small and cached).
  */
 #include "kernels/dense.h"
 #include "kernels/row_dot.cuh"
@@ -14,6 +16,7 @@
 
 #define THREADS      256
 #define ARGMAX_THREADS 1024
+#define ARGMAX_UNROLL  4
 #define MAX_GRID_Y   65535u
 
 /* ---- matmul ------------------------------------------------------------------------------ */
@@ -24,9 +27,8 @@ template <int NT>
 __global__ static void __launch_bounds__(THREADS)
     matmul_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, int vec, unsigned G)
 {
-    __shared__ float lut[16];
     __shared__ float red[KL_ROW_WARPS][NT];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
     const size_t row = (size_t)blockIdx.x * (KL_ROW_WARPS / G) + wi / G;
@@ -34,7 +36,7 @@ __global__ static void __launch_bounds__(THREADS)
     const kl_row_x xs = {x + (size_t)t0 * w.cols, w.cols, n - t0 < NT ? n - t0 : NT};
     float acc[NT] = {0.0f};
     if (row < w.rows) /* the same for the whole group */
-        kl_row_dot<NT>(w, row, xs, vec, lut, wi % G * KL_GPU_GROUP + lane, G * KL_GPU_GROUP,
+        kl_row_dot<NT>(w, row, xs, vec, wi % G * KL_GPU_GROUP + lane, G * KL_GPU_GROUP,
                        acc);
     if (G > 1) {
         if (lane == 0)
@@ -57,52 +59,50 @@ __global__ static void __launch_bounds__(THREADS)
             y[(size_t)(t0 + t) * w.rows + row] = acc[t];
 }
 
-/* MXFP4, one token: each group does rpw consecutive rows, two at a time, x in registers. */
+/* MXFP4, one token: each group does rpw consecutive rows, x in registers, the next row's
+ * loads in flight while it multiplies one (kl_mxw_run); KL_XREG_WARPS groups per block,
+ * registers capped for 3 blocks an SM (measured: 0.35 of the copy rate against 0.31 uncapped
+ * on [262144, 2304]; the experts' kernels are faster uncapped). */
 template <int S>
-__global__ static void __launch_bounds__(THREADS)
+__global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP, 3)
     matmul_mxfp4_xreg_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t rpw)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
-    const size_t r0 = ((size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP) * rpw;
+    const size_t r0 = ((size_t)blockIdx.x * KL_XREG_WARPS + threadIdx.x / KL_GPU_GROUP) * rpw;
     const unsigned lane = threadIdx.x % KL_GPU_GROUP;
     if (r0 >= w.rows)
         return;
-    const size_t r1 = r0 + rpw < w.rows ? r0 + rpw : w.rows;
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, x, w.cols, lane);
-    for (size_t r = r0; r < r1; r += 2) {
-        const size_t rb = r + 1 < r1 ? r + 1 : r;
-        const uint8_t *rows[2] = {w.packed + r * (w.cols / 2), w.packed + rb * (w.cols / 2)};
-        const uint8_t *scales[2] = {w.scale + r * (w.cols / KL_MXFP4_BLOCK),
-                                    w.scale + rb * (w.cols / KL_MXFP4_BLOCK)};
-        float out[2];
-        kl_row_mxfp4_xreg<S, 2>(rows, scales, w.cols, xr, lut, lane, out);
-        if (lane == 0) {
-            y[r] = out[0];
-            y[rb] = out[1];
-        }
-    }
+    kl_mxw_run<S, 1>(
+        r0, r0 + rpw < w.rows ? r0 + rpw : w.rows, w.cols, xr, lane,
+        [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
+            rows[0] = w.packed + r * (w.cols / 2);
+            scales[0] = w.scale + r * (w.cols / KL_MXFP4_BLOCK);
+        },
+        [&](size_t r, const float *out) {
+            if (lane == 0)
+                y[r] = out[0];
+        });
 }
 
-/* Rows per group of the register kernels: enough groups to fill the GPU (about 4096), at
- * least 2 (rows go in pairs), at most 32. */
+/* Rows per group of the register kernels: about 8192 groups in all, 1 to 32 rows each. */
 static uint32_t rows_per_group(size_t rows)
 {
-    const size_t r = rows / 4096;
-    return r < 2 ? 2 : r > 32 ? 32 : (uint32_t)r;
+    const size_t r = rows / KL_ROW_TARGET;
+    return r < 1 ? 1 : r > 32 ? 32 : (uint32_t)r;
 }
 
-static int matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
+static void matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
 {
     const uint32_t rpw = rows_per_group(w->rows);
     const size_t groups = (w->rows + rpw - 1) / rpw;
-    const unsigned blocks = (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+    const unsigned blocks = (unsigned)((groups + KL_XREG_WARPS - 1) / KL_XREG_WARPS);
     kl_xreg_dispatch(kl_xreg_s(w->cols), [&](auto sc) {
-        matmul_mxfp4_xreg_kernel<decltype(sc)::value><<<blocks, THREADS, 0, st>>>(*w, x, y, rpw);
+        matmul_mxfp4_xreg_kernel<decltype(sc)::value>
+            <<<blocks, KL_XREG_WARPS * KL_GPU_GROUP, 0, st>>>(*w, x, y, rpw);
     });
-    return 0;
 }
 
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -122,8 +122,11 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         return KL_GPU_CHECK(err, hipGetLastError());
     }
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
+    const uint32_t pieces = w->kind == KL_GPU_W_MXFP4 ? w->cols / 8 : w->cols / 4;
     unsigned G = 1;
-    while (G < KL_ROW_WARPS && (size_t)w->rows * G < 4096)
+    while (G < KL_ROW_WARPS && 2 * G * KL_GPU_GROUP * 4 <= pieces &&
+           (size_t)w->rows * G < 2 * KL_ROW_TARGET)
         G *= 2;
     const unsigned per_block = KL_ROW_WARPS / G;
     const dim3 grid((w->rows + per_block - 1) / per_block, (n + nt - 1) / nt);
@@ -252,20 +255,45 @@ extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_st
 
 /* ---- arg-max ----------------------------------------------------------------------------- */
 
+/* b, or c when c ranks above it (NaN never does). */
+__device__ static inline kl_best best_of(kl_best b, float v, uint32_t i)
+{
+    const kl_best c = {v, i, 0.0f};
+    return !isnan(v) && kl_best_above(c, b) ? c : b;
+}
+
 /* Block t: the index of the largest of logits[t] (ties: lowest; NaN skipped; all NaN: 0), as
- * kl_sample_argmax.  Each thread scans a strided share, the groups reduce with shuffles, then
- * thread 0 takes the best of the groups' bests. */
+ * kl_sample_argmax.  Each thread scans a strided share (float4 loads, ARGMAX_UNROLL in flight,
+ * when the rows are 16-byte aligned: one SM must pull the whole row), the groups reduce with
+ * shuffles, then thread 0 takes the best of the groups' bests. */
 __global__ static void __launch_bounds__(ARGMAX_THREADS)
-    argmax_kernel(const float *logits, uint32_t vocab, uint32_t *out)
+    argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t *out)
 {
     __shared__ kl_best group_best[ARGMAX_THREADS / KL_GPU_GROUP];
     const float *l = logits + (size_t)blockIdx.x * vocab;
     kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
-    for (uint32_t i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
-        const kl_best c = {l[i], i, 0.0f};
-        if (!isnan(c.v) && kl_best_above(c, b))
-            b = c;
+    uint32_t i0 = 0;
+    if (vec) {
+        const float4 *l4 = (const float4 *)l;
+        const uint32_t n4 = vocab / 4, step = ARGMAX_THREADS * ARGMAX_UNROLL;
+        for (uint32_t c0 = threadIdx.x; c0 < n4; c0 += step) {
+            float4 q[ARGMAX_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const uint32_t c = c0 + u * ARGMAX_THREADS;
+                q[u] = c < n4 ? l4[c] : make_float4(NAN, NAN, NAN, NAN);
+            }
+#pragma unroll
+            for (int u = 0; u < ARGMAX_UNROLL; u++) {
+                const uint32_t c = 4 * (c0 + u * ARGMAX_THREADS);
+                b = best_of(best_of(best_of(best_of(b, q[u].x, c), q[u].y, c + 1), q[u].z,
+                                    c + 2), q[u].w, c + 3);
+            }
+        }
+        i0 = n4 * 4;
     }
+    for (uint32_t i = i0 + threadIdx.x; i < vocab; i += ARGMAX_THREADS)
+        b = best_of(b, l[i], i);
     b = kl_best_group(b);
     if (threadIdx.x % KL_GPU_GROUP == 0)
         group_best[threadIdx.x / KL_GPU_GROUP] = b;
@@ -283,6 +311,7 @@ extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, ui
 {
     if (!logits || !out || n == 0 || vocab == 0 || n > 0x7fffffffu)
         return kl_fail(err, KL_E_USAGE, "argmax: logits or out is NULL, or n or vocab is 0");
-    argmax_kernel<<<n, ARGMAX_THREADS, 0, (hipStream_t)s>>>(logits, vocab, out);
+    const int vec = (uintptr_t)logits % 16 == 0 && vocab % 4 == 0;
+    argmax_kernel<<<n, ARGMAX_THREADS, 0, (hipStream_t)s>>>(logits, vocab, vec, out);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

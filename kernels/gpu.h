@@ -28,7 +28,6 @@
 #define hipMemcpy               cudaMemcpy
 #define hipMemcpyAsync          cudaMemcpyAsync
 #define hipMemset               cudaMemset
-#define hipFuncSetAttribute     cudaFuncSetAttribute
 #define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice

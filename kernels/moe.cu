@@ -42,9 +42,9 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         s[e] = v;
         sel[e] = isnan(q) ? -INFINITY : q;
     }
-    /* 2-3. top-k by repeated arg-max; weights s or s + bias */
+    /* 2-3. top-k by repeated arg-max; weights s or s + bias (weight k kept by lane k % 32) */
     int32_t *idx = a.idx + (size_t)t * a.top_k;
-    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f;
+    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
     for (uint32_t k = 0; k < a.top_k; k++) {
         kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
         for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
@@ -57,16 +57,14 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
             sel[b.i] = -INFINITY;
         const float w = a.biased_weights ? b.v : b.p;
         wsum += w;
-        if (lane == 0) {
+        w_lo = k == lane ? w : w_lo;
+        w_hi = k == lane + KL_GPU_GROUP ? w : w_hi;
+        if (lane == 0)
             idx[k] = (int32_t)b.i;
-            wt[k] = w;
-        }
     }
     /* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
-    if (lane != 0)
-        return;
-    for (uint32_t k = 0; k < a.top_k; k++) {
-        float w = wt[k];
+    for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
+        float w = h ? w_hi : w_lo;
         if (a.renormalize)
             w /= wsum + 1e-20f;
         wt[k] = w * a.scaling;
@@ -124,8 +122,7 @@ __device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_
 
 __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
     experts_job j;
     if (!experts_job_of(k, k.I, &j))
@@ -134,8 +131,8 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
     if (j.e >= 0) {
         const kl_row_x xs = {k.x + j.slot / k.top_k * k.H, k.H, 1};
         const size_t r = (size_t)j.e * k.I + j.row;
-        kl_row_dot<1>(k.w1, r, xs, k.vec1, lut, j.lane, KL_GPU_GROUP, &g);
-        kl_row_dot<1>(k.w3, r, xs, k.vec3, lut, j.lane, KL_GPU_GROUP, &u);
+        kl_row_dot<1>(k.w1, r, xs, k.vec1, j.lane, KL_GPU_GROUP, &g);
+        kl_row_dot<1>(k.w3, r, xs, k.vec3, j.lane, KL_GPU_GROUP, &u);
     }
     if (j.lane == 0)
         k.h[j.slot * k.I + j.row] = g / (1.0f + expf(-g)) * u;
@@ -143,8 +140,7 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 
 __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
     experts_job j;
     if (!experts_job_of(k, k.H, &j))
@@ -152,7 +148,7 @@ __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
     float d = __uint_as_float(0x7fc00000u);
     if (j.e >= 0) {
         const kl_row_x xs = {k.h + j.slot * k.I, k.I, 1};
-        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, lut, j.lane, KL_GPU_GROUP,
+        kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, j.lane, KL_GPU_GROUP,
                       &d);
     }
     if (j.lane == 0)
@@ -172,7 +168,7 @@ __device__ static int experts_chunk_of(const experts_k &k, uint32_t rows, uint32
                                        experts_chunk *c)
 {
     const size_t per_slot = (rows + rpw - 1) / rpw;
-    const size_t g = (size_t)blockIdx.x * KL_ROW_WARPS + threadIdx.x / KL_GPU_GROUP;
+    const size_t g = (size_t)blockIdx.x * KL_XREG_WARPS + threadIdx.x / KL_GPU_GROUP;
     if (g >= (size_t)k.n_slots * per_slot)
         return 0;
     c->slot = g / per_slot;
@@ -194,94 +190,101 @@ __device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
     return m.scale + r * (m.cols / KL_MXFP4_BLOCK);
 }
 
-template <int S>
-__global__ static void __launch_bounds__(THREADS) gate_up_xreg_kernel(experts_k k, uint32_t rpw)
+/* The start of both register kernels (every thread of the block calls it): the code table,
+ * then the group's chunk; 1 when it has rows to multiply.  An expert id out of range sets
+ * the chunk's rows of out (the slot's [rows] outputs) to NaN instead. */
+__device__ static int experts_chunk_begin(const experts_k &k, uint32_t rows, uint32_t rpw,
+                                          float *out, experts_chunk *c)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
+    kl_row_lut_init();
     __syncthreads();
-    experts_chunk c;
-    if (!experts_chunk_of(k, k.I, rpw, &c))
-        return;
-    float *h = k.h + c.slot * k.I;
-    if (c.e < 0) {
-        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
-            h[r] = __uint_as_float(0x7fc00000u);
-        return;
-    }
-    kl_xreg<S> xr;
-    kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
-    for (size_t r = c.r0; r < c.r1; r++) {
-        const size_t er = (size_t)c.e * k.I + r;
-        const uint8_t *rows[2] = {packed_row(k.w1, er), packed_row(k.w3, er)};
-        const uint8_t *scales[2] = {scale_row(k.w1, er), scale_row(k.w3, er)};
-        float gu[2];
-        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.H, xr, lut, c.lane, gu);
-        if (c.lane == 0)
-            h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-    }
+    if (!experts_chunk_of(k, rows, rpw, c))
+        return 0;
+    if (c->e >= 0)
+        return 1;
+    for (size_t r = c->r0 + c->lane; r < c->r1; r += KL_GPU_GROUP)
+        out[c->slot * rows + r] = __uint_as_float(0x7fc00000u);
+    return 0;
 }
 
 template <int S>
-__global__ static void __launch_bounds__(THREADS) down_xreg_kernel(experts_k k, uint32_t rpw)
+__global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
+    gate_up_xreg_kernel(experts_k k, uint32_t rpw)
 {
-    __shared__ float lut[16];
-    kl_row_lut_init(lut);
-    __syncthreads();
     experts_chunk c;
-    if (!experts_chunk_of(k, k.H, rpw, &c))
+    if (!experts_chunk_begin(k, k.I, rpw, k.h, &c))
+        return;
+    float *h = k.h + c.slot * k.I;
+    kl_xreg<S> xr;
+    kl_xreg_load<S>(xr, k.x + c.slot / k.top_k * k.H, k.H, c.lane);
+    const size_t e0 = (size_t)c.e * k.I;
+    kl_mxw_run<S, 2>(
+        c.r0, c.r1, k.H, xr, c.lane,
+        [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
+            rows[0] = packed_row(k.w1, e0 + r);
+            rows[1] = packed_row(k.w3, e0 + r);
+            scales[0] = scale_row(k.w1, e0 + r);
+            scales[1] = scale_row(k.w3, e0 + r);
+        },
+        [&](size_t r, const float *gu) {
+            if (c.lane == 0)
+                h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+        });
+}
+
+template <int S>
+__global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
+    down_xreg_kernel(experts_k k, uint32_t rpw)
+{
+    experts_chunk c;
+    if (!experts_chunk_begin(k, k.H, rpw, k.part, &c))
         return;
     float *part = k.part + c.slot * k.H;
-    if (c.e < 0) {
-        for (size_t r = c.r0 + c.lane; r < c.r1; r += KL_GPU_GROUP)
-            part[r] = __uint_as_float(0x7fc00000u);
-        return;
-    }
     kl_xreg<S> xr;
     kl_xreg_load<S>(xr, k.h + c.slot * k.I, k.I, c.lane);
     const float wt = k.wt[c.slot];
-    for (size_t r = c.r0; r < c.r1; r += 2) {
-        const size_t rb = r + 1 < c.r1 ? r + 1 : r, e0 = (size_t)c.e * k.H;
-        const uint8_t *rows[2] = {packed_row(k.w2, e0 + r), packed_row(k.w2, e0 + rb)};
-        const uint8_t *scales[2] = {scale_row(k.w2, e0 + r), scale_row(k.w2, e0 + rb)};
-        float d[2];
-        kl_row_mxfp4_xreg<S, 2>(rows, scales, k.I, xr, lut, c.lane, d);
-        if (c.lane == 0) {
-            part[r] = wt * d[0];
-            part[rb] = wt * d[1];
-        }
-    }
+    const size_t e0 = (size_t)c.e * k.H;
+    kl_mxw_run<S, 1>(
+        c.r0, c.r1, k.I, xr, c.lane,
+        [&](size_t r, const uint8_t **rows, const uint8_t **scales) {
+            rows[0] = packed_row(k.w2, e0 + r);
+            scales[0] = scale_row(k.w2, e0 + r);
+        },
+        [&](size_t r, const float *d) {
+            if (c.lane == 0)
+                part[r] = wt * d[0];
+        });
 }
 
-/* Rows per group: about 4096 groups in all, 1..16 (down: even, its rows go in pairs). */
-static uint32_t experts_rpw(size_t jobs, int even)
+/* Rows per group: about 2048 groups in all (fewer than the products' KL_ROW_TARGET: each
+ * group reloads x, measured best at n = 1), 1 to 16 rows each. */
+static uint32_t experts_rpw(size_t jobs)
 {
-    size_t r = jobs / 4096;
-    r = r < 1 ? 1 : r > 16 ? 16 : r;
-    return (uint32_t)(even && r % 2 ? r + 1 : r);
+    const size_t r = jobs / 2048;
+    return (uint32_t)(r < 1 ? 1 : r > 16 ? 16 : r);
 }
 
 static unsigned chunk_blocks(size_t slots, uint32_t rows, uint32_t rpw)
 {
     const size_t groups = slots * ((rows + rpw - 1) / rpw);
-    return (unsigned)((groups + KL_ROW_WARPS - 1) / KL_ROW_WARPS);
+    return (unsigned)((groups + KL_XREG_WARPS - 1) / KL_XREG_WARPS);
 }
 
 /* gate_up and down of the register path: all three stacks MXFP4, I and H at most 4096. */
 static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
 {
-    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I, 0);
-    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H, 1);
+    const uint32_t rpw1 = experts_rpw((size_t)k.n_slots * k.I);
+    const uint32_t rpw2 = experts_rpw((size_t)k.n_slots * k.H);
     kl_xreg_dispatch(kl_xreg_s(k.H), [&](auto sc) {
         gate_up_xreg_kernel<decltype(sc)::value>
-            <<<chunk_blocks(k.n_slots, k.I, rpw1), THREADS, 0, st>>>(k, rpw1);
+            <<<chunk_blocks(k.n_slots, k.I, rpw1), KL_XREG_WARPS * KL_GPU_GROUP, 0, st>>>(k, rpw1);
     });
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     if (rc)
         return rc;
     kl_xreg_dispatch(kl_xreg_s(k.I), [&](auto sc) {
         down_xreg_kernel<decltype(sc)::value>
-            <<<chunk_blocks(k.n_slots, k.H, rpw2), THREADS, 0, st>>>(k, rpw2);
+            <<<chunk_blocks(k.n_slots, k.H, rpw2), KL_XREG_WARPS * KL_GPU_GROUP, 0, st>>>(k, rpw2);
     });
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -22,8 +22,10 @@
 
 #include <type_traits>
 
-#define KL_ROW_UNROLL 4
+#define KL_ROW_UNROLL 8    /* pieces per lane loaded before the first is used */
+#define KL_ROW_TARGET 8192 /* groups a product should have in all (the GPU full of loads) */
 #define KL_ROW_WARPS  8 /* groups per block in the kernels that give a group one row */
+#define KL_XREG_WARPS 4 /* groups per block of the MXFP4 kernels with x in registers */
 
 /* The fp32 vectors a row meets: vector t at x + t * ld, t < nt (nt <= NT of the call). */
 struct kl_row_x {
@@ -37,11 +39,31 @@ __device__ static inline float kl_bf16_f32(uint32_t b)
     return __uint_as_float(b << 16);
 }
 
-/* Fills lut[16] with the E2M1 values (the block's threads, before a barrier). */
-__device__ static inline void kl_row_lut_init(float *lut)
+/* The E2M1 code table of the block: kl_row_lut_init fills it (every kernel that decodes MXFP4
+ * calls it first, then a barrier); a file-scope symbol, so a load from it takes the byte
+ * offset of the code as its only register. */
+static __shared__ float kl_row_lut[16];
+
+__device__ static inline void kl_row_lut_init(void)
 {
     if (threadIdx.x < 16)
-        lut[threadIdx.x] = kl_e2m1_value(threadIdx.x);
+        kl_row_lut[threadIdx.x] = kl_e2m1_value(threadIdx.x);
+}
+
+/* Σ_i E2M1(code i of q) · x[i] over the 8 codes of word q, in code order.  Each code's table
+ * offset (code · 4) is a byte of a masked copy of q (even codes from q << 2, odd ones from
+ * q >> 2), taken by one byte permute: three instructions per weight with the load and FMA. */
+__device__ static inline float kl_mxfp4_word_dot(uint32_t q, const float *x)
+{
+    const uint32_t ev = (q << 2) & 0x3c3c3c3cu, od = (q >> 2) & 0x3c3c3c3cu;
+    const char *t = (const char *)kl_row_lut;
+    float part = 0.0f;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        part = fmaf(*(const float *)(t + __byte_perm(ev, 0, 0x4440 + b)), x[2 * b], part);
+        part = fmaf(*(const float *)(t + __byte_perm(od, 0, 0x4440 + b)), x[2 * b + 1], part);
+    }
+    return part;
 }
 
 /* acc[t] += Σ_j w[j] · x_t[col + j], j < V (V a multiple of 4; x_t + col 16-byte aligned). */
@@ -50,16 +72,16 @@ __device__ static inline void kl_row_dotv(const float *w, kl_row_x xs, size_t co
 {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        if ((uint32_t)t >= xs.nt)
-            break;
-        const float4 *x4 = (const float4 *)(xs.x + t * xs.ld + col);
+        if ((uint32_t)t < xs.nt) { /* no break: hipcc then cannot unroll */
+            const float4 *x4 = (const float4 *)(xs.x + t * xs.ld + col);
 #pragma unroll
-        for (int q = 0; q < V / 4; q++) {
-            const float4 a = x4[q];
-            acc[t] = fmaf(w[4 * q + 0], a.x, acc[t]);
-            acc[t] = fmaf(w[4 * q + 1], a.y, acc[t]);
-            acc[t] = fmaf(w[4 * q + 2], a.z, acc[t]);
-            acc[t] = fmaf(w[4 * q + 3], a.w, acc[t]);
+            for (int q = 0; q < V / 4; q++) {
+                const float4 a = x4[q];
+                acc[t] = fmaf(w[4 * q + 0], a.x, acc[t]);
+                acc[t] = fmaf(w[4 * q + 1], a.y, acc[t]);
+                acc[t] = fmaf(w[4 * q + 2], a.z, acc[t]);
+                acc[t] = fmaf(w[4 * q + 3], a.w, acc[t]);
+            }
         }
     }
 }
@@ -96,11 +118,11 @@ __device__ static void kl_row_vec(const void *row, uint32_t cols, kl_row_x xs, u
 #pragma unroll
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
             const uint32_t c = c0 + u * lanes;
-            if (c >= np)
-                break;
-            float w[8];
-            kl_row_unpack(q[u], w, V == 8);
-            kl_row_dotv<NT, V>(w, xs, (size_t)c * V, acc);
+            if (c < np) {
+                float w[8];
+                kl_row_unpack(q[u], w, V == 8);
+                kl_row_dotv<NT, V>(w, xs, (size_t)c * V, acc);
+            }
         }
     }
 }
@@ -108,8 +130,7 @@ __device__ static void kl_row_vec(const void *row, uint32_t cols, kl_row_x xs, u
 /* MXFP4 row: words of 8 codes; word c lies in block c / 4 (cols % 32 == 0). */
 template <int NT>
 __device__ static void kl_row_mxfp4(const uint8_t *packed, const uint8_t *scale, uint32_t cols,
-                                    kl_row_x xs, const float *lut, unsigned lane,
-                                    unsigned lanes, float *acc)
+                                    kl_row_x xs, unsigned lane, unsigned lanes, float *acc)
 {
     const uint32_t *p = (const uint32_t *)packed;
     const uint32_t nw = cols / 8;
@@ -126,15 +147,18 @@ __device__ static void kl_row_mxfp4(const uint8_t *packed, const uint8_t *scale,
         for (int u = 0; u < KL_ROW_UNROLL; u++) {
             const uint32_t c = c0 + u * lanes;
             if (c >= nw)
-                break;
-            float w[8], part[NT];
+                continue;
+            float part[NT];
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                w[j] = lut[(q[u] >> (4 * j)) & 15u];
-#pragma unroll
-            for (int t = 0; t < NT; t++)
+            for (int t = 0; t < NT; t++) {
                 part[t] = 0.0f;
-            kl_row_dotv<NT, 8>(w, xs, (size_t)c * 8, part);
+                if ((uint32_t)t < xs.nt) {
+                    const float4 *x4 = (const float4 *)(xs.x + t * xs.ld + (size_t)c * 8);
+                    const float4 a = x4[0], b = x4[1];
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    part[t] = kl_mxfp4_word_dot(q[u], xv);
+                }
+            }
             const float x = kl_e8m0_value(s[u]);
 #pragma unroll
             for (int t = 0; t < NT; t++)
@@ -160,10 +184,10 @@ __device__ static void kl_row_plain(const void *row, int bf16, uint32_t cols, kl
 /* acc[t] = Σ_c W[r][c] · x_t[c] for t < xs.nt, summed over the group, on every lane of it.
  * lane of lanes (a multiple of KL_GPU_GROUP): the row's pieces are split among that many lanes,
  * the group taking its share (the caller adds the groups' sums when lanes > KL_GPU_GROUP).
- * vec: the 16-byte paths may be used (kl_row_vec_ok); lut: kl_row_lut_init's table (MXFP4). */
+ * vec: the 16-byte paths may be used (kl_row_vec_ok).  MXFP4: kl_row_lut_init first. */
 template <int NT>
 __device__ static void kl_row_dot(const kl_gpu_mat &m, size_t r, kl_row_x xs, int vec,
-                                  const float *lut, unsigned lane, unsigned lanes, float *acc)
+                                  unsigned lane, unsigned lanes, float *acc)
 {
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -171,7 +195,7 @@ __device__ static void kl_row_dot(const kl_gpu_mat &m, size_t r, kl_row_x xs, in
     const uint32_t cols = m.cols;
     if (m.kind == KL_GPU_W_MXFP4) {
         kl_row_mxfp4<NT>(m.packed + r * (cols / 2), m.scale + r * (cols / KL_MXFP4_BLOCK), cols,
-                         xs, lut, lane, lanes, acc);
+                         xs, lane, lanes, acc);
     } else {
         const int bf16 = m.kind == KL_GPU_W_BF16;
         const void *row = (const uint8_t *)m.data + r * cols * (bf16 ? 2 : 4);
@@ -220,38 +244,75 @@ __device__ static inline void kl_xreg_load(kl_xreg<S> &xr, const float *x, uint3
     }
 }
 
-/* out[k] = row k of R MXFP4 rows (rows[k] its packed codes, scales[k] its E8M0 bytes) dotted
- * with xr, summed over the group.  All R * S words are loaded before the first is used; words
- * past the row read as code 0 with scale byte 0, which adds exactly 0. */
+/* The words and scale bytes of R MXFP4 rows that lane needs: loaded by kl_mxw_load, used by
+ * kl_mxw_dot, so a group can load the next rows before it multiplies these (two sets in
+ * flight).  Words past the row read as code 0 with scale byte 0, which adds exactly 0. */
+template <int S, int R> struct kl_mxw {
+    uint32_t q[R][S], e[R][S];
+};
+
 template <int S, int R>
-__device__ static inline void kl_row_mxfp4_xreg(const uint8_t *const *rows,
-                                                const uint8_t *const *scales, uint32_t cols,
-                                                const kl_xreg<S> &xr, const float *lut,
-                                                unsigned lane, float *out)
+__device__ static inline void kl_mxw_load(kl_mxw<S, R> &w, const uint8_t *const *rows,
+                                          const uint8_t *const *scales, uint32_t cols,
+                                          unsigned lane)
 {
     const uint32_t nw = cols / 8;
-    uint32_t q[R][S], e[R][S];
 #pragma unroll
     for (int k = 0; k < R; k++) {
 #pragma unroll
         for (int j = 0; j < S; j++) {
             const uint32_t c = lane + j * KL_GPU_GROUP;
-            q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
-            e[k][j] = c < nw ? scales[k][c / 4] : 0u;
+            w.q[k][j] = c < nw ? ((const uint32_t *)rows[k])[c] : 0u;
+            w.e[k][j] = c < nw ? scales[k][c / 4] : 0u;
         }
     }
+}
+
+/* out[k] = row k of w dotted with xr, summed over the group (on every lane). */
+template <int S, int R>
+__device__ static inline void kl_mxw_dot(const kl_mxw<S, R> &w, const kl_xreg<S> &xr,
+                                         float *out)
+{
 #pragma unroll
     for (int k = 0; k < R; k++) {
         float acc = 0.0f;
 #pragma unroll
         for (int j = 0; j < S; j++) {
-            float part = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                part = fmaf(lut[(q[k][j] >> (4 * i)) & 15u], xr.v[j][i], part);
-            acc = fmaf(part, kl_e8m0_value((uint8_t)e[k][j]), acc);
+            const float part = kl_mxfp4_word_dot(w.q[k][j], xr.v[j]);
+            acc = fmaf(part, kl_e8m0_value((uint8_t)w.e[k][j]), acc);
         }
         out[k] = kl_gpu_group_sum(acc);
+    }
+}
+
+/* Runs a group over units u0 .. u1 (a unit: R rows, their addresses set by at(u, rows,
+ * scales)), the next unit's loads issued before this one's products; done(u, out) takes
+ * each unit's R sums. */
+template <int S, int R, class At, class Done>
+__device__ static inline void kl_mxw_run(size_t u0, size_t u1, uint32_t cols,
+                                         const kl_xreg<S> &xr, unsigned lane,
+                                         At at, Done done)
+{
+    const uint8_t *rows[R], *scales[R];
+    kl_mxw<S, R> a, b;
+    float out[R];
+    at(u0, rows, scales);
+    kl_mxw_load<S, R>(a, rows, scales, cols, lane);
+    for (size_t u = u0; u < u1; u += 2) {
+        if (u + 1 < u1) {
+            at(u + 1, rows, scales);
+            kl_mxw_load<S, R>(b, rows, scales, cols, lane);
+        }
+        kl_mxw_dot<S, R>(a, xr, out);
+        done(u, out);
+        if (u + 1 >= u1)
+            break;
+        if (u + 2 < u1) {
+            at(u + 2, rows, scales);
+            kl_mxw_load<S, R>(a, rows, scales, cols, lane);
+        }
+        kl_mxw_dot<S, R>(b, xr, out);
+        done(u + 1, out);
     }
 }
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 
 #define T_CHECK(call)                                                                       \
@@ -221,8 +222,8 @@ static inline double t_rel_l2(const float *y, const double *ref, size_t n)
 
 /* ---- timing ------------------------------------------------------------------------------ */
 
-/* Median seconds of one call fn(i) over reps calls (i = 0..reps-1), each between two events
- * on the default stream, after two warm-up calls. */
+/* Median seconds of one call fn(i, NULL) over reps calls (i = 0..reps-1), each between two
+ * events on the default stream, after two warm-up calls: what one launch costs alone. */
 template <class F> static double t_median_s(F fn, int reps)
 {
     std::vector<hipEvent_t> a(reps), b(reps);
@@ -230,11 +231,11 @@ template <class F> static double t_median_s(F fn, int reps)
         T_CHECK(hipEventCreate(&a[i]));
         T_CHECK(hipEventCreate(&b[i]));
     }
-    fn(0);
-    fn(1 % reps);
+    fn(0, (kl_gpu_stream)NULL);
+    fn(1 % reps, (kl_gpu_stream)NULL);
     for (int i = 0; i < reps; i++) {
         T_CHECK(hipEventRecord(a[i], 0));
-        fn(i);
+        fn(i, (kl_gpu_stream)NULL);
         T_CHECK(hipEventRecord(b[i], 0));
     }
     T_CHECK(hipEventSynchronize(b[reps - 1]));
@@ -250,6 +251,43 @@ template <class F> static double t_median_s(F fn, int reps)
     return s[reps / 2];
 }
 
+/* Seconds per call of fn(i, stream) when reps calls (i = 0..reps-1) are captured in one graph
+ * and replayed (as the engine runs a decode step): the median over 7 timed replays, after one
+ * warm-up replay, divided by reps. */
+template <class F> static double t_graph_s(F fn, int reps)
+{
+    hipStream_t st;
+    hipGraph_t g;
+    hipGraphExec_t ge;
+    hipEvent_t a, b;
+    T_CHECK(hipStreamCreateWithFlags(&st, hipStreamNonBlocking));
+    T_CHECK(hipStreamBeginCapture(st, hipStreamCaptureModeThreadLocal));
+    for (int i = 0; i < reps; i++)
+        fn(i, (kl_gpu_stream)st);
+    T_CHECK(hipStreamEndCapture(st, &g));
+    T_CHECK(hipGraphInstantiateWithFlags(&ge, g, 0));
+    T_CHECK(hipEventCreate(&a));
+    T_CHECK(hipEventCreate(&b));
+    T_CHECK(hipGraphLaunch(ge, st));
+    std::vector<double> s(7);
+    for (auto &v : s) {
+        float ms = 0;
+        T_CHECK(hipEventRecord(a, st));
+        T_CHECK(hipGraphLaunch(ge, st));
+        T_CHECK(hipEventRecord(b, st));
+        T_CHECK(hipEventSynchronize(b));
+        T_CHECK(hipEventElapsedTime(&ms, a, b));
+        v = ms / 1e3 / reps;
+    }
+    hipEventDestroy(a);
+    hipEventDestroy(b);
+    hipGraphExecDestroy(ge);
+    hipGraphDestroy(g);
+    hipStreamDestroy(st);
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+}
+
 /* Device-to-device copy rate of a 1 GiB buffer, bytes read plus written per second (GB/s). */
 static inline double t_copy_gbps(void)
 {
@@ -257,10 +295,55 @@ static inline double t_copy_gbps(void)
     void *src = t_alloc(bytes), *dst = t_alloc(bytes);
     T_CHECK(hipMemset(src, 1, bytes));
     const double s = t_median_s(
-        [&](int) { T_CHECK(hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToDevice, 0)); }, 20);
+        [&](int, kl_gpu_stream) {
+            T_CHECK(hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToDevice, 0));
+        },
+        20);
     hipFree(src);
     hipFree(dst);
     return 2.0 * bytes / s / 1e9;
+}
+
+/* ---- results: checks and timings, printed as one JSON line ------------------------------- */
+
+static int t_all_ok = 1;
+static std::string t_checks, t_times;
+
+/* Records one check (err must be <= tol; NaN fails). */
+static inline void t_check(const char *what, double err, double tol)
+{
+    const int ok = err <= tol;
+    t_all_ok &= ok;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s{\"what\":\"%s\",\"err\":%.3g,\"ok\":%s}",
+             t_checks.empty() ? "" : ",", what, err, ok ? "true" : "false");
+    t_checks += buf;
+    if (!ok)
+        fprintf(stderr, "FAIL %s: %.3g > %.3g\n", what, err, tol);
+}
+
+/* Records a timing: one call alone (s1) and per call in a graph replay (sg), with the GB/s
+ * of the bytes it must read and the ratio to the copy rate (from the replay). */
+static inline void t_time(const char *what, double s1, double sg, double bytes,
+                          double copy_gbps)
+{
+    char buf[320];
+    const double gbps = bytes / sg / 1e9;
+    snprintf(buf, sizeof buf,
+             "%s{\"what\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"graph_us\":%.2f,"
+             "\"graph_gbps\":%.1f,\"ratio_to_copy\":%.3f}",
+             t_times.empty() ? "" : ",", what, bytes, s1 * 1e6, sg * 1e6, gbps,
+             gbps / copy_gbps);
+    t_times += buf;
+}
+
+/* Prints the JSON line; the exit status: 0 when every check passed, else 1. */
+static inline int t_report(const char *test, double copy_gbps)
+{
+    printf("{\"test\":\"%s\",\"ok\":%s,\"d2d_copy_gbps\":%.1f,\"checks\":[%s],"
+           "\"timing\":[%s]}\n",
+           test, t_all_ok ? "true" : "false", copy_gbps, t_checks.c_str(), t_times.c_str());
+    return t_all_ok ? 0 : 1;
 }
 
 #endif

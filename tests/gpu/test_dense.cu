@@ -8,27 +8,13 @@
  * 77 no GPU.
  */
 #include "kernels/dense.h"
+
+extern "C" {
+#include "engine/sampler.h" /* kl_sample_argmax: the rule kl_gpu_argmax follows */
+}
 #include "tests/gpu/gpu_testutil.h"
 
-#include <string>
-
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
-
-static int g_ok = 1;
-static std::string g_checks, g_times;
-
-/* Records one check (err must be <= tol; NaN fails) in the JSON. */
-static void check(const char *what, double err, double tol)
-{
-    const int ok = err <= tol;
-    g_ok &= ok;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s{\"what\":\"%s\",\"err\":%.3g,\"ok\":%s}",
-             g_checks.empty() ? "" : ",", what, err, ok ? "true" : "false");
-    g_checks += buf;
-    if (!ok)
-        fprintf(stderr, "test_dense: FAIL %s: %.3g > %.3g\n", what, err, tol);
-}
 
 /* ---- matmul ------------------------------------------------------------------------------ */
 
@@ -75,7 +61,7 @@ static void check_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, const uint
         char what[96];
         snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols,
                  ns[i], x_off ? " x unaligned" : "");
-        check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
+        t_check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
     }
 }
 
@@ -92,18 +78,13 @@ static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
     float *dx = t_upload(t_vec(n * cols)), *dy = (float *)t_alloc(n * rows * sizeof(float));
     kl_err err;
     kl_err_clear(&err);
-    const double s = t_median_s(
-        [&](int i) { t_ok(kl_gpu_matmul(&w[i % copies], dx, n, dy, NULL, &err), &err,
-                          "kl_gpu_matmul"); },
-        25);
-    const double gbps = bytes / s / 1e9;
-    char buf[256];
-    snprintf(buf, sizeof buf,
-             "%s{\"what\":\"matmul %s %zux%zu n=%u\",\"weight_bytes\":%zu,\"us\":%.2f,"
-             "\"gbps\":%.1f,\"ratio_to_copy\":%.3f}",
-             g_times.empty() ? "" : ",", t_kind_name(kind), rows, cols, n, bytes, s * 1e6,
-             gbps, gbps / copy_gbps);
-    g_times += buf;
+    auto call = [&](int i, kl_gpu_stream st) {
+        t_ok(kl_gpu_matmul(&w[i % copies], dx, n, dy, st, &err), &err, "kl_gpu_matmul");
+    };
+    const double s1 = t_median_s(call, 25), sg = t_graph_s(call, 32);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
+    t_time(what, s1, sg, bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
     hipFree(dy);
@@ -152,10 +133,10 @@ static void test_refusals(void)
     bad_kind = kl_gpu_embed(&m, (const uint32_t *)x, 1, y, NULL, &err) == KL_E_USAGE;
     kl_err_clear(&err);
     alias = kl_gpu_add_rmsnorm(x, NULL, y, 1, 8, 1e-6f, x, NULL, &err) == KL_E_USAGE;
-    check("refuses mxfp4 cols 48", !bad_cols, 0);
-    check("refuses mxfp4 x unaligned", !bad_align, 0);
-    check("refuses mxfp4 embed", !bad_kind, 0);
-    check("refuses xn aliasing x", !alias, 0);
+    t_check("refuses mxfp4 cols 48", !bad_cols, 0);
+    t_check("refuses mxfp4 x unaligned", !bad_align, 0);
+    t_check("refuses mxfp4 embed", !bad_kind, 0);
+    t_check("refuses xn aliasing x", !alias, 0);
 }
 
 /* ---- embed, add_rmsnorm, silu_mul, argmax ------------------------------------------------ */
@@ -182,7 +163,7 @@ static void check_embed(kl_gpu_wkind kind, size_t rows, size_t cols)
     char what[64];
     snprintf(what, sizeof what, "embed %s %zux%zu (wrong values)", t_kind_name(kind), rows,
              cols);
-    check(what, bad, 0);
+    t_check(what, bad, 0);
 }
 
 static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
@@ -212,9 +193,9 @@ static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
     }
     char what[96];
     snprintf(what, sizeof what, "add_rmsnorm n=%u h=%u y=%d", n, h, with_y);
-    check(what, worst, TOL);
+    t_check(what, worst, TOL);
     snprintf(what, sizeof what, "add_rmsnorm n=%u h=%u y=%d (x != x + y)", n, h, with_y);
-    check(what, x_bad, 0);
+    t_check(what, x_bad, 0);
 }
 
 static void check_silu_mul(size_t count)
@@ -230,26 +211,10 @@ static void check_silu_mul(size_t count)
     std::vector<double> ref(count);
     for (size_t i = 0; i < count; i++)
         ref[i] = a[i] / (1.0 + exp(-(double)a[i])) * b[i];
-    check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
+    t_check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
 }
 
-/* kl_sample_argmax's rule: NaN skipped, ties to the lowest index, all NaN gives 0. */
-static uint32_t host_argmax(const float *l, uint32_t n)
-{
-    uint32_t best = 0;
-    int found = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (isnan(l[i]))
-            continue;
-        if (!found || l[i] > l[best]) {
-            best = i;
-            found = 1;
-        }
-    }
-    return best;
-}
-
-static void check_argmax(uint32_t vocab)
+static void check_argmax(uint32_t vocab, double copy_gbps)
 {
     const uint32_t n = 6;
     std::vector<float> l = t_vec((size_t)n * vocab);
@@ -272,18 +237,16 @@ static void check_argmax(uint32_t vocab)
     std::vector<uint32_t> got = t_download(dout, n);
     double wrong = 0;
     for (uint32_t t = 0; t < n; t++) {
-        const uint32_t want = host_argmax(&l[(size_t)t * vocab], vocab);
+        const uint32_t want = kl_sample_argmax(&l[(size_t)t * vocab], vocab);
         if (got[t] != want) {
             fprintf(stderr, "test_dense: argmax row %u: got %u, want %u\n", t, got[t], want);
             wrong++;
         }
     }
-    check("argmax 6 x 163840 (wrong rows)", wrong, 0);
-    const double s = t_median_s([&](int) { kl_gpu_argmax(dl, 1, vocab, dout, NULL, &err); }, 25);
-    char buf[160];
-    snprintf(buf, sizeof buf, "%s{\"what\":\"argmax n=1 vocab=%u\",\"us\":%.2f,\"gbps\":%.1f}",
-             g_times.empty() ? "" : ",", vocab, s * 1e6, vocab * 4.0 / s / 1e9);
-    g_times += buf;
+    t_check("argmax 6 x 163840 (wrong rows)", wrong, 0);
+    auto call = [&](int, kl_gpu_stream st) { kl_gpu_argmax(dl, 1, vocab, dout, st, &err); };
+    t_time("argmax n=1 vocab=163840", t_median_s(call, 25), t_graph_s(call, 32), vocab * 4.0,
+             copy_gbps);
 }
 
 int main(void)
@@ -310,9 +273,6 @@ int main(void)
     time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
     time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
     time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
-    check_argmax(163840);
-    printf("{\"test\":\"dense\",\"ok\":%s,\"d2d_copy_gbps\":%.1f,\"checks\":[%s],"
-           "\"timing\":[%s]}\n",
-           g_ok ? "true" : "false", copy, g_checks.c_str(), g_times.c_str());
-    return g_ok ? 0 : 1;
+    check_argmax(163840, copy);
+    return t_report("dense", copy);
 }

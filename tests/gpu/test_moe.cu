@@ -10,35 +10,7 @@
 #include "kernels/moe.h"
 #include "tests/gpu/gpu_testutil.h"
 
-#include <string>
-
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
-
-static int g_ok = 1;
-static std::string g_checks, g_times;
-
-static void check(const char *what, double err, double tol)
-{
-    const int ok = err <= tol;
-    g_ok &= ok;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s{\"what\":\"%s\",\"err\":%.3g,\"ok\":%s}",
-             g_checks.empty() ? "" : ",", what, err, ok ? "true" : "false");
-    g_checks += buf;
-    if (!ok)
-        fprintf(stderr, "test_moe: FAIL %s: %.3g > %.3g\n", what, err, tol);
-}
-
-static void add_time(const char *what, double s, double bytes, double copy_gbps)
-{
-    char buf[256];
-    const double gbps = bytes / s / 1e9;
-    snprintf(buf, sizeof buf,
-             "%s{\"what\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"gbps\":%.1f,"
-             "\"ratio_to_copy\":%.3f}",
-             g_times.empty() ? "" : ",", what, bytes, s * 1e6, gbps, gbps / copy_gbps);
-    g_times += buf;
-}
 
 /* ---- router ------------------------------------------------------------------------------ */
 
@@ -120,8 +92,8 @@ static void check_route(const route_case &c)
     snprintf(what, sizeof what, "route E=%u top=%u n=%u bias=%d biased=%d renorm=%d", c.E, c.K,
              c.n, c.bias, c.biased, c.renorm);
     std::string w = what;
-    check((w + " (wrong idx)").c_str(), idx_wrong, 0);
-    check((w + " (weights)").c_str(), wt_err, 1e-6);
+    t_check((w + " (wrong idx)").c_str(), idx_wrong, 0);
+    t_check((w + " (weights)").c_str(), wt_err, 1e-6);
 }
 
 static void test_route(double copy_gbps)
@@ -139,10 +111,11 @@ static void test_route(double copy_gbps)
     float *dw = (float *)t_alloc(64);
     kl_gpu_route_args a = {dl, NULL, 1, 256, 9, 0, 1, 1.0f, di, dw};
     a.top_k = 65;
-    check("route refuses top_k 65", kl_gpu_route(&a, NULL, &err) != KL_E_USAGE, 0);
+    t_check("route refuses top_k 65", kl_gpu_route(&a, NULL, &err) != KL_E_USAGE, 0);
     a.top_k = 8;
-    const double s = t_median_s([&](int) { kl_gpu_route(&a, NULL, &err); }, 25);
-    add_time("route n=1 E=256 top=8", s, 256 * 4, copy_gbps);
+    auto call = [&](int, kl_gpu_stream st) { kl_gpu_route(&a, st, &err); };
+    t_time("route n=1 E=256 top=8", t_median_s(call, 25), t_graph_s(call, 32), 256 * 4,
+           copy_gbps);
 }
 
 /* ---- experts ----------------------------------------------------------------------------- */
@@ -288,7 +261,7 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
             char what[128];
             snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add);
-            check(what, worst, TOL);
+            t_check(what, worst, TOL);
         }
     }
     stacks_free(s);
@@ -306,7 +279,7 @@ static void check_bad_id(void)
     double wrong = 0;
     for (int i = 0; i < 64; i++)
         wrong += !isnan(y[i]) + isnan(y[64 + i]);
-    check("experts id out of range (wrong NaN pattern)", wrong, 0);
+    t_check("experts id out of range (wrong NaN pattern)", wrong, 0);
     stacks_free(s);
 }
 
@@ -327,15 +300,14 @@ static void time_experts(double copy_gbps)
     float *scratch = (float *)t_alloc(kl_gpu_experts_scratch(1, c.K, c.I, c.H) * 4);
     kl_err err;
     kl_err_clear(&err);
-    const double s1 = t_median_s(
-        [&](int i) {
-            kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx, 1, c.K, di + (i % 32) * c.K,
-                                     dw, scratch, dy, 1};
-            t_ok(kl_gpu_experts(&a, NULL, &err), &err, "kl_gpu_experts");
-        },
-        32);
+    auto call = [&](int i, kl_gpu_stream st) {
+        kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx, 1, c.K, di + (i % 32) * c.K,
+                                 dw, scratch, dy, 1};
+        t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
+    };
     const double bytes = 3.0 * c.K * c.I * c.H * (0.5 + 1.0 / 32);
-    add_time("experts mxfp4 E=256 I=1024 H=2304 top=8 n=1", s1, bytes, copy_gbps);
+    t_time("experts mxfp4 E=256 I=1024 H=2304 top=8 n=1", t_median_s(call, 32),
+           t_graph_s(call, 32), bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
     hipFree(dw);
@@ -360,8 +332,5 @@ int main(void)
     check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
     check_bad_id();
     time_experts(copy);
-    printf("{\"test\":\"moe\",\"ok\":%s,\"d2d_copy_gbps\":%.1f,\"checks\":[%s],"
-           "\"timing\":[%s]}\n",
-           g_ok ? "true" : "false", copy, g_checks.c_str(), g_times.c_str());
-    return g_ok ? 0 : 1;
+    return t_report("moe", copy);
 }
