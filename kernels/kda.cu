@@ -111,40 +111,75 @@ struct head_vecs {
     float kd[MAX_K], qd[MAX_K];  /* k̂ ⊙ d, q̂ ⊙ d */
     float d[MAX_K], kh[MAX_K];   /* d = exp(g), k̂ */
     float v[MAX_K], u[MAX_K];    /* v, then u = β (v − a) */
-    float o[MAX_K];              /* readout before the norm */
+    float o[MAX_K], og[MAX_K];   /* readout before the norm; o_norm ⊙ sigmoid(gate) */
     float beta, qk;              /* β, q̂·k̂ */
 };
 
-/* Group 0 (KL_GPU_GROUP lanes): the token's q̂, k̂, d, β and q̂·k̂ of head h into hv. */
-__device__ static void token_prep(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
-                                  unsigned lane, head_vecs *hv)
+#define PER_LANE (MAX_K / KL_GPU_GROUP) /* channels per lane of group 0 */
+
+/* One token's inputs of head h for lane `lane` of group 0, in registers. */
+struct token_in {
+    float q[PER_LANE], k[PER_LANE], f[PER_LANE], v[PER_LANE], g[PER_LANE], on[PER_LANE];
+    float beta_logit;
+};
+
+/* Group 0: issues the loads of token t's inputs (f with dt_bias added).  The block loads the
+ * next token's while it works on the current one, so a run waits for memory once. */
+__device__ static void token_load(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
+                                  unsigned lane, token_in *x)
 {
     const uint32_t K = a.K;
     const size_t off = t * a.H * K + (size_t)h * K;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+        const uint32_t i = lane + KL_GPU_GROUP * e;
+        const bool in = i < K;
+        x->q[e] = in ? a.q[off + i] : 0.0f;
+        x->k[e] = in ? a.k[off + i] : 0.0f;
+        x->f[e] = in ? a.f[off + i] + a.dt_bias[(size_t)h * K + i] : 0.0f;
+        x->v[e] = in ? a.v[off + i] : 0.0f;
+        x->g[e] = in ? a.gate[off + i] : 0.0f;
+        x->on[e] = in ? a.o_norm[i] : 0.0f;
+    }
+    x->beta_logit = a.beta_logit[t * a.H + h];
+}
+
+/* Group 0 (KL_GPU_GROUP lanes): from the token's inputs x, its q̂, k̂, d, β, q̂·k̂ and output
+ * gate of head h into hv. */
+__device__ static void token_prep(const kl_gpu_kda_recur_args &a, const token_in &x, uint32_t h,
+                                  unsigned lane, head_vecs *hv)
+{
+    const uint32_t K = a.K;
+    const float *q = x.q, *k = x.k, *f = x.f, *v = x.v, *g = x.g, *on = x.on;
+    const float beta_logit = x.beta_logit, A = -expf(a.a_log[h]);
     float qq = 0.0f, kk = 0.0f;
-    for (uint32_t i = lane; i < K; i += KL_GPU_GROUP) {
-        qq += a.q[off + i] * a.q[off + i];
-        kk += a.k[off + i] * a.k[off + i];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+        qq += q[e] * q[e];
+        kk += k[e] * k[e];
     }
     qq = kl_gpu_group_sum(qq);
     kk = kl_gpu_group_sum(kk);
     const float qn = (1.0f / sqrtf((float)K)) / sqrtf(qq + 1e-6f), kn = 1.0f / sqrtf(kk + 1e-6f);
-    const float A = -expf(a.a_log[h]);
     float qk = 0.0f;
-    for (uint32_t i = lane; i < K; i += KL_GPU_GROUP) {
-        const float qh = a.q[off + i] * qn, khi = a.k[off + i] * kn;
-        const float d = expf(A * softplus(a.f[off + i] + a.dt_bias[(size_t)h * K + i]));
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+        const uint32_t i = lane + KL_GPU_GROUP * e;
+        if (i >= K)
+            continue;
+        const float qh = q[e] * qn, khi = k[e] * kn, d = expf(A * softplus(f[e]));
         hv->kd[i] = khi * d;
         hv->qd[i] = qh * d;
         hv->d[i] = d;
         hv->kh[i] = khi;
-        hv->v[i] = a.v[off + i];
+        hv->v[i] = v[e];
+        hv->og[i] = on[e] * sigmoid(g[e]);
         qk += qh * khi;
     }
     qk = kl_gpu_group_sum(qk);
     if (lane == 0) {
         hv->qk = qk;
-        hv->beta = sigmoid(a.beta_logit[t * a.H + h]);
+        hv->beta = sigmoid(beta_logit);
     }
 }
 
@@ -160,7 +195,7 @@ __device__ static void token_norm(const kl_gpu_kda_recur_args &a, size_t t, uint
     ss = kl_gpu_group_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)K + a.eps);
     for (uint32_t j = lane; j < K; j += KL_GPU_GROUP)
-        a.o[off + j] = hv->o[j] * inv * a.o_norm[j] * sigmoid(a.gate[off + j]);
+        a.o[off + j] = hv->o[j] * inv * hv->og[j];
 }
 
 /* grid (H, runs): head blockIdx.x of run blockIdx.y, its tokens in order */
@@ -180,9 +215,16 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
             const uint32_t i = w + RECUR_GROUPS * ri, j = lane + KL_GPU_GROUP * ci;
             st[ri][ci] = i < K && j < K ? S[i * K + j] : 0.0f;
         }
-    for (uint32_t t = run_start[r]; t < run_start[r + 1]; t++) {
-        if (w == 0)
-            token_prep(a, t, h, lane, &hv);
+    const uint32_t t0 = run_start[r], t1 = run_start[r + 1];
+    token_in next;
+    if (w == 0 && t0 < t1)
+        token_load(a, t0, h, lane, &next);
+    for (uint32_t t = t0; t < t1; t++) {
+        if (w == 0) {
+            token_prep(a, next, h, lane, &hv);
+            if (t + 1 < t1)
+                token_load(a, t + 1, h, lane, &next);
+        }
         __syncthreads();
         /* partial a_j, b_j over this group's rows */
 #pragma unroll

@@ -29,7 +29,7 @@ extern "C" {
 typedef struct kl_gpu_kda_conv_args {
     float         *qkv[3];    /* [n, D] each, in place */
     const float   *taps[3];   /* [D, W] fp32 each */
-    uint32_t       D, W;      /* W >= 1 */
+    uint32_t       D, W;      /* 1 <= W <= 8 */
     float         *win;       /* window pool: slot s at win + s * win_stride */
     size_t         win_stride;   /* floats per slot, >= 3 * D * (W - 1) */
 } kl_gpu_kda_conv_args;

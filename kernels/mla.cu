@@ -266,8 +266,8 @@ __device__ static void tile_softmax(uint32_t nh, uint32_t nr, float *ps, float *
 }
 
 /* grid (splits, n): split blockIdx.x of token blockIdx.y's span, every head.  Two blocks per
- * SM (at the full shape: 111 KiB of shared memory and at most 128 registers each; ptxas spills
- * 40 bytes), so one block's loads overlap the other's arithmetic. */
+ * SM (at the full shape: 111 KiB of shared memory and at most 128 registers each), so one
+ * block's loads overlap the other's arithmetic. */
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
 attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 {
@@ -296,11 +296,13 @@ attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 #pragma unroll
     for (int k = 0; k < CTX_ITEMS; k++)
         acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float *cache = a.cache[x.tok_slot[t]];
+    const float4 *cache = (const float4 *)a.cache[x.tok_slot[t]]; /* rows of cw / 4 float4 */
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (uint32_t u0 = u_begin; u0 < u_end; u0 += TILE) {
         const uint32_t nr = u_end - u0 < TILE ? u_end - u0 : TILE;
-        for (uint32_t e = threadIdx.x; e < TILE * cw; e += blockDim.x) /* rows past nr: 0 */
-            rows[e] = e < nr * cw ? cache[(size_t)u0 * cw + e] : 0.0f;
+#pragma unroll 3
+        for (uint32_t e = threadIdx.x; e < TILE * cw / 4; e += blockDim.x) /* past nr: 0 */
+            ((float4 *)rows)[e] = e < nr * cw / 4 ? cache[(size_t)u0 * (cw / 4) + e] : zero;
         __syncthreads();
         tile_scores(d, x, qs, rows, nr, ps);
         __syncthreads();

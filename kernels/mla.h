@@ -15,7 +15,8 @@
  *   ctx = Σ_u softmax(score)_u c_u   (fp32 softmax)
  *   o[t][h*dv .. +dv] = W_vb,h ctx  (W_vb,h: rows h*(dn+dv)+dn .. +dv of kv_b)
  * Caches: cache[s] (a device array of device pointers, one per slot) points at slot s's rows
- * [cap, R+dr] fp32, row u = position u.
+ * [cap, R+dr] fp32, row u = position u, 16-byte aligned (as the runtime's allocations are).
+ * Limits (KL_E_USAGE otherwise): R a multiple of 8, dr of 4, nh * R <= 16384.
  */
 #ifndef KL_KERNELS_MLA_H
 #define KL_KERNELS_MLA_H
