@@ -67,8 +67,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     memset(a, 0, sizeof *a);
     a->gen.n_predict = 128;
     a->gen.samp.top_p = 1;
-    int device = 0; /* auto */
-    kl_opt opts[6 + KL_GEN_FLAG_ROWS + 4] = {
+    kl_opt opts[6 + KL_GEN_FLAG_ROWS + 3] = {
         KL_VALUE("--prompt", 'p', KL_OPT_STR, &a->prompt, "TEXT",
                  "prompt text, encoded with MODEL's tokenizer (no BOS added)", .group = 1),
         KL_VALUE("--chat", 0, KL_OPT_STR, &a->chat, "TEXT",
@@ -81,8 +80,6 @@ static int parse_args(int argc, char **argv, run_args *a)
     };
     kl_gen_flag_rows(&a->gen, "tokens to generate (default 128; 0 = prompt only)", opts + 3);
     const kl_opt tail[] = {
-        KL_VALUE("--device", 0, KL_OPT_CHOICE, &device, "D",
-                 "cpu, gpu or auto (default auto = cpu)", .choices = "auto|cpu|gpu"),
         KL_FLAG("--json", 0, &a->json, "print one JSON object instead of the text"),
         KL_VALUE("--force-ids", 0, KL_OPT_STR, &a->force_ids, "LIST",
                  "teacher forcing: feed these ids after the prompt instead of sampling\n"
@@ -105,9 +102,6 @@ static int parse_args(int argc, char **argv, run_args *a)
         return kl_cli_usage("--force-ids needs --logits-out");
     if (a->logits_out && !*a->logits_out)
         return kl_cli_usage("--logits-out wants a file");
-    if (device == 2)
-        return kl_cli_fail(KL_EXIT_USAGE, "unsupported", "--device gpu: GPU engine not built yet",
-                           NULL);
     return KL_ARGS_RUN;
 }
 

@@ -10,6 +10,9 @@
 
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
 {
+    /* --device gpu that cannot be met fails before anything is read */
+    if (l->device == KL_DEVICE_GPU && kl_backend_gpu_check(err))
+        return err->code = KL_E_USAGE;
     int rc = kl_cost_plan_read(l->model, &l->plan, err);
     if (rc || l->ignore_memory)
         return rc;

@@ -115,6 +115,9 @@ void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
 
 /* 1 when this build has GPU support and a device is visible, else 0. */
 int  kl_backend_gpu_available(void);
+/* 0 when the GPU backend can be created, else KL_E_UNSUPPORTED saying why (no GPU support in
+ * this build, or no device): checked before a model is loaded for it. */
+int  kl_backend_gpu_check(kl_err *err);
 
 /* The GPU ceilings kl bench reports figures against, measured now on device 0: copy rates
  * device-to-device (bytes read plus written per second: the HBM bandwidth) and pinned

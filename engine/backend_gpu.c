@@ -938,11 +938,18 @@ static int upload_model(gpu_be *g, kl_err *err)
     return rc;
 }
 
+int kl_backend_gpu_check(kl_err *err)
+{
+    if (kl_gpu_device_count() < 1)
+        return kl_fail(err, KL_E_UNSUPPORTED, "no GPU found (use --device cpu)");
+    return 0;
+}
+
 int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
     *out = NULL;
-    if (kl_gpu_device_count() < 1)
-        return kl_fail(err, KL_E_UNSUPPORTED, "no GPU found (use --device cpu)");
+    if (kl_backend_gpu_check(err))
+        return err->code;
     gpu_be *g = kl_calloc(1, sizeof *g);
     if (!g)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -1015,6 +1022,11 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
 int kl_backend_gpu_available(void)
 {
     return 0;
+}
+
+int kl_backend_gpu_check(kl_err *err)
+{
+    return no_gpu(err);
 }
 
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)

@@ -357,7 +357,7 @@ START_TEST(device_choice_is_checked_and_gpu_refused_clearly_without_support)
     for (size_t i = 0; i < sizeof gpu / sizeof *gpu; i++) {
         char *out, *err;
         int rc = kl_capture(gpu[i], &out, &err);
-        ck_assert_msg(rc != 0, "`kl %s` succeeded without a GPU", gpu[i]);
+        ck_assert_msg(rc == 2, "`kl %s`: expected exit 2 without a GPU, got %d", gpu[i], rc);
         ck_assert_msg(strstr(err, "without GPU support") && strstr(err, "GPU=cuda"),
                       "`kl %s`: unclear message: %s", gpu[i], err);
         free(out);

@@ -308,7 +308,7 @@ START_TEST(run_bad_flags_exit_2)
     snprintf(path, sizeof path, "%s/err", g_root);
     kl_run("--ids 1 --device gpu");
     char *err = t_slurp(path, NULL);
-    ck_assert_msg(strstr(err, "GPU engine not built yet") != NULL, "stderr: %s", err);
+    ck_assert_msg(strstr(err, "without GPU support") != NULL, "stderr: %s", err);
     free(err);
 }
 END_TEST
