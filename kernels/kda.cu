@@ -13,6 +13,12 @@
  *   u_j = β (v_j − a_j),    o_j = b_j + u_j (q̂·k̂),    S'_ij = d_i S_ij + k̂_i u_j.
  * The column sums over i are partial per group, then summed over the groups in shared memory
  * in a fixed order (deterministic).
+ *
+ * v2 (the default; KL_GPU_KDA=v1 or kl_gpu_kda_select(1) runs recur_kernel): value columns
+ * are independent, so recur2_kernel gives each block 32 columns of one head (H x K/32 blocks:
+ * 128 at the full shape instead of 32), each thread one column of R2_ROWS rows; the readout
+ * goes to o before the norm and kda_norm_kernel (a group per (token, head)) applies the gated
+ * RMSNorm in place.
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
@@ -191,6 +197,20 @@ __device__ static void token_prep(const kl_gpu_kda_recur_args &a, const token_in
     }
 }
 
+/* Group 0, token t of a run [t0, t1) of head h: its head vectors into hv from *next (loaded
+ * here for the first token), then the next token's loads issued into *next, so the block
+ * works on one token while the next one's inputs are on their way. */
+__device__ static void token_next(const kl_gpu_kda_recur_args &a, uint32_t t, uint32_t t0,
+                                  uint32_t t1, uint32_t h, unsigned lane, token_in *next,
+                                  head_vecs *hv)
+{
+    if (t == t0)
+        token_load(a, t0, h, lane, next);
+    token_prep(a, *next, h, lane, hv);
+    if (t + 1 < t1)
+        token_load(a, t + 1, h, lane, next);
+}
+
 /* Group 0: o = o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate) of head h, token t. */
 __device__ static void token_norm(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
                                   unsigned lane, const head_vecs *hv)
@@ -225,14 +245,9 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
         }
     const uint32_t t0 = run_start[r], t1 = run_start[r + 1];
     token_in next;
-    if (w == 0 && t0 < t1)
-        token_load(a, t0, h, lane, &next);
     for (uint32_t t = t0; t < t1; t++) {
-        if (w == 0) {
-            token_prep(a, next, h, lane, &hv);
-            if (t + 1 < t1)
-                token_load(a, t + 1, h, lane, &next);
-        }
+        if (w == 0)
+            token_next(a, t, t0, t1, h, lane, &next, &hv);
         __syncthreads();
         /* partial a_j, b_j over this group's rows */
 #pragma unroll
@@ -313,14 +328,9 @@ recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t
     }
     const uint32_t t0 = run_start[r], t1 = run_start[r + 1];
     token_in next;
-    if (w == 0 && t0 < t1)
-        token_load(a, t0, h, lane, &next);
     for (uint32_t t = t0; t < t1; t++) {
-        if (w == 0) {
-            token_prep(a, next, h, lane, &hv);
-            if (t + 1 < t1)
-                token_load(a, t + 1, h, lane, &next);
-        }
+        if (w == 0)
+            token_next(a, t, t0, t1, h, lane, &next, &hv);
         __syncthreads();
         float pa = 0.0f, pb = 0.0f; /* partial a_j, b_j over this group's rows */
 #pragma unroll

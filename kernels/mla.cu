@@ -11,8 +11,23 @@
  *            partial result
  *   combine  ctx[t][h] = Σ_s e^(m_s − M) ctx_s / Σ_s e^(m_s − M) l_s   block per (h, t)
  *   vb       o[t][h] = W_vb,h ctx[t][h]                       a lane group per output row
- * Scratch (floats): ql [n][nh][R], ctx [n][nh][R], then per (token, split, head) the max,
- * the sum and the context [R].
+ * Scratch (floats): ql [n][nh][R+dr] (v1 uses [n][nh][R] of it), ctx [n][nh][R], then per
+ * (token, split, head) the max, the sum and the context [R].
+ *
+ * v2 (the default; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
+ * needs nh <= 32 and R <= 512, else v1 runs) keeps the four steps and changes how each works:
+ *   absorb2  a block per (64 columns, head, 4 tokens), each thread 4 rows x 16 bytes of W_kb,h
+ *            loaded before the first product (the whole block's 16 KiB in flight); writes the
+ *            full queries [latent, rope] so attend2 copies them in float4
+ *   attend2  splits cut from the token's real span (split_rows2: tiles per split from
+ *            tok_pos, at least 2), so a launch sized for a cache's capacity still spreads a
+ *            short span; scores and contexts tiled in registers: a thread holds 4 heads x 4
+ *            rows of scores over a slice of the columns (8 float4 loads for 64 FMA, slices
+ *            summed by shuffles) and 4 heads x 16 columns of context (5 float4 loads for 64
+ *            FMA), against 3 loads for 8 FMA and 2 for 4 in v1; rows strided 8 mod 32 words
+ *   combine2 a block per (head, 128 columns, token), 8 groups of splits with float4 loads
+ *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
+ *            the contexts staged in shared memory
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
@@ -155,9 +170,19 @@ static mla_scratch carve(float *p, const kl_gpu_mla_dims *d, uint32_t n, uint32_
     return s;
 }
 
+/* v2's splits per token: one per SPLIT_TILES2 tiles of the longest span, at most MAX_SPLITS,
+ * and fewer when the chunk's tokens already give 2 * MAX_SPLITS blocks (less scratch). */
+static uint32_t splits2(uint32_t n, uint32_t max_span)
+{
+    const uint32_t b = splits_bound(max_span, SPLIT_TILES2);
+    const uint32_t cap = n >= 2 * MAX_SPLITS ? 1 : 2 * MAX_SPLITS / n;
+    return b < cap ? b : cap;
+}
+
 extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
-    const size_t splits = splits_bound(max_span, SPLIT_TILES2); /* >= v1's */
+    const size_t v1 = splits_bound(max_span, SPLIT_TILES), v2 = n ? splits2(n, max_span) : 1;
+    const size_t splits = v1 > v2 ? v1 : v2;
     return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2));
 }
 
@@ -264,22 +289,19 @@ __device__ static void tile_scores(const kl_gpu_mla_dims &d, const attend_ctx &x
 }
 
 /* Block: per head, the running max mx and sum sm take in the tile's scores; ps becomes the
- * tile's weights e^(s − max) (0 past nr), alpha the factor the old context is scaled by.
- * Head h's score of row r is ps[r * stride + column], column h (v1) or h % 8 * 4 + h / 8
- * (v2, perm). */
-__device__ static void tile_softmax(uint32_t nh, uint32_t nr, float *ps, uint32_t stride,
-                                    bool perm, float *mx, float *sm, float *alpha)
+ * tile's weights e^(s − max) (0 past nr), alpha the factor the old context is scaled by. */
+__device__ static void tile_softmax(uint32_t nh, uint32_t nr, float *ps, float *mx, float *sm,
+                                    float *alpha)
 {
     for (uint32_t h = threadIdx.x; h < nh; h += blockDim.x) {
-        float *p0 = ps + (perm ? h % 8 * 4 + h / 8 : h);
         float m = mx[h];
         for (uint32_t r = 0; r < nr; r++)
-            m = fmaxf(m, p0[r * stride]);
+            m = fmaxf(m, ps[r * nh + h]);
         const float al = expf(mx[h] - m); /* 0 on the first tile (mx = -inf, m finite) */
         float l = sm[h] * al;
         for (uint32_t r = 0; r < TILE; r++) {
-            const float p = r < nr ? expf(p0[r * stride] - m) : 0.0f;
-            p0[r * stride] = p;
+            const float p = r < nr ? expf(ps[r * nh + h] - m) : 0.0f;
+            ps[r * nh + h] = p;
             l += p;
         }
         mx[h] = m;
@@ -329,7 +351,7 @@ attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
         __syncthreads();
         tile_scores(d, x, qs, rows, nr, ps);
         __syncthreads();
-        tile_softmax(nh, nr, ps, nh, false, mx, sm, alpha);
+        tile_softmax(nh, nr, ps, mx, sm, alpha);
         __syncthreads();
         const float4 *rows4 = (const float4 *)rows;
 #pragma unroll
@@ -555,6 +577,37 @@ __device__ static inline void scores2(const kl_gpu_mla_dims &d, float scale, con
         }
 }
 
+/* Block: as tile_softmax, for ps [TILE][H2_MAX] in scores2's head order: 8 threads per head
+ * (2 rows each), max and sum over them by shuffles. */
+__device__ static inline void softmax2(uint32_t nh, uint32_t nr, float *ps, float *mx, float *sm,
+                                       float *alpha)
+{
+    static_assert(ATT_THREADS == 8 * H2_MAX && TILE == 16, "8 threads per head, 2 rows each");
+    const uint32_t h = threadIdx.x / 8, q = threadIdx.x % 8;
+    const bool on = h < nh; /* the lanes of absent heads still take part in the shuffles */
+    float *p0 = ps + h % 8 * 4 + h / 8;
+    const float m_old = on ? mx[h] : 0.0f;
+    const float s0 = on && q < nr ? p0[q * H2_MAX] : -INFINITY;
+    const float s1 = on && q + 8 < nr ? p0[(q + 8) * H2_MAX] : -INFINITY;
+    float m = fmaxf(m_old, fmaxf(s0, s1));
+    for (int o = 4; o > 0; o /= 2)
+        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    const float e0 = q < nr ? expf(s0 - m) : 0.0f, e1 = q + 8 < nr ? expf(s1 - m) : 0.0f;
+    float l = e0 + e1;
+    for (int o = 4; o > 0; o /= 2)
+        l += kl_gpu_shfl_xor(l, o);
+    if (!on)
+        return;
+    p0[q * H2_MAX] = e0;
+    p0[(q + 8) * H2_MAX] = e1;
+    if (q == 0) { /* every lane of the head read mx[h] before the shuffles */
+        const float al = expf(m_old - m); /* 0 on the first tile (m_old = -inf, m finite) */
+        mx[h] = m;
+        sm[h] = sm[h] * al + l;
+        alpha[h] = al;
+    }
+}
+
 /* Block: the context accumulators take in the tile's nr rows.  Group w, lane l: heads w + 8 i,
  * float4 columns l + 32 m (i, m < 4): per row one 16-byte load of the 4 heads' weights and 4
  * of the row for 64 multiply-adds. */
@@ -631,7 +684,7 @@ attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
         __syncthreads();
         scores2(d, x.scale, (const float *)qs, (const float *)rows, nr, ps);
         __syncthreads();
-        tile_softmax(nh, nr, ps, H2_MAX, true, mx, sm, alpha);
+        softmax2(nh, nr, ps, mx, sm, alpha);
         __syncthreads();
         context2(d, nr, (const float *)rows, ps, alpha, acc);
         __syncthreads(); /* rows and ps are rewritten by the next tile */
@@ -819,7 +872,7 @@ static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
                      kl_err *err)
 {
     const kl_gpu_mla_dims *d = &a->d;
-    const uint32_t splits = splits_bound(t->max_span, SPLIT_TILES2);
+    const uint32_t splits = splits2(t->n, t->max_span);
     attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits), 0,
                     1.0f / sqrtf((float)(d->dn + d->dr))};
     static size_t shared_set;
