@@ -24,7 +24,8 @@
  *            short span; scores and contexts tiled in registers: a thread holds 4 heads x 4
  *            rows of scores over a slice of the columns (8 float4 loads for 64 FMA, slices
  *            summed by shuffles) and 4 heads x 16 columns of context (5 float4 loads for 64
- *            FMA), against 3 loads for 8 FMA and 2 for 4 in v1; rows strided 8 mod 32 words
+ *            FMA), against 3 loads for 8 FMA and 2 for 4 in v1; rows strided 8 mod 32 words;
+ *            the softmax by 8 threads per head
  *   combine2 a block per (head, 128 columns, token), 8 groups of splits with float4 loads
  *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
  *            the contexts staged in shared memory

@@ -4,7 +4,9 @@
  * u = β (v − Sᵀ k̂), then S += k̂ uᵀ, then o = Sᵀ q̂, then the gated RMSNorm); the kernel's
  * one-pass form is thereby checked against the reference form.  Chunks of several runs in
  * different slots, tiny and full shapes; then the n = 1 full-shape launches timed, with bytes
- * moved / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ * moved / time beside a device-to-device copy.  The recurrence is checked and timed in both
+ * versions (v2 and round 1's v1, kl_gpu_kda_select).  Exit 0 pass, 1 fail, 77 no GPU; one
+ * JSON line.
  */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_test.h"

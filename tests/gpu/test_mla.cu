@@ -3,9 +3,11 @@
  * double that follows engine/forward.c (mla_chunk, mla_head, mla_attend_group: RMSNorm of the
  * latent into the cache, absorbed query W_kb,hᵀ q_nope, scores with the shared rope key, an
  * exact softmax over the span, context, W_vb,h ctx).  Tiny shapes with F32 and BF16 kv_b, the
- * full shape at n = 1 with spans 1, 2, 1000 and 65536, chunks of several runs in different
- * slots with differing spans; then the n = 1 full-shape attention timed at each span, with
- * bytes read / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
+ * full shape at n = 1 with spans 1, 2, 1000 and 65536 (also launched sized for a larger
+ * capacity, as a captured decode step is), chunks of several runs in different slots with
+ * differing spans; then the n = 1 full-shape attention timed at each span, with bytes read /
+ * time beside a device-to-device copy.  Every case runs both kernel versions (v2 and round
+ * 1's v1, kl_gpu_mla_select).  Exit 0 pass, 1 fail, 77 no GPU; one JSON
  * line.
  */
 #include "kernels/mla.h"
