@@ -13,6 +13,8 @@
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define THREADS      256
 #define ARGMAX_THREADS 1024
@@ -105,6 +107,71 @@ static void matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hip
     });
 }
 
+/* MXFP4, one token, version 2 (kernels/row_dot.cuh): x in shared memory; team j of the block
+ * takes rows 2j and 2j + 1 of each of its `passes` chunks of KL_MX2_ROWS rows. */
+#define KL_MX2_ROWS   (2 * KL_MX2_TEAMS)
+#define KL_MX2_BLOCKS 2048 /* blocks a product should have at least (chunks permitting) */
+
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+    matmul_mx2_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t passes)
+{
+    extern __shared__ float4 mx2_x[];
+    kl_mx2_x_fill(mx2_x, x, w.cols);
+    __syncthreads();
+    unsigned tl;
+    const unsigned team = kl_mx2_team(&tl);
+    for (uint32_t p = 0; p < passes; p++) {
+        const size_t base = ((size_t)blockIdx.x * passes + p) * KL_MX2_ROWS;
+        if (base >= w.rows) /* the same for the whole block */
+            break;
+        const size_t r = base + 2 * team;
+        const uint8_t *rows[2], *scales[2];
+        for (int i = 0; i < 2; i++) {
+            const size_t ri = r + i < w.rows ? r + i : w.rows - 1;
+            rows[i] = w.packed + ri * (w.cols / 2);
+            scales[i] = w.scale + ri * (w.cols / KL_MXFP4_BLOCK);
+        }
+        float out[2];
+        kl_mx2_rows<2>(rows, scales, w.cols / KL_MXFP4_BLOCK, mx2_x, tl, out);
+        for (int i = 0; i < 2; i++)
+            if (tl == 0 && r + i < w.rows)
+                y[r + i] = out[i];
+    }
+}
+
+static int mx_version; /* 0: KL_GPU_MX not read yet */
+
+/* Version 2 takes MXFP4 at n = 1 when selected, x fits in shared memory and the rows give
+ * at least 512 blocks (fewer rows: v1's group per row keeps more warps busy). */
+static int matmul_mx2_ok(const kl_gpu_mat *w)
+{
+    return kl_gpu_mx_version() == 2 && w->cols <= KL_MX2_MAX_COLS &&
+           w->rows >= (uint32_t)KL_MX2_ROWS * 512;
+}
+
+static void matmul_mx2(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
+{
+    const size_t chunks = (w->rows + KL_MX2_ROWS - 1) / KL_MX2_ROWS;
+    const size_t passes = chunks / KL_MX2_BLOCKS < 1 ? 1 : chunks / KL_MX2_BLOCKS;
+    const unsigned blocks = (unsigned)((chunks + passes - 1) / passes);
+    matmul_mx2_kernel<<<blocks, KL_MX2_THREADS, w->cols * sizeof(float), st>>>(
+        *w, x, y, (uint32_t)passes);
+}
+
+extern "C" int kl_gpu_mx_version(void)
+{
+    if (!mx_version) {
+        const char *v = getenv("KL_GPU_MX");
+        mx_version = v && !strcmp(v, "v1") ? 1 : 2;
+    }
+    return mx_version;
+}
+
+extern "C" void kl_gpu_mx_set(int version)
+{
+    mx_version = version == 1 ? 1 : 2;
+}
+
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
                              kl_gpu_stream s, kl_err *err)
 {
@@ -117,6 +184,10 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
     if (w->kind == KL_GPU_W_MXFP4 && !vec)
         return kl_fail(err, KL_E_USAGE, "matmul: MXFP4 needs x 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
+    if (w->kind == KL_GPU_W_MXFP4 && n == 1 && matmul_mx2_ok(w)) {
+        matmul_mx2(w, x, y, st);
+        return KL_GPU_CHECK(err, hipGetLastError());
+    }
     if (w->kind == KL_GPU_W_MXFP4 && n == 1 && kl_xreg_s(w->cols)) {
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());

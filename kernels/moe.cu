@@ -14,6 +14,7 @@
  * [n·top_k, H].  An expert id outside [0, E) gives NaN outputs instead of a stray read.
  */
 #include "kernels/moe.h"
+#include "kernels/dense.h"
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
@@ -256,6 +257,81 @@ __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
         });
 }
 
+/* ---- MXFP4, version 2 (kernels/row_dot.cuh): a block per (slot, chunk of rows), x in shared
+ * memory, a team of 8 lanes per row pair: gate and up row r, or down rows r and r + 1 ---- */
+
+/* The start of both v2 kernels: the slot's vector into shared memory, then its expert, or -1
+ * after setting this block's rows [r0, r1) of the slot's outputs out [rows] to NaN. */
+__device__ static int64_t experts_mx2_begin(const experts_k &k, float4 *sh, const float *x,
+                                            uint32_t cols, size_t r0, size_t r1, float *out)
+{
+    kl_mx2_x_fill(sh, x, cols);
+    __syncthreads();
+    const int32_t e = k.idx[blockIdx.y];
+    if (e >= 0 && (uint32_t)e < k.E)
+        return e;
+    for (size_t r = r0 + threadIdx.x; r < r1; r += blockDim.x)
+        out[r] = __uint_as_float(0x7fc00000u);
+    return -1;
+}
+
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS) gate_up_mx2_kernel(experts_k k)
+{
+    extern __shared__ float4 mx2_x[];
+    const size_t slot = blockIdx.y, r0 = (size_t)blockIdx.x * KL_MX2_TEAMS;
+    float *h = k.h + slot * k.I;
+    const int64_t e = experts_mx2_begin(k, mx2_x, k.x + slot / k.top_k * k.H, k.H, r0,
+                                        r0 + KL_MX2_TEAMS < k.I ? r0 + KL_MX2_TEAMS : k.I, h);
+    if (e < 0) /* the same for the whole block */
+        return;
+    unsigned tl;
+    const size_t r = r0 + kl_mx2_team(&tl), row = (size_t)e * k.I + (r < k.I ? r : k.I - 1);
+    const uint8_t *rows[2] = {packed_row(k.w1, row), packed_row(k.w3, row)};
+    const uint8_t *scales[2] = {scale_row(k.w1, row), scale_row(k.w3, row)};
+    float gu[2];
+    kl_mx2_rows<2>(rows, scales, k.H / KL_MXFP4_BLOCK, mx2_x, tl, gu);
+    if (tl == 0 && r < k.I)
+        h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+}
+
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS) down_mx2_kernel(experts_k k)
+{
+    extern __shared__ float4 mx2_x[];
+    const size_t slot = blockIdx.y, r0 = (size_t)blockIdx.x * 2 * KL_MX2_TEAMS;
+    float *part = k.part + slot * k.H;
+    const int64_t e = experts_mx2_begin(k, mx2_x, k.h + slot * k.I, k.I, r0,
+                                        r0 + 2 * KL_MX2_TEAMS < k.H ? r0 + 2 * KL_MX2_TEAMS
+                                                                    : k.H, part);
+    if (e < 0)
+        return;
+    unsigned tl;
+    const size_t r = r0 + 2 * kl_mx2_team(&tl);
+    const uint8_t *rows[2], *scales[2];
+    for (int i = 0; i < 2; i++) {
+        const size_t row = (size_t)e * k.H + (r + i < k.H ? r + i : k.H - 1);
+        rows[i] = packed_row(k.w2, row);
+        scales[i] = scale_row(k.w2, row);
+    }
+    float d[2];
+    kl_mx2_rows<2>(rows, scales, k.I / KL_MXFP4_BLOCK, mx2_x, tl, d);
+    const float wt = k.wt[slot];
+    for (int i = 0; i < 2; i++)
+        if (tl == 0 && r + i < k.H)
+            part[r + i] = wt * d[i];
+}
+
+static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
+{
+    const dim3 g1((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
+    gate_up_mx2_kernel<<<g1, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc)
+        return rc;
+    const dim3 g2((k.H + 2 * KL_MX2_TEAMS - 1) / (2 * KL_MX2_TEAMS), k.n_slots);
+    down_mx2_kernel<<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 /* Rows per group: about 2048 groups in all (fewer than the products' KL_ROW_TARGET: each
  * group reloads x, measured best at n = 1), 1 to 16 rows each. */
 static uint32_t experts_rpw(size_t jobs)
@@ -369,8 +445,12 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         (k.w2.kind == KL_GPU_W_MXFP4 && !k.vec2))
         return kl_fail(err, KL_E_USAGE, "experts: MXFP4 needs x and scratch 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
-    if (k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
-        k.w3.kind == KL_GPU_W_MXFP4 && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
+    const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
+                   k.w3.kind == KL_GPU_W_MXFP4;
+    if (mx && kl_gpu_mx_version() == 2 && k.H <= KL_MX2_MAX_COLS && k.I <= KL_MX2_MAX_COLS &&
+        k.n_slots <= 65535) {
+        rc = experts_mx2(k, st, err);
+    } else if (mx && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
         rc = experts_xreg(k, st, err);
     } else {
         gate_up_kernel<<<blocks_of((size_t)k.n_slots * k.I), THREADS, 0, st>>>(k);
