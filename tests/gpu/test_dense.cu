@@ -59,8 +59,9 @@ static void check_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, const uint
     const kl_gpu_mat d = t_mat_upload(m);
     for (size_t i = 0; i < n_ns; i++) {
         char what[96];
-        snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols,
-                 ns[i], x_off ? " x unaligned" : "");
+        snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s%s", t_kind_name(kind), rows, cols,
+                 ns[i], x_off ? " x unaligned" : "",
+                 kind != KL_GPU_W_MXFP4 ? "" : kl_gpu_mx_version() == 1 ? " v1" : " v2");
         t_check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
     }
 }
@@ -83,7 +84,8 @@ static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
     };
     const double s1 = t_median_s(call, 25), sg = t_graph_s(call, 32);
     char what[96];
-    snprintf(what, sizeof what, "matmul %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
+    snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols, n,
+             kind != KL_GPU_W_MXFP4 ? "" : kl_gpu_mx_version() == 1 ? " v1" : " v2");
     t_time(what, s1, sg, bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
@@ -110,9 +112,16 @@ static void test_matmul(void)
                                        {9216, 2304}, {2304, 9216}, {163840, 2304}};
     for (const auto &sh : shapes)
         check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
-    /* MXFP4: the routed experts' shapes */
-    check_matmul(KL_GPU_W_MXFP4, 3072, 2304, real_n, 2, 1, 0);
-    check_matmul(KL_GPU_W_MXFP4, 2304, 1024, real_n, 2, 1, 0);
+    /* MXFP4: the routed experts' shapes, and matrices of many rows (version 2 at n = 1, odd
+     * row counts: the last chunk partial; 800 columns: 25 blocks, a second round per lane) */
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_mx_set(v);
+        check_matmul(KL_GPU_W_MXFP4, 3072, 2304, real_n, 2, 1, 0);
+        check_matmul(KL_GPU_W_MXFP4, 2304, 1024, real_n, 2, 1, 0);
+        check_matmul(KL_GPU_W_MXFP4, 32768 + 37, 2304, real_n, 2, 7, 0);
+        check_matmul(KL_GPU_W_MXFP4, 65536 + 3, 800, real_n, 2, 5, 0);
+        check_matmul(KL_GPU_W_MXFP4, 32768, 8192, real_n, 2, 61, 0);
+    }
     check_matmul(KL_GPU_W_F32, 1000, 2304, real_n, 2, 1, 0);
 }
 
@@ -263,16 +272,22 @@ int main(void)
     }
     check_silu_mul(1000003);
     const double copy = t_copy_gbps();
+    /* ... and the fused input products: KDA q/k/v/f_a/g_a/b, MLA q + kv_a, shared gate + up
+     * + router */
     static const size_t bf16_shapes[][2] = {{163840, 2304}, {9216, 2304}, {2304, 9216},
                                             {4096, 2304},   {2304, 4096}, {8192, 512},
-                                            {128, 2304}};
+                                            {128, 2304},    {12576, 2304}, {6720, 2304},
+                                            {2304, 2304}};
     for (const auto &sh : bf16_shapes)
         time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
-    time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_mx_set(v);
+        time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
+    }
     check_argmax(163840, copy);
     return t_report("dense", copy);
 }
