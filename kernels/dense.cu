@@ -112,27 +112,41 @@ static void matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hip
 #define KL_MX2_ROWS   (2 * KL_MX2_TEAMS)
 #define KL_MX2_BLOCKS 2048 /* blocks a product should have at least (chunks permitting) */
 
+/* The codes and scales of rows r and r + 1 of w (the last row for any past the end). */
+__device__ static inline void mx2_pair(const kl_gpu_mat &w, size_t r, const uint8_t **rows,
+                                       const uint8_t **scales)
+{
+    for (int i = 0; i < 2; i++) {
+        const size_t ri = r + i < w.rows ? r + i : w.rows - 1;
+        rows[i] = w.packed + ri * (w.cols / 2);
+        scales[i] = w.scale + ri * (w.cols / KL_MXFP4_BLOCK);
+    }
+}
+
 __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     matmul_mx2_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t passes)
 {
     extern __shared__ float4 mx2_x[];
-    kl_mx2_x_fill(mx2_x, x, w.cols);
-    __syncthreads();
     unsigned tl;
     const unsigned team = kl_mx2_team(&tl);
+    const uint32_t nb = w.cols / KL_MXFP4_BLOCK;
+    const uint8_t *rows[2], *scales[2];
+    kl_mx2_buf<2> buf;
+    mx2_pair(w, (size_t)blockIdx.x * passes * KL_MX2_ROWS + 2 * team, rows, scales);
+    kl_mx2_load<2>(buf, rows, scales, nb, tl); /* in flight during the fill */
+    kl_mx2_x_fill(mx2_x, x, w.cols);
+    __syncthreads();
     for (uint32_t p = 0; p < passes; p++) {
         const size_t base = ((size_t)blockIdx.x * passes + p) * KL_MX2_ROWS;
         if (base >= w.rows) /* the same for the whole block */
             break;
         const size_t r = base + 2 * team;
-        const uint8_t *rows[2], *scales[2];
-        for (int i = 0; i < 2; i++) {
-            const size_t ri = r + i < w.rows ? r + i : w.rows - 1;
-            rows[i] = w.packed + ri * (w.cols / 2);
-            scales[i] = w.scale + ri * (w.cols / KL_MXFP4_BLOCK);
+        if (p > 0) {
+            mx2_pair(w, r, rows, scales);
+            kl_mx2_load<2>(buf, rows, scales, nb, tl);
         }
         float out[2];
-        kl_mx2_rows<2>(rows, scales, w.cols / KL_MXFP4_BLOCK, mx2_x, tl, out);
+        kl_mx2_rows<2>(buf, rows, scales, nb, mx2_x, tl, out);
         for (int i = 0; i < 2; i++)
             if (tl == 0 && r + i < w.rows)
                 y[r + i] = out[i];

@@ -260,64 +260,62 @@ __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
 /* ---- MXFP4, version 2 (kernels/row_dot.cuh): a block per (slot, chunk of rows), x in shared
  * memory, a team of 8 lanes per row pair: gate and up row r, or down rows r and r + 1 ---- */
 
-/* The start of both v2 kernels: the slot's vector into shared memory, then its expert, or -1
- * after setting this block's rows [r0, r1) of the slot's outputs out [rows] to NaN. */
-__device__ static int64_t experts_mx2_begin(const experts_k &k, float4 *sh, const float *x,
-                                            uint32_t cols, size_t r0, size_t r1, float *out)
+/* The expert of this block's slot, or -1: an id out of range (its outputs are then NaN, and
+ * expert 0's rows are read instead of stray ones). */
+__device__ static int64_t experts_mx2_expert(const experts_k &k)
 {
-    kl_mx2_x_fill(sh, x, cols);
-    __syncthreads();
     const int32_t e = k.idx[blockIdx.y];
-    if (e >= 0 && (uint32_t)e < k.E)
-        return e;
-    for (size_t r = r0 + threadIdx.x; r < r1; r += blockDim.x)
-        out[r] = __uint_as_float(0x7fc00000u);
-    return -1;
+    return e >= 0 && (uint32_t)e < k.E ? e : -1;
 }
 
-__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS) gate_up_mx2_kernel(experts_k k)
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+    gate_up_mx2_kernel(experts_k k)
 {
     extern __shared__ float4 mx2_x[];
-    const size_t slot = blockIdx.y, r0 = (size_t)blockIdx.x * KL_MX2_TEAMS;
-    float *h = k.h + slot * k.I;
-    const int64_t e = experts_mx2_begin(k, mx2_x, k.x + slot / k.top_k * k.H, k.H, r0,
-                                        r0 + KL_MX2_TEAMS < k.I ? r0 + KL_MX2_TEAMS : k.I, h);
-    if (e < 0) /* the same for the whole block */
-        return;
+    const size_t slot = blockIdx.y;
+    const int64_t e = experts_mx2_expert(k);
     unsigned tl;
-    const size_t r = r0 + kl_mx2_team(&tl), row = (size_t)e * k.I + (r < k.I ? r : k.I - 1);
+    const size_t r = (size_t)blockIdx.x * KL_MX2_TEAMS + kl_mx2_team(&tl);
+    const size_t row = (size_t)(e < 0 ? 0 : e) * k.I + (r < k.I ? r : k.I - 1);
     const uint8_t *rows[2] = {packed_row(k.w1, row), packed_row(k.w3, row)};
     const uint8_t *scales[2] = {scale_row(k.w1, row), scale_row(k.w3, row)};
+    const uint32_t nb = k.H / KL_MXFP4_BLOCK;
+    kl_mx2_buf<2> w;
+    kl_mx2_load<2>(w, rows, scales, nb, tl);
+    kl_mx2_x_fill(mx2_x, k.x + slot / k.top_k * k.H, k.H);
+    __syncthreads();
     float gu[2];
-    kl_mx2_rows<2>(rows, scales, k.H / KL_MXFP4_BLOCK, mx2_x, tl, gu);
+    kl_mx2_rows<2>(w, rows, scales, nb, mx2_x, tl, gu);
     if (tl == 0 && r < k.I)
-        h[r] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+        k.h[slot * k.I + r] = e < 0 ? __uint_as_float(0x7fc00000u)
+                                    : gu[0] / (1.0f + expf(-gu[0])) * gu[1];
 }
 
-__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS) down_mx2_kernel(experts_k k)
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+    down_mx2_kernel(experts_k k)
 {
     extern __shared__ float4 mx2_x[];
-    const size_t slot = blockIdx.y, r0 = (size_t)blockIdx.x * 2 * KL_MX2_TEAMS;
-    float *part = k.part + slot * k.H;
-    const int64_t e = experts_mx2_begin(k, mx2_x, k.h + slot * k.I, k.I, r0,
-                                        r0 + 2 * KL_MX2_TEAMS < k.H ? r0 + 2 * KL_MX2_TEAMS
-                                                                    : k.H, part);
-    if (e < 0)
-        return;
+    const size_t slot = blockIdx.y;
+    const int64_t e = experts_mx2_expert(k);
     unsigned tl;
-    const size_t r = r0 + 2 * kl_mx2_team(&tl);
+    const size_t r = (size_t)blockIdx.x * 2 * KL_MX2_TEAMS + 2 * kl_mx2_team(&tl);
     const uint8_t *rows[2], *scales[2];
     for (int i = 0; i < 2; i++) {
-        const size_t row = (size_t)e * k.H + (r + i < k.H ? r + i : k.H - 1);
+        const size_t row = (size_t)(e < 0 ? 0 : e) * k.H + (r + i < k.H ? r + i : k.H - 1);
         rows[i] = packed_row(k.w2, row);
         scales[i] = scale_row(k.w2, row);
     }
+    const uint32_t nb = k.I / KL_MXFP4_BLOCK;
+    kl_mx2_buf<2> w;
+    kl_mx2_load<2>(w, rows, scales, nb, tl);
+    kl_mx2_x_fill(mx2_x, k.h + slot * k.I, k.I);
+    __syncthreads();
     float d[2];
-    kl_mx2_rows<2>(rows, scales, k.I / KL_MXFP4_BLOCK, mx2_x, tl, d);
-    const float wt = k.wt[slot];
+    kl_mx2_rows<2>(w, rows, scales, nb, mx2_x, tl, d);
+    const float wt = e < 0 ? __uint_as_float(0x7fc00000u) : k.wt[slot];
     for (int i = 0; i < 2; i++)
         if (tl == 0 && r + i < k.H)
-            part[r + i] = wt * d[i];
+            k.part[slot * k.H + r + i] = wt * d[i];
 }
 
 static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)

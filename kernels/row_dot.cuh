@@ -387,11 +387,67 @@ __device__ static inline unsigned kl_mx2_team(unsigned *tl)
     return threadIdx.x / KL_MX2_TEAM;
 }
 
-/* out[i] = Σ_c row i · x over nb 32-blocks (row i: codes rows[i], 16-byte aligned, scale bytes
- * scales[i]; x from kl_mx2_x_fill), on every lane of the team.  Every lane of the group must
- * call it (the team's sums are shuffles); a team with no row passes any valid one. */
+/* One round of a team lane's loads for R rows: blocks b0 + u * KL_MX2_TEAM, u < KL_MX2_UNROLL,
+ * of each row (row i: codes rows[i], 16-byte aligned; scale bytes scales[i]); past nb: 0. */
+template <int R> struct kl_mx2_buf {
+    uint4    q[KL_MX2_UNROLL][R];
+    uint32_t s[KL_MX2_UNROLL][R];
+};
+
 template <int R>
-__device__ static inline void kl_mx2_rows(const uint8_t *const *rows,
+__device__ static inline void kl_mx2_load(kl_mx2_buf<R> &w, const uint8_t *const *rows,
+                                          const uint8_t *const *scales, uint32_t nb,
+                                          uint32_t b0)
+{
+#pragma unroll
+    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+        const uint32_t b = b0 + u * KL_MX2_TEAM;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            w.q[u][i] = b < nb ? ((const uint4 *)rows[i])[b] : make_uint4(0, 0, 0, 0);
+            w.s[u][i] = b < nb ? scales[i][b] : 0u;
+        }
+    }
+}
+
+/* acc[i] += the round's blocks of row i times x (from kl_mx2_x_fill), 2^-14 scaled. */
+template <int R>
+__device__ static inline void kl_mx2_dot(const kl_mx2_buf<R> &w, const float4 *xs, uint32_t nb,
+                                         uint32_t b0, float *acc)
+{
+#pragma unroll
+    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+        const uint32_t b = b0 + u * KL_MX2_TEAM;
+        if (b >= nb)
+            continue;
+        const float4 *xb = xs + (size_t)b * 8;
+        const unsigned sw = b % 8;
+        float part[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            part[i] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const float4 lo = xb[(2 * v) ^ sw], hi = xb[(2 * v + 1) ^ sw];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const uint4 &q = w.q[u][i];
+                const uint32_t word = v == 0 ? q.x : v == 1 ? q.y : v == 2 ? q.z : q.w;
+                part[i] = kl_mx2_word_dot(word, lo, hi, part[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = fmaf(part[i], kl_e8m0_value((uint8_t)w.s[u][i]), acc[i]);
+    }
+}
+
+/* out[i] = row i · x over nb 32-blocks, on every lane of the team; w holds the first round
+ * (kl_mx2_load at b0 = tl, issued before the x fill so both are in flight together).  Every
+ * lane of the group must call it (the team's sums are shuffles); a team with no row passes
+ * any valid one. */
+template <int R>
+__device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const *rows,
                                           const uint8_t *const *scales, uint32_t nb,
                                           const float4 *xs, unsigned tl, float *out)
 {
@@ -400,42 +456,9 @@ __device__ static inline void kl_mx2_rows(const uint8_t *const *rows,
     for (int i = 0; i < R; i++)
         acc[i] = 0.0f;
     for (uint32_t b0 = tl; b0 < nb; b0 += KL_MX2_TEAM * KL_MX2_UNROLL) {
-        uint4 q[KL_MX2_UNROLL][R];
-        uint32_t s[KL_MX2_UNROLL][R];
-#pragma unroll
-        for (int u = 0; u < KL_MX2_UNROLL; u++) {
-            const uint32_t b = b0 + u * KL_MX2_TEAM;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                q[u][i] = b < nb ? ((const uint4 *)rows[i])[b] : make_uint4(0, 0, 0, 0);
-                s[u][i] = b < nb ? scales[i][b] : 0u;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < KL_MX2_UNROLL; u++) {
-            const uint32_t b = b0 + u * KL_MX2_TEAM;
-            if (b >= nb)
-                continue;
-            const float4 *xb = xs + (size_t)b * 8;
-            const unsigned sw = b % 8;
-            float part[R];
-#pragma unroll
-            for (int i = 0; i < R; i++)
-                part[i] = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const float4 lo = xb[(2 * w) ^ sw], hi = xb[(2 * w + 1) ^ sw];
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    const uint32_t word = w == 0 ? q[u][i].x : w == 1 ? q[u][i].y
-                                        : w == 2 ? q[u][i].z : q[u][i].w;
-                    part[i] = kl_mx2_word_dot(word, lo, hi, part[i]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < R; i++)
-                acc[i] = fmaf(part[i], kl_e8m0_value((uint8_t)s[u][i]), acc[i]);
-        }
+        if (b0 != tl)
+            kl_mx2_load<R>(w, rows, scales, nb, b0);
+        kl_mx2_dot<R>(w, xs, nb, b0, acc);
     }
 #pragma unroll
     for (int i = 0; i < R; i++) {
