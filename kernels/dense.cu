@@ -153,7 +153,37 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     }
 }
 
-static int mx_version; /* 0: KL_GPU_MX not read yet */
+static int mx_version, bf16_version; /* 0: not read from the environment yet */
+
+/* 1 when the environment variable `name` is "v1", else 2; read once into *cache. */
+static int version_of(int *cache, const char *name)
+{
+    if (!*cache) {
+        const char *v = getenv(name);
+        *cache = v && !strcmp(v, "v1") ? 1 : 2;
+    }
+    return *cache;
+}
+
+extern "C" int kl_gpu_mx_version(void)
+{
+    return version_of(&mx_version, "KL_GPU_MX");
+}
+
+extern "C" int kl_gpu_bf16_version(void)
+{
+    return version_of(&bf16_version, "KL_GPU_BF16");
+}
+
+extern "C" void kl_gpu_mx_set(int version)
+{
+    mx_version = version == 1 ? 1 : 2;
+}
+
+extern "C" void kl_gpu_bf16_set(int version)
+{
+    bf16_version = version == 1 ? 1 : 2;
+}
 
 /* Version 2 takes MXFP4 at n = 1 when selected, x fits in shared memory and the rows give
  * at least 512 blocks (fewer rows: v1's group per row keeps more warps busy). */
@@ -172,18 +202,93 @@ static void matmul_mx2(const kl_gpu_mat *w, const float *x, float *y, hipStream_
         *w, x, y, (uint32_t)passes);
 }
 
-extern "C" int kl_gpu_mx_version(void)
+/* BF16 at n = 1, version 2, for matrices of 2048 to 65536 rows (few enough blocks that the
+ * launch's fixed costs matter; v1 keeps lm_head at the copy rate): blocks of BF_THREADS, G = 1,
+ * 2 or 4 groups per row; x in shared memory (float4 f at f ^ (f / 8 % 2): the 8 lanes of a
+ * quarter warp read float4s 2c and 2c + 1 of 8 consecutive pieces c conflict-free), filled
+ * once per block while the block's first weight loads are in flight; BF_PIECES 16-byte pieces
+ * per lane per round.  The groups of a row are summed in group order. */
+#define BF_THREADS  512 /* 2 blocks an SM: registers capped at 64 a thread */
+#define BF_WARPS    (BF_THREADS / KL_GPU_GROUP)
+#define BF_PIECES   8
+#define BF_MAX_COLS 10240 /* x in shared memory: at most 40 KiB */
+
+__device__ static inline float4 bf_x(const float4 *sh, uint32_t f)
 {
-    if (!mx_version) {
-        const char *v = getenv("KL_GPU_MX");
-        mx_version = v && !strcmp(v, "v1") ? 1 : 2;
-    }
-    return mx_version;
+    return sh[f ^ ((f >> 3) & 1u)];
 }
 
-extern "C" void kl_gpu_mx_set(int version)
+/* The lane's round of pieces c0 + u * lanes of row p (np pieces; none when p is NULL). */
+__device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uint32_t c0,
+                                      uint32_t lanes)
 {
-    mx_version = version == 1 ? 1 : 2;
+#pragma unroll
+    for (int u = 0; u < BF_PIECES; u++) {
+        const uint32_t c = c0 + u * lanes;
+        q[u] = p && c < np ? p[c] : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__global__ static void __launch_bounds__(BF_THREADS, 2)
+    matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, float *y, unsigned G)
+{
+    extern __shared__ float4 bf_sh[];
+    __shared__ float red[BF_WARPS];
+    const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const size_t row = (size_t)blockIdx.x * (BF_WARPS / G) + wi / G;
+    const uint32_t np = w.cols / 8, lanes = G * KL_GPU_GROUP, gl = wi % G * KL_GPU_GROUP + lane;
+    const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
+    uint4 q[BF_PIECES];
+    bf_load(q, p, np, gl, lanes);
+    const float4 *x4 = (const float4 *)x;
+    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS)
+        bf_sh[f ^ ((f >> 3) & 1u)] = x4[f];
+    __syncthreads();
+    float acc = 0.0f;
+    for (uint32_t c0 = gl; c0 < np; c0 += lanes * BF_PIECES) {
+        if (c0 != gl)
+            bf_load(q, p, np, c0, lanes);
+#pragma unroll
+        for (int u = 0; u < BF_PIECES; u++) {
+            const uint32_t c = c0 + u * lanes;
+            if (c >= np)
+                continue;
+            float wv[8];
+            kl_row_unpack(q[u], wv, 1);
+            const float4 a = bf_x(bf_sh, 2 * c), b = bf_x(bf_sh, 2 * c + 1);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc = fmaf(wv[i], xv[i], acc);
+        }
+    }
+    acc = kl_gpu_group_sum(acc);
+    if (G > 1) { /* the same for the whole block */
+        if (lane == 0)
+            red[wi] = acc;
+        __syncthreads();
+        acc = 0.0f;
+        for (unsigned g = 0; g < G; g++)
+            acc += red[wi / G * G + g];
+    }
+    if (row < w.rows && lane == 0 && wi % G == 0)
+        y[row] = acc;
+}
+
+/* 1 when version 2 took the product (BF16, n = 1, 16-byte aligned, the shapes above). */
+static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec,
+                          hipStream_t st)
+{
+    if (kl_gpu_bf16_version() != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
+        w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
+        return 0;
+    unsigned G = 1; /* at least 256 blocks: 2 an SM */
+    while (G < 4 && (size_t)w->rows * G / BF_WARPS < 256)
+        G *= 2;
+    const unsigned per_block = BF_WARPS / G;
+    matmul_bf16_n1_kernel<<<(w->rows + per_block - 1) / per_block, BF_THREADS,
+                            w->cols * sizeof(float), st>>>(*w, x, y, G);
+    return 1;
 }
 
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -206,6 +311,8 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
+    if (n == 1 && matmul_bf16_n1(w, x, y, vec, st))
+        return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
     const uint32_t pieces = w->kind == KL_GPU_W_MXFP4 ? w->cols / 8 : w->cols / 4;

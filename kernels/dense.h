@@ -20,11 +20,14 @@ extern "C" {
 int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 
-/* Which kernels multiply MXFP4 at n = 1 (kl_gpu_matmul and kl_gpu_experts): 2, or 1 (round
- * one's, kept to compare and fall back on) when KL_GPU_MX=v1 is in the environment (read once
- * per process).  kl_gpu_mx_set(1 or 2) overrides it (the device tests run both). */
+/* Which kernels multiply MXFP4 at n = 1 (kl_gpu_matmul and kl_gpu_experts), and BF16 at n = 1
+ * (kl_gpu_matmul): 2, or 1 (round one's, kept to compare and fall back on) when KL_GPU_MX=v1,
+ * or KL_GPU_BF16=v1, is in the environment (each read once per process).  The _set calls
+ * (1 or 2) override it (the device tests run both). */
 int  kl_gpu_mx_version(void);
 void kl_gpu_mx_set(int version);
+int  kl_gpu_bf16_version(void);
+void kl_gpu_bf16_set(int version);
 
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32. */
 int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,

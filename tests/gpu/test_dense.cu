@@ -2,7 +2,8 @@
  * tests/gpu/test_dense.cu — kernels/dense.h against host references computed here (double):
  * kl_gpu_matmul for every weight kind at tiny odd shapes and at Kimi-Linear's real shapes
  * (n = 1 and n = 5), kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul and kl_gpu_argmax
- * (ties, NaN), plus the launchers' refusals.  Then the n = 1 products timed with events
+ * (ties, NaN), plus the launchers' refusals; MXFP4 and BF16 at n = 1 with both kernel
+ * versions (2 and round 1's).  Then the n = 1 products timed with events
  * (median of 25 single calls, weights rotated over copies so the L2 cannot hold them) beside
  * a device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail,
  * 77 no GPU.
@@ -17,6 +18,14 @@ extern "C" {
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
 
 /* ---- matmul ------------------------------------------------------------------------------ */
+
+/* " v1" or " v2": the kernel version kl_gpu_matmul uses now for kind (F32: ""). */
+static const char *version_tag(kl_gpu_wkind kind)
+{
+    const int v = kind == KL_GPU_W_MXFP4 ? kl_gpu_mx_version()
+                  : kind == KL_GPU_W_BF16 ? kl_gpu_bf16_version() : 0;
+    return v == 1 ? " v1" : v == 2 ? " v2" : "";
+}
 
 /* The largest over the n tokens of the relative L2 error of Y = X Wᵀ, rows r % step == 0
  * checked; x starts x_off floats into its buffer (1: not 16-byte aligned). */
@@ -61,7 +70,7 @@ static void check_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, const uint
         char what[96];
         snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s%s", t_kind_name(kind), rows, cols,
                  ns[i], x_off ? " x unaligned" : "",
-                 kind != KL_GPU_W_MXFP4 ? "" : kl_gpu_mx_version() == 1 ? " v1" : " v2");
+                 version_tag(kind));
         t_check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
     }
 }
@@ -85,7 +94,7 @@ static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
     const double s1 = t_median_s(call, 25), sg = t_graph_s(call, 32);
     char what[96];
     snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols, n,
-             kind != KL_GPU_W_MXFP4 ? "" : kl_gpu_mx_version() == 1 ? " v1" : " v2");
+             version_tag(kind));
     t_time(what, s1, sg, bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
@@ -107,11 +116,17 @@ static void test_matmul(void)
             check_matmul(k, 5, 64, tiny_n, 4, 1, 1);
         }
     }
-    /* the projections, dense MLP and lm_head of Kimi-Linear (lm_head rows sampled) */
-    static const size_t shapes[][2] = {{4096, 2304}, {2304, 4096}, {128, 2304}, {8192, 512},
-                                       {9216, 2304}, {2304, 9216}, {163840, 2304}};
-    for (const auto &sh : shapes)
-        check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
+    /* the projections, dense MLP, fused input products and lm_head of Kimi-Linear (lm_head
+     * rows sampled); BF16 at n = 1 with both kernel versions (2, and KL_GPU_BF16=v1's) */
+    static const size_t shapes[][2] = {{4096, 2304},  {2304, 4096}, {128, 2304},
+                                       {8192, 512},   {9216, 2304}, {2304, 9216},
+                                       {12576, 2304}, {6720, 2304}, {2304, 2304},
+                                       {2056, 808},   {163840, 2304}};
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_bf16_set(v);
+        for (const auto &sh : shapes)
+            check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
+    }
     /* MXFP4: the routed experts' shapes, and matrices of many rows (version 2 at n = 1, odd
      * row counts: the last chunk partial; 800 columns: 25 blocks, a second round per lane) */
     for (int v = 2; v >= 1; v--) {
@@ -278,8 +293,11 @@ int main(void)
                                             {4096, 2304},   {2304, 4096}, {8192, 512},
                                             {128, 2304},    {12576, 2304}, {6720, 2304},
                                             {2304, 2304}};
-    for (const auto &sh : bf16_shapes)
-        time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_bf16_set(v);
+        for (const auto &sh : bf16_shapes)
+            time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+    }
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
     for (int v = 2; v >= 1; v--) {
         kl_gpu_mx_set(v);
