@@ -153,43 +153,28 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     }
 }
 
-static int mx_version, bf16_version; /* 0: not read from the environment yet */
+static int versions[3]; /* by kl_gpu_kernels; 0: not read from the environment yet */
 
-/* 1 when the environment variable `name` is "v1", else 2; read once into *cache. */
-static int version_of(int *cache, const char *name)
+extern "C" int kl_gpu_version(kl_gpu_kernels which)
 {
-    if (!*cache) {
-        const char *v = getenv(name);
-        *cache = v && !strcmp(v, "v1") ? 1 : 2;
+    static const char *const names[3] = {"KL_GPU_MX", "KL_GPU_BF16", "KL_GPU_ARGMAX"};
+    if (!versions[which]) {
+        const char *v = getenv(names[which]);
+        versions[which] = v && !strcmp(v, "v1") ? 1 : 2;
     }
-    return *cache;
+    return versions[which];
 }
 
-extern "C" int kl_gpu_mx_version(void)
+extern "C" void kl_gpu_version_set(kl_gpu_kernels which, int version)
 {
-    return version_of(&mx_version, "KL_GPU_MX");
-}
-
-extern "C" int kl_gpu_bf16_version(void)
-{
-    return version_of(&bf16_version, "KL_GPU_BF16");
-}
-
-extern "C" void kl_gpu_mx_set(int version)
-{
-    mx_version = version == 1 ? 1 : 2;
-}
-
-extern "C" void kl_gpu_bf16_set(int version)
-{
-    bf16_version = version == 1 ? 1 : 2;
+    versions[which] = version == 1 ? 1 : 2;
 }
 
 /* Version 2 takes MXFP4 at n = 1 when selected, x fits in shared memory and the rows give
  * at least 512 blocks (fewer rows: v1's group per row keeps more warps busy). */
 static int matmul_mx2_ok(const kl_gpu_mat *w)
 {
-    return kl_gpu_mx_version() == 2 && w->cols <= KL_MX2_MAX_COLS &&
+    return kl_gpu_version(KL_GPU_K_MX) == 2 && w->cols <= KL_MX2_MAX_COLS &&
            w->rows >= (uint32_t)KL_MX2_ROWS * 512;
 }
 
@@ -279,7 +264,7 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec,
                           hipStream_t st)
 {
-    if (kl_gpu_bf16_version() != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
+    if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
         return 0;
     unsigned G = 1; /* at least 256 blocks: 2 an SM */
@@ -454,26 +439,41 @@ __device__ static inline kl_best best_of(kl_best b, float v, uint32_t i)
     return !isnan(v) && kl_best_above(c, b) ? c : b;
 }
 
-/* Block t: the index of the largest of logits[t] (ties: lowest; NaN skipped; all NaN: 0), as
- * kl_sample_argmax.  Each thread scans a strided share (float4 loads, ARGMAX_UNROLL in flight,
- * when the rows are 16-byte aligned: one SM must pull the whole row), the groups reduce with
+/* Parts of a row the two-pass arg-max splits it into (version 2; KL_GPU_ARGMAX=v1: one block
+ * per row), and the tokens it takes at most: their partial bests live in a buffer of this
+ * file, so calls on two streams at once must not both take the two-pass path. */
+#define ARGMAX_PARTS     64
+#define ARGMAX_MAX_N     64
+#define ARGMAX_PART_SIZE 16384 /* logits a part scans at least */
+
+static __device__ kl_best argmax_parts[ARGMAX_MAX_N * ARGMAX_PARTS];
+
+/* Block t * P + p: the best of part p of P of logits[t] (ties: lowest index; NaN
+ * skipped), as kl_sample_argmax; with one part its index (all NaN: 0) goes to out[t], else
+ * the candidate to argmax_parts.  Each thread scans a strided share (float4 loads,
+ * ARGMAX_UNROLL in flight, when the rows are 16-byte aligned), the groups reduce with
  * shuffles, then thread 0 takes the best of the groups' bests. */
 __global__ static void __launch_bounds__(ARGMAX_THREADS)
-    argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t *out)
+    argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t P, uint32_t *out)
 {
     __shared__ kl_best group_best[ARGMAX_THREADS / KL_GPU_GROUP];
-    const float *l = logits + (size_t)blockIdx.x * vocab;
+    const uint32_t p = blockIdx.x % P, t = blockIdx.x / P;
+    const float *l = logits + (size_t)t * vocab;
     kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
-    uint32_t i0 = 0;
+    /* the part: float4s [lo, hi) when vec, else elements [i0, i1) */
+    const uint32_t units = vec ? vocab / 4 : vocab, per = (units + P - 1) / P;
+    const uint32_t lo = (uint32_t)min((uint64_t)p * per, (uint64_t)units);
+    const uint32_t hi = (uint32_t)min((uint64_t)lo + per, (uint64_t)units);
+    uint32_t i0 = lo, i1 = hi;
     if (vec) {
         const float4 *l4 = (const float4 *)l;
-        const uint32_t n4 = vocab / 4, step = ARGMAX_THREADS * ARGMAX_UNROLL;
-        for (uint32_t c0 = threadIdx.x; c0 < n4; c0 += step) {
+        const uint32_t step = ARGMAX_THREADS * ARGMAX_UNROLL;
+        for (uint32_t c0 = lo + threadIdx.x; c0 < hi; c0 += step) {
             float4 q[ARGMAX_UNROLL];
 #pragma unroll
             for (int u = 0; u < ARGMAX_UNROLL; u++) {
                 const uint32_t c = c0 + u * ARGMAX_THREADS;
-                q[u] = c < n4 ? l4[c] : make_float4(NAN, NAN, NAN, NAN);
+                q[u] = c < hi ? l4[c] : make_float4(NAN, NAN, NAN, NAN);
             }
 #pragma unroll
             for (int u = 0; u < ARGMAX_UNROLL; u++) {
@@ -482,9 +482,9 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
                                     c + 2), q[u].w, c + 3);
             }
         }
-        i0 = n4 * 4;
+        i0 = i1 = 0; /* vec: vocab % 4 == 0 */
     }
-    for (uint32_t i = i0 + threadIdx.x; i < vocab; i += ARGMAX_THREADS)
+    for (uint32_t i = i0 + threadIdx.x; i < i1; i += ARGMAX_THREADS)
         b = best_of(b, l[i], i);
     b = kl_best_group(b);
     if (threadIdx.x % KL_GPU_GROUP == 0)
@@ -495,7 +495,24 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
     for (int g = 1; g < ARGMAX_THREADS / KL_GPU_GROUP; g++)
         if (kl_best_above(group_best[g], b))
             b = group_best[g];
-    out[blockIdx.x] = b.i == UINT32_MAX ? 0 : b.i;
+    if (P == 1)
+        out[t] = b.i == UINT32_MAX ? 0 : b.i;
+    else
+        argmax_parts[t * P + p] = b;
+}
+
+/* Block t (one group): the best of token t's P <= 64 parts (ties: lowest index). */
+__global__ static void argmax_final_kernel(uint32_t P, uint32_t *out)
+{
+    const unsigned lane = threadIdx.x;
+    const kl_best none = {-INFINITY, UINT32_MAX, 0.0f};
+    kl_best b = lane < P ? argmax_parts[blockIdx.x * P + lane] : none;
+    const kl_best c = lane + KL_GPU_GROUP < P ? argmax_parts[blockIdx.x * P + lane + KL_GPU_GROUP]
+                                              : none;
+    b = kl_best_above(c, b) ? c : b;
+    b = kl_best_group(b);
+    if (lane == 0)
+        out[blockIdx.x] = b.i == UINT32_MAX ? 0 : b.i;
 }
 
 extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, uint32_t *out,
@@ -504,6 +521,15 @@ extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, ui
     if (!logits || !out || n == 0 || vocab == 0 || n > 0x7fffffffu)
         return kl_fail(err, KL_E_USAGE, "argmax: logits or out is NULL, or n or vocab is 0");
     const int vec = (uintptr_t)logits % 16 == 0 && vocab % 4 == 0;
-    argmax_kernel<<<n, ARGMAX_THREADS, 0, (hipStream_t)s>>>(logits, vocab, vec, out);
+    uint32_t P = vocab / ARGMAX_PART_SIZE;
+    P = P > ARGMAX_PARTS ? ARGMAX_PARTS : P < 1 ? 1 : P;
+    if (n > ARGMAX_MAX_N || kl_gpu_version(KL_GPU_K_ARGMAX) == 1)
+        P = 1;
+    hipStream_t st = (hipStream_t)s;
+    argmax_kernel<<<n * P, ARGMAX_THREADS, 0, st>>>(logits, vocab, vec, P, out);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc || P == 1)
+        return rc;
+    argmax_final_kernel<<<n, KL_GPU_GROUP, 0, st>>>(P, out);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -20,14 +20,15 @@ extern "C" {
 int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 
-/* Which kernels multiply MXFP4 at n = 1 (kl_gpu_matmul and kl_gpu_experts), and BF16 at n = 1
- * (kl_gpu_matmul): 2, or 1 (round one's, kept to compare and fall back on) when KL_GPU_MX=v1,
- * or KL_GPU_BF16=v1, is in the environment (each read once per process).  The _set calls
- * (1 or 2) override it (the device tests run both). */
-int  kl_gpu_mx_version(void);
-void kl_gpu_mx_set(int version);
-int  kl_gpu_bf16_version(void);
-void kl_gpu_bf16_set(int version);
+/* Kernel versions kept side by side: 2 (round two's, the default) or 1 (round one's, to
+ * compare and fall back on), chosen by an environment variable of value "v1", read once per
+ * process: KL_GPU_MX (MXFP4 at n = 1: kl_gpu_matmul, kl_gpu_experts), KL_GPU_BF16 (BF16 at
+ * n = 1: kl_gpu_matmul), KL_GPU_ARGMAX (kl_gpu_argmax).  kl_gpu_version_set (1 or 2)
+ * overrides the environment (the device tests run both). */
+typedef enum kl_gpu_kernels { KL_GPU_K_MX, KL_GPU_K_BF16, KL_GPU_K_ARGMAX } kl_gpu_kernels;
+
+int  kl_gpu_version(kl_gpu_kernels which);
+void kl_gpu_version_set(kl_gpu_kernels which, int version);
 
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32. */
 int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,

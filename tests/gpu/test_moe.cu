@@ -8,7 +8,7 @@
  * calls, each on 8 other experts so the L2 cannot hold them) beside a device-to-device copy
  * measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
-#include "kernels/dense.h" /* kl_gpu_mx_set */
+#include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/moe.h"
 #include "tests/gpu/gpu_testutil.h"
 
@@ -263,7 +263,7 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
             char what[128];
             snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d v%d",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
-                     kl_gpu_mx_version());
+                     kl_gpu_version(KL_GPU_K_MX));
             t_check(what, worst, TOL);
         }
     }
@@ -284,7 +284,7 @@ static void check_bad_id(kl_gpu_wkind kind)
         wrong += !isnan(y[i]) + isnan(y[64 + i]);
     char what[96];
     snprintf(what, sizeof what, "experts %s id out of range (wrong NaN pattern) v%d",
-             t_kind_name(kind), kl_gpu_mx_version());
+             t_kind_name(kind), kl_gpu_version(KL_GPU_K_MX));
     t_check(what, wrong, 0);
     stacks_free(s);
 }
@@ -292,7 +292,7 @@ static void check_bad_id(kl_gpu_wkind kind)
 /* n = 1 at the real shapes: 32 calls, call i on experts perm[8i .. 8i+8). */
 static void time_experts(double copy_gbps, int version)
 {
-    kl_gpu_mx_set(version);
+    kl_gpu_version_set(KL_GPU_K_MX, version);
     const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 1};
     stacks s;
     stacks_make(s, c);
@@ -337,7 +337,7 @@ int main(void)
     check_experts({KL_GPU_W_BF16, 5, 40, 24, 3, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_BF16, 8, 1024, 2304, 8, 1, 0}, real_n, 1);
     for (int v = 2; v >= 1; v--) { /* MXFP4: version 2, then round 1's (KL_GPU_MX=v1) */
-        kl_gpu_mx_set(v);
+        kl_gpu_version_set(KL_GPU_K_MX, v);
         check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
