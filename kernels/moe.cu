@@ -268,65 +268,48 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
     return e >= 0 && (uint32_t)e < k.E ? e : -1;
 }
 
+/* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
+ * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1. */
+template <int DOWN>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
-    gate_up_mx2_kernel(experts_k k)
+    experts_mx2_kernel(experts_k k)
 {
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
     const int64_t e = experts_mx2_expert(k);
+    const uint32_t n_rows = DOWN ? k.H : k.I;
     unsigned tl;
-    const size_t r = (size_t)blockIdx.x * KL_MX2_TEAMS + kl_mx2_team(&tl);
-    const size_t row = (size_t)(e < 0 ? 0 : e) * k.I + (r < k.I ? r : k.I - 1);
-    const uint8_t *rows[2] = {packed_row(k.w1, row), packed_row(k.w3, row)};
-    const uint8_t *scales[2] = {scale_row(k.w1, row), scale_row(k.w3, row)};
-    const uint32_t nb = k.H / KL_MXFP4_BLOCK;
-    kl_mx2_buf<2> w;
-    kl_mx2_load<2>(w, rows, scales, nb, tl);
-    kl_mx2_x_fill(mx2_x, k.x + slot / k.top_k * k.H, k.H);
-    __syncthreads();
-    float gu[2];
-    kl_mx2_rows<2>(w, rows, scales, nb, mx2_x, tl, gu);
-    if (tl == 0 && r < k.I)
-        k.h[slot * k.I + r] = e < 0 ? __uint_as_float(0x7fc00000u)
-                                    : gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-}
-
-__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
-    down_mx2_kernel(experts_k k)
-{
-    extern __shared__ float4 mx2_x[];
-    const size_t slot = blockIdx.y;
-    const int64_t e = experts_mx2_expert(k);
-    unsigned tl;
-    const size_t r = (size_t)blockIdx.x * 2 * KL_MX2_TEAMS + 2 * kl_mx2_team(&tl);
+    const size_t r = ((size_t)blockIdx.x * KL_MX2_TEAMS + kl_mx2_team(&tl)) * (DOWN ? 2 : 1);
     const uint8_t *rows[2], *scales[2];
     for (int i = 0; i < 2; i++) {
-        const size_t row = (size_t)(e < 0 ? 0 : e) * k.H + (r + i < k.H ? r + i : k.H - 1);
-        rows[i] = packed_row(k.w2, row);
-        scales[i] = scale_row(k.w2, row);
+        const size_t ri = r + (DOWN ? i : 0);
+        const size_t row = (size_t)(e < 0 ? 0 : e) * n_rows + (ri < n_rows ? ri : n_rows - 1);
+        const kl_gpu_mat &m = DOWN ? k.w2 : i ? k.w3 : k.w1;
+        rows[i] = packed_row(m, row);
+        scales[i] = scale_row(m, row);
     }
-    const uint32_t nb = k.I / KL_MXFP4_BLOCK;
-    kl_mx2_buf<2> w;
-    kl_mx2_load<2>(w, rows, scales, nb, tl);
-    kl_mx2_x_fill(mx2_x, k.h + slot * k.I, k.I);
-    __syncthreads();
+    const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
     float d[2];
-    kl_mx2_rows<2>(w, rows, scales, nb, mx2_x, tl, d);
-    const float wt = e < 0 ? __uint_as_float(0x7fc00000u) : k.wt[slot];
-    for (int i = 0; i < 2; i++)
-        if (tl == 0 && r + i < k.H)
-            k.part[slot * k.H + r + i] = wt * d[i];
+    kl_mx2_block_dot<2>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
+    if (tl != 0)
+        return;
+    const float nan = __uint_as_float(0x7fc00000u);
+    if (!DOWN && r < k.I)
+        k.h[slot * k.I + r] = e < 0 ? nan : d[0] / (1.0f + expf(-d[0])) * d[1];
+    for (int i = 0; DOWN && i < 2; i++)
+        if (r + i < k.H)
+            k.part[slot * k.H + r + i] = (e < 0 ? nan : k.wt[slot]) * d[i];
 }
 
 static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
 {
     const dim3 g1((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
-    gate_up_mx2_kernel<<<g1, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    experts_mx2_kernel<0><<<g1, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     if (rc)
         return rc;
     const dim3 g2((k.H + 2 * KL_MX2_TEAMS - 1) / (2 * KL_MX2_TEAMS), k.n_slots);
-    down_mx2_kernel<<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    experts_mx2_kernel<1><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

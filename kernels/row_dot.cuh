@@ -468,6 +468,22 @@ __device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const
     }
 }
 
+/* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
+ * thread of the block: no thread may leave before), the barrier, then the team's R rows. */
+template <int R>
+__device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
+                                               const uint8_t *const *scales, const float *x,
+                                               uint32_t cols, float4 *sh, unsigned tl,
+                                               float *out)
+{
+    const uint32_t nb = cols / KL_MXFP4_BLOCK;
+    kl_mx2_buf<R> w;
+    kl_mx2_load<R>(w, rows, scales, nb, tl);
+    kl_mx2_x_fill(sh, x, cols);
+    __syncthreads();
+    kl_mx2_rows<R>(w, rows, scales, nb, sh, tl, out);
+}
+
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,
  * 16-byte aligned packed payload). */
 static inline int kl_row_mat_check(const kl_gpu_mat *m, const char *what, kl_err *err)
