@@ -428,8 +428,8 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
     hipStream_t st = (hipStream_t)s;
     const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
                    k.w3.kind == KL_GPU_W_MXFP4;
-    if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS && k.I <= KL_MX2_MAX_COLS &&
-        k.n_slots <= 65535) {
+    if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS &&
+        k.I <= KL_MX2_MAX_COLS && k.n_slots <= 65535) {
         rc = experts_mx2(k, st, err);
     } else if (mx && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
         rc = experts_xreg(k, st, err);
