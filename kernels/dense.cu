@@ -13,6 +13,8 @@
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define THREADS      256
 #define ARGMAX_THREADS 1024
@@ -105,6 +107,175 @@ static void matmul_mxfp4_xreg(const kl_gpu_mat *w, const float *x, float *y, hip
     });
 }
 
+/* MXFP4, one token, version 2 (kernels/row_dot.cuh): x in shared memory; team j of the block
+ * takes rows 2j and 2j + 1 of each of its `passes` chunks of KL_MX2_ROWS rows. */
+#define KL_MX2_ROWS   (2 * KL_MX2_TEAMS)
+#define KL_MX2_BLOCKS 2048 /* blocks a product should have at least (chunks permitting) */
+
+/* The codes and scales of rows r and r + 1 of w (the last row for any past the end). */
+__device__ static inline void mx2_pair(const kl_gpu_mat &w, size_t r, const uint8_t **rows,
+                                       const uint8_t **scales)
+{
+    for (int i = 0; i < 2; i++) {
+        const size_t ri = r + i < w.rows ? r + i : w.rows - 1;
+        rows[i] = w.packed + ri * (w.cols / 2);
+        scales[i] = w.scale + ri * (w.cols / KL_MXFP4_BLOCK);
+    }
+}
+
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+    matmul_mx2_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t passes)
+{
+    extern __shared__ float4 mx2_x[];
+    unsigned tl;
+    const unsigned team = kl_mx2_team(&tl);
+    const uint32_t nb = w.cols / KL_MXFP4_BLOCK;
+    const uint8_t *rows[2], *scales[2];
+    kl_mx2_buf<2> buf;
+    mx2_pair(w, (size_t)blockIdx.x * passes * KL_MX2_ROWS + 2 * team, rows, scales);
+    kl_mx2_load<2>(buf, rows, scales, nb, tl); /* in flight during the fill */
+    kl_mx2_x_fill(mx2_x, x, w.cols);
+    __syncthreads();
+    for (uint32_t p = 0; p < passes; p++) {
+        const size_t base = ((size_t)blockIdx.x * passes + p) * KL_MX2_ROWS;
+        if (base >= w.rows) /* the same for the whole block */
+            break;
+        const size_t r = base + 2 * team;
+        if (p > 0) {
+            mx2_pair(w, r, rows, scales);
+            kl_mx2_load<2>(buf, rows, scales, nb, tl);
+        }
+        float out[2];
+        kl_mx2_rows<2>(buf, rows, scales, nb, mx2_x, tl, out);
+        for (int i = 0; i < 2; i++)
+            if (tl == 0 && r + i < w.rows)
+                y[r + i] = out[i];
+    }
+}
+
+static int versions[3]; /* by kl_gpu_kernels; 0: not read from the environment yet */
+
+extern "C" int kl_gpu_version(kl_gpu_kernels which)
+{
+    static const char *const names[3] = {"KL_GPU_MX", "KL_GPU_BF16", "KL_GPU_ARGMAX"};
+    if (!versions[which]) {
+        const char *v = getenv(names[which]);
+        versions[which] = v && !strcmp(v, "v1") ? 1 : 2;
+    }
+    return versions[which];
+}
+
+extern "C" void kl_gpu_version_set(kl_gpu_kernels which, int version)
+{
+    versions[which] = version == 1 ? 1 : 2;
+}
+
+/* Version 2 takes MXFP4 at n = 1 when selected, x fits in shared memory and the rows give
+ * at least 512 blocks (fewer rows: v1's group per row keeps more warps busy). */
+static int matmul_mx2_ok(const kl_gpu_mat *w)
+{
+    return kl_gpu_version(KL_GPU_K_MX) == 2 && w->cols <= KL_MX2_MAX_COLS &&
+           w->rows >= (uint32_t)KL_MX2_ROWS * 512;
+}
+
+static void matmul_mx2(const kl_gpu_mat *w, const float *x, float *y, hipStream_t st)
+{
+    const size_t chunks = (w->rows + KL_MX2_ROWS - 1) / KL_MX2_ROWS;
+    const size_t passes = chunks / KL_MX2_BLOCKS < 1 ? 1 : chunks / KL_MX2_BLOCKS;
+    const unsigned blocks = (unsigned)((chunks + passes - 1) / passes);
+    matmul_mx2_kernel<<<blocks, KL_MX2_THREADS, w->cols * sizeof(float), st>>>(
+        *w, x, y, (uint32_t)passes);
+}
+
+/* BF16 at n = 1, version 2, for matrices of 2048 to 65536 rows (few enough blocks that the
+ * launch's fixed costs matter; v1 keeps lm_head at the copy rate): blocks of BF_THREADS, G = 1,
+ * 2 or 4 groups per row; x in shared memory (float4 f at f ^ (f / 8 % 2): the 8 lanes of a
+ * quarter warp read float4s 2c and 2c + 1 of 8 consecutive pieces c conflict-free), filled
+ * once per block while the block's first weight loads are in flight; BF_PIECES 16-byte pieces
+ * per lane per round.  The groups of a row are summed in group order. */
+#define BF_THREADS  512 /* 2 blocks an SM: registers capped at 64 a thread */
+#define BF_WARPS    (BF_THREADS / KL_GPU_GROUP)
+#define BF_PIECES   8
+#define BF_MAX_COLS 10240 /* x in shared memory: at most 40 KiB */
+
+__device__ static inline float4 bf_x(const float4 *sh, uint32_t f)
+{
+    return sh[f ^ ((f >> 3) & 1u)];
+}
+
+/* The lane's round of pieces c0 + u * lanes of row p (np pieces; none when p is NULL). */
+__device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uint32_t c0,
+                                      uint32_t lanes)
+{
+#pragma unroll
+    for (int u = 0; u < BF_PIECES; u++) {
+        const uint32_t c = c0 + u * lanes;
+        q[u] = p && c < np ? p[c] : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__global__ static void __launch_bounds__(BF_THREADS, 2)
+    matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, float *y, unsigned G)
+{
+    extern __shared__ float4 bf_sh[];
+    __shared__ float red[BF_WARPS];
+    const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const size_t row = (size_t)blockIdx.x * (BF_WARPS / G) + wi / G;
+    const uint32_t np = w.cols / 8, lanes = G * KL_GPU_GROUP, gl = wi % G * KL_GPU_GROUP + lane;
+    const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
+    uint4 q[BF_PIECES];
+    bf_load(q, p, np, gl, lanes);
+    const float4 *x4 = (const float4 *)x;
+    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS)
+        bf_sh[f ^ ((f >> 3) & 1u)] = x4[f];
+    __syncthreads();
+    float acc = 0.0f;
+    for (uint32_t c0 = gl; c0 < np; c0 += lanes * BF_PIECES) {
+        if (c0 != gl)
+            bf_load(q, p, np, c0, lanes);
+#pragma unroll
+        for (int u = 0; u < BF_PIECES; u++) {
+            const uint32_t c = c0 + u * lanes;
+            if (c >= np)
+                continue;
+            float wv[8];
+            kl_row_unpack(q[u], wv, 1);
+            const float4 a = bf_x(bf_sh, 2 * c), b = bf_x(bf_sh, 2 * c + 1);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc = fmaf(wv[i], xv[i], acc);
+        }
+    }
+    acc = kl_gpu_group_sum(acc);
+    if (G > 1) { /* the same for the whole block */
+        if (lane == 0)
+            red[wi] = acc;
+        __syncthreads();
+        acc = 0.0f;
+        for (unsigned g = 0; g < G; g++)
+            acc += red[wi / G * G + g];
+    }
+    if (row < w.rows && lane == 0 && wi % G == 0)
+        y[row] = acc;
+}
+
+/* 1 when version 2 took the product (BF16, n = 1, 16-byte aligned, the shapes above). */
+static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec,
+                          hipStream_t st)
+{
+    if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
+        w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
+        return 0;
+    unsigned G = 1; /* at least 256 blocks: 2 an SM */
+    while (G < 4 && (size_t)w->rows * G / BF_WARPS < 256)
+        G *= 2;
+    const unsigned per_block = BF_WARPS / G;
+    matmul_bf16_n1_kernel<<<(w->rows + per_block - 1) / per_block, BF_THREADS,
+                            w->cols * sizeof(float), st>>>(*w, x, y, G);
+    return 1;
+}
+
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
                              kl_gpu_stream s, kl_err *err)
 {
@@ -117,10 +288,16 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
     if (w->kind == KL_GPU_W_MXFP4 && !vec)
         return kl_fail(err, KL_E_USAGE, "matmul: MXFP4 needs x 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
+    if (w->kind == KL_GPU_W_MXFP4 && n == 1 && matmul_mx2_ok(w)) {
+        matmul_mx2(w, x, y, st);
+        return KL_GPU_CHECK(err, hipGetLastError());
+    }
     if (w->kind == KL_GPU_W_MXFP4 && n == 1 && kl_xreg_s(w->cols)) {
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
+    if (n == 1 && matmul_bf16_n1(w, x, y, vec, st))
+        return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
     const uint32_t pieces = w->kind == KL_GPU_W_MXFP4 ? w->cols / 8 : w->cols / 4;
@@ -262,26 +439,41 @@ __device__ static inline kl_best best_of(kl_best b, float v, uint32_t i)
     return !isnan(v) && kl_best_above(c, b) ? c : b;
 }
 
-/* Block t: the index of the largest of logits[t] (ties: lowest; NaN skipped; all NaN: 0), as
- * kl_sample_argmax.  Each thread scans a strided share (float4 loads, ARGMAX_UNROLL in flight,
- * when the rows are 16-byte aligned: one SM must pull the whole row), the groups reduce with
+/* Parts of a row the two-pass arg-max splits it into (version 2; KL_GPU_ARGMAX=v1: one block
+ * per row), and the tokens it takes at most: their partial bests live in a buffer of this
+ * file, so calls on two streams at once must not both take the two-pass path. */
+#define ARGMAX_PARTS     64
+#define ARGMAX_MAX_N     64
+#define ARGMAX_PART_SIZE 16384 /* logits a part scans at least */
+
+static __device__ kl_best argmax_parts[ARGMAX_MAX_N * ARGMAX_PARTS];
+
+/* Block t * P + p: the best of part p of P of logits[t] (ties: lowest index; NaN
+ * skipped), as kl_sample_argmax; with one part its index (all NaN: 0) goes to out[t], else
+ * the candidate to argmax_parts.  Each thread scans a strided share (float4 loads,
+ * ARGMAX_UNROLL in flight, when the rows are 16-byte aligned), the groups reduce with
  * shuffles, then thread 0 takes the best of the groups' bests. */
 __global__ static void __launch_bounds__(ARGMAX_THREADS)
-    argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t *out)
+    argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t P, uint32_t *out)
 {
     __shared__ kl_best group_best[ARGMAX_THREADS / KL_GPU_GROUP];
-    const float *l = logits + (size_t)blockIdx.x * vocab;
+    const uint32_t p = blockIdx.x % P, t = blockIdx.x / P;
+    const float *l = logits + (size_t)t * vocab;
     kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
-    uint32_t i0 = 0;
+    /* the part: float4s [lo, hi) when vec, else elements [i0, i1) */
+    const uint32_t units = vec ? vocab / 4 : vocab, per = (units + P - 1) / P;
+    const uint32_t lo = (uint32_t)min((uint64_t)p * per, (uint64_t)units);
+    const uint32_t hi = (uint32_t)min((uint64_t)lo + per, (uint64_t)units);
+    uint32_t i0 = lo, i1 = hi;
     if (vec) {
         const float4 *l4 = (const float4 *)l;
-        const uint32_t n4 = vocab / 4, step = ARGMAX_THREADS * ARGMAX_UNROLL;
-        for (uint32_t c0 = threadIdx.x; c0 < n4; c0 += step) {
+        const uint32_t step = ARGMAX_THREADS * ARGMAX_UNROLL;
+        for (uint32_t c0 = lo + threadIdx.x; c0 < hi; c0 += step) {
             float4 q[ARGMAX_UNROLL];
 #pragma unroll
             for (int u = 0; u < ARGMAX_UNROLL; u++) {
                 const uint32_t c = c0 + u * ARGMAX_THREADS;
-                q[u] = c < n4 ? l4[c] : make_float4(NAN, NAN, NAN, NAN);
+                q[u] = c < hi ? l4[c] : make_float4(NAN, NAN, NAN, NAN);
             }
 #pragma unroll
             for (int u = 0; u < ARGMAX_UNROLL; u++) {
@@ -290,9 +482,9 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
                                     c + 2), q[u].w, c + 3);
             }
         }
-        i0 = n4 * 4;
+        i0 = i1 = 0; /* vec: vocab % 4 == 0 */
     }
-    for (uint32_t i = i0 + threadIdx.x; i < vocab; i += ARGMAX_THREADS)
+    for (uint32_t i = i0 + threadIdx.x; i < i1; i += ARGMAX_THREADS)
         b = best_of(b, l[i], i);
     b = kl_best_group(b);
     if (threadIdx.x % KL_GPU_GROUP == 0)
@@ -303,7 +495,24 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
     for (int g = 1; g < ARGMAX_THREADS / KL_GPU_GROUP; g++)
         if (kl_best_above(group_best[g], b))
             b = group_best[g];
-    out[blockIdx.x] = b.i == UINT32_MAX ? 0 : b.i;
+    if (P == 1)
+        out[t] = b.i == UINT32_MAX ? 0 : b.i;
+    else
+        argmax_parts[t * P + p] = b;
+}
+
+/* Block t (one group): the best of token t's P <= 64 parts (ties: lowest index). */
+__global__ static void argmax_final_kernel(uint32_t P, uint32_t *out)
+{
+    const unsigned lane = threadIdx.x;
+    const kl_best none = {-INFINITY, UINT32_MAX, 0.0f};
+    kl_best b = lane < P ? argmax_parts[blockIdx.x * P + lane] : none;
+    const kl_best c = lane + KL_GPU_GROUP < P ? argmax_parts[blockIdx.x * P + lane + KL_GPU_GROUP]
+                                              : none;
+    b = kl_best_above(c, b) ? c : b;
+    b = kl_best_group(b);
+    if (lane == 0)
+        out[blockIdx.x] = b.i == UINT32_MAX ? 0 : b.i;
 }
 
 extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, uint32_t *out,
@@ -312,6 +521,15 @@ extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, ui
     if (!logits || !out || n == 0 || vocab == 0 || n > 0x7fffffffu)
         return kl_fail(err, KL_E_USAGE, "argmax: logits or out is NULL, or n or vocab is 0");
     const int vec = (uintptr_t)logits % 16 == 0 && vocab % 4 == 0;
-    argmax_kernel<<<n, ARGMAX_THREADS, 0, (hipStream_t)s>>>(logits, vocab, vec, out);
+    uint32_t P = vocab / ARGMAX_PART_SIZE;
+    P = P > ARGMAX_PARTS ? ARGMAX_PARTS : P < 1 ? 1 : P;
+    if (n > ARGMAX_MAX_N || kl_gpu_version(KL_GPU_K_ARGMAX) == 1)
+        P = 1;
+    hipStream_t st = (hipStream_t)s;
+    argmax_kernel<<<n * P, ARGMAX_THREADS, 0, st>>>(logits, vocab, vec, P, out);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc || P == 1)
+        return rc;
+    argmax_final_kernel<<<n, KL_GPU_GROUP, 0, st>>>(P, out);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

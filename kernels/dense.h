@@ -20,6 +20,16 @@ extern "C" {
 int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 
+/* Kernel versions kept side by side: 2 (round two's, the default) or 1 (round one's, to
+ * compare and fall back on), chosen by an environment variable of value "v1", read once per
+ * process: KL_GPU_MX (MXFP4 at n = 1: kl_gpu_matmul, kl_gpu_experts), KL_GPU_BF16 (BF16 at
+ * n = 1: kl_gpu_matmul), KL_GPU_ARGMAX (kl_gpu_argmax).  kl_gpu_version_set (1 or 2)
+ * overrides the environment (the device tests run both). */
+typedef enum kl_gpu_kernels { KL_GPU_K_MX, KL_GPU_K_BF16, KL_GPU_K_ARGMAX } kl_gpu_kernels;
+
+int  kl_gpu_version(kl_gpu_kernels which);
+void kl_gpu_version_set(kl_gpu_kernels which, int version);
+
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32. */
 int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,
                  kl_gpu_stream s, kl_err *err);

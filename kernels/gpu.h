@@ -13,8 +13,10 @@
 #define KL_KERNELS_GPU_H
 
 #if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 #else
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #define hipError_t              cudaError_t

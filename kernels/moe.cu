@@ -14,6 +14,7 @@
  * [n·top_k, H].  An expert id outside [0, E) gives NaN outputs instead of a stray read.
  */
 #include "kernels/moe.h"
+#include "kernels/dense.h" /* kl_gpu_version */
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
@@ -256,6 +257,62 @@ __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
         });
 }
 
+/* ---- MXFP4, version 2 (kernels/row_dot.cuh): a block per (slot, chunk of rows), x in shared
+ * memory, a team of 8 lanes per row pair: gate and up row r, or down rows r and r + 1 ---- */
+
+/* The expert of this block's slot, or -1: an id out of range (its outputs are then NaN, and
+ * expert 0's rows are read instead of stray ones). */
+__device__ static int64_t experts_mx2_expert(const experts_k &k)
+{
+    const int32_t e = k.idx[blockIdx.y];
+    return e >= 0 && (uint32_t)e < k.E ? e : -1;
+}
+
+/* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
+ * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1. */
+template <int DOWN>
+__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+    experts_mx2_kernel(experts_k k)
+{
+    extern __shared__ float4 mx2_x[];
+    const size_t slot = blockIdx.y;
+    const int64_t e = experts_mx2_expert(k);
+    const uint32_t n_rows = DOWN ? k.H : k.I;
+    unsigned tl;
+    const size_t r = ((size_t)blockIdx.x * KL_MX2_TEAMS + kl_mx2_team(&tl)) * (DOWN ? 2 : 1);
+    const uint8_t *rows[2], *scales[2];
+    for (int i = 0; i < 2; i++) {
+        const size_t ri = r + (DOWN ? i : 0);
+        const size_t row = (size_t)(e < 0 ? 0 : e) * n_rows + (ri < n_rows ? ri : n_rows - 1);
+        const kl_gpu_mat &m = DOWN ? k.w2 : i ? k.w3 : k.w1;
+        rows[i] = packed_row(m, row);
+        scales[i] = scale_row(m, row);
+    }
+    const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
+    float d[2];
+    kl_mx2_block_dot<2>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
+    if (tl != 0)
+        return;
+    const float nan = __uint_as_float(0x7fc00000u);
+    if (!DOWN && r < k.I)
+        k.h[slot * k.I + r] = e < 0 ? nan : d[0] / (1.0f + expf(-d[0])) * d[1];
+    for (int i = 0; DOWN && i < 2; i++)
+        if (r + i < k.H)
+            k.part[slot * k.H + r + i] = (e < 0 ? nan : k.wt[slot]) * d[i];
+}
+
+static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
+{
+    const dim3 g1((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
+    experts_mx2_kernel<0><<<g1, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc)
+        return rc;
+    const dim3 g2((k.H + 2 * KL_MX2_TEAMS - 1) / (2 * KL_MX2_TEAMS), k.n_slots);
+    experts_mx2_kernel<1><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 /* Rows per group: about 2048 groups in all (fewer than the products' KL_ROW_TARGET: each
  * group reloads x, measured best at n = 1), 1 to 16 rows each. */
 static uint32_t experts_rpw(size_t jobs)
@@ -369,8 +426,12 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         (k.w2.kind == KL_GPU_W_MXFP4 && !k.vec2))
         return kl_fail(err, KL_E_USAGE, "experts: MXFP4 needs x and scratch 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
-    if (k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
-        k.w3.kind == KL_GPU_W_MXFP4 && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
+    const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
+                   k.w3.kind == KL_GPU_W_MXFP4;
+    if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS &&
+        k.I <= KL_MX2_MAX_COLS && k.n_slots <= 65535) {
+        rc = experts_mx2(k, st, err);
+    } else if (mx && kl_xreg_s(k.H) && kl_xreg_s(k.I)) {
         rc = experts_xreg(k, st, err);
     } else {
         gate_up_kernel<<<blocks_of((size_t)k.n_slots * k.I), THREADS, 0, st>>>(k);

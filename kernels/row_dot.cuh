@@ -328,6 +328,162 @@ template <class F> static inline void kl_xreg_dispatch(int s, F f)
     }
 }
 
+/* ---- MXFP4 against one vector, version 2 (KL_GPU_MX unset; v1 above) ------------------- */
+
+/* A team of KL_MX2_TEAM lanes computes R rows against x held in shared memory: lane tl of the
+ * team takes the 32-blocks b = tl, tl + 8, ... of every row, each as one 16-byte load of its
+ * 32 codes plus its scale byte, so R rows share each x load.  Codes are decoded with integer
+ * ops (no table): kl_mx2_pair builds the fp16 bits of 2^-14 times two E2M1 values (codes
+ * 0 and 1 fall on fp16 subnormals, which the fp16 -> fp32 conversion makes exact), and the
+ * row's sum is multiplied by 2^14 at the end.  Registers stay few (no x in them), so an SM
+ * holds many more warps than the v1 kernels' 8. */
+#define KL_MX2_TEAM     8    /* lanes per team (must divide KL_GPU_GROUP) */
+#define KL_MX2_THREADS  256  /* threads of a v2 block: 32 teams */
+#define KL_MX2_TEAMS    (KL_MX2_THREADS / KL_MX2_TEAM)
+#define KL_MX2_UNROLL   3    /* 16-byte loads per row and lane issued before the first is used */
+#define KL_MX2_MAX_COLS 8192 /* x in shared memory: at most 32 KiB */
+#define KL_MX2_MIN_BLOCKS 4  /* blocks an SM holds: registers capped at 64 a thread */
+
+/* The fp16 bits of 2^-14 · E2M1 of codes k (low half) and k + 4 (high half) of the 8 codes of
+ * word q (code i in bits 4i..4i+3): magnitude bits to 9..11 (and 25..27), sign to 15 (31). */
+__device__ static inline uint32_t kl_mx2_pair(uint32_t q, int k)
+{
+    const uint32_t m = k < 3 ? q << (9 - 4 * k) : q >> 3;
+    return (m & 0x0e000e00u) | ((q << (12 - 4 * k)) & 0x80008000u);
+}
+
+__device__ static inline float kl_mx2_half(uint32_t bits)
+{
+    return __half2float(__ushort_as_half((unsigned short)bits));
+}
+
+/* part + 2^-14 · Σ_i E2M1(code i of q) · x_i over the word's 8 codes, x_0..3 = a, x_4..7 = b. */
+__device__ static inline float kl_mx2_word_dot(uint32_t q, float4 a, float4 b, float part)
+{
+    const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t h = kl_mx2_pair(q, k);
+        part = fmaf(kl_mx2_half(h & 0xffffu), xa[k], part);
+        part = fmaf(kl_mx2_half(h >> 16), xb[k], part);
+    }
+    return part;
+}
+
+/* x [cols] (16-byte aligned, cols % 32 == 0) into shared sh, float4 c (0..7) of 32-block b at
+ * b * 8 + (c ^ (b % 8)): the 8 lanes of a team read the same c of blocks b = 0..7 (mod 8),
+ * which then lie in 8 different quads of banks.  Every thread of the block; a barrier after. */
+__device__ static inline void kl_mx2_x_fill(float4 *sh, const float *x, uint32_t cols)
+{
+    const float4 *x4 = (const float4 *)x;
+    for (uint32_t f = threadIdx.x; f < cols / 4; f += blockDim.x)
+        sh[(f & ~7u) | ((f & 7u) ^ ((f >> 3) & 7u))] = x4[f];
+}
+
+/* The team of this thread (0 .. KL_MX2_TEAMS - 1) and its place tl in it. */
+__device__ static inline unsigned kl_mx2_team(unsigned *tl)
+{
+    *tl = threadIdx.x % KL_MX2_TEAM;
+    return threadIdx.x / KL_MX2_TEAM;
+}
+
+/* One round of a team lane's loads for R rows: blocks b0 + u * KL_MX2_TEAM, u < KL_MX2_UNROLL,
+ * of each row (row i: codes rows[i], 16-byte aligned; scale bytes scales[i]); past nb: 0. */
+template <int R> struct kl_mx2_buf {
+    uint4    q[KL_MX2_UNROLL][R];
+    uint32_t s[KL_MX2_UNROLL][R];
+};
+
+template <int R>
+__device__ static inline void kl_mx2_load(kl_mx2_buf<R> &w, const uint8_t *const *rows,
+                                          const uint8_t *const *scales, uint32_t nb,
+                                          uint32_t b0)
+{
+#pragma unroll
+    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+        const uint32_t b = b0 + u * KL_MX2_TEAM;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            w.q[u][i] = b < nb ? ((const uint4 *)rows[i])[b] : make_uint4(0, 0, 0, 0);
+            w.s[u][i] = b < nb ? scales[i][b] : 0u;
+        }
+    }
+}
+
+/* acc[i] += the round's blocks of row i times x (from kl_mx2_x_fill), 2^-14 scaled. */
+template <int R>
+__device__ static inline void kl_mx2_dot(const kl_mx2_buf<R> &w, const float4 *xs, uint32_t nb,
+                                         uint32_t b0, float *acc)
+{
+#pragma unroll
+    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+        const uint32_t b = b0 + u * KL_MX2_TEAM;
+        if (b >= nb)
+            continue;
+        const float4 *xb = xs + (size_t)b * 8;
+        const unsigned sw = b % 8;
+        float part[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            part[i] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const float4 lo = xb[(2 * v) ^ sw], hi = xb[(2 * v + 1) ^ sw];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const uint4 &q = w.q[u][i];
+                const uint32_t word = v == 0 ? q.x : v == 1 ? q.y : v == 2 ? q.z : q.w;
+                part[i] = kl_mx2_word_dot(word, lo, hi, part[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = fmaf(part[i], kl_e8m0_value((uint8_t)w.s[u][i]), acc[i]);
+    }
+}
+
+/* out[i] = row i · x over nb 32-blocks, on every lane of the team; w holds the first round
+ * (kl_mx2_load at b0 = tl, issued before the x fill so both are in flight together).  Every
+ * lane of the group must call it (the team's sums are shuffles); a team with no row passes
+ * any valid one. */
+template <int R>
+__device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const *rows,
+                                          const uint8_t *const *scales, uint32_t nb,
+                                          const float4 *xs, unsigned tl, float *out)
+{
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        acc[i] = 0.0f;
+    for (uint32_t b0 = tl; b0 < nb; b0 += KL_MX2_TEAM * KL_MX2_UNROLL) {
+        if (b0 != tl)
+            kl_mx2_load<R>(w, rows, scales, nb, b0);
+        kl_mx2_dot<R>(w, xs, nb, b0, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        for (int o = KL_MX2_TEAM / 2; o > 0; o /= 2)
+            acc[i] += kl_gpu_shfl_xor(acc[i], o);
+        out[i] = acc[i] * 16384.0f;
+    }
+}
+
+/* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
+ * thread of the block: no thread may leave before), the barrier, then the team's R rows. */
+template <int R>
+__device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
+                                               const uint8_t *const *scales, const float *x,
+                                               uint32_t cols, float4 *sh, unsigned tl,
+                                               float *out)
+{
+    const uint32_t nb = cols / KL_MXFP4_BLOCK;
+    kl_mx2_buf<R> w;
+    kl_mx2_load<R>(w, rows, scales, nb, tl);
+    kl_mx2_x_fill(sh, x, cols);
+    __syncthreads();
+    kl_mx2_rows<R>(w, rows, scales, nb, sh, tl, out);
+}
+
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,
  * 16-byte aligned packed payload). */
 static inline int kl_row_mat_check(const kl_gpu_mat *m, const char *what, kl_err *err)

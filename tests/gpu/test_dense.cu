@@ -2,7 +2,8 @@
  * tests/gpu/test_dense.cu — kernels/dense.h against host references computed here (double):
  * kl_gpu_matmul for every weight kind at tiny odd shapes and at Kimi-Linear's real shapes
  * (n = 1 and n = 5), kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul and kl_gpu_argmax
- * (ties, NaN), plus the launchers' refusals.  Then the n = 1 products timed with events
+ * (ties, NaN), plus the launchers' refusals; MXFP4 and BF16 at n = 1 with both kernel
+ * versions (2 and round 1's).  Then the n = 1 products timed with events
  * (median of 25 single calls, weights rotated over copies so the L2 cannot hold them) beside
  * a device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail,
  * 77 no GPU.
@@ -17,6 +18,14 @@ extern "C" {
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
 
 /* ---- matmul ------------------------------------------------------------------------------ */
+
+/* " v1" or " v2": the kernel version kl_gpu_matmul uses now for kind (F32: ""). */
+static const char *version_tag(kl_gpu_wkind kind)
+{
+    const int v = kind == KL_GPU_W_MXFP4 ? kl_gpu_version(KL_GPU_K_MX)
+                  : kind == KL_GPU_W_BF16 ? kl_gpu_version(KL_GPU_K_BF16) : 0;
+    return v == 1 ? " v1" : v == 2 ? " v2" : "";
+}
 
 /* The largest over the n tokens of the relative L2 error of Y = X Wᵀ, rows r % step == 0
  * checked; x starts x_off floats into its buffer (1: not 16-byte aligned). */
@@ -59,8 +68,9 @@ static void check_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, const uint
     const kl_gpu_mat d = t_mat_upload(m);
     for (size_t i = 0; i < n_ns; i++) {
         char what[96];
-        snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols,
-                 ns[i], x_off ? " x unaligned" : "");
+        snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s%s", t_kind_name(kind), rows, cols,
+                 ns[i], x_off ? " x unaligned" : "",
+                 version_tag(kind));
         t_check(what, matmul_error(m, d, ns[i], step, x_off), TOL);
     }
 }
@@ -83,7 +93,8 @@ static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
     };
     const double s1 = t_median_s(call, 25), sg = t_graph_s(call, 32);
     char what[96];
-    snprintf(what, sizeof what, "matmul %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
+    snprintf(what, sizeof what, "matmul %s %zux%zu n=%u%s", t_kind_name(kind), rows, cols, n,
+             version_tag(kind));
     t_time(what, s1, sg, bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
@@ -105,14 +116,27 @@ static void test_matmul(void)
             check_matmul(k, 5, 64, tiny_n, 4, 1, 1);
         }
     }
-    /* the projections, dense MLP and lm_head of Kimi-Linear (lm_head rows sampled) */
-    static const size_t shapes[][2] = {{4096, 2304}, {2304, 4096}, {128, 2304}, {8192, 512},
-                                       {9216, 2304}, {2304, 9216}, {163840, 2304}};
-    for (const auto &sh : shapes)
-        check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
-    /* MXFP4: the routed experts' shapes */
-    check_matmul(KL_GPU_W_MXFP4, 3072, 2304, real_n, 2, 1, 0);
-    check_matmul(KL_GPU_W_MXFP4, 2304, 1024, real_n, 2, 1, 0);
+    /* the projections, dense MLP, fused input products and lm_head of Kimi-Linear (lm_head
+     * rows sampled); BF16 at n = 1 with both kernel versions (2, and KL_GPU_BF16=v1's) */
+    static const size_t shapes[][2] = {{4096, 2304},  {2304, 4096}, {128, 2304},
+                                       {8192, 512},   {9216, 2304}, {2304, 9216},
+                                       {12576, 2304}, {6720, 2304}, {2304, 2304},
+                                       {2056, 808},   {163840, 2304}};
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_version_set(KL_GPU_K_BF16, v);
+        for (const auto &sh : shapes)
+            check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
+    }
+    /* MXFP4: the routed experts' shapes, and matrices of many rows (version 2 at n = 1, odd
+     * row counts: the last chunk partial; 800 columns: 25 blocks, a second round per lane) */
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_version_set(KL_GPU_K_MX, v);
+        check_matmul(KL_GPU_W_MXFP4, 3072, 2304, real_n, 2, 1, 0);
+        check_matmul(KL_GPU_W_MXFP4, 2304, 1024, real_n, 2, 1, 0);
+        check_matmul(KL_GPU_W_MXFP4, 32768 + 37, 2304, real_n, 2, 7, 0);
+        check_matmul(KL_GPU_W_MXFP4, 65536 + 3, 800, real_n, 2, 5, 0);
+        check_matmul(KL_GPU_W_MXFP4, 32768, 8192, real_n, 2, 61, 0);
+    }
     check_matmul(KL_GPU_W_F32, 1000, 2304, real_n, 2, 1, 0);
 }
 
@@ -214,8 +238,11 @@ static void check_silu_mul(size_t count)
     t_check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
 }
 
-static void check_argmax(uint32_t vocab, double copy_gbps)
+/* Ties across parts (9 and 70001), NaNs, all NaN, all -inf, the last index; vocab 163841:
+ * the scalar path (split in parts too by version 2). */
+static void check_argmax(uint32_t vocab, int version, double copy_gbps)
 {
+    kl_gpu_version_set(KL_GPU_K_ARGMAX, version);
     const uint32_t n = 6;
     std::vector<float> l = t_vec((size_t)n * vocab);
     l[1 * vocab + 70001] = 3.0f; /* a tie: the lower index wins */
@@ -243,10 +270,14 @@ static void check_argmax(uint32_t vocab, double copy_gbps)
             wrong++;
         }
     }
-    t_check("argmax 6 x 163840 (wrong rows)", wrong, 0);
+    char what[96];
+    snprintf(what, sizeof what, "argmax 6 x %u (wrong rows) v%d", vocab, version);
+    t_check(what, wrong, 0);
+    if (copy_gbps <= 0)
+        return;
     auto call = [&](int, kl_gpu_stream st) { kl_gpu_argmax(dl, 1, vocab, dout, st, &err); };
-    t_time("argmax n=1 vocab=163840", t_median_s(call, 25), t_graph_s(call, 32), vocab * 4.0,
-             copy_gbps);
+    snprintf(what, sizeof what, "argmax n=1 vocab=%u v%d", vocab, version);
+    t_time(what, t_median_s(call, 25), t_graph_s(call, 32), vocab * 4.0, copy_gbps);
 }
 
 int main(void)
@@ -263,16 +294,28 @@ int main(void)
     }
     check_silu_mul(1000003);
     const double copy = t_copy_gbps();
+    /* ... and the fused input products: KDA q/k/v/f_a/g_a/b, MLA q + kv_a, shared gate + up
+     * + router */
     static const size_t bf16_shapes[][2] = {{163840, 2304}, {9216, 2304}, {2304, 9216},
                                             {4096, 2304},   {2304, 4096}, {8192, 512},
-                                            {128, 2304}};
-    for (const auto &sh : bf16_shapes)
-        time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+                                            {128, 2304},    {12576, 2304}, {6720, 2304},
+                                            {2304, 2304}};
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_version_set(KL_GPU_K_BF16, v);
+        for (const auto &sh : bf16_shapes)
+            time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+    }
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
-    time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
-    time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
-    check_argmax(163840, copy);
+    for (int v = 2; v >= 1; v--) {
+        kl_gpu_version_set(KL_GPU_K_MX, v);
+        time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 262144, 2304, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 3072, 2304, 1, copy);
+        time_matmul(KL_GPU_W_MXFP4, 2304, 1024, 1, copy);
+    }
+    for (int v = 2; v >= 1; v--) {
+        check_argmax(163841, v, 0);
+        check_argmax(163840, v, copy);
+    }
     return t_report("dense", copy);
 }

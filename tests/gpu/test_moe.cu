@@ -3,10 +3,12 @@
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
  * odd shapes and Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 in MXFP4 at n = 1 and 5,
- * add_to_y both ways, an expert id out of range).  Then n = 1 timed with events (median of 32
+ * add_to_y both ways, an expert id out of range; MXFP4 with both kernel versions, 2 and
+ * KL_GPU_MX=v1's).  Then n = 1 timed (both versions) with events (median of 32
  * calls, each on 8 other experts so the L2 cannot hold them) beside a device-to-device copy
  * measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
+#include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/moe.h"
 #include "tests/gpu/gpu_testutil.h"
 
@@ -259,8 +261,9 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
                 worst = e > worst || e != e ? e : worst;
             }
             char what[128];
-            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d",
-                     t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add);
+            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d v%d",
+                     t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
+                     kl_gpu_version(KL_GPU_K_MX));
             t_check(what, worst, TOL);
         }
     }
@@ -268,9 +271,9 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
 }
 
 /* An expert id out of range gives NaN for its token only, and no fault. */
-static void check_bad_id(void)
+static void check_bad_id(kl_gpu_wkind kind)
 {
-    const experts_case c = {KL_GPU_W_F32, 4, 32, 64, 2, 2, 0};
+    const experts_case c = {kind, 4, 32, 64, 2, 2, 0};
     stacks s;
     stacks_make(s, c);
     std::vector<int32_t> idx = {0, 4, 1, 2};
@@ -279,13 +282,17 @@ static void check_bad_id(void)
     double wrong = 0;
     for (int i = 0; i < 64; i++)
         wrong += !isnan(y[i]) + isnan(y[64 + i]);
-    t_check("experts id out of range (wrong NaN pattern)", wrong, 0);
+    char what[96];
+    snprintf(what, sizeof what, "experts %s id out of range (wrong NaN pattern) v%d",
+             t_kind_name(kind), kl_gpu_version(KL_GPU_K_MX));
+    t_check(what, wrong, 0);
     stacks_free(s);
 }
 
 /* n = 1 at the real shapes: 32 calls, call i on experts perm[8i .. 8i+8). */
-static void time_experts(double copy_gbps)
+static void time_experts(double copy_gbps, int version)
 {
+    kl_gpu_version_set(KL_GPU_K_MX, version);
     const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 1};
     stacks s;
     stacks_make(s, c);
@@ -306,8 +313,9 @@ static void time_experts(double copy_gbps)
         t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
     };
     const double bytes = 3.0 * c.K * c.I * c.H * (0.5 + 1.0 / 32);
-    t_time("experts mxfp4 E=256 I=1024 H=2304 top=8 n=1", t_median_s(call, 32),
-           t_graph_s(call, 32), bytes, copy_gbps);
+    char what[96];
+    snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 v%d", version);
+    t_time(what, t_median_s(call, 32), t_graph_s(call, 32), bytes, copy_gbps);
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
     hipFree(dw);
@@ -327,10 +335,16 @@ int main(void)
     check_experts({KL_GPU_W_F32, 4, 32, 64, 2, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_F32, 3, 33, 37, 2, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_BF16, 5, 40, 24, 3, 1, 0}, tiny_n, 2);
-    check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_BF16, 8, 1024, 2304, 8, 1, 0}, real_n, 1);
-    check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
-    check_bad_id();
-    time_experts(copy);
+    for (int v = 2; v >= 1; v--) { /* MXFP4: version 2, then round 1's (KL_GPU_MX=v1) */
+        kl_gpu_version_set(KL_GPU_K_MX, v);
+        check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
+        check_bad_id(KL_GPU_W_MXFP4);
+    }
+    check_bad_id(KL_GPU_W_F32);
+    time_experts(copy, 2);
+    time_experts(copy, 1);
     return t_report("moe", copy);
 }
