@@ -224,13 +224,19 @@ static int fill_wait(void *ctx, unsigned slot, kl_err *err)
     return kl_gpu_event_sync(f->ev[slot], err);
 }
 
-/* How file bytes travel ($KL_GPU_LOAD, $KL_GPU_LOAD_WINDOW_MB: engine/backend.h). */
+/* How file bytes travel ($KL_GPU_LOAD, $KL_GPU_LOAD_WINDOW_MB, $KL_GPU_LOAD_THREADS:
+ * engine/backend.h). */
 static const char *fill_options(kl_fill_opts *o)
 {
     const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
+    const char *th = getenv("KL_GPU_LOAD_THREADS");
     *o = (kl_fill_opts){.mode = KL_FILL_MAPPED};
     if (win && atoi(win) > 0)
         o->window_bytes = (size_t)atoi(win) << 20;
+    if (th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS) {   /* windows: 2 per thread */
+        o->threads = (unsigned)atoi(th);
+        o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
+    }
     if (how && !strcmp(how, "read")) {
         o->mode = KL_FILL_READ;
         o->direct = KL_DIRECT_OFF;

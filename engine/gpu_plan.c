@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -304,6 +305,19 @@ typedef struct window {
     int      pinned;
 } window;
 
+/* One window of the walk: bytes [ws, we) of a shard, its first piece j. */
+typedef struct wspan {
+    uint32_t shard;
+    uint64_t ws, we;
+    size_t   j;
+} wspan;
+
+/* A window slot as the prep threads and the copying thread share it. */
+typedef struct slot_state {
+    long win;          /* window it holds (-1: none yet) */
+    int  ready;        /* mapped (and pinned if it could be), not yet copied */
+} slot_state;
+
 typedef struct filler {
     const kl_gpu_plan *p;
     uint8_t *const    *arena;
@@ -314,6 +328,19 @@ typedef struct filler {
     uint64_t           wbytes;
     kl_err            *cb_err;     /* READ: the copy's error, from the callback */
     int                cb_rc;
+    /* MAPPED */
+    int               *fd;         /* [n_fd] one per shard, -1 when unused */
+    uint32_t           n_fd;
+    wspan             *spans;
+    size_t             n_spans;
+    /* prep threads */
+    pthread_mutex_t    mu;
+    pthread_cond_t     cv;
+    slot_state         slot[KL_FILL_MAX_WINDOWS];
+    size_t             next;       /* next window a prep thread takes */
+    int                stop;       /* an error: everyone stops */
+    int                prep_rc;
+    kl_err             prep_err;
 } filler;
 
 /* Bytes [from, from + len) of piece pc, whose source is at src. */
@@ -339,102 +366,242 @@ static int release(filler *f, unsigned slot, kl_err *err)
     return rc;
 }
 
-static int map_window(filler *f, unsigned slot, int fd, uint64_t start, size_t len,
-                      const char *path, kl_err *err)
+/* Slot's previous window released, window k mapped into it and pinned if the ops accept. */
+static int prep_window(filler *f, size_t k, unsigned slot, kl_err *err)
 {
     int rc = release(f, slot, err);
     if (rc)
         return rc;
-    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)start);
+    const wspan *sp = &f->spans[k];
+    size_t len = (size_t)(sp->we - sp->ws);
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, f->fd[sp->shard], (off_t)sp->ws);
     if (p == MAP_FAILED) {
-        rc = kl_fail_sys(err, KL_E_IO, errno, "mapping %zu bytes of the checkpoint", len);
-        kl_err_context(err, path, NULL, start, NULL);
+        rc = kl_fail_sys(err, KL_E_IO, errno, "mapping %zu bytes of a checkpoint shard", len);
+        kl_err_context(err, NULL, NULL, sp->ws, NULL);
         return rc;
     }
     (void)madvise(p, len, MADV_HUGEPAGE);
-    window *w = &f->win[slot];
-    *w = (window){p, len, f->ops->pin && f->ops->pin(f->ops->ctx, p, len) == 0};
-    f->st.windows++;
-    f->st.pinned += (uint64_t)w->pinned;
+    f->win[slot] = (window){p, len, f->ops->pin && f->ops->pin(f->ops->ctx, p, len) == 0};
     return 0;
 }
 
-/* The copies of window slot (mapping [ws, we) of the shard) from pieces *j on: the pieces
- * wholly inside and the start of one that runs past we (*j then stays on it). */
-static int copy_window(filler *f, unsigned slot, uint64_t ws, uint64_t we, size_t *j,
-                       kl_err *err)
+/* The copies of window k (in slot): the pieces wholly inside and the parts of those that run
+ * over its ends; then its mark. */
+static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
 {
     const kl_plan_piece *pc = f->p->pieces;
-    uint32_t shard = pc[*j].shard;
+    const wspan *sp = &f->spans[k];
+    const window *w = &f->win[slot];
     int rc = 0;
-    while (!rc && *j < f->p->n_file && pc[*j].shard == shard && pc[*j].src < we) {
-        const kl_plan_piece *x = &pc[*j];
-        uint64_t lo = x->src > ws ? x->src : ws;
-        uint64_t hi = x->src + x->bytes < we ? x->src + x->bytes : we;
+    f->st.windows++;
+    f->st.pinned += (uint64_t)w->pinned;
+    for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
+                           pc[j].src < sp->we; j++) {
+        uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
+        uint64_t end = pc[j].src + pc[j].bytes, hi = end < sp->we ? end : sp->we;
         if (hi > lo)
-            rc = copy_part(f, x, lo - x->src, f->win[slot].map + (lo - ws), hi - lo,
-                           f->win[slot].pinned, err);
-        if (x->src + x->bytes > we)
-            break;
-        ++*j;
+            rc = copy_part(f, &pc[j], lo - pc[j].src, w->map + (lo - sp->ws), hi - lo,
+                           w->pinned, err);
     }
     if (!rc && f->ops->mark)
         rc = f->ops->mark(f->ops->ctx, slot, err);
     return rc;
 }
 
-/* The pieces of one shard, from *i on, window by window. */
-static int fill_shard(filler *f, const char *path, size_t *i, kl_err *err)
+/* Opens shard s (once) and checks that pieces fit; its size in *size. */
+static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, kl_err *err)
 {
-    const kl_plan_piece *pc = f->p->pieces;
-    uint32_t shard = pc[*i].shard;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
+    if (f->fd[s] < 0)
+        f->fd[s] = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd[s] < 0 || fstat(f->fd[s], &sb) != 0) {
         int rc = kl_fail_sys(err, KL_E_IO, errno, "opening a checkpoint shard");
         kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
-        if (fd >= 0)
-            close(fd);
         return rc;
     }
-    uint64_t size = (uint64_t)sb.st_size, pos = 0;
-    size_t j = *i;
-    int rc = 0;
-    while (!rc && j < f->p->n_file && pc[j].shard == shard) {
+    *size = (uint64_t)sb.st_size;
+    return 0;
+}
+
+/* The windows of every shard in file order: [ws, we) aligned to the window size, each
+ * starting at the first piece byte not yet covered. */
+static int walk_windows(filler *f, const char *const *paths, kl_err *err)
+{
+    const kl_plan_piece *pc = f->p->pieces;
+    size_t n = f->p->n_file, cap = 16;
+    f->spans = kl_malloc(cap * sizeof *f->spans);
+    if (!f->spans)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    uint64_t size = 0, pos = 0;
+    uint32_t cur = KL_PLAN_HOST;   /* the shard open */
+    for (size_t j = 0; j < n;) {
+        int rc = 0;
+        if (pc[j].shard != cur) {
+            cur = pc[j].shard;
+            pos = 0;
+            if ((rc = open_shard(f, paths[cur], cur, &size, err)))
+                return rc;
+        }
         if (!pc[j].bytes) {
             j++;
             continue;
         }
         if (pc[j].src + pc[j].bytes > size) {
             rc = kl_fail(err, KL_E_IO, "the file is shorter than its header says");
-            kl_err_context(err, path, NULL, pc[j].src, NULL);
-            break;
+            kl_err_context(err, paths[pc[j].shard], NULL, pc[j].src, NULL);
+            return rc;
         }
-        uint64_t at = pos > pc[j].src ? pos : pc[j].src;
-        uint64_t ws = at / f->wbytes * f->wbytes;
+        uint64_t at = pos > pc[j].src ? pos : pc[j].src, ws = at / f->wbytes * f->wbytes;
         uint64_t we = ws + f->wbytes < size ? ws + f->wbytes : size;
-        unsigned slot = (unsigned)(f->st.windows % f->n_win);
-        rc = map_window(f, slot, fd, ws, (size_t)(we - ws), path, err);
-        if (!rc)
-            rc = copy_window(f, slot, ws, we, &j, err);
+        if (f->n_spans == cap) {
+            wspan *ns = kl_realloc(f->spans, 2 * cap * sizeof *ns);
+            if (!ns)
+                return kl_fail(err, KL_E_NOMEM, "out of memory");
+            f->spans = ns;
+            cap *= 2;
+        }
+        f->spans[f->n_spans++] = (wspan){pc[j].shard, ws, we, j};
+        while (j < n && pc[j].shard == f->spans[f->n_spans - 1].shard &&
+               pc[j].src + pc[j].bytes <= we)
+            j++;
         pos = we;
     }
-    close(fd);
-    *i = j;
+    return 0;
+}
+
+/* Serial: each window prepared, then copied, by the calling thread. */
+static int fill_serial(filler *f, kl_err *err)
+{
+    int rc = 0;
+    for (size_t k = 0; !rc && k < f->n_spans; k++) {
+        unsigned slot = (unsigned)(k % f->n_win);
+        rc = prep_window(f, k, slot, err);
+        if (!rc)
+            rc = copy_window(f, k, slot, err);
+    }
     return rc;
 }
 
-static int fill_mapped(filler *f, const char *const *paths, kl_err *err)
+/* Whether slot may take window k: its previous window (k - n_win) copied and marked. */
+static int slot_free(const filler *f, size_t k, unsigned slot)
 {
-    size_t i = 0;
+    const slot_state *s = &f->slot[slot];
+    return k < f->n_win ? s->win < 0 : s->win == (long)(k - f->n_win) && !s->ready;
+}
+
+/* A prep thread: takes windows in order, releases the slot's previous one (waiting for its
+ * copies) and maps and pins the new one, ahead of the copying thread. */
+static void *prep_main(void *arg)
+{
+    filler *f = arg;
+    kl_err e;
+    kl_err_clear(&e);
+    pthread_mutex_lock(&f->mu);
+    while (!f->stop && f->next < f->n_spans) {
+        size_t k = f->next++;
+        unsigned slot = (unsigned)(k % f->n_win);
+        while (!f->stop && !slot_free(f, k, slot))
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop)
+            break;
+        pthread_mutex_unlock(&f->mu);
+        int rc = prep_window(f, k, slot, &e);
+        pthread_mutex_lock(&f->mu);
+        if (rc && !f->stop) {
+            f->stop = 1;
+            f->prep_rc = rc;
+            f->prep_err = e;
+        }
+        f->slot[slot] = (slot_state){(long)k, !rc};
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* The copying side with prep threads: window k's copies once its slot holds it. */
+static int copy_in_order(filler *f, kl_err *err)
+{
     int rc = 0;
-    while (!rc && i < f->p->n_file)
-        rc = fill_shard(f, paths[f->p->pieces[i].shard], &i, err);
+    for (size_t k = 0; !rc && k < f->n_spans; k++) {
+        unsigned slot = (unsigned)(k % f->n_win);
+        pthread_mutex_lock(&f->mu);
+        while (!f->stop && !(f->slot[slot].win == (long)k && f->slot[slot].ready))
+            pthread_cond_wait(&f->cv, &f->mu);
+        int stopped = f->stop;
+        pthread_mutex_unlock(&f->mu);
+        if (stopped)
+            break;
+        rc = copy_window(f, k, slot, err);
+        pthread_mutex_lock(&f->mu);
+        f->slot[slot].ready = 0;
+        f->stop |= rc != 0;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+    }
+    return rc;
+}
+
+static int fill_threaded(filler *f, unsigned threads, kl_err *err)
+{
+    pthread_t th[KL_FILL_MAX_WINDOWS];
+    unsigned started = 0;
+    int rc = 0;
+    if (pthread_mutex_init(&f->mu, NULL))
+        return kl_fail(err, KL_E_NOMEM, "cannot create a mutex");
+    if (pthread_cond_init(&f->cv, NULL)) {
+        pthread_mutex_destroy(&f->mu);
+        return kl_fail(err, KL_E_NOMEM, "cannot create a condition variable");
+    }
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        f->slot[i] = (slot_state){-1, 0};
+    kl_err_clear(&f->prep_err);
+    for (; started < threads; started++)
+        if (pthread_create(&th[started], NULL, prep_main, f))
+            break;
+    if (!started)
+        rc = kl_fail(err, KL_E_NOMEM, "cannot start a load thread");
+    if (!rc)
+        rc = copy_in_order(f, err);
+    pthread_mutex_lock(&f->mu);
+    f->stop = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (!rc && f->prep_rc) {
+        *err = f->prep_err;
+        rc = f->prep_rc;
+    }
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    return rc;
+}
+
+static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl_err *err)
+{
+    uint32_t n_fd = 0;
+    for (size_t i = 0; i < f->p->n_file; i++)
+        n_fd = f->p->pieces[i].shard + 1 > n_fd ? f->p->pieces[i].shard + 1 : n_fd;
+    f->fd = kl_malloc(n_fd * sizeof *f->fd);
+    int rc = f->fd ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; !rc && i < n_fd; i++)
+        f->fd[i] = -1;
+    f->n_fd = rc ? 0 : n_fd;
+    if (!rc)
+        rc = walk_windows(f, paths, err);
+    if (!rc)
+        rc = threads ? fill_threaded(f, threads, err) : fill_serial(f, err);
     for (unsigned s = 0; s < f->n_win; s++) {
         kl_err ignored;
         int r = release(f, s, rc ? &ignored : err);
         rc = rc ? rc : r;
     }
+    for (uint32_t i = 0; i < f->n_fd; i++)
+        if (f->fd[i] >= 0)
+            close(f->fd[i]);
+    kl_free(f->fd);
+    kl_free(f->spans);
     return rc;
 }
 
@@ -485,14 +652,15 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     f.wbytes = o.window_bytes ? o.window_bytes : (size_t)256 << 20;
     f.wbytes = (f.wbytes + pg - 1) / pg * pg;
     f.n_win = o.windows ? o.windows : 3;
-    if (f.n_win > KL_FILL_MAX_WINDOWS)
-        return kl_fail(err, KL_E_USAGE, "at most %u windows in flight", KL_FILL_MAX_WINDOWS);
+    if (f.n_win > KL_FILL_MAX_WINDOWS || o.threads > KL_FILL_MAX_WINDOWS)
+        return kl_fail(err, KL_E_USAGE, "at most %u windows in flight and load threads",
+                       KL_FILL_MAX_WINDOWS);
     int rc = 0;
     for (size_t i = p->n_file; !rc && i < p->n_pieces; i++)
         rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, p->pieces[i].bytes, 0, err);
     if (!rc && p->n_file)
         rc = o.mode == KL_FILL_READ ? fill_read(&f, shard_paths, o.direct, err)
-                                    : fill_mapped(&f, shard_paths, err);
+                                    : fill_mapped(&f, shard_paths, o.threads, err);
     if (stats)
         *stats = f.st;
     return rc;

@@ -22,7 +22,10 @@
  * mapped a window at a time (read-only, MAP_SHARED, window_bytes), the window is pinned through
  * ops->pin when it accepts (else copies are plain), every piece part in it is copied, then
  * ops->mark(slot); before a window slot is reused (windows in flight) ops->wait(slot), then
- * unpin and unmap: host memory stays bounded by windows * window_bytes.  Mode READ: the staged
+ * unpin and unmap: host memory stays bounded by windows * window_bytes.  With threads, the
+ * mapping, pin, wait and unpin run on those threads (pin, unpin and wait must then be safe to
+ * call from another thread than copy and mark, concurrently with them); copies and marks stay
+ * on the calling thread, in file order.  Mode READ: the staged
  * reader (loader/reader.h, direct as given) delivers file order chunks copied plainly (the copy
  * must have consumed its source when it returns, as a pageable cudaMemcpyAsync has).
  * Errors: KL_E_IO / KL_E_FORMAT (opening or mapping a shard, the reader's), those of ops,
@@ -110,6 +113,9 @@ typedef struct kl_fill_opts {
     kl_fill_mode   mode;
     size_t         window_bytes;        /* MAPPED: 0 = 256 MiB; rounded up to pages */
     unsigned       windows;             /* MAPPED: in flight, 0 = 3, at most 8 */
+    unsigned       threads;             /* MAPPED: 0: the calling thread maps and pins each
+                                           window; N (<= 8): N threads map, pin, wait for
+                                           and unpin windows ahead of the copies */
     kl_direct_mode direct;              /* READ: O_DIRECT choice */
 } kl_fill_opts;
 

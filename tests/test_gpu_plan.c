@@ -9,7 +9,7 @@
  * every matrix (fused members, experts per role and expert, packed codes and scales, embed,
  * lm_head) holds exactly the tensor's bytes and every vector the host model's fp32 copy, for
  * mapped windows (pinned and not, windows smaller than a tensor so pieces are split, one or
- * several in flight), the staged reader (buffered and O_DIRECT where allowed) and a host
+ * several in flight, serial and with 1-3 load threads), the staged reader (buffered and O_DIRECT where allowed) and a host
  * model (KL_GPU_LOAD=host: host pieces only); a pinned window is only copied from while
  * pinned, every window is waited for (after its mark) before it is unpinned, and none is left
  * pinned; a copy failing mid-fill returns its error with every window released; a shard gone
@@ -24,6 +24,7 @@
 #include "synth/synth.h"
 #include "tests/testutil.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,6 +81,7 @@ static void build(kl_gpu_plan *p, const kl_model *m)
 /* The CPU "device"                                                                           */
 
 typedef struct cpu_dev {
+    pthread_mutex_t mu;                 /* pin, unpin and wait may come from load threads */
     const uint8_t *pinned[KL_FILL_MAX_WINDOWS];
     size_t         pinned_len[KL_FILL_MAX_WINDOWS];
     int            marked[KL_FILL_MAX_WINDOWS];
@@ -101,7 +103,10 @@ static int dev_copy(void *ctx, void *dst, const void *src, size_t bytes, int pin
     cpu_dev *d = ctx;
     if (++d->copies == d->fail_at)
         return kl_fail(err, KL_E_GPU, "injected copy failure");
-    ck_assert_msg(!pinned || in_pinned(d, src, bytes), "a pinned copy outside a pinned window");
+    pthread_mutex_lock(&d->mu);
+    int ok = !pinned || in_pinned(d, src, bytes);
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(ok, "a pinned copy outside a pinned window");
     memcpy(dst, src, bytes);
     return 0;
 }
@@ -111,36 +116,42 @@ static int dev_pin(void *ctx, void *p, size_t bytes)
     cpu_dev *d = ctx;
     if (!d->pin_ok)
         return -1;
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++) {
-        if (!d->pinned[i]) {
-            d->pinned[i] = p;
-            d->pinned_len[i] = bytes;
-            d->pins++;
-            return 0;
-        }
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i])
+        i++;
+    if (i < KL_FILL_MAX_WINDOWS) {
+        d->pinned[i] = p;
+        d->pinned_len[i] = bytes;
+        d->pins++;
     }
-    ck_abort_msg("more windows pinned than may be in flight");
-    return -1;
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "more windows pinned than may be in flight");
+    return 0;
 }
 
 static void dev_unpin(void *ctx, void *p)
 {
     cpu_dev *d = ctx;
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++) {
-        if (d->pinned[i] == p) {
-            d->pinned[i] = NULL;
-            d->unpins++;
-            return;
-        }
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i] != p)
+        i++;
+    if (i < KL_FILL_MAX_WINDOWS) {
+        d->pinned[i] = NULL;
+        d->unpins++;
     }
-    ck_abort_msg("unpin of a window not pinned");
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "unpin of a window not pinned");
 }
 
 static int dev_mark(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
     ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    pthread_mutex_lock(&d->mu);
     d->marked[slot] = 1;
+    pthread_mutex_unlock(&d->mu);
     return 0;
 }
 
@@ -148,8 +159,10 @@ static int dev_wait(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
     ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    pthread_mutex_lock(&d->mu);
     d->marked[slot] = 0;
     d->waits++;
+    pthread_mutex_unlock(&d->mu);
     return 0;
 }
 
@@ -295,7 +308,7 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
-    cpu_dev d = {.pin_ok = pin_ok};
+    cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = pin_ok};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
     kl_fill_stats st;
@@ -425,11 +438,14 @@ START_TEST(test_fill_mapped)
 {
     kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
     static const size_t wins[] = {4096, 65536, 12288, 0};
-    for (size_t i = 0; i < sizeof wins / sizeof *wins; i++) {
+    for (size_t i = _i == 2; i < sizeof wins / sizeof *wins; i++) {   /* small: no 4 KiB */
         for (unsigned k = 1; k <= 3; k++) {
-            kl_fill_opts o = {.mode = KL_FILL_MAPPED, .window_bytes = wins[i], .windows = k};
-            fill_and_check(m, full, &o, 1);
-            fill_and_check(m, full, &o, 0);
+            for (unsigned t = 0; t <= 3; t += 1 + (k < 3)) {   /* serial and load threads */
+                kl_fill_opts o = {.mode = KL_FILL_MAPPED, .window_bytes = wins[i], .windows = k,
+                                  .threads = t};
+                fill_and_check(m, full, &o, 1);
+                fill_and_check(m, full, &o, 0);
+            }
         }
     }
     kl_model_close(m);
@@ -457,12 +473,12 @@ START_TEST(test_fill_copy_fails)
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
-    for (int mode = 0; mode < 2; mode++) {
-        cpu_dev d = {.pin_ok = 1, .fail_at = (long)(p.n_pieces - p.n_file) + 5};
+    for (int mode = 0; mode < 3; mode++) {   /* mapped, mapped with load threads, read */
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_at = (long)(p.n_pieces - p.n_file) + 5};
         kl_fill_ops ops = g_ops;
         ops.ctx = &d;
-        kl_fill_opts o = {.mode = mode ? KL_FILL_READ : KL_FILL_MAPPED, .window_bytes = 8192,
-                          .windows = 2};
+        kl_fill_opts o = {.mode = mode == 2 ? KL_FILL_READ : KL_FILL_MAPPED,
+                          .window_bytes = 8192, .windows = 2, .threads = mode == 1 ? 2u : 0u};
         kl_err err;
         kl_err_clear(&err);
         int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
@@ -487,13 +503,17 @@ START_TEST(test_fill_shard_gone)
     build(&p, m);
     ck_assert_int_eq(unlink(m->shard_paths[m->n_shards - 1]), 0);
     uint8_t **a = alloc_arenas(&p);
-    cpu_dev d = {.pin_ok = 1};
+    cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
     kl_err err;
     kl_err_clear(&err);
-    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, NULL, NULL, &err);
-    ck_assert_int_eq(rc, KL_E_IO);
+    for (unsigned t = 0; t < 2; t++) {
+        kl_fill_opts o = {.threads = t};
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
+        ck_assert_int_eq(rc, KL_E_IO);
+    }
     ck_assert_uint_eq(d.pins, d.unpins);
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
