@@ -18,7 +18,7 @@ LDLIBS   := -luring -laio -lcrypto -lcjson -lpcre2-8 -lpthread -lm
 ASANFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
-LIB_DIRS := common loader audit convert synth engine
+LIB_DIRS := common loader audit convert synth engine serve
 LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 CLI_SRC  := $(sort $(wildcard cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))

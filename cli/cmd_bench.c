@@ -187,12 +187,23 @@ static int bench_rules(int argc, char **argv)
 
 /* ---- bench decode ------------------------------------------------------------------------- */
 
+#define MAX_CONTEXTS 8
+
 typedef struct decode_args {
     const char        *model;
-    unsigned long long threads, prompt_tokens, tokens;
+    unsigned long long threads, prompt_tokens, tokens, context;
+    const char        *at;                        /* --decode-at LIST */
+    size_t             n_at;
+    unsigned long long at_ctx[MAX_CONTEXTS];
     int                json, quiet, ignore_memory;
     kl_cli_device      device;
 } decode_args;
+
+/* Decode measured at one more context (--decode-at). */
+typedef struct decode_at {
+    double tok_s;
+    double cache_bytes;           /* MLA cache a step reads at that context (all MLA layers) */
+} decode_at;
 
 typedef struct decode_result {
     double         prefill_s, decode_s;
@@ -202,6 +213,7 @@ typedef struct decode_result {
     kl_membench_result ceiling;   /* CPU: host memory read */
     kl_gpu_ceilings gpu;          /* GPU: HBM (device copy) and pinned host-to-device */
     int            on_gpu;
+    decode_at      at[MAX_CONTEXTS];
 } decode_result;
 
 /* The bandwidth the decode rate is bound by: HBM on the GPU, host memory read on the CPU. */
@@ -235,6 +247,13 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
     kl_rng_seed(&r, 1, 0);
     for (size_t i = 0; i < a->prompt_tokens; i++)
         ids[i] = (kl_token)(kl_rng_next(&r) % V);
+    /* --context: synthetic positions before the prompt (the step's cost at that length) */
+    if (a->context && (rc = kl_state_fill_synthetic(&st, (size_t)a->context, err))) {
+        kl_state_free(&st);
+        kl_free(ids);
+        kl_free(logits);
+        return rc;
+    }
     double t0 = kl_now_s();
     rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
     res->prefill_s = kl_now_s() - t0;
@@ -257,6 +276,36 @@ static double per_s(double n, double s)
     return s > 0 ? n / s : 0;
 }
 
+/* Greedy decode tok/s after ctx synthetic positions and one fed token (which also captures
+ * the GPU's decode graph for the new cache size). */
+static int time_decode_at(kl_model *m, const decode_args *a, size_t ctx, decode_at *out,
+                          kl_err *err)
+{
+    uint32_t V = m->cfg.vocab_size;
+    float *logits = kl_malloc((size_t)V * sizeof *logits);
+    kl_state st;
+    int rc = !logits ? kl_fail(err, KL_E_NOMEM, "out of memory") : kl_state_init(&st, m, err);
+    if (rc) {
+        kl_free(logits);
+        return rc;
+    }
+    kl_token id = 1;
+    rc = kl_state_fill_synthetic(&st, ctx, err);
+    if (!rc)
+        rc = kl_forward(m, &st, &id, 1, logits, err);
+    double t0 = kl_now_s();
+    for (size_t i = 0; i < a->tokens && !rc; i++) {
+        id = kl_sample_argmax(logits, V);
+        rc = kl_forward(m, &st, &id, 1, logits, err);
+    }
+    out->tok_s = per_s((double)a->tokens, kl_now_s() - t0);
+    out->cache_bytes = (double)(ctx + 1) * (double)kl_config_mla_token_bytes(&m->cfg, 4) *
+                       (double)kl_config_count_attn(&m->cfg, KL_ATTN_MLA);
+    kl_state_free(&st);
+    kl_free(logits);
+    return rc;
+}
+
 static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
                              const kl_cli_load *l)
 {
@@ -270,6 +319,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     cJSON_AddNumberToObject(j, "weight_bytes", (double)m->weight_bytes);
     cJSON_AddNumberToObject(j, "load_s", l->load_s);
     cJSON_AddNumberToObject(j, "load_gbps", l->load_gbps);
+    cJSON_AddNumberToObject(j, "synthetic_context_tokens", (double)a->context);
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)a->prompt_tokens);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "prefill_tok_s", per_s((double)a->prompt_tokens, r->prefill_s));
@@ -299,6 +349,18 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     }
     cJSON_AddNumberToObject(j, "ratio_to_ceiling",
                             ceiling_gbps(r) > 0 ? eff / ceiling_gbps(r) : 0);
+    cJSON *at = cJSON_AddArrayToObject(j, "decode_at_context");
+    for (size_t i = 0; i < a->n_at; i++) {
+        const decode_at *d = &r->at[i];
+        double bytes = b->total + d->cache_bytes, ceil_tok = ceiling_gbps(r) * 1e9 / bytes;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "context", (double)a->at_ctx[i]);
+        cJSON_AddNumberToObject(o, "decode_tok_s", d->tok_s);
+        cJSON_AddNumberToObject(o, "ms_per_token", d->tok_s > 0 ? 1e3 / d->tok_s : 0);
+        cJSON_AddNumberToObject(o, "bytes_per_token", bytes);
+        cJSON_AddNumberToObject(o, "ratio_to_ceiling", ceil_tok > 0 ? d->tok_s / ceil_tok : 0);
+        cJSON_AddItemToArray(at, o);
+    }
     return kl_cli_print_json(j);
 }
 
@@ -310,6 +372,8 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
     printf("kl bench decode: %s (%u threads, %s kernels, %.3f GB of weights)\n", a->model,
            kl_pool_threads(m->pool), kl_matvec_kernels_name(kl_matvec_kernels()),
            (double)m->weight_bytes / 1e9);
+    if (a->context)
+        printf("  context  %llu synthetic positions before the prompt\n", a->context);
     printf("  prefill  %llu tokens in %.3f s: %.1f tok/s (first token %.2f s after the process "
            "started)\n", a->prompt_tokens, r->prefill_s,
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
@@ -324,6 +388,34 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
     printf("  effective bandwidth %.2f GB/s; %s %.2f GB/s (ratio %.2f)\n", eff,
            r->on_gpu ? "HBM (device copy) on the GPU" : "host memory-read ceiling",
            ceiling_gbps(r), ceiling_gbps(r) > 0 ? eff / ceiling_gbps(r) : 0);
+    for (size_t i = 0; i < a->n_at; i++) {
+        double bytes = b->total + r->at[i].cache_bytes;
+        printf("  decode at context %llu: %.2f tok/s (%.3f GB a step with the cache, ratio %.2f)"
+               "\n", a->at_ctx[i], r->at[i].tok_s, bytes / 1e9,
+               ceiling_gbps(r) > 0 ? r->at[i].tok_s * bytes / 1e9 / ceiling_gbps(r) : 0);
+    }
+}
+
+/* a->at ("0,8192,65536") into a->at_ctx; -1 when it is not such a list. */
+static int parse_contexts(decode_args *a)
+{
+    const char *p = a->at;
+    a->n_at = 0;
+    for (;;) {
+        char item[32];
+        size_t n = strcspn(p, ",");
+        unsigned long long v;
+        if (!n || n >= sizeof item || a->n_at == MAX_CONTEXTS)
+            return -1;
+        memcpy(item, p, n);
+        item[n] = 0;
+        if (kl_cli_parse_u64(item, &v) || v > (1u << 24))
+            return -1;
+        a->at_ctx[a->n_at++] = v;
+        if (!p[n])
+            return 0;
+        p += n + 1;
+    }
 }
 
 static int parse_decode(int argc, char **argv, decode_args *a)
@@ -338,6 +430,12 @@ static int parse_decode(int argc, char **argv, decode_args *a)
                  "random prompt ids fed in one call (default 64)", .lo = 1, .hi = 1 << 20),
         KL_VALUE("--tokens", 0, KL_OPT_U64, &a->tokens, "N",
                  "greedy decode steps (default 32)", .hi = 1 << 20),
+        KL_VALUE("--decode-at", 0, KL_OPT_STR, &a->at, "LIST",
+                 "also decode at these synthetic contexts (up to 8, e.g. 0,8192,65536)"),
+        KL_VALUE("--context", 0, KL_OPT_U64, &a->context, "N",
+                 "synthetic positions before the prompt (zero state, zero cache rows):\n"
+                 "prefill and decode timed at context N without feeding N tokens (default 0)",
+                 .hi = 1 << 24),
         KL_FLAG("--json", 0, &a->json, "one JSON object instead of the text"),
         KL_FLAG("--quiet", 'q', &a->quiet, "errors only on stderr (no load progress or time)"),
         KL_FLAG("--ignore-memory-check", 0, &a->ignore_memory,
@@ -347,13 +445,18 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
-                    "                       [--json] [-q] [--ignore-memory-check] [--device D]\n",
+                    "                       [--context N] [--decode-at LIST] [--json] [-q]\n"
+                    "                       [--ignore-memory-check] [--device D]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
         .max_pos = 1,
         .pos_name = "MODEL"};
-    return kl_args_parse_into(&spec, argc, argv, &a->model, 1);
+    int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
+    if (rc == KL_ARGS_RUN && a->at && parse_contexts(a))
+        return kl_cli_usage("--decode-at wants up to %d counts separated by commas, each at most "
+                            "16777216 (e.g. 0,8192,65536)", MAX_CONTEXTS);
+    return rc;
 }
 
 static int bench_decode(int argc, char **argv)
@@ -377,8 +480,11 @@ static int bench_decode(int argc, char **argv)
                      .device = a.device};
     decode_result res;
     memset(&res, 0, sizeof res);
-    if (kl_cli_plan_model(&l, &err) || kl_cli_open_model(&l, &m, &err) ||
-        time_decode(m, &a, &res, &err)) {
+    int failed = kl_cli_plan_model(&l, &err) || kl_cli_open_model(&l, &m, &err) ||
+                 time_decode(m, &a, &res, &err);
+    for (size_t i = 0; !failed && i < a.n_at; i++)
+        failed = time_decode_at(m, &a, (size_t)a.at_ctx[i], &res.at[i], &err);
+    if (failed) {
         kl_model_close(m);
         return kl_cli_report("bench decode", &err);
     }

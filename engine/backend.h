@@ -66,6 +66,11 @@ typedef struct kl_backend_ops {
     void (*slot_close)(kl_backend *be, uint32_t slot);
     void (*slot_reset)(kl_backend *be, uint32_t slot);                /* back to empty */
     int  (*slot_copy)(kl_backend *be, uint32_t dst, uint32_t src, kl_err *err);
+    /* Benchmarks only: the slot (empty) then holds n positions of synthetic state (zero KDA
+     * state, zero MLA cache rows), so a step can be timed at context n without a prefill of n
+     * tokens: its cost depends on the length, not on the values.  KL_E_NOMEM before anything
+     * changes. */
+    int  (*slot_fill)(kl_backend *be, uint32_t slot, size_t n, kl_err *err);
     /* -- one chunk (at most be->max_tokens tokens) ------------------------------------- */
     /* Binds the chunk (validated by the caller: ids in the vocabulary, runs, open slots),
      * grows the slots' caches to hold it (KL_E_NOMEM before any state changes) and writes the

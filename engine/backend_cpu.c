@@ -864,6 +864,22 @@ static int cpu_slot_copy(kl_backend *be, uint32_t dst, uint32_t src, kl_err *err
     return 0;
 }
 
+static int cpu_slot_fill(kl_backend *be, uint32_t slot, size_t n, kl_err *err)
+{
+    cpu_be *c = cpu(be);
+    const kl_model *m = be->m;
+    int rc = reserve_mla(c, slot, n, err);
+    if (rc)
+        return rc;
+    cpu_slot_reset(be, slot);
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (m->layers[l].attn == KL_ATTN_MLA && n)
+            memset(c->slots[slot].mla[l].c, 0, n * kl_config_mla_token_bytes(&m->cfg,
+                                                                            sizeof(float)));
+    be->slot_len[slot] = n;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The chunk's operations                                                                     */
 
@@ -1046,6 +1062,7 @@ static const kl_backend_ops cpu_ops = {
     .slot_close = cpu_slot_close,
     .slot_reset = cpu_slot_reset,
     .slot_copy = cpu_slot_copy,
+    .slot_fill = cpu_slot_fill,
     .begin = cpu_begin,
     .norm = cpu_norm,
     .add_norm = cpu_add_norm,

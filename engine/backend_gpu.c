@@ -521,6 +521,23 @@ static int gpu_slot_copy(kl_backend *be, uint32_t dst, uint32_t src, kl_err *err
     return rc;
 }
 
+static int gpu_slot_fill(kl_backend *be, uint32_t slot, size_t n, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    size_t row = ((size_t)g->d.R + g->d.dr) * sizeof(float);
+    int rc = reserve_mla(g, slot, n, err);
+    if (!rc)
+        rc = zero_slot(g, slot, err);
+    for (uint32_t l = 0; !rc && n && l < be->m->cfg.num_hidden_layers; l++)
+        if (g->L[l].cache_h)
+            rc = kl_gpu_memset(g->L[l].cache_h[slot], 0, n * row, g->st, err);
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    if (!rc)
+        be->slot_len[slot] = n;
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The chunk                                                                                  */
 
@@ -909,7 +926,8 @@ static void gpu_destroy(kl_backend *be)
 
 static const kl_backend_ops gpu_ops = {
     .slot_open = gpu_slot_open, .slot_close = gpu_slot_close, .slot_reset = gpu_slot_reset,
-    .slot_copy = gpu_slot_copy, .begin = gpu_begin, .norm = gpu_norm, .add_norm = gpu_add_norm,
+    .slot_copy = gpu_slot_copy, .slot_fill = gpu_slot_fill, .begin = gpu_begin,
+    .norm = gpu_norm, .add_norm = gpu_add_norm,
     .kda = gpu_kda, .mla = gpu_mla, .moe = gpu_moe, .mlp = gpu_mlp, .head = gpu_head,
     .end = gpu_end, .destroy = gpu_destroy,
 };

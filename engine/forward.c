@@ -167,6 +167,17 @@ int kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err)
     return rc;
 }
 
+int kl_state_fill_synthetic(kl_state *s, size_t n, kl_err *err)
+{
+    if (!s->m)
+        return kl_fail(err, KL_E_USAGE, "state is not initialised");
+    kl_backend *be = s->m->be;
+    int rc = be->ops->slot_fill(be, s->slot, n, err);
+    if (!rc)
+        s->pos = n;
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* kl_forward                                                                                 */
 

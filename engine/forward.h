@@ -69,6 +69,9 @@ void kl_state_reset(kl_state *s);
  * KL_E_USAGE (different models), KL_E_NOMEM (MLA cache growth fails before anything is copied:
  * dst still holds its old sequence). */
 int  kl_state_copy(kl_state *dst, const kl_state *src, kl_err *err);
+/* Benchmarks only: s (reset first) then holds n positions of synthetic state (the backend's
+ * slot_fill), so a decode step can be timed at context n without feeding n tokens. */
+int  kl_state_fill_synthetic(kl_state *s, size_t n, kl_err *err);
 
 /* Feeds ids[0..n) after the tokens already in s (a one-slot batch through kl_backend_forward);
  * writes the logits after the last one into logits_last[vocab] (may be NULL: no lm_head).

@@ -24,6 +24,7 @@
 #include "engine/sampler.h"
 #include "tests/testutil.h"
 
+#include <math.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------------------------------------ */
@@ -417,6 +418,37 @@ START_TEST(opening_more_slots_than_the_backend_has_is_refused)
 }
 END_TEST
 
+/* The benchmark's synthetic context: a used slot filled with n positions holds exactly n (its
+ * old sequence gone: fill 0 then the reference sequence gives the reference logits bit for
+ * bit), and a token fed after n synthetic positions goes at position n with finite logits. */
+START_TEST(synthetic_fill_resets_then_holds_n_positions)
+{
+    size_t V = g_m->cfg.vocab_size;
+    float *out = kl_malloc(V * sizeof *out);
+    kl_state s;
+    states_open(&s, 1);
+    kl_err err;
+    kl_err_clear(&err);
+    feed(&s, 1, 0, 9, NULL);
+    ck_assert_msg(kl_state_fill_synthetic(&s, 0, &err) == 0, "%s", t_fmt_err(&err));
+    for (size_t i = 0; i < 6; i++) {
+        feed(&s, 0, i, 1, out);
+        ck_assert_msg(!memcmp(out, g_ref[0] + i * V, V * sizeof *out),
+                      "token %zu after a fill of 0 differs from the reference", i);
+    }
+    ck_assert_msg(kl_state_fill_synthetic(&s, 300, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(s.pos, 300);
+    ck_assert_uint_eq(g_m->be->slot_len[s.slot], 300);
+    feed(&s, 2, 0, 1, out);
+    ck_assert_uint_eq(s.pos, 301);
+    for (size_t v = 0; v < V; v++)
+        ck_assert_msg(isfinite(out[v]), "logit %zu after the synthetic context is %g", v,
+                      (double)out[v]);
+    states_free(&s, 1);
+    kl_free(out);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *backend_suite(void)
@@ -432,6 +464,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, copied_slot_fed_the_same_ids_gives_identical_logits);
     tcase_add_test(tc, model_takes_a_new_backend_only_with_no_slot_open);
     tcase_add_test(tc, opening_more_slots_than_the_backend_has_is_refused);
+    tcase_add_test(tc, synthetic_fill_resets_then_holds_n_positions);
     suite_add_tcase(s, tc);
     return s;
 }

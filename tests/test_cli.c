@@ -373,6 +373,35 @@ START_TEST(device_choice_is_checked_and_gpu_refused_clearly_without_support)
 }
 END_TEST
 
+/* bench decode --decode-at: one row per listed context in the JSON; a malformed list is a
+ * usage error (exit 2) before anything is loaded. */
+START_TEST(bench_decode_at_lists_each_context)
+{
+    char *out, *err;
+    int rc = kl_capture("bench decode T --prompt-tokens 2 --tokens 2 --decode-at 0,40 --json -q",
+                        &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    cJSON *j = one_object("bench decode --decode-at", out);
+    cJSON *at = cJSON_GetObjectItem(j, "decode_at_context");
+    ck_assert_msg(cJSON_GetArraySize(at) == 2, "decode_at_context: %s", out);
+    cJSON *second = cJSON_GetArrayItem(at, 1);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(second, "context")->valuedouble, 40);
+    ck_assert(cJSON_GetObjectItem(second, "decode_tok_s")->valuedouble > 0);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    const char *bad[] = {"1,,2", ",1", "1,", "x", "1,2,3,4,5,6,7,8,9", "99999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[200];
+        snprintf(args, sizeof args, "bench decode T --decode-at %s", bad[i]);
+        ck_assert_msg(kl_capture(args, &out, &err) == 2, "`kl %s` is not a usage error", args);
+        ck_assert_msg(strstr(err, "--decode-at wants"), "`kl %s`: %s", args, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *cli_suite(void)
@@ -390,6 +419,7 @@ static Suite *cli_suite(void)
     tcase_add_test(tc, tokenize_json_prints_one_object_for_all_inputs);
     tcase_add_test(tc, tokenize_file_that_is_not_a_regular_file_exits_2);
     tcase_add_test(tc, device_choice_is_checked_and_gpu_refused_clearly_without_support);
+    tcase_add_test(tc, bench_decode_at_lists_each_context);
     suite_add_tcase(s, tc);
     return s;
 }

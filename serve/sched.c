@@ -1,0 +1,287 @@
+/*
+ * serve/sched.c — continuous batching over the backend (see sched.h).
+ *
+ * Requests live in one list in arrival order, queued ones after (or among) running ones; a
+ * step admits queued requests into free slots, builds the batch from the list, runs it, then
+ * samples each sequence whose last token was in it.
+ */
+#include "serve/sched.h"
+
+#include "common/mem.h"
+#include "engine/backend.h"
+#include "engine/forward.h"
+
+#include <string.h>
+
+typedef struct seq {
+    uint64_t     handle;
+    kl_sched_req req;          /* prompt and stop_ids point at the copies below */
+    kl_token    *prompt, *stops;
+    size_t       fed;          /* prompt ids fed */
+    size_t       generated;    /* ids passed to on_token */
+    kl_token     last;         /* the id to feed next while decoding */
+    int          decoding;     /* the prompt is fed; last waits to be fed */
+    int          running;      /* holds a slot (st) and a sampler */
+    kl_state     st;
+    kl_sampler   samp;
+    struct seq  *next;
+} seq;
+
+struct kl_sched {
+    kl_model  *m;
+    uint32_t   max_seqs, n_running;
+    size_t     step_tokens;
+    uint64_t   next_handle;
+    seq       *head;
+    /* the batch */
+    kl_token  *ids;            /* [step_tokens] */
+    uint32_t  *slots;          /* [step_tokens] */
+    uint8_t   *want;           /* [step_tokens] */
+    seq      **owner;          /* [max_seqs]: the sequence of each wanted row, in order */
+    float     *logits;         /* [max_seqs, vocab] */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Requests                                                                                   */
+
+/* Unlinks q, tells its caller why it ended, releases it. */
+static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
+{
+    seq **pp = &s->head;
+    while (*pp && *pp != q)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = q->next;
+    if (q->running) {
+        kl_state_free(&q->st);
+        kl_sampler_free(&q->samp);
+        s->n_running--;
+    }
+    if (q->req.on_done)
+        q->req.on_done(q->req.user, why, q->generated, err);
+    kl_free(q->prompt);
+    kl_free(q->stops);
+    kl_free(q);
+}
+
+int kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err *err)
+{
+    uint32_t V = s->m->cfg.vocab_size;
+    if (!r->n_prompt || !r->max_tokens)
+        return kl_fail(err, KL_E_USAGE, "a request needs a prompt and max_tokens >= 1");
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] >= V)
+            return kl_fail(err, KL_E_USAGE, "prompt id %u at %zu is outside the vocabulary "
+                           "(%u)", (unsigned)r->prompt[i], i, V);
+    seq *q = kl_calloc(1, sizeof *q);
+    if (q) {
+        q->prompt = kl_malloc(r->n_prompt * sizeof *q->prompt);
+        q->stops = r->n_stop_ids ? kl_malloc(r->n_stop_ids * sizeof *q->stops) : NULL;
+    }
+    if (!q || !q->prompt || (r->n_stop_ids && !q->stops)) {
+        if (q) {
+            kl_free(q->prompt);
+            kl_free(q->stops);
+        }
+        kl_free(q);
+        return kl_fail(err, KL_E_NOMEM, "out of memory for a request");
+    }
+    memcpy(q->prompt, r->prompt, r->n_prompt * sizeof *q->prompt);
+    if (r->n_stop_ids)
+        memcpy(q->stops, r->stop_ids, r->n_stop_ids * sizeof *q->stops);
+    q->req = *r;
+    q->req.prompt = q->prompt;
+    q->req.stop_ids = q->stops;
+    q->handle = ++s->next_handle;
+    seq **pp = &s->head;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = q;
+    if (handle)
+        *handle = q->handle;
+    return 0;
+}
+
+void kl_sched_cancel(kl_sched *s, uint64_t handle)
+{
+    for (seq *q = s->head; q; q = q->next)
+        if (q->handle == handle) {
+            finish(s, q, KL_SCHED_CANCELLED, NULL);
+            return;
+        }
+}
+
+size_t kl_sched_pending(const kl_sched *s)
+{
+    size_t n = 0;
+    for (const seq *q = s->head; q; q = q->next)
+        n++;
+    return n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* A step                                                                                     */
+
+/* Queued requests into free slots, in arrival order; a request whose sampler options are
+ * refused ends with the error. */
+static void admit(kl_sched *s)
+{
+    for (seq *q = s->head, *nx; q && s->n_running < s->max_seqs; q = nx) {
+        nx = q->next;
+        if (q->running)
+            continue;
+        kl_err e;
+        kl_err_clear(&e);
+        if (kl_sampler_init(&q->samp, s->m->cfg.vocab_size, &q->req.samp, &e)) {
+            finish(s, q, KL_SCHED_ERROR, &e);
+            continue;
+        }
+        if (kl_state_init(&q->st, s->m, &e)) {
+            kl_sampler_free(&q->samp);
+            finish(s, q, KL_SCHED_ERROR, &e);
+            continue;
+        }
+        q->running = 1;
+        s->n_running++;
+    }
+}
+
+/* Appends ids[0..n) of q's slot to the batch; the last wants logits when want_last. */
+static void add(kl_sched *s, kl_batch *b, size_t *n_want, seq *q, const kl_token *ids,
+                size_t n, int want_last)
+{
+    for (size_t i = 0; i < n; i++, b->n++) {
+        s->ids[b->n] = ids[i];
+        s->slots[b->n] = q->st.slot;
+        s->want[b->n] = want_last && i + 1 == n;
+    }
+    if (want_last)
+        s->owner[(*n_want)++] = q;
+}
+
+/* Decode tokens first, then prompt pieces up to step_tokens; returns the wanted rows. */
+static size_t build(kl_sched *s, kl_batch *b)
+{
+    size_t n_want = 0;
+    *b = (kl_batch){0, s->ids, s->slots, s->want};
+    for (seq *q = s->head; q; q = q->next)
+        if (q->running && q->decoding)
+            add(s, b, &n_want, q, &q->last, 1, 1);
+    for (seq *q = s->head; q && b->n < s->step_tokens; q = q->next) {
+        if (!q->running || q->decoding)
+            continue;
+        size_t left = q->req.n_prompt - q->fed, room = s->step_tokens - b->n;
+        size_t piece = left < room ? left : room;
+        add(s, b, &n_want, q, q->prompt + q->fed, piece, piece == left);
+        q->fed += piece;
+        q->decoding = q->fed == q->req.n_prompt;
+    }
+    return n_want;
+}
+
+static int is_stop(const seq *q, kl_token id)
+{
+    for (size_t i = 0; i < q->req.n_stop_ids; i++)
+        if (q->stops[i] == id)
+            return 1;
+    return 0;
+}
+
+/* The next id of q from its logits row. */
+static void sample(kl_sched *s, seq *q, const float *logits)
+{
+    kl_err e;
+    kl_err_clear(&e);
+    kl_token id;
+    if (kl_sampler_sample(&q->samp, logits, &id, &e)) {
+        finish(s, q, KL_SCHED_ERROR, &e);
+        return;
+    }
+    if (is_stop(q, id)) {
+        finish(s, q, KL_SCHED_STOP, NULL);
+        return;
+    }
+    q->generated++;
+    if (q->req.on_token && q->req.on_token(q->req.user, id, &e)) {
+        finish(s, q, KL_SCHED_ERROR, &e);
+        return;
+    }
+    if (q->generated == q->req.max_tokens) {
+        finish(s, q, KL_SCHED_LENGTH, NULL);
+        return;
+    }
+    q->last = id;
+}
+
+int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
+{
+    if (n_tokens)
+        *n_tokens = 0;
+    admit(s);
+    kl_batch b;
+    size_t n_want = build(s, &b);
+    if (!b.n)
+        return 0;
+    int rc = kl_backend_forward(s->m->be, &b, s->logits, NULL, err);
+    if (rc) {   /* the slots' states are unspecified now: every running request ends */
+        for (seq *q = s->head, *nx; q; q = nx) {
+            nx = q->next;
+            if (q->running)
+                finish(s, q, KL_SCHED_ERROR, err);
+        }
+        return rc;
+    }
+    size_t V = s->m->cfg.vocab_size;
+    for (size_t r = 0; r < n_want; r++)
+        sample(s, s->owner[r], s->logits + r * V);
+    if (n_tokens)
+        *n_tokens = b.n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Life                                                                                       */
+
+int kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_tokens,
+                    kl_err *err)
+{
+    *out = NULL;
+    if (!max_seqs || step_tokens < max_seqs)
+        return kl_fail(err, KL_E_USAGE, "a scheduler needs max_seqs >= 1 and step_tokens >= "
+                       "max_seqs (%u, %zu)", max_seqs, step_tokens);
+    if (max_seqs > m->be->max_slots)
+        return kl_fail(err, KL_E_USAGE, "%u sequences at once: the %s backend has %u slots",
+                       max_seqs, m->be->name, m->be->max_slots);
+    kl_sched *s = kl_calloc(1, sizeof *s);
+    if (s) {
+        s->m = m;
+        s->max_seqs = max_seqs;
+        s->step_tokens = step_tokens;
+        s->ids = kl_malloc(step_tokens * sizeof *s->ids);
+        s->slots = kl_malloc(step_tokens * sizeof *s->slots);
+        s->want = kl_malloc(step_tokens);
+        s->owner = kl_calloc(max_seqs, sizeof *s->owner);
+        s->logits = kl_malloc((size_t)max_seqs * m->cfg.vocab_size * sizeof *s->logits);
+    }
+    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits) {
+        kl_sched_free(s);
+        return kl_fail(err, KL_E_NOMEM, "out of memory for a scheduler of %u sequences",
+                       max_seqs);
+    }
+    *out = s;
+    return 0;
+}
+
+void kl_sched_free(kl_sched *s)
+{
+    if (!s)
+        return;
+    while (s->head)
+        finish(s, s->head, KL_SCHED_CANCELLED, NULL);
+    kl_free(s->ids);
+    kl_free(s->slots);
+    kl_free(s->want);
+    kl_free(s->owner);
+    kl_free(s->logits);
+    kl_free(s);
+}

@@ -1,0 +1,45 @@
+/*
+ * tests/fuzz/fuzz_request.c — libFuzzer target: a chat-completions request body ->
+ * kl_req_chat (serve/request.h) -> the chat renderer.
+ *
+ * Properties checked (abort on violation):
+ *   - a refusal is an OpenAI error: status 400 (or 500 out of memory), a type and a message,
+ *     and leaves no storage behind;
+ *   - an accepted request has at least one message, each with a role the renderer knows,
+ *     n_stop within its bound, top_logprobs <= 20, and renders (or is refused by the renderer
+ *     with KL_E_USAGE: e.g. a tool call without a name is the renderer's rule too).
+ */
+#include "common/mem.h"
+#include "engine/chat.h"
+#include "serve/request.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void require(int cond)
+{
+    if (!cond)
+        abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    kl_req_chat r;
+    kl_api_error e;
+    int rc = kl_req_chat_parse((const char *)data, size, &r, &e);
+    if (rc) {
+        require((e.status == 400 && rc == KL_E_USAGE) || (e.status == 500 && rc == KL_E_NOMEM));
+        require(e.type[0] && e.message[0] && !r.msgs && !r.model && !r.strings);
+        return 0;
+    }
+    require(r.n_msgs > 0 && r.model && r.n_stop <= KL_REQ_MAX_STOP && r.top_logprobs <= 20);
+    char *prompt = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    int rrc = kl_chat_render(r.msgs, r.n_msgs, r.tools_json, 1, &prompt, &err);
+    require(rrc == 0 || rrc == KL_E_USAGE || rrc == KL_E_NOMEM);
+    kl_free(prompt);
+    kl_req_chat_free(&r);
+    return 0;
+}
