@@ -373,7 +373,7 @@ static int stops(kl_req_chat *r, const cJSON *o, kl_api_error *e)
 static int limits(kl_req_chat *r, const cJSON *o, kl_api_error *e)
 {
     uint64_t a = 0, b = 0;
-    int ga, gb;
+    int ga = 0, gb = 0;
     int rc = opt_count(o, "max_tokens", 1, UINT32_MAX, &a, &ga, e);
     if (!rc)
         rc = opt_count(o, "max_completion_tokens", 1, UINT32_MAX, &b, &gb, e);
