@@ -13,10 +13,19 @@
  *   u_j = β (v_j − a_j),    o_j = b_j + u_j (q̂·k̂),    S'_ij = d_i S_ij + k̂_i u_j.
  * The column sums over i are partial per group, then summed over the groups in shared memory
  * in a fixed order (deterministic).
+ *
+ * v2 (the default; KL_GPU_KDA=v1 or kl_gpu_kda_select(1) runs recur_kernel): value columns
+ * are independent, so recur2_kernel gives each block 32 columns of one head (H x K/32 blocks:
+ * 128 at the full shape instead of 32), each thread one column of R2_ROWS rows; the readout
+ * goes to o before the norm and kda_norm_kernel (a group per (token, head)) applies the gated
+ * RMSNorm in place.
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
 #include "kernels/tokens.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define CONV_THREADS  256
 #define CONV_MAX_W    8                    /* taps per channel at most */
@@ -25,6 +34,11 @@
 #define MAX_K         128                  /* head_dim at most */
 #define ROWS_PER      (MAX_K / RECUR_GROUPS) /* state rows per thread */
 #define COLS_PER      (MAX_K / KL_GPU_GROUP) /* state columns per thread */
+/* v2 (the default; KL_GPU_KDA=v1 selects the kernel above): value columns over blocks */
+#define R2_GROUPS     8                    /* groups of KL_GPU_GROUP lanes per block */
+#define R2_THREADS    (R2_GROUPS * KL_GPU_GROUP)
+#define R2_ROWS       (MAX_K / R2_GROUPS)  /* state rows per thread (one column per lane) */
+#define NORM_GROUPS   8                    /* (token, head) pairs per norm block */
 
 __device__ static inline float silu(float z)
 {
@@ -183,6 +197,20 @@ __device__ static void token_prep(const kl_gpu_kda_recur_args &a, const token_in
     }
 }
 
+/* Group 0, token t of a run [t0, t1) of head h: its head vectors into hv from *next (loaded
+ * here for the first token), then the next token's loads issued into *next, so the block
+ * works on one token while the next one's inputs are on their way. */
+__device__ static void token_next(const kl_gpu_kda_recur_args &a, uint32_t t, uint32_t t0,
+                                  uint32_t t1, uint32_t h, unsigned lane, token_in *next,
+                                  head_vecs *hv)
+{
+    if (t == t0)
+        token_load(a, t0, h, lane, next);
+    token_prep(a, *next, h, lane, hv);
+    if (t + 1 < t1)
+        token_load(a, t + 1, h, lane, next);
+}
+
 /* Group 0: o = o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate) of head h, token t. */
 __device__ static void token_norm(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h,
                                   unsigned lane, const head_vecs *hv)
@@ -217,14 +245,9 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
         }
     const uint32_t t0 = run_start[r], t1 = run_start[r + 1];
     token_in next;
-    if (w == 0 && t0 < t1)
-        token_load(a, t0, h, lane, &next);
     for (uint32_t t = t0; t < t1; t++) {
-        if (w == 0) {
-            token_prep(a, next, h, lane, &hv);
-            if (t + 1 < t1)
-                token_load(a, t + 1, h, lane, &next);
-        }
+        if (w == 0)
+            token_next(a, t, t0, t1, h, lane, &next, &hv);
         __syncthreads();
         /* partial a_j, b_j over this group's rows */
 #pragma unroll
@@ -284,6 +307,115 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
         }
 }
 
+/* grid (H, ceil(K / 32), runs), v2: value columns j = 32 blockIdx.y + lane of head blockIdx.x
+ * over run blockIdx.z, the same one-pass steps as recur_kernel with the state slice [K][32] in
+ * registers (thread (group w, lane): rows w + R2_GROUPS r); every block prepares the token's
+ * head vectors itself.  o gets the readout before the norm (kda_norm_kernel finishes it). */
+__global__ static void __launch_bounds__(R2_THREADS)
+recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
+{
+    __shared__ head_vecs hv;
+    __shared__ float part[2][R2_GROUPS][KL_GPU_GROUP]; /* per-group partial a_j, b_j */
+    const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K;
+    const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t j = blockIdx.y * KL_GPU_GROUP + lane;
+    float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
+    float st[R2_ROWS];
+#pragma unroll
+    for (int ri = 0; ri < R2_ROWS; ri++) {
+        const uint32_t i = w + R2_GROUPS * ri;
+        st[ri] = i < K && j < K ? S[i * K + j] : 0.0f;
+    }
+    const uint32_t t0 = run_start[r], t1 = run_start[r + 1];
+    token_in next;
+    for (uint32_t t = t0; t < t1; t++) {
+        if (w == 0)
+            token_next(a, t, t0, t1, h, lane, &next, &hv);
+        __syncthreads();
+        float pa = 0.0f, pb = 0.0f; /* partial a_j, b_j over this group's rows */
+#pragma unroll
+        for (int ri = 0; ri < R2_ROWS; ri++) {
+            const uint32_t i = w + R2_GROUPS * ri;
+            if (i < K) {
+                pa += hv.kd[i] * st[ri];
+                pb += hv.qd[i] * st[ri];
+            }
+        }
+        part[0][w][lane] = pa;
+        part[1][w][lane] = pb;
+        __syncthreads();
+        if (w == 0 && j < K) { /* column j: the groups summed in order, u_j, o_j */
+            float sa = 0.0f, sb = 0.0f;
+            for (int g = 0; g < R2_GROUPS; g++) {
+                sa += part[0][g][lane];
+                sb += part[1][g][lane];
+            }
+            const float u = hv.beta * (hv.v[j] - sa);
+            hv.u[j] = u;
+            a.o[(size_t)t * a.H * K + (size_t)h * K + j] = sb + u * hv.qk;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ri = 0; ri < R2_ROWS; ri++) { /* S' = diag(d) S + k̂ uᵀ */
+            const uint32_t i = w + R2_GROUPS * ri;
+            if (i < K && j < K)
+                st[ri] = hv.d[i] * st[ri] + hv.kh[i] * hv.u[j];
+        }
+        __syncthreads(); /* hv is rewritten by the next token */
+    }
+#pragma unroll
+    for (int ri = 0; ri < R2_ROWS; ri++) {
+        const uint32_t i = w + R2_GROUPS * ri;
+        if (i < K && j < K)
+            S[i * K + j] = st[ri];
+    }
+}
+
+/* grid (ceil(n H / NORM_GROUPS)), v2: a group of 32 lanes per (token, head) pair p = (t, h):
+ * o ← o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate), in place. */
+__global__ static void __launch_bounds__(NORM_GROUPS * KL_GPU_GROUP)
+kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n)
+{
+    const uint32_t p = blockIdx.x * NORM_GROUPS + threadIdx.x / KL_GPU_GROUP, K = a.K;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP;
+    if (p >= n * a.H) /* the whole group leaves together */
+        return;
+    const size_t off = (size_t)p * K; /* o[t][h*K ..] with p = t H + h */
+    float o[PER_LANE], ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+        const uint32_t j = lane + KL_GPU_GROUP * e;
+        o[e] = j < K ? a.o[off + j] : 0.0f;
+        ss += o[e] * o[e];
+    }
+    ss = kl_gpu_group_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)K + a.eps);
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+        const uint32_t j = lane + KL_GPU_GROUP * e;
+        if (j < K)
+            a.o[off + j] = o[e] * inv * a.o_norm[j] * sigmoid(a.gate[off + j]);
+    }
+}
+
+static int kda_version; /* 0: not chosen yet; else 1 or 2 */
+
+extern "C" void kl_gpu_kda_select(int version)
+{
+    kda_version = version == 1 || version == 2 ? version : 0;
+}
+
+/* 2 unless KL_GPU_KDA=v1 in the environment (read at the first call) or kl_gpu_kda_select
+ * said otherwise. */
+static int kda_use_v2(void)
+{
+    if (!kda_version) {
+        const char *e = getenv("KL_GPU_KDA");
+        kda_version = e && !strcmp(e, "v1") ? 1 : 2;
+    }
+    return kda_version == 2;
+}
+
 extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t,
                                 kl_gpu_stream s, kl_err *err)
 {
@@ -300,7 +432,16 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
         return err->code;
     if (t->n_runs == 0)
         return 0;
-    dim3 grid(a->H, t->n_runs);
-    recur_kernel<<<grid, RECUR_THREADS, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
+    const hipStream_t st = (hipStream_t)s;
+    if (!kda_use_v2()) {
+        recur_kernel<<<dim3(a->H, t->n_runs), RECUR_THREADS, 0, st>>>(*a, t->run_start,
+                                                                       t->run_slot);
+        return KL_GPU_CHECK(err, hipGetLastError());
+    }
+    dim3 grid(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
+    recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot);
+    const uint32_t pairs = t->n * a->H; /* n <= 65535, H <= 65535 */
+    kda_norm_kernel<<<(pairs + NORM_GROUPS - 1) / NORM_GROUPS, NORM_GROUPS * KL_GPU_GROUP, 0,
+                      st>>>(*a, t->n);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

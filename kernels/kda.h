@@ -55,6 +55,11 @@ typedef struct kl_gpu_kda_recur_args {
 int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
                      kl_err *err);
 
+/* Which kernels kl_gpu_kda_recur runs: 1 round 1's (a block per head), 2 the value columns
+ * spread over blocks plus a norm pass, 0 the default: 2 unless KL_GPU_KDA=v1 is in the
+ * environment (read once).  For the device tests and benchmarks that compare them. */
+void kl_gpu_kda_select(int version);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,12 +11,31 @@
  *            partial result
  *   combine  ctx[t][h] = Σ_s e^(m_s − M) ctx_s / Σ_s e^(m_s − M) l_s   block per (h, t)
  *   vb       o[t][h] = W_vb,h ctx[t][h]                       a lane group per output row
- * Scratch (floats): ql [n][nh][R], ctx [n][nh][R], then per (token, split, head) the max,
- * the sum and the context [R].
+ * Scratch (floats): ql [n][nh][R+dr] (v1 uses [n][nh][R] of it), ctx [n][nh][R], then per
+ * (token, split, head) the max, the sum and the context [R].
+ *
+ * v2 (the default; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
+ * needs nh <= 32 and R <= 512, else v1 runs) keeps the four steps and changes how each works:
+ *   absorb2  a block per (64 columns, head, 4 tokens), each thread 4 rows x 16 bytes of W_kb,h
+ *            loaded before the first product (the whole block's 16 KiB in flight); writes the
+ *            full queries [latent, rope] so attend2 copies them in float4
+ *   attend2  splits cut from the token's real span (split_rows2: tiles per split from
+ *            tok_pos, at least 2), so a launch sized for a cache's capacity still spreads a
+ *            short span; scores and contexts tiled in registers: a thread holds 4 heads x 4
+ *            rows of scores over a slice of the columns (8 float4 loads for 64 FMA, slices
+ *            summed by shuffles) and 4 heads x 16 columns of context (5 float4 loads for 64
+ *            FMA), against 3 loads for 8 FMA and 2 for 4 in v1; rows strided 8 mod 32 words;
+ *            the softmax by 8 threads per head
+ *   combine2 a block per (head, 128 columns, token), 8 groups of splits with float4 loads
+ *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
+ *            the contexts staged in shared memory
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
 #include "kernels/tokens.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define VEC           8      /* kv_b columns per 16-byte load (BF16; F32: two loads) */
 #define ABS_COLS      16     /* absorb: threads across the columns, VEC each */
@@ -31,6 +50,19 @@
 #define VB_GROUPS     8      /* output rows per vb block */
 #define VB_TOKENS     4      /* tokens per vb group */
 #define MAX_SHARED    (200u << 10)  /* attend's shared memory at most (bytes) */
+/* v2 (the default; KL_GPU_MLA=v1 selects round 1's kernels above) */
+#define SPLIT_TILES2  2      /* tiles per split at least */
+#define A2_COLS       64     /* absorb2: columns per block (8 column groups of VEC) */
+#define A2_RG         32     /* absorb2: row groups */
+#define A2_LD         4      /* absorb2: rows (16-byte loads) per thread in flight */
+#define A2_TOK        4      /* absorb2: tokens per block */
+#define V2_ROWS       16     /* vb2: output rows per block (2 per group of 32 lanes) */
+#define V2_LD         2      /* vb2: 16-byte loads per lane and row (R <= 2 * 32 * VEC) */
+#define V2_TOK        4      /* vb2: tokens per block */
+#define H2_MAX        32     /* v2: heads at most (4 per thread: group w has heads w + 8 i) */
+#define R2_MAX        512    /* v2: latent width at most (4 float4 per lane) */
+#define C2_THREADS    256    /* combine2: 8 split groups x 32 float4 columns */
+#define C2_COLS       128    /* combine2: context columns per block */
 
 /* Elements idx .. idx+VEC of kv_b as fp32 into w (F32 or BF16, the kind checked by the
  * launcher; idx a multiple of VEC, so the loads are 16-byte aligned).  The descriptor travels
@@ -105,17 +137,18 @@ typedef struct split_plan {
     uint32_t n, rows;
 } split_plan;
 
-/* Splits of a span of max_span rows at most: one per SPLIT_TILES tiles, 1 .. MAX_SPLITS. */
-static uint32_t splits_bound(uint32_t max_span)
+/* Splits of a span of max_span rows at most: one per `tiles` tiles, 1 .. MAX_SPLITS. */
+static uint32_t splits_bound(uint32_t max_span, uint32_t tiles)
 {
-    uint64_t n = ((uint64_t)max_span + TILE * SPLIT_TILES - 1) / (TILE * SPLIT_TILES);
+    uint64_t n = ((uint64_t)max_span + TILE * tiles - 1) / (TILE * tiles);
     return n == 0 ? 1 : n < MAX_SPLITS ? (uint32_t)n : MAX_SPLITS;
 }
 
 /* max_span >= 1: splits of whole tiles, as few tiles each as keeps them within the bound. */
 static split_plan plan_splits(uint32_t max_span)
 {
-    const uint64_t tiles = ((uint64_t)max_span + TILE - 1) / TILE, b = splits_bound(max_span);
+    const uint64_t tiles = ((uint64_t)max_span + TILE - 1) / TILE;
+    const uint64_t b = splits_bound(max_span, SPLIT_TILES);
     split_plan p;
     p.rows = (uint32_t)(TILE * ((tiles + b - 1) / b));
     p.n = (uint32_t)(((uint64_t)max_span + p.rows - 1) / p.rows); /* <= b: the scratch holds them */
@@ -124,21 +157,34 @@ static split_plan plan_splits(uint32_t max_span)
 
 /* Where each part of the scratch lies for n tokens and a split plan. */
 typedef struct mla_scratch {
-    float *ql, *ctx;   /* [n][nh][R] each */
+    float *ql, *ctx;   /* ql: v1 [n][nh][R], v2 [n][nh][R+dr] (room for the larger); ctx
+                          [n][nh][R] */
     float *pc;         /* [n][splits][nh][R] partial context (16-byte aligned: R % 4 == 0) */
     float *pm, *pl;    /* [n][splits][nh] partial max, sum */
 } mla_scratch;
 
 static mla_scratch carve(float *p, const kl_gpu_mla_dims *d, uint32_t n, uint32_t splits)
 {
-    const size_t q = (size_t)n * d->nh * d->R, part = (size_t)n * splits * d->nh;
-    mla_scratch s = {p, p + q, p + 2 * q, p + 2 * q + part * d->R, p + 2 * q + part * (d->R + 1)};
+    const size_t q = (size_t)n * d->nh * (d->R + d->dr), c = (size_t)n * d->nh * d->R;
+    const size_t part = (size_t)n * splits * d->nh, o = q + c;
+    mla_scratch s = {p, p + q, p + o, p + o + part * d->R, p + o + part * (d->R + 1)};
     return s;
+}
+
+/* v2's splits per token: one per SPLIT_TILES2 tiles of the longest span, at most MAX_SPLITS,
+ * and fewer when the chunk's tokens already give 2 * MAX_SPLITS blocks (less scratch). */
+static uint32_t splits2(uint32_t n, uint32_t max_span)
+{
+    const uint32_t b = splits_bound(max_span, SPLIT_TILES2);
+    const uint32_t cap = n >= 2 * MAX_SPLITS ? 1 : 2 * MAX_SPLITS / n;
+    return b < cap ? b : cap;
 }
 
 extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
-    return (size_t)n * d->nh * (2 * (size_t)d->R + (size_t)splits_bound(max_span) * (d->R + 2));
+    const size_t v1 = splits_bound(max_span, SPLIT_TILES), v2 = n ? splits2(n, max_span) : 1;
+    const size_t splits = v1 > v2 ? v1 : v2;
+    return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2));
 }
 
 /* grid (R / (ABS_COLS * VEC), nh, token groups): columns of head h's absorbed queries.  Thread
@@ -400,6 +446,370 @@ __global__ static void vb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint
     }
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Attend, v2: the same four steps with every product's loads in flight at once and the      */
+/* attention tiled in registers (see the header of this file)                                 */
+
+/* grid (R / A2_COLS, nh, token groups): head h's queries qf[t][h] = [W_kb,hᵀ q_nope, q_rope].
+ * Thread (row group rg, column group cg) holds A2_LD rows of VEC columns in registers, all
+ * loaded before the first product; the row groups' sums are added in shared memory in order. */
+__global__ static void __launch_bounds__(A2_RG * A2_COLS / VEC)
+absorb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, float *qf)
+{
+    __shared__ float qs[A2_TOK][A2_RG * A2_LD];
+    __shared__ float part[A2_RG][A2_TOK][A2_COLS];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t cg = threadIdx.x % (A2_COLS / VEC), rg = threadIdx.x / (A2_COLS / VEC);
+    const uint32_t h = blockIdx.y, c0 = blockIdx.x * A2_COLS, c = c0 + cg * VEC;
+    const uint32_t t0 = blockIdx.z * A2_TOK, qw = d.dn + d.dr, cw = d.R + d.dr;
+    float acc[A2_TOK][VEC] = {};
+    for (uint32_t i0 = 0; i0 < d.dn; i0 += A2_RG * A2_LD) {
+        float w[A2_LD][VEC];
+#pragma unroll
+        for (int l = 0; l < A2_LD; l++) {
+            const uint32_t i = i0 + rg + A2_RG * l;
+            if (c < d.R && i < d.dn)
+                weights8(kv_b, ((size_t)h * (d.dn + d.dv) + i) * d.R + c, w[l]);
+            else
+                for (int e = 0; e < VEC; e++)
+                    w[l][e] = 0.0f;
+        }
+        __syncthreads(); /* the last rows' queries are used */
+        for (uint32_t e = threadIdx.x; e < A2_TOK * A2_RG * A2_LD; e += blockDim.x) {
+            const uint32_t k = e / (A2_RG * A2_LD), i = e % (A2_RG * A2_LD);
+            qs[k][i] = t0 + k < n && i0 + i < d.dn
+                           ? a.q[((size_t)(t0 + k) * d.nh + h) * qw + i0 + i] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int l = 0; l < A2_LD; l++)
+#pragma unroll
+            for (int k = 0; k < A2_TOK; k++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[k][e] += qs[k][rg + A2_RG * l] * w[l][e];
+    }
+#pragma unroll
+    for (int k = 0; k < A2_TOK; k++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            part[rg][k][cg * VEC + e] = acc[k][e];
+    __syncthreads();
+    for (uint32_t x = threadIdx.x; x < A2_TOK * A2_COLS; x += blockDim.x) {
+        const uint32_t k = x / A2_COLS, col = x % A2_COLS;
+        if (t0 + k >= n || c0 + col >= d.R)
+            continue;
+        float v = 0.0f;
+        for (int g = 0; g < A2_RG; g++)
+            v += part[g][k][col];
+        qf[((size_t)(t0 + k) * d.nh + h) * cw + c0 + col] = v;
+    }
+    for (uint32_t x = threadIdx.x; blockIdx.x == 0 && x < A2_TOK * d.dr; x += blockDim.x) {
+        const uint32_t k = x / d.dr, j = x % d.dr;
+        if (t0 + k < n)
+            qf[((size_t)(t0 + k) * d.nh + h) * cw + d.R + j] =
+                a.q[((size_t)(t0 + k) * d.nh + h) * qw + d.dn + j];
+    }
+}
+
+/* Row stride (floats) of attend2's queries and cache rows in shared memory: 8 mod 32 words,
+ * so that the 8 lanes of a 16-byte load phase (4 rows x 2 adjacent float4) hit distinct
+ * banks. */
+__host__ __device__ static inline uint32_t stride2(uint32_t cw)
+{
+    return (cw + 31) / 32 * 32 + 8;
+}
+
+static size_t attend2_shared(const kl_gpu_mla_dims *d)
+{
+    const size_t st = stride2(d->R + d->dr);
+    return ((size_t)d->nh * st + TILE * st + TILE * H2_MAX + 3 * H2_MAX) * sizeof(float);
+}
+
+/* Rows of each split when a span of `span` rows is cut into `splits` at most: whole tiles,
+ * at least SPLIT_TILES2, as few as keep within the bound (the token's real span sets it, so
+ * a launch sized for a cache's capacity still spreads a short span over the splits). */
+__device__ static inline uint32_t split_rows2(uint32_t span, uint32_t splits)
+{
+    const uint32_t tiles = (span + TILE - 1) / TILE, per = (tiles + splits - 1) / splits;
+    return TILE * (per > SPLIT_TILES2 ? per : SPLIT_TILES2);
+}
+
+/* Block: scores of the tile's rows (TILE = 16) against every head into ps [TILE][H2_MAX]
+ * (head h in column h % 8 * 4 + h / 8; rows past nr -inf).  Group w (of 32 lanes), lane l:
+ * heads w + 8 i, rows l % 4 + 4 j (i, j < 4), float4 columns l / 4 + 8 k: 8 loads of 16 bytes
+ * for 64 multiply-adds; the 8 column slices are summed by shuffles. */
+__device__ static inline void scores2(const kl_gpu_mla_dims &d, float scale, const float *qs,
+                                      const float *rows, uint32_t nr, float *ps)
+{
+    const uint32_t c4 = (d.R + d.dr) / 4, s4 = stride2(d.R + d.dr) / 4;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t rl = lane % 4, ks = lane / 4;
+    const float4 *q4 = (const float4 *)qs, *c = (const float4 *)rows;
+    float s[4][4] = {}; /* [head i][row j] */
+    for (uint32_t k = ks; k < c4; k += 8) {
+        float4 cv[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            cv[j] = c[(rl + 4 * j) * s4 + k];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (w + 8 * i >= d.nh) /* the same for the whole group */
+                continue;
+            const float4 q = q4[(w + 8 * i) * s4 + k];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                s[i][j] += q.x * cv[j].x + q.y * cv[j].y + q.z * cv[j].z + q.w * cv[j].w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            for (int o = 4; o < KL_GPU_GROUP; o *= 2)
+                s[i][j] += kl_gpu_shfl_xor(s[i][j], o);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t r = rl + 4 * j;
+            if (ks == 0 && w + 8 * i < d.nh)
+                ps[r * H2_MAX + w * 4 + i] = r < nr ? s[i][j] * scale : -INFINITY;
+        }
+}
+
+/* Block: as tile_softmax, for ps [TILE][H2_MAX] in scores2's head order: 8 threads per head
+ * (2 rows each), max and sum over them by shuffles. */
+__device__ static inline void softmax2(uint32_t nh, uint32_t nr, float *ps, float *mx, float *sm,
+                                       float *alpha)
+{
+    static_assert(ATT_THREADS == 8 * H2_MAX && TILE == 16, "8 threads per head, 2 rows each");
+    const uint32_t h = threadIdx.x / 8, q = threadIdx.x % 8;
+    const bool on = h < nh; /* the lanes of absent heads still take part in the shuffles */
+    float *p0 = ps + h % 8 * 4 + h / 8;
+    const float m_old = on ? mx[h] : 0.0f;
+    const float s0 = on && q < nr ? p0[q * H2_MAX] : -INFINITY;
+    const float s1 = on && q + 8 < nr ? p0[(q + 8) * H2_MAX] : -INFINITY;
+    float m = fmaxf(m_old, fmaxf(s0, s1));
+    for (int o = 4; o > 0; o /= 2)
+        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    const float e0 = q < nr ? expf(s0 - m) : 0.0f, e1 = q + 8 < nr ? expf(s1 - m) : 0.0f;
+    float l = e0 + e1;
+    for (int o = 4; o > 0; o /= 2)
+        l += kl_gpu_shfl_xor(l, o);
+    if (!on)
+        return;
+    p0[q * H2_MAX] = e0;
+    p0[(q + 8) * H2_MAX] = e1;
+    if (q == 0) { /* every lane of the head read mx[h] before the shuffles */
+        const float al = expf(m_old - m); /* 0 on the first tile (m_old = -inf, m finite) */
+        mx[h] = m;
+        sm[h] = sm[h] * al + l;
+        alpha[h] = al;
+    }
+}
+
+/* Block: the context accumulators take in the tile's nr rows.  Group w, lane l: heads w + 8 i,
+ * float4 columns l + 32 m (i, m < 4): per row one 16-byte load of the 4 heads' weights and 4
+ * of the row for 64 multiply-adds. */
+__device__ static inline void context2(const kl_gpu_mla_dims &d, uint32_t nr, const float *rows,
+                                       const float *ps, const float *alpha, float4 (&acc)[4][4])
+{
+    const uint32_t s4 = stride2(d.R + d.dr) / 4, r4 = d.R / 4;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const float4 *c = (const float4 *)rows, *p4 = (const float4 *)ps;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float al = w + 8 * i < d.nh ? alpha[w + 8 * i] : 0.0f;
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            acc[i][m].x *= al, acc[i][m].y *= al, acc[i][m].z *= al, acc[i][m].w *= al;
+    }
+    for (uint32_t r = 0; r < nr; r++) {
+        const float4 p = p4[r * (H2_MAX / 4) + w];
+        const float pv[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            if (lane + 32 * m >= r4)
+                continue;
+            const float4 v = c[r * s4 + lane + 32 * m];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 &a = acc[i][m];
+                a.x += pv[i] * v.x, a.y += pv[i] * v.y, a.z += pv[i] * v.z, a.w += pv[i] * v.w;
+            }
+        }
+    }
+}
+
+/* grid (splits, n): split blockIdx.x of token blockIdx.y's span (split_rows2), every head,
+ * from the queries qf [n][nh][R+dr]; an empty split writes nothing (combine2 counts the
+ * splits the same way).  Two blocks per SM (112 KiB of shared memory at the full shape). */
+__global__ static void __launch_bounds__(ATT_THREADS, 2)
+attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
+{
+    extern __shared__ float4 shared4[];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t t = blockIdx.y, split = blockIdx.x, nh = d.nh, cw = d.R + d.dr;
+    const uint32_t span = x.tok_pos[t] + 1, rows_per = split_rows2(span, gridDim.x);
+    const uint32_t u_begin = split * rows_per;
+    if (u_begin >= span)
+        return;
+    const uint32_t u_end = span - u_begin < rows_per ? span : u_begin + rows_per;
+    const uint32_t c4 = cw / 4, s4 = stride2(cw) / 4;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    float4 *qs = shared4, *rows = qs + (size_t)nh * s4;
+    float *ps = (float *)(rows + TILE * s4), *mx = ps + TILE * H2_MAX, *sm = mx + H2_MAX;
+    float *alpha = sm + H2_MAX;
+    const float4 *qf = (const float4 *)(x.sc.ql + (size_t)t * nh * cw);
+#pragma unroll 4
+    for (uint32_t e = threadIdx.x; e < nh * c4; e += blockDim.x)
+        qs[e / c4 * s4 + e % c4] = qf[e];
+    for (uint32_t h = threadIdx.x; h < nh; h += blockDim.x) {
+        mx[h] = -INFINITY;
+        sm[h] = 0.0f;
+    }
+    float4 acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            acc[i][m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 *cache = (const float4 *)a.cache[x.tok_slot[t]]; /* rows of c4 float4 */
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (uint32_t u0 = u_begin; u0 < u_end; u0 += TILE) {
+        const uint32_t nr = u_end - u0 < TILE ? u_end - u0 : TILE;
+#pragma unroll 3
+        for (uint32_t e = threadIdx.x; e < TILE * c4; e += blockDim.x) /* past nr: 0 */
+            rows[e / c4 * s4 + e % c4] = e < nr * c4 ? cache[(size_t)u0 * c4 + e] : zero;
+        __syncthreads();
+        scores2(d, x.scale, (const float *)qs, (const float *)rows, nr, ps);
+        __syncthreads();
+        softmax2(nh, nr, ps, mx, sm, alpha);
+        __syncthreads();
+        context2(d, nr, (const float *)rows, ps, alpha, acc);
+        __syncthreads(); /* rows and ps are rewritten by the next tile */
+    }
+    const size_t part = (size_t)t * gridDim.x + split; /* this block's partial result */
+    for (uint32_t h = threadIdx.x; h < nh; h += blockDim.x) {
+        x.sc.pm[part * nh + h] = mx[h];
+        x.sc.pl[part * nh + h] = sm[h];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            if (w + 8 * i < nh && lane + 32 * m < d.R / 4)
+                ((float4 *)(x.sc.pc + (part * nh + w + 8 * i) * d.R))[lane + 32 * m] = acc[i][m];
+}
+
+/* v over the block (max or sum), returned to every thread; red: a float per group of 32. */
+__device__ static float block_reduce(float v, bool max, float *red)
+{
+    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2) {
+        const float u = kl_gpu_shfl_xor(v, o);
+        v = max ? fmaxf(v, u) : v + u;
+    }
+    __syncthreads(); /* red's last readers are done */
+    if (threadIdx.x % KL_GPU_GROUP == 0)
+        red[threadIdx.x / KL_GPU_GROUP] = v;
+    __syncthreads();
+    v = red[0];
+    for (uint32_t g = 1; g < blockDim.x / KL_GPU_GROUP; g++)
+        v = max ? fmaxf(v, red[g]) : v + red[g];
+    return v;
+}
+
+/* grid (nh, R / C2_COLS, n): head blockIdx.x, context columns blockIdx.y of token blockIdx.z,
+ * its non-empty splits combined.  Thread (split group g, float4 column f) sums splits g, g + 8,
+ * ..; the 8 groups' sums are added in shared memory in order. */
+__global__ static void __launch_bounds__(C2_THREADS)
+combine2_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits)
+{
+    __shared__ float wt[MAX_SPLITS], red[C2_THREADS / KL_GPU_GROUP];
+    __shared__ float4 part[C2_THREADS * 4 / C2_COLS][C2_COLS / 4];
+    const uint32_t h = blockIdx.x, t = blockIdx.z, span = x.tok_pos[t] + 1;
+    const uint32_t rows_per = split_rows2(span, splits), ns = (span + rows_per - 1) / rows_per;
+    const size_t p0 = (size_t)t * splits;
+    float m = -INFINITY, den = 0.0f;
+    for (uint32_t s = threadIdx.x; s < ns; s += blockDim.x)
+        m = fmaxf(m, x.sc.pm[(p0 + s) * d.nh + h]);
+    m = block_reduce(m, true, red);
+    for (uint32_t s = threadIdx.x; s < ns; s += blockDim.x) {
+        wt[s] = expf(x.sc.pm[(p0 + s) * d.nh + h] - m);
+        den += wt[s] * x.sc.pl[(p0 + s) * d.nh + h];
+    }
+    den = block_reduce(den, false, red); /* its barriers also publish wt */
+    const uint32_t f = threadIdx.x % (C2_COLS / 4), g = threadIdx.x / (C2_COLS / 4);
+    const uint32_t j = blockIdx.y * C2_COLS + 4 * f;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (uint32_t s = g; j < d.R && s < ns; s += C2_THREADS * 4 / C2_COLS) {
+        const float4 c = *(const float4 *)(x.sc.pc + ((p0 + s) * d.nh + h) * d.R + j);
+        v.x += wt[s] * c.x, v.y += wt[s] * c.y, v.z += wt[s] * c.z, v.w += wt[s] * c.w;
+    }
+    part[g][f] = v;
+    __syncthreads();
+    if (g || j >= d.R)
+        return;
+    for (uint32_t k = 1; k < C2_THREADS * 4 / C2_COLS; k++)
+        v.x += part[k][f].x, v.y += part[k][f].y, v.z += part[k][f].z, v.w += part[k][f].w;
+    v.x /= den, v.y /= den, v.z /= den, v.w /= den;
+    *(float4 *)(x.sc.ctx + ((size_t)t * d.nh + h) * d.R + j) = v;
+}
+
+/* grid (dv / V2_ROWS, nh, token groups): o[t][h*dv + i] = W_vb,h row i · ctx[t][h]; a group of
+ * 32 lanes per 2 rows, every load of the rows in flight before the first use, the tokens'
+ * contexts staged in shared memory. */
+__global__ static void __launch_bounds__(V2_ROWS / 2 * KL_GPU_GROUP)
+vb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, const float *ctx)
+{
+    __shared__ float4 cs[V2_TOK][R2_MAX / 4];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t h = blockIdx.y, t0 = blockIdx.z * V2_TOK, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t i0 = blockIdx.x * V2_ROWS + threadIdx.x / KL_GPU_GROUP * 2, r4 = d.R / 4;
+    float w[2][V2_LD][VEC];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+        for (int l = 0; l < V2_LD; l++) {
+            const uint32_t j = (lane + KL_GPU_GROUP * l) * VEC;
+            if (i0 + rr < d.dv && j < d.R)
+                weights8(kv_b, ((size_t)h * (d.dn + d.dv) + d.dn + i0 + rr) * d.R + j, w[rr][l]);
+            else
+                for (int e = 0; e < VEC; e++)
+                    w[rr][l][e] = 0.0f;
+        }
+    for (uint32_t e = threadIdx.x; e < V2_TOK * r4; e += blockDim.x) {
+        const uint32_t k = e / r4, j4 = e % r4;
+        cs[k][j4] = t0 + k < n ? ((const float4 *)(ctx + ((size_t)(t0 + k) * d.nh + h) * d.R))[j4]
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __syncthreads();
+    for (uint32_t k = 0; k < V2_TOK && t0 + k < n; k++) { /* the same for the whole block */
+        float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int l = 0; l < V2_LD; l++) {
+            const uint32_t j4 = (lane + KL_GPU_GROUP * l) * (VEC / 4);
+            if (j4 >= r4)
+                continue;
+            const float4 u = cs[k][j4], v = cs[k][j4 + 1];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const float *x = w[rr][l];
+                acc[rr] += x[0] * u.x + x[1] * u.y + x[2] * u.z + x[3] * u.w +
+                           x[4] * v.x + x[5] * v.y + x[6] * v.z + x[7] * v.w;
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const float v = kl_gpu_group_sum(acc[rr]);
+            if (lane == 0 && i0 + rr < d.dv)
+                a.o[(size_t)(t0 + k) * d.nh * d.dv + (size_t)h * d.dv + i0 + rr] = v;
+        }
+    }
+}
+
 static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, kl_err *err)
 {
     if (!a || !a->q || !a->kv_b || !a->kv_b->data || !a->cache || !a->scratch || !a->o)
@@ -424,29 +834,31 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
     return 0;
 }
 
-extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
-                                 kl_gpu_stream s, kl_err *err)
+/* Raises kernel fn's dynamic shared memory limit to `need` bytes when *set is below it.  The
+ * opt-in is a setting of the function, not a stream operation: made when a launch first needs
+ * more than before, so a captured decode step makes none. */
+static int allow_shared(const void *fn, size_t *set, size_t need, kl_err *err)
 {
-    if (check_attend(a, t, err))
-        return err->code;
-    if (t->n == 0)
+    if (need <= *set)
         return 0;
+    if (KL_GPU_CHECK(err, hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)need)))
+        return err->code;
+    *set = need;
+    return 0;
+}
+
+static int attend_v1(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                     kl_err *err)
+{
     const kl_gpu_mla_dims *d = &a->d;
-    const hipStream_t st = (hipStream_t)s;
     const split_plan sp = plan_splits(t->max_span);
     attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, sp.n), sp.rows,
                     1.0f / sqrtf((float)(d->dn + d->dr))};
-    /* The shared-memory opt-in is a setting of the function, not a stream operation: made
-     * when a launch first needs more than before, so a captured decode step makes none. */
     static size_t shared_set;
     const size_t shared = attend_shared(d);
-    if (shared > shared_set) {
-        if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)attend_kernel,
-                                                  hipFuncAttributeMaxDynamicSharedMemorySize,
-                                                  (int)shared)))
-            return err->code;
-        shared_set = shared;
-    }
+    if (allow_shared((const void *)attend_kernel, &shared_set, shared, err))
+        return err->code;
     dim3 g_abs((d->R + ABS_COLS * VEC - 1) / (ABS_COLS * VEC), d->nh,
                (t->n + ABS_TOKENS - 1) / ABS_TOKENS);
     absorb_kernel<<<g_abs, ABS_COLS * ABS_ROWS, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ql);
@@ -455,4 +867,55 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     dim3 g_vb((d->nh * d->dv + VB_GROUPS - 1) / VB_GROUPS, (t->n + VB_TOKENS - 1) / VB_TOKENS);
     vb_kernel<<<g_vb, VB_GROUPS * KL_GPU_GROUP, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ctx);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                     kl_err *err)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    const uint32_t splits = splits2(t->n, t->max_span);
+    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits), 0,
+                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    static size_t shared_set;
+    const size_t shared = attend2_shared(d);
+    if (allow_shared((const void *)attend2_kernel, &shared_set, shared, err))
+        return err->code;
+    dim3 g_abs((d->R + A2_COLS - 1) / A2_COLS, d->nh, (t->n + A2_TOK - 1) / A2_TOK);
+    absorb2_kernel<<<g_abs, A2_RG * A2_COLS / VEC, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ql);
+    attend2_kernel<<<dim3(splits, t->n), ATT_THREADS, shared, st>>>(*a, x);
+    dim3 g_comb(d->nh, (d->R + C2_COLS - 1) / C2_COLS, t->n);
+    combine2_kernel<<<g_comb, C2_THREADS, 0, st>>>(*d, x, splits);
+    dim3 g_vb((d->dv + V2_ROWS - 1) / V2_ROWS, d->nh, (t->n + V2_TOK - 1) / V2_TOK);
+    vb2_kernel<<<g_vb, V2_ROWS / 2 * KL_GPU_GROUP, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ctx);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+static int mla_version; /* 0: not chosen yet; else 1 or 2 */
+
+extern "C" void kl_gpu_mla_select(int version)
+{
+    mla_version = version == 1 || version == 2 ? version : 0;
+}
+
+/* v2, unless KL_GPU_MLA=v1 in the environment (read at the first call) or kl_gpu_mla_select
+ * said otherwise; v1 also where v2's limits are passed. */
+static int use_v2(const kl_gpu_mla_dims *d)
+{
+    if (!mla_version) {
+        const char *e = getenv("KL_GPU_MLA");
+        mla_version = e && !strcmp(e, "v1") ? 1 : 2;
+    }
+    return mla_version == 2 && d->nh <= H2_MAX && d->R <= R2_MAX &&
+           attend2_shared(d) <= MAX_SHARED;
+}
+
+extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
+                                 kl_gpu_stream s, kl_err *err)
+{
+    if (check_attend(a, t, err))
+        return err->code;
+    if (t->n == 0)
+        return 0;
+    return use_v2(&a->d) ? attend_v2(a, t, (hipStream_t)s, err)
+                         : attend_v1(a, t, (hipStream_t)s, err);
 }

@@ -55,6 +55,11 @@ size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_spa
 int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
                          kl_gpu_stream s, kl_err *err);
 
+/* Which kernels kl_gpu_mla_attend runs: 1 round 1's, 2 the faster ones (nh <= 32, R <= 512;
+ * v1 beyond), 0 the default: 2 unless KL_GPU_MLA=v1 is in the environment (read once).  For
+ * the device tests and benchmarks that compare them. */
+void   kl_gpu_mla_select(int version);
+
 #ifdef __cplusplus
 }
 #endif

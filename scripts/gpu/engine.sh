@@ -19,7 +19,8 @@ echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=
 stage_tests() {
     for t in "$BG"/test_*; do
         echo "== $(basename "$t")"
-        timeout 300 "$t"; local rc=$?
+        timeout ${TEST_TIMEOUT:-300} "$t" > "$W/$(basename "$t").json"; local rc=$?
+        cat "$W/$(basename "$t").json"; cp "$W/$(basename "$t").json" "$OUT/" 2>/dev/null
         row "device-test $(basename "$t") rc=$rc"
     done
 }
@@ -84,7 +85,9 @@ stage_full() {
     # one load: prefill of PROMPT ids (default 8192), decode after it, then decode at each
     # synthetic context of AT (kl bench decode --decode-at)
     "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json" &&
+        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json" ||
+        { row "bench failed (rc $?); again with KL_GPU_LOAD=host"; KL_GPU_LOAD=host "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
+        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json"; } &&
         python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
 import json, sys
 d = json.load(open(sys.argv[1]))

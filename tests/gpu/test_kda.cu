@@ -4,7 +4,9 @@
  * u = β (v − Sᵀ k̂), then S += k̂ uᵀ, then o = Sᵀ q̂, then the gated RMSNorm); the kernel's
  * one-pass form is thereby checked against the reference form.  Chunks of several runs in
  * different slots, tiny and full shapes; then the n = 1 full-shape launches timed, with bytes
- * moved / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ * moved / time beside a device-to-device copy.  The recurrence is checked and timed in both
+ * versions (v2 and round 1's v1, kl_gpu_kda_select).  Exit 0 pass, 1 fail, 77 no GPU; one
+ * JSON line.
  */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_test.h"
@@ -202,14 +204,12 @@ struct kda_errs {
     double conv = 1e30, win = 1e30, o = 1e30, state = 1e30;
 };
 
-static int run_case(const kda_case &c, t_rng &g, kda_errs *e, kl_err *err)
+/* The case on the device with recurrence kernels v (kl_gpu_kda_select): its errors into e. */
+static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v,
+                       kda_errs *e, kl_err *err)
 {
-    kda_host x;
-    kda_ref r;
     kda_dev d;
-    make_host(c, g, x);
-    ref_conv(x, r);
-    ref_recur(x, r);
+    kl_gpu_kda_select(v);
     if (upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err) ||
         kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err))
         return err->code;
@@ -232,9 +232,23 @@ static int run_case(const kda_case &c, t_rng &g, kda_errs *e, kl_err *err)
             size_t b = s * x.state_stride + (size_t)h * x.K * x.K;
             e->state = std::max(e->state, t_rel_l2(&state[b], &r.state[b], (size_t)x.K * x.K));
         }
-    fprintf(stderr, "test_kda: %-16s conv %.2e win %.2e o %.2e state %.2e\n", c.name, e->conv,
-            e->win, e->o, e->state);
+    fprintf(stderr, "test_kda: %-16s v%d conv %.2e win %.2e o %.2e state %.2e\n", c.name, v,
+            e->conv, e->win, e->o, e->state);
+    t_free_all();
     return 0;
+}
+
+/* The case with both versions: e[v - 1]. */
+static int run_case(const kda_case &c, t_rng &g, kda_errs e[2], kl_err *err)
+{
+    kda_host x;
+    kda_ref r;
+    make_host(c, g, x);
+    ref_conv(x, r);
+    ref_recur(x, r);
+    int rc = run_version(c, x, r, 2, &e[1], err) || run_version(c, x, r, 1, &e[0], err);
+    kl_gpu_kda_select(0);
+    return rc ? err->code : 0;
 }
 
 /* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens. */
@@ -265,7 +279,7 @@ static int refusals(t_rng &g, kl_err *err)
 /* ---- timing at the full shape, n = 1 ----------------------------------------------------- */
 
 struct kda_times {
-    double conv_us = 0, recur_us = 0, copy_gbps = 0;
+    double conv_us = 0, recur_us[2] = {0, 0}, copy_gbps = 0; /* recur_us[v - 1] */
     size_t conv_bytes = 0, recur_bytes = 0;
 };
 
@@ -299,7 +313,13 @@ static int time_full(t_rng &g, kda_times *tm, kl_err *err)
         tok.run_slot = ids + i % slots;
         return kl_gpu_kda_recur(&d.recur, &tok, NULL, err);
     };
-    if (t_median_us(conv, 41, &tm->conv_us, err) || t_median_us(recur, 41, &tm->recur_us, err) ||
+    for (int v = 1; v <= 2; v++) {
+        kl_gpu_kda_select(v);
+        if (t_median_us(recur, 41, &tm->recur_us[v - 1], err))
+            return err->code;
+    }
+    kl_gpu_kda_select(0);
+    if (t_median_us(conv, 41, &tm->conv_us, err) ||
         t_copy_gbps((size_t)256 << 20, &tm->copy_gbps, err))
         return err->code;
     /* conv: q, k, v read and written, taps read, windows read and written */
@@ -324,13 +344,15 @@ int main(void)
         {"full_3runs", 32, 128, 4, 3, {{0, 5}, {2, 1}, {1, 3}}},
     };
     double worst = 0;
-    std::vector<kda_errs> errs;
+    std::vector<kda_errs> errs; /* per case: v2, v1 */
     for (const kda_case &c : cases) {
-        kda_errs e;
-        if (run_case(c, g, &e, &err))
+        kda_errs e[2];
+        if (run_case(c, g, e, &err))
             goto fail;
-        errs.push_back(e);
-        worst = std::max({worst, e.conv, e.win, e.o, e.state});
+        for (int v = 1; v >= 0; v--) {
+            errs.push_back(e[v]);
+            worst = std::max({worst, e[v].conv, e[v].win, e[v].o, e[v].state});
+        }
         t_free_all();
     }
     {
@@ -343,15 +365,19 @@ int main(void)
             goto fail;
         t_free_all();
         const int ok = refused && worst < 1e-4;
-        const double recur_gbps = tm.recur_bytes / (tm.recur_us * 1e-6) / 1e9;
-        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
-               "\"full_n1\":{\"o\":%.3g,\"state\":%.3g},\"full_3runs\":{\"o\":%.3g,"
-               "\"state\":%.3g},\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_us\":%.2f,"
-               "\"recur_bytes\":%zu,\"recur_gbps\":%.1f,\"d2d_copy_gbps\":%.1f,"
-               "\"recur_ratio_to_copy\":%.3f}\n",
-               ok ? "true" : "false", refused ? "true" : "false", worst, errs[3].o,
-               errs[3].state, errs[4].o, errs[4].state, tm.conv_us, tm.conv_bytes, tm.recur_us,
-               tm.recur_bytes, recur_gbps, tm.copy_gbps, recur_gbps / tm.copy_gbps);
+        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,",
+               ok ? "true" : "false", refused ? "true" : "false", worst);
+        for (int v = 2; v >= 1; v--) { /* errs: case i's v2 at 2 i, v1 at 2 i + 1 */
+            const kda_errs &a = errs[2 * 3 + 2 - v], &b = errs[2 * 4 + 2 - v];
+            const double us = tm.recur_us[v - 1], gbps = tm.recur_bytes / (us * 1e-6) / 1e9;
+            printf("\"v%d\":{\"full_n1\":{\"o\":%.3g,\"state\":%.3g},\"full_3runs\":{"
+                   "\"o\":%.3g,\"state\":%.3g},\"recur_us\":%.2f,\"recur_gbps\":%.1f,"
+                   "\"recur_ratio_to_copy\":%.3f},", v, a.o, a.state, b.o, b.state, us, gbps,
+                   gbps / tm.copy_gbps);
+        }
+        printf("\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_bytes\":%zu,"
+               "\"d2d_copy_gbps\":%.1f}\n", tm.conv_us, tm.conv_bytes, tm.recur_bytes,
+               tm.copy_gbps);
         return ok ? 0 : 1;
     }
 fail:

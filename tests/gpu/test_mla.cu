@@ -3,9 +3,11 @@
  * double that follows engine/forward.c (mla_chunk, mla_head, mla_attend_group: RMSNorm of the
  * latent into the cache, absorbed query W_kb,hᵀ q_nope, scores with the shared rope key, an
  * exact softmax over the span, context, W_vb,h ctx).  Tiny shapes with F32 and BF16 kv_b, the
- * full shape at n = 1 with spans 1, 2, 1000 and 65536, chunks of several runs in different
- * slots with differing spans; then the n = 1 full-shape attention timed at each span, with
- * bytes read / time beside a device-to-device copy.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
+ * full shape at n = 1 with spans 1, 2, 1000 and 65536 (also launched sized for a larger
+ * capacity, as a captured decode step is), chunks of several runs in different slots with
+ * differing spans; then the n = 1 full-shape attention timed at each span, with bytes read /
+ * time beside a device-to-device copy.  Every case runs both kernel versions (v2 and round
+ * 1's v1, kl_gpu_mla_select).  Exit 0 pass, 1 fail, 77 no GPU; one JSON
  * line.
  */
 #include "kernels/mla.h"
@@ -23,6 +25,7 @@ struct mla_case {
     bool bf16, timed;
     uint32_t slots;
     std::vector<mla_run> runs;
+    uint32_t launch_span = 0; /* max_span the launch is sized for (a graph's: the capacity) */
 };
 
 /* One case on the host: inputs, and the cache as the reference sees it after the append. */
@@ -159,8 +162,9 @@ struct mla_dev {
     std::vector<float *> slot_cache;
 };
 
-static int upload(const mla_host &x, bool bf16, mla_dev &d, kl_err *err)
+static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d, kl_err *err)
 {
+    launch_span = std::max(launch_span, x.max_span);
     float *q, *kva, *kv_norm, *scratch, *o, **cache;
     uint32_t *ts, *tp, *rs, *rsl;
     d.slot_cache.resize(x.cache.size());
@@ -170,7 +174,7 @@ static int upload(const mla_host &x, bool bf16, mla_dev &d, kl_err *err)
     const size_t n_o = (size_t)x.n * x.d.nh * x.d.dv;
     if (t_put(&q, x.q, err) || t_put(&kva, x.kva, err) || t_put(&kv_norm, x.kv_norm, err) ||
         t_put(&cache, d.slot_cache, err) || t_alloc(&o, n_o, err) ||
-        t_alloc(&scratch, kl_gpu_mla_scratch(&x.d, x.n, x.max_span), err) ||
+        t_alloc(&scratch, kl_gpu_mla_scratch(&x.d, x.n, launch_span), err) ||
         t_put(&ts, x.tok_slot, err) || t_put(&tp, x.tok_pos, err) ||
         t_put(&rs, x.run_start, err) || t_put(&rsl, x.run_slot, err) ||
         KL_GPU_CHECK(err, hipMemset(o, 0xff, n_o * sizeof(float)))) /* NaN */
@@ -193,19 +197,20 @@ static int upload(const mla_host &x, bool bf16, mla_dev &d, kl_err *err)
     uint32_t max_run = 0;
     for (size_t i = 0; i + 1 < x.run_start.size(); i++)
         max_run = std::max(max_run, x.run_start[i + 1] - x.run_start[i]);
-    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, x.max_span, ts, tp, rs, rsl};
+    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, launch_span, ts, tp, rs, rsl};
     return 0;
 }
 
+/* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o = 1e30;   /* max relative L2: per appended row, per (token, head) */
-    double us = 0, gbps = 0;          /* timed cases: attend's median and bytes read / time */
+    double append = 1e30, o[2] = {1e30, 1e30}; /* max rel. L2: per appended row, (token, head) */
+    double us[2] = {0, 0}, gbps[2] = {0, 0};    /* timed cases: median and bytes read / time */
     size_t bytes = 0;
 };
 
 /* The attention's median time, kv_b rotating over 8 copies (its bytes then come from HBM, as
  * in a decode step where every layer's weights differ). */
-static int time_attend(const mla_host &x, mla_dev &d, mla_result *res, kl_err *err)
+static int time_attend(const mla_host &x, mla_dev &d, int v, mla_result *res, kl_err *err)
 {
     const size_t wbytes =
         (size_t)d.kv_b.rows * d.kv_b.cols * (d.kv_b.kind == KL_GPU_W_BF16 ? 2 : 4);
@@ -222,10 +227,30 @@ static int time_attend(const mla_host &x, mla_dev &d, mla_result *res, kl_err *e
         a.kv_b = &w[i % w.size()];
         return kl_gpu_mla_attend(&a, &d.tok, NULL, err);
     };
-    if (t_median_us(attend, 21, &res->us, err))
+    if (t_median_us(attend, 21, &res->us[v - 1], err))
         return err->code;
     res->bytes = (size_t)x.max_span * x.cw * 4 + wbytes;
-    res->gbps = res->bytes / (res->us * 1e-6) / 1e9;
+    res->gbps[v - 1] = res->bytes / (res->us[v - 1] * 1e-6) / 1e9;
+    return 0;
+}
+
+/* Attention with kernels v: o against the reference, then the timing of timed cases. */
+static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
+                          const std::vector<double> &ref_o, int v, mla_result *res, kl_err *err)
+{
+    std::vector<float> o(ref_o.size());
+    kl_gpu_mla_select(v);
+    if (KL_GPU_CHECK(err, hipMemset(d.attend.o, 0xff, o.size() * sizeof(float))) || /* NaN */
+        kl_gpu_mla_attend(&d.attend, &d.tok, NULL, err) || t_get(o, d.attend.o, err))
+        return err->code;
+    res->o[v - 1] = 0;
+    for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
+        res->o[v - 1] = std::max(res->o[v - 1], t_rel_l2(&o[b], &ref_o[b], c.d.dv));
+    if (c.timed && time_attend(x, d, v, res, err))
+        return err->code;
+    fprintf(stderr, " v%d o %.2e", v, res->o[v - 1]);
+    if (c.timed)
+        fprintf(stderr, " %.1f us %.1f GB/s", res->us[v - 1], res->gbps[v - 1]);
     return 0;
 }
 
@@ -237,12 +262,10 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
     make_host(c, g, x);
     ref_append(x);
     ref_attend(x, ref_o);
-    if (upload(x, c.bf16, d, err) || kl_gpu_mla_append(&d.append, &d.tok, NULL, err) ||
-        kl_gpu_mla_attend(&d.attend, &d.tok, NULL, err))
+    if (upload(x, c.bf16, c.launch_span, d, err) ||
+        kl_gpu_mla_append(&d.append, &d.tok, NULL, err))
         return err->code;
-    std::vector<float> o(ref_o.size()), row(x.cw);
-    if (t_get(o, d.attend.o, err))
-        return err->code;
+    std::vector<float> row(x.cw);
     res->append = 0;
     for (uint32_t t = 0; t < x.n; t++) {
         const float *src = d.slot_cache[x.tok_slot[t]] + (size_t)x.tok_pos[t] * x.cw;
@@ -251,14 +274,11 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
             return err->code;
         res->append = std::max(res->append, t_rel_l2(row.data(), x.ref_rows[t].data(), x.cw));
     }
-    res->o = 0;
-    for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
-        res->o = std::max(res->o, t_rel_l2(&o[b], &ref_o[b], c.d.dv));
-    if (c.timed && time_attend(x, d, res, err))
-        return err->code;
-    fprintf(stderr, "test_mla: %-18s append %.2e o %.2e", c.name, res->append, res->o);
-    if (c.timed)
-        fprintf(stderr, "  %.1f us, %.1f GB/s", res->us, res->gbps);
+    fprintf(stderr, "test_mla: %-22s append %.2e", c.name, res->append);
+    for (int v = 2; v >= 1; v--)
+        if (attend_version(c, x, d, ref_o, v, res, err))
+            return err->code;
+    kl_gpu_mla_select(0);
     fprintf(stderr, "\n");
     return 0;
 }
@@ -270,7 +290,7 @@ static int refusals(t_rng &g, kl_err *err)
     mla_host x;
     mla_dev d;
     make_host(c, g, x);
-    if (upload(x, false, d, err))
+    if (upload(x, false, 0, d, err))
         return -1;
     kl_err e;
     kl_err_clear(&e);
@@ -309,8 +329,13 @@ int main(void)
         {"full_span2", full, true, true, 1, {{0, 1, 1}}},
         {"full_span1000", full, true, true, 1, {{0, 999, 1}}},
         {"full_span65536", full, true, true, 1, {{0, 65535, 1}}},
+        {"full_span1_cap65536", full, true, true, 1, {{0, 0, 1}}, 65536},
+        {"full_span1000_cap65536", full, true, true, 1, {{0, 999, 1}}, 65536},
+        {"full_span8192_cap131072", full, true, true, 1, {{0, 8191, 1}}, 131072},
         {"full_3runs", full, true, false, 3, {{1, 0, 4}, {0, 1500, 1}, {2, 300, 6}}},
         {"full_f32_2runs", full, false, false, 2, {{1, 20, 2}, {0, 5000, 3}}},
+        {"tiny_5runs_cap", {4, 12, 4, 8, 24}, true, false, 3,
+         {{0, 0, 2}, {1, 33, 1}, {2, 70, 3}, {0, 2, 1}, {1, 34, 2}}, 3000},
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
@@ -319,7 +344,7 @@ int main(void)
     for (size_t i = 0; i < n_cases; i++) {
         if (run_case(cases[i], g, &res[i], &err))
             goto fail;
-        worst = std::max({worst, res[i].append, res[i].o});
+        worst = std::max({worst, res[i].append, res[i].o[0], res[i].o[1]});
         t_free_all();
     }
     refused = refusals(g, &err);
@@ -335,10 +360,14 @@ int main(void)
         for (size_t i = 0; i < n_cases; i++) {
             if (!cases[i].timed)
                 continue;
-            printf("%s{\"span\":%u,\"o_err\":%.3g,\"attend_us\":%.2f,\"bytes\":%zu,"
-                   "\"gbps\":%.1f,\"ratio_to_copy\":%.3f}", sep,
-                   cases[i].runs[0].pos0 + 1, res[i].o, res[i].us, res[i].bytes, res[i].gbps,
-                   res[i].gbps / copy_gbps);
+            const mla_result &r = res[i];
+            printf("%s{\"span\":%u,\"launch_span\":%u,\"bytes\":%zu,\"v2\":{\"o_err\":%.3g,"
+                   "\"attend_us\":%.2f,\"gbps\":%.1f,\"ratio_to_copy\":%.3f},\"v1\":{"
+                   "\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,\"ratio_to_copy\":%.3f}}",
+                   sep, cases[i].runs[0].pos0 + 1,
+                   std::max(cases[i].launch_span, cases[i].runs[0].pos0 + 1), r.bytes, r.o[1],
+                   r.us[1], r.gbps[1], r.gbps[1] / copy_gbps, r.o[0], r.us[0], r.gbps[0],
+                   r.gbps[0] / copy_gbps);
             sep = ",";
         }
         printf("],\"d2d_copy_gbps\":%.1f}\n", copy_gbps);
