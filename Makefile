@@ -159,7 +159,12 @@ $(BG)/kl: $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ)
 
 # device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err
 $(BG)/test_%: tests/gpu/test_%.cu $(GPU_OBJ) $(B)/libkl.a $(GPU_HDRS) $(wildcard tests/gpu/*.h)
-	$(GPUCC) $(GPU_TEST_FLAGS) -I. -o $@ $(GPU_X) $< $(GPU_XEND) $(GPU_OBJ) $(B)/libkl.a -lm
+	$(GPUCC) $(GPU_TEST_FLAGS) -I. -o $@ $(GPU_X) $< $(GPU_XEND) $(GPU_OBJ) $(B)/libkl.a $(GPU_TEST_LIBS) -lm
+# test_load runs the fill of engine/gpu_plan.c, whose reader and schema need these (linked as
+# $(BG)/kl is: libcjson.so.1 beside it)
+STATIC_A = $(shell $(CC) -print-file-name=$(1))
+$(BG)/test_load: GPU_TEST_LIBS = $(call STATIC_A,liburing.a) $(call STATIC_A,libaio.a) \
+  $(call STATIC_A,libcrypto.a) -lcjson -lpthread -ldl -Xlinker -rpath -Xlinker '$$ORIGIN'
 
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)
 gpu-kl: $(BG)/kl

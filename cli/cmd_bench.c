@@ -338,6 +338,9 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     cJSON_AddNumberToObject(j, "effective_gbps", eff);
     if (r->on_gpu) {
         cJSON_AddNumberToObject(j, "upload_s", l->upload_s);
+        cJSON_AddStringToObject(j, "load_how", l->gpu_load.how ? l->gpu_load.how : "");
+        cJSON_AddNumberToObject(j, "load_windows", (double)l->gpu_load.windows);
+        cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
         cJSON_AddNumberToObject(j, "gpu_memory_used_bytes", (double)r->gpu.mem_used);
@@ -361,7 +364,8 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
     return kl_cli_print_json(j);
 }
 
-static void print_decode_text(const decode_args *a, const kl_model *m, const decode_result *r)
+static void print_decode_text(const decode_args *a, const kl_model *m, const decode_result *r,
+                              const kl_cli_load *l)
 {
     const kl_token_bytes *b = &r->bytes;
     double tok_s = per_s((double)a->tokens, r->decode_s), eff = b->total * tok_s / 1e9;
@@ -373,6 +377,9 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
     printf("  prefill  %llu tokens in %.3f s: %.1f tok/s (first token %.2f s after the process "
            "started)\n", a->prompt_tokens, r->prefill_s,
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
+    if (r->on_gpu)
+        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s\n",
+               l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps);
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
@@ -492,7 +499,7 @@ static int bench_decode(int argc, char **argv)
     if (a.json)
         rc = print_decode_json(&a, m, &res, &l);
     else
-        print_decode_text(&a, m, &res);
+        print_decode_text(&a, m, &res, &l);
     kl_model_close(m);
     return rc;
 }

@@ -7,6 +7,17 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Whether the model goes to the GPU read from its files there (its matrices never in host
+ * memory), rather than read whole first ($KL_GPU_LOAD=host). */
+static int gpu_streams(const kl_cli_load *l)
+{
+    const char *how = getenv("KL_GPU_LOAD");
+    int gpu = l->device == KL_DEVICE_GPU ||
+              (l->device == KL_DEVICE_AUTO && kl_backend_gpu_available());
+    return gpu && !(how && !strcmp(how, "host"));
+}
 
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
 {
@@ -14,7 +25,7 @@ int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
     if (l->device == KL_DEVICE_GPU && kl_backend_gpu_check(err))
         return err->code = KL_E_USAGE;
     int rc = kl_cost_plan_read(l->model, &l->plan, err);
-    if (rc || l->ignore_memory)
+    if (rc || l->ignore_memory || gpu_streams(l))   /* streamed: the host holds vectors only */
         return rc;
     uint64_t avail;
     kl_err merr;
@@ -51,8 +62,17 @@ static int use_device(kl_cli_load *l, kl_model *m, kl_err *err)
         return rc;
     l->device_used = "gpu";
     l->upload_s = kl_now_s() - t0;
+    kl_backend_gpu_load_info(be, &l->gpu_load);
+    if (!m->matrices_read) {   /* streamed: the load is the upload */
+        l->load_s += l->upload_s;
+        l->load_gbps = l->load_s > 0 ? (double)m->weight_bytes / l->load_s / 1e9 : 0;
+    }
     if (!l->quiet)
-        fprintf(stderr, "kl %s: on the GPU: weights uploaded in %.3f s\n", l->cmd, l->upload_s);
+        fprintf(stderr, "kl %s: on the GPU: weights uploaded in %.3f s (%s, %llu of %llu "
+                "windows page-locked); loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
+                l->upload_s, l->gpu_load.how, (unsigned long long)l->gpu_load.pinned,
+                (unsigned long long)l->gpu_load.windows, (double)m->weight_bytes / 1e9,
+                l->load_s, l->load_gbps);
     return 0;
 }
 
@@ -65,6 +85,7 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     kl_model_opts mo = l->opts;
     mo.progress = show_load;
     mo.progress_user = &p;
+    mo.vectors_only = gpu_streams(l);
     double t0 = kl_now_s();
     int rc = kl_model_open(m, l->model, &mo, err);
     l->load_s = kl_now_s() - t0;
@@ -72,7 +93,7 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     if (rc)
         return rc;
     l->load_gbps = l->load_s > 0 ? (double)(*m)->weight_bytes / l->load_s / 1e9 : 0;
-    if (!l->quiet)
+    if (!l->quiet && (*m)->matrices_read)
         fprintf(stderr, "kl %s: loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
                 (double)(*m)->weight_bytes / 1e9, l->load_s, l->load_gbps);
     return use_device(l, *m, err);

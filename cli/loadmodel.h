@@ -4,7 +4,11 @@
  * available (MemAvailable; `--ignore-memory-check` skips this; $KL_MEMINFO names another
  * meminfo file, for tests), then load it with a progress line on stderr (terminal only, off
  * with -q) and report the load time and rate ("kl CMD: loaded X GB in S s (R GB/s)", off with -q);
- * then put it on the device --device names (engine/backend.h).
+ * then put it on the device --device names (engine/backend.h).  For the GPU the host reads
+ * only the small vectors (kl_model_opts.vectors_only) and the GPU backend streams the matrices
+ * from the files (no host memory check then: the host never holds them); load_s and load_gbps
+ * then count the whole load, upload included; $KL_GPU_LOAD=host reads the whole model into
+ * host memory first, as the CPU does, then copies it.
  */
 #ifndef KL_CLI_LOADMODEL_H
 #define KL_CLI_LOADMODEL_H
@@ -30,6 +34,7 @@ typedef struct kl_cli_load {
     double        load_gbps;      /* weight bytes / load_s / 1e9 */
     const char   *device_used;    /* "cpu" or "gpu" */
     double        upload_s;       /* GPU: seconds to put the weights on the device */
+    kl_gpu_load_info gpu_load;    /* GPU: how they came (engine/backend.h) */
 } kl_cli_load;
 
 /* Reads l->plan and checks it against the available memory (unless ignored); 0 or an error. */

@@ -113,8 +113,15 @@ int  kl_backend_forward(kl_backend *be, const kl_batch *b, float *logits, kl_tok
 /* The CPU backend over m's host weights (engine/backend_cpu.c): bit-identical to the golden
  * fixtures, any chunk split of a sequence giving the same logits. */
 int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
-/* The GPU backend (engine/backend_gpu.c): uploads m's weights to device 0.  In a build
- * without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
+/* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
+ * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
+ * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:
+ * mapped (default: windows of the file mapped and page-locked), read (the staged reader,
+ * buffered), direct (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole
+ * model read into memory first).  $KL_GPU_LOAD_WINDOW_MB: the mapped window (default 256);
+ * $KL_GPU_LOAD_THREADS=N (1-8): N threads map and page-lock windows ahead of the copies (2N
+ * windows in flight; default: the loading thread does it, 3 windows in flight).  In
+ * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
 
@@ -134,5 +141,14 @@ typedef struct kl_gpu_ceilings {
     size_t mem_used;           /* in use when measured (the model, its state and scratch) */
 } kl_gpu_ceilings;
 int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
+
+/* How a GPU backend's weights came: how ("mapped", "read", "direct", "host": every byte from
+ * the host model), bytes copied, mapped windows and how many of them were page-locked (the
+ * others were copied at the pageable rate).  Zeroes (how "") for any other backend. */
+typedef struct kl_gpu_load_info {
+    const char *how;
+    uint64_t    bytes, windows, pinned;
+} kl_gpu_load_info;
+void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 
 #endif

@@ -1,9 +1,12 @@
 /*
  * engine/backend_gpu.c — the GPU backend of engine/backend.h on one device.
  *
- * At creation every weight of the host model is copied to device memory in the kinds it is
- * stored in (BF16, F32, MXFP4), each layer's routed experts stacked per role ([E, out, in] and
- * [E, out, in/32] scales, kernels/gpu_api.h kl_gpu_stack), small vectors as fp32.  Per slot the
+ * At creation every weight goes to device memory in the kinds it is stored in (BF16, F32,
+ * MXFP4) where engine/gpu_plan.h lays it out: one allocation per layer, each layer's routed
+ * experts stacked per role ([E, out, in] and [E, out, in/32] scales, kernels/gpu_api.h
+ * kl_gpu_stack), fusion groups stacked, small vectors as fp32.  The bytes come straight from
+ * the checkpoint's files (mapped windows page-locked, or the staged reader: $KL_GPU_LOAD) or,
+ * when the host model read them, from its memory.  Per slot the
  * backend keeps, for every KDA layer, the conv windows and the fp32 delta-rule state (pools of
  * max_slots entries allocated up front) and, for every MLA layer, a latent cache of fp32 rows
  * that doubles when a chunk needs more room.
@@ -23,6 +26,7 @@
  */
 #include "engine/backend.h"
 
+#include "engine/gpu_plan.h"
 #include "engine/model.h"
 
 #include <stdlib.h>
@@ -44,18 +48,12 @@
 /* ------------------------------------------------------------------------------------------ */
 /* State                                                                                      */
 
-/* Matrices that multiply the same input, stored one after another so that a one-token chunk
- * runs them as one product (one launch, one pass over more bytes: small products are bound by
- * their fixed cost, not their bytes).  Members in output order; each row count is a multiple
- * of 4 except possibly the last, so every member's output stays 16-byte aligned. */
-enum { FUSE_KDA, FUSE_MLA, FUSE_MOE, FUSE_MLP, FUSE_GROUPS, FUSE_MAX = 6 };
-static const kl_role fuse_roles[FUSE_GROUPS][FUSE_MAX + 1] = {
-    [FUSE_KDA] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V, KL_ROLE_KDA_F_A, KL_ROLE_KDA_G_A,
-                  KL_ROLE_KDA_B, KL_ROLE_COUNT},
-    [FUSE_MLA] = {KL_ROLE_MLA_Q, KL_ROLE_MLA_KV_A, KL_ROLE_COUNT},
-    [FUSE_MOE] = {KL_ROLE_SHARED_GATE, KL_ROLE_SHARED_UP, KL_ROLE_ROUTER, KL_ROLE_COUNT},
-    [FUSE_MLP] = {KL_ROLE_MLP_GATE, KL_ROLE_MLP_UP, KL_ROLE_COUNT},
-};
+/* Matrices that multiply the same input, stacked by the plan (engine/gpu_plan.h) so that a
+ * one-token chunk runs them as one product (one launch, one pass over more bytes: small
+ * products are bound by their fixed cost, not their bytes). */
+enum { FUSE_KDA = KL_FUSE_KDA, FUSE_MLA = KL_FUSE_MLA, FUSE_MOE = KL_FUSE_MOE,
+       FUSE_MLP = KL_FUSE_MLP, FUSE_GROUPS = KL_FUSE_GROUPS };
+#define fuse_roles kl_plan_fuse_roles
 
 typedef struct gpu_layer {
     kl_gpu_mat   w[KL_ROLE_COUNT];   /* matrices by role (KL_GPU_W_NONE if absent) */
@@ -119,6 +117,7 @@ typedef struct gpu_be {
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
     int        head_done;                     /* head() ran for this chunk */
     float     *host_logits;                   /* pinned [vocab]: a graph's logits */
+    kl_gpu_load_info load;                    /* how the weights came */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
 } gpu_be;
 
@@ -150,7 +149,7 @@ static int dev_floats(gpu_be *g, float **p, size_t n, kl_err *err)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Upload                                                                                     */
+/* Upload: the plan (engine/gpu_plan.h), one device arena per layer, filled from the files     */
 
 static kl_gpu_wkind gpu_kind(kl_wkind k)
 {
@@ -162,149 +161,141 @@ static kl_gpu_wkind gpu_kind(kl_wkind k)
     }
 }
 
-/* Bytes of the value payload (data or packed codes) and of the scales of one matrix. */
-static void payload_bytes(const kl_wmat *w, size_t *data, size_t *scale)
+/* The device matrix a plan matrix is in the arena at base. */
+static kl_gpu_mat view(const kl_plan_mat *w, uint8_t *base)
 {
-    *scale = w->kind == KL_W_MXFP4 ? (size_t)(w->rows * (w->cols / 32)) : 0;
-    *data = (size_t)kl_wmat_bytes(w) - *scale;
+    kl_gpu_mat v = {gpu_kind(w->kind), w->rows, w->cols, NULL, NULL, NULL};
+    if (w->kind == KL_W_MXFP4) {
+        v.packed = base + w->data;
+        v.scale = base + w->scale;
+    } else if (w->kind != KL_W_NONE) {
+        v.data = base + w->data;
+    }
+    return v;
 }
 
-static const void *payload(const kl_wmat *w)
+static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
 {
-    return w->kind == KL_W_MXFP4 ? (const void *)w->packed : w->data;
-}
-
-/* n matrices of one kind and width, rows one after another in one device allocation (plus
- * one for MXFP4 scales): views[i] is matrix i, *whole (may be NULL) all of them. */
-static int upload_rows(gpu_be *g, const kl_wmat *const *w, uint32_t n, kl_gpu_mat *views,
-                       kl_gpu_mat *whole, kl_err *err)
-{
-    size_t db = 0, sb = 0, d_i, s_i;
-    uint64_t rows = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (w[i]->kind != w[0]->kind || w[i]->cols != w[0]->cols)
-            return kl_fail(err, KL_E_BUG, "stacked matrices differ in kind or width");
-        payload_bytes(w[i], &d_i, &s_i);
-        db += d_i;
-        sb += s_i;
-        rows += w[i]->rows;
+    for (int r = 0; r < KL_ROLE_COUNT; r++) {
+        gl->w[r] = view(&pl->w[r], base);
+        gl->vec[r] = pl->vec[r] == KL_PLAN_NONE ? NULL : (float *)(void *)(base + pl->vec[r]);
     }
-    uint8_t *dd = NULL, *sd = NULL;
-    int rc = dev_alloc(g, (void **)&dd, db, err);
-    if (!rc && sb)
-        rc = dev_alloc(g, (void **)&sd, sb, err);
-    size_t doff = 0, soff = 0;
-    for (uint32_t i = 0; !rc && i < n; i++) {
-        payload_bytes(w[i], &d_i, &s_i);
-        rc = kl_gpu_h2d(dd + doff, payload(w[i]), d_i, g->st, err);
-        if (!rc && s_i)
-            rc = kl_gpu_h2d(sd + soff, w[i]->scale, s_i, g->st, err);
-        views[i] = (kl_gpu_mat){gpu_kind(w[i]->kind), (uint32_t)w[i]->rows,
-                                (uint32_t)w[i]->cols, sd ? NULL : dd + doff,
-                                sd ? dd + doff : NULL, sd ? sd + soff : NULL};
-        doff += d_i;
-        soff += s_i;
-    }
-    if (rc)
-        return rc;
-    if (whole) {
-        *whole = views[0];
-        whole->rows = (uint32_t)rows;
-    }
-    return kl_gpu_stream_sync(g->st, err);   /* the host buffers may go after this */
-}
-
-/* One matrix (NONE stays NONE). */
-static int upload_mat(gpu_be *g, const kl_wmat *w, kl_gpu_mat *out, kl_err *err)
-{
-    memset(out, 0, sizeof *out);
-    return w->kind == KL_W_NONE ? 0 : upload_rows(g, &w, 1, out, NULL, err);
-}
-
-/* A fusion group's members, stacked when all are present with one kind and width. */
-static int upload_group(gpu_be *g, const kl_layer *hl, gpu_layer *gl, int grp, kl_err *err)
-{
-    const kl_wmat *w[FUSE_MAX] = {0};
-    kl_gpu_mat views[FUSE_MAX];
-    uint32_t n = 0;
-    int same = 1;
-    for (const kl_role *r = fuse_roles[grp]; *r != KL_ROLE_COUNT; r++, n++) {
-        w[n] = &hl->w[*r];
-        same &= w[n]->kind != KL_W_NONE && w[n]->kind == w[0]->kind && w[n]->cols == w[0]->cols;
-    }
-    for (uint32_t i = 0; i + 1 < n; i++)   /* every member's output 16-byte aligned */
-        same &= w[i]->rows % 4 == 0;
-    memset(&gl->fused[grp], 0, sizeof gl->fused[grp]);
-    if (!same) {   /* each on its own */
-        int rc = 0;
-        for (uint32_t i = 0; !rc && i < n; i++)
-            rc = upload_mat(g, w[i], &gl->w[fuse_roles[grp][i]], err);
-        return rc;
-    }
-    int rc = upload_rows(g, w, n, views, &gl->fused[grp], err);
-    for (uint32_t i = 0; !rc && i < n; i++)
-        gl->w[fuse_roles[grp][i]] = views[i];
-    return rc;
-}
-
-/* The fusion group role r belongs to, or -1. */
-static int group_of(kl_role r)
-{
     for (int grp = 0; grp < FUSE_GROUPS; grp++)
-        for (const kl_role *m = fuse_roles[grp]; *m != KL_ROLE_COUNT; m++)
-            if (*m == r)
-                return grp;
-    return -1;
+        gl->fused[grp] = view(&pl->fused[grp], base);
+    for (int k = 0; k < 3 && pl->n_experts; k++)
+        gl->ex[k] = (kl_gpu_stack){view(&pl->ex[k], base), pl->n_experts};
 }
 
-/* A layer's routed experts of one role: E matrices of one shape, stacked. */
-static int upload_experts(gpu_be *g, const kl_wmat *ex, kl_gpu_stack *out, kl_err *err)
+/* The fill's function table on the GPU: copies on the backend's stream, mapped windows
+ * page-locked read-only, an event per window slot. */
+typedef struct gpu_fill {
+    gpu_be      *g;
+    kl_gpu_event ev[KL_FILL_MAX_WINDOWS];
+} gpu_fill;
+
+static int fill_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned,
+                     kl_err *err)
 {
-    uint32_t E = g->d.E;
-    const kl_wmat **w = kl_calloc(E, sizeof *w);
-    kl_gpu_mat *views = kl_calloc(E, sizeof *views);
-    int rc = !w || !views ? kl_fail(err, KL_E_NOMEM, "out of memory") : 0;
-    for (uint32_t e = 0; !rc && e < E; e++) {
-        w[e] = &ex[e];
-        if (ex[e].rows != ex[0].rows)
-            rc = kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape (expert "
-                         "%u)", e);
+    gpu_fill *f = ctx;   /* pageable sources: the copy returns once it has them staged */
+    return kl_gpu_h2d(dst, src, bytes, f->g->st, err);
+}
+
+static int fill_pin(void *ctx, void *p, size_t bytes)
+{
+    kl_err ignored;   /* refused: the fill copies this window plainly */
+    kl_err_clear(&ignored);
+    return kl_gpu_host_register(p, bytes, 1, &ignored);
+}
+
+static void fill_unpin(void *ctx, void *p)
+{
+    kl_gpu_host_unregister(p);
+}
+
+static int fill_mark(void *ctx, unsigned slot, kl_err *err)
+{
+    gpu_fill *f = ctx;
+    return kl_gpu_event_record(f->ev[slot], f->g->st, err);
+}
+
+static int fill_wait(void *ctx, unsigned slot, kl_err *err)
+{
+    gpu_fill *f = ctx;
+    return kl_gpu_event_sync(f->ev[slot], err);
+}
+
+/* How file bytes travel ($KL_GPU_LOAD, $KL_GPU_LOAD_WINDOW_MB, $KL_GPU_LOAD_THREADS:
+ * engine/backend.h). */
+static const char *fill_options(kl_fill_opts *o)
+{
+    const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
+    const char *th = getenv("KL_GPU_LOAD_THREADS");
+    *o = (kl_fill_opts){.mode = KL_FILL_MAPPED};
+    if (win && atoi(win) > 0)
+        o->window_bytes = (size_t)atoi(win) << 20;
+    if (th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS) {   /* windows: 2 per thread */
+        o->threads = (unsigned)atoi(th);
+        o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
     }
-    if (!rc)
-        rc = upload_rows(g, w, E, views, NULL, err);
-    if (!rc)
-        *out = (kl_gpu_stack){views[0], E};
-    kl_free(w);
-    kl_free(views);
-    return rc;
+    if (how && !strcmp(how, "read")) {
+        o->mode = KL_FILL_READ;
+        o->direct = KL_DIRECT_OFF;
+        return "read";
+    }
+    if (how && !strcmp(how, "direct")) {
+        o->mode = KL_FILL_READ;
+        o->direct = KL_DIRECT_AUTO;
+        return "direct";
+    }
+    return "mapped";
 }
 
-static int upload_floats(gpu_be *g, const float *src, size_t n, float **out, kl_err *err)
+static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, kl_err *err)
 {
-    int rc = dev_floats(g, out, n, err);
+    const kl_model *m = g->base.m;
+    kl_fill_opts o;
+    const char *how = fill_options(&o);
+    gpu_fill f = {.g = g};
+    kl_fill_ops ops = {&f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait};
+    kl_fill_stats st = {0};
+    int rc = 0;
+    for (unsigned i = 0; !rc && i < KL_FILL_MAX_WINDOWS; i++)
+        rc = kl_gpu_event_create(&f.ev[i], err);
     if (!rc)
-        rc = kl_gpu_h2d(*out, src, n * sizeof *src, g->st, err);
+        rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, arena, &ops, &o, &st, err);
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        kl_gpu_event_destroy(f.ev[i]);
+    g->load = (kl_gpu_load_info){p->n_file ? how : "host", st.bytes, st.windows, st.pinned};
     return rc;
 }
 
-static int upload_layer(gpu_be *g, const kl_layer *hl, gpu_layer *gl, kl_err *err)
+/* Every weight: the plan, one device allocation per arena, the fill, the views. */
+static int upload_model(gpu_be *g, kl_err *err)
 {
-    int rc = 0;
-    for (int grp = 0; !rc && grp < FUSE_GROUPS; grp++)
-        rc = upload_group(g, hl, gl, grp, err);
-    for (int r = 0; !rc && r < KL_ROLE_COUNT; r++) {
-        const kl_wmat *w = &hl->w[r];
-        if (w->kind == KL_W_NONE || group_of((kl_role)r) >= 0)
-            continue;
-        if (hl->vec[r])
-            rc = upload_floats(g, hl->vec[r], (size_t)(w->rows * w->cols), &gl->vec[r], err);
-        else
-            rc = upload_mat(g, w, &gl->w[r], err);
+    const kl_model *m = g->base.m;
+    kl_gpu_plan p;
+    int rc = kl_gpu_plan_build(&p, m, err);
+    if (rc)
+        return rc;
+    uint8_t **arena = kl_calloc(p.n_arenas, sizeof *arena);
+    if (!arena)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint32_t a = 0; !rc && a < p.n_arenas; a++)
+        rc = dev_alloc(g, (void **)&arena[a], p.arena_bytes[a], err);
+    if (!rc)
+        rc = fill_arenas(g, &p, arena, err);
+    if (!rc) {
+        uint8_t *glob = arena[p.n_arenas - 1];
+        g->embed = view(&p.embed, glob);
+        g->lm_head = view(&p.lm_head, glob);
+        g->final_norm = (float *)(void *)(glob + p.final_norm);
+        for (uint32_t l = 0; l + 1 < p.n_arenas; l++)
+            bind_layer(&g->L[l], &p.layer[l], arena[l]);
     }
-    for (int i = 0; !rc && i < 3 && hl->moe && hl->experts[i]; i++)
-        rc = upload_experts(g, hl->experts[i], &gl->ex[i], err);
+    kl_free(arena);
+    kl_gpu_plan_free(&p);
     return rc;
 }
 
@@ -941,21 +932,6 @@ static const kl_backend_ops gpu_ops = {
     .end = gpu_end, .destroy = gpu_destroy,
 };
 
-static int upload_model(gpu_be *g, kl_err *err)
-{
-    const kl_model *m = g->base.m;
-    int rc = upload_mat(g, &m->embed, &g->embed, err);
-    if (!rc && m->lm_head.data == m->embed.data)
-        g->lm_head = g->embed;
-    else if (!rc)
-        rc = upload_mat(g, &m->lm_head, &g->lm_head, err);
-    if (!rc)
-        rc = upload_floats(g, m->final_norm, g->d.hidden, &g->final_norm, err);
-    for (uint32_t l = 0; !rc && l < m->cfg.num_hidden_layers; l++)
-        rc = upload_layer(g, &m->layers[l], &g->L[l], err);
-    return rc;
-}
-
 int kl_backend_gpu_check(kl_err *err)
 {
     if (kl_gpu_device_count() < 1)
@@ -1009,6 +985,12 @@ int kl_backend_gpu_available(void)
     return kl_gpu_device_count() > 0;
 }
 
+void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
+{
+    *out = be && be->ops == &gpu_ops ? impl((kl_backend *)be)->load
+                                     : (kl_gpu_load_info){"", 0, 0, 0};
+}
+
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -1045,6 +1027,12 @@ int kl_backend_gpu_available(void)
 int kl_backend_gpu_check(kl_err *err)
 {
     return no_gpu(err);
+}
+
+void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
+{
+    (void)be;
+    *out = (kl_gpu_load_info){"", 0, 0, 0};
 }
 
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)

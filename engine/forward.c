@@ -128,6 +128,8 @@ int kl_state_init(kl_state *s, const kl_model *m, kl_err *err)
 {
     memset(s, 0, sizeof *s);
     uint32_t slot;
+    if (!m->be)   /* opened vectors_only, no backend installed */
+        return kl_fail(err, KL_E_USAGE, "the model has no backend (its matrices were not read)");
     int rc = m->be->ops->slot_open(m->be, &slot, err);
     if (rc)
         return rc;

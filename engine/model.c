@@ -117,50 +117,87 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
     return 0;
 }
 
-/* Reads every schema tensor into its own buffer and binds it; chk bound each entry to its
- * tensor and checked names, shapes and dtypes.  opts may be NULL (no progress). */
+/* Whether load_all reads entry e's bytes into host memory. */
+static int wanted(const kl_model_opts *opts, const kl_schema_entry *e)
+{
+    return !(opts && opts->vectors_only) || role_is_vector(e->role) ||
+           e->role == KL_ROLE_FINAL_NORM;
+}
+
+/* Records where every tensor's bytes are (m->src, m->shard_paths). */
+static int note_sources(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
+                        kl_err *err)
+{
+    const kl_schema *s = &chk->schema;
+    m->src = kl_calloc(s->n ? s->n : 1, sizeof *m->src);
+    m->shard_paths = kl_calloc(ck->n_shards ? ck->n_shards : 1, sizeof *m->shard_paths);
+    if (!m->src || !m->shard_paths)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    m->n_shards = (uint32_t)ck->n_shards;
+    for (size_t i = 0; i < ck->n_shards; i++)
+        if (!(m->shard_paths[i] = kl_strdup(ck->shards[i].path)))
+            return kl_fail(err, KL_E_NOMEM, "out of memory");
+    m->n_src = s->n;
+    for (size_t i = 0; i < s->n; i++) {
+        const kl_schema_entry *e = &s->entries[i];
+        const kl_ckpt_tensor *ct = chk->bound[i];
+        if (!ct)
+            return kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET,
+                              "checked checkpoint lacks a schema tensor");
+        m->src[i] = (kl_model_src){e->role, e->part, e->layer, e->expert, ct->shard,
+                                   ct->t->file_off, ct->t->n_bytes, NULL};
+        m->weight_bytes += ct->t->n_bytes;
+    }
+    return 0;
+}
+
+/* Reads every schema tensor (opts->vectors_only: only the vectors) into its own buffer and
+ * binds it; chk bound each entry to its tensor and checked names, shapes and dtypes.  opts may
+ * be NULL (no progress). */
 static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
                     const kl_model_opts *opts, kl_err *err)
 {
     const kl_schema *s = &chk->schema;
     kl_reader *rd = NULL;
     kl_extent *ext = NULL;
-    const kl_st_tensor **ts = NULL;
+    uint8_t **dst = NULL;
     kl_wmat final_norm = {0};
+    size_t n_ext = 0;
+    uint64_t read_bytes = 0;
     int rc;
 
     m->bufs = kl_calloc(s->n ? s->n : 1, sizeof *m->bufs);
     ext = kl_calloc(s->n ? s->n : 1, sizeof *ext);
-    ts = kl_calloc(s->n ? s->n : 1, sizeof *ts);
-    if (!m->bufs || !ext || !ts) {
+    dst = kl_calloc(s->n ? s->n : 1, sizeof *dst);
+    if (!m->bufs || !ext || !dst) {
         rc = kl_fail(err, KL_E_NOMEM, "out of memory binding %zu tensors", s->n);
         goto out;
     }
     m->n_bufs = s->n;
+    if ((rc = note_sources(m, ck, chk, err)))
+        goto out;
     if ((rc = kl_ckpt_open_reader(ck, NULL, &rd, err))) /* cached: copied from memory */
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
-        const kl_ckpt_tensor *ct = chk->bound[i];
-        if (!ct) {
-            rc = kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET,
-                            "checked checkpoint lacks a schema tensor");
-            goto out;
-        }
-        const kl_st_tensor *t = ct->t;
-        ts[i] = t;
-        m->bufs[i] = kl_malloc(t->n_bytes ? (size_t)t->n_bytes : 1);
+        kl_model_src *src = &m->src[i];
+        if (!wanted(opts, e))
+            continue;
+        m->bufs[i] = kl_malloc(src->bytes ? (size_t)src->bytes : 1);
         if (!m->bufs[i]) {
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory for %" PRIu64 " bytes", t->n_bytes);
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory for %" PRIu64 " bytes", src->bytes);
             kl_err_context(err, NULL, e->name, KL_NO_OFFSET, NULL);
             goto out;
         }
-        ext[i] = (kl_extent){(uint32_t)ct->shard, t->file_off, t->n_bytes};
-        m->weight_bytes += t->n_bytes;
+        src->host = m->bufs[i];
+        dst[n_ext] = m->bufs[i];
+        ext[n_ext++] = (kl_extent){src->shard, src->off, src->bytes};
+        read_bytes += src->bytes;
     }
-    load_ctx lc = {(uint8_t **)m->bufs, opts, 0, m->weight_bytes};
+    m->matrices_read = !(opts && opts->vectors_only);
+    load_ctx lc = {dst, opts, 0, read_bytes};
     /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
-    if ((rc = kl_reader_run_gathered(rd, ext, s->n, KL_GATHER_GAP, load_cb, &lc, err)))
+    if ((rc = kl_reader_run_gathered(rd, ext, n_ext, KL_GATHER_GAP, load_cb, &lc, err)))
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
@@ -169,7 +206,7 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
             rc = kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET, "schema entry has no slot");
             goto out;
         }
-        if ((rc = bind_entry(w, &final_norm, e, ts[i], m->bufs[i], err)))
+        if ((rc = bind_entry(w, &final_norm, e, chk->bound[i]->t, m->bufs[i], err)))
             goto out;
     }
     if (m->cfg.tie_word_embeddings)
@@ -193,7 +230,7 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
 out:
     kl_reader_destroy(rd);
     kl_free(ext);
-    kl_free(ts);
+    kl_free(dst);
     return rc;
 }
 
@@ -245,7 +282,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)) ||
-        (rc = kl_backend_cpu_create(&m->be, m, err)))
+        (m->matrices_read && (rc = kl_backend_cpu_create(&m->be, m, err))))
         goto fail;
     kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);
@@ -293,6 +330,10 @@ void kl_model_close(kl_model *m)
     for (size_t i = 0; i < m->n_bufs; i++)
         kl_free(m->bufs[i]);
     kl_free(m->bufs);
+    kl_free(m->src);
+    for (uint32_t i = 0; m->shard_paths && i < m->n_shards; i++)
+        kl_free(m->shard_paths[i]);
+    kl_free(m->shard_paths);
     kl_free(m->final_norm);
     kl_free(m);
 }

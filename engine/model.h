@@ -49,6 +49,17 @@ typedef struct kl_layer {
     kl_wmat     *experts[3];              /* [num_experts] w1 (gate), w2 (down), w3 (up) */
 } kl_layer;
 
+/* Where one schema tensor's bytes are (kl_model.src), for loaders that read them elsewhere
+ * (engine/gpu_plan.h). */
+typedef struct kl_model_src {
+    kl_role        role;
+    kl_tensor_part part;
+    int32_t        layer, expert;         /* -1: global / not an expert */
+    uint32_t       shard;                 /* index into kl_model.shard_paths */
+    uint64_t       off, bytes;            /* the payload in that file */
+    const void    *host;                  /* the payload in memory; NULL when not read */
+} kl_model_src;
+
 /* Load progress: payload bytes read so far of total (called from the reading thread). */
 typedef void (*kl_model_progress_fn)(void *user, uint64_t done, uint64_t total);
 
@@ -57,6 +68,7 @@ typedef struct kl_model_opts {
     kl_route_weights route_weights;       /* default unbiased */
     kl_model_progress_fn progress;        /* NULL: none */
     void            *progress_user;       /* passed to progress */
+    int              vectors_only;        /* read only the fp32 vectors: see kl_model_open */
 } kl_model_opts;
 
 typedef struct kl_model {
@@ -69,7 +81,12 @@ typedef struct kl_model {
     kl_pool         *pool;
     size_t           n_bufs;
     void           **bufs;                /* [n_bufs] owned tensor payloads */
-    uint64_t         weight_bytes;        /* sum of tensor payload bytes held */
+    uint64_t         weight_bytes;        /* sum of every schema tensor's payload bytes */
+    int              matrices_read;       /* 0: opened vectors_only (payloads NULL) */
+    size_t           n_src;
+    kl_model_src    *src;                 /* [n_src] every schema tensor, schema order */
+    uint32_t         n_shards;
+    char           **shard_paths;         /* [n_shards] the checkpoint's files (owned) */
     kl_backend      *be;                  /* where kl_forward runs: the CPU backend from
                                              kl_model_open, or one kl_model_use_backend
                                              installed (owned, freed by kl_model_close) */
@@ -87,7 +104,11 @@ typedef struct kl_model_widths {
 void kl_model_widths_get(const kl_model *m, kl_model_widths *w);
 
 /* Opens dir, binds every tensor and creates the CPU backend over them (m->be); opts may be
- * NULL.  *out is owned: kl_model_close. */
+ * NULL.  *out is owned: kl_model_close.  With opts->vectors_only only the config, shapes,
+ * kinds and the small vectors (vec[], final_norm) are read: every kl_wmat keeps its kind and
+ * shape with NULL payload pointers, m->src says where each tensor's bytes are, and no backend
+ * is created (m->be NULL until kl_model_use_backend installs one, e.g. the GPU's, which reads
+ * the matrices itself). */
 int  kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl_err *err);
 /* Makes be (created for m, e.g. by kl_backend_gpu_create) the backend kl_forward runs on:
  * the model takes it over and frees the one it had.  KL_E_USAGE, be still the caller's: be

@@ -41,6 +41,12 @@
 #define hipEventSynchronize     cudaEventSynchronize
 #define hipEventElapsedTime     cudaEventElapsedTime
 #define hipEventDestroy         cudaEventDestroy
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDisableTiming   cudaEventDisableTiming
+#define hipHostRegister         cudaHostRegister
+#define hipHostUnregister       cudaHostUnregister
+#define hipHostRegisterDefault  cudaHostRegisterDefault
+#define hipHostRegisterReadOnly cudaHostRegisterReadOnly
 #define hipSetDevice            cudaSetDevice
 #define hipDeviceProp_t         cudaDeviceProp
 #define hipGetDeviceProperties  cudaGetDeviceProperties

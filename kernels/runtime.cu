@@ -72,6 +72,53 @@ extern "C" void kl_gpu_host_free(void *p)
         (void)hipHostFree(p);
 }
 
+/* HIP headers without the read-only flag: register plainly (a read-only mapping may then be
+ * refused, and the caller copies without pinning). */
+#if defined(__HIPCC__) && !defined(hipHostRegisterReadOnly)
+#define KL_HOST_REGISTER_RO hipHostRegisterDefault
+#else
+#define KL_HOST_REGISTER_RO hipHostRegisterReadOnly
+#endif
+
+extern "C" int kl_gpu_host_register(void *p, size_t bytes, int read_only, kl_err *err)
+{
+    unsigned flags = read_only ? KL_HOST_REGISTER_RO : hipHostRegisterDefault;
+    int rc = KL_GPU_CHECK(err, hipHostRegister(p, bytes, flags));
+    if (rc)
+        (void)hipGetLastError();   /* not sticky: later calls must not see it */
+    return rc;
+}
+
+extern "C" void kl_gpu_host_unregister(void *p)
+{
+    if (p)
+        (void)hipHostUnregister(p);
+}
+
+extern "C" int kl_gpu_event_create(kl_gpu_event *e, kl_err *err)
+{
+    hipEvent_t ev = NULL;
+    int rc = KL_GPU_CHECK(err, hipEventCreateWithFlags(&ev, hipEventDisableTiming));
+    *e = rc ? NULL : (kl_gpu_event)ev;
+    return rc;
+}
+
+extern "C" void kl_gpu_event_destroy(kl_gpu_event e)
+{
+    if (e)
+        (void)hipEventDestroy((hipEvent_t)e);
+}
+
+extern "C" int kl_gpu_event_record(kl_gpu_event e, kl_gpu_stream s, kl_err *err)
+{
+    return KL_GPU_CHECK(err, hipEventRecord((hipEvent_t)e, STREAM(s)));
+}
+
+extern "C" int kl_gpu_event_sync(kl_gpu_event e, kl_err *err)
+{
+    return KL_GPU_CHECK(err, hipEventSynchronize((hipEvent_t)e));
+}
+
 extern "C" int kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err)
 {
     return KL_GPU_CHECK(err, hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, STREAM(s)));

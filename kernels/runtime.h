@@ -29,6 +29,20 @@ void kl_gpu_free(void *p);                         /* NULL ok */
 int  kl_gpu_host_alloc(void **p, size_t bytes, kl_err *err);
 void kl_gpu_host_free(void *p);                    /* NULL ok */
 
+/* Page-locks host memory the process already has (e.g. a window of a file mapped PROT_READ:
+ * read_only, where the runtime has that flag) so copies from it run asynchronously at the
+ * link's rate; KL_E_GPU when the runtime refuses (the caller then copies plainly).  Unregister
+ * only after every copy from it is done. */
+int  kl_gpu_host_register(void *p, size_t bytes, int read_only, kl_err *err);
+void kl_gpu_host_unregister(void *p);              /* NULL ok */
+
+/* Events: a point of a stream that the host can wait for. */
+typedef struct kl_gpu_event_s *kl_gpu_event;
+int  kl_gpu_event_create(kl_gpu_event *e, kl_err *err);
+void kl_gpu_event_destroy(kl_gpu_event e);         /* NULL ok */
+int  kl_gpu_event_record(kl_gpu_event e, kl_gpu_stream s, kl_err *err);
+int  kl_gpu_event_sync(kl_gpu_event e, kl_err *err);
+
 /* Copies on a stream (h2d / d2h / d2d); asynchronous only when the host side is pinned. */
 int  kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
 int  kl_gpu_d2h(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);

@@ -6,6 +6,7 @@
 #   STAGES="tests golden full" (default all three); W: work folder; KEEP=1 keeps the full model;
 #   PROMPT_TOKENS (8192) and AT (0,8192,65536) shape the benchmark; NOGRAPHS=1 adds a run
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
+#   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -76,6 +77,11 @@ stage_full() {
         row "$(summary "full-64 gpu-vs-cpu" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu.bin")")"; }
     [ -z "${NOGRAPHS:-}" ] || { KL_GPU_GRAPHS=0 "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 32 --json -q > "$W/bench-nographs.json" &&
         row "bench ctx=64 without graphs: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('decode %.1f tok/s' % d['decode_tok_s'])" "$W/bench-nographs.json")"; }
+    # the load paths compared (LOADS="host read"): KL_GPU_LOAD=host is the old one (host model, then copies)
+    for how in ${LOADS:-}; do
+        KL_GPU_LOAD=$how "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-load-$how.json" &&
+            row "bench load KL_GPU_LOAD=$how $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s, ttft %.2f s, host rss %.2f GB' % (d['load_s'], d['load_gbps'], d['time_to_first_token_s'], d['peak_host_rss_bytes']/1e9))" "$W/bench-load-$how.json")"
+    done
     # one load: prefill of PROMPT ids (default 8192), decode after it, then decode at each
     # synthetic context of AT (kl bench decode --decode-at)
     "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
@@ -85,8 +91,9 @@ stage_full() {
         python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s + upload %.2f s (pinned h2d %.1f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
-      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["upload_s"],
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
+         d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
          d["pinned_h2d_gbps"], d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
 print("bench decode after the prefill: %.1f tok/s" % d["decode_tok_s"])
 for a in d["decode_at_context"]:

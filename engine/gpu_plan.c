@@ -1,0 +1,667 @@
+/*
+ * engine/gpu_plan.c — device layout of a model's weights and the fill (see gpu_plan.h).
+ *
+ * Sections: layout; pieces; fill (host pieces, mapped windows, the staged reader).
+ */
+#include "engine/gpu_plan.h"
+
+#include "common/mem.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const kl_role kl_plan_fuse_roles[KL_FUSE_GROUPS][KL_FUSE_MAX + 1] = {
+    [KL_FUSE_KDA] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V, KL_ROLE_KDA_F_A,
+                     KL_ROLE_KDA_G_A, KL_ROLE_KDA_B, KL_ROLE_COUNT},
+    [KL_FUSE_MLA] = {KL_ROLE_MLA_Q, KL_ROLE_MLA_KV_A, KL_ROLE_COUNT},
+    [KL_FUSE_MOE] = {KL_ROLE_SHARED_GATE, KL_ROLE_SHARED_UP, KL_ROLE_ROUTER, KL_ROLE_COUNT},
+    [KL_FUSE_MLP] = {KL_ROLE_MLP_GATE, KL_ROLE_MLP_UP, KL_ROLE_COUNT},
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layout                                                                                     */
+
+uint64_t kl_plan_data_bytes(const kl_plan_mat *w)
+{
+    uint64_t n = (uint64_t)w->rows * w->cols;
+    switch (w->kind) {
+    case KL_W_F32: return n * 4;
+    case KL_W_BF16: return n * 2;
+    case KL_W_MXFP4: return n / 2;
+    default: return 0;
+    }
+}
+
+uint64_t kl_plan_scale_bytes(const kl_plan_mat *w)
+{
+    return w->kind == KL_W_MXFP4 ? (uint64_t)w->rows * (w->cols / 32) : 0;
+}
+
+/* Reserves bytes at the next aligned offset of an arena whose end is *top. */
+static uint64_t take(uint64_t *top, uint64_t bytes)
+{
+    uint64_t o = (*top + KL_PLAN_ALIGN - 1) / KL_PLAN_ALIGN * KL_PLAN_ALIGN;
+    *top = o + bytes;
+    return o;
+}
+
+static kl_plan_mat mat_of(const kl_wmat *w)
+{
+    return (kl_plan_mat){w->kind, (uint32_t)w->rows, (uint32_t)w->cols, 0, 0};
+}
+
+/* n matrices one after another in one block (values, then scales): out[i] is member i; the
+ * result is all of them as one matrix. */
+static kl_plan_mat stack(uint64_t *top, const kl_wmat *const *w, uint32_t n, kl_plan_mat *out)
+{
+    uint64_t db = 0, sb = 0, rows = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        out[i] = mat_of(w[i]);
+        db += kl_plan_data_bytes(&out[i]);
+        sb += kl_plan_scale_bytes(&out[i]);
+        rows += out[i].rows;
+    }
+    uint64_t d = take(top, db), s = sb ? take(top, sb) : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        out[i].data = d;
+        out[i].scale = s;
+        d += kl_plan_data_bytes(&out[i]);
+        s += kl_plan_scale_bytes(&out[i]);
+    }
+    kl_plan_mat whole = out[0];
+    whole.rows = (uint32_t)rows;
+    return whole;
+}
+
+/* A fusion group: stacked when every member is present with one kind and width and all but
+ * the last have a multiple of 4 rows; else each member on its own. */
+static void plan_group(uint64_t *top, const kl_layer *hl, kl_plan_layer *pl, int grp)
+{
+    const kl_wmat *w[KL_FUSE_MAX] = {0};
+    kl_plan_mat views[KL_FUSE_MAX];
+    uint32_t n = 0;
+    int same = 1;
+    for (const kl_role *r = kl_plan_fuse_roles[grp]; *r != KL_ROLE_COUNT; r++, n++) {
+        w[n] = &hl->w[*r];
+        same &= w[n]->kind != KL_W_NONE && w[n]->kind == w[0]->kind && w[n]->cols == w[0]->cols;
+    }
+    for (uint32_t i = 0; i + 1 < n; i++)
+        same &= w[i]->rows % 4 == 0;
+    memset(&pl->fused[grp], 0, sizeof pl->fused[grp]);
+    for (uint32_t i = 0; !same && i < n; i++)
+        if (w[i]->kind != KL_W_NONE)
+            stack(top, &w[i], 1, &pl->w[kl_plan_fuse_roles[grp][i]]);
+    if (!same)
+        return;
+    pl->fused[grp] = stack(top, w, n, views);
+    for (uint32_t i = 0; i < n; i++)
+        pl->w[kl_plan_fuse_roles[grp][i]] = views[i];
+}
+
+/* The fusion group role r belongs to, or -1. */
+static int group_of(kl_role r)
+{
+    for (int grp = 0; grp < KL_FUSE_GROUPS; grp++)
+        for (const kl_role *m = kl_plan_fuse_roles[grp]; *m != KL_ROLE_COUNT; m++)
+            if (*m == r)
+                return grp;
+    return -1;
+}
+
+/* E experts of one role stacked: values of all, then scales of all. */
+static int plan_experts(uint64_t *top, const kl_wmat *ex, uint32_t E, kl_plan_mat *out,
+                        kl_err *err)
+{
+    for (uint32_t e = 1; e < E; e++)
+        if (ex[e].kind != ex[0].kind || ex[e].rows != ex[0].rows || ex[e].cols != ex[0].cols)
+            return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape or kind "
+                           "(expert %u)", e);
+    *out = mat_of(&ex[0]);
+    out->data = take(top, E * kl_plan_data_bytes(out));
+    uint64_t sb = kl_plan_scale_bytes(out);
+    out->scale = sb ? take(top, E * sb) : 0;
+    return 0;
+}
+
+static int plan_layer(uint64_t *top, const kl_layer *hl, uint32_t E, kl_plan_layer *pl,
+                      kl_err *err)
+{
+    for (int r = 0; r < KL_ROLE_COUNT; r++)
+        pl->vec[r] = KL_PLAN_NONE;
+    for (int grp = 0; grp < KL_FUSE_GROUPS; grp++)
+        plan_group(top, hl, pl, grp);
+    for (int r = 0; r < KL_ROLE_COUNT; r++) {
+        const kl_wmat *w = &hl->w[r];
+        if (w->kind == KL_W_NONE || group_of((kl_role)r) >= 0)
+            continue;
+        if (hl->vec[r])
+            pl->vec[r] = take(top, w->rows * w->cols * sizeof(float));
+        else
+            stack(top, &w, 1, &pl->w[r]);
+    }
+    int rc = 0;
+    for (int k = 0; !rc && k < 3 && hl->moe && hl->experts[k]; k++)
+        rc = plan_experts(top, hl->experts[k], E, &pl->ex[k], err);
+    pl->n_experts = hl->moe && hl->experts[0] ? E : 0;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pieces                                                                                     */
+
+/* Where source s goes: 0 with *arena, *dst and the bytes it must have; 1 when it is a vector
+ * (its fp32 copy is a host piece); -1 when the plan has no place for it. */
+static int dest_of(const kl_gpu_plan *p, const kl_model_src *s, uint32_t *arena, uint64_t *dst,
+                   uint64_t *want)
+{
+    const kl_plan_mat *w;
+    uint64_t e = 0;
+    if (s->layer < 0) {
+        *arena = p->n_arenas - 1;
+        if (s->role == KL_ROLE_FINAL_NORM)
+            return 1;
+        w = s->role == KL_ROLE_EMBED ? &p->embed : s->role == KL_ROLE_LM_HEAD ? &p->lm_head
+                                                                               : NULL;
+    } else {
+        if ((uint32_t)s->layer + 1 >= p->n_arenas)
+            return -1;
+        const kl_plan_layer *pl = &p->layer[s->layer];
+        *arena = (uint32_t)s->layer;
+        if (pl->vec[s->role] != KL_PLAN_NONE)
+            return 1;
+        if (kl_role_is_expert(s->role)) {
+            if (s->expert < 0 || (uint32_t)s->expert >= pl->n_experts)
+                return -1;
+            w = &pl->ex[s->role - KL_ROLE_EXPERT_W1];
+            e = (uint64_t)s->expert;
+        } else {
+            w = &pl->w[s->role];
+        }
+    }
+    if (!w || w->kind == KL_W_NONE)
+        return -1;
+    int scale = s->part == KL_PART_SCALE;
+    *want = scale ? kl_plan_scale_bytes(w) : kl_plan_data_bytes(w);
+    *dst = (scale ? w->scale : w->data) + e * *want;
+    return 0;
+}
+
+static int cmp_piece(const void *a, const void *b)
+{
+    const kl_plan_piece *x = a, *y = b;
+    if (x->shard != y->shard)
+        return x->shard < y->shard ? -1 : 1;
+    return x->src < y->src ? -1 : x->src > y->src;
+}
+
+static void add_vec(kl_gpu_plan *p, uint32_t arena, uint64_t dst, const float *v, uint64_t n)
+{
+    p->pieces[p->n_pieces++] = (kl_plan_piece){arena, dst, KL_PLAN_HOST, 0, v, n * sizeof *v};
+}
+
+/* One piece per matrix tensor (file pieces first, by shard and offset), then the vectors. */
+static int make_pieces(kl_gpu_plan *p, const kl_model *m, kl_err *err)
+{
+    p->pieces = kl_calloc(m->n_src + 1, sizeof *p->pieces);
+    if (!p->pieces)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (int host = 0; host < 2; host++) {
+        for (size_t i = 0; i < m->n_src; i++) {
+            const kl_model_src *s = &m->src[i];
+            uint32_t arena;
+            uint64_t dst = 0, want = 0;
+            if ((s->host != NULL) != host)
+                continue;
+            int d = dest_of(p, s, &arena, &dst, &want);
+            if (d < 0 || (d == 0 && want != s->bytes))
+                return kl_fail(err, KL_E_BUG, "tensor %zu (%s, layer %d, expert %d) has no "
+                               "place of its size in the GPU plan", i, kl_role_name(s->role),
+                               s->layer, s->expert);
+            if (d)
+                continue;
+            p->pieces[p->n_pieces++] = (kl_plan_piece){arena, dst, host ? KL_PLAN_HOST
+                                                                        : s->shard, s->off,
+                                                       s->host, s->bytes};
+            if (!host)
+                p->file_bytes += s->bytes;
+        }
+        if (!host) {
+            p->n_file = p->n_pieces;
+            qsort(p->pieces, p->n_file, sizeof *p->pieces, cmp_piece);
+        }
+    }
+    return 0;
+}
+
+/* Host pieces of the vectors (the fp32 copies of engine/model.h). */
+static int vec_pieces(kl_gpu_plan *p, const kl_model *m, kl_err *err)
+{
+    size_t n = p->n_pieces + 1;
+    for (uint32_t l = 0; l + 1 < p->n_arenas; l++)
+        for (int r = 0; r < KL_ROLE_COUNT; r++)
+            n += p->layer[l].vec[r] != KL_PLAN_NONE;
+    kl_plan_piece *np = kl_realloc(p->pieces, n * sizeof *np);
+    if (!np)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    p->pieces = np;
+    add_vec(p, p->n_arenas - 1, p->final_norm, m->final_norm, m->cfg.hidden_size);
+    for (uint32_t l = 0; l + 1 < p->n_arenas; l++) {
+        const kl_layer *hl = &m->layers[l];
+        for (int r = 0; r < KL_ROLE_COUNT; r++)
+            if (p->layer[l].vec[r] != KL_PLAN_NONE)
+                add_vec(p, l, p->layer[l].vec[r], hl->vec[r], hl->w[r].rows * hl->w[r].cols);
+    }
+    return 0;
+}
+
+int kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err)
+{
+    memset(p, 0, sizeof *p);
+    uint32_t L = m->cfg.num_hidden_layers;
+    p->n_arenas = L + 1;
+    p->arena_bytes = kl_calloc(L + 1, sizeof *p->arena_bytes);
+    p->layer = kl_calloc(L ? L : 1, sizeof *p->layer);
+    int rc = !p->arena_bytes || !p->layer ? kl_fail(err, KL_E_NOMEM, "out of memory") : 0;
+    for (uint32_t l = 0; !rc && l < L; l++)
+        rc = plan_layer(&p->arena_bytes[l], &m->layers[l], m->cfg.num_experts, &p->layer[l],
+                        err);
+    if (!rc) {
+        uint64_t *top = &p->arena_bytes[L];
+        const kl_wmat *e = &m->embed, *h = &m->lm_head;
+        p->embed = stack(top, &e, 1, &p->embed);
+        p->lm_head = m->cfg.tie_word_embeddings ? p->embed : stack(top, &h, 1, &p->lm_head);
+        p->final_norm = take(top, (uint64_t)m->cfg.hidden_size * sizeof(float));
+        for (uint32_t a = 0; a <= L; a++)
+            p->total_bytes += p->arena_bytes[a];
+        rc = make_pieces(p, m, err);
+    }
+    if (!rc)
+        rc = vec_pieces(p, m, err);
+    if (rc)
+        kl_gpu_plan_free(p);
+    return rc;
+}
+
+void kl_gpu_plan_free(kl_gpu_plan *p)
+{
+    kl_free(p->arena_bytes);
+    kl_free(p->layer);
+    kl_free(p->pieces);
+    memset(p, 0, sizeof *p);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fill                                                                                       */
+
+typedef struct window {
+    uint8_t *map;
+    size_t   len;
+    int      pinned;
+} window;
+
+/* One window of the walk: bytes [ws, we) of a shard, its first piece j. */
+typedef struct wspan {
+    uint32_t shard;
+    uint64_t ws, we;
+    size_t   j;
+} wspan;
+
+/* A window slot as the prep threads and the copying thread share it. */
+typedef struct slot_state {
+    long win;          /* window it holds (-1: none yet) */
+    int  ready;        /* mapped (and pinned if it could be), not yet copied */
+} slot_state;
+
+typedef struct filler {
+    const kl_gpu_plan *p;
+    uint8_t *const    *arena;
+    const kl_fill_ops *ops;
+    kl_fill_stats      st;
+    window             win[KL_FILL_MAX_WINDOWS];
+    unsigned           n_win;
+    uint64_t           wbytes;
+    kl_err            *cb_err;     /* READ: the copy's error, from the callback */
+    int                cb_rc;
+    /* MAPPED */
+    int               *fd;         /* [n_fd] one per shard, -1 when unused */
+    uint32_t           n_fd;
+    wspan             *spans;
+    size_t             n_spans;
+    /* prep threads */
+    pthread_mutex_t    mu;
+    pthread_cond_t     cv;
+    slot_state         slot[KL_FILL_MAX_WINDOWS];
+    size_t             next;       /* next window a prep thread takes */
+    int                stop;       /* an error: everyone stops */
+    int                prep_rc;
+    kl_err             prep_err;
+} filler;
+
+/* Bytes [from, from + len) of piece pc, whose source is at src. */
+static int copy_part(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *src,
+                     uint64_t len, int pinned, kl_err *err)
+{
+    f->st.bytes += len;
+    return f->ops->copy(f->ops->ctx, f->arena[pc->arena] + pc->dst + from, src, (size_t)len,
+                        pinned, err);
+}
+
+/* Waits for window slot's copies, then unpins and unmaps it (nothing when empty). */
+static int release(filler *f, unsigned slot, kl_err *err)
+{
+    window *w = &f->win[slot];
+    if (!w->map)
+        return 0;
+    int rc = f->ops->wait ? f->ops->wait(f->ops->ctx, slot, err) : 0;
+    if (w->pinned && f->ops->unpin)
+        f->ops->unpin(f->ops->ctx, w->map);
+    munmap(w->map, w->len);
+    memset(w, 0, sizeof *w);
+    return rc;
+}
+
+/* Slot's previous window released, window k mapped into it and pinned if the ops accept. */
+static int prep_window(filler *f, size_t k, unsigned slot, kl_err *err)
+{
+    int rc = release(f, slot, err);
+    if (rc)
+        return rc;
+    const wspan *sp = &f->spans[k];
+    size_t len = (size_t)(sp->we - sp->ws);
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, f->fd[sp->shard], (off_t)sp->ws);
+    if (p == MAP_FAILED) {
+        rc = kl_fail_sys(err, KL_E_IO, errno, "mapping %zu bytes of a checkpoint shard", len);
+        kl_err_context(err, NULL, NULL, sp->ws, NULL);
+        return rc;
+    }
+    (void)madvise(p, len, MADV_HUGEPAGE);
+    f->win[slot] = (window){p, len, f->ops->pin && f->ops->pin(f->ops->ctx, p, len) == 0};
+    return 0;
+}
+
+/* The copies of window k (in slot): the pieces wholly inside and the parts of those that run
+ * over its ends; then its mark. */
+static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
+{
+    const kl_plan_piece *pc = f->p->pieces;
+    const wspan *sp = &f->spans[k];
+    const window *w = &f->win[slot];
+    int rc = 0;
+    f->st.windows++;
+    f->st.pinned += (uint64_t)w->pinned;
+    for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
+                           pc[j].src < sp->we; j++) {
+        uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
+        uint64_t end = pc[j].src + pc[j].bytes, hi = end < sp->we ? end : sp->we;
+        if (hi > lo)
+            rc = copy_part(f, &pc[j], lo - pc[j].src, w->map + (lo - sp->ws), hi - lo,
+                           w->pinned, err);
+    }
+    if (!rc && f->ops->mark)
+        rc = f->ops->mark(f->ops->ctx, slot, err);
+    return rc;
+}
+
+/* Opens shard s (once) and checks that pieces fit; its size in *size. */
+static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, kl_err *err)
+{
+    struct stat sb;
+    if (f->fd[s] < 0)
+        f->fd[s] = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd[s] < 0 || fstat(f->fd[s], &sb) != 0) {
+        int rc = kl_fail_sys(err, KL_E_IO, errno, "opening a checkpoint shard");
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+        return rc;
+    }
+    *size = (uint64_t)sb.st_size;
+    return 0;
+}
+
+/* The windows of every shard in file order: [ws, we) aligned to the window size, each
+ * starting at the first piece byte not yet covered. */
+static int walk_windows(filler *f, const char *const *paths, kl_err *err)
+{
+    const kl_plan_piece *pc = f->p->pieces;
+    size_t n = f->p->n_file, cap = 16;
+    f->spans = kl_malloc(cap * sizeof *f->spans);
+    if (!f->spans)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    uint64_t size = 0, pos = 0;
+    uint32_t cur = KL_PLAN_HOST;   /* the shard open */
+    for (size_t j = 0; j < n;) {
+        int rc = 0;
+        if (pc[j].shard != cur) {
+            cur = pc[j].shard;
+            pos = 0;
+            if ((rc = open_shard(f, paths[cur], cur, &size, err)))
+                return rc;
+        }
+        if (!pc[j].bytes) {
+            j++;
+            continue;
+        }
+        if (pc[j].src + pc[j].bytes > size) {
+            rc = kl_fail(err, KL_E_IO, "the file is shorter than its header says");
+            kl_err_context(err, paths[pc[j].shard], NULL, pc[j].src, NULL);
+            return rc;
+        }
+        uint64_t at = pos > pc[j].src ? pos : pc[j].src, ws = at / f->wbytes * f->wbytes;
+        uint64_t we = ws + f->wbytes < size ? ws + f->wbytes : size;
+        if (f->n_spans == cap) {
+            wspan *ns = kl_realloc(f->spans, 2 * cap * sizeof *ns);
+            if (!ns)
+                return kl_fail(err, KL_E_NOMEM, "out of memory");
+            f->spans = ns;
+            cap *= 2;
+        }
+        f->spans[f->n_spans++] = (wspan){pc[j].shard, ws, we, j};
+        while (j < n && pc[j].shard == f->spans[f->n_spans - 1].shard &&
+               pc[j].src + pc[j].bytes <= we)
+            j++;
+        pos = we;
+    }
+    return 0;
+}
+
+/* Serial: each window prepared, then copied, by the calling thread. */
+static int fill_serial(filler *f, kl_err *err)
+{
+    int rc = 0;
+    for (size_t k = 0; !rc && k < f->n_spans; k++) {
+        unsigned slot = (unsigned)(k % f->n_win);
+        rc = prep_window(f, k, slot, err);
+        if (!rc)
+            rc = copy_window(f, k, slot, err);
+    }
+    return rc;
+}
+
+/* Whether slot may take window k: its previous window (k - n_win) copied and marked. */
+static int slot_free(const filler *f, size_t k, unsigned slot)
+{
+    const slot_state *s = &f->slot[slot];
+    return k < f->n_win ? s->win < 0 : s->win == (long)(k - f->n_win) && !s->ready;
+}
+
+/* A prep thread: takes windows in order, releases the slot's previous one (waiting for its
+ * copies) and maps and pins the new one, ahead of the copying thread. */
+static void *prep_main(void *arg)
+{
+    filler *f = arg;
+    kl_err e;
+    kl_err_clear(&e);
+    pthread_mutex_lock(&f->mu);
+    while (!f->stop && f->next < f->n_spans) {
+        size_t k = f->next++;
+        unsigned slot = (unsigned)(k % f->n_win);
+        while (!f->stop && !slot_free(f, k, slot))
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop)
+            break;
+        pthread_mutex_unlock(&f->mu);
+        int rc = prep_window(f, k, slot, &e);
+        pthread_mutex_lock(&f->mu);
+        if (rc && !f->stop) {
+            f->stop = 1;
+            f->prep_rc = rc;
+            f->prep_err = e;
+        }
+        f->slot[slot] = (slot_state){(long)k, !rc};
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* The copying side with prep threads: window k's copies once its slot holds it. */
+static int copy_in_order(filler *f, kl_err *err)
+{
+    int rc = 0;
+    for (size_t k = 0; !rc && k < f->n_spans; k++) {
+        unsigned slot = (unsigned)(k % f->n_win);
+        pthread_mutex_lock(&f->mu);
+        while (!f->stop && !(f->slot[slot].win == (long)k && f->slot[slot].ready))
+            pthread_cond_wait(&f->cv, &f->mu);
+        int stopped = f->stop;
+        pthread_mutex_unlock(&f->mu);
+        if (stopped)
+            break;
+        rc = copy_window(f, k, slot, err);
+        pthread_mutex_lock(&f->mu);
+        f->slot[slot].ready = 0;
+        f->stop |= rc != 0;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+    }
+    return rc;
+}
+
+static int fill_threaded(filler *f, unsigned threads, kl_err *err)
+{
+    pthread_t th[KL_FILL_MAX_WINDOWS];
+    unsigned started = 0;
+    int rc = 0;
+    if (pthread_mutex_init(&f->mu, NULL))
+        return kl_fail(err, KL_E_NOMEM, "cannot create a mutex");
+    if (pthread_cond_init(&f->cv, NULL)) {
+        pthread_mutex_destroy(&f->mu);
+        return kl_fail(err, KL_E_NOMEM, "cannot create a condition variable");
+    }
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        f->slot[i] = (slot_state){-1, 0};
+    kl_err_clear(&f->prep_err);
+    for (; started < threads; started++)
+        if (pthread_create(&th[started], NULL, prep_main, f))
+            break;
+    if (!started)
+        rc = kl_fail(err, KL_E_NOMEM, "cannot start a load thread");
+    if (!rc)
+        rc = copy_in_order(f, err);
+    pthread_mutex_lock(&f->mu);
+    f->stop = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (!rc && f->prep_rc) {
+        *err = f->prep_err;
+        rc = f->prep_rc;
+    }
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    return rc;
+}
+
+static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl_err *err)
+{
+    uint32_t n_fd = 0;
+    for (size_t i = 0; i < f->p->n_file; i++)
+        n_fd = f->p->pieces[i].shard + 1 > n_fd ? f->p->pieces[i].shard + 1 : n_fd;
+    f->fd = kl_malloc(n_fd * sizeof *f->fd);
+    int rc = f->fd ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; !rc && i < n_fd; i++)
+        f->fd[i] = -1;
+    f->n_fd = rc ? 0 : n_fd;
+    if (!rc)
+        rc = walk_windows(f, paths, err);
+    if (!rc)
+        rc = threads ? fill_threaded(f, threads, err) : fill_serial(f, err);
+    for (unsigned s = 0; s < f->n_win; s++) {
+        kl_err ignored;
+        int r = release(f, s, rc ? &ignored : err);
+        rc = rc ? rc : r;
+    }
+    for (uint32_t i = 0; i < f->n_fd; i++)
+        if (f->fd[i] >= 0)
+            close(f->fd[i]);
+    kl_free(f->fd);
+    kl_free(f->spans);
+    return rc;
+}
+
+static int read_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
+{
+    filler *f = ctx;
+    f->cb_rc = copy_part(f, &f->p->pieces[ext_idx], ext_off, data, len, 0, f->cb_err);
+    return f->cb_rc;
+}
+
+static int fill_read(filler *f, const char *const *paths, kl_direct_mode direct, kl_err *err)
+{
+    kl_reader_opts ro = {.direct = direct};
+    kl_reader *rd = NULL;
+    kl_extent *ext = kl_calloc(f->p->n_file + 1, sizeof *ext);
+    uint32_t n_files = 0;
+    int rc = ext ? kl_reader_create(&rd, &ro, err) : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < f->p->n_file; i++) {
+        const kl_plan_piece *x = &f->p->pieces[i];
+        for (; !rc && n_files <= x->shard; n_files++) {   /* reader file k is shard k */
+            int idx = kl_reader_add_file(rd, paths[n_files], err);
+            rc = idx < 0 ? idx : 0;
+        }
+        ext[i] = (kl_extent){x->shard, x->src, x->bytes};
+    }
+    kl_err cb_err;
+    kl_err_clear(&cb_err);
+    f->cb_err = &cb_err;
+    if (!rc)
+        rc = kl_reader_run_gathered(rd, ext, f->p->n_file, KL_GATHER_GAP, read_cb, f, err);
+    if (rc && f->cb_rc) {   /* the copy failed: its error, not the reader's "cancelled" */
+        *err = cb_err;
+        rc = f->cb_rc;
+    }
+    kl_reader_destroy(rd);
+    kl_free(ext);
+    return rc;
+}
+
+int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *const *arena,
+                const kl_fill_ops *ops, const kl_fill_opts *opts, kl_fill_stats *stats,
+                kl_err *err)
+{
+    kl_fill_opts o = opts ? *opts : (kl_fill_opts){0};
+    filler f = {.p = p, .arena = arena, .ops = ops};
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t pg = page > 0 ? (uint64_t)page : 4096;
+    f.wbytes = o.window_bytes ? o.window_bytes : (size_t)256 << 20;
+    f.wbytes = (f.wbytes + pg - 1) / pg * pg;
+    f.n_win = o.windows ? o.windows : 3;
+    if (f.n_win > KL_FILL_MAX_WINDOWS || o.threads > KL_FILL_MAX_WINDOWS)
+        return kl_fail(err, KL_E_USAGE, "at most %u windows in flight and load threads",
+                       KL_FILL_MAX_WINDOWS);
+    int rc = 0;
+    for (size_t i = p->n_file; !rc && i < p->n_pieces; i++)
+        rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, p->pieces[i].bytes, 0, err);
+    if (!rc && p->n_file)
+        rc = o.mode == KL_FILL_READ ? fill_read(&f, shard_paths, o.direct, err)
+                                    : fill_mapped(&f, shard_paths, o.threads, err);
+    if (stats)
+        *stats = f.st;
+    return rc;
+}

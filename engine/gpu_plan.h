@@ -1,0 +1,133 @@
+/*
+ * engine/gpu_plan.h — where every weight of a model goes on the GPU, and the fill that puts
+ * it there straight from the checkpoint (no GPU call in here: sizes, offsets and a copy
+ * through a function table, so make test runs the whole fill on the CPU).
+ *
+ * Plan: one arena per layer plus a global one (index n_layers: embed, lm_head, final norm).
+ * In a layer's arena: the members of each fusion group stacked one after another when all are
+ * present with one kind and width and every member but the last has a multiple of 4 rows (so a
+ * one-token chunk runs them as one product, outputs 16-byte aligned); every other matrix on
+ * its own; each role's routed experts stacked [E, rows, ...] (MXFP4: the packed codes of the E
+ * experts, then their scales); vector roles (norms, conv taps, A_log, dt_bias, router bias) as
+ * fp32 copied from the host model's vec[] (engine/model.h).  Every block (a stack, a matrix, a
+ * vector, a stack's scale part) starts at a multiple of KL_PLAN_ALIGN bytes of its arena.
+ * Offsets in kl_plan_mat are bytes from the arena's start; an arena's base is what the caller
+ * allocated (256-byte aligned at least).
+ *
+ * Pieces: each schema tensor's bytes (or a host vector) and where they go: file pieces come
+ * first, ordered by (shard, file offset), then host pieces (vectors; every tensor when the host
+ * model read its matrices: KL_GPU_LOAD=host).  Pieces never overlap in an arena.
+ *
+ * Fill: host pieces are copied from host memory.  File pieces, mode MAPPED: each shard is
+ * mapped a window at a time (read-only, MAP_SHARED, window_bytes), the window is pinned through
+ * ops->pin when it accepts (else copies are plain), every piece part in it is copied, then
+ * ops->mark(slot); before a window slot is reused (windows in flight) ops->wait(slot), then
+ * unpin and unmap: host memory stays bounded by windows * window_bytes.  With threads, the
+ * mapping, pin, wait and unpin run on those threads (pin, unpin and wait must then be safe to
+ * call from another thread than copy and mark, concurrently with them); copies and marks stay
+ * on the calling thread, in file order.  Mode READ: the staged
+ * reader (loader/reader.h, direct as given) delivers file order chunks copied plainly (the copy
+ * must have consumed its source when it returns, as a pageable cudaMemcpyAsync has).
+ * Errors: KL_E_IO / KL_E_FORMAT (opening or mapping a shard, the reader's), those of ops,
+ * KL_E_NOMEM; KL_E_BUG when the model's tensors disagree with the plan.  On an error every
+ * window has been waited for, unpinned and unmapped.
+ */
+#ifndef KL_ENGINE_GPU_PLAN_H
+#define KL_ENGINE_GPU_PLAN_H
+
+#include "common/err.h"
+#include "engine/model.h"
+#include "loader/reader.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KL_PLAN_ALIGN 256u
+#define KL_PLAN_NONE  UINT64_MAX        /* no vector of this role */
+#define KL_PLAN_HOST  UINT32_MAX        /* a piece's shard: its source is in host memory */
+
+/* Fusion groups: matrices that multiply the same input, in output order. */
+enum { KL_FUSE_KDA, KL_FUSE_MLA, KL_FUSE_MOE, KL_FUSE_MLP, KL_FUSE_GROUPS, KL_FUSE_MAX = 6 };
+extern const kl_role kl_plan_fuse_roles[KL_FUSE_GROUPS][KL_FUSE_MAX + 1]; /* KL_ROLE_COUNT ends */
+
+typedef struct kl_plan_mat {
+    kl_wkind kind;                      /* KL_W_NONE: absent */
+    uint32_t rows, cols;                /* cols: values per row (MXFP4 too) */
+    uint64_t data;                      /* offset of the values (MXFP4: packed codes) */
+    uint64_t scale;                     /* MXFP4: offset of the E8M0 scales */
+} kl_plan_mat;
+
+typedef struct kl_plan_layer {
+    kl_plan_mat w[KL_ROLE_COUNT];       /* matrices by role (members of a stacked group too) */
+    kl_plan_mat fused[KL_FUSE_GROUPS];  /* a stacked group as one matrix; NONE: not stacked */
+    uint64_t    vec[KL_ROLE_COUNT];     /* fp32 vector offsets, KL_PLAN_NONE when none */
+    kl_plan_mat ex[3];                  /* routed experts w1, w2, w3: expert 0 (rows: one's) */
+    uint32_t    n_experts;              /* 0: no routed experts */
+} kl_plan_layer;
+
+typedef struct kl_plan_piece {
+    uint32_t    arena;
+    uint64_t    dst;                    /* offset in the arena */
+    uint32_t    shard;                  /* KL_PLAN_HOST: from host */
+    uint64_t    src;                    /* file offset in the shard */
+    const void *host;                   /* host source (shard KL_PLAN_HOST) */
+    uint64_t    bytes;
+} kl_plan_piece;
+
+typedef struct kl_gpu_plan {
+    uint32_t       n_arenas;            /* layers + 1 */
+    uint64_t      *arena_bytes;         /* [n_arenas] */
+    kl_plan_layer *layer;               /* [n_arenas - 1] */
+    kl_plan_mat    embed, lm_head;      /* global arena (lm_head = embed when tied) */
+    uint64_t       final_norm;          /* global arena, fp32 [hidden] */
+    size_t         n_pieces, n_file;    /* pieces; the first n_file are file pieces */
+    kl_plan_piece *pieces;
+    uint64_t       total_bytes;         /* sum of arena_bytes */
+    uint64_t       file_bytes;          /* bytes of the file pieces */
+} kl_gpu_plan;
+
+/* The plan of m (opened either way, engine/model.h).  Free with kl_gpu_plan_free. */
+int  kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err);
+void kl_gpu_plan_free(kl_gpu_plan *p);          /* zeroed; a zeroed plan ok */
+
+/* Bytes of a plan matrix's values (MXFP4: packed codes) and of its scales. */
+uint64_t kl_plan_data_bytes(const kl_plan_mat *w);
+uint64_t kl_plan_scale_bytes(const kl_plan_mat *w);
+
+/* What the fill does with bytes: see the header comment.  pin and unpin may be NULL (never
+ * pinned); mark and wait may be NULL (copies complete when copy returns). */
+typedef struct kl_fill_ops {
+    void *ctx;
+    int  (*copy)(void *ctx, void *dst, const void *src, size_t bytes, int pinned, kl_err *err);
+    int  (*pin)(void *ctx, void *p, size_t bytes);    /* 0: pinned; else copy plainly */
+    void (*unpin)(void *ctx, void *p);
+    int  (*mark)(void *ctx, unsigned slot, kl_err *err);
+    int  (*wait)(void *ctx, unsigned slot, kl_err *err);
+} kl_fill_ops;
+
+typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ } kl_fill_mode;
+
+#define KL_FILL_MAX_WINDOWS 8u
+
+typedef struct kl_fill_opts {
+    kl_fill_mode   mode;
+    size_t         window_bytes;        /* MAPPED: 0 = 256 MiB; rounded up to pages */
+    unsigned       windows;             /* MAPPED: in flight, 0 = 3, at most 8 */
+    unsigned       threads;             /* MAPPED: 0: the calling thread maps and pins each
+                                           window; N (<= 8): N threads map, pin, wait for
+                                           and unpin windows ahead of the copies */
+    kl_direct_mode direct;              /* READ: O_DIRECT choice */
+} kl_fill_opts;
+
+typedef struct kl_fill_stats {
+    uint64_t bytes;                     /* copied, host pieces included */
+    uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned */
+} kl_fill_stats;
+
+/* Fills arena[0 .. p->n_arenas) with p's pieces; shard_paths[i] is shard i (m->shard_paths).
+ * opts and stats may be NULL. */
+int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *const *arena,
+                const kl_fill_ops *ops, const kl_fill_opts *opts, kl_fill_stats *stats,
+                kl_err *err);
+
+#endif

@@ -1,0 +1,543 @@
+/*
+ * tests/test_gpu_plan.c — engine/gpu_plan.h on the CPU: the device layout of a model's weights
+ * and the fill, with host memory as the "device" and memcpy as the copy; and the vectors_only
+ * mode of kl_model_open (engine/model.h) the fill reads from.
+ *
+ * Checkpoints: tiny BF16 (several 256 KiB shards), tiny MXFP4 and small MXFP4.  Checked: the
+ * plan is the same whether the model read its matrices or not; every block starts at a
+ * multiple of 256 bytes; no two pieces overlap and each lies inside its arena; after a fill
+ * every matrix (fused members, experts per role and expert, packed codes and scales, embed,
+ * lm_head) holds exactly the tensor's bytes and every vector the host model's fp32 copy, for
+ * mapped windows (pinned and not, windows smaller than a tensor so pieces are split, one or
+ * several in flight, serial and with 1-3 load threads), the staged reader (buffered and O_DIRECT where allowed) and a host
+ * model (KL_GPU_LOAD=host: host pieces only); a pinned window is only copied from while
+ * pinned, every window is waited for (after its mark) before it is unpinned, and none is left
+ * pinned; a copy failing mid-fill returns its error with every window released; a shard gone
+ * is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
+ * refused), vectors equal to the full model's, weight_bytes equal.
+ */
+#include "common/err.h"
+#include "common/mem.h"
+#include "engine/forward.h"
+#include "engine/gpu_plan.h"
+#include "engine/model.h"
+#include "synth/synth.h"
+#include "tests/testutil.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static char g_root[512], g_dir[3][600];
+static const char *const g_name[3] = {"tiny-bf16", "tiny-mxfp4", "small-mxfp4"};
+
+static void synth(const char *dir, const char *preset, kl_synth_format fmt)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_synth_opts o = {.out_dir = dir, .preset = preset, .format = fmt, .seed = 7,
+                       .buffered = 1, .threads = 2};
+    int rc = kl_synth_write(&o, &err);
+    ck_assert_msg(rc == 0, "synth %s: %s", dir, t_fmt_err(&err));
+}
+
+static void setup(void)
+{
+    t_mkdtemp(g_root, sizeof g_root);
+    for (int i = 0; i < 3; i++)
+        snprintf(g_dir[i], sizeof g_dir[i], "%s/%s", g_root, g_name[i]);
+    synth(g_dir[0], "tiny", KL_SYNTH_BF16);
+    synth(g_dir[1], "tiny", KL_SYNTH_MXFP4);
+    synth(g_dir[2], "small", KL_SYNTH_MXFP4);
+}
+
+static void teardown(void)
+{
+    if (g_root[0])
+        t_rmrf(g_root);
+}
+
+static kl_model *open_model(const char *dir, int vectors_only)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model *m = NULL;
+    kl_model_opts mo = {.threads = 1, .vectors_only = vectors_only};
+    int rc = kl_model_open(&m, dir, &mo, &err);
+    ck_assert_msg(rc == 0, "kl_model_open(%s): %s", dir, t_fmt_err(&err));
+    return m;
+}
+
+static void build(kl_gpu_plan *p, const kl_model *m)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_gpu_plan_build(p, m, &err);
+    ck_assert_msg(rc == 0, "plan: %s", t_fmt_err(&err));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The CPU "device"                                                                           */
+
+typedef struct cpu_dev {
+    pthread_mutex_t mu;                 /* pin, unpin and wait may come from load threads */
+    const uint8_t *pinned[KL_FILL_MAX_WINDOWS];
+    size_t         pinned_len[KL_FILL_MAX_WINDOWS];
+    int            marked[KL_FILL_MAX_WINDOWS];
+    int            pin_ok;
+    long           copies, fail_at;     /* fail_at > 0: that copy fails */
+    long           pins, unpins, waits;
+} cpu_dev;
+
+static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
+{
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        if (d->pinned[i] && p >= d->pinned[i] && p + n <= d->pinned[i] + d->pinned_len[i])
+            return 1;
+    return 0;
+}
+
+static int dev_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    if (++d->copies == d->fail_at)
+        return kl_fail(err, KL_E_GPU, "injected copy failure");
+    pthread_mutex_lock(&d->mu);
+    int ok = !pinned || in_pinned(d, src, bytes);
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(ok, "a pinned copy outside a pinned window");
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int dev_pin(void *ctx, void *p, size_t bytes)
+{
+    cpu_dev *d = ctx;
+    if (!d->pin_ok)
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i])
+        i++;
+    if (i < KL_FILL_MAX_WINDOWS) {
+        d->pinned[i] = p;
+        d->pinned_len[i] = bytes;
+        d->pins++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "more windows pinned than may be in flight");
+    return 0;
+}
+
+static void dev_unpin(void *ctx, void *p)
+{
+    cpu_dev *d = ctx;
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i] != p)
+        i++;
+    if (i < KL_FILL_MAX_WINDOWS) {
+        d->pinned[i] = NULL;
+        d->unpins++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "unpin of a window not pinned");
+}
+
+static int dev_mark(void *ctx, unsigned slot, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    pthread_mutex_lock(&d->mu);
+    d->marked[slot] = 1;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+static int dev_wait(void *ctx, unsigned slot, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    pthread_mutex_lock(&d->mu);
+    d->marked[slot] = 0;
+    d->waits++;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait};
+
+/* Arenas for p, filled with a byte no tensor is made of throughout. */
+static uint8_t **alloc_arenas(const kl_gpu_plan *p)
+{
+    uint8_t **a = kl_calloc(p->n_arenas, sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    for (uint32_t i = 0; i < p->n_arenas; i++) {
+        a[i] = kl_malloc(p->arena_bytes[i] ? p->arena_bytes[i] : 1);
+        ck_assert_ptr_nonnull(a[i]);
+        memset(a[i], 0xA5, p->arena_bytes[i]);
+    }
+    return a;
+}
+
+static void free_arenas(const kl_gpu_plan *p, uint8_t **a)
+{
+    for (uint32_t i = 0; i < p->n_arenas; i++)
+        kl_free(a[i]);
+    kl_free(a);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Checks                                                                                     */
+
+/* A matrix's bytes at its place equal the host model's. */
+static void check_mat(const uint8_t *base, const kl_plan_mat *pm, const kl_wmat *w, uint64_t e,
+                      const char *what)
+{
+    ck_assert_int_eq(pm->kind, w->kind);
+    ck_assert_uint_eq(pm->rows, w->rows);
+    ck_assert_uint_eq(pm->cols, w->cols);
+    uint64_t db = kl_plan_data_bytes(pm), sb = kl_plan_scale_bytes(pm);
+    const void *src = w->kind == KL_W_MXFP4 ? (const void *)w->packed : w->data;
+    ck_assert_msg(!memcmp(base + pm->data + e * db, src, db), "%s: values differ", what);
+    if (sb)
+        ck_assert_msg(!memcmp(base + pm->scale + e * sb, w->scale, sb), "%s: scales differ",
+                      what);
+}
+
+static void check_filled(const kl_gpu_plan *p, uint8_t *const *a, const kl_model *m)
+{
+    char what[96];
+    uint32_t G = p->n_arenas - 1;
+    check_mat(a[G], &p->embed, &m->embed, 0, "embed");
+    check_mat(a[G], &p->lm_head, &m->lm_head, 0, "lm_head");
+    ck_assert(!memcmp(a[G] + p->final_norm, m->final_norm, m->cfg.hidden_size * sizeof(float)));
+    for (uint32_t l = 0; l < G; l++) {
+        const kl_plan_layer *pl = &p->layer[l];
+        const kl_layer *hl = &m->layers[l];
+        for (int r = 0; r < KL_ROLE_COUNT; r++) {
+            snprintf(what, sizeof what, "layer %u %s", l, kl_role_name((kl_role)r));
+            if (pl->vec[r] != KL_PLAN_NONE)
+                ck_assert_msg(!memcmp(a[l] + pl->vec[r], hl->vec[r],
+                                      hl->w[r].rows * hl->w[r].cols * sizeof(float)), "%s", what);
+            else if (hl->w[r].kind != KL_W_NONE)
+                check_mat(a[l], &pl->w[r], &hl->w[r], 0, what);
+        }
+        for (int k = 0; k < 3 && pl->n_experts; k++) {
+            for (uint32_t e = 0; e < pl->n_experts; e++) {
+                snprintf(what, sizeof what, "layer %u expert %u w%d", l, e, k + 1);
+                check_mat(a[l], &pl->ex[k], &hl->experts[k][e], e, what);
+            }
+        }
+    }
+}
+
+static int aligned(uint64_t off)
+{
+    return off % KL_PLAN_ALIGN == 0;
+}
+
+static void check_mat_aligned(const kl_plan_mat *w)
+{
+    ck_assert(w->kind == KL_W_NONE || aligned(w->data));
+    ck_assert(kl_plan_scale_bytes(w) == 0 || aligned(w->scale));
+}
+
+/* Every block aligned; fused members one after another from the group's start. */
+static void check_layout(const kl_gpu_plan *p)
+{
+    check_mat_aligned(&p->embed);
+    ck_assert(aligned(p->final_norm));
+    for (uint32_t l = 0; l + 1 < p->n_arenas; l++) {
+        const kl_plan_layer *pl = &p->layer[l];
+        for (int r = 0; r < KL_ROLE_COUNT; r++)
+            ck_assert(pl->vec[r] == KL_PLAN_NONE || aligned(pl->vec[r]));
+        for (int k = 0; k < 3; k++)
+            check_mat_aligned(&pl->ex[k]);
+        for (int g = 0; g < KL_FUSE_GROUPS; g++) {
+            const kl_role *rr = kl_plan_fuse_roles[g];
+            if (pl->fused[g].kind == KL_W_NONE) {
+                for (; *rr != KL_ROLE_COUNT; rr++)
+                    check_mat_aligned(&pl->w[*rr]);
+                continue;
+            }
+            check_mat_aligned(&pl->fused[g]);
+            uint64_t at = pl->fused[g].data, rows = 0;
+            for (; *rr != KL_ROLE_COUNT; rr++) {
+                ck_assert_uint_eq(pl->w[*rr].data, at);
+                at += kl_plan_data_bytes(&pl->w[*rr]);
+                rows += pl->w[*rr].rows;
+            }
+            ck_assert_uint_eq(rows, pl->fused[g].rows);
+        }
+    }
+}
+
+static int cmp_dst(const void *a, const void *b)
+{
+    const kl_plan_piece *x = a, *y = b;
+    if (x->arena != y->arena)
+        return x->arena < y->arena ? -1 : 1;
+    return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+static void check_pieces(const kl_gpu_plan *p)
+{
+    kl_plan_piece *s = kl_calloc(p->n_pieces, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    memcpy(s, p->pieces, p->n_pieces * sizeof *s);
+    qsort(s, p->n_pieces, sizeof *s, cmp_dst);
+    for (size_t i = 0; i < p->n_pieces; i++) {
+        ck_assert_uint_lt(s[i].arena, p->n_arenas);
+        ck_assert_uint_le(s[i].dst + s[i].bytes, p->arena_bytes[s[i].arena]);
+        if (i + 1 < p->n_pieces && s[i + 1].arena == s[i].arena)
+            ck_assert_uint_le(s[i].dst + s[i].bytes, s[i + 1].dst);
+    }
+    for (size_t i = 1; i < p->n_file; i++)   /* file order */
+        ck_assert(p->pieces[i - 1].shard < p->pieces[i].shard ||
+                  (p->pieces[i - 1].shard == p->pieces[i].shard &&
+                   p->pieces[i - 1].src + p->pieces[i - 1].bytes <= p->pieces[i].src));
+    kl_free(s);
+}
+
+/* Fills from m (vectors_only or not) with o, pinning when pin_ok; checks against full. */
+static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
+                           int pin_ok)
+{
+    kl_gpu_plan p;
+    build(&p, m);
+    uint8_t **a = alloc_arenas(&p);
+    cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = pin_ok};
+    kl_fill_ops ops = g_ops;
+    ops.ctx = &d;
+    kl_fill_stats st;
+    kl_err err;
+    kl_err_clear(&err);
+    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
+    ck_assert_msg(rc == 0, "fill: %s", t_fmt_err(&err));
+    check_filled(&p, a, full);
+    ck_assert_uint_eq(d.pins, d.unpins);
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        ck_assert_msg(!d.marked[i], "window slot %u never waited for", i);
+    uint64_t piece_bytes = 0;
+    for (size_t i = 0; i < p.n_pieces; i++)
+        piece_bytes += p.pieces[i].bytes;
+    ck_assert_uint_eq(st.bytes, piece_bytes);
+    ck_assert_uint_eq(st.pinned, (uint64_t)d.pins);
+    if (o && o->mode == KL_FILL_MAPPED && p.n_file) {
+        ck_assert_uint_gt(st.windows, 0);
+        ck_assert_uint_eq((uint64_t)d.waits, st.windows);   /* each window waited for once */
+        if (pin_ok)
+            ck_assert_uint_eq(st.pinned, st.windows);
+    }
+    free_arenas(&p, a);
+    kl_gpu_plan_free(&p);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tests                                                                                      */
+
+START_TEST(test_vectors_only)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    ck_assert_ptr_null(m->be);
+    ck_assert_ptr_nonnull(full->be);
+    ck_assert_int_eq(m->matrices_read, 0);
+    ck_assert_int_eq(full->matrices_read, 1);
+    ck_assert_uint_eq(m->weight_bytes, full->weight_bytes);
+    ck_assert_ptr_null(m->embed.data);
+    ck_assert_int_eq(m->embed.kind, full->embed.kind);
+    ck_assert_uint_eq(m->n_src, full->n_src);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < m->n_src; i++)
+        sum += m->src[i].bytes;
+    ck_assert_uint_eq(sum, m->weight_bytes);
+    ck_assert(!memcmp(m->final_norm, full->final_norm, m->cfg.hidden_size * sizeof(float)));
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        for (int r = 0; r < KL_ROLE_COUNT; r++) {
+            const kl_wmat *w = &full->layers[l].w[r];
+            ck_assert_int_eq(m->layers[l].w[r].kind, w->kind);
+            ck_assert_uint_eq(m->layers[l].w[r].rows, w->rows);
+            if (full->layers[l].vec[r])
+                ck_assert(!memcmp(m->layers[l].vec[r], full->layers[l].vec[r],
+                                  w->rows * w->cols * sizeof(float)));
+            else
+                ck_assert_ptr_null(m->layers[l].w[r].data);
+        }
+    }
+    kl_state s;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_state_init(&s, m, &err), KL_E_USAGE);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
+static void check_same_mat(const kl_plan_mat *x, const kl_plan_mat *y)
+{
+    ck_assert_int_eq(x->kind, y->kind);
+    ck_assert_uint_eq(x->rows, y->rows);
+    ck_assert_uint_eq(x->cols, y->cols);
+    ck_assert_uint_eq(x->data, y->data);
+    ck_assert_uint_eq(x->scale, y->scale);
+}
+
+static void check_same_layer(const kl_plan_layer *x, const kl_plan_layer *y)
+{
+    for (int r = 0; r < KL_ROLE_COUNT; r++) {
+        check_same_mat(&x->w[r], &y->w[r]);
+        ck_assert_uint_eq(x->vec[r], y->vec[r]);
+    }
+    for (int g = 0; g < KL_FUSE_GROUPS; g++)
+        check_same_mat(&x->fused[g], &y->fused[g]);
+    for (int k = 0; k < 3; k++)
+        check_same_mat(&x->ex[k], &y->ex[k]);
+    ck_assert_uint_eq(x->n_experts, y->n_experts);
+}
+
+START_TEST(test_layout)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_gpu_plan a, b;
+    build(&a, m);
+    build(&b, full);
+    ck_assert_uint_eq(a.n_arenas, m->cfg.num_hidden_layers + 1);
+    ck_assert(!memcmp(a.arena_bytes, b.arena_bytes, a.n_arenas * sizeof *a.arena_bytes));
+    for (uint32_t l = 0; l + 1 < a.n_arenas; l++)
+        check_same_layer(&a.layer[l], &b.layer[l]);
+    ck_assert_uint_eq(a.n_pieces, b.n_pieces);
+    ck_assert_uint_eq(b.n_file, 0);                 /* a host model: host pieces only */
+    uint64_t vec_bytes = 0;   /* tensors the host copies as fp32 vectors */
+    for (size_t i = 0; i < m->n_src; i++) {
+        const kl_model_src *s = &m->src[i];
+        if (s->layer < 0 ? s->role == KL_ROLE_FINAL_NORM
+                         : a.layer[s->layer].vec[s->role] != KL_PLAN_NONE)
+            vec_bytes += s->bytes;
+    }
+    ck_assert_uint_gt(vec_bytes, 0);
+    ck_assert_uint_eq(a.file_bytes + vec_bytes, m->weight_bytes);
+    ck_assert_uint_gt(a.n_file, 0);
+    check_layout(&a);
+    check_pieces(&a);
+    check_pieces(&b);
+    int stacked = 0;
+    for (uint32_t l = 0; l + 1 < a.n_arenas; l++)
+        for (int g = 0; g < KL_FUSE_GROUPS; g++)
+            stacked += a.layer[l].fused[g].kind != KL_W_NONE;
+    ck_assert_int_gt(stacked, 0);
+    kl_gpu_plan_free(&a);
+    kl_gpu_plan_free(&b);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
+START_TEST(test_fill_mapped)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    static const size_t wins[] = {4096, 65536, 12288, 0};
+    for (size_t i = _i == 2; i < sizeof wins / sizeof *wins; i++) {   /* small: no 4 KiB */
+        for (unsigned k = 1; k <= 3; k++) {
+            for (unsigned t = 0; t <= 3; t += 1 + (k < 3)) {   /* serial and load threads */
+                kl_fill_opts o = {.mode = KL_FILL_MAPPED, .window_bytes = wins[i], .windows = k,
+                                  .threads = t};
+                fill_and_check(m, full, &o, 1);
+                fill_and_check(m, full, &o, 0);
+            }
+        }
+    }
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
+START_TEST(test_fill_read_and_host)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_fill_opts o = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
+    fill_and_check(m, full, &o, 1);
+    o.direct = KL_DIRECT_AUTO;
+    fill_and_check(m, full, &o, 1);
+    fill_and_check(full, full, NULL, 1);             /* KL_GPU_LOAD=host: from host memory */
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
+/* A copy that fails mid-fill: its error, every window released. */
+START_TEST(test_fill_copy_fails)
+{
+    kl_model *m = open_model(g_dir[0], 1);
+    kl_gpu_plan p;
+    build(&p, m);
+    uint8_t **a = alloc_arenas(&p);
+    for (int mode = 0; mode < 3; mode++) {   /* mapped, mapped with load threads, read */
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_at = (long)(p.n_pieces - p.n_file) + 5};
+        kl_fill_ops ops = g_ops;
+        ops.ctx = &d;
+        kl_fill_opts o = {.mode = mode == 2 ? KL_FILL_READ : KL_FILL_MAPPED,
+                          .window_bytes = 8192, .windows = 2, .threads = mode == 1 ? 2u : 0u};
+        kl_err err;
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
+        ck_assert_int_eq(rc, KL_E_GPU);
+        ck_assert_msg(strstr(err.msg, "injected") != NULL, "%s", t_fmt_err(&err));
+        ck_assert_uint_eq(d.pins, d.unpins);
+    }
+    free_arenas(&p, a);
+    kl_gpu_plan_free(&p);
+    kl_model_close(m);
+}
+END_TEST
+
+/* A shard removed after the model was opened: KL_E_IO naming it. */
+START_TEST(test_fill_shard_gone)
+{
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/gone", g_root);
+    synth(dir, "tiny", KL_SYNTH_BF16);
+    kl_model *m = open_model(dir, 1);
+    kl_gpu_plan p;
+    build(&p, m);
+    ck_assert_int_eq(unlink(m->shard_paths[m->n_shards - 1]), 0);
+    uint8_t **a = alloc_arenas(&p);
+    cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+    kl_fill_ops ops = g_ops;
+    ops.ctx = &d;
+    kl_err err;
+    kl_err_clear(&err);
+    for (unsigned t = 0; t < 2; t++) {
+        kl_fill_opts o = {.threads = t};
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
+        ck_assert_int_eq(rc, KL_E_IO);
+    }
+    ck_assert_uint_eq(d.pins, d.unpins);
+    free_arenas(&p, a);
+    kl_gpu_plan_free(&p);
+    kl_model_close(m);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("gpu_plan");
+    TCase *tc = tcase_create("plan");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_vectors_only, 0, 3);
+    tcase_add_loop_test(tc, test_layout, 0, 3);
+    tcase_add_loop_test(tc, test_fill_mapped, 0, 3);
+    tcase_add_loop_test(tc, test_fill_read_and_host, 0, 3);
+    tcase_add_test(tc, test_fill_copy_fails);
+    tcase_add_test(tc, test_fill_shard_gone);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return t_run_suite(suite());
+}
