@@ -665,9 +665,9 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
     gpu_be *g = impl(be);
     if (g->mode == REPLAY)
         return 0;
-    return op_done(g, kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
-                              g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st,
-                                         err));
+    return op_done(g, kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer),
+                                         g->tok.n, g->d.hidden, (float)be->m->cfg.rms_norm_eps,
+                                         g->xn, g->st, err));
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)

@@ -9,9 +9,9 @@
  * every matrix (fused members, experts per role and expert, packed codes and scales, embed,
  * lm_head) holds exactly the tensor's bytes and every vector the host model's fp32 copy, for
  * mapped windows (pinned and not, windows smaller than a tensor so pieces are split, one or
- * several in flight, serial and with 1-3 load threads), the staged reader (buffered and O_DIRECT where allowed) and a host
- * model (KL_GPU_LOAD=host: host pieces only); a pinned window is only copied from while
- * pinned, every window is waited for (after its mark) before it is unpinned, and none is left
+ * several in flight, serial and with 1-3 load threads), the staged reader (buffered and
+ * O_DIRECT where allowed) and a host model (KL_GPU_LOAD=host: host pieces only); a pinned
+ * window is only copied from while pinned, every window is waited for (after its mark) before it is unpinned, and none is left
  * pinned; a copy failing mid-fill returns its error with every window released; a shard gone
  * is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
  * refused), vectors equal to the full model's, weight_bytes equal.
@@ -474,7 +474,8 @@ START_TEST(test_fill_copy_fails)
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
     for (int mode = 0; mode < 3; mode++) {   /* mapped, mapped with load threads, read */
-        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_at = (long)(p.n_pieces - p.n_file) + 5};
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,
+                     .fail_at = (long)(p.n_pieces - p.n_file) + 5};
         kl_fill_ops ops = g_ops;
         ops.ctx = &d;
         kl_fill_opts o = {.mode = mode == 2 ? KL_FILL_READ : KL_FILL_MAPPED,

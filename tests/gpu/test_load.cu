@@ -5,8 +5,8 @@
  * test machine) and from tmpfs (/dev/shm).  The file holds a known pattern; its pieces have
  * odd sizes and odd offsets (gaps between them, as tensors in a safetensors shard) and go to
  * 256-byte aligned places of one device arena.  Checked: after each fill the arena, copied
- * back, holds every piece's bytes (the count of pieces that differ must be 0) (mapped with the default 256 MiB windows, with 64 MiB
- * windows, and through the staged reader).  Timed: each fill from the first map to the last
+ * back, holds every piece's bytes (the count of pieces that differ must be 0), mapped with
+ * the default 256 MiB windows, with 64 MiB windows, and through the staged reader.  Timed: each fill from the first map to the last
  * copy done, in GB/s, beside the pinned host-to-device copy rate measured in the same run
  * (the load target is >= 80% of it), and how many windows were page-locked: serial, with 2
  * and 4 load threads (KL_GPU_LOAD_THREADS), 64 MiB windows, the staged reader; and the
