@@ -94,7 +94,6 @@ typedef struct gpu_be {
     float        *final_norm;
     size_t        win_stride, state_stride;   /* floats per slot in the KDA pools */
     size_t       *mla_cap;                    /* [slots] rows allocated per MLA cache */
-    uint8_t      *open;                       /* [slots] */
     void        **allocs;                     /* device buffers owned (freed at destroy) */
     size_t        n_allocs, cap_allocs;
     /* the chunk */
@@ -471,12 +470,12 @@ static int gpu_slot_open(kl_backend *be, uint32_t *slot, kl_err *err)
 {
     gpu_be *g = impl(be);
     for (uint32_t s = 0; s < be->max_slots; s++) {
-        if (g->open[s])
+        if (be->slot_used[s])
             continue;
         int rc = zero_slot(g, s, err);
         if (rc)
             return rc;
-        g->open[s] = 1;
+        be->slot_used[s] = 1;
         *slot = s;
         return 0;
     }
@@ -485,7 +484,7 @@ static int gpu_slot_open(kl_backend *be, uint32_t *slot, kl_err *err)
 
 static void gpu_slot_close(kl_backend *be, uint32_t slot)
 {
-    impl(be)->open[slot] = 0;
+    be->slot_used[slot] = 0;
 }
 
 static void gpu_slot_reset(kl_backend *be, uint32_t slot)
@@ -919,7 +918,7 @@ static void gpu_destroy(kl_backend *be)
     kl_free(g->allocs);
     kl_free(g->L);
     kl_free(g->mla_cap);
-    kl_free(g->open);
+    kl_free(be->slot_used);
     kl_free(be->slot_len);
     kl_free(g);
 }
@@ -954,11 +953,10 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     g->graphs_on = !(graphs && !strcmp(graphs, "0"));
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
-    g->open = kl_calloc(GPU_SLOTS, sizeof *g->open);
     g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
-    g->base.slot_used = g->open;   /* the open flags the orchestration checks (freed as open) */
+    g->base.slot_used = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_used);
     int rc = 0;
-    if (!g->L || !g->mla_cap || !g->open || !g->base.slot_len)
+    if (!g->L || !g->mla_cap || !g->base.slot_used || !g->base.slot_len)
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     if (!rc)
         rc = kl_gpu_device_open(0, NULL, 0, err);

@@ -40,18 +40,27 @@ static int nomem(kl_api_error *e)
     return kl_api_fail(e, 500, "server_error", NULL, "out of memory reading the request");
 }
 
+/* s (kl_malloc'd) now owned by r; NULL (and s freed) on allocation failure. */
+static char *keep(kl_req_chat *r, char *s)
+{
+    if (s && kl_grow(&r->strings, &r->cap_strings, r->n_strings + 1, sizeof *r->strings)) {
+        kl_free(s);
+        return NULL;
+    }
+    if (s)
+        r->strings[r->n_strings++] = s;
+    return s;
+}
+
 /* A copy of s[0..n) owned by r (NULL on allocation failure). */
 static char *own(kl_req_chat *r, const char *s, size_t n)
 {
-    if (kl_grow(&r->strings, &r->cap_strings, r->n_strings + 1, sizeof *r->strings))
-        return NULL;
     char *c = kl_malloc(n + 1);
-    if (!c)
-        return NULL;
-    memcpy(c, s, n);
-    c[n] = '\0';
-    r->strings[r->n_strings++] = c;
-    return c;
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return keep(r, c);
 }
 
 static char *own_str(kl_req_chat *r, const char *s)
@@ -83,15 +92,18 @@ static int message_content(kl_req_chat *r, const cJSON *c, const char *param, co
                        "supported (the model reads text only)", param);
         n += strlen(text->valuestring);
     }
-    char *s = own(r, "", 0);
-    if (!s || !(s = kl_realloc(s, n + 1)))
+    char *s = kl_malloc(n + 1);
+    if (!s)
         return nomem(e);
-    r->strings[r->n_strings - 1] = s;
-    s[0] = '\0';
-    cJSON_ArrayForEach(part, c)
-        strcat(s, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
-    *out = s;
-    return 0;
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {   /* the parts joined */
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t k = strlen(t);
+        memcpy(s + at, t, k);
+        at += k;
+    }
+    s[at] = '\0';
+    return (*out = keep(r, s)) ? 0 : nomem(e);
 }
 
 /* An optional string member into *out (owned); absent or null leaves NULL. */
