@@ -14,7 +14,7 @@
  * Scratch (floats): ql [n][nh][R+dr] (v1 uses [n][nh][R] of it), ctx [n][nh][R], then per
  * (token, split, head) the max, the sum and the context [R].
  *
- * v2 (the default; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
+ * v2 (KL_GPU_MLA=v2; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
  * needs nh <= 32 and R <= 512, else v1 runs) keeps the four steps and changes how each works:
  *   absorb2  a block per (64 columns, head, 4 tokens), each thread 4 rows x 16 bytes of W_kb,h
  *            loaded before the first product (the whole block's 16 KiB in flight); writes the
@@ -29,6 +29,11 @@
  *   combine2 a block per (head, 128 columns, token), 8 groups of splits with float4 loads
  *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
  *            the contexts staged in shared memory
+ *
+ * v3 (the default where it fits; KL_GPU_MLA=v2 or v1 selects the others) runs absorb2,
+ * combine2 and vb2 around attend3: the scores and contexts on tensor cores (bf16 in, fp32
+ * accumulate), a block per (split, run, 32 / nh tokens of the run): 32 query rows (token,
+ * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_kernel).
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
@@ -50,7 +55,7 @@
 #define VB_GROUPS     8      /* output rows per vb block */
 #define VB_TOKENS     4      /* tokens per vb group */
 #define MAX_SHARED    (200u << 10)  /* attend's shared memory at most (bytes) */
-/* v2 (the default; KL_GPU_MLA=v1 selects round 1's kernels above) */
+/* v2 (KL_GPU_MLA=v2; KL_GPU_MLA=v1 selects round 1's kernels above) */
 #define SPLIT_TILES2  2      /* tiles per split at least */
 #define A2_COLS       64     /* absorb2: columns per block (8 column groups of VEC) */
 #define A2_RG         32     /* absorb2: row groups */
