@@ -1209,13 +1209,22 @@ static int allow_shared(const void *fn, size_t *set, size_t need, kl_err *err)
     return 0;
 }
 
+/* The attention's context for `splits` splits per token (v1: of split_rows rows each). */
+static attend_ctx make_ctx(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
+                           uint32_t splits, uint32_t split_rows)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    const attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits),
+                          split_rows, 1.0f / sqrtf((float)(d->dn + d->dr))};
+    return x;
+}
+
 static int attend_v1(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                      kl_err *err)
 {
     const kl_gpu_mla_dims *d = &a->d;
     const split_plan sp = plan_splits(t->max_span);
-    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, sp.n), sp.rows,
-                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    const attend_ctx x = make_ctx(a, t, sp.n, sp.rows);
     static size_t shared_set;
     const size_t shared = attend_shared(d);
     if (allow_shared((const void *)attend_kernel, &shared_set, shared, err))
@@ -1256,8 +1265,7 @@ static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
 {
     const kl_gpu_mla_dims *d = &a->d;
     const uint32_t splits = splits2(t->n, t->max_span);
-    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits), 0,
-                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    const attend_ctx x = make_ctx(a, t, splits, 0);
     static size_t shared_set;
     const size_t shared = attend2_shared(d);
     if (allow_shared((const void *)attend2_kernel, &shared_set, shared, err))
@@ -1276,8 +1284,7 @@ static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     const uint32_t tb = T3_ROWS / d->nh, groups = (t->max_run + tb - 1) / tb;
     const uint32_t splits = splits_for(t->n_runs * groups, t->max_span,
                                        T3_MIN_TILES * T3_KEYS / TILE);
-    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits), 0,
-                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    const attend_ctx x = make_ctx(a, t, splits, 0);
     static size_t shared_set;
     const size_t shared = attend3_shared(d);
     if (allow_shared((const void *)attend3_kernel, &shared_set, shared, err))
