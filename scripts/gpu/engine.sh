@@ -88,6 +88,9 @@ stage_full() {
     local t0=$SECONDS bytes
     bytes=$(cat "$D"/*.safetensors | wc -c)
     row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    # time to first token of a short prompt, the page cache warm
+    "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
+        row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
     # per-operation shares (KL_GPU_PROFILE=1: graphs off, a sync per operation)
     [ -z "${PROFILE:-}" ] || { KL_GPU_PROFILE=1 "$KL" bench decode "$D" --device gpu --prompt-tokens 2048 --tokens 16 --json -q > "$W/bench-profile.json" &&
         python3 - "$W/bench-profile.json" <<'PY' | tee -a "$TABLE"; }
