@@ -40,6 +40,7 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 #include "common/clock.h"
 #include "common/mem.h"
 #include "kernels/dense.h"
+#include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
@@ -117,6 +118,7 @@ typedef struct gpu_be {
     size_t    mla_scratch_floats;
     /* decode graphs */
     int        graphs_on;
+    int        gemm_on;                       /* tensor-core products for chunks */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -709,10 +711,21 @@ static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_
     return norm_op(be, which, layer, 1, err);
 }
 
+/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows (kernels/gemm.h), the one-token
+ * kernels otherwise or with $KL_GPU_GEMM=0. */
+static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                   kl_err *err)
+{
+    int tc = w->kind == KL_GPU_W_BF16 || w->kind == KL_GPU_W_MXFP4;
+    if (g->gemm_on && tc && n >= KL_GPU_GEMM_MIN_N && w->cols % 32 == 0)
+        return kl_gpu_gemm(w, x, n, y, g->st, err);
+    return kl_gpu_matmul(w, x, n, y, g->st, err);
+}
+
 /* y [n, rows] = x [n, cols] Wᵀ for the chunk's tokens */
 static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
 {
-    return kl_gpu_matmul(w, x, g->tok.n, y, g->st, err);
+    return product(g, w, x, g->tok.n, y, err);
 }
 
 /* Whether the chunk runs group grp's products as one (a one-token chunk, the group fused). */
@@ -870,7 +883,7 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
         rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
                         err);
     if (!rc)
-        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
+        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, err);
     if (!rc && argmax)
         rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
     if (!rc && logits)
@@ -997,6 +1010,8 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     get_dims(m, &g->d);
     const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
     g->prof.on = prof && !strcmp(prof, "1");
+    const char *gemm = getenv("KL_GPU_GEMM");
+    g->gemm_on = !(gemm && !strcmp(gemm, "0"));
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
