@@ -885,8 +885,24 @@ __host__ __device__ static inline uint32_t ld3(uint32_t cw)
 
 static size_t attend3_shared(const kl_gpu_mla_dims *d)
 {
-    return (size_t)(T3_ROWS + T3_KEYS) * ld3(d->R + d->dr) * 2 + T3_ROWS * T3_SLD * 4 +
+    return (size_t)(T3_ROWS + T3_KEYS) * ld3(d->R + d->dr) * 2 + 2 * T3_ROWS * T3_SLD * 4 +
            T3_ROWS * T3_PLD * 2 + 4 * T3_ROWS * 4;
+}
+
+/* Row and column of element e of an accumulator tile: bits 4 e .. 4 e + 3 of r and c. */
+struct fmap {
+    uint32_t r, c;
+};
+static_assert(acc16::num_elements <= 8, "8 elements of 4 bits in a word");
+
+__device__ static inline uint32_t frow(const fmap &m, int e)
+{
+    return m.r >> 4 * e & 15u;
+}
+
+__device__ static inline uint32_t fcol(const fmap &m, int e)
+{
+    return m.c >> 4 * e & 15u;
 }
 
 __device__ static inline void acc_zero(acc16 &c)
@@ -910,11 +926,19 @@ __device__ static inline void frag_tables(float *tab)
     }
 }
 
-/* Group: rid, cid = the row and the column of each element of an accumulator tile. */
-__device__ static inline void frag_map(const float *tab, acc16 &rid, acc16 &cid)
+/* Group: the row and the column of each element of an accumulator tile, read from tab. */
+__device__ static inline fmap frag_map(const float *tab)
 {
+    acc16 rid, cid;
     wm::load_matrix_sync(rid, tab, T3_SLD, wm::mem_row_major);
     wm::load_matrix_sync(cid, tab + 16 * T3_SLD, T3_SLD, wm::mem_row_major);
+    fmap m = {0, 0};
+#pragma unroll
+    for (int e = 0; e < acc16::num_elements; e++) {
+        m.r |= (uint32_t)rid.x[e] << 4 * e;
+        m.c |= (uint32_t)cid.x[e] << 4 * e;
+    }
+    return m;
 }
 
 /* Group: c += Q K^T over 16 * steps columns; q: 16 query rows, k: 16 cache rows, stride ld. */
@@ -935,7 +959,7 @@ __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t
 __device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, const uint16_t *v,
                                      uint32_t ld, uint32_t cg, uint32_t nf)
 {
-#pragma unroll
+#pragma unroll 1 /* fewer registers: 2 steps, the B tiles of one in flight */
     for (int kk = 0; kk < T3_KEYS / 16; kk++) {
         a16 A;
         wm::load_matrix_sync(A, (const __nv_bfloat16 *)p + 16 * kk, T3_PLD);
@@ -953,13 +977,15 @@ __device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, co
 #else
 __device__ static inline void frag_tables(float *) {}
 
-__device__ static inline void frag_map(const float *, acc16 &rid, acc16 &cid)
+__device__ static inline fmap frag_map(const float *)
 {
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
+    fmap m = {0, 0};
     for (int e = 0; e < 8; e++) {
-        rid.x[e] = (float)(lane / 2);
-        cid.x[e] = (float)(lane % 2 * 8 + e);
+        m.r |= lane / 2 << 4 * e;
+        m.c |= (lane % 2 * 8 + e) << 4 * e;
     }
+    return m;
 }
 
 __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t *k, uint32_t ld,
@@ -1010,7 +1036,8 @@ __device__ static inline void load_tile3(const float4 *src, uint32_t nk, uint32_
     }
 }
 
-/* Block: the tile's raw scores ss [T3_ROWS][T3_SLD] become weights ps (bf16) for the rows'
+/* Block: the tile's raw scores ss [2][T3_ROWS][T3_SLD] (two halves of the columns, added)
+ * become weights ps (bf16) for the rows'
  * online softmax: key c of row r counts when c < nk and u0 + c <= rpos[r] (causal; rpos -1: an
  * empty row).  8 threads per row, 4 keys each; mx, sm take in the tile, alpha the factor the
  * old context is scaled by.  The sum adds the weights as rounded to bf16 (as P V uses them). */
@@ -1025,7 +1052,8 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
-        s[j] = c < nk && (int)(u0 + c) <= rpos[r] ? ss[r * T3_SLD + c] * scale : -INFINITY;
+        const float v = ss[r * T3_SLD + c] + ss[(T3_ROWS + r) * T3_SLD + c];
+        s[j] = c < nk && (int)(u0 + c) <= rpos[r] ? v * scale : -INFINITY;
         m = fmaxf(m, s[j]);
     }
     for (int o = 4; o > 0; o /= 2)
@@ -1097,11 +1125,29 @@ __device__ static inline void load_queries3(const float *qf, const kl_gpu_tokens
     }
 }
 
+/* Block: the tile's scores [T3_ROWS][T3_KEYS] before scaling into ss [2][T3_ROWS][T3_SLD]:
+ * group g the rows 16 (g % 4 / 2) x keys 16 (g % 2) over the first (g < 4) or the second half
+ * of the 16-column steps. */
+__device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, uint32_t ld,
+                                      const fmap &fm, float *ss)
+{
+    const uint32_t g = threadIdx.x / KL_GPU_GROUP, tr = g % 4 / 2, tc = g % 2;
+    const uint32_t steps = (ld - 8) / 16, s0 = g < 4 ? 0 : steps / 2;
+    const uint32_t ns = g < 4 ? steps / 2 : steps - steps / 2;
+    acc16 c;
+    acc_zero(c);
+    mma_qk(c, qs + 16 * tr * ld + 16 * s0, ks + 16 * tc * ld + 16 * s0, ld, ns);
+    float *dst = ss + (g < 4 ? 0 : T3_ROWS * T3_SLD);
+#pragma unroll
+    for (int e = 0; e < acc16::num_elements; e++)
+        dst[(16 * tr + frow(fm, e)) * T3_SLD + 16 * tc + fcol(fm, e)] = c.x[e];
+}
+
 /* grid (splits, runs, token groups of the longest run): the rows (token, head) of T3_ROWS / nh
  * tokens of run blockIdx.y against the cache rows of split blockIdx.x (split_rows of the
  * group's longest span); partial results as attend2's, for the tokens of the block.  Group g
- * computes the scores of rows 16 (g / 2) x keys 16 (g % 2) (g < 4) and the context of rows
- * 16 (g / 4), columns 16 (g % 4 + 4 i). */
+ * computes half of the scores of a 16 x 16 tile (scores3) and the context of rows 16 (g / 4),
+ * columns 16 (g % 4 + 4 i). */
 __global__ static void __launch_bounds__(T3_THREADS, 2)
 attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
 {
@@ -1113,15 +1159,15 @@ attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
         return;
     uint16_t *qs = (uint16_t *)shared3, *ks = qs + T3_ROWS * ld;
     float *ss = (float *)(ks + T3_KEYS * ld);
-    uint16_t *ps = (uint16_t *)(ss + T3_ROWS * T3_SLD);
+    uint16_t *ps = (uint16_t *)(ss + 2 * T3_ROWS * T3_SLD);
     float *mx = (float *)(ps + T3_ROWS * T3_PLD), *sm = mx + T3_ROWS, *alpha = sm + T3_ROWS;
     int *rpos = (int *)(alpha + T3_ROWS);
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, rg = g / 4, cg = g % 4;
     frag_tables(ss);
     load_queries3(x.sc.ql, tk, b, nh, cw, qs, rpos, mx, sm);
     __syncthreads();
-    acc16 rid, cid, o[T3_FRAGS];
-    frag_map(ss, rid, cid);
+    const fmap fm = frag_map(ss);
+    acc16 o[T3_FRAGS];
 #pragma unroll
     for (int i = 0; i < T3_FRAGS; i++)
         acc_zero(o[i]);
@@ -1130,15 +1176,7 @@ attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
         const uint32_t nk = b.u_end - u0 < T3_KEYS ? b.u_end - u0 : T3_KEYS;
         load_tile3(cache + (size_t)u0 * (cw / 4), nk, cw / 4, ld, ks);
         __syncthreads(); /* also: every group has read the tables in ss */
-        if (g < 4) {
-            acc16 c;
-            acc_zero(c);
-            mma_qk(c, qs + 16 * (g / 2) * ld, ks + 16 * (g % 2) * ld, ld, (ld - 8) / 16);
-#pragma unroll
-            for (int e = 0; e < acc16::num_elements; e++)
-                ss[(16 * (g / 2) + (uint32_t)rid.x[e]) * T3_SLD + 16 * (g % 2) +
-                   (uint32_t)cid.x[e]] = c.x[e];
-        }
+        scores3(qs, ks, ld, fm, ss);
         __syncthreads();
         softmax3(ss, nk, u0, x.scale, rpos, ps, mx, sm, alpha);
         __syncthreads();
@@ -1146,7 +1184,7 @@ attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
         for (int i = 0; i < T3_FRAGS; i++)
 #pragma unroll
             for (int e = 0; cg + 4 * i < nf && e < acc16::num_elements; e++)
-                o[i].x[e] *= alpha[16 * rg + (uint32_t)rid.x[e]];
+                o[i].x[e] *= alpha[16 * rg + frow(fm, e)];
         mma_pv(o, ps + 16 * rg * T3_PLD, ks, ld, cg, nf);
         __syncthreads(); /* ks and ps are rewritten by the next tile */
     }
@@ -1162,12 +1200,11 @@ attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
     for (int i = 0; i < T3_FRAGS; i++)
 #pragma unroll
         for (int e = 0; cg + 4 * i < nf && e < acc16::num_elements; e++) {
-            const uint32_t r = 16 * rg + (uint32_t)rid.x[e];
+            const uint32_t r = 16 * rg + frow(fm, e);
             if (r / nh >= b.nt)
                 continue;
             const size_t part = (size_t)(b.t0 + r / nh) * splits + blockIdx.x;
-            x.sc.pc[(part * nh + r % nh) * d.R + 16 * (cg + 4 * i) + (uint32_t)cid.x[e]] =
-                o[i].x[e];
+            x.sc.pc[(part * nh + r % nh) * d.R + 16 * (cg + 4 * i) + fcol(fm, e)] = o[i].x[e];
         }
 }
 
