@@ -9,7 +9,8 @@
  *   mma:   8 warps, warp w: tokens 32 (w % 2) .. +32, W rows 32 (w / 2) .. +32, i.e. 2 x 2
  *          WMMA bf16 16x16x16 fragments with fp32 accumulators (HIP: a SIMT loop, 32 sums per
  *          thread, the same tiles);
- *   while the tensor cores work on step k, the registers already hold step k + 1's loads.
+ *   two register sets (even and odd steps): while the tensor cores work on step k, the loads
+ *   of steps k + 1 and k + 2 are in flight.
  * After K, the accumulators go through shared memory (the staging area, reused) to y, masked
  * to the valid tokens and rows (coalesced 4-byte stores along y's rows).
  *
@@ -75,18 +76,19 @@ __device__ static inline uint32_t bf16_rne(float f)
 }
 
 /* The raw loads of one K step for one thread (W: MXFP4 one word, BF16 four; X: four float4). */
-struct gemm_regs {
-    uint4  w[4];
+template <int MX> struct gemm_regs {
+    uint4   w[MX ? 1 : 4];
     uint8_t s;
-    float4 x[4];
+    float4  x[4];
 };
 
-__device__ static inline void load_w(const gemm_job &j, uint32_t k0, gemm_regs &g)
+template <int MX>
+__device__ static inline void load_w(const gemm_job &j, uint32_t k0, gemm_regs<MX> &g)
 {
     const unsigned t = threadIdx.x;
     const uint32_t cols = j.m.cols;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    if (j.m.kind == KL_GPU_W_MXFP4) {
+    if (MX) {
         const uint32_t r = j.r0 + t / 2, k = k0 + (t % 2) * 32;
         const int ok = r < j.m.rows && k < cols;
         const size_t row = j.wrow0 + r;
@@ -96,7 +98,7 @@ __device__ static inline void load_w(const gemm_job &j, uint32_t k0, gemm_regs &
     }
     const uint16_t *d = (const uint16_t *)j.m.data;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (MX ? 1 : 4); i++) {
         const unsigned p = t + THREADS * i; /* piece p: row p / 8, columns 8 (p % 8) .. +8 */
         const uint32_t r = j.r0 + p / 8, k = k0 + (p % 8) * 8;
         const int ok = r < j.m.rows && k < cols;
@@ -105,8 +107,9 @@ __device__ static inline void load_w(const gemm_job &j, uint32_t k0, gemm_regs &
 }
 
 /* X pieces: p = t + 256 i, token p / 16, columns 4 (p % 16) .. +4; nt valid tokens from t0. */
+template <int MX>
 __device__ static inline void load_x(const gemm_job &j, uint32_t t0, uint32_t nt, uint32_t k0,
-                                     gemm_regs &g)
+                                     gemm_regs<MX> &g)
 {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -121,10 +124,11 @@ __device__ static inline void load_x(const gemm_job &j, uint32_t t0, uint32_t nt
 }
 
 /* The registers into shared memory as bf16 (MXFP4 codes times the scale: exact). */
-__device__ static inline void stage(const gemm_job &j, const gemm_regs &g, gemm_smem &sh)
+template <int MX>
+__device__ static inline void stage(const gemm_regs<MX> &g, gemm_smem &sh)
 {
     const unsigned t = threadIdx.x;
-    if (j.m.kind == KL_GPU_W_MXFP4) {
+    if (MX) {
         const float sc = kl_e8m0_value(g.s);
         const uint32_t q[4] = {g.w[0].x, g.w[0].y, g.w[0].z, g.w[0].w};
         uint32_t out[16];
@@ -141,7 +145,7 @@ __device__ static inline void stage(const gemm_job &j, const gemm_regs &g, gemm_
             dst[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
     } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < (MX ? 1 : 4); i++) {
             const unsigned p = t + THREADS * i;
             *(uint4 *)&sh.in.w[(p / 8) * LDS + (p % 8) * 8] = g.w[i];
         }
@@ -230,24 +234,45 @@ __device__ static inline void acc_store(const gemm_acc &acc, gemm_smem &sh)
 }
 #endif
 
+/* The loads of the K step at k0 (nothing past K) into g. */
+template <int MX>
+__device__ static inline void load_step(const gemm_job &j, uint32_t t0, uint32_t nt,
+                                        uint32_t k0, gemm_regs<MX> &g)
+{
+    if (k0 < j.m.cols) {
+        load_w<MX>(j, k0, g);
+        load_x<MX>(j, t0, nt, k0, g);
+    }
+}
+
+/* One K step: g (step k0) staged, then g reloaded with step k0 + 2 KT while the products of
+ * step k0 run (two steps' loads are in flight at any time). */
+template <int MX>
+__device__ static inline void gemm_step(const gemm_job &j, uint32_t t0, uint32_t nt,
+                                        uint32_t k0, gemm_regs<MX> &g, gemm_acc &acc,
+                                        gemm_smem &sh)
+{
+    stage<MX>(g, sh);
+    __syncthreads();
+    load_step<MX>(j, t0, nt, k0 + 2 * KT, g);
+    acc_step(acc, sh);
+    __syncthreads();
+}
+
 /* y rows [t0, t0 + nt) (packed order), columns [r0, r0 + BM) of the block's matrix: every
- * thread of the block calls it (barriers inside). */
+ * thread of the block calls it (barriers inside).  Even steps use g0, odd ones g1. */
+template <int MX>
 __device__ static void gemm_tile(const gemm_job &j, uint32_t t0, uint32_t nt, gemm_smem &sh)
 {
     gemm_acc acc;
     acc_zero(acc);
-    gemm_regs g;
-    load_w(j, 0, g);
-    load_x(j, t0, nt, 0, g);
-    for (uint32_t k0 = 0; k0 < j.m.cols; k0 += KT) {
-        stage(j, g, sh);
-        __syncthreads();
-        if (k0 + KT < j.m.cols) { /* the next step's loads fly during the products */
-            load_w(j, k0 + KT, g);
-            load_x(j, t0, nt, k0 + KT, g);
-        }
-        acc_step(acc, sh);
-        __syncthreads();
+    gemm_regs<MX> g0, g1;
+    load_step<MX>(j, t0, nt, 0, g0);
+    load_step<MX>(j, t0, nt, KT, g1);
+    for (uint32_t k0 = 0; k0 < j.m.cols; k0 += 2 * KT) {
+        gemm_step<MX>(j, t0, nt, k0, g0, acc, sh);
+        if (k0 + KT < j.m.cols)
+            gemm_step<MX>(j, t0, nt, k0 + KT, g1, acc, sh);
     }
     acc_store(acc, sh);
     __syncthreads();
@@ -267,6 +292,7 @@ __device__ static inline void lut_init(gemm_smem &sh)
     __syncthreads();
 }
 
+template <int MX>
 __global__ static void __launch_bounds__(THREADS, 2)
     gemm_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
 {
@@ -274,9 +300,10 @@ __global__ static void __launch_bounds__(THREADS, 2)
     lut_init(sh);
     const gemm_job j = {m, 0, blockIdx.x * BM, x, NULL, y};
     const uint32_t t0 = blockIdx.y * BN;
-    gemm_tile(j, t0, n - t0 < BN ? n - t0 : BN, sh);
+    gemm_tile<MX>(j, t0, n - t0 < BN ? n - t0 : BN, sh);
 }
 
+template <int MX>
 __global__ static void __launch_bounds__(THREADS, 2)
     gemm_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row,
                         const uint32_t *seg, float *y)
@@ -288,7 +315,7 @@ __global__ static void __launch_bounds__(THREADS, 2)
     lut_init(sh);
     const gemm_job j = {m, (size_t)e * m.rows, blockIdx.x * BM, x, x_row, y};
     for (uint32_t t0 = s0; t0 < s1; t0 += BN)
-        gemm_tile(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
+        gemm_tile<MX>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
 }
 
 /* 0, or KL_E_USAGE: m is BF16 or MXFP4 with cols % 32 == 0 and 16-byte aligned payloads. */
@@ -316,7 +343,10 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
     if (!y || n == 0 || (n + BN - 1) / BN > 65535)
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
     const dim3 grid((w->rows + BM - 1) / BM, (n + BN - 1) / BN);
-    gemm_kernel<<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
+    if (w->kind == KL_GPU_W_MXFP4)
+        gemm_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
+    else
+        gemm_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -333,7 +363,11 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
     if (a->m_max == 0)
         return 0; /* no rows: nothing to do */
     const dim3 grid((a->w->m.rows + BM - 1) / BM, a->w->n);
-    gemm_grouped_kernel<<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row, a->seg,
-                                                              a->y);
+    if (a->w->m.kind == KL_GPU_W_MXFP4)
+        gemm_grouped_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
+                                                                     a->seg, a->y);
+    else
+        gemm_grouped_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
+                                                                     a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
