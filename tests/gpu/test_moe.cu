@@ -339,6 +339,15 @@ static void check_bad_id(kl_gpu_wkind kind, uint32_t n)
     stacks_free(s);
 }
 
+/* After a timing: waits, then frees its device buffers and stacks. */
+static void timing_free(std::initializer_list<void *> bufs, stacks &s)
+{
+    T_CHECK(hipDeviceSynchronize());
+    for (void *b : bufs)
+        hipFree(b);
+    stacks_free(s);
+}
+
 /* n = 1 at the real shapes: 32 calls, call i on experts perm[8i .. 8i+8). */
 static void time_experts(double copy_gbps, int version)
 {
@@ -366,13 +375,7 @@ static void time_experts(double copy_gbps, int version)
     char what[96];
     snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 v%d", version);
     t_time(what, t_median_s(call, 32), t_graph_s(call, 32), bytes, copy_gbps);
-    T_CHECK(hipDeviceSynchronize());
-    hipFree(dx);
-    hipFree(dw);
-    hipFree(dy);
-    hipFree(di);
-    hipFree(scratch);
-    stacks_free(s);
+    timing_free({dx, dw, dy, di, scratch}, s);
 }
 
 /* Chunks (n >= 16): the grouped path (default) and, inside check_experts, the per-slot one. */
@@ -415,13 +418,7 @@ static void time_chunk(double copy_gbps, uint32_t n, int version)
     snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=%u %s", n,
              version == 3 ? "grouped" : "KL_GPU_MOE=v2");
     t_time(what, t, t, bytes, copy_gbps);
-    T_CHECK(hipDeviceSynchronize());
-    hipFree(dx);
-    hipFree(dw);
-    hipFree(dy);
-    hipFree(di);
-    hipFree(scratch);
-    stacks_free(s);
+    timing_free({dx, dw, dy, di, scratch}, s);
     kl_gpu_experts_version_set(3);
 }
 
