@@ -296,6 +296,7 @@ template <int MX>
 __global__ static void __launch_bounds__(THREADS, 2)
     gemm_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ __align__(128) gemm_smem sh;
     lut_init(sh);
     const gemm_job j = {m, 0, blockIdx.x * BM, x, NULL, y};
@@ -308,6 +309,7 @@ __global__ static void __launch_bounds__(THREADS, 2)
     gemm_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row,
                         const uint32_t *seg, float *y)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ __align__(128) gemm_smem sh;
     const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
     if (s1 <= s0)

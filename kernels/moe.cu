@@ -37,6 +37,7 @@
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     route_kernel(kl_gpu_route_args a)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float route_sh[]; /* per group: s [E], then sel [E] */
     const uint32_t E = a.n_experts, lane = threadIdx.x % KL_GPU_GROUP;
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
@@ -131,6 +132,7 @@ __device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_
 
 __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     kl_row_lut_init();
     __syncthreads();
     experts_job j;
@@ -149,6 +151,7 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 
 __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     kl_row_lut_init();
     __syncthreads();
     experts_job j;
@@ -220,6 +223,7 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     gate_up_xreg_kernel(experts_k k, uint32_t rpw)
 {
+    KL_GPU_GRID_WAIT();
     experts_chunk c;
     if (!experts_chunk_begin(k, k.I, rpw, k.h, &c))
         return;
@@ -245,6 +249,7 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     down_xreg_kernel(experts_k k, uint32_t rpw)
 {
+    KL_GPU_GRID_WAIT();
     experts_chunk c;
     if (!experts_chunk_begin(k, k.H, rpw, k.part, &c))
         return;
@@ -282,6 +287,7 @@ template <int DOWN>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
     const int64_t e = experts_mx2_expert(k);
@@ -358,6 +364,7 @@ static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
  * NULL, else wt[slot] · part[packed[slot]] (UINT32_MAX: an expert id out of range, NaN). */
 __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 {
+    KL_GPU_GRID_WAIT();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t n = k.n_slots / k.top_k;
     if (i >= n * k.H)
@@ -425,6 +432,7 @@ static grouped_mem grouped_layout(float *s, size_t P, size_t I, size_t H)
 __global__ static void __launch_bounds__(SORT_THREADS)
     sort_kernel(const int32_t *idx, uint32_t P, uint32_t top_k, uint32_t E, grouped_mem g)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ uint32_t cnt[SORT_THREADS], tot[SORT_THREADS], base[SORT_THREADS];
     const uint32_t tid = threadIdx.x, Q = SORT_THREADS / E, e = tid % E, q = tid / E;
     const uint32_t p0 = (uint32_t)((uint64_t)P * q / Q), p1 = (uint32_t)((uint64_t)P * (q + 1) / Q);
