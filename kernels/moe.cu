@@ -477,13 +477,16 @@ __global__ static void __launch_bounds__(SORT_THREADS)
     }
 }
 
+/* Whether kl_gpu_gemm_grouped takes m: MXFP4 (experts_check saw it aligned) or aligned BF16. */
+static int grouped_kind_ok(const kl_gpu_mat &m)
+{
+    return m.kind == KL_GPU_W_MXFP4 || (m.kind == KL_GPU_W_BF16 && (uintptr_t)m.data % 16 == 0);
+}
+
 /* Whether kl_gpu_experts may take the grouped path for these arguments. */
 static int grouped_ok(const kl_gpu_experts_args *a, const experts_k &k)
 {
-    const kl_gpu_wkind w1 = k.w1.kind, w2 = k.w2.kind, w3 = k.w3.kind;
-    const int kinds = (w1 == KL_GPU_W_BF16 || w1 == KL_GPU_W_MXFP4) &&
-                      (w2 == KL_GPU_W_BF16 || w2 == KL_GPU_W_MXFP4) &&
-                      (w3 == KL_GPU_W_BF16 || w3 == KL_GPU_W_MXFP4);
+    const int kinds = grouped_kind_ok(k.w1) && grouped_kind_ok(k.w2) && grouped_kind_ok(k.w3);
     return kl_gpu_experts_version() == 3 && a->n >= KL_GPU_GEMM_MIN_N && kinds &&
            k.E <= GROUPED_MAX_E && k.I % 32 == 0 && k.H % 32 == 0 &&
            (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->scratch % 16 == 0;

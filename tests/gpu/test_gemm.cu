@@ -13,7 +13,7 @@
 #include "kernels/gemm.h"
 #include "tests/gpu/gpu_testutil.h"
 
-#define TOL_BF16 1e-5 /* against X rounded to bf16 */
+#define TOL_BF16 1e-4 /* against X rounded to bf16 (expected ~1e-6: tensor-core fp32 sums) */
 #define TOL_F32  1e-2 /* against fp32 X */
 
 /* f rounded to bf16 (nearest even), as the kernels stage X. */
