@@ -80,35 +80,116 @@ static void build(kl_gpu_plan *p, const kl_model *m)
 /* ------------------------------------------------------------------------------------------ */
 /* The CPU "device"                                                                           */
 
+/* A pinned copy as a stream holds it: done only when a wait reaches a mark after it. */
+typedef struct cpu_copy {
+    void       *dst;
+    const void *src;
+    size_t      bytes;
+} cpu_copy;
+
+#define CPU_QUEUE (1u << 16)
+static cpu_copy g_queue[CPU_QUEUE];     /* the one cpu_dev in use at a time */
+
 typedef struct cpu_dev {
     pthread_mutex_t mu;                 /* pin, unpin and wait may come from load threads */
     const uint8_t *pinned[KL_FILL_MAX_WINDOWS];
     size_t         pinned_len[KL_FILL_MAX_WINDOWS];
-    int            marked[KL_FILL_MAX_WINDOWS];
+    const uint8_t *buf[KL_FILL_MAX_SLOTS];          /* from host_alloc */
+    size_t         buf_len[KL_FILL_MAX_SLOTS];
+    int            marked[KL_FILL_MAX_SLOTS];
+    size_t         mark_at[KL_FILL_MAX_SLOTS];     /* queue length at the mark */
+    size_t         n_queue, done;       /* pinned copies issued (g_queue), [done, n) pending */
     int            pin_ok;
     long           copies, fail_at;     /* fail_at > 0: that copy fails */
-    long           pins, unpins, waits;
+    long           waits_total, fail_wait;   /* fail_wait > 0: that wait fails */
+    long           pins, unpins, waits, allocs, frees;
 } cpu_dev;
 
-static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
+static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, const uint8_t *p,
+                    size_t bytes)
 {
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
-        if (d->pinned[i] && p >= d->pinned[i] && p + n <= d->pinned[i] + d->pinned_len[i])
+    for (unsigned i = 0; i < n; i++)
+        if (base[i] && p >= base[i] && p + bytes <= base[i] + len[i])
             return 1;
     return 0;
 }
 
+static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
+{
+    return in_range(d->pinned, d->pinned_len, KL_FILL_MAX_WINDOWS, p, n) ||
+           in_range(d->buf, d->buf_len, KL_FILL_MAX_SLOTS, p, n);
+}
+
+/* The pending copies up to queue position to, in issue order (d->mu held); an empty queue
+ * starts again at 0 (every mark then at 0: done). */
+static void run_queue(cpu_dev *d, size_t to)
+{
+    for (; d->done < to; d->done++)
+        memcpy(g_queue[d->done].dst, g_queue[d->done].src, g_queue[d->done].bytes);
+    if (d->done < d->n_queue)
+        return;
+    d->done = d->n_queue = 0;
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+        d->mark_at[i] = 0;
+}
+
+/* Pinned copies complete at a later wait (as on a stream: a source reused or released before
+ * that wait gives wrong bytes); plain ones at once. */
 static int dev_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned, kl_err *err)
 {
     cpu_dev *d = ctx;
-    if (++d->copies == d->fail_at)
-        return kl_fail(err, KL_E_GPU, "injected copy failure");
     pthread_mutex_lock(&d->mu);
-    int ok = !pinned || in_pinned(d, src, bytes);
+    int fail = ++d->copies == d->fail_at, ok = !pinned || in_pinned(d, src, bytes);
+    int room = d->n_queue < CPU_QUEUE;
+    if (!fail && ok && pinned && room)
+        g_queue[d->n_queue++] = (cpu_copy){dst, src, bytes};
     pthread_mutex_unlock(&d->mu);
+    if (fail)
+        return kl_fail(err, KL_E_GPU, "injected copy failure");
     ck_assert_msg(ok, "a pinned copy outside a pinned window");
-    memcpy(dst, src, bytes);
+    ck_assert_msg(room, "more pinned copies than the test queue holds");
+    if (!pinned)
+        memcpy(dst, src, bytes);
     return 0;
+}
+
+static int dev_host_alloc(void *ctx, void **p, size_t bytes, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    *p = kl_aligned_alloc(4096, bytes);
+    ck_assert_ptr_nonnull(*p);
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_SLOTS && d->buf[i])
+        i++;
+    if (i < KL_FILL_MAX_SLOTS) {
+        d->buf[i] = *p;
+        d->buf_len[i] = bytes;
+        d->allocs++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_SLOTS, "more load buffers than slots");
+    return 0;
+}
+
+static void dev_host_free(void *ctx, void *p)
+{
+    cpu_dev *d = ctx;
+    pthread_mutex_lock(&d->mu);
+    unsigned i = 0;
+    while (i < KL_FILL_MAX_SLOTS && d->buf[i] != p)
+        i++;
+    int pending = 0;
+    for (size_t q = d->done; i < KL_FILL_MAX_SLOTS && q < d->n_queue; q++)
+        pending |= in_range(&d->buf[i], &d->buf_len[i], 1, g_queue[q].src, 1);
+    if (i < KL_FILL_MAX_SLOTS) {
+        d->buf[i] = NULL;
+        d->frees++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_SLOTS, "free of a load buffer not allocated");
+    ck_assert_msg(!pending, "a load buffer freed before its copies were waited for");
+    kl_aligned_free(p);
 }
 
 static int dev_pin(void *ctx, void *p, size_t bytes)
@@ -148,9 +229,10 @@ static void dev_unpin(void *ctx, void *p)
 static int dev_mark(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
-    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    ck_assert_uint_lt(slot, KL_FILL_MAX_SLOTS);
     pthread_mutex_lock(&d->mu);
     d->marked[slot] = 1;
+    d->mark_at[slot] = d->n_queue;
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
@@ -158,15 +240,21 @@ static int dev_mark(void *ctx, unsigned slot, kl_err *err)
 static int dev_wait(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
-    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    ck_assert_uint_lt(slot, KL_FILL_MAX_SLOTS);
     pthread_mutex_lock(&d->mu);
-    d->marked[slot] = 0;
-    d->waits++;
+    int fail = ++d->waits_total == d->fail_wait;
+    if (!fail && d->marked[slot])
+        run_queue(d, d->mark_at[slot]);
+    if (!fail) {
+        d->marked[slot] = 0;
+        d->waits++;
+    }
     pthread_mutex_unlock(&d->mu);
-    return 0;
+    return fail ? kl_fail(err, KL_E_GPU, "injected wait failure") : 0;
 }
 
-static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait};
+static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait,
+                                  dev_host_alloc, dev_host_free};
 
 /* Arenas for p, filled with a byte no tensor is made of throughout. */
 static uint8_t **alloc_arenas(const kl_gpu_plan *p)
@@ -301,7 +389,8 @@ static void check_pieces(const kl_gpu_plan *p)
     kl_free(s);
 }
 
-/* Fills from m (vectors_only or not) with o, pinning when pin_ok; checks against full. */
+/* Fills from m (vectors_only or not) with o, pinning when pin_ok (RING: buffers from
+ * host_alloc, else plain memory); checks against full. */
 static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
                            int pin_ok)
 {
@@ -311,25 +400,37 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = pin_ok};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
+    if (!pin_ok) {
+        ops.host_alloc = NULL;
+        ops.host_free = NULL;
+    }
     kl_fill_stats st;
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
     ck_assert_msg(rc == 0, "fill: %s", t_fmt_err(&err));
+    int ring = o && o->mode == KL_FILL_RING;
     check_filled(&p, a, full);
     ck_assert_uint_eq(d.pins, d.unpins);
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
-        ck_assert_msg(!d.marked[i], "window slot %u never waited for", i);
+    ck_assert_uint_eq(d.allocs, d.frees);
+    ck_assert_uint_eq(d.done, d.n_queue);   /* every pinned copy waited for */
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+        ck_assert_msg(!d.marked[i], "slot %u never waited for", i);
     uint64_t piece_bytes = 0;
     for (size_t i = 0; i < p.n_pieces; i++)
         piece_bytes += p.pieces[i].bytes;
     ck_assert_uint_eq(st.bytes, piece_bytes);
-    ck_assert_uint_eq(st.pinned, (uint64_t)d.pins);
+    ck_assert_uint_eq(st.pinned, ring ? (pin_ok ? st.windows : 0) : (uint64_t)d.pins);
     if (o && o->mode == KL_FILL_MAPPED && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq((uint64_t)d.waits, st.windows);   /* each window waited for once */
         if (pin_ok)
             ck_assert_uint_eq(st.pinned, st.windows);
+    }
+    if (ring && p.n_file) {
+        ck_assert_uint_gt(st.windows, 0);
+        ck_assert_uint_eq(d.pins, 0);
+        ck_assert(pin_ok ? d.allocs > 0 : d.allocs == 0);
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
@@ -466,6 +567,34 @@ START_TEST(test_fill_read_and_host)
 }
 END_TEST
 
+/* The ring of buffers: byte-identical to the staged reader's fill (which check_filled also
+ * holds it to), with 1, 3 and 8 threads, buffers from 4 KiB (pieces split) to the default,
+ * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT. */
+START_TEST(test_fill_ring)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    static const size_t bufs[] = {4096, 65536, 12288, 0};
+    static const unsigned threads[] = {1, 3, 8};
+    kl_fill_opts rd = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
+    fill_and_check(m, full, &rd, 1);
+    for (size_t i = _i == 2; i < sizeof bufs / sizeof *bufs; i++) {   /* small: no 4 KiB */
+        for (unsigned t = 0; t < 3; t++) {
+            for (unsigned nb = 0; nb <= 2; nb += 2) {   /* default (threads + 4) and 2 */
+                kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = bufs[i], .windows = nb,
+                                  .threads = threads[t], .direct = KL_DIRECT_OFF};
+                fill_and_check(m, full, &o, 1);
+                fill_and_check(m, full, &o, 0);
+            }
+        }
+    }
+    kl_fill_opts dio = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
+                        .direct = KL_DIRECT_ON};
+    fill_and_check(m, full, &dio, 1);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* A copy that fails mid-fill: its error, every window released. */
 START_TEST(test_fill_copy_fails)
 {
@@ -473,19 +602,59 @@ START_TEST(test_fill_copy_fails)
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
-    for (int mode = 0; mode < 3; mode++) {   /* mapped, mapped with load threads, read */
+    static const kl_fill_mode how[] = {KL_FILL_MAPPED, KL_FILL_MAPPED, KL_FILL_READ,
+                                       KL_FILL_RING, KL_FILL_RING};
+    for (int mode = 0; mode < 5; mode++) {   /* mapped, with load threads, read, ring 1 and 8 */
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,
                      .fail_at = (long)(p.n_pieces - p.n_file) + 5};
         kl_fill_ops ops = g_ops;
         ops.ctx = &d;
-        kl_fill_opts o = {.mode = mode == 2 ? KL_FILL_READ : KL_FILL_MAPPED,
-                          .window_bytes = 8192, .windows = 2, .threads = mode == 1 ? 2u : 0u};
+        kl_fill_opts o = {.mode = how[mode], .window_bytes = 8192, .windows = 2,
+                          .threads = mode == 1 ? 2u : mode == 3 ? 1u : mode == 4 ? 8u : 0u};
         kl_err err;
         kl_err_clear(&err);
         int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
         ck_assert_int_eq(rc, KL_E_GPU);
         ck_assert_msg(strstr(err.msg, "injected") != NULL, "%s", t_fmt_err(&err));
         ck_assert_uint_eq(d.pins, d.unpins);
+        ck_assert_uint_eq(d.allocs, d.frees);
+    }
+    free_arenas(&p, a);
+    kl_gpu_plan_free(&p);
+    kl_model_close(m);
+}
+END_TEST
+
+/* RING: a wait failing on a load thread (its error, threads joined, buffers freed); a shard
+ * truncated after the model was opened (KL_E_IO naming the file). */
+START_TEST(test_fill_ring_fails)
+{
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/short", g_root);
+    synth(dir, "tiny", KL_SYNTH_BF16);
+    kl_model *m = open_model(dir, 1);
+    kl_gpu_plan p;
+    build(&p, m);
+    uint8_t **a = alloc_arenas(&p);
+    const char *last = m->shard_paths[m->n_shards - 1];
+    for (int trunc = 0; trunc < 2; trunc++) {
+        if (trunc)
+            ck_assert_int_eq(truncate(last, 4096), 0);
+        for (unsigned t = 1; t <= 8; t += 7) {
+            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_wait = 3 - trunc};
+            kl_fill_ops ops = g_ops;
+            ops.ctx = &d;
+            kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = 2,
+                              .threads = t, .direct = KL_DIRECT_OFF};
+            kl_err err;
+            kl_err_clear(&err);
+            int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL,
+                                 &err);
+            ck_assert_msg(rc == (trunc ? KL_E_IO : KL_E_GPU), "%d %s", rc, t_fmt_err(&err));
+            if (trunc)
+                ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
+            ck_assert_uint_eq(d.allocs, d.frees);
+        }
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
@@ -532,7 +701,9 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_layout, 0, 3);
     tcase_add_loop_test(tc, test_fill_mapped, 0, 3);
     tcase_add_loop_test(tc, test_fill_read_and_host, 0, 3);
+    tcase_add_loop_test(tc, test_fill_ring, 0, 3);
     tcase_add_test(tc, test_fill_copy_fails);
+    tcase_add_test(tc, test_fill_ring_fails);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;
