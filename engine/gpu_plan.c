@@ -314,7 +314,7 @@ typedef struct wspan {
 } wspan;
 
 /* RING: a buffer as the load threads and the copying thread share it. */
-enum { RB_FREE, RB_READING, RB_FILLED };
+enum { RB_NONE, RB_FREE, RB_READING, RB_FILLED };   /* RB_NONE: not allocated yet */
 typedef struct ring_buf {
     uint8_t *mem;
     size_t   span;     /* RB_FILLED: the span it holds */
@@ -347,7 +347,7 @@ typedef struct filler {
     const char *const *paths;
     /* RING */
     ring_buf          *rb;
-    unsigned           n_rb;
+    unsigned           n_rb, n_alloc;   /* buffers wanted, allocated so far */
     int                rb_pinned;  /* buffers from ops->host_alloc */
     wspan             *spans;
     size_t             n_spans;
@@ -730,19 +730,52 @@ static void *ring_main(void *arg)
     return NULL;
 }
 
-/* The copying side of the ring: every filled buffer's copies and mark, as they come. */
+/* One more buffer of the ring, from ops->host_alloc (pinned) or plain aligned memory, handed
+ * to the load threads.  When one is allocated already, a refusal only ends the ring there. */
+static int ring_add(filler *f, kl_err *err)
+{
+    kl_err e;
+    kl_err_clear(&e);
+    void *m = NULL;
+    int rc = 0;
+    if (f->rb_pinned)
+        rc = f->ops->host_alloc(f->ops->ctx, &m, (size_t)f->wbytes, &e);
+    else if (!(m = kl_aligned_alloc(RING_ALIGN, (size_t)f->wbytes)))
+        rc = kl_fail(&e, KL_E_NOMEM, "out of memory: a load buffer of %llu bytes",
+                     (unsigned long long)f->wbytes);
+    if (rc && !f->n_alloc) {
+        *err = e;
+        return rc;
+    }
+    pthread_mutex_lock(&f->mu);
+    if (rc)
+        f->n_rb = f->n_alloc;   /* fewer buffers than asked */
+    else
+        f->rb[f->n_alloc++] = (ring_buf){m, 0, RB_FREE, 0};
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* The copying side of the ring: allocates the buffers one at a time while the load threads
+ * read into the first ones, and issues every filled buffer's copies and mark as they come. */
 static int ring_copy_all(filler *f, kl_err *err)
 {
     int rc = 0;
-    for (size_t done = 0; !rc && done < f->n_spans; done++) {
+    for (size_t done = 0; !rc && done < f->n_spans;) {
+        int more = f->n_alloc < f->n_rb;   /* buffers to allocate: don't wait for a fill */
+        if (more && (rc = ring_add(f, err)))
+            break;
         unsigned b = f->n_rb;
         pthread_mutex_lock(&f->mu);
-        while (!f->stop && (b = ring_find(f, RB_FILLED)) == f->n_rb)
+        while (!f->stop && (b = ring_find(f, RB_FILLED)) == f->n_rb && !more)
             pthread_cond_wait(&f->cv, &f->mu);
         int stopped = f->stop;
         pthread_mutex_unlock(&f->mu);
         if (stopped)
             break;
+        if (b == f->n_rb)
+            continue;
         rc = copy_span(f, f->rb[b].span, f->rb[b].mem, f->rb_pinned, b, err);
         pthread_mutex_lock(&f->mu);
         f->rb[b].state = RB_FREE;
@@ -750,36 +783,15 @@ static int ring_copy_all(filler *f, kl_err *err)
         f->stop |= rc != 0;
         pthread_cond_broadcast(&f->cv);
         pthread_mutex_unlock(&f->mu);
+        done++;
     }
     return rc;
-}
-
-/* The ring's buffers, from ops->host_alloc (pinned) or plain aligned memory. */
-static int ring_alloc(filler *f, kl_err *err)
-{
-    f->rb = kl_calloc(f->n_rb, sizeof *f->rb);
-    if (!f->rb)
-        return kl_fail(err, KL_E_NOMEM, "out of memory");
-    f->rb_pinned = f->ops->host_alloc != NULL;
-    for (unsigned b = 0; b < f->n_rb; b++) {
-        void *m = NULL;
-        int rc = 0;
-        if (f->rb_pinned)
-            rc = f->ops->host_alloc(f->ops->ctx, &m, (size_t)f->wbytes, err);
-        else if (!(m = kl_aligned_alloc(RING_ALIGN, (size_t)f->wbytes)))
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory: a load buffer of %llu bytes",
-                         (unsigned long long)f->wbytes);
-        if (rc)
-            return rc;
-        f->rb[b].mem = m;
-    }
-    return 0;
 }
 
 /* Every buffer's copies waited for, the buffers freed. */
 static int ring_free(filler *f, int rc, kl_err *err)
 {
-    for (unsigned b = 0; f->rb && b < f->n_rb; b++) {
+    for (unsigned b = 0; f->rb && b < f->n_alloc; b++) {
         kl_err ignored;
         if (f->rb[b].marked && f->ops->wait) {
             int r = f->ops->wait(f->ops->ctx, b, rc ? &ignored : err);
@@ -798,8 +810,10 @@ static int ring_free(filler *f, int rc, kl_err *err)
 static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_err *err)
 {
     int rc = spans_begin(f, paths, RING_ALIGN, err);
-    if (!rc)
-        rc = ring_alloc(f, err);
+    f->rb = rc ? NULL : kl_calloc(f->n_rb, sizeof *f->rb);
+    f->rb_pinned = f->ops->host_alloc != NULL;
+    if (!rc && !f->rb)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     if (!rc)
         rc = with_threads(f, threads, ring_main, ring_copy_all, err);
     rc = ring_free(f, rc, err);

@@ -103,6 +103,7 @@ typedef struct cpu_dev {
     long           copies, fail_at;     /* fail_at > 0: that copy fails */
     long           waits_total, fail_wait;   /* fail_wait > 0: that wait fails */
     long           pins, unpins, waits, allocs, frees;
+    long           alloc_max;           /* > 0: host_alloc refuses beyond that many */
 } cpu_dev;
 
 static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, const uint8_t *p,
@@ -156,6 +157,8 @@ static int dev_copy(void *ctx, void *dst, const void *src, size_t bytes, int pin
 static int dev_host_alloc(void *ctx, void **p, size_t bytes, kl_err *err)
 {
     cpu_dev *d = ctx;
+    if (d->alloc_max && d->allocs >= d->alloc_max)
+        return kl_fail(err, KL_E_NOMEM, "injected: no pinned memory left");
     *p = kl_aligned_alloc(4096, bytes);
     ck_assert_ptr_nonnull(*p);
     pthread_mutex_lock(&d->mu);
@@ -625,17 +628,33 @@ START_TEST(test_fill_copy_fails)
 }
 END_TEST
 
-/* RING: a wait failing on a load thread (its error, threads joined, buffers freed); a shard
+/* RING: pinned memory refused after 1 buffer (the fill goes on with it) or at once (its
+ * error); a wait failing on a load thread (its error, threads joined, buffers freed); a shard
  * truncated after the model was opened (KL_E_IO naming the file). */
 START_TEST(test_fill_ring_fails)
 {
     char dir[700];
     snprintf(dir, sizeof dir, "%s/short", g_root);
     synth(dir, "tiny", KL_SYNTH_BF16);
-    kl_model *m = open_model(dir, 1);
+    kl_model *m = open_model(dir, 1), *full = open_model(dir, 0);
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
+    for (long most = 0; most <= 1; most++) {
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};
+        kl_fill_ops ops = g_ops;
+        ops.ctx = &d;
+        kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .threads = 3,
+                          .direct = KL_DIRECT_OFF};
+        kl_err err;
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
+        ck_assert_msg(rc == (most ? 0 : KL_E_NOMEM), "%d %s", rc, t_fmt_err(&err));
+        if (!rc)
+            check_filled(&p, a, full);
+        ck_assert_uint_eq(d.allocs, d.frees);
+        ck_assert_uint_eq(d.allocs, (unsigned long)most);
+    }
     const char *last = m->shard_paths[m->n_shards - 1];
     for (int trunc = 0; trunc < 2; trunc++) {
         if (trunc)
@@ -659,6 +678,7 @@ START_TEST(test_fill_ring_fails)
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
     kl_model_close(m);
+    kl_model_close(full);
 }
 END_TEST
 
