@@ -9,11 +9,16 @@
  * every matrix (fused members, experts per role and expert, packed codes and scales, embed,
  * lm_head) holds exactly the tensor's bytes and every vector the host model's fp32 copy, for
  * mapped windows (pinned and not, windows smaller than a tensor so pieces are split, one or
- * several in flight, serial and with 1-3 load threads), the staged reader (buffered and
- * O_DIRECT where allowed) and a host model (KL_GPU_LOAD=host: host pieces only); a pinned
- * window is only copied from while pinned, every window is waited for (after its mark) before it is unpinned, and none is left
- * pinned; a copy failing mid-fill returns its error with every window released; a shard gone
- * is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
+ * several in flight, serial and with 1-3 load threads), the ring of buffers (1, 3 and 8
+ * load threads, 4 KiB to 64 MiB buffers, fewer buffers than threads, pinned and plain,
+ * buffered and O_DIRECT), the staged reader (buffered and O_DIRECT where allowed) and a host
+ * model (KL_GPU_LOAD=host: host pieces only).  Pinned copies complete only at a wait that
+ * follows their mark (as on a stream), so a window or buffer reused, unpinned or freed too
+ * early gives wrong bytes or fails; a pinned window is only copied from while pinned, none is
+ * left pinned or marked.  Errors: a copy failing mid-fill returns its error with every window
+ * and buffer released (mapped, read, ring); ring: a wait failing on a load thread, pinned
+ * memory refused (at once: its error; after one buffer: the fill goes on), a shard truncated
+ * (KL_E_IO naming it); a shard gone is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
  * refused), vectors equal to the full model's, weight_bytes equal.
  */
 #include "common/err.h"
@@ -115,6 +120,42 @@ static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, c
     return 0;
 }
 
+/* A region [p, p + bytes) put in the first empty entry of base[n] / taken out of it: its
+ * index, n when there is no room / it is not there. */
+static unsigned region_add(const uint8_t **base, size_t *len, unsigned n, const void *p,
+                           size_t bytes)
+{
+    unsigned i = 0;
+    while (i < n && base[i])
+        i++;
+    if (i < n) {
+        base[i] = p;
+        len[i] = bytes;
+    }
+    return i;
+}
+
+/* region_add under d's lock, counting in *count when there was room. */
+static unsigned track(cpu_dev *d, const uint8_t **base, size_t *len, unsigned n, const void *p,
+                      size_t bytes, long *count)
+{
+    pthread_mutex_lock(&d->mu);
+    unsigned i = region_add(base, len, n, p, bytes);
+    *count += i < n;
+    pthread_mutex_unlock(&d->mu);
+    return i;
+}
+
+static unsigned region_del(const uint8_t **base, unsigned n, const void *p)
+{
+    unsigned i = 0;
+    while (i < n && base[i] != p)
+        i++;
+    if (i < n)
+        base[i] = NULL;
+    return i;
+}
+
 static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
 {
     return in_range(d->pinned, d->pinned_len, KL_FILL_MAX_WINDOWS, p, n) ||
@@ -161,16 +202,7 @@ static int dev_host_alloc(void *ctx, void **p, size_t bytes, kl_err *err)
         return kl_fail(err, KL_E_NOMEM, "injected: no pinned memory left");
     *p = kl_aligned_alloc(4096, bytes);
     ck_assert_ptr_nonnull(*p);
-    pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_SLOTS && d->buf[i])
-        i++;
-    if (i < KL_FILL_MAX_SLOTS) {
-        d->buf[i] = *p;
-        d->buf_len[i] = bytes;
-        d->allocs++;
-    }
-    pthread_mutex_unlock(&d->mu);
+    unsigned i = track(d, d->buf, d->buf_len, KL_FILL_MAX_SLOTS, *p, bytes, &d->allocs);
     ck_assert_msg(i < KL_FILL_MAX_SLOTS, "more load buffers than slots");
     return 0;
 }
@@ -179,16 +211,12 @@ static void dev_host_free(void *ctx, void *p)
 {
     cpu_dev *d = ctx;
     pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_SLOTS && d->buf[i] != p)
-        i++;
+    unsigned i = region_del(d->buf, KL_FILL_MAX_SLOTS, p);   /* its length stays */
+    const uint8_t *at = p;
     int pending = 0;
     for (size_t q = d->done; i < KL_FILL_MAX_SLOTS && q < d->n_queue; q++)
-        pending |= in_range(&d->buf[i], &d->buf_len[i], 1, g_queue[q].src, 1);
-    if (i < KL_FILL_MAX_SLOTS) {
-        d->buf[i] = NULL;
-        d->frees++;
-    }
+        pending |= in_range(&at, &d->buf_len[i], 1, g_queue[q].src, 1);
+    d->frees += i < KL_FILL_MAX_SLOTS;
     pthread_mutex_unlock(&d->mu);
     ck_assert_msg(i < KL_FILL_MAX_SLOTS, "free of a load buffer not allocated");
     ck_assert_msg(!pending, "a load buffer freed before its copies were waited for");
@@ -200,16 +228,7 @@ static int dev_pin(void *ctx, void *p, size_t bytes)
     cpu_dev *d = ctx;
     if (!d->pin_ok)
         return -1;
-    pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i])
-        i++;
-    if (i < KL_FILL_MAX_WINDOWS) {
-        d->pinned[i] = p;
-        d->pinned_len[i] = bytes;
-        d->pins++;
-    }
-    pthread_mutex_unlock(&d->mu);
+    unsigned i = track(d, d->pinned, d->pinned_len, KL_FILL_MAX_WINDOWS, p, bytes, &d->pins);
     ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "more windows pinned than may be in flight");
     return 0;
 }
@@ -218,13 +237,8 @@ static void dev_unpin(void *ctx, void *p)
 {
     cpu_dev *d = ctx;
     pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i] != p)
-        i++;
-    if (i < KL_FILL_MAX_WINDOWS) {
-        d->pinned[i] = NULL;
-        d->unpins++;
-    }
+    unsigned i = region_del(d->pinned, KL_FILL_MAX_WINDOWS, p);
+    d->unpins += i < KL_FILL_MAX_WINDOWS;
     pthread_mutex_unlock(&d->mu);
     ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "unpin of a window not pinned");
 }
@@ -628,31 +642,47 @@ START_TEST(test_fill_copy_fails)
 }
 END_TEST
 
+/* A tiny BF16 model of its own in dir = g_root/name (vectors only), its plan and arenas. */
+static kl_model *own_model(const char *name, char dir[700], kl_gpu_plan *p, uint8_t ***a)
+{
+    snprintf(dir, 700, "%s/%s", g_root, name);
+    synth(dir, "tiny", KL_SYNTH_BF16);
+    kl_model *m = open_model(dir, 1);
+    build(p, m);
+    *a = alloc_arenas(p);
+    return m;
+}
+
+/* A RING fill of 8 KiB buffers through d; its result, err holding its error. */
+static int ring_fill(const kl_gpu_plan *p, const kl_model *m, uint8_t **a, cpu_dev *d,
+                     unsigned threads, unsigned buffers, kl_err *err)
+{
+    kl_fill_ops ops = g_ops;
+    ops.ctx = d;
+    kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = buffers,
+                      .threads = threads, .direct = KL_DIRECT_OFF};
+    kl_err_clear(err);
+    int rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, err);
+    ck_assert_uint_eq(d->allocs, d->frees);
+    return rc;
+}
+
 /* RING: pinned memory refused after 1 buffer (the fill goes on with it) or at once (its
  * error); a wait failing on a load thread (its error, threads joined, buffers freed); a shard
  * truncated after the model was opened (KL_E_IO naming the file). */
 START_TEST(test_fill_ring_fails)
 {
-    char dir[700];
-    snprintf(dir, sizeof dir, "%s/short", g_root);
-    synth(dir, "tiny", KL_SYNTH_BF16);
-    kl_model *m = open_model(dir, 1), *full = open_model(dir, 0);
     kl_gpu_plan p;
-    build(&p, m);
-    uint8_t **a = alloc_arenas(&p);
+    uint8_t **a;
+    char dir[700];
+    kl_model *m = own_model("short", dir, &p, &a), *full = open_model(dir, 0);
+    kl_err err;
     for (long most = 0; most <= 1; most++) {
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};
-        kl_fill_ops ops = g_ops;
-        ops.ctx = &d;
-        kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .threads = 3,
-                          .direct = KL_DIRECT_OFF};
-        kl_err err;
-        kl_err_clear(&err);
-        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
+        int rc = ring_fill(&p, m, a, &d, 3, 0, &err);
         ck_assert_msg(rc == (most ? 0 : KL_E_NOMEM), "%d %s", rc, t_fmt_err(&err));
         if (!rc)
             check_filled(&p, a, full);
-        ck_assert_uint_eq(d.allocs, d.frees);
         ck_assert_uint_eq(d.allocs, (unsigned long)most);
     }
     const char *last = m->shard_paths[m->n_shards - 1];
@@ -661,18 +691,10 @@ START_TEST(test_fill_ring_fails)
             ck_assert_int_eq(truncate(last, 4096), 0);
         for (unsigned t = 1; t <= 8; t += 7) {
             cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_wait = 3 - trunc};
-            kl_fill_ops ops = g_ops;
-            ops.ctx = &d;
-            kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = 2,
-                              .threads = t, .direct = KL_DIRECT_OFF};
-            kl_err err;
-            kl_err_clear(&err);
-            int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL,
-                                 &err);
+            int rc = ring_fill(&p, m, a, &d, t, 2, &err);
             ck_assert_msg(rc == (trunc ? KL_E_IO : KL_E_GPU), "%d %s", rc, t_fmt_err(&err));
             if (trunc)
                 ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
-            ck_assert_uint_eq(d.allocs, d.frees);
         }
     }
     free_arenas(&p, a);
@@ -685,14 +707,11 @@ END_TEST
 /* A shard removed after the model was opened: KL_E_IO naming it. */
 START_TEST(test_fill_shard_gone)
 {
-    char dir[700];
-    snprintf(dir, sizeof dir, "%s/gone", g_root);
-    synth(dir, "tiny", KL_SYNTH_BF16);
-    kl_model *m = open_model(dir, 1);
     kl_gpu_plan p;
-    build(&p, m);
+    uint8_t **a;
+    char dir[700];
+    kl_model *m = own_model("gone", dir, &p, &a);
     ck_assert_int_eq(unlink(m->shard_paths[m->n_shards - 1]), 0);
-    uint8_t **a = alloc_arenas(&p);
     cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
