@@ -13,7 +13,8 @@
  * >= 80% of it): RING with 1, 4, 8 and 16 load threads (64 MiB buffers, threads + 4 of them),
  * with 8 threads and 16 MiB buffers, with 8 threads and O_DIRECT; MAPPED serial and with 4
  * threads; the staged reader; and the page-locking alone (map, register, unregister each
- * 256 MiB window).  One JSON line per case ({"test":"load-case",...}), then the summary line
+ * 256 MiB window).  Pieces up to 96 MiB for all of these; then up to 2 MiB (as a model's
+ * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.  One JSON line per case ({"test":"load-case",...}), then the summary line
  * ({"test":"load","ok":...}); exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
@@ -56,14 +57,23 @@ static int write_file(const char *path)
     return ok;
 }
 
-/* Pieces of odd sizes (1 B .. 96 MiB) with gaps of 0..255 bytes, covering the file; their
- * places one after another in the arena, 256-byte aligned. */
-static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *arena_bytes)
+/* A plan over the file: its pieces, arena size and the checksum the arena must have. */
+struct test_plan {
+    const char *name;
+    kl_gpu_plan p;
+    std::vector<kl_plan_piece> pc;
+    uint64_t arena_bytes, sum;
+};
+
+/* Pieces of odd sizes (1 B .. most bytes; a quarter under 1 KB) with gaps of 0..255 bytes,
+ * covering the file; their places one after another in the arena, 256-byte aligned. */
+static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *arena_bytes,
+                      uint32_t most)
 {
     pc.clear();
     uint64_t src = 8 + 1234, dst = 0;
     while (src < FILE_BYTES) {
-        uint64_t r = t_u32(), n = 1 + (r % 4 == 0 ? t_u32() % 997 : t_u32() % (96u << 20));
+        uint64_t r = t_u32(), n = 1 + (r % 4 == 0 ? t_u32() % 997 : t_u32() % most);
         n = std::min<uint64_t>(n, FILE_BYTES - src);
         pc.push_back(kl_plan_piece{0, dst, 0, src, NULL, n});
         dst = (dst + n + KL_PLAN_ALIGN - 1) / KL_PLAN_ALIGN * KL_PLAN_ALIGN;
@@ -145,7 +155,6 @@ static uint64_t checksum(const kl_gpu_plan *p, const uint8_t *base, int file)
 }
 
 static std::string g_runs;
-static uint64_t g_file_sum;
 
 /* Appends a case's JSON object to the summary and prints it as its own line. */
 static void report(const char *obj)
@@ -155,10 +164,12 @@ static void report(const char *obj)
     g_runs += obj;
 }
 
-/* One fill of path into the arena, timed, then checked byte for byte and by checksum. */
-static void run_fill(const char *where, const char *how, const char *path, const kl_gpu_plan *p,
+/* One fill of path into the arena as tp says, timed, then checked byte for byte and by
+ * checksum. */
+static void run_fill(const char *where, const char *how, const char *path, const test_plan &tp,
                      uint8_t *arena, const kl_fill_opts *o, double h2d_gbps)
 {
+    const kl_gpu_plan *p = &tp.p;
     fill_ctx f = {};
     kl_err err;
     kl_err_clear(&err);
@@ -182,21 +193,21 @@ static void run_fill(const char *where, const char *how, const char *path, const
         bad += memcmp(back.data() + x.dst, g_file.data() + x.src, x.bytes) != 0;
     }
     uint64_t sum = checksum(p, back.data(), 0);
-    char what[96], buf[600];
-    snprintf(what, sizeof what, "%s %s pieces wrong", where, how);
+    char what[128], buf[700];
+    snprintf(what, sizeof what, "%s %s %s pieces wrong", where, tp.name, how);
     t_check(what, (double)bad, 0);
-    snprintf(what, sizeof what, "%s %s checksum differs", where, how);
-    t_check(what, sum == g_file_sum ? 0.0 : 1.0, 0);
+    snprintf(what, sizeof what, "%s %s %s checksum differs", where, tp.name, how);
+    t_check(what, sum == tp.sum ? 0.0 : 1.0, 0);
     const double gbps = p->file_bytes / s / 1e9;
     snprintf(buf, sizeof buf,
-             "{\"file\":\"%s\",\"how\":\"%s\",\"threads\":%u,\"buffer_mib\":%zu,"
-             "\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,\"pinned_h2d_gbps\":%.2f,"
-             "\"ratio_to_pinned_h2d\":%.3f,\"host_alloc_s\":%.4f,\"windows\":%llu,"
-             "\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s}",
-             where, how, o->threads, o->window_bytes >> 20, (unsigned long long)p->file_bytes,
-             s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s, (unsigned long long)st.windows,
-             (unsigned long long)st.pinned, (unsigned long long)bad,
-             sum == g_file_sum ? "true" : "false");
+             "{\"file\":\"%s\",\"pieces\":\"%s\",\"n_pieces\":%zu,\"how\":\"%s\","
+             "\"threads\":%u,\"buffer_mib\":%zu,\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,"
+             "\"pinned_h2d_gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f,\"host_alloc_s\":%.4f,"
+             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s}",
+             where, tp.name, p->n_pieces, how, o->threads, o->window_bytes >> 20,
+             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s,
+             (unsigned long long)st.windows, (unsigned long long)st.pinned,
+             (unsigned long long)bad, sum == tp.sum ? "true" : "false");
     report(buf);
     for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
         kl_gpu_event_destroy(f.ev[i]);
@@ -255,10 +266,12 @@ static void read_once(const char *path)
     close(fd);
 }
 
-/* The cases of one file. */
-static void run_file(const char *where, const char *path, const kl_gpu_plan *p, uint8_t *arena,
+/* The cases of one file: every way with large pieces (tp[0]), the ring with 8 threads and the
+ * mapped fill with model-sized pieces (tp[1]: experts' ~1 MiB codes and small scales). */
+static void run_file(const char *where, const char *path, const test_plan *tp, uint8_t *arena,
                      double h2d)
 {
+    const test_plan &p = tp[0];
     const size_t MiB = (size_t)1 << 20;
     time_register(where, path, h2d);
     static const unsigned ring_threads[] = {1, 4, 8, 16};
@@ -279,6 +292,9 @@ static void run_file(const char *where, const char *path, const kl_gpu_plan *p, 
     run_fill(where, "mapped", path, p, arena, &mapped, h2d);
     run_fill(where, "mapped-4-threads", path, p, arena, &t4, h2d);
     run_fill(where, "read", path, p, arena, &rd, h2d);
+    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF};
+    run_fill(where, "ring-8-threads", path, tp[1], arena, &r8, h2d);
+    run_fill(where, "mapped-4-threads", path, tp[1], arena, &t4, h2d);
 }
 
 int main(void)
@@ -292,15 +308,17 @@ int main(void)
     g_file.resize(FILE_BYTES);
     for (size_t i = 0; i < FILE_BYTES; i++)
         g_file[i] = pattern(i);
-    kl_gpu_plan p;
-    std::vector<kl_plan_piece> pc;
+    static test_plan tp[2];
+    const uint32_t most[2] = {96u << 20, 2u << 20};
     uint64_t arena_bytes = 0;
-    make_plan(&p, pc, &arena_bytes);
-    uint64_t fb = 0;
-    for (const auto &x : pc)
-        fb += x.bytes;
-    p.file_bytes = fb;
-    g_file_sum = checksum(&p, g_file.data(), 1);
+    for (int i = 0; i < 2; i++) {
+        tp[i].name = i ? "model-sized" : "large";
+        make_plan(&tp[i].p, tp[i].pc, &tp[i].arena_bytes, most[i]);
+        for (const auto &x : tp[i].pc)
+            tp[i].p.file_bytes += x.bytes;
+        tp[i].sum = checksum(&tp[i].p, g_file.data(), 1);
+        arena_bytes = std::max(arena_bytes, tp[i].arena_bytes);
+    }
     uint8_t *arena = (uint8_t *)t_alloc(arena_bytes);
     const char *files[2][2] = {{"page-cache", "build/kl_test_load.bin"},
                                {"tmpfs", "/dev/shm/kl_test_load.bin"}};
@@ -310,7 +328,7 @@ int main(void)
             continue;
         }
         read_once(fl[1]);
-        run_file(fl[0], fl[1], &p, arena, h2d);
+        run_file(fl[0], fl[1], tp, arena, h2d);
         unlink(fl[1]);
     }
     hipFree(arena);
