@@ -44,6 +44,7 @@
 #define C_GROUPS      8                    /* groups of KL_GPU_GROUP lanes per block */
 #define C_THREADS     (C_GROUPS * KL_GPU_GROUP)
 #define C_TOKENS      (KDA_C / C_GROUPS)   /* chunk tokens per group in the state products */
+#define C_ROWS        (MAX_K / C_GROUPS)   /* state rows per thread in the update */
 
 __device__ static inline float silu(float z)
 {
@@ -413,8 +414,9 @@ struct prep_smem {
     float A[KDA_C][KDA_C + 1], beta[KDA_C];
 };
 
-/* Apply's shared memory: the state slice [K][32], the chunk's records, u. */
-struct apply_smem {
+/* Apply's shared memory: the state slice [K][32], the chunk's records, u (rows of 16 bytes:
+ * X, Qg and Kg are read four floats at a time). */
+struct alignas(16) apply_smem {
     float S[MAX_K][KL_GPU_GROUP];
     float X[KDA_C][MAX_K], Qg[KDA_C][MAX_K], Kg[KDA_C][MAX_K], M[KDA_C][KDA_C + 1];
     float Y[KDA_C][KL_GPU_GROUP], U[KDA_C][KL_GPU_GROUP], dec[MAX_K];
@@ -561,10 +563,36 @@ __device__ static void apply_load(const kl_gpu_kda_recur_args &a, uint32_t t0, u
         p->dec[c] = chunk_rec(a, t0, h)[4 * K + KDA_C + c];
 }
 
+/* Apply, thread (group w, lane): rows i0 .. i0 + C_ROWS - 1 of the state slice's column lane,
+ * S ← diag(dec) S + Kgᵀ u (rows >= K stay 0). */
+__device__ static void state_update(apply_smem *p, uint32_t i0, unsigned lane, uint32_t K,
+                                    uint32_t L)
+{
+    float y[C_ROWS];
+#pragma unroll
+    for (int e = 0; e < C_ROWS; e++)
+        y[e] = p->dec[i0 + e] * p->S[i0 + e][lane];
+    for (uint32_t t = 0; t < L; t++) {
+        const float u = p->U[t][lane];
+#pragma unroll
+        for (int e = 0; e < C_ROWS; e += 4) {
+            const float4 k = *(const float4 *)&p->Kg[t][i0 + e];
+            y[e] += k.x * u;
+            y[e + 1] += k.y * u;
+            y[e + 2] += k.z * u;
+            y[e + 3] += k.w * u;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < C_ROWS; e++)
+        if (i0 + e < K)
+            p->S[i0 + e][lane] = y[e];
+}
+
 /* grid (H, ceil(K / 32), runs): value columns j = 32 blockIdx.y + lane of head blockIdx.x over
  * run blockIdx.z, chunk after chunk: u = Y − X S, o = Qg S + M u (before the norm),
  * S ← diag(dec) S + Kgᵀ u, with the state slice [K][32] in shared memory (group w, lane:
- * tokens w + C_GROUPS m of the products, rows w + C_GROUPS m of the update). */
+ * tokens w + C_GROUPS m of the products, rows C_ROWS w .. of the update); K % 4 == 0. */
 __global__ static void __launch_bounds__(C_THREADS)
 chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
@@ -585,13 +613,16 @@ chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uin
 #pragma unroll
         for (int m = 0; m < C_TOKENS; m++)
             ox[m] = oq[m] = 0.0f;
-        for (uint32_t i = 0; i < K; i++) {
-            const float s = p->S[i][lane];
+        for (uint32_t i = 0; i < K; i += 4) { /* K % 4 == 0 */
+            const float s0 = p->S[i][lane], s1 = p->S[i + 1][lane], s2 = p->S[i + 2][lane],
+                        s3 = p->S[i + 3][lane];
 #pragma unroll
             for (int m = 0; m < C_TOKENS; m++)
                 if (w + C_GROUPS * m < L) { /* the same for the whole group */
-                    ox[m] += p->X[w + C_GROUPS * m][i] * s;
-                    oq[m] += p->Qg[w + C_GROUPS * m][i] * s;
+                    const float4 x = *(const float4 *)&p->X[w + C_GROUPS * m][i];
+                    const float4 q = *(const float4 *)&p->Qg[w + C_GROUPS * m][i];
+                    ox[m] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
+                    oq[m] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
                 }
         }
 #pragma unroll
@@ -609,12 +640,7 @@ chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uin
                 y += p->M[t][s] * p->U[s][lane];
             a.o[(size_t)(t0 + t) * a.H * K + (size_t)h * K + j] = y;
         }
-        for (uint32_t i = w; i < K; i += C_GROUPS) {
-            float y = p->dec[i] * p->S[i][lane];
-            for (uint32_t t = 0; t < L; t++)
-                y += p->Kg[t][i] * p->U[t][lane];
-            p->S[i][lane] = y;
-        }
+        state_update(p, C_ROWS * w, lane, K, L);
         __syncthreads(); /* the next chunk's loads overwrite X, Qg, Kg, M, Y */
     }
     for (uint32_t i = w; i < K; i += C_GROUPS)
@@ -687,7 +713,7 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
         return 0;
     const hipStream_t st = (hipStream_t)s;
     const int v = kda_chosen();
-    if (v == 3 && a->scratch && t->max_run >= KL_GPU_KDA_CHUNK_MIN) {
+    if (v == 3 && a->scratch && t->max_run >= KL_GPU_KDA_CHUNK_MIN && a->K % 4 == 0) {
         if (recur_v3(a, t, st, err))
             return err->code;
     } else if (v == 1) {

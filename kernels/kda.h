@@ -17,7 +17,8 @@
  *   o ← o · 1/sqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate)
  *   with S = state + slot * state_stride: [H][K][K] fp32, S[h][i][j] (key i, value j).
  *   Runs of >= KL_GPU_KDA_CHUNK_MIN tokens go through the chunked form (v3) when the caller
- *   passes scratch: the same result within fp32 rounding, tokens in chunks of 32.
+ *   passes scratch and K is a multiple of 4: the same result within fp32 rounding, tokens in
+ *   chunks of 32.
  */
 #ifndef KL_KERNELS_KDA_H
 #define KL_KERNELS_KDA_H
