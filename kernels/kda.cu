@@ -19,6 +19,15 @@
  * 128 at the full shape instead of 32), each thread one column of R2_ROWS rows; the readout
  * goes to o before the norm and kda_norm_kernel (a group per (token, head)) applies the gated
  * RMSNorm in place.
+ *
+ * v3 (the default for runs of >= KL_GPU_KDA_CHUNK_MIN tokens when the caller passes scratch;
+ * KL_GPU_KDA=v2 or v1 selects the others): the chunked form derived and checked in plain C in
+ * tests/test_kda_chunk.c.  chunk_prep_kernel, a block per (run, head, chunk of 32 tokens), all
+ * chunks at once: l2 norms, gate, G = the cumulative sum of g, A and M (exponents are
+ * differences G_t − G_s <= 0), X and Y by forward substitution, written to a scratch record
+ * per (token, head).  chunk_apply_kernel, a block per (run, head, 32 value columns), walks the
+ * run's chunks in order with the state slice in shared memory: u = Y − X S, o = Qg S + M u,
+ * S ← diag(e^{G_last}) S + Kgᵀ u.  fp32 throughout (SIMT); then kda_norm_kernel as in v2.
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
