@@ -151,4 +151,24 @@ typedef struct kl_gpu_load_info {
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 
+/* Where a GPU backend's time goes.  graph_nodes: kernels and copies of the last decode step
+ * captured as a graph (the launches one decode step costs).  With $KL_GPU_PROFILE=1 (graphs
+ * then off) every operation is timed on the host after the stream drains, per kind, since
+ * the last reset: the figures add a sync per operation, so they tell shares, not speed.
+ * Zeroes for any other backend. */
+typedef enum kl_gpu_op {
+    KL_GPU_OP_EMBED, KL_GPU_OP_NORM, KL_GPU_OP_KDA, KL_GPU_OP_MLA, KL_GPU_OP_MOE,
+    KL_GPU_OP_MLP, KL_GPU_OP_HEAD, KL_GPU_OPS
+} kl_gpu_op;
+extern const char *const kl_gpu_op_names[KL_GPU_OPS];   /* "embed", "norm", "kda", ... */
+
+typedef struct kl_gpu_profile {
+    int      on;                  /* $KL_GPU_PROFILE=1 */
+    uint64_t graph_nodes;
+    double   op_s[KL_GPU_OPS];    /* seconds per kind */
+    uint64_t op_n[KL_GPU_OPS];    /* calls per kind */
+} kl_gpu_profile;
+/* Copies the profile out (out may be NULL) and, when reset, zeroes the timings. */
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset);
+
 #endif

@@ -32,8 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", "moe", "mlp",
+                                                 "head"};
+
 #ifdef KL_GPU
 
+#include "common/clock.h"
 #include "common/mem.h"
 #include "kernels/dense.h"
 #include "kernels/kda.h"
@@ -117,6 +121,8 @@ typedef struct gpu_be {
     int        head_done;                     /* head() ran for this chunk */
     float     *host_logits;                   /* pinned [vocab]: a graph's logits */
     kl_gpu_load_info load;                    /* how the weights came */
+    kl_gpu_profile   prof;                    /* graph size; per-operation times */
+    double           prof_t0;                 /* start of the operation being timed */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
 } gpu_be;
 
@@ -585,10 +591,35 @@ static void abandon_capture(gpu_be *g)
     kl_gpu_graph gr = NULL;
     kl_err e;
     kl_err_clear(&e);
-    if (!kl_gpu_capture_end(g->st, &gr, &e))
+    if (!kl_gpu_capture_end(g->st, &gr, NULL, &e))
         kl_gpu_graph_destroy(gr);
     g->cur->exec = NULL;
     g->mode = EAGER;
+}
+
+/* The start of every operation that enqueues work: profiling, the stream drained first. */
+static int op_start(gpu_be *g, kl_err *err)
+{
+    if (!g->prof.on)
+        return 0;
+    int rc = kl_gpu_stream_sync(g->st, err);
+    g->prof_t0 = kl_now_s();
+    return rc;
+}
+
+/* The end of every operation: a failure while capturing abandons the capture, so the stream
+ * leaves capture mode (the orchestration stops at the first error); profiling, the time since
+ * op_start once the stream has drained. */
+static int op_done(gpu_be *g, kl_gpu_op op, int rc, kl_err *err)
+{
+    if (rc && g->mode == CAPTURE)
+        abandon_capture(g);
+    if (!rc && g->prof.on) {
+        rc = kl_gpu_stream_sync(g->st, err);
+        g->prof.op_s[op] += kl_now_s() - g->prof_t0;
+        g->prof.op_n[op]++;
+    }
+    return rc;
 }
 
 /* Decides how a one-token chunk runs: REPLAY a graph captured for the same slot, capacity and
@@ -633,9 +664,13 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     g->head_done = 0;
     if (!rc && graph)
         rc = choose_graph(g, s0, err);
-    if (!rc && g->mode != REPLAY)
-        rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
-                          err);
+    if (!rc && g->mode != REPLAY) {
+        rc = op_start(g, err);
+        if (!rc)
+            rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
+                              err);
+        rc = op_done(g, KL_GPU_OP_EMBED, rc, err);
+    }
     if (rc && g->mode == CAPTURE)
         abandon_capture(g);
     return rc;
@@ -650,23 +685,16 @@ static const float *norm_weight(gpu_be *g, kl_norm_which which, uint32_t layer)
     }
 }
 
-/* The end of every operation: a failure while capturing abandons the capture, so the stream
- * leaves capture mode (the orchestration stops at the first error). */
-static int op_done(gpu_be *g, int rc)
-{
-    if (rc && g->mode == CAPTURE)
-        abandon_capture(g);
-    return rc;
-}
-
 static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add, kl_err *err)
 {
     gpu_be *g = impl(be);
     if (g->mode == REPLAY)
         return 0;
-    return op_done(g, kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer),
-                                         g->tok.n, g->d.hidden, (float)be->m->cfg.rms_norm_eps,
-                                         g->xn, g->st, err));
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
+                                g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st, err);
+    return op_done(g, KL_GPU_OP_NORM, rc, err);
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
@@ -721,7 +749,9 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
     const gpu_dims *d = &g->d;
     /* q, k, v, f_a, g_a, b: fuse_roles[FUSE_KDA] order */
     float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
-    int rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
     float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
     if (!rc) {
         kl_gpu_kda_conv_args ca = {
@@ -743,7 +773,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_KDA, rc, err);
 }
 
 static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
@@ -754,7 +784,9 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     gpu_layer *L = &g->L[layer];
     kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
-    int rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
     if (!rc) {
         kl_gpu_mla_append_args aa = {md, o2[1], L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
         rc = kl_gpu_mla_append(&aa, &g->tok, g->st, err);
@@ -765,7 +797,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MLA, rc, err);
 }
 
 /* y = down(SiLU(h1) ⊙ h2) for the chunk: the end of a gated MLP whose gate and up products
@@ -783,10 +815,12 @@ static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
         return 0;
     gpu_layer *L = &g->L[layer];
     float *o2[2] = {g->h1, g->h2};   /* gate, up */
-    int rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
     if (!rc)
         rc = glu_down(g, o2[0], o2[1], &L->w[KL_ROLE_MLP_DOWN], err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MLP, rc, err);
 }
 
 static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
@@ -798,7 +832,9 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     const kl_config *c = &be->m->cfg;
     int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
     float *o3[3] = {g->h1, g->h2, g->router};   /* shared gate, shared up, router */
-    int rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
     if (!rc) {
         kl_gpu_route_args ra = {
             .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
@@ -817,7 +853,7 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .add_to_y = shared};
         rc = kl_gpu_experts(&ea, g->st, err);
     }
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MOE, rc, err);
 }
 
 /* lm_head on the wanted rows of xn; logits and/or argmax copied to the given host buffers
@@ -853,7 +889,9 @@ static int run_graph(gpu_be *g, kl_err *err)
             abandon_capture(g);
             return rc;
         }
-        rc = kl_gpu_capture_end(g->st, &exec, err);
+        size_t nodes = 0;
+        rc = kl_gpu_capture_end(g->st, &exec, &nodes, err);
+        g->prof.graph_nodes = nodes;
         g->mode = rc ? EAGER : REPLAY;
         if (rc)
             return rc;
@@ -868,7 +906,10 @@ static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
 {
     gpu_be *g = impl(be);
     if (g->mode == EAGER) {
-        int rc = enqueue_head(g, logits, argmax, err);
+        int rc = op_start(g, err);
+        if (!rc)
+            rc = enqueue_head(g, logits, argmax, err);
+        rc = op_done(g, KL_GPU_OP_HEAD, rc, err);
         return rc ? rc : kl_gpu_stream_sync(g->st, err);
     }
     int rc = run_graph(g, err);   /* a one-token chunk: one wanted row */
@@ -949,8 +990,9 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = GPU_CHUNK,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
-    const char *graphs = getenv("KL_GPU_GRAPHS");
-    g->graphs_on = !(graphs && !strcmp(graphs, "0"));
+    const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
+    g->prof.on = prof && !strcmp(prof, "1");
+    g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
     g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
@@ -989,6 +1031,17 @@ void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
                                      : (kl_gpu_load_info){"", 0, 0, 0};
 }
 
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
+{
+    kl_gpu_profile *p = be && be->ops == &gpu_ops ? &impl(be)->prof : NULL;
+    if (out)
+        *out = p ? *p : (kl_gpu_profile){0};
+    if (p && reset) {
+        memset(p->op_s, 0, sizeof p->op_s);
+        memset(p->op_n, 0, sizeof p->op_n);
+    }
+}
+
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -1003,6 +1056,14 @@ int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
 }
 
 #else /* no GPU support in this build */
+
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
+{
+    (void)be;
+    (void)reset;
+    if (out)
+        *out = (kl_gpu_profile){0};
+}
 
 static int no_gpu(kl_err *err)
 {

@@ -68,6 +68,7 @@
 #define hipGraphLaunch          cudaGraphLaunch
 #define hipGraphDestroy         cudaGraphDestroy
 #define hipGraphExecDestroy     cudaGraphExecDestroy
+#define hipGraphGetNodes        cudaGraphGetNodes
 #define hipMemset               cudaMemset
 #define hipFuncSetAttribute     cudaFuncSetAttribute
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize

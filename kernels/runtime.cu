@@ -198,12 +198,15 @@ extern "C" int kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err)
     return KL_GPU_CHECK(err, hipStreamBeginCapture(STREAM(s), hipStreamCaptureModeThreadLocal));
 }
 
-extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, kl_err *err)
+extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes,
+                                  kl_err *err)
 {
     hipGraph_t graph = NULL;
     hipGraphExec_t exec = NULL;
     *g = NULL;
     int rc = KL_GPU_CHECK(err, hipStreamEndCapture(STREAM(s), &graph));
+    if (!rc && nodes)
+        rc = KL_GPU_CHECK(err, hipGraphGetNodes(graph, NULL, nodes));
     if (!rc)
         rc = KL_GPU_CHECK(err, hipGraphInstantiateWithFlags(&exec, graph, 0));
     if (graph)
