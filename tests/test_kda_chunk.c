@@ -41,6 +41,9 @@ static double urand(double lo, double hi)
     return lo + (hi - lo) * (double)(rng >> 11) / (double)(1ull << 53);
 }
 
+/* > 0: token t's key is token (t % key_period)'s (repeated keys: the hardest (I + A)). */
+static uint32_t key_period;
+
 /* Random raw inputs turned into q̂, k̂, g, β as kda.h says (the gate from a_log, f, dt). */
 static head_in make_head(uint32_t n, uint32_t K, double a_log, double blo, double bhi)
 {
@@ -60,6 +63,8 @@ static head_in make_head(uint32_t n, uint32_t K, double a_log, double blo, doubl
         for (uint32_t c = 0; c < K; c++) {
             h.q[t * K + c] = (float)(raw_q[c] / sqrt(qq + 1e-6) / sqrt((double)K));
             h.k[t * K + c] = (float)(raw_k[c] / sqrt(kk + 1e-6));
+            if (key_period && t >= key_period)
+                h.k[t * K + c] = h.k[(t % key_period) * K + c];
         }
         h.beta[t] = (float)(1.0 / (1.0 + exp(-urand(blo, bhi))));
     }
@@ -233,6 +238,16 @@ START_TEST(test_chunk_split_calls)
 }
 END_TEST
 
+START_TEST(test_chunk_repeated_keys)
+{
+    key_period = 1;                            /* one key, β near 1, almost no decay */
+    check_case(70, 70, -9.0, 6, 12, 5e-6);
+    key_period = 3;
+    check_case(70, 70, -9.0, 6, 12, 5e-6);
+    key_period = 0;
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kda_chunk");
@@ -240,6 +255,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_chunk_vs_recurrence);
     tcase_add_test(tc, test_chunk_split_calls);
+    tcase_add_test(tc, test_chunk_repeated_keys);
     suite_add_tcase(s, tc);
     return s;
 }

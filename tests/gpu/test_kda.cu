@@ -4,9 +4,11 @@
  * u = β (v − Sᵀ k̂), then S += k̂ uᵀ, then o = Sᵀ q̂, then the gated RMSNorm); the kernel's
  * one-pass form is thereby checked against the reference form.  Chunks of several runs in
  * different slots, tiny and full shapes; then the n = 1 full-shape launches timed, with bytes
- * moved / time beside a device-to-device copy.  The recurrence is checked and timed in both
- * versions (v2 and round 1's v1, kl_gpu_kda_select).  Exit 0 pass, 1 fail, 77 no GPU; one
- * JSON line.
+ * moved / time beside a device-to-device copy.  The recurrence is checked in three versions
+ * (v3 the chunked form for runs of >= 16 tokens, v2, round 1's v1; kl_gpu_kda_select), v3
+ * also against v2 and in two calls that carry the state; v1 and v2 timed at n = 1, v2 and v3
+ * on prefill runs of 256, 1024 and 8192 tokens.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
+ * line.
  */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_test.h"
@@ -182,7 +184,9 @@ static int upload(const kda_host &x, kda_dev &d, kl_err *err)
         t_put(&tp, x.tok_pos, err) || t_put(&rs, x.run_start, err) ||
         t_put(&rsl, x.run_slot, err) ||
         t_alloc(&scr, kl_gpu_kda_scratch(x.n, x.H, x.K), err) ||
-        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float)))) /* NaN */
+        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float))) || /* NaN */
+        KL_GPU_CHECK(err, hipMemset(scr, 0xff,
+                                    kl_gpu_kda_scratch(x.n, x.H, x.K) * sizeof(float))))
         return err->code;
     d.conv = {{qkv[0], qkv[1], qkv[2]}, {taps[0], taps[1], taps[2]}, x.D, x.W, win,
               x.win_stride};
