@@ -693,13 +693,22 @@ extern "C" void kl_gpu_kda_select(int version)
     kda_version = version >= 1 && version <= 3 ? version : 0;
 }
 
-/* 3 unless KL_GPU_KDA=v1 or v2 in the environment (read at the first call) or
+/* v3's shared memory (70 and 77 KiB a block) is more than AMD CDNA's 64 KiB: v2 there unless
+ * asked for. */
+#if defined(__HIP_PLATFORM_AMD__)
+#define KDA_DEFAULT 2
+#else
+#define KDA_DEFAULT 3
+#endif
+
+/* KDA_DEFAULT unless KL_GPU_KDA=v1, v2 or v3 in the environment (read at the first call) or
  * kl_gpu_kda_select said otherwise. */
 static int kda_chosen(void)
 {
     if (!kda_version) {
         const char *e = getenv("KL_GPU_KDA");
-        kda_version = e && !strcmp(e, "v1") ? 1 : e && !strcmp(e, "v2") ? 2 : 3;
+        kda_version = e && e[0] == 'v' && e[1] >= '1' && e[1] <= '3' && !e[2] ? e[1] - '0'
+                                                                              : KDA_DEFAULT;
     }
     return kda_version;
 }

@@ -69,8 +69,9 @@ size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K);
 
 /* Which kernels kl_gpu_kda_recur runs: 1 round 1's (a block per head), 2 the value columns
  * spread over blocks plus a norm pass, 3 the chunked form where it applies (see
- * KL_GPU_KDA_CHUNK_MIN; else 2), 0 the default: 3 unless KL_GPU_KDA=v1 or v2 is in the
- * environment (read once).  For the device tests and benchmarks that compare them. */
+ * KL_GPU_KDA_CHUNK_MIN; else 2), 0 the default: KL_GPU_KDA=v1, v2 or v3 from the environment
+ * (read once), else 3 (2 on AMD, where v3's shared memory does not fit).  For the device tests
+ * and benchmarks that compare them. */
 void kl_gpu_kda_select(int version);
 
 #ifdef __cplusplus
