@@ -29,6 +29,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "loader/reader.h"
 
 #include <math.h>
 
@@ -219,6 +220,7 @@ typedef struct decode_result {
     decode_at      at[MAX_CONTEXTS];
     double         pf_tok_s[MAX_CONTEXTS];   /* --prefill-at */
     kl_gpu_profile prof_prefill, prof_decode;   /* GPU: graph size, $KL_GPU_PROFILE times */
+    double         disk_gbps;     /* GPU: raw read of the last shard (O_DIRECT), 0: unknown */
 } decode_result;
 
 /* The bandwidth the decode rate is bound by: HBM on the GPU, host memory read on the CPU. */
@@ -338,6 +340,30 @@ static int time_prefill_at(kl_model *m, size_t n, double *tok_s, kl_err *err)
     return rc;
 }
 
+/* The raw read rate of the storage under the checkpoint: up to 1 GiB of its last shard read
+ * with O_DIRECT (past the page cache) by the staged reader; 0 where O_DIRECT is refused
+ * (tmpfs) or the read fails. */
+static double raw_disk_gbps(const kl_model *m)
+{
+    kl_reader_opts o = {.direct = KL_DIRECT_ON};
+    kl_reader *r = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    double gbps = 0;
+    if (!m->n_shards || kl_reader_create(&r, &o, &err))
+        return 0;
+    int f = kl_reader_add_file(r, m->shard_paths[m->n_shards - 1], &err);
+    if (f >= 0) {
+        uint64_t size = kl_reader_file_size(r, (uint32_t)f);
+        kl_extent e = {(uint32_t)f, 0, size < (1ull << 30) ? size : 1ull << 30};
+        double t0 = kl_now_s();
+        if (e.len && !kl_reader_run(r, &e, 1, NULL, NULL, &err))
+            gbps = per_s((double)e.len / 1e9, kl_now_s() - t0);
+    }
+    kl_reader_destroy(r);
+    return gbps;
+}
+
 /* The profile's per-kind milliseconds divided by per (tokens) into a new object of j. */
 static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, double per)
 {
@@ -383,6 +409,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
+        cJSON_AddNumberToObject(j, "disk_read_gbps", r->disk_gbps);
         cJSON_AddNumberToObject(j, "gpu_memory_used_bytes", (double)r->gpu.mem_used);
         cJSON_AddNumberToObject(j, "launches_per_decode_step", (double)r->prof_decode.graph_nodes);
         if (r->prof_decode.on) {   /* $KL_GPU_PROFILE=1: shares of the time per operation */
@@ -430,8 +457,9 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            "started)\n", a->prompt_tokens, r->prefill_s,
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     if (r->on_gpu)
-        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s\n",
-               l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps);
+        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s, raw "
+               "disk read %.2f GB/s\n", l->load_s, l->load_gbps, l->gpu_load.how,
+               r->gpu.h2d_gbps, r->disk_gbps);
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
@@ -551,6 +579,8 @@ static int bench_decode(int argc, char **argv)
     }
     kl_cost_token_bytes(m, &res.bytes);
     res.on_gpu = !strcmp(l.device_used, "gpu");
+    if (res.on_gpu)
+        res.disk_gbps = raw_disk_gbps(m);
     /* the ceiling measured after the model is loaded (CPU: as many threads as the engine) */
     if (res.on_gpu ? kl_backend_gpu_ceilings(&res.gpu, &err)
                    : kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling,

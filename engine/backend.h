@@ -120,7 +120,9 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * buffered), direct (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole
  * model read into memory first).  $KL_GPU_LOAD_WINDOW_MB: the mapped window (default 256);
  * $KL_GPU_LOAD_THREADS=N (1-8): N threads map and page-lock windows ahead of the copies (2N
- * windows in flight; default: the loading thread does it, 3 windows in flight).  In
+ * windows in flight; default: the loading thread does it, 3 windows in flight).
+ * $KL_GPU_CHUNK=N (16-1024, default 256): tokens per forward chunk (max_tokens);
+ * $KL_GPU_GEMM=0: chunks of many tokens use the one-token products, not tensor cores.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */

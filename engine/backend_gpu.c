@@ -40,12 +40,14 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 #include "common/clock.h"
 #include "common/mem.h"
 #include "kernels/dense.h"
+#include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/runtime.h"
 
-#define GPU_CHUNK 64u   /* tokens per chunk */
+#define GPU_CHUNK 256u  /* tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX) */
+#define GPU_CHUNK_MAX 1024u
 #define GPU_SLOTS 8u    /* sequences held at once */
 #define MLA_CAP0  256u  /* initial rows of a slot's MLA cache */
 
@@ -101,11 +103,12 @@ typedef struct gpu_be {
     void        **allocs;                     /* device buffers owned (freed at destroy) */
     size_t        n_allocs, cap_allocs;
     /* the chunk */
-    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of GPU_CHUNK + 1 */
+    uint32_t      chunk;                      /* tokens per chunk at most */
+    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of chunk + 1 */
     uint32_t     *dev_tok;
     kl_gpu_tokens tok;
-    uint32_t      n_want, want[GPU_CHUNK];
-    uint32_t      run_len[GPU_CHUNK];
+    uint32_t      n_want, want[GPU_CHUNK_MAX];
+    uint32_t      run_len[GPU_CHUNK_MAX];
     /* scratch */
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
     float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch;
@@ -115,6 +118,7 @@ typedef struct gpu_be {
     size_t    mla_scratch_floats;
     /* decode graphs */
     int        graphs_on;
+    int        gemm_on;                       /* tensor-core products for chunks */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -343,7 +347,7 @@ static size_t fused_rows(const gpu_be *g)
 static int alloc_scratch(gpu_be *g, kl_err *err)
 {
     const gpu_dims *d = &g->d;
-    size_t T = GPU_CHUNK, H = d->hidden, W = d->wide;
+    size_t T = g->chunk, H = d->hidden, W = d->wide;
     struct { float **p; size_t n; } t[] = {
         {&g->x, T * H}, {&g->xn, T * H}, {&g->y, T * H}, {&g->q, T * W}, {&g->k, T * W},
         {&g->v, T * W}, {&g->f, T * W}, {&g->g, T * W}, {&g->o, T * W}, {&g->lr, T * d->low},
@@ -351,7 +355,7 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
         {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
         {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
         {&g->fz, fused_rows(g)},
-        {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(GPU_CHUNK, d->topk, d->inter, H)
+        {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(g->chunk, d->topk, d->inter, H)
                                   : 1},
     };
     int rc = 0;
@@ -546,18 +550,18 @@ static int gpu_slot_fill(kl_backend *be, uint32_t slot, size_t n, kl_err *err)
 /* ------------------------------------------------------------------------------------------ */
 /* The chunk                                                                                  */
 
-static uint32_t *tok_array(uint32_t *base, int which)
+static uint32_t *tok_array(const gpu_be *g, uint32_t *base, int which)
 {
-    return base + (size_t)which * (GPU_CHUNK + 1);
+    return base + (size_t)which * (g->chunk + 1);
 }
 
 /* Runs, positions and wanted rows of the chunk into host_tok and g->tok (host counts). */
 static void describe_chunk(gpu_be *g, const kl_batch *c)
 {
-    uint32_t *ids = tok_array(g->host_tok, TOK_IDS), *ts = tok_array(g->host_tok, TOK_SLOT);
-    uint32_t *tp = tok_array(g->host_tok, TOK_POS);
-    uint32_t *rs = tok_array(g->host_tok, TOK_RUN_START);
-    uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    uint32_t *ids = tok_array(g, g->host_tok, TOK_IDS);
+    uint32_t *ts = tok_array(g, g->host_tok, TOK_SLOT), *tp = tok_array(g, g->host_tok, TOK_POS);
+    uint32_t *rs = tok_array(g, g->host_tok, TOK_RUN_START);
+    uint32_t *rsl = tok_array(g, g->host_tok, TOK_RUN_SLOT);
     kl_gpu_tokens *t = &g->tok;
     t->n = (uint32_t)c->n;
     t->n_runs = t->max_run = t->max_span = 0;
@@ -579,10 +583,10 @@ static void describe_chunk(gpu_be *g, const kl_batch *c)
             g->want[g->n_want++] = i;
     }
     rs[t->n_runs] = t->n;
-    t->tok_slot = tok_array(g->dev_tok, TOK_SLOT);
-    t->tok_pos = tok_array(g->dev_tok, TOK_POS);
-    t->run_start = tok_array(g->dev_tok, TOK_RUN_START);
-    t->run_slot = tok_array(g->dev_tok, TOK_RUN_SLOT);
+    t->tok_slot = tok_array(g, g->dev_tok, TOK_SLOT);
+    t->tok_pos = tok_array(g, g->dev_tok, TOK_POS);
+    t->run_start = tok_array(g, g->dev_tok, TOK_RUN_START);
+    t->run_slot = tok_array(g, g->dev_tok, TOK_RUN_SLOT);
 }
 
 /* Ends a capture that failed half way (the stream must leave capture mode) and forgets it. */
@@ -641,8 +645,8 @@ static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
 static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
 {
     gpu_be *g = impl(be);
-    if (c->n > GPU_CHUNK)
-        return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, GPU_CHUNK);
+    if (c->n > g->chunk)
+        return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, g->chunk);
     int rc = kl_gpu_stream_sync(g->st, err);   /* host_tok may still feed the last chunk */
     if (rc)
         return rc;
@@ -650,7 +654,7 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     int graph = g->graphs_on && c->n == 1;
     uint32_t s0 = c->slot[0];
     for (uint32_t r = 0; !rc && r < g->tok.n_runs; r++) {
-        uint32_t s = tok_array(g->host_tok, TOK_RUN_SLOT)[r];
+        uint32_t s = tok_array(g, g->host_tok, TOK_RUN_SLOT)[r];
         rc = reserve_mla(g, s, be->slot_len[s] + g->run_len[r], err);
     }
     if (graph)   /* attention sized for the capacity: the graph holds until the cache grows */
@@ -658,7 +662,7 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
-        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (GPU_CHUNK + 1) * sizeof(uint32_t),
+        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (g->chunk + 1) * sizeof(uint32_t),
                         g->st, err);
     g->mode = EAGER;
     g->head_done = 0;
@@ -667,8 +671,8 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     if (!rc && g->mode != REPLAY) {
         rc = op_start(g, err);
         if (!rc)
-            rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
-                              err);
+            rc = kl_gpu_embed(&g->embed, tok_array(g, g->dev_tok, TOK_IDS), g->tok.n, g->x,
+                              g->st, err);
         rc = op_done(g, KL_GPU_OP_EMBED, rc, err);
     }
     if (rc && g->mode == CAPTURE)
@@ -707,10 +711,21 @@ static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_
     return norm_op(be, which, layer, 1, err);
 }
 
+/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows (kernels/gemm.h), the one-token
+ * kernels otherwise or with $KL_GPU_GEMM=0. */
+static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                   kl_err *err)
+{
+    int tc = w->kind == KL_GPU_W_BF16 || w->kind == KL_GPU_W_MXFP4;
+    if (g->gemm_on && tc && n >= KL_GPU_GEMM_MIN_N && w->cols % 32 == 0)
+        return kl_gpu_gemm(w, x, n, y, g->st, err);
+    return kl_gpu_matmul(w, x, n, y, g->st, err);
+}
+
 /* y [n, rows] = x [n, cols] Wᵀ for the chunk's tokens */
 static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
 {
-    return kl_gpu_matmul(w, x, g->tok.n, y, g->st, err);
+    return product(g, w, x, g->tok.n, y, err);
 }
 
 /* Whether the chunk runs group grp's products as one (a one-token chunk, the group fused). */
@@ -868,7 +883,7 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
         rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
                         err);
     if (!rc)
-        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
+        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, err);
     if (!rc && argmax)
         rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
     if (!rc && logits)
@@ -929,7 +944,7 @@ static int gpu_end(kl_backend *be, kl_err *err)
         rc = kl_gpu_stream_sync(g->st, err);
     if (rc)
         return rc;
-    const uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    const uint32_t *rsl = tok_array(g, g->host_tok, TOK_RUN_SLOT);
     for (uint32_t r = 0; r < g->tok.n_runs; r++)
         be->slot_len[rsl[r]] += g->run_len[r];
     return 0;
@@ -987,11 +1002,16 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     gpu_be *g = kl_calloc(1, sizeof *g);
     if (!g)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = GPU_CHUNK,
+    const char *chunk = getenv("KL_GPU_CHUNK");
+    g->chunk = chunk && atoi(chunk) >= 16 && atoi(chunk) <= (int)GPU_CHUNK_MAX
+                   ? (uint32_t)atoi(chunk) : GPU_CHUNK;
+    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
     const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
     g->prof.on = prof && !strcmp(prof, "1");
+    const char *gemm = getenv("KL_GPU_GEMM");
+    g->gemm_on = !(gemm && !strcmp(gemm, "0"));
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);

@@ -88,6 +88,9 @@ stage_full() {
     local t0=$SECONDS bytes
     bytes=$(cat "$D"/*.safetensors | wc -c)
     row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    # time to first token of a short prompt, the page cache warm
+    "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
+        row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
     # per-operation shares (KL_GPU_PROFILE=1: graphs off, a sync per operation)
     [ -z "${PROFILE:-}" ] || { KL_GPU_PROFILE=1 "$KL" bench decode "$D" --device gpu --prompt-tokens 2048 --tokens 16 --json -q > "$W/bench-profile.json" &&
         python3 - "$W/bench-profile.json" <<'PY' | tee -a "$TABLE"; }
@@ -108,10 +111,10 @@ PY
         python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
       % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
          d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
-         d["pinned_h2d_gbps"], d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
+         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
 print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
 for a in d.get("prefill_at", []):
     print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
