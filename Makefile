@@ -40,6 +40,8 @@ TEST_SCRIPTS := tests/tokenizer/parity.sh
 TEST_SCRIPTS += tests/install.sh
 # the README's example commands, top to bottom (all but the 9 GB ones)
 TEST_SCRIPTS += tests/readme.sh
+# every GPU kernel starts with KL_GPU_GRID_WAIT() (programmatic launches in decode graphs)
+TEST_SCRIPTS += tests/gpu_wait.sh
 
 .PHONY: all test demo fuzz portable install clean deps gpu gpu-kl gpu-compile
 all: $(B)/kl

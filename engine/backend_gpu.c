@@ -112,7 +112,7 @@ typedef struct gpu_be {
     uint32_t      run_len[GPU_CHUNK_MAX];
     /* scratch */
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
-    float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch;
+    float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch, *kda_scratch;
     float *fz;                                /* [fused rows]: a fused product's outputs */
     int32_t  *idx;
     uint32_t *amax;
@@ -374,6 +374,7 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
         {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
         {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
         {&g->fz, fused_rows(g)},
+        {&g->kda_scratch, d->kh ? kl_gpu_kda_scratch(g->chunk, d->kh, d->kd) : 1},
         {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(g->chunk, d->topk, d->inter, H)
                                   : 1},
     };
@@ -803,7 +804,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .a_log = L->vec[KL_ROLE_KDA_A_LOG], .dt_bias = L->vec[KL_ROLE_KDA_DT_BIAS],
             .o_norm = L->vec[KL_ROLE_KDA_O_NORM], .eps = (float)be->m->cfg.rms_norm_eps,
             .H = d->kh, .K = d->kd, .state = L->state, .state_stride = g->state_stride,
-            .o = g->o};
+            .o = g->o, .scratch = g->kda_scratch};
         rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);

@@ -78,6 +78,7 @@ __device__ static inline float softplus(float z)
 __global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_start,
                                    const uint32_t *run_slot)
 {
+    KL_GPU_GRID_WAIT();
     const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x, which = blockIdx.y;
     if (c >= a.D)
         return;
@@ -245,6 +246,7 @@ __device__ static void token_norm(const kl_gpu_kda_recur_args &a, size_t t, uint
 __global__ static void __launch_bounds__(RECUR_THREADS)
 recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ head_vecs hv;
     __shared__ float part[2][RECUR_GROUPS][MAX_K]; /* per-group partial a_j, b_j */
     const uint32_t h = blockIdx.x, r = blockIdx.y, K = a.K;
@@ -329,6 +331,7 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
 __global__ static void __launch_bounds__(R2_THREADS)
 recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ head_vecs hv;
     __shared__ float part[2][R2_GROUPS][KL_GPU_GROUP]; /* per-group partial a_j, b_j */
     const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K;
@@ -391,6 +394,7 @@ recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t
 __global__ static void __launch_bounds__(NORM_GROUPS * KL_GPU_GROUP)
 kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n)
 {
+    KL_GPU_GRID_WAIT();
     const uint32_t p = blockIdx.x * NORM_GROUPS + threadIdx.x / KL_GPU_GROUP, K = a.K;
     const unsigned lane = threadIdx.x % KL_GPU_GROUP;
     if (p >= n * a.H) /* the whole group leaves together */
@@ -517,6 +521,7 @@ __device__ static void prep_vectors(const kl_gpu_kda_recur_args &a, uint32_t t0,
 __global__ static void __launch_bounds__(C_THREADS)
 chunk_prep_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 chunk_sh[];
     prep_smem *p = (prep_smem *)chunk_sh;
     const uint32_t h = blockIdx.y, r = blockIdx.z, K = a.K;
@@ -605,6 +610,7 @@ __device__ static void state_update(apply_smem *p, uint32_t i0, unsigned lane, u
 __global__ static void __launch_bounds__(C_THREADS)
 chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 chunk_sh[];
     apply_smem *p = (apply_smem *)chunk_sh;
     const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K, j0 = blockIdx.y * KL_GPU_GROUP;

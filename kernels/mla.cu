@@ -97,6 +97,7 @@ __device__ static inline void weights8(const kl_gpu_mat &m, size_t idx, float w[
 __global__ static void append_kernel(kl_gpu_mla_append_args a, const uint32_t *tok_slot,
                                      const uint32_t *tok_pos)
 {
+    KL_GPU_GRID_WAIT();
     const uint32_t t = blockIdx.x, R = a.d.R, cw = a.d.R + a.d.dr;
     const float *x = a.kva + (size_t)t * cw;
     float *row = a.cache[tok_slot[t]] + (size_t)tok_pos[t] * cw;
@@ -206,6 +207,7 @@ extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint3
 __global__ static void __launch_bounds__(ABS_COLS * ABS_ROWS)
 absorb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, float *ql)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float part[ABS_ROWS][ABS_TOKENS][ABS_COLS * VEC];
     const kl_gpu_mla_dims d = a.d;
     const uint32_t cg = threadIdx.x % ABS_COLS, rg = threadIdx.x / ABS_COLS, h = blockIdx.y;
@@ -330,6 +332,7 @@ __device__ static void tile_softmax(uint32_t nh, uint32_t nr, float *ps, float *
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
 attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 shared4[];
     const kl_gpu_mla_dims d = a.d;
     const uint32_t t = blockIdx.y, split = blockIdx.x, nh = d.nh, cw = d.R + d.dr;
@@ -400,6 +403,7 @@ attend_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 /* grid (nh, n): head blockIdx.x of token blockIdx.y, its splits' partial results combined */
 __global__ static void combine_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float w[MAX_SPLITS];
     const uint32_t h = blockIdx.x, t = blockIdx.y, span = x.tok_pos[t] + 1;
     uint32_t ns = (span + x.split_rows - 1) / x.split_rows;
@@ -427,6 +431,7 @@ __global__ static void combine_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t 
 __global__ static void vb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n,
                                  const float *ctx)
 {
+    KL_GPU_GRID_WAIT();
     const kl_gpu_mla_dims d = a.d;
     const uint32_t row = blockIdx.x * VB_GROUPS + threadIdx.x / KL_GPU_GROUP;
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP, t0 = blockIdx.y * VB_TOKENS;
@@ -469,6 +474,7 @@ __global__ static void vb_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint
 __global__ static void __launch_bounds__(A2_RG * A2_COLS / VEC)
 absorb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, float *qf)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float qs[A2_TOK][A2_RG * A2_LD];
     __shared__ float part[A2_RG][A2_TOK][A2_COLS];
     const kl_gpu_mla_dims d = a.d;
@@ -667,6 +673,7 @@ __device__ static inline void context2(const kl_gpu_mla_dims &d, uint32_t nr, co
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
 attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 shared4[];
     const kl_gpu_mla_dims d = a.d;
     const uint32_t t = blockIdx.y, split = blockIdx.x, nh = d.nh, cw = d.R + d.dr;
@@ -746,6 +753,7 @@ __device__ static float block_reduce(float v, bool max, float *red)
 __global__ static void __launch_bounds__(C2_THREADS)
 combine2_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits, bool v3)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float wt[MAX_SPLITS], red[C2_THREADS / KL_GPU_GROUP];
     __shared__ float4 part[C2_THREADS * 4 / C2_COLS][C2_COLS / 4];
     const uint32_t h = blockIdx.x, t = blockIdx.z, span = x.tok_pos[t] + 1;
@@ -785,6 +793,7 @@ combine2_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits, bool v3)
 __global__ static void __launch_bounds__(V2_ROWS / 2 * KL_GPU_GROUP)
 vb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, const float *ctx)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float4 cs[V2_TOK][R2_MAX / 4];
     const kl_gpu_mla_dims d = a.d;
     const uint32_t h = blockIdx.y, t0 = blockIdx.z * V2_TOK, lane = threadIdx.x % KL_GPU_GROUP;
@@ -1151,6 +1160,7 @@ __device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, ui
 __global__ static void __launch_bounds__(T3_THREADS, 2)
 attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ __align__(128) unsigned char shared3[]; /* wmma: 32-byte aligned tiles */
     const kl_gpu_mla_dims d = a.d;
     const uint32_t nh = d.nh, cw = d.R + d.dr, ld = ld3(cw), nf = d.R / 16;

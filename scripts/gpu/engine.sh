@@ -8,7 +8,7 @@
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
-#   SHM=1: the model also loaded from /dev/shm.
+#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -126,6 +126,18 @@ PY
     [ -n "${KEEP:-}" ] || rm -rf "$D"
 }
 
-for s in $STAGES; do echo "== stage $s $(date -u +%T)"; stage_$s; done
+# the golden stage once per configuration of GOLDEN_CONFIGS ("A=1 B=2;C=3": environment
+# assignments, ";" between configurations; default: one run as the environment is)
+golden_configs() {
+    local IFS=';' cfg
+    for cfg in ${GOLDEN_CONFIGS:-" "}; do
+        row "== golden with [${cfg# }]"
+        ([ -z "${cfg// }" ] || eval "export $cfg"; stage_golden)
+    done
+}
+for s in $STAGES; do
+    echo "== stage $s $(date -u +%T)"
+    if [ $s = golden ]; then golden_configs; else stage_$s; fi
+done
 echo "== table"; cat "$TABLE"
 echo "== done $(date -u +%FT%TZ)"
