@@ -3,7 +3,7 @@
 # tokenizer parity test (tests/tokenizer, pinned by its package-lock.json).  Idempotent: installs
 # only what is missing, and runs apt-get update only when something must be installed.
 set -eu
-PKGS="build-essential pkg-config liburing-dev libaio-dev libssl-dev libcjson-dev libpcre2-dev libxxhash-dev check clang hipcc"
+PKGS="build-essential pkg-config liburing-dev libaio-dev libssl-dev libcjson-dev libpcre2-dev libxxhash-dev libmicrohttpd-dev check clang hipcc"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
