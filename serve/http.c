@@ -5,6 +5,7 @@
 
 #include "common/grow.h"
 #include "common/mem.h"
+#include "common/utf8.h"
 #include "engine/chat.h"
 #include "serve/reply.h"
 #include "serve/request.h"
@@ -325,12 +326,16 @@ static enum MHD_Result chat_whole(chat *ch, struct MHD_Connection *c)
     char *text = NULL, *json = NULL;
     size_t len = 0;
     kl_usage u = {.prompt_tokens = ch->n_prompt, .completion_tokens = end.n_generated};
+    char *clean = NULL;
     int rc = kl_tok_decode(ch->h->tok, ids, n, 0, &text, &len, &err);
+    if (!rc && !(clean = kl_utf8_sanitize(text, len)))
+        rc = kl_fail(&err, KL_E_NOMEM, "out of memory for a reply");
     if (!rc)
-        rc = kl_chat_reply_json(ch->id, ch->h->model, ch->created, ch->tools_on, text, len,
-                                finish_reason(&end), &u, &json, &err);
+        rc = kl_chat_reply_json(ch->id, ch->h->model, ch->created, ch->tools_on, clean,
+                                strlen(clean), finish_reason(&end), &u, &json, &err);
     kl_free(ids);
     kl_free(text);
+    kl_free(clean);
     if (rc)
         return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
     enum MHD_Result r = send_text(c, 200, "application/json", json, strlen(json));
@@ -349,13 +354,27 @@ static int sse_sink(void *user, const char *ev, size_t len, kl_err *err)
     return 0;
 }
 
+/* A piece of the reply's text into the stream, bytes that are not UTF-8 as U+FFFD (the
+ * tokenizer stream never splits a valid character, so piece by piece equals the whole). */
+static int stream_text(chat *ch, const char *t, size_t len, kl_err *err)
+{
+    if (!len)
+        return 0;
+    char *clean = kl_utf8_sanitize(t, len);
+    if (!clean)
+        return kl_fail(err, KL_E_NOMEM, "out of memory for a stream");
+    int rc = kl_chat_stream_text(&ch->cs, clean, strlen(clean), err);
+    kl_free(clean);
+    return rc;
+}
+
 /* The stream's end: the tokenizer's held bytes, finish, usage, [DONE]. */
 static int stream_end(chat *ch, const kl_job_end *end, kl_err *err)
 {
     const char *t;
     size_t len;
     kl_tok_stream_flush(&ch->ts, &t, &len);
-    int rc = kl_chat_stream_text(&ch->cs, t, len, err);
+    int rc = stream_text(ch, t, len, err);
     if (rc)
         return rc;
     if (end->why == KL_SCHED_ERROR || end->why == KL_SCHED_CANCELLED) {
@@ -384,7 +403,7 @@ static int stream_pump(chat *ch, kl_err *err)
         size_t len;
         int rc = kl_tok_stream_push(&ch->ts, ids[i], &t, &len, err);
         if (!rc)
-            rc = kl_chat_stream_text(&ch->cs, t, len, err);
+            rc = stream_text(ch, t, len, err);
         if (rc)
             return rc;
     }
