@@ -18,17 +18,21 @@ else
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 
-# npm packages of the tokenizer parity test (node and npm come with the CI image).  `npm ls`
+# npm packages of the tokenizer parity test (tests/tokenizer) and of the serve client test
+# (tests/serve: the official openai client); node and npm come with the CI image.  `npm ls`
 # fails when the installed tree does not match package.json/package-lock.json; only then is
-# `npm ci` run.  Not fatal here (`make demo` needs no node): the parity test in `make test`
-# fails with a pointer back to this script when the packages are missing.
-tok="$(cd "$(dirname "$0")/.." && pwd)/tests/tokenizer"
-if ! command -v npm >/dev/null 2>&1; then
-    echo "install-deps: warning: npm not found; make test's tokenizer parity test needs node" >&2
-elif (cd "$tok" && npm ls --silent >/dev/null 2>&1); then
-    echo "install-deps: npm packages present"
-else
-    echo "install-deps: npm ci in tests/tokenizer"
-    (cd "$tok" && npm ci --no-audit --no-fund --silent) ||
-        echo "install-deps: warning: npm ci failed in $tok" >&2
-fi
+# `npm ci` run.  Not fatal here (`make demo` needs no node): the tests in `make test` fail with
+# a pointer back to this script when the packages are missing.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+for dir in "$root/tests/tokenizer" "$root/tests/serve"; do
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "install-deps: warning: npm not found; make test's node tests need node" >&2
+        break
+    elif (cd "$dir" && npm ls --silent >/dev/null 2>&1); then
+        echo "install-deps: npm packages present in $dir"
+    else
+        echo "install-deps: npm ci in $dir"
+        (cd "$dir" && npm ci --no-audit --no-fund --silent) ||
+            echo "install-deps: warning: npm ci failed in $dir" >&2
+    fi
+done
