@@ -27,7 +27,7 @@ struct kl_job {
     kl_token       *prompt, *stops;
     kl_token       *ids;           /* generated so far */
     size_t          n_ids, cap_ids, n_read;
-    int             submitted, over, released;
+    int             submitted, over, released, cancel;
     uint64_t        handle;
     kl_job_end      end;
     double          t_submit, t_last;
@@ -142,7 +142,7 @@ static void tend(kl_engine *e)
     kl_job **pp = &e->jobs;
     while (*pp) {
         kl_job *j = *pp;
-        if (!j->over && (j->released || e->quit)) {
+        if (!j->over && (j->released || j->cancel || e->quit)) {
             if (j->submitted)
                 kl_sched_cancel(e->s, j->handle);
             else
@@ -304,6 +304,14 @@ size_t kl_job_wait(kl_job *j, kl_token *ids, size_t cap, int timeout_ms, int *ov
         *end = j->end;
     pthread_mutex_unlock(&j->e->mu);
     return n;
+}
+
+void kl_job_cancel(kl_job *j)
+{
+    pthread_mutex_lock(&j->e->mu);
+    j->cancel = 1;
+    pthread_cond_signal(&j->e->cv);
+    pthread_mutex_unlock(&j->e->mu);
 }
 
 void kl_job_release(kl_job *j)

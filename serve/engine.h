@@ -73,6 +73,8 @@ int  kl_engine_submit(kl_engine *e, const kl_job_spec *spec, kl_job **job, int *
  * over and every id was read. */
 size_t kl_job_wait(kl_job *j, kl_token *ids, size_t cap, int timeout_ms, int *over,
                    kl_job_end *end);
+/* Ends the job at the engine's next turn (kl_job_wait then reports KL_SCHED_CANCELLED). */
+void kl_job_cancel(kl_job *j);
 /* Hands the job back (cancelled if still running); j is gone after. NULL ok. */
 void kl_job_release(kl_job *j);
 /* Jobs queued or running. */

@@ -5,9 +5,8 @@
 
 #include "common/grow.h"
 #include "common/mem.h"
-#include "common/utf8.h"
 #include "engine/chat.h"
-#include "serve/reply.h"
+#include "serve/answer.h"
 #include "serve/request.h"
 
 #include <cJSON.h>
@@ -206,39 +205,12 @@ static enum MHD_Result route_metrics(kl_http *h, struct MHD_Connection *c)
 /* ------------------------------------------------------------------------------------------ */
 /* Chat completions                                                                           */
 
-/* A chat request turned into a job, with what its reply needs. */
-typedef struct chat {
-    kl_http      *h;
-    kl_job       *job;
-    char          id[64];
-    int64_t       created;
-    int           tools_on, stream, include_usage;
-    size_t        n_prompt;
-    /* streaming */
-    kl_tok_stream   ts;
-    kl_chat_stream  cs;
-    char           *out;       /* SSE bytes not yet sent: out[off..n) */
-    size_t          n, off, cap;
-    int             ended;
-} chat;
-
-static void chat_free(chat *ch)
-{
-    kl_job_release(ch->job);
-    kl_tok_stream_free(&ch->ts);
-    kl_chat_stream_free(&ch->cs);
-    kl_free(ch->out);
-    kl_free(ch);
-}
-
-static const char *finish_reason(const kl_job_end *end)
-{
-    return end->why == KL_SCHED_LENGTH ? "length" : "stop";
-}
-
-/* The prompt ids of a checked request: the chat template, then the tokenizer. */
+/* The prompt ids of a checked request: a completion's prompt, or the chat template's
+ * rendering, through the tokenizer. */
 static int chat_prompt(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t *n, kl_err *err)
 {
+    if (r->prompt)
+        return kl_tok_encode(h->tok, r->prompt, strlen(r->prompt), ids, n, err);
     char *text = NULL;
     int rc = kl_chat_render(r->msgs, r->n_msgs, r->tools_json, 1, &text, err);
     if (!rc)
@@ -247,14 +219,14 @@ static int chat_prompt(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t 
     return rc;
 }
 
-/* The job's options from the request; a refusal is sent and MHD_YES/NO returned in *sent. */
+/* The job's limits and sampling from the request; a refusal is sent (*sent) and -1 returned. */
 static int job_spec(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r, size_t n_prompt,
                     kl_job_spec *spec, enum MHD_Result *sent)
 {
     if (n_prompt >= h->o.ctx) {
-        *sent = fail(c, 400, "invalid_request_error", "messages", "context_length_exceeded",
-                     "the prompt has %zu tokens; this server's context is %zu", n_prompt,
-                     h->o.ctx);
+        *sent = fail(c, 400, "invalid_request_error", r->prompt ? "prompt" : "messages",
+                     "context_length_exceeded", "the prompt has %zu tokens; this server's "
+                     "context is %zu", n_prompt, h->o.ctx);
         return -1;
     }
     size_t room = h->o.ctx - n_prompt;
@@ -275,24 +247,14 @@ static int job_spec(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r, 
     return 0;
 }
 
-/* What the request cannot have yet (a 400), or NULL. */
-static const char *unsupported(const kl_req_chat *r)
-{
-    if (r->logprobs)
-        return "logprobs";
-    if (r->n_stop)
-        return "stop";
-    return NULL;
-}
-
-/* Submits the job; on a refusal the error is sent and -1 returned. */
-static int chat_submit(kl_http *h, struct MHD_Connection *c, const kl_job_spec *spec, chat *ch,
-                       enum MHD_Result *sent)
+/* Submits the job; on a refusal (429 queue full, 503 stopping) the error is sent. */
+static int job_submit(kl_http *h, struct MHD_Connection *c, const kl_job_spec *spec,
+                      kl_job **job, enum MHD_Result *sent)
 {
     kl_err err;
     kl_err_clear(&err);
     int busy = 0;
-    if (!kl_engine_submit(h->e, spec, &ch->job, &busy, &err))
+    if (!kl_engine_submit(h->e, spec, job, &busy, &err))
         return 0;
     int status = busy == 1 ? 429 : busy == 2 ? 503 : 500;
     *sent = fail(c, status, busy == 1 ? "rate_limit_error" : "server_error", NULL, NULL, "%s",
@@ -300,158 +262,53 @@ static int chat_submit(kl_http *h, struct MHD_Connection *c, const kl_job_spec *
     return -1;
 }
 
-/* Waits for the whole reply, then sends the chat.completion object. */
-static enum MHD_Result chat_whole(chat *ch, struct MHD_Connection *c)
+/* Waits for the whole reply, then sends its object. */
+static enum MHD_Result answer_whole(kl_answer *a, struct MHD_Connection *c)
 {
-    kl_token *ids = NULL;
-    size_t n = 0, cap = 0;
-    int over = 0;
-    kl_job_end end;
-    memset(&end, 0, sizeof end);
-    while (!over) {
-        if (kl_grow(&ids, &cap, n + 64, sizeof *ids)) {
-            kl_free(ids);
-            return fail(c, 500, "server_error", NULL, NULL, "out of memory");
-        }
-        n += kl_job_wait(ch->job, ids + n, cap - n, -1, &over, &end);
-    }
     kl_err err;
     kl_err_clear(&err);
-    if (end.why == KL_SCHED_ERROR || end.why == KL_SCHED_CANCELLED) {
-        kl_free(ids);
-        return fail(c, end.why == KL_SCHED_ERROR ? 500 : 503, "server_error", NULL, NULL,
-                    "the request did not complete: %s",
-                    end.why == KL_SCHED_ERROR ? end.err.msg : "cancelled (shutting down)");
-    }
-    char *text = NULL, *json = NULL;
-    size_t len = 0;
-    kl_usage u = {.prompt_tokens = ch->n_prompt, .completion_tokens = end.n_generated};
-    char *clean = NULL;
-    int rc = kl_tok_decode(ch->h->tok, ids, n, 0, &text, &len, &err);
-    if (!rc && !(clean = kl_utf8_sanitize(text, len)))
-        rc = kl_fail(&err, KL_E_NOMEM, "out of memory for a reply");
+    int over = 0, status = 500, rc = 0;
+    char *json = NULL;
+    while (!rc && !over)
+        rc = kl_answer_pump(a, -1, &over, &err);
     if (!rc)
-        rc = kl_chat_reply_json(ch->id, ch->h->model, ch->created, ch->tools_on, clean,
-                                strlen(clean), finish_reason(&end), &u, &json, &err);
-    kl_free(ids);
-    kl_free(text);
-    kl_free(clean);
+        rc = kl_answer_json(a, &json, &status, &err);
+    kl_answer_free(a);
     if (rc)
-        return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
+        return fail(c, status, "server_error", NULL, NULL, "%s", err.msg);
     enum MHD_Result r = send_text(c, 200, "application/json", json, strlen(json));
     kl_free(json);
     return r;
 }
 
-/* kl_chat_stream's sink: the event joins the bytes to send. */
-static int sse_sink(void *user, const char *ev, size_t len, kl_err *err)
-{
-    chat *ch = user;
-    if (kl_grow(&ch->out, &ch->cap, ch->n + len, 1))
-        return kl_fail(err, KL_E_NOMEM, "out of memory for a stream");
-    memcpy(ch->out + ch->n, ev, len);
-    ch->n += len;
-    return 0;
-}
-
-/* A piece of the reply's text into the stream, bytes that are not UTF-8 as U+FFFD (the
- * tokenizer stream never splits a valid character, so piece by piece equals the whole). */
-static int stream_text(chat *ch, const char *t, size_t len, kl_err *err)
-{
-    if (!len)
-        return 0;
-    char *clean = kl_utf8_sanitize(t, len);
-    if (!clean)
-        return kl_fail(err, KL_E_NOMEM, "out of memory for a stream");
-    int rc = kl_chat_stream_text(&ch->cs, clean, strlen(clean), err);
-    kl_free(clean);
-    return rc;
-}
-
-/* The stream's end: the tokenizer's held bytes, finish, usage, [DONE]. */
-static int stream_end(chat *ch, const kl_job_end *end, kl_err *err)
-{
-    const char *t;
-    size_t len;
-    kl_tok_stream_flush(&ch->ts, &t, &len);
-    int rc = stream_text(ch, t, len, err);
-    if (rc)
-        return rc;
-    if (end->why == KL_SCHED_ERROR || end->why == KL_SCHED_CANCELLED) {
-        const char *msg = end->why == KL_SCHED_ERROR ? end->err.msg : "cancelled";
-        char buf[700];
-        int n = snprintf(buf, sizeof buf, "data: {\"error\":{\"message\":\"the request did not "
-                         "complete: %.500s\",\"type\":\"server_error\",\"param\":null,"
-                         "\"code\":null}}\n\n", msg);
-        return sse_sink(ch, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1, err);
-    }
-    kl_usage u = {.prompt_tokens = ch->n_prompt, .completion_tokens = end->n_generated};
-    return kl_chat_stream_end(&ch->cs, finish_reason(end), ch->include_usage ? &u : NULL, err);
-}
-
-/* Waits for ids (a second at most) and turns them into events in ch->out. */
-static int stream_pump(chat *ch, kl_err *err)
-{
-    kl_token ids[64];
-    int over = 0;
-    kl_job_end end;
-    size_t n = kl_job_wait(ch->job, ids, 64, WAIT_MS, &over, &end);
-    if (!n && !over)
-        return sse_sink(ch, ": waiting\n\n", 11, err);
-    for (size_t i = 0; i < n; i++) {
-        const char *t;
-        size_t len;
-        int rc = kl_tok_stream_push(&ch->ts, ids[i], &t, &len, err);
-        if (!rc)
-            rc = stream_text(ch, t, len, err);
-        if (rc)
-            return rc;
-    }
-    if (over) {
-        ch->ended = 1;
-        return stream_end(ch, &end, err);
-    }
-    return 0;
-}
-
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    chat *ch = cls;
+    kl_answer *a = cls;
     kl_err err;
     kl_err_clear(&err);
-    while (ch->off == ch->n) {
-        ch->off = ch->n = 0;
-        if (ch->ended)
+    size_t k;
+    int over = 0;
+    while (!(k = kl_answer_bytes(a, buf, max))) {
+        if (over)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        if (stream_pump(ch, &err))
+        if (kl_answer_pump(a, WAIT_MS, &over, &err))
             return MHD_CONTENT_READER_END_WITH_ERROR;
     }
-    size_t k = ch->n - ch->off < max ? ch->n - ch->off : max;
-    memcpy(buf, ch->out + ch->off, k);
-    ch->off += k;
     return (ssize_t)k;
 }
 
 static void stream_done(void *cls)
 {
-    chat_free(cls);
+    kl_answer_free(cls);
 }
 
-/* Starts the SSE response; ch is the response's from here on. */
-static enum MHD_Result chat_stream(chat *ch, struct MHD_Connection *c)
+/* Starts the SSE response; a is the response's from here on. */
+static enum MHD_Result answer_stream(kl_answer *a, struct MHD_Connection *c)
 {
-    kl_err err;
-    kl_err_clear(&err);
-    if (kl_tok_stream_init(&ch->ts, ch->h->tok, 0, &err) ||
-        kl_chat_stream_begin(&ch->cs, ch->id, ch->h->model, ch->created, ch->tools_on, sse_sink,
-                             ch, &err)) {
-        chat_free(ch);
-        return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
-    }
     struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, ch, stream_done);
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, a, stream_done);
     if (!r) {
-        chat_free(ch);
+        kl_answer_free(a);
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -462,7 +319,7 @@ static enum MHD_Result chat_stream(chat *ch, struct MHD_Connection *c)
 }
 
 /* A checked request through the engine: a refusal, the whole reply, or a stream. */
-static enum MHD_Result chat_run(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r)
+static enum MHD_Result gen_run(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r)
 {
     enum MHD_Result sent = MHD_NO;
     kl_err err;
@@ -471,34 +328,35 @@ static enum MHD_Result chat_run(kl_http *h, struct MHD_Connection *c, const kl_r
     size_t n_prompt = 0;
     if (chat_prompt(h, r, &prompt, &n_prompt, &err))
         return fail(c, err.code == KL_E_NOMEM ? 500 : 400, "invalid_request_error",
-                    "messages", NULL, "%s", err.msg);
+                    r->prompt ? "prompt" : "messages", NULL, "%s", err.msg);
     kl_job_spec spec = {.prompt = prompt, .n_prompt = n_prompt};
-    chat *ch = kl_calloc(1, sizeof *ch);
-    if (!ch || job_spec(h, c, r, n_prompt, &spec, &sent) || chat_submit(h, c, &spec, ch, &sent)) {
-        kl_free(prompt);
-        kl_free(ch);
-        return ch ? sent : fail(c, 500, "server_error", NULL, NULL, "out of memory");
-    }
+    kl_job *job = NULL;
+    int refused = job_spec(h, c, r, n_prompt, &spec, &sent) ||
+                  job_submit(h, c, &spec, &job, &sent);
     kl_free(prompt);
-    ch->h = h;
-    snprintf(ch->id, sizeof ch->id, "chatcmpl-%016llx",
-             (unsigned long long)atomic_fetch_add(&h->next_id, 1));
-    ch->created = (int64_t)time(NULL);
-    ch->tools_on = r->n_tools && r->tool_choice != KL_TOOL_NONE;
-    ch->include_usage = r->include_usage;
-    ch->n_prompt = n_prompt;
-    if (r->stream)
-        return chat_stream(ch, c);
-    enum MHD_Result rc = chat_whole(ch, c);
-    chat_free(ch);
-    return rc;
+    if (refused)
+        return sent;
+    kl_answer *a;
+    if (kl_answer_new(&a, job, r, h->tok, h->model, atomic_fetch_add(&h->next_id, 1), n_prompt,
+                      &err))
+        return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    return r->stream ? answer_stream(a, c) : answer_whole(a, c);
 }
 
-static enum MHD_Result route_chat(kl_http *h, struct MHD_Connection *c, const conn *cn)
+/* What a request cannot have here yet (a 400), or NULL. */
+static const char *unsupported(const kl_req_chat *r)
+{
+    return r->logprobs ? "logprobs" : NULL;
+}
+
+/* POST /v1/chat/completions (parse: kl_req_chat_parse) or /v1/completions. */
+static enum MHD_Result route_gen(kl_http *h, struct MHD_Connection *c, const conn *cn,
+                                 int (*parse)(const char *, size_t, kl_req_chat *,
+                                              kl_api_error *))
 {
     kl_req_chat r;
     kl_api_error e;
-    if (kl_req_chat_parse(cn->body ? cn->body : "", cn->n, &r, &e)) {
+    if (parse(cn->body ? cn->body : "", cn->n, &r, &e)) {
         kl_req_chat_free(&r);
         return send_error(c, &e, NULL);
     }
@@ -512,7 +370,7 @@ static enum MHD_Result route_chat(kl_http *h, struct MHD_Connection *c, const co
         rc = fail(c, 400, "invalid_request_error", no, NULL,
                   "'%s' is not supported by this server yet", no);
     else
-        rc = chat_run(h, c, &r);
+        rc = gen_run(h, c, &r);
     kl_req_chat_free(&r);
     return rc;
 }
@@ -546,8 +404,8 @@ static enum MHD_Result route(kl_http *h, struct MHD_Connection *c, const char *u
     if (!strcmp(url, "/health"))
         return get ? route_health(h, c)
                    : fail(c, 405, "invalid_request_error", NULL, NULL, "use GET on /health");
-    int known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") ||
-                !strcmp(url, "/metrics");
+    int chat = !strcmp(url, "/v1/chat/completions"), text = !strcmp(url, "/v1/completions");
+    int known = chat || text || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics");
     if (!known)
         return fail(c, 404, "invalid_request_error", NULL, "not_found",
                     "no route %.16s %.200s", method, url);
@@ -557,8 +415,8 @@ static enum MHD_Result route(kl_http *h, struct MHD_Connection *c, const char *u
     if (cn->too_big)
         return fail(c, 413, "invalid_request_error", NULL, NULL,
                     "the request body is over %zu bytes", h->o.max_body);
-    if (!strcmp(url, "/v1/chat/completions"))
-        return post ? route_chat(h, c, cn)
+    if (chat || text)
+        return post ? route_gen(h, c, cn, chat ? kl_req_chat_parse : kl_req_completion_parse)
                     : fail(c, 405, "invalid_request_error", NULL, NULL, "use POST on %s", url);
     if (!get)
         return fail(c, 405, "invalid_request_error", NULL, NULL, "use GET on %s", url);

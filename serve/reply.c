@@ -297,3 +297,42 @@ int kl_chat_reply_json(const char *id, const char *model, int64_t created, int t
     cJSON_free(t);
     return rc;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Legacy completions                                                                         */
+
+int kl_text_completion_json(const char *id, const char *model, int64_t created, const char *text,
+                            size_t len, const char *finish_reason, const kl_usage *usage,
+                            char **json, kl_err *err)
+{
+    *json = NULL;
+    cJSON *o = cJSON_CreateObject(), *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *ch = text ? cJSON_CreateObject() : NULL;
+    char *t = text ? kl_malloc(len + 1) : NULL;
+    int ok = choices && (!text || (ch && t));
+    if (ok && text) {
+        memcpy(t, text, len);
+        t[len] = '\0';
+        cJSON_AddItemToArray(choices, ch);
+        ch = NULL;
+        cJSON *c = cJSON_GetArrayItem(choices, 0);
+        ok = cJSON_AddStringToObject(c, "text", t) && cJSON_AddNumberToObject(c, "index", 0) &&
+             cJSON_AddNullToObject(c, "logprobs") &&
+             (finish_reason ? cJSON_AddStringToObject(c, "finish_reason", finish_reason) != NULL
+                            : cJSON_AddNullToObject(c, "finish_reason") != NULL);
+    }
+    ok = ok && cJSON_AddStringToObject(o, "id", id) &&
+         cJSON_AddStringToObject(o, "object", "text_completion") &&
+         cJSON_AddNumberToObject(o, "created", (double)created) &&
+         cJSON_AddStringToObject(o, "model", model) && (!usage || add_usage(o, usage));
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    cJSON_Delete(ch);
+    kl_free(t);
+    if (s)
+        *json = kl_malloc(strlen(s) + 1);
+    if (*json)
+        strcpy(*json, s);
+    cJSON_free(s);
+    return *json ? 0 : nomem(err);
+}

@@ -222,7 +222,8 @@ static char *whole_content(const resp *r, char *finish, size_t n_finish)
     ck_assert_msg(j, "not JSON: %s", r->body);
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     cJSON *msg = cJSON_GetObjectItem(ch, "message");
-    const char *c = cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content"));
+    const char *c = msg ? cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content"))
+                        : cJSON_GetStringValue(cJSON_GetObjectItem(ch, "text"));
     char *out = strdup(c ? c : "");
     snprintf(finish, n_finish, "%s",
              cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
@@ -252,8 +253,10 @@ static char *stream_content(const resp *r, char *finish, size_t n_finish)
                 cJSON *j = cJSON_Parse(ev + 6);
                 ck_assert_msg(j, "not JSON: %s", ev + 6);
                 cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-                const char *c = cJSON_GetStringValue(
-                    cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content"));
+                cJSON *delta = cJSON_GetObjectItem(ch, "delta");
+                const char *c = delta ? cJSON_GetStringValue(cJSON_GetObjectItem(delta,
+                                                                                 "content"))
+                                      : cJSON_GetStringValue(cJSON_GetObjectItem(ch, "text"));
                 const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
                 if (c) {
                     memcpy(out + n, c, strlen(c));
@@ -272,22 +275,30 @@ static char *stream_content(const resp *r, char *finish, size_t n_finish)
     return out;
 }
 
+/* A reply's content (stream or not) to body b on path. */
+static char *ask(const char *path, const char *b, int stream, char *finish)
+{
+    resp r = http("POST", path, KEY, b);
+    char *c = stream ? stream_content(&r, finish, 16) : whole_content(&r, finish, 16);
+    resp_free(&r);
+    return c;
+}
+
 static char *chat(const char *user, unsigned max_tokens, int stream, char *finish)
 {
     char *b = chat_body(user, max_tokens, stream);
-    resp r = http("POST", "/v1/chat/completions", KEY, b);
-    char *c = stream ? stream_content(&r, finish, 16) : whole_content(&r, finish, 16);
-    resp_free(&r);
+    char *c = ask("/v1/chat/completions", b, stream, finish);
     free(b);
     return c;
 }
 
-/* `kl run --chat USER -n N` greedy text (its --json "text"). */
-static char *run_text(const char *user, unsigned n)
+/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy text (its --json
+ * "text"). */
+static char *run_text_as(const char *how, const char *user, unsigned n)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s run %s --chat '%s' -n %u --threads 2 --json -q", t_kl_bin(),
-             g_model, user, n);
+    snprintf(cmd, sizeof cmd, "%s run %s %s '%s' -n %u --threads 2 --json -q", t_kl_bin(),
+             g_model, how, user, n);
     FILE *p = popen(cmd, "r");
     ck_assert(p);
     static char line[1 << 16];
@@ -298,6 +309,11 @@ static char *run_text(const char *user, unsigned n)
     char *t = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")));
     cJSON_Delete(j);
     return t;
+}
+
+static char *run_text(const char *user, unsigned n)
+{
+    return run_text_as("--chat", user, n);
 }
 
 START_TEST(test_chat_equals_run)
@@ -313,6 +329,61 @@ START_TEST(test_chat_equals_run)
     free(want);
     free(whole);
     free(streamed);
+}
+END_TEST
+
+START_TEST(test_completions_equal_run)
+{
+    char *want = run_text_as("-p", "Once upon a time", 10);
+    char b[512], fw[16], fs[16];
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"prompt\":\"Once upon a time\","
+             "\"max_tokens\":10,\"temperature\":0}");
+    char *whole = ask("/v1/completions", b, 0, fw);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"prompt\":[\"Once upon a time\"],"
+             "\"max_tokens\":10,\"temperature\":0,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}");
+    char *streamed = ask("/v1/completions", b, 1, fs);
+    ck_assert_str_eq(whole, want);
+    ck_assert_str_eq(streamed, want);
+    ck_assert_str_eq(fw, "length");
+    ck_assert_str_eq(fs, "length");
+    free(want);
+    free(whole);
+    free(streamed);
+    resp r = http("POST", "/v1/completions", KEY,
+                  "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}");
+    check_error(&r, 400, "echo", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* A stop string cuts the reply before it (the earliest match), finish_reason "stop". */
+START_TEST(test_stop_strings)
+{
+    char f[16];
+    char *all = chat("hello there", 24, 0, f);
+    /* a 3-byte ASCII stop string from the middle of the reply */
+    size_t n = strlen(all), p = n / 3;
+    while (p + 3 < n && !(all[p] > 32 && all[p] < 127 && all[p + 1] > 32 && all[p + 1] < 127 &&
+                          all[p + 2] > 32 && all[p + 2] < 127 && !strchr("\"\\", all[p]) &&
+                          !strchr("\"\\", all[p + 1]) && !strchr("\"\\", all[p + 2])))
+        p++;
+    ck_assert_msg(p + 3 < n, "no ASCII run in: %s", all);
+    char stop[4] = {all[p], all[p + 1], all[p + 2], 0};
+    size_t cut = (size_t)(strstr(all, stop) - all);
+    for (int stream = 0; stream < 2; stream++) {
+        char b[512], fr[16];
+        snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"hello there\"}],\"max_tokens\":24,\"temperature\":0,"
+                 "\"stop\":[\"%s\", \"zzzzzzzzzzzzzzz\"]%s}", stop,
+                 stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        char *got = ask("/v1/chat/completions", b, stream, fr);
+        ck_assert_msg(strlen(got) == cut && !strncmp(got, all, cut),
+                      "stop '%s': got '%s' of '%s'", stop, got, all);
+        ck_assert_str_eq(fr, "stop");
+        free(got);
+    }
+    free(all);
 }
 END_TEST
 
@@ -464,6 +535,8 @@ int main(void)
     tcase_add_test(tc, test_models_health_metrics);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_chat_equals_run);
+    tcase_add_test(tc, test_completions_equal_run);
+    tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_concurrent_equal_alone);
     suite_add_tcase(s, tc);
