@@ -1,12 +1,14 @@
 /*
  * tests/test_serve.c — `kl serve` end to end over raw HTTP: the binary in $KL_BIN (the ASan
  * build) serves a tiny synthetic checkpoint on 127.0.0.1 at a free port (--port 0, the port
- * read from its --json line) with an API key.  Greedy chat, whole and streamed, equals `kl run`
- * greedy for the same conversation; models, health, metrics; malformed JSON, wrong types,
+ * read from its --json line) with an API key.  Greedy chat and legacy completions, whole and
+ * streamed, equal `kl run` greedy for the same conversation / prompt; stop strings cut the
+ * reply before the earliest match; models, health, metrics; malformed JSON, wrong types,
  * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
- * gauge drops to 0, the next request runs); 8 concurrent clients get what each gets alone;
- * SIGTERM stops the server with exit 0.
+ * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
+ * slot, no queue); 8 concurrent clients get what each gets alone; SIGTERM stops the servers
+ * with exit 0.
  */
 #include "tests/testutil.h"
 
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,19 +36,20 @@ static int g_port;
 
 /* ---- the server --------------------------------------------------------------------------- */
 
-static void start_server(void)
+/* Starts kl serve with max_seqs and max_queue; *pid and the port it listens on. */
+static int start_server_with(const char *max_seqs, const char *max_queue, pid_t *pid)
 {
     int p[2];
     ck_assert(pipe(p) == 0);
-    g_pid = fork();
-    ck_assert(g_pid >= 0);
-    if (!g_pid) {
+    *pid = fork();
+    ck_assert(*pid >= 0);
+    if (!*pid) {
         dup2(p[1], 1);
         close(p[0]);
         close(p[1]);
         execl(t_kl_bin(), "kl", "serve", g_model, "--port", "0", "--json", "--threads", "2",
-              "--max-seqs", "4", "--api-key", KEY, "--served-model-name", "tiny", "-q",
-              (char *)NULL);
+              "--max-seqs", max_seqs, "--max-queue", max_queue, "--api-key", KEY,
+              "--served-model-name", "tiny", "-q", (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -57,16 +61,28 @@ static void start_server(void)
     ck_assert_msg(j, "not JSON: %s", line);
     cJSON *port = cJSON_GetObjectItem(j, "port");
     ck_assert_msg(cJSON_IsNumber(port), "no port: %s", line);
-    g_port = port->valueint;
+    int n = port->valueint;
     cJSON_Delete(j);
+    return n;
+}
+
+static void start_server(void)
+{
+    g_port = start_server_with("4", "64", &g_pid);
+}
+
+/* SIGTERM: the server stops with exit 0. */
+static void stop_pid(pid_t pid)
+{
+    int st = 0;
+    kill(pid, SIGTERM);
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kl serve ended with status %d", st);
 }
 
 static void stop_server(void)
 {
-    int st = 0;
-    kill(g_pid, SIGTERM);
-    ck_assert(waitpid(g_pid, &st, 0) == g_pid);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kl serve ended with status %d", st);
+    stop_pid(g_pid);
 }
 
 static void setup(void)
@@ -101,6 +117,8 @@ static int connect_server(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert(fd >= 0);
+    struct timeval tv = {60, 0};    /* a server that died fails the test, not hangs it */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
@@ -455,7 +473,8 @@ static int running_now(void)
     return n;
 }
 
-START_TEST(test_disconnect_frees_slot)
+/* A long stream, its first 2000 bytes read: the connection (left open). */
+static int long_stream(void)
 {
     char *b = chat_body("a long story", 30000, 1);
     int fd = connect_server();
@@ -468,6 +487,12 @@ START_TEST(test_disconnect_frees_slot)
         ck_assert(k > 0);
         got += (size_t)k;
     }
+    return fd;
+}
+
+START_TEST(test_disconnect_frees_slot)
+{
+    int fd = long_stream();
     ck_assert_int_eq(running_now(), 1);
     close(fd);
     int n = 1;
@@ -480,6 +505,36 @@ START_TEST(test_disconnect_frees_slot)
     char *c = chat("after", 4, 0, f);
     ck_assert_str_eq(f, "length");
     free(c);
+}
+END_TEST
+
+/* One slot and no queue: a second request while the first streams gets 429; once the first
+ * client is gone, requests run again. */
+START_TEST(test_queue_full)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "0", &pid);
+    int fd = long_stream();
+    char *b = chat_body("second", 4, 0);
+    resp r = http("POST", "/v1/chat/completions", KEY, b);
+    check_error(&r, 429, NULL, "rate_limit_exceeded");
+    resp_free(&r);
+    close(fd);
+    int status = 429;
+    for (int i = 0; i < 200 && status == 429; i++) {
+        r = http("POST", "/v1/chat/completions", KEY, b);
+        status = r.status;
+        resp_free(&r);
+        if (status == 429) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    ck_assert_int_eq(status, 200);
+    free(b);
+    stop_pid(pid);
+    g_port = main_port;
 }
 END_TEST
 
@@ -538,6 +593,7 @@ int main(void)
     tcase_add_test(tc, test_completions_equal_run);
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_disconnect_frees_slot);
+    tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_concurrent_equal_alone);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
