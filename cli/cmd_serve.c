@@ -119,7 +119,7 @@ static int warm_up(kl_engine *e, kl_err *err)
     int over = 0;
     kl_job_end end;
     while (!over)
-        kl_job_wait(j, ids, 4, -1, &over, &end);
+        kl_job_wait(j, ids, NULL, 4, -1, &over, &end);
     kl_job_release(j);
     if (end.why == KL_SCHED_ERROR) {
         if (err)

@@ -24,7 +24,8 @@ struct kl_answer {
     char               *model;
     int64_t             created;
     int                 text_kind;     /* a legacy completion */
-    int                 tools_on, stream, include_usage;
+    int                 tools_on, stream, include_usage, logprobs;
+    cJSON              *lp_items;      /* a whole reply's logprobs items */
     size_t              n_prompt;
     char               *stops[KL_REQ_MAX_STOP];
     size_t              n_stop, max_stop;
@@ -205,14 +206,61 @@ static int finish(kl_answer *a, kl_err *err)
     return rc ? rc : sink(a, "data: [DONE]\n\n", 14, err);
 }
 
+/* {"token", "logprob", "bytes"} of id: its bytes as text (U+FFFD where not UTF-8) and as
+ * numbers. */
+static cJSON *token_json(const kl_tokenizer *tok, kl_token id, float logprob)
+{
+    size_t n = 0;
+    const uint8_t *b = kl_tok_token_bytes(tok, id, &n);
+    char *text = kl_utf8_sanitize(b ? (const char *)b : "", b ? n : 0);
+    cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    int ok = text && o && bytes && cJSON_AddStringToObject(o, "token", text) &&
+             cJSON_AddNumberToObject(o, "logprob", logprob);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(bytes, cJSON_CreateNumber(b[i]));
+    kl_free(text);
+    if (ok && o) {
+        cJSON_AddItemToObject(o, "bytes", bytes);
+        return o;
+    }
+    cJSON_Delete(o);
+    cJSON_Delete(bytes);
+    return NULL;
+}
+
+/* The logprobs item of one id, to the stream or the whole reply's list. */
+static int logprob_item(kl_answer *a, kl_token id, const kl_job_lp *lp, kl_err *err)
+{
+    cJSON *item = token_json(a->tok, id, lp->logprob);
+    cJSON *top = item ? cJSON_AddArrayToObject(item, "top_logprobs") : NULL;
+    int ok = top != NULL;
+    for (uint32_t t = 0; ok && t < lp->n_top; t++) {
+        cJSON *alt = token_json(a->tok, lp->top[t], lp->top_lp[t]);
+        ok = alt && cJSON_AddItemToArray(top, alt);
+    }
+    if (!ok) {
+        cJSON_Delete(item);
+        return nomem(err);
+    }
+    if (a->stream)
+        return kl_chat_stream_logprob(&a->cs, item, err);
+    if (!a->lp_items && !(a->lp_items = cJSON_CreateArray())) {
+        cJSON_Delete(item);
+        return nomem(err);
+    }
+    cJSON_AddItemToArray(a->lp_items, item);
+    return 0;
+}
+
 int kl_answer_pump(kl_answer *a, int timeout_ms, int *over, kl_err *err)
 {
     kl_token ids[64];
+    kl_job_lp lps[64];
     int done = 0;
     *over = a->over;
     if (a->over)
         return 0;
-    size_t n = kl_job_wait(a->job, ids, 64, timeout_ms, &done, &a->end);
+    size_t n = kl_job_wait(a->job, ids, lps, 64, timeout_ms, &done, &a->end);
     if (!n && !done && a->stream)
         return sink(a, ": waiting\n\n", 11, err);
     int rc = 0;
@@ -220,7 +268,9 @@ int kl_answer_pump(kl_answer *a, int timeout_ms, int *over, kl_err *err)
         const char *t;
         size_t len;
         a->n_ids++;
-        rc = kl_tok_stream_push(&a->ts, ids[i], &t, &len, err);
+        rc = a->logprobs ? logprob_item(a, ids[i], &lps[i], err) : 0;  /* with its text */
+        if (!rc)
+            rc = kl_tok_stream_push(&a->ts, ids[i], &t, &len, err);
         if (!rc)
             rc = piece(a, t, len, err);
     }
@@ -262,8 +312,10 @@ int kl_answer_json(kl_answer *a, char **json, int *status, kl_err *err)
     int rc = a->text_kind
                  ? kl_text_completion_json(a->id, a->model, a->created, t, a->n_text,
                                            finish_reason(a), &u, json, err)
-                 : kl_chat_reply_json(a->id, a->model, a->created, a->tools_on, t, a->n_text,
-                                      finish_reason(a), &u, json, err);
+                 : kl_chat_reply_json_lp(a->id, a->model, a->created, a->tools_on, t,
+                                         a->n_text, finish_reason(a), &u, a->lp_items, json,
+                                         err);
+    a->lp_items = NULL;    /* taken */
     if (rc)
         *status = 500;
     return rc;
@@ -297,6 +349,7 @@ int kl_answer_new(kl_answer **out, kl_job *job, const kl_req_chat *r, const kl_t
     a->tools_on = !a->text_kind && r->n_tools && r->tool_choice != KL_TOOL_NONE;
     a->stream = r->stream;
     a->include_usage = r->include_usage;
+    a->logprobs = r->logprobs && !a->text_kind;
     a->n_prompt = n_prompt;
     a->created = (int64_t)time(NULL);
     snprintf(a->id, sizeof a->id, "%s-%016llx", a->text_kind ? "cmpl" : "chatcmpl",
@@ -327,5 +380,6 @@ void kl_answer_free(kl_answer *a)
     kl_free(a->held);
     kl_free(a->text);
     kl_free(a->out);
+    cJSON_Delete(a->lp_items);
     kl_free(a);
 }

@@ -14,6 +14,7 @@
 #include "common/mem.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,8 @@ struct kl_job {
     kl_token       *prompt, *stops;
     kl_token       *ids;           /* generated so far */
     size_t          n_ids, cap_ids, n_read;
+    kl_job_lp      *lps;           /* spec.logprobs: [n_lps] (n_ids, or one ahead) */
+    size_t          n_lps, cap_lps;
     int             submitted, over, released, cancel;
     uint64_t        handle;
     kl_job_end      end;
@@ -93,6 +96,48 @@ static int on_token(void *user, kl_token id, kl_err *err)
     return rc;
 }
 
+/* lp of id in the log-softmax of logits[0..V), with the top k ids. */
+static void logprobs_of(const float *logits, size_t V, kl_token id, uint32_t k, kl_job_lp *lp)
+{
+    float mx = logits[0];
+    for (size_t i = 1; i < V; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (size_t i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    lp->logprob = (float)(logits[id] - lse);
+    lp->n_top = 0;
+    for (size_t i = 0; i < V && k; i++) {      /* insertion into the sorted top k */
+        uint32_t at = lp->n_top;
+        while (at && logits[i] > logits[lp->top[at - 1]])
+            at--;
+        if (at >= k)
+            continue;
+        uint32_t last = lp->n_top < k ? lp->n_top : k - 1;
+        memmove(lp->top + at + 1, lp->top + at, (last - at) * sizeof *lp->top);
+        lp->top[at] = (kl_token)i;
+        lp->n_top = last + 1;
+    }
+    for (uint32_t t = 0; t < lp->n_top; t++)
+        lp->top_lp[t] = (float)(logits[lp->top[t]] - lse);
+}
+
+/* Scheduler callback: the logits row of j's next id (jobs that asked for logprobs). */
+static int on_logits(void *user, const float *logits, size_t V, kl_token id, kl_err *err)
+{
+    kl_job *j = user;
+    kl_job_lp lp;
+    logprobs_of(logits, V, id, j->spec.top_logprobs, &lp);
+    lock_cb(j->e);
+    int rc = kl_grow(&j->lps, &j->cap_lps, j->n_lps + 1, sizeof *j->lps)
+                 ? kl_fail(err, KL_E_NOMEM, "out of memory for a reply's logprobs") : 0;
+    if (!rc)
+        j->lps[j->n_lps++] = lp;
+    unlock_cb(j->e);
+    return rc;
+}
+
 /* Marks j over (mutex held or in a callback that takes it). */
 static void job_over(kl_job *j, kl_sched_end why, size_t n, const kl_err *err)
 {
@@ -119,6 +164,7 @@ static void job_free(kl_job *j)
     kl_free(j->prompt);
     kl_free(j->stops);
     kl_free(j->ids);
+    kl_free(j->lps);
     kl_free(j);
 }
 
@@ -128,7 +174,8 @@ static void job_submit(kl_engine *e, kl_job *j)
     kl_sched_req r = {.prompt = j->spec.prompt, .n_prompt = j->spec.n_prompt,
                       .max_tokens = j->spec.max_tokens, .samp = j->spec.samp,
                       .stop_ids = j->spec.stop_ids, .n_stop_ids = j->spec.n_stop_ids,
-                      .on_token = on_token, .on_done = on_done, .user = j};
+                      .on_token = on_token, .on_done = on_done, .user = j,
+                      .on_logits = j->spec.logprobs ? on_logits : NULL};
     kl_err err;
     kl_err_clear(&err);
     j->submitted = 1;
@@ -234,6 +281,8 @@ static kl_job *job_new(kl_engine *e, const kl_job_spec *spec)
         memcpy(j->stops, spec->stop_ids, spec->n_stop_ids * sizeof *j->stops);
     j->spec.prompt = j->prompt;
     j->spec.stop_ids = j->stops;
+    if (j->spec.top_logprobs > KL_JOB_MAX_TOP)
+        j->spec.top_logprobs = KL_JOB_MAX_TOP;
     pthread_cond_init(&j->cv, NULL);
     return j;
 }
@@ -279,8 +328,8 @@ static int wait_until(kl_job *j, const struct timespec *dl, int timeout_ms)
     return pthread_cond_timedwait(&j->cv, &j->e->mu, dl) != ETIMEDOUT;
 }
 
-size_t kl_job_wait(kl_job *j, kl_token *ids, size_t cap, int timeout_ms, int *over,
-                   kl_job_end *end)
+size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int timeout_ms,
+                   int *over, kl_job_end *end)
 {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
@@ -298,6 +347,8 @@ size_t kl_job_wait(kl_job *j, kl_token *ids, size_t cap, int timeout_ms, int *ov
     if (n > cap)
         n = cap;
     memcpy(ids, j->ids + j->n_read, n * sizeof *ids);
+    if (lps && j->spec.logprobs)
+        memcpy(lps, j->lps + j->n_read, n * sizeof *lps);
     j->n_read += n;
     *over = j->over && j->n_read == j->n_ids;
     if (*over && end)

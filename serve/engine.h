@@ -39,7 +39,19 @@ typedef struct kl_job_spec {
     kl_sampler_opts  samp;
     const kl_token  *stop_ids;
     size_t           n_stop_ids;
+    int              logprobs;     /* 1: a kl_job_lp per id */
+    uint32_t         top_logprobs; /* 0..KL_JOB_MAX_TOP alternatives each */
 } kl_job_spec;
+
+/* The log-probabilities of one generated id under the model's distribution (log-softmax of the
+ * raw logits, before temperature and filters), with the most likely ids. */
+#define KL_JOB_MAX_TOP 20
+typedef struct kl_job_lp {
+    float    logprob;
+    uint32_t n_top;
+    kl_token top[KL_JOB_MAX_TOP];      /* most likely first (ties: the lower id) */
+    float    top_lp[KL_JOB_MAX_TOP];
+} kl_job_lp;
 
 /* A job's end, once it is over. */
 typedef struct kl_job_end {
@@ -69,10 +81,11 @@ int  kl_engine_start(kl_engine **out, kl_model *m, uint32_t max_seqs, size_t max
 int  kl_engine_submit(kl_engine *e, const kl_job_spec *spec, kl_job **job, int *busy,
                       kl_err *err);
 /* Waits up to timeout_ms (< 0: no limit) for ids: copies up to cap of the ids not read yet into
- * ids and returns how many; *end (may be NULL) is filled and *over set to 1 once the job is
- * over and every id was read. */
-size_t kl_job_wait(kl_job *j, kl_token *ids, size_t cap, int timeout_ms, int *over,
-                   kl_job_end *end);
+ * ids (and their kl_job_lp into lps when the job has them and lps is not NULL) and returns how
+ * many; *end (may be NULL) is filled and *over set to 1 once the job is over and every id was
+ * read. */
+size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int timeout_ms,
+                   int *over, kl_job_end *end);
 /* Ends the job at the engine's next turn (kl_job_wait then reports KL_SCHED_CANCELLED). */
 void kl_job_cancel(kl_job *j);
 /* Hands the job back (cancelled if still running); j is gone after. NULL ok. */

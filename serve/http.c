@@ -242,6 +242,8 @@ static int job_spec(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r, 
     if (!r->has_seed)
         spec->samp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^
                           atomic_fetch_add(&h->next_id, 1);
+    spec->logprobs = r->logprobs;
+    spec->top_logprobs = r->top_logprobs;
     spec->stop_ids = h->stops;
     spec->n_stop_ids = h->n_stops;
     return 0;
@@ -343,12 +345,6 @@ static enum MHD_Result gen_run(kl_http *h, struct MHD_Connection *c, const kl_re
     return r->stream ? answer_stream(a, c) : answer_whole(a, c);
 }
 
-/* What a request cannot have here yet (a 400), or NULL. */
-static const char *unsupported(const kl_req_chat *r)
-{
-    return r->logprobs ? "logprobs" : NULL;
-}
-
 /* POST /v1/chat/completions (parse: kl_req_chat_parse) or /v1/completions. */
 static enum MHD_Result route_gen(kl_http *h, struct MHD_Connection *c, const conn *cn,
                                  int (*parse)(const char *, size_t, kl_req_chat *,
@@ -361,14 +357,10 @@ static enum MHD_Result route_gen(kl_http *h, struct MHD_Connection *c, const con
         return send_error(c, &e, NULL);
     }
     enum MHD_Result rc;
-    const char *no = unsupported(&r);
     if (strcmp(r.model, h->model))
         rc = fail(c, 404, "invalid_request_error", "model", "model_not_found",
                   "the model '%.200s' does not exist; this server serves '%.200s'", r.model,
                   h->model);
-    else if (no)
-        rc = fail(c, 400, "invalid_request_error", no, NULL,
-                  "'%s' is not supported by this server yet", no);
     else
         rc = gen_run(h, c, &r);
     kl_req_chat_free(&r);

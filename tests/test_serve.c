@@ -3,7 +3,8 @@
  * build) serves a tiny synthetic checkpoint on 127.0.0.1 at a free port (--port 0, the port
  * read from its --json line) with an API key.  Greedy chat and legacy completions, whole and
  * streamed, equal `kl run` greedy for the same conversation / prompt; stop strings cut the
- * reply before the earliest match; models, health, metrics; malformed JSON, wrong types,
+ * reply before the earliest match; logprobs (greedy: the chosen id heads its alternatives,
+ * the same items whole and streamed); models, health, metrics; malformed JSON, wrong types,
  * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
@@ -462,6 +463,65 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* Every logprobs item of a reply, whole or streamed, as one JSON array text (malloc'd). */
+static char *logprob_items(const resp *r, int stream)
+{
+    cJSON *all = cJSON_CreateArray();
+    for (char *ev = r->body; ev && *ev; ) {
+        char *end = stream ? strstr(ev, "\n\n") : NULL;
+        if (end)
+            *end = 0;
+        const char *js = stream ? (strncmp(ev, "data: {", 7) ? NULL : ev + 6) : ev;
+        cJSON *j = js ? cJSON_Parse(js) : NULL;
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "logprobs"), "content");
+        for (cJSON *it = c ? c->child : NULL; it; it = it->next)
+            cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+        cJSON_Delete(j);
+        ev = end ? end + 2 : NULL;
+    }
+    char *s = cJSON_PrintUnformatted(all);
+    cJSON_Delete(all);
+    return s;
+}
+
+/* Greedy with logprobs: one item per id, the chosen id first among its alternatives (sorted,
+ * <= 0), the same items whole and streamed. */
+START_TEST(test_logprobs)
+{
+    char *items[2];
+    for (int stream = 0; stream < 2; stream++) {
+        char b[512];
+        snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"hi\"}],\"max_tokens\":6,\"temperature\":0,"
+                 "\"logprobs\":true,\"top_logprobs\":3%s}", stream ? ",\"stream\":true" : "");
+        resp r = http("POST", "/v1/chat/completions", KEY, b);
+        ck_assert_int_eq(r.status, 200);
+        items[stream] = logprob_items(&r, stream);
+        resp_free(&r);
+    }
+    ck_assert_str_eq(items[0], items[1]);
+    cJSON *all = cJSON_Parse(items[0]);
+    ck_assert_int_eq(cJSON_GetArraySize(all), 6);
+    for (cJSON *it = all->child; it; it = it->next) {
+        cJSON *top = cJSON_GetObjectItem(it, "top_logprobs");
+        ck_assert_int_eq(cJSON_GetArraySize(top), 3);
+        double lp = cJSON_GetObjectItem(it, "logprob")->valuedouble, prev = 0;
+        ck_assert_str_eq(cJSON_GetObjectItem(it, "token")->valuestring,
+                         cJSON_GetObjectItem(top->child, "token")->valuestring);
+        ck_assert(lp == cJSON_GetObjectItem(top->child, "logprob")->valuedouble);
+        for (cJSON *t = top->child; t; t = t->next) {
+            double v = cJSON_GetObjectItem(t, "logprob")->valuedouble;
+            ck_assert(v <= prev);
+            prev = v;
+        }
+    }
+    cJSON_Delete(all);
+    free(items[0]);
+    free(items[1]);
+}
+END_TEST
+
 /* The kl_running gauge of /metrics. */
 static int running_now(void)
 {
@@ -592,6 +652,7 @@ int main(void)
     tcase_add_test(tc, test_chat_equals_run);
     tcase_add_test(tc, test_completions_equal_run);
     tcase_add_test(tc, test_stop_strings);
+    tcase_add_test(tc, test_logprobs);
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_concurrent_equal_alone);
