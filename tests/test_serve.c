@@ -335,12 +335,10 @@ static char *run_text(const char *user, unsigned n)
     return run_text_as("--chat", user, n);
 }
 
-START_TEST(test_chat_equals_run)
+/* The whole and the streamed reply both equal want, cut by the length limit; frees all. */
+static void same_replies(char *want, char *whole, const char *fw, char *streamed,
+                         const char *fs)
 {
-    char *want = run_text("hello there", 12);
-    char fw[16], fs[16];
-    char *whole = chat("hello there", 12, 0, fw);
-    char *streamed = chat("hello there", 12, 1, fs);
     ck_assert_str_eq(whole, want);
     ck_assert_str_eq(streamed, want);
     ck_assert_str_eq(fw, "length");
@@ -348,6 +346,15 @@ START_TEST(test_chat_equals_run)
     free(want);
     free(whole);
     free(streamed);
+}
+
+START_TEST(test_chat_equals_run)
+{
+    char *want = run_text("hello there", 12);
+    char fw[16], fs[16];
+    char *whole = chat("hello there", 12, 0, fw);
+    char *streamed = chat("hello there", 12, 1, fs);
+    same_replies(want, whole, fw, streamed, fs);
 }
 END_TEST
 
@@ -362,13 +369,7 @@ START_TEST(test_completions_equal_run)
              "\"max_tokens\":10,\"temperature\":0,\"stream\":true,"
              "\"stream_options\":{\"include_usage\":true}}");
     char *streamed = ask("/v1/completions", b, 1, fs);
-    ck_assert_str_eq(whole, want);
-    ck_assert_str_eq(streamed, want);
-    ck_assert_str_eq(fw, "length");
-    ck_assert_str_eq(fs, "length");
-    free(want);
-    free(whole);
-    free(streamed);
+    same_replies(want, whole, fw, streamed, fs);
     resp r = http("POST", "/v1/completions", KEY,
                   "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}");
     check_error(&r, 400, "echo", NULL);
