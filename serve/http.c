@@ -33,6 +33,7 @@ struct kl_http {
     kl_token            stops[KL_CHAT_MAX_STOP];
     size_t              n_stops;
     uint16_t            port;
+    MHD_socket          listen_fd;     /* after kl_http_quiesce: closed after the daemon stops */
     atomic_uint_fast64_t next_id;
     atomic_int          stopping;
 };
@@ -264,15 +265,30 @@ static int job_submit(kl_http *h, struct MHD_Connection *c, const kl_job_spec *s
     return -1;
 }
 
-/* Waits for the whole reply, then sends its object. */
+/* 1 when the client closed its side of the connection (nothing left to read: EOF). */
+static int client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char b;
+    return ci && recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* Waits for the whole reply (checking each second that the client is still there: a gone
+ * one's job is cancelled), then sends its object. */
 static enum MHD_Result answer_whole(kl_answer *a, struct MHD_Connection *c)
 {
     kl_err err;
     kl_err_clear(&err);
     int over = 0, status = 500, rc = 0;
     char *json = NULL;
-    while (!rc && !over)
-        rc = kl_answer_pump(a, -1, &over, &err);
+    while (!rc && !over) {
+        rc = kl_answer_pump(a, WAIT_MS, &over, &err);
+        if (!rc && !over && client_gone(c)) {
+            kl_answer_free(a);
+            return MHD_NO;
+        }
+    }
     if (!rc)
         rc = kl_answer_json(a, &json, &status, &err);
     kl_answer_free(a);
@@ -516,6 +532,7 @@ int kl_http_start(kl_http **out, kl_engine *e, const kl_tokenizer *tok, const kl
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     h->e = e;
     h->tok = tok;
+    h->listen_fd = MHD_INVALID_SOCKET;
     struct sockaddr_storage sa;
     int v6 = 0;
     int rc = http_init(h, o, err);
@@ -553,9 +570,7 @@ uint16_t kl_http_port(const kl_http *h)
 void kl_http_quiesce(kl_http *h)
 {
     atomic_store(&h->stopping, 1);
-    MHD_socket s = MHD_quiesce_daemon(h->d);
-    if (s != MHD_INVALID_SOCKET)
-        close(s);
+    h->listen_fd = MHD_quiesce_daemon(h->d);
 }
 
 void kl_http_stop(kl_http *h)
@@ -563,5 +578,7 @@ void kl_http_stop(kl_http *h)
     if (!h)
         return;
     MHD_stop_daemon(h->d);
+    if (h->listen_fd != MHD_INVALID_SOCKET)
+        close(h->listen_fd);
     http_free(h);
 }

@@ -14,7 +14,8 @@
  * 404 unknown route or model, 405, 413 body over max_body, 429 queue full, 503 stopping, 500.
  * Streams are server-sent events written as the engine produces ids (no whole-reply buffer);
  * while none comes for a second an SSE comment line goes out, so a client that went away is
- * noticed and its job cancelled (its slot freed) within about a second.
+ * noticed and its job cancelled (its slot freed) within about a second; a client waiting for
+ * a whole reply is checked each second the same way (EOF on its socket).
  *
  * Errors: KL_E_IO (the port cannot be opened: in use, bad host), KL_E_USAGE, KL_E_NOMEM.
  * Library code: prints nothing (libmicrohttpd's error log is off).

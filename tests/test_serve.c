@@ -551,17 +551,31 @@ static int long_stream(void)
     return fd;
 }
 
+/* Polls the running gauge until it is want (10 s at most); the last value. */
+static int wait_running(int want)
+{
+    int n = -1;
+    for (int i = 0; i < 200 && (n = running_now()) != want; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
 START_TEST(test_disconnect_frees_slot)
 {
     int fd = long_stream();
     ck_assert_int_eq(running_now(), 1);
     close(fd);
-    int n = 1;
-    for (int i = 0; i < 200 && (n = running_now()) != 0; i++) {
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    ck_assert_msg(n == 0, "the disconnected stream still holds its slot");
+    ck_assert_msg(wait_running(0) == 0, "the disconnected stream still holds its slot");
+    /* the same for a whole (not streamed) reply: the client leaves while it is generated */
+    char *b = chat_body("a long story", 30000, 0);
+    fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    free(b);
+    ck_assert_int_eq(wait_running(1), 1);
+    close(fd);
+    ck_assert_msg(wait_running(0) == 0, "the disconnected client still holds its slot");
     char f[16];
     char *c = chat("after", 4, 0, f);
     ck_assert_str_eq(f, "length");
