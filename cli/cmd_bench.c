@@ -29,6 +29,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "loader/reader.h"
 
 #include <math.h>
 
@@ -195,6 +196,9 @@ typedef struct decode_args {
     const char        *at;                        /* --decode-at LIST */
     size_t             n_at;
     unsigned long long at_ctx[MAX_CONTEXTS];
+    const char        *pf;                        /* --prefill-at LIST */
+    size_t             n_pf;
+    unsigned long long pf_len[MAX_CONTEXTS];
     int                json, quiet, ignore_memory;
     kl_cli_device      device;
 } decode_args;
@@ -214,6 +218,9 @@ typedef struct decode_result {
     kl_gpu_ceilings gpu;          /* GPU: HBM (device copy) and pinned host-to-device */
     int            on_gpu;
     decode_at      at[MAX_CONTEXTS];
+    double         pf_tok_s[MAX_CONTEXTS];   /* --prefill-at */
+    kl_gpu_profile prof_prefill, prof_decode;   /* GPU: graph size, $KL_GPU_PROFILE times */
+    double         disk_gbps;     /* GPU: raw read of the last shard (O_DIRECT), 0: unknown */
 } decode_result;
 
 /* The bandwidth the decode rate is bound by: HBM on the GPU, host memory read on the CPU. */
@@ -255,15 +262,18 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
         return rc;
     }
     double t0 = kl_now_s();
+    kl_backend_gpu_profile(m->be, NULL, 1);
     rc = kl_forward(m, &st, ids, (size_t)a->prompt_tokens, logits, err);
     res->prefill_s = kl_now_s() - t0;
     res->ttft_s = kl_process_age_s();
+    kl_backend_gpu_profile(m->be, &res->prof_prefill, 1);
     t0 = kl_now_s();
     for (size_t i = 0; i < a->tokens && !rc; i++) {
         kl_token id = kl_sample_argmax(logits, V);
         rc = kl_forward(m, &st, &id, 1, logits, err);
     }
     res->decode_s = kl_now_s() - t0;
+    kl_backend_gpu_profile(m->be, &res->prof_decode, 1);
     res->peak_rss = peak_rss_bytes();
     kl_state_free(&st);
     kl_free(ids);
@@ -306,6 +316,62 @@ static int time_decode_at(kl_model *m, const decode_args *a, size_t ctx, decode_
     return rc;
 }
 
+/* Prefill tok/s of n random ids on a fresh state (--prefill-at). */
+static int time_prefill_at(kl_model *m, size_t n, double *tok_s, kl_err *err)
+{
+    uint32_t V = m->cfg.vocab_size;
+    kl_token *ids = kl_malloc(n * sizeof *ids);
+    kl_state st;
+    int rc = !ids ? kl_fail(err, KL_E_NOMEM, "out of memory for %zu ids", n)
+                  : kl_state_init(&st, m, err);
+    if (rc) {
+        kl_free(ids);
+        return rc;
+    }
+    kl_rng r;
+    kl_rng_seed(&r, 2, 0);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (kl_token)(kl_rng_next(&r) % V);
+    double t0 = kl_now_s();
+    rc = kl_forward(m, &st, ids, n, NULL, err);
+    *tok_s = per_s((double)n, kl_now_s() - t0);
+    kl_state_free(&st);
+    kl_free(ids);
+    return rc;
+}
+
+/* The raw read rate of the storage under the checkpoint: up to 1 GiB of its last shard read
+ * with O_DIRECT (past the page cache) by the staged reader; 0 where O_DIRECT is refused
+ * (tmpfs) or the read fails. */
+static double raw_disk_gbps(const kl_model *m)
+{
+    kl_reader_opts o = {.direct = KL_DIRECT_ON};
+    kl_reader *r = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    double gbps = 0;
+    if (!m->n_shards || kl_reader_create(&r, &o, &err))
+        return 0;
+    int f = kl_reader_add_file(r, m->shard_paths[m->n_shards - 1], &err);
+    if (f >= 0) {
+        uint64_t size = kl_reader_file_size(r, (uint32_t)f);
+        kl_extent e = {(uint32_t)f, 0, size < (1ull << 30) ? size : 1ull << 30};
+        double t0 = kl_now_s();
+        if (e.len && !kl_reader_run(r, &e, 1, NULL, NULL, &err))
+            gbps = per_s((double)e.len / 1e9, kl_now_s() - t0);
+    }
+    kl_reader_destroy(r);
+    return gbps;
+}
+
+/* The profile's per-kind milliseconds divided by per (tokens) into a new object of j. */
+static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, double per)
+{
+    cJSON *o = cJSON_AddObjectToObject(j, name);
+    for (int k = 0; k < KL_GPU_OPS; k++)
+        cJSON_AddNumberToObject(o, kl_gpu_op_names[k], per > 0 ? p->op_s[k] * 1e3 / per : 0);
+}
+
 static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
                              const kl_cli_load *l)
 {
@@ -343,7 +409,13 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
+        cJSON_AddNumberToObject(j, "disk_read_gbps", r->disk_gbps);
         cJSON_AddNumberToObject(j, "gpu_memory_used_bytes", (double)r->gpu.mem_used);
+        cJSON_AddNumberToObject(j, "launches_per_decode_step", (double)r->prof_decode.graph_nodes);
+        if (r->prof_decode.on) {   /* $KL_GPU_PROFILE=1: shares of the time per operation */
+            add_profile(j, "profile_prefill_ms", &r->prof_prefill, 1);
+            add_profile(j, "profile_decode_ms_per_token", &r->prof_decode, (double)a->tokens);
+        }
     } else {
         cJSON_AddNumberToObject(j, "memory_read_ceiling_gbps", r->ceiling.read_gbps);
     }
@@ -360,6 +432,13 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(o, "bytes_per_token", bytes);
         cJSON_AddNumberToObject(o, "ratio_to_ceiling", ceil_tok > 0 ? d->tok_s / ceil_tok : 0);
         cJSON_AddItemToArray(at, o);
+    }
+    cJSON *pf = cJSON_AddArrayToObject(j, "prefill_at");
+    for (size_t i = 0; i < a->n_pf; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "tokens", (double)a->pf_len[i]);
+        cJSON_AddNumberToObject(o, "prefill_tok_s", r->pf_tok_s[i]);
+        cJSON_AddItemToArray(pf, o);
     }
     return kl_cli_print_json(j);
 }
@@ -378,8 +457,9 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            "started)\n", a->prompt_tokens, r->prefill_s,
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     if (r->on_gpu)
-        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s\n",
-               l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps);
+        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s, raw "
+               "disk read %.2f GB/s\n", l->load_s, l->load_gbps, l->gpu_load.how,
+               r->gpu.h2d_gbps, r->disk_gbps);
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
@@ -394,24 +474,25 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
                "\n", a->at_ctx[i], r->at[i].tok_s, bytes / 1e9,
                ceiling_gbps(r) > 0 ? r->at[i].tok_s * bytes / 1e9 / ceiling_gbps(r) : 0);
     }
+    for (size_t i = 0; i < a->n_pf; i++)
+        printf("  prefill of %llu tokens: %.1f tok/s\n", a->pf_len[i], r->pf_tok_s[i]);
 }
 
-/* a->at ("0,8192,65536") into a->at_ctx; -1 when it is not such a list. */
-static int parse_contexts(decode_args *a)
+/* A list like "0,8192,65536" into v[0 .. *n) (at most MAX_CONTEXTS counts, each in
+ * [lo, 2^24]); -1 when it is not such a list. */
+static int parse_counts(const char *p, unsigned long long lo, unsigned long long *v, size_t *n_out)
 {
-    const char *p = a->at;
-    a->n_at = 0;
+    size_t n_v = 0;
     for (;;) {
         char item[32];
         size_t n = strcspn(p, ",");
-        unsigned long long v;
-        if (!n || n >= sizeof item || a->n_at == MAX_CONTEXTS)
+        if (!n || n >= sizeof item || n_v == MAX_CONTEXTS)
             return -1;
         memcpy(item, p, n);
         item[n] = 0;
-        if (kl_cli_parse_u64(item, &v) || v > (1u << 24))
+        if (kl_cli_parse_u64(item, &v[n_v]) || v[n_v] < lo || v[n_v] > (1u << 24))
             return -1;
-        a->at_ctx[a->n_at++] = v;
+        *n_out = ++n_v;
         if (!p[n])
             return 0;
         p += n + 1;
@@ -432,6 +513,9 @@ static int parse_decode(int argc, char **argv, decode_args *a)
                  "greedy decode steps (default 32)", .hi = 1 << 20),
         KL_VALUE("--decode-at", 0, KL_OPT_STR, &a->at, "LIST",
                  "also decode at these synthetic contexts (up to 8, e.g. 0,8192,65536)"),
+        KL_VALUE("--prefill-at", 0, KL_OPT_STR, &a->pf, "LIST",
+                 "also time the prefill of these prompt lengths, each on a fresh state\n"
+                 "(up to 8, e.g. 512,8192,65536)"),
         KL_VALUE("--context", 0, KL_OPT_U64, &a->context, "N",
                  "synthetic positions before the prompt (zero state, zero cache rows):\n"
                  "prefill and decode timed at context N without feeding N tokens (default 0)",
@@ -445,17 +529,20 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
-                    "                       [--context N] [--decode-at LIST] [--json] [-q]\n"
-                    "                       [--ignore-memory-check] [--device D]\n",
+                    "                       [--context N] [--decode-at LIST] [--prefill-at LIST]\n"
+                    "                       [--json] [-q] [--ignore-memory-check] [--device D]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
         .max_pos = 1,
         .pos_name = "MODEL"};
     int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
-    if (rc == KL_ARGS_RUN && a->at && parse_contexts(a))
+    if (rc == KL_ARGS_RUN && a->at && parse_counts(a->at, 0, a->at_ctx, &a->n_at))
         return kl_cli_usage("--decode-at wants up to %d counts separated by commas, each at most "
                             "16777216 (e.g. 0,8192,65536)", MAX_CONTEXTS);
+    if (rc == KL_ARGS_RUN && a->pf && parse_counts(a->pf, 1, a->pf_len, &a->n_pf))
+        return kl_cli_usage("--prefill-at wants up to %d counts separated by commas, each 1 to "
+                            "16777216 (e.g. 512,8192,65536)", MAX_CONTEXTS);
     return rc;
 }
 
@@ -484,12 +571,16 @@ static int bench_decode(int argc, char **argv)
                  time_decode(m, &a, &res, &err);
     for (size_t i = 0; !failed && i < a.n_at; i++)
         failed = time_decode_at(m, &a, (size_t)a.at_ctx[i], &res.at[i], &err);
+    for (size_t i = 0; !failed && i < a.n_pf; i++)
+        failed = time_prefill_at(m, (size_t)a.pf_len[i], &res.pf_tok_s[i], &err);
     if (failed) {
         kl_model_close(m);
         return kl_cli_report("bench decode", &err);
     }
     kl_cost_token_bytes(m, &res.bytes);
     res.on_gpu = !strcmp(l.device_used, "gpu");
+    if (res.on_gpu)
+        res.disk_gbps = raw_disk_gbps(m);
     /* the ceiling measured after the model is loaded (CPU: as many threads as the engine) */
     if (res.on_gpu ? kl_backend_gpu_ceilings(&res.gpu, &err)
                    : kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling,

@@ -120,7 +120,9 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * buffered), direct (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole
  * model read into memory first).  $KL_GPU_LOAD_WINDOW_MB: the mapped window (default 256);
  * $KL_GPU_LOAD_THREADS=N (1-8): N threads map and page-lock windows ahead of the copies (2N
- * windows in flight; default: the loading thread does it, 3 windows in flight).  In
+ * windows in flight; default: the loading thread does it, 3 windows in flight).
+ * $KL_GPU_CHUNK=N (16-1024, default 256): tokens per forward chunk (max_tokens);
+ * $KL_GPU_GEMM=0: chunks of many tokens use the one-token products, not tensor cores.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
@@ -150,5 +152,25 @@ typedef struct kl_gpu_load_info {
     uint64_t    bytes, windows, pinned;
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
+
+/* Where a GPU backend's time goes.  graph_nodes: kernels and copies of the last decode step
+ * captured as a graph (the launches one decode step costs).  With $KL_GPU_PROFILE=1 (graphs
+ * then off) every operation is timed on the host after the stream drains, per kind, since
+ * the last reset: the figures add a sync per operation, so they tell shares, not speed.
+ * Zeroes for any other backend. */
+typedef enum kl_gpu_op {
+    KL_GPU_OP_EMBED, KL_GPU_OP_NORM, KL_GPU_OP_KDA, KL_GPU_OP_MLA, KL_GPU_OP_MOE,
+    KL_GPU_OP_MLP, KL_GPU_OP_HEAD, KL_GPU_OPS
+} kl_gpu_op;
+extern const char *const kl_gpu_op_names[KL_GPU_OPS];   /* "embed", "norm", "kda", ... */
+
+typedef struct kl_gpu_profile {
+    int      on;                  /* $KL_GPU_PROFILE=1 */
+    uint64_t graph_nodes;
+    double   op_s[KL_GPU_OPS];    /* seconds per kind */
+    uint64_t op_n[KL_GPU_OPS];    /* calls per kind */
+} kl_gpu_profile;
+/* Copies the profile out (out may be NULL) and, when reset, zeroes the timings. */
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset);
 
 #endif

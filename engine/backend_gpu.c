@@ -32,16 +32,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", "moe", "mlp",
+                                                 "head"};
+
 #ifdef KL_GPU
 
+#include "common/clock.h"
 #include "common/mem.h"
 #include "kernels/dense.h"
+#include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/runtime.h"
 
-#define GPU_CHUNK 64u   /* tokens per chunk */
+#define GPU_CHUNK 256u  /* tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX) */
+#define GPU_CHUNK_MAX 1024u
 #define GPU_SLOTS 8u    /* sequences held at once */
 #define MLA_CAP0  256u  /* initial rows of a slot's MLA cache */
 
@@ -97,11 +103,12 @@ typedef struct gpu_be {
     void        **allocs;                     /* device buffers owned (freed at destroy) */
     size_t        n_allocs, cap_allocs;
     /* the chunk */
-    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of GPU_CHUNK + 1 */
+    uint32_t      chunk;                      /* tokens per chunk at most */
+    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of chunk + 1 */
     uint32_t     *dev_tok;
     kl_gpu_tokens tok;
-    uint32_t      n_want, want[GPU_CHUNK];
-    uint32_t      run_len[GPU_CHUNK];
+    uint32_t      n_want, want[GPU_CHUNK_MAX];
+    uint32_t      run_len[GPU_CHUNK_MAX];
     /* scratch */
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
     float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch;
@@ -111,12 +118,15 @@ typedef struct gpu_be {
     size_t    mla_scratch_floats;
     /* decode graphs */
     int        graphs_on;
+    int        gemm_on;                       /* tensor-core products for chunks */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
     int        head_done;                     /* head() ran for this chunk */
     float     *host_logits;                   /* pinned [vocab]: a graph's logits */
     kl_gpu_load_info load;                    /* how the weights came */
+    kl_gpu_profile   prof;                    /* graph size; per-operation times */
+    double           prof_t0;                 /* start of the operation being timed */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
 } gpu_be;
 
@@ -337,7 +347,7 @@ static size_t fused_rows(const gpu_be *g)
 static int alloc_scratch(gpu_be *g, kl_err *err)
 {
     const gpu_dims *d = &g->d;
-    size_t T = GPU_CHUNK, H = d->hidden, W = d->wide;
+    size_t T = g->chunk, H = d->hidden, W = d->wide;
     struct { float **p; size_t n; } t[] = {
         {&g->x, T * H}, {&g->xn, T * H}, {&g->y, T * H}, {&g->q, T * W}, {&g->k, T * W},
         {&g->v, T * W}, {&g->f, T * W}, {&g->g, T * W}, {&g->o, T * W}, {&g->lr, T * d->low},
@@ -345,7 +355,7 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
         {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
         {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
         {&g->fz, fused_rows(g)},
-        {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(GPU_CHUNK, d->topk, d->inter, H)
+        {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(g->chunk, d->topk, d->inter, H)
                                   : 1},
     };
     int rc = 0;
@@ -540,18 +550,18 @@ static int gpu_slot_fill(kl_backend *be, uint32_t slot, size_t n, kl_err *err)
 /* ------------------------------------------------------------------------------------------ */
 /* The chunk                                                                                  */
 
-static uint32_t *tok_array(uint32_t *base, int which)
+static uint32_t *tok_array(const gpu_be *g, uint32_t *base, int which)
 {
-    return base + (size_t)which * (GPU_CHUNK + 1);
+    return base + (size_t)which * (g->chunk + 1);
 }
 
 /* Runs, positions and wanted rows of the chunk into host_tok and g->tok (host counts). */
 static void describe_chunk(gpu_be *g, const kl_batch *c)
 {
-    uint32_t *ids = tok_array(g->host_tok, TOK_IDS), *ts = tok_array(g->host_tok, TOK_SLOT);
-    uint32_t *tp = tok_array(g->host_tok, TOK_POS);
-    uint32_t *rs = tok_array(g->host_tok, TOK_RUN_START);
-    uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    uint32_t *ids = tok_array(g, g->host_tok, TOK_IDS);
+    uint32_t *ts = tok_array(g, g->host_tok, TOK_SLOT), *tp = tok_array(g, g->host_tok, TOK_POS);
+    uint32_t *rs = tok_array(g, g->host_tok, TOK_RUN_START);
+    uint32_t *rsl = tok_array(g, g->host_tok, TOK_RUN_SLOT);
     kl_gpu_tokens *t = &g->tok;
     t->n = (uint32_t)c->n;
     t->n_runs = t->max_run = t->max_span = 0;
@@ -573,10 +583,10 @@ static void describe_chunk(gpu_be *g, const kl_batch *c)
             g->want[g->n_want++] = i;
     }
     rs[t->n_runs] = t->n;
-    t->tok_slot = tok_array(g->dev_tok, TOK_SLOT);
-    t->tok_pos = tok_array(g->dev_tok, TOK_POS);
-    t->run_start = tok_array(g->dev_tok, TOK_RUN_START);
-    t->run_slot = tok_array(g->dev_tok, TOK_RUN_SLOT);
+    t->tok_slot = tok_array(g, g->dev_tok, TOK_SLOT);
+    t->tok_pos = tok_array(g, g->dev_tok, TOK_POS);
+    t->run_start = tok_array(g, g->dev_tok, TOK_RUN_START);
+    t->run_slot = tok_array(g, g->dev_tok, TOK_RUN_SLOT);
 }
 
 /* Ends a capture that failed half way (the stream must leave capture mode) and forgets it. */
@@ -585,10 +595,35 @@ static void abandon_capture(gpu_be *g)
     kl_gpu_graph gr = NULL;
     kl_err e;
     kl_err_clear(&e);
-    if (!kl_gpu_capture_end(g->st, &gr, &e))
+    if (!kl_gpu_capture_end(g->st, &gr, NULL, &e))
         kl_gpu_graph_destroy(gr);
     g->cur->exec = NULL;
     g->mode = EAGER;
+}
+
+/* The start of every operation that enqueues work: profiling, the stream drained first. */
+static int op_start(gpu_be *g, kl_err *err)
+{
+    if (!g->prof.on)
+        return 0;
+    int rc = kl_gpu_stream_sync(g->st, err);
+    g->prof_t0 = kl_now_s();
+    return rc;
+}
+
+/* The end of every operation: a failure while capturing abandons the capture, so the stream
+ * leaves capture mode (the orchestration stops at the first error); profiling, the time since
+ * op_start once the stream has drained. */
+static int op_done(gpu_be *g, kl_gpu_op op, int rc, kl_err *err)
+{
+    if (rc && g->mode == CAPTURE)
+        abandon_capture(g);
+    if (!rc && g->prof.on) {
+        rc = kl_gpu_stream_sync(g->st, err);
+        g->prof.op_s[op] += kl_now_s() - g->prof_t0;
+        g->prof.op_n[op]++;
+    }
+    return rc;
 }
 
 /* Decides how a one-token chunk runs: REPLAY a graph captured for the same slot, capacity and
@@ -610,8 +645,8 @@ static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
 static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
 {
     gpu_be *g = impl(be);
-    if (c->n > GPU_CHUNK)
-        return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, GPU_CHUNK);
+    if (c->n > g->chunk)
+        return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, g->chunk);
     int rc = kl_gpu_stream_sync(g->st, err);   /* host_tok may still feed the last chunk */
     if (rc)
         return rc;
@@ -619,7 +654,7 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     int graph = g->graphs_on && c->n == 1;
     uint32_t s0 = c->slot[0];
     for (uint32_t r = 0; !rc && r < g->tok.n_runs; r++) {
-        uint32_t s = tok_array(g->host_tok, TOK_RUN_SLOT)[r];
+        uint32_t s = tok_array(g, g->host_tok, TOK_RUN_SLOT)[r];
         rc = reserve_mla(g, s, be->slot_len[s] + g->run_len[r], err);
     }
     if (graph)   /* attention sized for the capacity: the graph holds until the cache grows */
@@ -627,15 +662,19 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
-        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (GPU_CHUNK + 1) * sizeof(uint32_t),
+        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (g->chunk + 1) * sizeof(uint32_t),
                         g->st, err);
     g->mode = EAGER;
     g->head_done = 0;
     if (!rc && graph)
         rc = choose_graph(g, s0, err);
-    if (!rc && g->mode != REPLAY)
-        rc = kl_gpu_embed(&g->embed, tok_array(g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st,
-                          err);
+    if (!rc && g->mode != REPLAY) {
+        rc = op_start(g, err);
+        if (!rc)
+            rc = kl_gpu_embed(&g->embed, tok_array(g, g->dev_tok, TOK_IDS), g->tok.n, g->x,
+                              g->st, err);
+        rc = op_done(g, KL_GPU_OP_EMBED, rc, err);
+    }
     if (rc && g->mode == CAPTURE)
         abandon_capture(g);
     return rc;
@@ -650,23 +689,16 @@ static const float *norm_weight(gpu_be *g, kl_norm_which which, uint32_t layer)
     }
 }
 
-/* The end of every operation: a failure while capturing abandons the capture, so the stream
- * leaves capture mode (the orchestration stops at the first error). */
-static int op_done(gpu_be *g, int rc)
-{
-    if (rc && g->mode == CAPTURE)
-        abandon_capture(g);
-    return rc;
-}
-
 static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add, kl_err *err)
 {
     gpu_be *g = impl(be);
     if (g->mode == REPLAY)
         return 0;
-    return op_done(g, kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer),
-                                         g->tok.n, g->d.hidden, (float)be->m->cfg.rms_norm_eps,
-                                         g->xn, g->st, err));
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
+                                g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st, err);
+    return op_done(g, KL_GPU_OP_NORM, rc, err);
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
@@ -679,10 +711,21 @@ static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_
     return norm_op(be, which, layer, 1, err);
 }
 
+/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows (kernels/gemm.h), the one-token
+ * kernels otherwise or with $KL_GPU_GEMM=0. */
+static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                   kl_err *err)
+{
+    int tc = w->kind == KL_GPU_W_BF16 || w->kind == KL_GPU_W_MXFP4;
+    if (g->gemm_on && tc && n >= KL_GPU_GEMM_MIN_N && w->cols % 32 == 0)
+        return kl_gpu_gemm(w, x, n, y, g->st, err);
+    return kl_gpu_matmul(w, x, n, y, g->st, err);
+}
+
 /* y [n, rows] = x [n, cols] Wᵀ for the chunk's tokens */
 static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
 {
-    return kl_gpu_matmul(w, x, g->tok.n, y, g->st, err);
+    return product(g, w, x, g->tok.n, y, err);
 }
 
 /* Whether the chunk runs group grp's products as one (a one-token chunk, the group fused). */
@@ -721,7 +764,9 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
     const gpu_dims *d = &g->d;
     /* q, k, v, f_a, g_a, b: fuse_roles[FUSE_KDA] order */
     float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
-    int rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
     float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
     if (!rc) {
         kl_gpu_kda_conv_args ca = {
@@ -743,7 +788,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_KDA, rc, err);
 }
 
 static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
@@ -754,7 +799,9 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     gpu_layer *L = &g->L[layer];
     kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
-    int rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
     if (!rc) {
         kl_gpu_mla_append_args aa = {md, o2[1], L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
         rc = kl_gpu_mla_append(&aa, &g->tok, g->st, err);
@@ -765,7 +812,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
         rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
     }
     if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MLA, rc, err);
 }
 
 /* y = down(SiLU(h1) ⊙ h2) for the chunk: the end of a gated MLP whose gate and up products
@@ -783,10 +830,12 @@ static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
         return 0;
     gpu_layer *L = &g->L[layer];
     float *o2[2] = {g->h1, g->h2};   /* gate, up */
-    int rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
     if (!rc)
         rc = glu_down(g, o2[0], o2[1], &L->w[KL_ROLE_MLP_DOWN], err);
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MLP, rc, err);
 }
 
 static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
@@ -798,7 +847,9 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     const kl_config *c = &be->m->cfg;
     int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
     float *o3[3] = {g->h1, g->h2, g->router};   /* shared gate, shared up, router */
-    int rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
+    int rc = op_start(g, err);
+    if (!rc)
+        rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
     if (!rc) {
         kl_gpu_route_args ra = {
             .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
@@ -817,7 +868,7 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .add_to_y = shared};
         rc = kl_gpu_experts(&ea, g->st, err);
     }
-    return op_done(g, rc);
+    return op_done(g, KL_GPU_OP_MOE, rc, err);
 }
 
 /* lm_head on the wanted rows of xn; logits and/or argmax copied to the given host buffers
@@ -832,7 +883,7 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
         rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
                         err);
     if (!rc)
-        rc = kl_gpu_matmul(&g->lm_head, g->xw, g->n_want, g->logits, g->st, err);
+        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, err);
     if (!rc && argmax)
         rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
     if (!rc && logits)
@@ -853,7 +904,9 @@ static int run_graph(gpu_be *g, kl_err *err)
             abandon_capture(g);
             return rc;
         }
-        rc = kl_gpu_capture_end(g->st, &exec, err);
+        size_t nodes = 0;
+        rc = kl_gpu_capture_end(g->st, &exec, &nodes, err);
+        g->prof.graph_nodes = nodes;
         g->mode = rc ? EAGER : REPLAY;
         if (rc)
             return rc;
@@ -868,7 +921,10 @@ static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
 {
     gpu_be *g = impl(be);
     if (g->mode == EAGER) {
-        int rc = enqueue_head(g, logits, argmax, err);
+        int rc = op_start(g, err);
+        if (!rc)
+            rc = enqueue_head(g, logits, argmax, err);
+        rc = op_done(g, KL_GPU_OP_HEAD, rc, err);
         return rc ? rc : kl_gpu_stream_sync(g->st, err);
     }
     int rc = run_graph(g, err);   /* a one-token chunk: one wanted row */
@@ -888,7 +944,7 @@ static int gpu_end(kl_backend *be, kl_err *err)
         rc = kl_gpu_stream_sync(g->st, err);
     if (rc)
         return rc;
-    const uint32_t *rsl = tok_array(g->host_tok, TOK_RUN_SLOT);
+    const uint32_t *rsl = tok_array(g, g->host_tok, TOK_RUN_SLOT);
     for (uint32_t r = 0; r < g->tok.n_runs; r++)
         be->slot_len[rsl[r]] += g->run_len[r];
     return 0;
@@ -946,11 +1002,17 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     gpu_be *g = kl_calloc(1, sizeof *g);
     if (!g)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = GPU_CHUNK,
+    const char *chunk = getenv("KL_GPU_CHUNK");
+    g->chunk = chunk && atoi(chunk) >= 16 && atoi(chunk) <= (int)GPU_CHUNK_MAX
+                   ? (uint32_t)atoi(chunk) : GPU_CHUNK;
+    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
-    const char *graphs = getenv("KL_GPU_GRAPHS");
-    g->graphs_on = !(graphs && !strcmp(graphs, "0"));
+    const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
+    g->prof.on = prof && !strcmp(prof, "1");
+    const char *gemm = getenv("KL_GPU_GEMM");
+    g->gemm_on = !(gemm && !strcmp(gemm, "0"));
+    g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
     g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
@@ -989,6 +1051,17 @@ void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
                                      : (kl_gpu_load_info){"", 0, 0, 0};
 }
 
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
+{
+    kl_gpu_profile *p = be && be->ops == &gpu_ops ? &impl(be)->prof : NULL;
+    if (out)
+        *out = p ? *p : (kl_gpu_profile){0};
+    if (p && reset) {
+        memset(p->op_s, 0, sizeof p->op_s);
+        memset(p->op_n, 0, sizeof p->op_n);
+    }
+}
+
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -1003,6 +1076,14 @@ int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)
 }
 
 #else /* no GPU support in this build */
+
+void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
+{
+    (void)be;
+    (void)reset;
+    if (out)
+        *out = (kl_gpu_profile){0};
+}
 
 static int no_gpu(kl_err *err)
 {

@@ -29,6 +29,7 @@ template <int NT>
 __global__ static void __launch_bounds__(THREADS)
     matmul_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, int vec, unsigned G)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ float red[KL_ROW_WARPS][NT];
     kl_row_lut_init();
     __syncthreads();
@@ -69,6 +70,7 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP, 3)
     matmul_mxfp4_xreg_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t rpw)
 {
+    KL_GPU_GRID_WAIT();
     kl_row_lut_init();
     __syncthreads();
     const size_t r0 = ((size_t)blockIdx.x * KL_XREG_WARPS + threadIdx.x / KL_GPU_GROUP) * rpw;
@@ -126,6 +128,7 @@ __device__ static inline void mx2_pair(const kl_gpu_mat &w, size_t r, const uint
 __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     matmul_mx2_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t passes)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 mx2_x[];
     unsigned tl;
     const unsigned team = kl_mx2_team(&tl);
@@ -217,6 +220,7 @@ __device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uin
 __global__ static void __launch_bounds__(BF_THREADS, 2)
     matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, float *y, unsigned G)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 bf_sh[];
     __shared__ float red[BF_WARPS];
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
@@ -325,6 +329,7 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
 /* Block t: row ids[t] of the table as fp32 (an id past the table gives NaN: visible). */
 __global__ static void embed_kernel(kl_gpu_mat tab, const uint32_t *ids, float *x)
 {
+    KL_GPU_GRID_WAIT();
     const uint32_t id = ids[blockIdx.x];
     float *out = x + (size_t)blockIdx.x * tab.cols;
     for (uint32_t c = threadIdx.x; c < tab.cols; c += blockDim.x) {
@@ -380,6 +385,7 @@ __global__ static void __launch_bounds__(THREADS)
     add_rmsnorm_kernel(float *x, const float *y, const float *w, uint32_t h, float eps,
                        float *xn)
 {
+    KL_GPU_GRID_WAIT();
     float *xr = x + (size_t)blockIdx.x * h;
     const float *yr = y ? y + (size_t)blockIdx.x * h : NULL;
     float ss = 0.0f;
@@ -412,6 +418,7 @@ extern "C" int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint
 
 __global__ static void silu_mul_kernel(float *a, const float *b, size_t count)
 {
+    KL_GPU_GRID_WAIT();
     const size_t step = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
         const float z = a[i];
@@ -456,6 +463,7 @@ static __device__ kl_best argmax_parts[ARGMAX_MAX_N * ARGMAX_PARTS];
 __global__ static void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const float *logits, uint32_t vocab, int vec, uint32_t P, uint32_t *out)
 {
+    KL_GPU_GRID_WAIT();
     __shared__ kl_best group_best[ARGMAX_THREADS / KL_GPU_GROUP];
     const uint32_t p = blockIdx.x % P, t = blockIdx.x / P;
     const float *l = logits + (size_t)t * vocab;
@@ -504,6 +512,7 @@ __global__ static void __launch_bounds__(ARGMAX_THREADS)
 /* Block t (one group): the best of token t's P <= 64 parts (ties: lowest index). */
 __global__ static void argmax_final_kernel(uint32_t P, uint32_t *out)
 {
+    KL_GPU_GRID_WAIT();
     const unsigned lane = threadIdx.x;
     const kl_best none = {-INFINITY, UINT32_MAX, 0.0f};
     kl_best b = lane < P ? argmax_parts[blockIdx.x * P + lane] : none;

@@ -68,6 +68,7 @@
 #define hipGraphLaunch          cudaGraphLaunch
 #define hipGraphDestroy         cudaGraphDestroy
 #define hipGraphExecDestroy     cudaGraphExecDestroy
+#define hipGraphGetNodes        cudaGraphGetNodes
 #define hipMemset               cudaMemset
 #define hipFuncSetAttribute     cudaFuncSetAttribute
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -76,6 +77,16 @@
 #include "common/err.h"
 
 #define KL_GPU_GROUP 32 /* lanes that reduce together (see the header comment) */
+
+/* The first statement of every kernel: waits until the kernels this one depends on have
+ * finished and their writes are visible.  A no-op unless the launch is programmatic (the
+ * decode graphs' kernel-to-kernel edges on CUDA sm_90: kernels/runtime.cu), where it is what
+ * makes the early start safe; nothing on HIP. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
+#define KL_GPU_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define KL_GPU_GRID_WAIT() ((void)0)
+#endif
 
 /* v of the lane whose index within the group is this lane's XOR o (all lanes take part). */
 template <class T> __device__ static inline T kl_gpu_shfl_xor(T v, int o)

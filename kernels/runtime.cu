@@ -198,12 +198,81 @@ extern "C" int kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err)
     return KL_GPU_CHECK(err, hipStreamBeginCapture(STREAM(s), hipStreamCaptureModeThreadLocal));
 }
 
-extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, kl_err *err)
+/* Whether captured graphs get programmatic kernel-to-kernel edges: $KL_GPU_PDL=1, read once
+ * (off otherwise). */
+static int pdl_wanted(void)
+{
+    static int wanted = -1;
+    if (wanted < 0) {
+        const char *e = getenv("KL_GPU_PDL");
+        wanted = e && !strcmp(e, "1");
+    }
+    return wanted;
+}
+
+#if defined(__HIP_PLATFORM_AMD__)
+static int programmatic_edges(hipGraph_t graph, kl_err *err)
+{
+    (void)graph;
+    (void)err;
+    return 0;   /* no programmatic launches on HIP: the graph stays as captured */
+}
+#else
+/* The edge from[i] -> to[i] made programmatic when both ends are kernels: the second kernel's
+ * blocks are scheduled as the first one's last warps finish, and wait in KL_GPU_GRID_WAIT
+ * (kernels/gpu.h: the first statement of every kl kernel) until its memory is visible.  What
+ * it saves is the gap between dependent launches, which dominates a decode step of ~400 small
+ * kernels. */
+static int make_programmatic(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to,
+                             cudaGraphEdgeData *old, kl_err *err)
+{
+    cudaGraphNodeType a, b;
+    int rc = KL_GPU_CHECK(err, cudaGraphNodeGetType(from, &a));
+    if (!rc)
+        rc = KL_GPU_CHECK(err, cudaGraphNodeGetType(to, &b));
+    if (rc || a != cudaGraphNodeTypeKernel || b != cudaGraphNodeTypeKernel || old->type)
+        return rc;
+    cudaGraphEdgeData e;
+    memset(&e, 0, sizeof e);
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    rc = KL_GPU_CHECK(err, cudaGraphRemoveDependencies(graph, &from, &to, old, 1));
+    return rc ? rc : KL_GPU_CHECK(err, cudaGraphAddDependencies(graph, &from, &to, &e, 1));
+}
+
+static int programmatic_edges(cudaGraph_t graph, kl_err *err)
+{
+    size_t n = 0;
+    int rc = KL_GPU_CHECK(err, cudaGraphGetEdges(graph, NULL, NULL, NULL, &n));
+    if (rc || !n)
+        return rc;
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from);
+    cudaGraphNode_t *to = (cudaGraphNode_t *)malloc(n * sizeof *to);
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)calloc(n, sizeof *ed);
+    if (!from || !to || !ed)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory for %zu graph edges", n);
+    if (!rc)
+        rc = KL_GPU_CHECK(err, cudaGraphGetEdges(graph, from, to, ed, &n));
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = make_programmatic(graph, from[i], to[i], &ed[i], err);
+    free(from);
+    free(to);
+    free(ed);
+    return rc;
+}
+#endif
+
+extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes,
+                                  kl_err *err)
 {
     hipGraph_t graph = NULL;
     hipGraphExec_t exec = NULL;
     *g = NULL;
     int rc = KL_GPU_CHECK(err, hipStreamEndCapture(STREAM(s), &graph));
+    if (!rc && nodes)
+        rc = KL_GPU_CHECK(err, hipGraphGetNodes(graph, NULL, nodes));
+    if (!rc && pdl_wanted())
+        rc = programmatic_edges(graph, err);
     if (!rc)
         rc = KL_GPU_CHECK(err, hipGraphInstantiateWithFlags(&exec, graph, 0));
     if (graph)

@@ -65,9 +65,10 @@ int  kl_gpu_measure_rates(size_t bytes, int reps, double *d2d_gbps, double *h2d_
                           kl_err *err);
 
 /* Graphs: everything enqueued on s between capture_begin and capture_end is recorded (not
- * run) and instantiated into *g; kl_gpu_graph_launch replays it on s. */
+ * run) and instantiated into *g; kl_gpu_graph_launch replays it on s.  nodes (NULL: not
+ * wanted) receives how many kernels and copies the graph holds. */
 int  kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err);
-int  kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, kl_err *err);
+int  kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes, kl_err *err);
 int  kl_gpu_graph_launch(kl_gpu_graph g, kl_gpu_stream s, kl_err *err);
 void kl_gpu_graph_destroy(kl_gpu_graph g);         /* NULL ok */
 

@@ -7,6 +7,8 @@
 #   PROMPT_TOKENS (8192) and AT (0,8192,65536) shape the benchmark; NOGRAPHS=1 adds a run
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
+#   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
+#   SHM=1: the model also loaded from /dev/shm.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -82,20 +84,40 @@ stage_full() {
         KL_GPU_LOAD=$how "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-load-$how.json" &&
             row "bench load KL_GPU_LOAD=$how $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s, ttft %.2f s, host rss %.2f GB' % (d['load_s'], d['load_gbps'], d['time_to_first_token_s'], d['peak_host_rss_bytes']/1e9))" "$W/bench-load-$how.json")"
     done
+    # the shards read once (the raw disk read rate; then the page cache is warm)
+    local t0=$SECONDS bytes
+    bytes=$(cat "$D"/*.safetensors | wc -c)
+    row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    # time to first token of a short prompt, the page cache warm
+    "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
+        row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
+    # per-operation shares (KL_GPU_PROFILE=1: graphs off, a sync per operation)
+    [ -z "${PROFILE:-}" ] || { KL_GPU_PROFILE=1 "$KL" bench decode "$D" --device gpu --prompt-tokens 2048 --tokens 16 --json -q > "$W/bench-profile.json" &&
+        python3 - "$W/bench-profile.json" <<'PY' | tee -a "$TABLE"; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("profile_prefill_ms", "profile_decode_ms_per_token"):
+    print("profile %s: %s" % (k, ", ".join("%s %.3f" % kv for kv in d[k].items())))
+PY
+    # tmpfs (SHM=1): the model copied to /dev/shm and loaded from there
+    [ -z "${SHM:-}" ] || { rm -rf /dev/shm/klm; cp -r "$D" /dev/shm/klm && "$KL" bench decode /dev/shm/klm --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-shm.json" &&
+        row "bench load from /dev/shm $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s), ttft %.2f s' % (d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['time_to_first_token_s']))" "$W/bench-shm.json")"; rm -rf /dev/shm/klm; }
     # one load: prefill of PROMPT ids (default 8192), decode after it, then decode at each
-    # synthetic context of AT (kl bench decode --decode-at)
+    # synthetic context of AT (kl bench decode --decode-at), prefill at each length of PF
     "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json" ||
+        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$W/bench.json" ||
         { row "bench failed (rc $?); again with KL_GPU_LOAD=host"; KL_GPU_LOAD=host "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
         --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json"; } &&
         python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
       % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
          d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
-         d["pinned_h2d_gbps"], d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
-print("bench decode after the prefill: %.1f tok/s" % d["decode_tok_s"])
+         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
+print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
+for a in d.get("prefill_at", []):
+    print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
 for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
