@@ -31,14 +31,15 @@ static const char serve_synopsis[] =
 
 static const char serve_about[] =
     "Serves the checkpoint in MODEL over an OpenAI-compatible HTTP API: POST\n"
-    "/v1/chat/completions (streamed or not, Kimi tool calls), GET /v1/models, GET /health,\n"
-    "GET /metrics (Prometheus).  Requests are batched continuously: up to --max-seqs run at\n"
-    "once, --max-queue more wait (beyond that: 429).  The model is loaded and warmed up before\n"
-    "the port opens; then one line says where it listens (stderr; with --json one object on\n"
-    "stdout).  SIGINT or SIGTERM stops it: in-flight requests finish (up to 30 s), exit 0.\n";
+    "/v1/chat/completions (streamed or not, Kimi tool calls, logprobs), POST /v1/completions,\n"
+    "GET /v1/models, GET /health, GET /metrics (Prometheus).  Requests are batched\n"
+    "continuously: up to --max-seqs run at once, --max-queue more wait (beyond that: 429).\n"
+    "The model is loaded and warmed up before the port opens; then one line says where it\n"
+    "listens (stderr; with --json one object on stdout).  SIGINT or SIGTERM stops it:\n"
+    "in-flight requests finish (up to 30 s), exit 0.\n";
 
 static const char serve_footer[] =
-    "Exit status: 0 stopped by a signal, 1 a broken checkpoint or tokenizer, 2 usage or I/O "
+    "Exit status: 0 stopped by a signal, 1 a broken checkpoint or tokenizer, 2 usage or I/O\n"
     "error (the port cannot be opened), 3 internal bug.\n";
 
 typedef struct serve_args {
