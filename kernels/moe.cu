@@ -12,12 +12,20 @@
  * Only the chosen experts' rows are read; a token's expert chosen twice (impossible from the
  * router) or by two tokens is read once per slot.  Scratch: h [n·top_k, I] then part
  * [n·top_k, H].  An expert id outside [0, E) gives NaN outputs instead of a stray read.
+ *
+ * Chunks (n >= KL_GPU_GEMM_MIN_N, version 3): a one-block stable counting sort of the slots by
+ * expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate, up and down
+ * (each expert's weight tile read once per chunk for all its rows), SiLU · up, and the same
+ * combine reading each slot's packed row.
  */
 #include "kernels/moe.h"
-#include "kernels/dense.h" /* kl_gpu_version */
+#include "kernels/dense.h" /* kl_gpu_version, kl_gpu_silu_mul */
+#include "kernels/gemm.h"
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define THREADS     256
 #define ROUTE_WARPS 4    /* tokens per router block */
@@ -29,6 +37,7 @@
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     route_kernel(kl_gpu_route_args a)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float route_sh[]; /* per group: s [E], then sel [E] */
     const uint32_t E = a.n_experts, lane = threadIdx.x % KL_GPU_GROUP;
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
@@ -123,6 +132,7 @@ __device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_
 
 __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     kl_row_lut_init();
     __syncthreads();
     experts_job j;
@@ -141,6 +151,7 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
 
 __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     kl_row_lut_init();
     __syncthreads();
     experts_job j;
@@ -212,6 +223,7 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     gate_up_xreg_kernel(experts_k k, uint32_t rpw)
 {
+    KL_GPU_GRID_WAIT();
     experts_chunk c;
     if (!experts_chunk_begin(k, k.I, rpw, k.h, &c))
         return;
@@ -237,6 +249,7 @@ template <int S>
 __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
     down_xreg_kernel(experts_k k, uint32_t rpw)
 {
+    KL_GPU_GRID_WAIT();
     experts_chunk c;
     if (!experts_chunk_begin(k, k.H, rpw, k.part, &c))
         return;
@@ -274,6 +287,7 @@ template <int DOWN>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
 {
+    KL_GPU_GRID_WAIT();
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
     const int64_t e = experts_mx2_expert(k);
@@ -346,24 +360,171 @@ static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-__global__ static void combine_kernel(experts_k k)
+/* y_t (+)= Σ_k of slot (t, k)'s row in k order: part[slot] (weighted already) when packed is
+ * NULL, else wt[slot] · part[packed[slot]] (UINT32_MAX: an expert id out of range, NaN). */
+__global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 {
+    KL_GPU_GRID_WAIT();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t n = k.n_slots / k.top_k;
     if (i >= n * k.H)
         return;
     const size_t t = i / k.H, c = i % k.H;
-    const float *p = k.part + t * k.top_k * k.H + c;
     float s = 0.0f;
-    for (uint32_t q = 0; q < k.top_k; q++)
-        s += p[(size_t)q * k.H];
+    for (uint32_t q = 0; q < k.top_k; q++) {
+        const size_t slot = t * k.top_k + q;
+        if (!packed) {
+            s += k.part[slot * k.H + c];
+            continue;
+        }
+        const uint32_t r = packed[slot];
+        s += r == UINT32_MAX ? __uint_as_float(0x7fc00000u)
+                             : k.wt[slot] * k.part[(size_t)r * k.H + c];
+    }
     k.y[i] = k.add_to_y ? k.y[i] + s : s;
+}
+
+/* ---- chunks (n >= KL_GPU_GEMM_MIN_N): the slots sorted by expert, grouped products ------- */
+
+#define SORT_THREADS  1024
+#define GROUPED_MAX_E 1024 /* seg [E + 1] has this bound in the scratch (moe.h's size) */
+
+static int experts_ver; /* 0: KL_GPU_MOE not read yet */
+
+extern "C" int kl_gpu_experts_version(void)
+{
+    if (!experts_ver) {
+        const char *v = getenv("KL_GPU_MOE");
+        experts_ver = v && !strcmp(v, "v2") ? 2 : 3;
+    }
+    return experts_ver;
+}
+
+extern "C" void kl_gpu_experts_version_set(int version)
+{
+    experts_ver = version == 2 ? 2 : 3;
+}
+
+/* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],
+ * then seg [GROUPED_MAX_E + 1], x_row [P], packed [P] as uint32 (P = n · top_k slots). */
+struct grouped_mem {
+    float    *gate, *up, *down;
+    uint32_t *seg, *x_row, *packed;
+};
+
+static grouped_mem grouped_layout(float *s, size_t P, size_t I, size_t H)
+{
+    grouped_mem g;
+    g.gate = s;
+    g.up = s + P * I;
+    g.down = g.up + P * I;
+    g.seg = (uint32_t *)(g.down + P * H);
+    g.x_row = g.seg + GROUPED_MAX_E + 1;
+    g.packed = g.x_row + P;
+    return g;
+}
+
+/* Stable counting sort of the P slots by expert, one block: thread (q, e) (Q = 1024 / E
+ * slices of the slots, in order) counts expert e in slice q, the counts become offsets (per
+ * expert over q, then a scan over experts: seg), and the same thread places its slice's slots
+ * of e in order: x_row[pos] = token, packed[slot] = pos.  Slots with an id outside [0, E):
+ * packed = UINT32_MAX, no row. */
+__global__ static void __launch_bounds__(SORT_THREADS)
+    sort_kernel(const int32_t *idx, uint32_t P, uint32_t top_k, uint32_t E, grouped_mem g)
+{
+    KL_GPU_GRID_WAIT();
+    __shared__ uint32_t cnt[SORT_THREADS], tot[SORT_THREADS], base[SORT_THREADS];
+    const uint32_t tid = threadIdx.x, Q = SORT_THREADS / E, e = tid % E, q = tid / E;
+    const uint32_t p0 = (uint32_t)((uint64_t)P * q / Q), p1 = (uint32_t)((uint64_t)P * (q + 1) / Q);
+    for (uint32_t p = tid; p < P; p += SORT_THREADS)
+        if (idx[p] < 0 || (uint32_t)idx[p] >= E)
+            g.packed[p] = UINT32_MAX;
+    uint32_t c = 0;
+    for (uint32_t p = p0; q < Q && p < p1; p++)
+        c += idx[p] == (int32_t)e;
+    if (q < Q)
+        cnt[q * E + e] = c;
+    __syncthreads();
+    uint32_t mine = 0; /* thread e < E: expert e's slots; its slices' counts become offsets */
+    for (uint32_t j = 0; tid < E && j < Q; j++) {
+        const uint32_t v = cnt[j * E + tid];
+        cnt[j * E + tid] = mine;
+        mine += v;
+    }
+    if (tid < E)
+        tot[tid] = mine;
+    __syncthreads();
+    for (uint32_t off = 1; off < E; off *= 2) { /* inclusive scan of tot (Hillis-Steele) */
+        const uint32_t v = tid < E && tid >= off ? tot[tid - off] : 0;
+        __syncthreads();
+        if (tid < E)
+            tot[tid] += v;
+        __syncthreads();
+    }
+    if (tid < E) {
+        base[tid] = tot[tid] - mine;
+        g.seg[tid + 1] = tot[tid];
+    }
+    if (tid == 0)
+        g.seg[0] = 0;
+    __syncthreads();
+    uint32_t pos = q < Q ? base[e] + cnt[q * E + e] : 0;
+    for (uint32_t p = p0; q < Q && p < p1; p++) {
+        if (idx[p] == (int32_t)e) {
+            g.x_row[pos] = p / top_k;
+            g.packed[p] = pos++;
+        }
+    }
+}
+
+/* Whether kl_gpu_gemm_grouped takes m: MXFP4 (experts_check saw it aligned) or aligned BF16. */
+static int grouped_kind_ok(const kl_gpu_mat &m)
+{
+    return m.kind == KL_GPU_W_MXFP4 || (m.kind == KL_GPU_W_BF16 && (uintptr_t)m.data % 16 == 0);
+}
+
+/* Whether kl_gpu_experts may take the grouped path for these arguments. */
+static int grouped_ok(const kl_gpu_experts_args *a, const experts_k &k)
+{
+    const int kinds = grouped_kind_ok(k.w1) && grouped_kind_ok(k.w2) && grouped_kind_ok(k.w3);
+    return kl_gpu_experts_version() == 3 && a->n >= KL_GPU_GEMM_MIN_N && kinds &&
+           k.E <= GROUPED_MAX_E && k.I % 32 == 0 && k.H % 32 == 0 &&
+           (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->scratch % 16 == 0;
+}
+
+/* sort, gate = grouped(w1), up = grouped(w3), h = SiLU(gate) · up (in gate), down = grouped(w2)
+ * of h, then the weighted sum of each token's rows. */
+static int experts_grouped(const kl_gpu_experts_args *a, experts_k k, hipStream_t st,
+                           kl_err *err)
+{
+    const size_t P = k.n_slots;
+    const grouped_mem g = grouped_layout(a->scratch, P, k.I, k.H);
+    sort_kernel<<<1, SORT_THREADS, 0, st>>>(k.idx, (uint32_t)P, k.top_k, k.E, g);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    const kl_gpu_stream s = (kl_gpu_stream)st;
+    kl_gpu_gemm_grouped_args ga = {a->w1, k.x, g.x_row, g.seg, (uint32_t)P, g.gate};
+    rc = rc ? rc : kl_gpu_gemm_grouped(&ga, s, err);
+    ga.w = a->w3;
+    ga.y = g.up;
+    rc = rc ? rc : kl_gpu_gemm_grouped(&ga, s, err);
+    rc = rc ? rc : kl_gpu_silu_mul(g.gate, g.up, P * k.I, s, err);
+    const kl_gpu_gemm_grouped_args gd = {a->w2, g.gate, NULL, g.seg, (uint32_t)P, g.down};
+    rc = rc ? rc : kl_gpu_gemm_grouped(&gd, s, err);
+    if (rc)
+        return rc;
+    k.part = g.down;
+    const size_t outs = (size_t)a->n * k.H;
+    combine_kernel<<<(unsigned)((outs + THREADS - 1) / THREADS), THREADS, 0, st>>>(k, g.packed);
+    return KL_GPU_CHECK(err, hipGetLastError());
 }
 
 extern "C" size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t inter,
                                          uint32_t hidden)
 {
-    return (size_t)n * top_k * ((size_t)inter + hidden);
+    const size_t P = (size_t)n * top_k;
+    if (n < KL_GPU_GEMM_MIN_N)
+        return P * ((size_t)inter + hidden);
+    return P * (2 * (size_t)inter + hidden) + GROUPED_MAX_E + 1 + 2 * P;
 }
 
 /* 0, or KL_E_USAGE: the stacks exist, agree on E, I and H, and each can be multiplied. */
@@ -426,6 +587,8 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         (k.w2.kind == KL_GPU_W_MXFP4 && !k.vec2))
         return kl_fail(err, KL_E_USAGE, "experts: MXFP4 needs x and scratch 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
+    if (grouped_ok(a, k))
+        return experts_grouped(a, k, st, err);
     const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
                    k.w3.kind == KL_GPU_W_MXFP4;
     if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS &&
@@ -442,6 +605,6 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
     if (rc)
         return rc;
     const size_t outs = (size_t)a->n * k.H;
-    combine_kernel<<<(unsigned)((outs + THREADS - 1) / THREADS), THREADS, 0, st>>>(k);
+    combine_kernel<<<(unsigned)((outs + THREADS - 1) / THREADS), THREADS, 0, st>>>(k, NULL);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -47,9 +47,18 @@ typedef struct kl_gpu_experts_args {
     int            add_to_y;
 } kl_gpu_experts_args;
 
-/* Floats of scratch kl_gpu_experts needs for n tokens. */
+/* Floats of scratch kl_gpu_experts needs for n tokens (n >= KL_GPU_GEMM_MIN_N: room for the
+ * grouped path, which needs at most 1024 experts). */
 size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t inter, uint32_t hidden);
 int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err);
+
+/* The path of chunks of n >= KL_GPU_GEMM_MIN_N tokens (kernels/gemm.h): 3 (the default) sorts
+ * the (token, k) slots by expert and runs grouped tensor-core products, each expert's tile
+ * read once for all its rows (BF16 or MXFP4 stacks, I and H multiples of 32, E <= 1024;
+ * otherwise the per-slot kernels); 2 (KL_GPU_MOE=v2, read once) keeps the per-slot kernels of
+ * n < 16 for every n.  kl_gpu_experts_version_set (2 or 3) overrides the environment. */
+int  kl_gpu_experts_version(void);
+void kl_gpu_experts_version_set(int version);
 
 #ifdef __cplusplus
 }

@@ -9,10 +9,13 @@
  * measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
+#include "kernels/gemm.h" /* KL_GPU_GEMM_MIN_N */
 #include "kernels/moe.h"
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
+#define TOL_GROUPED 1e-3 /* the grouped path against a host that rounds x and h to bf16 */
+#define TOL_VS_V2   1e-2 /* the grouped path (bf16 x and h) against the per-slot one (fp32) */
 
 /* ---- router ------------------------------------------------------------------------------ */
 
@@ -159,17 +162,29 @@ static double host_dot(const t_mat &m, size_t r, const double *v)
     return s;
 }
 
-/* ref_t = y0_t (when add) + Σ_k wt · W2_e (SiLU(W1_e x_t) ⊙ W3_e x_t), in double. */
+/* f rounded to bf16 (nearest even), as the grouped products stage their inputs. */
+static double host_bf16(double d)
+{
+    float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ref_t = y0_t (when add) + Σ_k wt · W2_e (SiLU(W1_e x_t) ⊙ W3_e x_t), in double, for tokens
+ * t % tstep == 0 (others 0); bf16: x and h rounded to bf16 first (the grouped path). */
 static std::vector<double> host_experts(const stacks &s, const experts_case &c,
                                         const std::vector<float> &x,
                                         const std::vector<int32_t> &idx,
                                         const std::vector<float> &wt,
-                                        const std::vector<float> &y0)
+                                        const std::vector<float> &y0, uint32_t tstep, int bf16)
 {
     std::vector<double> ref((size_t)c.n * c.H), xd(c.H), h(c.I);
-    for (uint32_t t = 0; t < c.n; t++) {
+    for (uint32_t t = 0; t < c.n; t += tstep) {
         for (uint32_t i = 0; i < c.H; i++) {
-            xd[i] = x[(size_t)t * c.H + i];
+            xd[i] = bf16 ? host_bf16(x[(size_t)t * c.H + i]) : x[(size_t)t * c.H + i];
             ref[(size_t)t * c.H + i] = c.add ? y0[(size_t)t * c.H + i] : 0.0;
         }
         for (uint32_t k = 0; k < c.K; k++) {
@@ -177,6 +192,7 @@ static std::vector<double> host_experts(const stacks &s, const experts_case &c,
             for (uint32_t r = 0; r < c.I; r++) {
                 const double g = host_dot(s.w1, e * c.I + r, xd.data());
                 h[r] = g / (1.0 + exp(-g)) * host_dot(s.w3, e * c.I + r, xd.data());
+                h[r] = bf16 ? host_bf16(h[r]) : h[r];
             }
             for (uint32_t r = 0; r < c.H; r++)
                 ref[(size_t)t * c.H + r] += wt[t * c.K + k] * host_dot(s.w2, e * c.H + r, h.data());
@@ -237,7 +253,28 @@ static void stacks_free(stacks &s)
     t_mat_free(s.d3.m);
 }
 
-/* Every add mode and n of the list on one set of stacks. */
+/* Whether kl_gpu_experts takes the grouped path of chunks for c (moe.h). */
+static int grouped(const experts_case &c)
+{
+    return kl_gpu_experts_version() == 3 && c.n >= KL_GPU_GEMM_MIN_N &&
+           c.kind != KL_GPU_W_F32 && c.I % 32 == 0 && c.H % 32 == 0;
+}
+
+/* The worst relative L2 error over tokens t % tstep == 0 of y against ref. */
+static double worst_error(const std::vector<float> &y, const std::vector<double> &ref,
+                          const experts_case &c, uint32_t tstep)
+{
+    double worst = 0;
+    for (uint32_t t = 0; t < c.n; t += tstep) {
+        const double e = t_rel_l2(&y[(size_t)t * c.H], &ref[(size_t)t * c.H], c.H);
+        worst = e > worst || e != e ? e : worst;
+    }
+    return worst;
+}
+
+/* Every add mode and n of the list on one set of stacks.  The grouped path is checked against
+ * the host with x and h rounded to bf16 as it does (tokens sampled at the real shapes), and
+ * against the per-slot path (KL_GPU_MOE=v2) on every token. */
 static void check_experts(const experts_case &base, const uint32_t *ns, size_t n_ns)
 {
     stacks s;
@@ -254,38 +291,60 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
                 for (auto &v : y0)
                     v = NAN; /* poison: every output must be written */
             std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
-            std::vector<double> ref = host_experts(s, c, x, idx, wt, y0);
-            double worst = 0;
-            for (uint32_t t = 0; t < c.n; t++) {
-                const double e = t_rel_l2(&y[(size_t)t * c.H], &ref[(size_t)t * c.H], c.H);
-                worst = e > worst || e != e ? e : worst;
-            }
+            const int g = grouped(c);
+            const double work = 3.0 * c.n * c.K * c.I * c.H;
+            const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
+            std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, g);
             char what[128];
-            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d v%d",
+            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d %s",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
-                     kl_gpu_version(KL_GPU_K_MX));
-            t_check(what, worst, TOL);
+                     g ? "grouped" : kl_gpu_version(KL_GPU_K_MX) == 1 ? "v1" : "v2");
+            t_check(what, worst_error(y, ref, c, tstep), g ? TOL_GROUPED : TOL);
+            if (g) { /* the same slots through the per-slot kernels */
+                kl_gpu_experts_version_set(2);
+                std::vector<float> y2 = run_experts(s, c, x, idx, wt, y0);
+                kl_gpu_experts_version_set(3);
+                std::vector<double> r2(y2.begin(), y2.end());
+                const std::string w = std::string(what) + " vs KL_GPU_MOE=v2";
+                t_check(w.c_str(), worst_error(y, r2, c, 1), TOL_VS_V2);
+            }
         }
     }
     stacks_free(s);
 }
 
-/* An expert id out of range gives NaN for its token only, and no fault. */
-static void check_bad_id(kl_gpu_wkind kind)
+/* An expert id out of range (token 0's second) gives NaN for its token only, and no fault;
+ * n = 16 takes the grouped path. */
+static void check_bad_id(kl_gpu_wkind kind, uint32_t n)
 {
-    const experts_case c = {kind, 4, 32, 64, 2, 2, 0};
+    const experts_case c = {kind, 4, 32, 64, 2, n, 0};
     stacks s;
     stacks_make(s, c);
-    std::vector<int32_t> idx = {0, 4, 1, 2};
-    std::vector<float> wt = {0.5f, 0.5f, 0.5f, 0.5f}, x = t_vec(2 * 64), y0(2 * 64, 0.0f);
+    std::vector<int32_t> idx(2 * n);
+    for (uint32_t t = 0; t < n; t++) {
+        idx[2 * t] = t ? 1 : 0;
+        idx[2 * t + 1] = t ? (int32_t)(t % 4) : 4;
+        idx[2 * t + 1] = t && idx[2 * t + 1] == 1 ? 3 : idx[2 * t + 1];
+    }
+    std::vector<float> wt(2 * n, 0.5f), x = t_vec(n * 64), y0(n * 64, 0.0f);
     std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
     double wrong = 0;
-    for (int i = 0; i < 64; i++)
-        wrong += !isnan(y[i]) + isnan(y[64 + i]);
+    for (uint32_t i = 0; i < 64 * n; i++)
+        wrong += i < 64 ? !isnan(y[i]) : isnan(y[i]);
     char what[96];
-    snprintf(what, sizeof what, "experts %s id out of range (wrong NaN pattern) v%d",
-             t_kind_name(kind), kl_gpu_version(KL_GPU_K_MX));
+    snprintf(what, sizeof what, "experts %s n=%u id out of range (wrong NaN pattern) %s",
+             t_kind_name(kind), n, grouped(c) ? "grouped" :
+             kl_gpu_version(KL_GPU_K_MX) == 1 ? "v1" : "v2");
     t_check(what, wrong, 0);
+    stacks_free(s);
+}
+
+/* After a timing: waits, then frees its device buffers and stacks. */
+static void timing_free(std::initializer_list<void *> bufs, stacks &s)
+{
+    T_CHECK(hipDeviceSynchronize());
+    for (void *b : bufs)
+        hipFree(b);
     stacks_free(s);
 }
 
@@ -316,13 +375,51 @@ static void time_experts(double copy_gbps, int version)
     char what[96];
     snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 v%d", version);
     t_time(what, t_median_s(call, 32), t_graph_s(call, 32), bytes, copy_gbps);
-    T_CHECK(hipDeviceSynchronize());
-    hipFree(dx);
-    hipFree(dw);
-    hipFree(dy);
-    hipFree(di);
-    hipFree(scratch);
-    stacks_free(s);
+    timing_free({dx, dw, dy, di, scratch}, s);
+}
+
+/* Chunks (n >= 16): the grouped path (default) and, inside check_experts, the per-slot one. */
+static void check_grouped_cases(void)
+{
+    static const uint32_t small_n[] = {16, 37}, real_n[] = {64, 256};
+    kl_gpu_version_set(KL_GPU_K_MX, 2);
+    check_experts({KL_GPU_W_BF16, 5, 64, 96, 3, 1, 0}, small_n, 2);
+    check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, small_n, 2);
+    check_experts({KL_GPU_W_F32, 4, 32, 64, 2, 1, 0}, small_n, 1); /* not grouped: F32 */
+    check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
+    check_bad_id(KL_GPU_W_MXFP4, 16);
+    check_bad_id(KL_GPU_W_BF16, 16);
+}
+
+/* n tokens at the real shapes through path version (3 grouped, 2 per-slot): median of 7
+ * single calls; bytes: the three stacks whole (top 8 of 256 over 64+ tokens touch nearly all
+ * experts). */
+static void time_chunk(double copy_gbps, uint32_t n, int version)
+{
+    kl_gpu_experts_version_set(version);
+    const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, n, 1};
+    stacks s;
+    stacks_make(s, c);
+    std::vector<int32_t> idx;
+    std::vector<float> wt;
+    random_choices(c, idx, wt);
+    float *dx = t_upload(t_vec((size_t)n * c.H)), *dw = t_upload(wt);
+    float *dy = t_upload(t_vec((size_t)n * c.H));
+    int32_t *di = t_upload(idx);
+    float *scratch = (float *)t_alloc(kl_gpu_experts_scratch(n, c.K, c.I, c.H) * 4);
+    kl_err err;
+    kl_err_clear(&err);
+    auto call = [&](int, kl_gpu_stream st) {
+        kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx, n, c.K, di, dw, scratch, dy, 1};
+        t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
+    };
+    const double bytes = 3.0 * c.E * c.I * c.H * (0.5 + 1.0 / 32), t = t_median_s(call, 7);
+    char what[96];
+    snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=%u %s", n,
+             version == 3 ? "grouped" : "KL_GPU_MOE=v2");
+    t_time(what, t, t, bytes, copy_gbps);
+    timing_free({dx, dw, dy, di, scratch}, s);
+    kl_gpu_experts_version_set(3);
 }
 
 int main(void)
@@ -341,10 +438,15 @@ int main(void)
         check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
-        check_bad_id(KL_GPU_W_MXFP4);
+        check_bad_id(KL_GPU_W_MXFP4, 2);
     }
-    check_bad_id(KL_GPU_W_F32);
+    check_bad_id(KL_GPU_W_F32, 2);
+    check_grouped_cases();
     time_experts(copy, 2);
     time_experts(copy, 1);
+    for (uint32_t n : {64u, 256u}) {
+        time_chunk(copy, n, 3);
+        time_chunk(copy, n, 2);
+    }
     return t_report("moe", copy);
 }

@@ -1,0 +1,375 @@
+/*
+ * kernels/gemm.cu — tensor-core products for chunks of many tokens (see gemm.h).
+ *
+ * One tile scheme for both launchers.  A block owns BM = 128 rows of W (output columns) and
+ * computes them for up to BN = 64 tokens at a time, walking K in steps of KT = 64:
+ *   stage: W's tile [128, 64] decoded to bf16 (MXFP4: thread i reads one 16-byte word, the 32
+ *          codes of one scale block, of row i / 2; BF16: four 16-byte pieces), X's tile
+ *          [64, 64] fp32 rounded to bf16 (four float4 per thread), both in shared memory;
+ *   mma:   8 warps, warp w: tokens 32 (w % 2) .. +32, W rows 32 (w / 2) .. +32, i.e. 2 x 2
+ *          WMMA bf16 16x16x16 fragments with fp32 accumulators (HIP: a SIMT loop, 32 sums per
+ *          thread, the same tiles);
+ *   two register sets (even and odd steps): while the tensor cores work on step k, the loads
+ *   of steps k + 1 and k + 2 are in flight.
+ * After K, the accumulators go through shared memory (the staging area, reused) to y, masked
+ * to the valid tokens and rows (coalesced 4-byte stores along y's rows).
+ *
+ * Bytes and FLOPs (MXFP4 W [R, K], n tokens): FLOPs 2 n R K; W bytes R K (1/2 + 1/32) read once
+ * per token tile (dense: ceil(n / 64) times, mostly from L2; grouped: once per block when the
+ * segment is <= 64 rows); X bytes 4 n K per row tile (R / 128 times, from L2).  A routed
+ * expert [1024, 2304] with 8 rows: 0.6 MB of codes for 38 MFLOP, so the grouped product is
+ * bound by the weights (~9 GFLOP and 0.96 GB per layer and chunk of 256 tokens), the dense
+ * ones at n >= 256 by the tensor cores (e.g. [4096, 2304] x 256: 4.8 GFLOP, 4.7 MB MXFP4).
+ *
+ * Grouped: grid (row tiles, experts); the block of expert e reads seg[e], seg[e + 1] on the
+ * device, leaves at once when the segment is empty, else loops over the segment's rows in
+ * tiles of 64, so each weight tile is read once per block for all its rows.
+ */
+#include "kernels/gemm.h"
+#include "kernels/gpu.h"
+
+#include "common/mxfp4_format.h"
+
+#if !defined(__HIP_PLATFORM_AMD__)
+#include <mma.h>
+#define GEMM_WMMA 1
+#else
+#define GEMM_WMMA 0
+#endif
+
+#define BM      128          /* W rows per block */
+#define BN      64           /* tokens per tile */
+#define KT      64           /* K per step */
+#define LDS     (KT + 8)     /* bf16 per staged row (16-byte aligned, banks spread) */
+#define LDC     (BM + 4)     /* floats per row of the output staging */
+#define THREADS 256
+
+/* Shared memory of a block: the two staged tiles, or (after K) the output tile. */
+struct gemm_smem {
+    union {
+        struct {
+            uint16_t w[BM * LDS];
+            uint16_t x[BN * LDS];
+        } in;
+        float c[BN * LDC];
+    };
+    float lut[16];
+};
+
+/* What a block multiplies: W rows [r0, r0 + BM) of matrix m (expert rows already offset). */
+struct gemm_job {
+    kl_gpu_mat     m;         /* kind, cols, payloads; rows: valid rows of this matrix */
+    size_t         wrow0;     /* first stored row of this matrix (expert e: e * rows) */
+    uint32_t       r0;
+    const float   *x;
+    const uint32_t *x_row;    /* NULL: identity */
+    float         *y;
+};
+
+/* fp32 to bf16 bits, round to nearest even (NaN stays a quiet NaN). */
+__device__ static inline uint32_t bf16_rne(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* The raw loads of one K step for one thread (W: MXFP4 one word, BF16 four; X: four float4). */
+template <int MX> struct gemm_regs {
+    uint4   w[MX ? 1 : 4];
+    uint8_t s;
+    float4  x[4];
+};
+
+template <int MX>
+__device__ static inline void load_w(const gemm_job &j, uint32_t k0, gemm_regs<MX> &g)
+{
+    const unsigned t = threadIdx.x;
+    const uint32_t cols = j.m.cols;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    if (MX) {
+        const uint32_t r = j.r0 + t / 2, k = k0 + (t % 2) * 32;
+        const int ok = r < j.m.rows && k < cols;
+        const size_t row = j.wrow0 + r;
+        g.w[0] = ok ? *(const uint4 *)(j.m.packed + row * (cols / 2) + k / 2) : zero;
+        g.s = ok ? j.m.scale[row * (cols / KL_MXFP4_BLOCK) + k / KL_MXFP4_BLOCK] : 0;
+        return;
+    }
+    const uint16_t *d = (const uint16_t *)j.m.data;
+#pragma unroll
+    for (int i = 0; i < (MX ? 1 : 4); i++) {
+        const unsigned p = t + THREADS * i; /* piece p: row p / 8, columns 8 (p % 8) .. +8 */
+        const uint32_t r = j.r0 + p / 8, k = k0 + (p % 8) * 8;
+        const int ok = r < j.m.rows && k < cols;
+        g.w[i] = ok ? *(const uint4 *)(d + (j.wrow0 + r) * cols + k) : zero;
+    }
+}
+
+/* X pieces: p = t + 256 i, token p / 16, columns 4 (p % 16) .. +4; nt valid tokens from t0. */
+template <int MX>
+__device__ static inline void load_x(const gemm_job &j, uint32_t t0, uint32_t nt, uint32_t k0,
+                                     gemm_regs<MX> &g)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned p = threadIdx.x + THREADS * i, tok = p / 16;
+        const uint32_t k = k0 + (p % 16) * 4;
+        g.x[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (tok < nt && k < j.m.cols) {
+            const size_t src = j.x_row ? j.x_row[t0 + tok] : t0 + tok;
+            g.x[i] = *(const float4 *)(j.x + src * j.m.cols + k);
+        }
+    }
+}
+
+/* The registers into shared memory as bf16 (MXFP4 codes times the scale: exact). */
+template <int MX>
+__device__ static inline void stage(const gemm_regs<MX> &g, gemm_smem &sh)
+{
+    const unsigned t = threadIdx.x;
+    if (MX) {
+        const float sc = kl_e8m0_value(g.s);
+        const uint32_t q[4] = {g.w[0].x, g.w[0].y, g.w[0].z, g.w[0].w};
+        uint32_t out[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) { /* byte i: codes 2i (low nibble), 2i + 1 */
+            const uint32_t b = q[i / 4] >> (8 * (i % 4));
+            const uint32_t lo = __float_as_uint(sh.lut[b & 15u] * sc) >> 16;
+            const uint32_t hi = __float_as_uint(sh.lut[(b >> 4) & 15u] * sc) >> 16;
+            out[i] = lo | hi << 16;
+        }
+        uint4 *dst = (uint4 *)&sh.in.w[(t / 2) * LDS + (t % 2) * 32];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            dst[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < (MX ? 1 : 4); i++) {
+            const unsigned p = t + THREADS * i;
+            *(uint4 *)&sh.in.w[(p / 8) * LDS + (p % 8) * 8] = g.w[i];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned p = t + THREADS * i;
+        const float4 v = g.x[i];
+        *(uint2 *)&sh.in.x[(p / 16) * LDS + (p % 16) * 4] =
+            make_uint2(bf16_rne(v.x) | bf16_rne(v.y) << 16, bf16_rne(v.z) | bf16_rne(v.w) << 16);
+    }
+}
+
+#if GEMM_WMMA
+namespace wm = nvcuda::wmma;
+typedef wm::fragment<wm::accumulator, 16, 16, 16, float> gemm_acc[2][2];
+
+__device__ static inline void acc_zero(gemm_acc &acc)
+{
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            wm::fill_fragment(acc[a][b], 0.0f);
+}
+
+/* acc[a][b] += X tokens (32 tw + 16 a) · W rows (32 ww + 16 b), over the staged K step.
+ * X is matrix_a (row-major [token][k]); W's [row][k] is matrix_b [k][row] column-major. */
+__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh)
+{
+    const unsigned warp = threadIdx.x / 32, tw = warp % 2, ww = warp / 2;
+    const __nv_bfloat16 *xs = (const __nv_bfloat16 *)sh.in.x;
+    const __nv_bfloat16 *ws = (const __nv_bfloat16 *)sh.in.w;
+#pragma unroll
+    for (int kk = 0; kk < KT; kk += 16) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> fa[2];
+        wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> fb[2];
+        for (int a = 0; a < 2; a++)
+            wm::load_matrix_sync(fa[a], xs + (32 * tw + 16 * a) * LDS + kk, LDS);
+        for (int b = 0; b < 2; b++)
+            wm::load_matrix_sync(fb[b], ws + (32 * ww + 16 * b) * LDS + kk, LDS);
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                wm::mma_sync(acc[a][b], fa[a], fb[b], acc[a][b]);
+    }
+}
+
+/* The accumulators into sh.c [token][row] (the staged tiles are dead by now). */
+__device__ static inline void acc_store(const gemm_acc &acc, gemm_smem &sh)
+{
+    const unsigned warp = threadIdx.x / 32, tw = warp % 2, ww = warp / 2;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            wm::store_matrix_sync(sh.c + (32 * tw + 16 * a) * LDC + 32 * ww + 16 * b,
+                                  acc[a][b], LDC, wm::mem_row_major);
+}
+#else
+/* SIMT: thread t sums token t / 4 against rows t % 4 + 4 i, i < 32. */
+typedef float gemm_acc[32];
+
+__device__ static inline void acc_zero(gemm_acc &acc)
+{
+    for (int i = 0; i < 32; i++)
+        acc[i] = 0.0f;
+}
+
+__device__ static inline float bf16_val(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh)
+{
+    const unsigned tok = threadIdx.x / 4, r0 = threadIdx.x % 4;
+    for (int k = 0; k < KT; k++) {
+        const float xv = bf16_val(sh.in.x[tok * LDS + k]);
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            acc[i] = fmaf(xv, bf16_val(sh.in.w[(r0 + 4 * i) * LDS + k]), acc[i]);
+    }
+}
+
+__device__ static inline void acc_store(const gemm_acc &acc, gemm_smem &sh)
+{
+    const unsigned tok = threadIdx.x / 4, r0 = threadIdx.x % 4;
+    for (int i = 0; i < 32; i++)
+        sh.c[tok * LDC + r0 + 4 * i] = acc[i];
+}
+#endif
+
+/* The loads of the K step at k0 (nothing past K) into g. */
+template <int MX>
+__device__ static inline void load_step(const gemm_job &j, uint32_t t0, uint32_t nt,
+                                        uint32_t k0, gemm_regs<MX> &g)
+{
+    if (k0 < j.m.cols) {
+        load_w<MX>(j, k0, g);
+        load_x<MX>(j, t0, nt, k0, g);
+    }
+}
+
+/* One K step: g (step k0) staged, then g reloaded with step k0 + 2 KT while the products of
+ * step k0 run (two steps' loads are in flight at any time). */
+template <int MX>
+__device__ static inline void gemm_step(const gemm_job &j, uint32_t t0, uint32_t nt,
+                                        uint32_t k0, gemm_regs<MX> &g, gemm_acc &acc,
+                                        gemm_smem &sh)
+{
+    stage<MX>(g, sh);
+    __syncthreads();
+    load_step<MX>(j, t0, nt, k0 + 2 * KT, g);
+    acc_step(acc, sh);
+    __syncthreads();
+}
+
+/* y rows [t0, t0 + nt) (packed order), columns [r0, r0 + BM) of the block's matrix: every
+ * thread of the block calls it (barriers inside).  Even steps use g0, odd ones g1. */
+template <int MX>
+__device__ static void gemm_tile(const gemm_job &j, uint32_t t0, uint32_t nt, gemm_smem &sh)
+{
+    gemm_acc acc;
+    acc_zero(acc);
+    gemm_regs<MX> g0, g1;
+    load_step<MX>(j, t0, nt, 0, g0);
+    load_step<MX>(j, t0, nt, KT, g1);
+    for (uint32_t k0 = 0; k0 < j.m.cols; k0 += 2 * KT) {
+        gemm_step<MX>(j, t0, nt, k0, g0, acc, sh);
+        if (k0 + KT < j.m.cols)
+            gemm_step<MX>(j, t0, nt, k0 + KT, g1, acc, sh);
+    }
+    acc_store(acc, sh);
+    __syncthreads();
+    const uint32_t R = j.m.rows;
+    for (unsigned i = threadIdx.x; i < BN * BM; i += THREADS) {
+        const unsigned tok = i / BM, c = i % BM;
+        if (tok < nt && j.r0 + c < R)
+            j.y[(size_t)(t0 + tok) * R + j.r0 + c] = sh.c[tok * LDC + c];
+    }
+    __syncthreads(); /* sh is staged again by the next tile */
+}
+
+__device__ static inline void lut_init(gemm_smem &sh)
+{
+    if (threadIdx.x < 16)
+        sh.lut[threadIdx.x] = kl_e2m1_value(threadIdx.x);
+    __syncthreads();
+}
+
+template <int MX>
+__global__ static void __launch_bounds__(THREADS, 2)
+    gemm_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
+{
+    KL_GPU_GRID_WAIT();
+    __shared__ __align__(128) gemm_smem sh;
+    lut_init(sh);
+    const gemm_job j = {m, 0, blockIdx.x * BM, x, NULL, y};
+    const uint32_t t0 = blockIdx.y * BN;
+    gemm_tile<MX>(j, t0, n - t0 < BN ? n - t0 : BN, sh);
+}
+
+template <int MX>
+__global__ static void __launch_bounds__(THREADS, 2)
+    gemm_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row,
+                        const uint32_t *seg, float *y)
+{
+    KL_GPU_GRID_WAIT();
+    __shared__ __align__(128) gemm_smem sh;
+    const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
+    if (s1 <= s0)
+        return;
+    lut_init(sh);
+    const gemm_job j = {m, (size_t)e * m.rows, blockIdx.x * BM, x, x_row, y};
+    for (uint32_t t0 = s0; t0 < s1; t0 += BN)
+        gemm_tile<MX>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
+}
+
+/* 0, or KL_E_USAGE: m is BF16 or MXFP4 with cols % 32 == 0 and 16-byte aligned payloads. */
+static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what, kl_err *err)
+{
+    if (!m || (m->kind != KL_GPU_W_BF16 && m->kind != KL_GPU_W_MXFP4))
+        return kl_fail(err, KL_E_USAGE, "%s: weights must be BF16 or MXFP4", what);
+    const void *p = m->kind == KL_GPU_W_BF16 ? m->data : (const void *)m->packed;
+    if (m->rows == 0 || m->cols == 0 || m->cols % 32 || !p ||
+        (m->kind == KL_GPU_W_MXFP4 && !m->scale) || (uintptr_t)p % 16)
+        return kl_fail(err, KL_E_USAGE,
+                       "%s: [%u, %u] needs rows, cols a multiple of 32 and 16-byte aligned "
+                       "payloads", what, m->rows, m->cols);
+    if (!x || (uintptr_t)x % 16)
+        return kl_fail(err, KL_E_USAGE, "%s: x is NULL or not 16-byte aligned", what);
+    return 0;
+}
+
+extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                           kl_gpu_stream s, kl_err *err)
+{
+    int rc = gemm_mat_check(w, x, "gemm", err);
+    if (rc)
+        return rc;
+    if (!y || n == 0 || (n + BN - 1) / BN > 65535)
+        return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
+    const dim3 grid((w->rows + BM - 1) / BM, (n + BN - 1) / BN);
+    if (w->kind == KL_GPU_W_MXFP4)
+        gemm_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
+    else
+        gemm_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_stream s,
+                                   kl_err *err)
+{
+    if (!a || !a->w || !a->seg || !a->y)
+        return kl_fail(err, KL_E_USAGE, "gemm_grouped: a, w, seg or y is NULL");
+    int rc = gemm_mat_check(&a->w->m, a->x, "gemm_grouped", err);
+    if (rc)
+        return rc;
+    if (a->w->n == 0 || a->w->n > 65535)
+        return kl_fail(err, KL_E_USAGE, "gemm_grouped: %u experts (1 to 65535)", a->w->n);
+    if (a->m_max == 0)
+        return 0; /* no rows: nothing to do */
+    const dim3 grid((a->w->m.rows + BM - 1) / BM, a->w->n);
+    if (a->w->m.kind == KL_GPU_W_MXFP4)
+        gemm_grouped_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
+                                                                     a->seg, a->y);
+    else
+        gemm_grouped_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
+                                                                     a->seg, a->y);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}

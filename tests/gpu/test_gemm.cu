@@ -1,0 +1,230 @@
+/*
+ * tests/gpu/test_gemm.cu — kernels/gemm.h against host references computed here (double):
+ * kl_gpu_gemm (BF16 and MXFP4 at Kimi-Linear's shapes [4096, 2304], [2304, 4096],
+ * [12576, 2304], [1024, 2304] for n = 16, 37, 64, 256, 512, and a small odd shape with a row
+ * and a K tail) and kl_gpu_gemm_grouped (random segment sizes with empty ones and one longer
+ * than a tile, x_row given or NULL, and the routed experts' shapes).  Each output is checked
+ * against two references: X rounded to bf16 as the kernels do (relative L2 ~1e-6: only the
+ * fp32 summation order differs) and plain fp32 X (~3e-3: bf16's rounding of X).  Rows of W
+ * are sampled (every step-th and the last) to bound the host's work.  Then timings: median of
+ * single calls, TFLOPS and GB/s of the bytes each must read.  One JSON line; exit 0 pass,
+ * 1 fail, 77 no GPU.
+ */
+#include "kernels/gemm.h"
+#include "tests/gpu/gpu_testutil.h"
+
+#define TOL_BF16 1e-4 /* against X rounded to bf16 (expected ~1e-6: tensor-core fp32 sums) */
+#define TOL_F32  1e-2 /* against fp32 X */
+
+/* f rounded to bf16 (nearest even), as the kernels stage X. */
+static float host_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u = (u >> 16 | 0x40u) << 16;
+    else
+        u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Output rows i < src.size(): y[i][r] = W row wbase[i] + r against x[src[i]], r < R.  The
+ * worst over i of the relative L2 error over the checked r, against bf16 X (e[0]) and fp32 X
+ * (e[1]); the host does about 5e7 products at most. */
+static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
+                       const std::vector<size_t> &wbase, const std::vector<float> &x,
+                       const std::vector<float> &y, double e[2])
+{
+    const size_t K = m.cols, work = src.size() * R * K;
+    const size_t step = work > 50000000 ? (work + 49999999) / 50000000 : 1;
+    std::vector<float> w(K);
+    e[0] = e[1] = 0;
+    for (size_t i = 0; i < src.size(); i++) {
+        std::vector<double> rb, rf;
+        std::vector<float> got;
+        for (size_t r = 0; r < R; r = r + step < R || r == R - 1 ? r + step : R - 1) {
+            t_mat_row(m, wbase[i] + r, w.data());
+            const float *xi = &x[src[i] * K];
+            double sb = 0, sf = 0;
+            for (size_t c = 0; c < K; c++) {
+                sb += (double)w[c] * host_bf16(xi[c]);
+                sf += (double)w[c] * xi[c];
+            }
+            rb.push_back(sb);
+            rf.push_back(sf);
+            got.push_back(y[i * R + r]);
+        }
+        const double eb = t_rel_l2(got.data(), rb.data(), got.size());
+        const double ef = t_rel_l2(got.data(), rf.data(), got.size());
+        e[0] = eb > e[0] || eb != eb ? eb : e[0];
+        e[1] = ef > e[1] || ef != ef ? ef : e[1];
+    }
+}
+
+static void check_pair(const char *what, const double e[2])
+{
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s (x bf16)", what);
+    t_check(buf, e[0], TOL_BF16);
+    snprintf(buf, sizeof buf, "%s (x f32)", what);
+    t_check(buf, e[1], TOL_F32);
+}
+
+/* Records a timing with its FLOPs and bytes. */
+static void time_record(const char *what, double s, double flops, double bytes)
+{
+    char buf[320];
+    snprintf(buf, sizeof buf,
+             "%s{\"what\":\"%s\",\"us\":%.2f,\"tflops\":%.1f,\"bytes\":%.0f,\"gbps\":%.1f}",
+             t_times.empty() ? "" : ",", what, s * 1e6, flops / s / 1e12, bytes,
+             bytes / s / 1e9);
+    t_times += buf;
+}
+
+/* ---- dense ------------------------------------------------------------------------------- */
+
+static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint32_t *ns,
+                        size_t n_ns, int timed)
+{
+    const t_mat m = t_mat_random(kind, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    kl_err err;
+    kl_err_clear(&err);
+    for (size_t k = 0; k < n_ns; k++) {
+        const uint32_t n = ns[k];
+        std::vector<float> x = t_vec((size_t)n * cols);
+        float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)n * rows * 4);
+        T_CHECK(hipMemset(dy, 0xff, (size_t)n * rows * 4)); /* NaN: unwritten shows */
+        t_ok(kl_gpu_gemm(&d, dx, n, dy, NULL, &err), &err, "kl_gpu_gemm");
+        std::vector<float> y = t_download(dy, (size_t)n * rows);
+        std::vector<size_t> src(n), wbase(n, 0);
+        for (uint32_t t = 0; t < n; t++)
+            src[t] = t;
+        double e[2];
+        rows_error(m, rows, src, wbase, x, y, e);
+        char what[96];
+        snprintf(what, sizeof what, "gemm %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
+        check_pair(what, e);
+        if (timed && n >= 256) {
+            auto call = [&](int, kl_gpu_stream st) { kl_gpu_gemm(&d, dx, n, dy, st, &err); };
+            const double bytes = (double)t_mat_bytes(m) + 4.0 * n * (rows + cols);
+            time_record(what, t_median_s(call, 11), 2.0 * n * rows * cols, bytes);
+        }
+        hipFree(dx);
+        hipFree(dy);
+    }
+    t_mat_free(d);
+}
+
+/* ---- grouped ----------------------------------------------------------------------------- */
+
+/* E experts [R, K] of one kind, segment sizes sz (m = their sum), x of n_x tokens; x_row
+ * random tokens, or NULL (x has m rows then).  Checked, and timed when timed. */
+static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
+                          const std::vector<uint32_t> &sz, uint32_t n_x, int use_x_row,
+                          int timed)
+{
+    const t_mat m = t_mat_random(kind, (size_t)E * R, K);
+    kl_gpu_stack st;
+    st.m = t_mat_upload(m);
+    st.m.rows = (uint32_t)R;
+    st.n = E;
+    std::vector<uint32_t> seg(E + 1, 0);
+    for (uint32_t e = 0; e < E; e++)
+        seg[e + 1] = seg[e] + sz[e];
+    const uint32_t rows = seg[E];
+    const uint32_t nx = use_x_row ? n_x : rows;
+    std::vector<uint32_t> xr(rows ? rows : 1);
+    for (auto &v : xr)
+        v = t_u32() % nx;
+    std::vector<float> x = t_vec((size_t)nx * K);
+    float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)rows * R * 4 + 16);
+    uint32_t *dseg = t_upload(seg), *dxr = t_upload(xr);
+    T_CHECK(hipMemset(dy, 0xff, (size_t)rows * R * 4));
+    kl_gpu_gemm_grouped_args a = {&st, dx, use_x_row ? dxr : NULL, dseg, rows + 3, dy};
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_gemm_grouped(&a, NULL, &err), &err, "kl_gpu_gemm_grouped");
+    std::vector<float> y = t_download(dy, (size_t)rows * R);
+    std::vector<size_t> src(rows), wbase(rows);
+    uint32_t nonempty = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        nonempty += sz[e] > 0;
+        for (uint32_t i = seg[e]; i < seg[e + 1]; i++) {
+            src[i] = use_x_row ? xr[i] : i;
+            wbase[i] = (size_t)e * R;
+        }
+    }
+    double e[2];
+    rows_error(m, R, src, wbase, x, y, e);
+    char what[128];
+    snprintf(what, sizeof what, "grouped %s E=%u %zux%zu m=%u%s", t_kind_name(kind), E, R, K,
+             rows, use_x_row ? "" : " x_row NULL");
+    check_pair(what, e);
+    if (timed) {
+        auto call = [&](int, kl_gpu_stream s) { kl_gpu_gemm_grouped(&a, s, &err); };
+        const double bytes = (double)t_mat_bytes(m) / E * nonempty + 4.0 * rows * (R + K);
+        time_record(what, t_median_s(call, 11), 2.0 * rows * R * K, bytes);
+    }
+    hipFree(dx);
+    hipFree(dy);
+    hipFree(dseg);
+    hipFree(dxr);
+    t_mat_free(st.m);
+}
+
+/* Segment sizes of m slots each on a random expert of E (as the router spreads them). */
+static std::vector<uint32_t> random_sizes(uint32_t E, uint32_t m)
+{
+    std::vector<uint32_t> sz(E, 0);
+    for (uint32_t i = 0; i < m; i++)
+        sz[t_u32() % E]++;
+    return sz;
+}
+
+static void check_refusals(void)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    const t_mat m = t_mat_random(KL_GPU_W_F32, 64, 64);
+    kl_gpu_mat d = t_mat_upload(m);
+    float *dx = t_upload(t_vec(64 * 16)), *dy = (float *)t_alloc(64 * 16 * 4);
+    t_check("gemm refuses F32", kl_gpu_gemm(&d, dx, 16, dy, NULL, &err) != KL_E_USAGE, 0);
+    d.kind = KL_GPU_W_BF16;
+    d.cols = 48;
+    t_check("gemm refuses cols 48", kl_gpu_gemm(&d, dx, 16, dy, NULL, &err) != KL_E_USAGE, 0);
+    d.cols = 64;
+    t_check("gemm refuses x unaligned",
+            kl_gpu_gemm(&d, dx + 1, 16, dy, NULL, &err) != KL_E_USAGE, 0);
+    t_mat_free(d);
+    hipFree(dx);
+    hipFree(dy);
+}
+
+int main(void)
+{
+    if (!t_have_gpu("test_gemm"))
+        return 77;
+    const double copy = t_copy_gbps();
+    check_refusals();
+    static const uint32_t ns[] = {16, 37, 64, 256, 512}, small_n[] = {16, 37, 70};
+    static const size_t shapes[4][2] = {{4096, 2304}, {2304, 4096}, {12576, 2304}, {1024, 2304}};
+    for (kl_gpu_wkind kind : {KL_GPU_W_BF16, KL_GPU_W_MXFP4}) {
+        check_dense(kind, 200, 96, small_n, 3, 0); /* a row tail and a K tail */
+        for (const auto &s : shapes)
+            check_dense(kind, s[0], s[1], ns, 5, 1);
+        /* small stacks: empty segments, one over a tile (150 rows), a row and a K tail */
+        const std::vector<uint32_t> sz = {3, 0, 150, 1, 0, 17, 64, 0, 65, 2};
+        check_grouped(kind, 10, 288, 160, sz, 40, 1, 0);
+        check_grouped(kind, 10, 288, 160, sz, 0, 0, 0);
+        check_grouped(kind, 4, 96, 64, {0, 0, 0, 0}, 8, 1, 0); /* no rows at all */
+    }
+    /* a layer's routed experts for 256 and 512 tokens, top 8: gate/up, then down */
+    for (uint32_t n : {256u, 512u}) {
+        check_grouped(KL_GPU_W_MXFP4, 256, 1024, 2304, random_sizes(256, 8 * n), n, 1, 1);
+        check_grouped(KL_GPU_W_MXFP4, 256, 2304, 1024, random_sizes(256, 8 * n), 0, 0, 1);
+    }
+    check_grouped(KL_GPU_W_BF16, 64, 1024, 2304, random_sizes(64, 2048), 256, 1, 1);
+    return t_report("gemm", copy);
+}
