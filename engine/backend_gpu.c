@@ -5,7 +5,8 @@
  * MXFP4) where engine/gpu_plan.h lays it out: one allocation per layer, each layer's routed
  * experts stacked per role ([E, out, in] and [E, out, in/32] scales, kernels/gpu_api.h
  * kl_gpu_stack), fusion groups stacked, small vectors as fp32.  The bytes come straight from
- * the checkpoint's files (mapped windows page-locked, or the staged reader: $KL_GPU_LOAD) or,
+ * the checkpoint's files (a ring of pinned buffers read into by load threads, mapped windows
+ * page-locked, or the staged reader: $KL_GPU_LOAD) or,
  * when the host model read them, from its memory.  Per slot the
  * backend keeps, for every KDA layer, the conv windows and the fp32 delta-rule state (pools of
  * max_slots entries allocated up front) and, for every MLA layer, a latent cache of fp32 rows
@@ -196,10 +197,10 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
 }
 
 /* The fill's function table on the GPU: copies on the backend's stream, mapped windows
- * page-locked read-only, an event per window slot. */
+ * page-locked read-only, ring buffers pinned, an event per window slot or ring buffer. */
 typedef struct gpu_fill {
     gpu_be      *g;
-    kl_gpu_event ev[KL_FILL_MAX_WINDOWS];
+    kl_gpu_event ev[KL_FILL_MAX_SLOTS];
 } gpu_fill;
 
 static int fill_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned,
@@ -221,6 +222,16 @@ static void fill_unpin(void *ctx, void *p)
     kl_gpu_host_unregister(p);
 }
 
+static int fill_host_alloc(void *ctx, void **p, size_t bytes, kl_err *err)
+{
+    return kl_gpu_host_alloc(p, bytes, err);
+}
+
+static void fill_host_free(void *ctx, void *p)
+{
+    kl_gpu_host_free(p);
+}
+
 static int fill_mark(void *ctx, unsigned slot, kl_err *err)
 {
     gpu_fill *f = ctx;
@@ -239,9 +250,16 @@ static const char *fill_options(kl_fill_opts *o)
 {
     const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     const char *th = getenv("KL_GPU_LOAD_THREADS");
-    *o = (kl_fill_opts){.mode = KL_FILL_MAPPED};
+    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
+    *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0)
         o->window_bytes = (size_t)atoi(win) << 20;
+    if (ring) {   /* reader threads (default 8), buffers: threads + 4 */
+        o->threads = th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_SLOTS ? (unsigned)atoi(th)
+                                                                               : 0;
+        o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
+        return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
+    }
     if (th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS) {   /* windows: 2 per thread */
         o->threads = (unsigned)atoi(th);
         o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
@@ -265,16 +283,17 @@ static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, kl_err 
     kl_fill_opts o;
     const char *how = fill_options(&o);
     gpu_fill f = {.g = g};
-    kl_fill_ops ops = {&f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait};
+    kl_fill_ops ops = {&f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
+                       fill_host_alloc, fill_host_free};
     kl_fill_stats st = {0};
     int rc = 0;
-    for (unsigned i = 0; !rc && i < KL_FILL_MAX_WINDOWS; i++)
+    for (unsigned i = 0; !rc && i < KL_FILL_MAX_SLOTS; i++)
         rc = kl_gpu_event_create(&f.ev[i], err);
     if (!rc)
         rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, arena, &ops, &o, &st, err);
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
         kl_gpu_event_destroy(f.ev[i]);
     g->load = (kl_gpu_load_info){p->n_file ? how : "host", st.bytes, st.windows, st.pinned};
     return rc;

@@ -1,7 +1,8 @@
 /*
  * engine/gpu_plan.c — device layout of a model's weights and the fill (see gpu_plan.h).
  *
- * Sections: layout; pieces; fill (host pieces, mapped windows, the staged reader).
+ * Sections: layout; pieces; fill (host pieces, mapped windows, the ring of buffers, the staged
+ * reader).
  */
 #include "engine/gpu_plan.h"
 
@@ -312,6 +313,17 @@ typedef struct wspan {
     size_t   j;
 } wspan;
 
+/* RING: a buffer as the load threads and the copying thread share it. */
+enum { RB_NONE, RB_FREE, RB_READING, RB_FILLED };   /* RB_NONE: not allocated yet */
+typedef struct ring_buf {
+    uint8_t *mem;
+    size_t   span;     /* RB_FILLED: the span it holds */
+    int      state;
+    int      marked;   /* its copies marked (slot = its index), not yet waited for */
+} ring_buf;
+
+#define RING_ALIGN 4096u   /* span starts and read lengths: O_DIRECT's unit */
+
 /* A window slot as the prep threads and the copying thread share it. */
 typedef struct slot_state {
     long win;          /* window it holds (-1: none yet) */
@@ -331,6 +343,12 @@ typedef struct filler {
     /* MAPPED */
     int               *fd;         /* [n_fd] one per shard, -1 when unused */
     uint32_t           n_fd;
+    int                oflags;     /* RING: O_DIRECT when asked */
+    const char *const *paths;
+    /* RING */
+    ring_buf          *rb;
+    unsigned           n_rb, n_alloc;   /* buffers wanted, allocated so far */
+    int                rb_pinned;  /* buffers from ops->host_alloc */
     wspan             *spans;
     size_t             n_spans;
     /* prep threads */
@@ -338,7 +356,7 @@ typedef struct filler {
     pthread_cond_t     cv;
     slot_state         slot[KL_FILL_MAX_WINDOWS];
     size_t             next;       /* next window a prep thread takes */
-    int                stop;       /* an error: everyone stops */
+    int                stop;       /* an error (or the end): everyone stops */
     int                prep_rc;
     kl_err             prep_err;
 } filler;
@@ -385,27 +403,32 @@ static int prep_window(filler *f, size_t k, unsigned slot, kl_err *err)
     return 0;
 }
 
-/* The copies of window k (in slot): the pieces wholly inside and the parts of those that run
- * over its ends; then its mark. */
-static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
+/* The copies of span k, whose bytes are at base (a window or a ring buffer): the pieces
+ * wholly inside and the parts of those that run over its ends; then the slot's mark. */
+static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsigned slot,
+                     kl_err *err)
 {
     const kl_plan_piece *pc = f->p->pieces;
     const wspan *sp = &f->spans[k];
-    const window *w = &f->win[slot];
     int rc = 0;
     f->st.windows++;
-    f->st.pinned += (uint64_t)w->pinned;
+    f->st.pinned += (uint64_t)pinned;
     for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
                            pc[j].src < sp->we; j++) {
         uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
         uint64_t end = pc[j].src + pc[j].bytes, hi = end < sp->we ? end : sp->we;
         if (hi > lo)
-            rc = copy_part(f, &pc[j], lo - pc[j].src, w->map + (lo - sp->ws), hi - lo,
-                           w->pinned, err);
+            rc = copy_part(f, &pc[j], lo - pc[j].src, base + (lo - sp->ws), hi - lo, pinned,
+                           err);
     }
     if (!rc && f->ops->mark)
         rc = f->ops->mark(f->ops->ctx, slot, err);
     return rc;
+}
+
+static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
+{
+    return copy_span(f, k, f->win[slot].map, f->win[slot].pinned, slot, err);
 }
 
 /* Opens shard s (once) and checks that pieces fit; its size in *size. */
@@ -413,6 +436,8 @@ static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, k
 {
     struct stat sb;
     if (f->fd[s] < 0)
+        f->fd[s] = open(path, O_RDONLY | O_CLOEXEC | f->oflags);
+    if (f->fd[s] < 0 && f->oflags && errno == EINVAL)   /* no O_DIRECT here: buffered */
         f->fd[s] = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd[s] < 0 || fstat(f->fd[s], &sb) != 0) {
         int rc = kl_fail_sys(err, KL_E_IO, errno, "opening a checkpoint shard");
@@ -423,9 +448,21 @@ static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, k
     return 0;
 }
 
-/* The windows of every shard in file order: [ws, we) aligned to the window size, each
- * starting at the first piece byte not yet covered. */
-static int walk_windows(filler *f, const char *const *paths, kl_err *err)
+/* The end of a span from ws at most we (below the shard's size): the last piece byte it
+ * covers, rounded up to RING_ALIGN, at most we. */
+static uint64_t span_end(const kl_plan_piece *pc, size_t n, size_t j, uint64_t we)
+{
+    uint64_t end = 0;
+    for (size_t i = j; i < n && pc[i].shard == pc[j].shard && pc[i].src < we; i++)
+        end = pc[i].src + pc[i].bytes > end ? pc[i].src + pc[i].bytes : end;
+    end = (end + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    return end < we ? end : we;
+}
+
+/* The windows of every shard in file order: [ws, we) with ws aligned to align (the window
+ * size when mapped), each starting at the first piece byte not yet covered, at most wbytes
+ * long and ending where its last piece does. */
+static int walk_windows(filler *f, const char *const *paths, uint64_t align, kl_err *err)
 {
     const kl_plan_piece *pc = f->p->pieces;
     size_t n = f->p->n_file, cap = 16;
@@ -451,8 +488,8 @@ static int walk_windows(filler *f, const char *const *paths, kl_err *err)
             kl_err_context(err, paths[pc[j].shard], NULL, pc[j].src, NULL);
             return rc;
         }
-        uint64_t at = pos > pc[j].src ? pos : pc[j].src, ws = at / f->wbytes * f->wbytes;
-        uint64_t we = ws + f->wbytes < size ? ws + f->wbytes : size;
+        uint64_t at = pos > pc[j].src ? pos : pc[j].src, ws = at / align * align;
+        uint64_t we = span_end(pc, n, j, ws + f->wbytes < size ? ws + f->wbytes : size);
         if (f->n_spans == cap) {
             wspan *ns = kl_realloc(f->spans, 2 * cap * sizeof *ns);
             if (!ns)
@@ -542,9 +579,12 @@ static int copy_in_order(filler *f, kl_err *err)
     return rc;
 }
 
-static int fill_threaded(filler *f, unsigned threads, kl_err *err)
+/* threads threads running body while the calling thread runs copier; then everyone stopped
+ * and joined, the first error (the copier's, else a thread's in f->prep_err) returned. */
+static int with_threads(filler *f, unsigned threads, void *(*body)(void *),
+                        int (*copier)(filler *, kl_err *), kl_err *err)
 {
-    pthread_t th[KL_FILL_MAX_WINDOWS];
+    pthread_t th[KL_FILL_MAX_SLOTS];
     unsigned started = 0;
     int rc = 0;
     if (pthread_mutex_init(&f->mu, NULL))
@@ -553,16 +593,14 @@ static int fill_threaded(filler *f, unsigned threads, kl_err *err)
         pthread_mutex_destroy(&f->mu);
         return kl_fail(err, KL_E_NOMEM, "cannot create a condition variable");
     }
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
-        f->slot[i] = (slot_state){-1, 0};
     kl_err_clear(&f->prep_err);
     for (; started < threads; started++)
-        if (pthread_create(&th[started], NULL, prep_main, f))
+        if (pthread_create(&th[started], NULL, body, f))
             break;
     if (!started)
         rc = kl_fail(err, KL_E_NOMEM, "cannot start a load thread");
     if (!rc)
-        rc = copy_in_order(f, err);
+        rc = copier(f, err);
     pthread_mutex_lock(&f->mu);
     f->stop = 1;
     pthread_cond_broadcast(&f->cv);
@@ -578,18 +616,40 @@ static int fill_threaded(filler *f, unsigned threads, kl_err *err)
     return rc;
 }
 
-static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl_err *err)
+static int fill_threaded(filler *f, unsigned threads, kl_err *err)
+{
+    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+        f->slot[i] = (slot_state){-1, 0};
+    return with_threads(f, threads, prep_main, copy_in_order, err);
+}
+
+/* The shards' descriptors (none open yet) and the spans of every shard (aligned to align). */
+static int spans_begin(filler *f, const char *const *paths, uint64_t align, kl_err *err)
 {
     uint32_t n_fd = 0;
     for (size_t i = 0; i < f->p->n_file; i++)
         n_fd = f->p->pieces[i].shard + 1 > n_fd ? f->p->pieces[i].shard + 1 : n_fd;
+    f->paths = paths;
     f->fd = kl_malloc(n_fd * sizeof *f->fd);
     int rc = f->fd ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
     for (uint32_t i = 0; !rc && i < n_fd; i++)
         f->fd[i] = -1;
     f->n_fd = rc ? 0 : n_fd;
-    if (!rc)
-        rc = walk_windows(f, paths, err);
+    return rc ? rc : walk_windows(f, paths, align, err);
+}
+
+static void spans_end(filler *f)
+{
+    for (uint32_t i = 0; i < f->n_fd; i++)
+        if (f->fd[i] >= 0)
+            close(f->fd[i]);
+    kl_free(f->fd);
+    kl_free(f->spans);
+}
+
+static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl_err *err)
+{
+    int rc = spans_begin(f, paths, f->wbytes, err);
     if (!rc)
         rc = threads ? fill_threaded(f, threads, err) : fill_serial(f, err);
     for (unsigned s = 0; s < f->n_win; s++) {
@@ -597,11 +657,167 @@ static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl
         int r = release(f, s, rc ? &ignored : err);
         rc = rc ? rc : r;
     }
-    for (uint32_t i = 0; i < f->n_fd; i++)
-        if (f->fd[i] >= 0)
-            close(f->fd[i]);
-    kl_free(f->fd);
-    kl_free(f->spans);
+    spans_end(f);
+    return rc;
+}
+
+/* RING: span k read into mem (its length rounded up to RING_ALIGN: O_DIRECT's reads). */
+static int read_span(filler *f, size_t k, uint8_t *mem, kl_err *err)
+{
+    const wspan *sp = &f->spans[k];
+    size_t want = (size_t)(sp->we - sp->ws), got = 0;
+    size_t len = (want + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    while (got < want) {
+        ssize_t n = pread(f->fd[sp->shard], mem + got, len - got, (off_t)(sp->ws + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int rc = n < 0 ? kl_fail_sys(err, KL_E_IO, errno, "reading a checkpoint shard")
+                           : kl_fail(err, KL_E_IO, "the file is shorter than its header says");
+            kl_err_context(err, f->paths[sp->shard], NULL, sp->ws + got, NULL);
+            return rc;
+        }
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* The ring buffer in state st (RB_FILLED: the one with the earliest span), n_rb when none. */
+static unsigned ring_find(const filler *f, int st)
+{
+    unsigned best = f->n_rb;
+    for (unsigned b = 0; b < f->n_rb; b++)
+        if (f->rb[b].state == st && (best == f->n_rb || f->rb[b].span < f->rb[best].span))
+            best = b;
+    return best;
+}
+
+/* A load thread: takes the next span and a free buffer, waits for the buffer's copies, reads
+ * the span into it. */
+static void *ring_main(void *arg)
+{
+    filler *f = arg;
+    kl_err e;
+    kl_err_clear(&e);
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        unsigned b = f->n_rb;
+        while (!f->stop && f->next < f->n_spans && (b = ring_find(f, RB_FREE)) == f->n_rb)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop || f->next >= f->n_spans)
+            break;
+        ring_buf *r = &f->rb[b];
+        size_t k = f->next++;
+        int marked = r->marked;
+        r->state = RB_READING;
+        pthread_mutex_unlock(&f->mu);
+        int rc = marked && f->ops->wait ? f->ops->wait(f->ops->ctx, b, &e) : 0;
+        int waited = !rc;
+        if (!rc)
+            rc = read_span(f, k, r->mem, &e);
+        pthread_mutex_lock(&f->mu);
+        r->marked &= !waited;
+        r->state = rc ? RB_FREE : RB_FILLED;
+        r->span = k;
+        if (rc && !f->stop) {
+            f->prep_rc = rc;
+            f->prep_err = e;
+        }
+        f->stop |= rc != 0;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* One more buffer of the ring, from ops->host_alloc (pinned) or plain aligned memory, handed
+ * to the load threads.  When one is allocated already, a refusal only ends the ring there. */
+static int ring_add(filler *f, kl_err *err)
+{
+    kl_err e;
+    kl_err_clear(&e);
+    void *m = NULL;
+    int rc = 0;
+    if (f->rb_pinned)
+        rc = f->ops->host_alloc(f->ops->ctx, &m, (size_t)f->wbytes, &e);
+    else if (!(m = kl_aligned_alloc(RING_ALIGN, (size_t)f->wbytes)))
+        rc = kl_fail(&e, KL_E_NOMEM, "out of memory: a load buffer of %llu bytes",
+                     (unsigned long long)f->wbytes);
+    if (rc && !f->n_alloc) {
+        *err = e;
+        return rc;
+    }
+    pthread_mutex_lock(&f->mu);
+    if (rc)
+        f->n_rb = f->n_alloc;   /* fewer buffers than asked */
+    else
+        f->rb[f->n_alloc++] = (ring_buf){m, 0, RB_FREE, 0};
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* The copying side of the ring: allocates the buffers one at a time while the load threads
+ * read into the first ones, and issues every filled buffer's copies and mark as they come. */
+static int ring_copy_all(filler *f, kl_err *err)
+{
+    int rc = 0;
+    for (size_t done = 0; !rc && done < f->n_spans;) {
+        int more = f->n_alloc < f->n_rb;   /* buffers to allocate: don't wait for a fill */
+        if (more && (rc = ring_add(f, err)))
+            break;
+        unsigned b = f->n_rb;
+        pthread_mutex_lock(&f->mu);
+        while (!f->stop && (b = ring_find(f, RB_FILLED)) == f->n_rb && !more)
+            pthread_cond_wait(&f->cv, &f->mu);
+        int stopped = f->stop;
+        pthread_mutex_unlock(&f->mu);
+        if (stopped)
+            break;
+        if (b == f->n_rb)
+            continue;
+        rc = copy_span(f, f->rb[b].span, f->rb[b].mem, f->rb_pinned, b, err);
+        pthread_mutex_lock(&f->mu);
+        f->rb[b].state = RB_FREE;
+        f->rb[b].marked = !rc && f->ops->mark;
+        f->stop |= rc != 0;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        done++;
+    }
+    return rc;
+}
+
+/* Every buffer's copies waited for, the buffers freed. */
+static int ring_free(filler *f, int rc, kl_err *err)
+{
+    for (unsigned b = 0; f->rb && b < f->n_alloc; b++) {
+        kl_err ignored;
+        if (f->rb[b].marked && f->ops->wait) {
+            int r = f->ops->wait(f->ops->ctx, b, rc ? &ignored : err);
+            rc = rc ? rc : r;
+        }
+        if (f->rb[b].mem && f->rb_pinned && f->ops->host_free)
+            f->ops->host_free(f->ops->ctx, f->rb[b].mem);
+        else if (f->rb[b].mem && !f->rb_pinned)
+            kl_aligned_free(f->rb[b].mem);
+    }
+    kl_free(f->rb);
+    f->rb = NULL;
+    return rc;
+}
+
+static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_err *err)
+{
+    int rc = spans_begin(f, paths, RING_ALIGN, err);
+    f->rb = rc ? NULL : kl_calloc(f->n_rb, sizeof *f->rb);
+    f->rb_pinned = f->ops->host_alloc != NULL;
+    if (!rc && !f->rb)
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (!rc)
+        rc = with_threads(f, threads, ring_main, ring_copy_all, err);
+    rc = ring_free(f, rc, err);
+    spans_end(f);
     return rc;
 }
 
@@ -647,19 +863,26 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
 {
     kl_fill_opts o = opts ? *opts : (kl_fill_opts){0};
     filler f = {.p = p, .arena = arena, .ops = ops};
+    int ring = o.mode == KL_FILL_RING;
     long page = sysconf(_SC_PAGESIZE);
-    uint64_t pg = page > 0 ? (uint64_t)page : 4096;
-    f.wbytes = o.window_bytes ? o.window_bytes : (size_t)256 << 20;
+    uint64_t pg = ring ? RING_ALIGN : page > 0 ? (uint64_t)page : 4096;
+    f.wbytes = o.window_bytes ? o.window_bytes : (size_t)(ring ? 64 : 256) << 20;
     f.wbytes = (f.wbytes + pg - 1) / pg * pg;
-    f.n_win = o.windows ? o.windows : 3;
-    if (f.n_win > KL_FILL_MAX_WINDOWS || o.threads > KL_FILL_MAX_WINDOWS)
-        return kl_fail(err, KL_E_USAGE, "at most %u windows in flight and load threads",
-                       KL_FILL_MAX_WINDOWS);
+    unsigned threads = ring && !o.threads ? 8 : o.threads;
+    unsigned most = ring ? KL_FILL_MAX_SLOTS : KL_FILL_MAX_WINDOWS;
+    f.n_win = o.windows ? o.windows : ring ? threads + 4 : 3;
+    f.n_win = ring && !o.windows && f.n_win > most ? most : f.n_win;
+    f.n_rb = ring ? f.n_win : 0;
+    f.oflags = ring && o.direct == KL_DIRECT_ON ? O_DIRECT : 0;
+    if (f.n_win > most || threads > most)
+        return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
+                       ring ? "load buffers" : "windows in flight");
     int rc = 0;
     for (size_t i = p->n_file; !rc && i < p->n_pieces; i++)
         rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, p->pieces[i].bytes, 0, err);
     if (!rc && p->n_file)
         rc = o.mode == KL_FILL_READ ? fill_read(&f, shard_paths, o.direct, err)
+             : ring                 ? fill_ring(&f, shard_paths, threads, err)
                                     : fill_mapped(&f, shard_paths, o.threads, err);
     if (stats)
         *stats = f.st;

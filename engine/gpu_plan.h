@@ -25,7 +25,14 @@
  * unpin and unmap: host memory stays bounded by windows * window_bytes.  With threads, the
  * mapping, pin, wait and unpin run on those threads (pin, unpin and wait must then be safe to
  * call from another thread than copy and mark, concurrently with them); copies and marks stay
- * on the calling thread, in file order.  Mode READ: the staged
+ * on the calling thread, in file order.  Mode RING: a ring of host buffers (ops->host_alloc,
+ * allocated once per fill and freed with ops->host_free; plain aligned memory when host_alloc
+ * is NULL) filled with pread by load threads (O_DIRECT when direct is ON), each buffer holding
+ * one span of a shard (the windows as above, buffer-sized, 4 KiB aligned); the calling thread
+ * copies every filled buffer's piece parts (pinned when host_alloc is given) and marks the
+ * buffer's slot; a load thread waits for that slot (ops->wait, from its thread) before it
+ * reads into the buffer again.  Spans are read in file order and copied as they are filled.
+ * On an error every thread is joined and every marked buffer waited for.  Mode READ: the staged
  * reader (loader/reader.h, direct as given) delivers file order chunks copied plainly (the copy
  * must have consumed its source when it returns, as a pageable cudaMemcpyAsync has).
  * Errors: KL_E_IO / KL_E_FORMAT (opening or mapping a shard, the reader's), those of ops,
@@ -95,7 +102,9 @@ uint64_t kl_plan_data_bytes(const kl_plan_mat *w);
 uint64_t kl_plan_scale_bytes(const kl_plan_mat *w);
 
 /* What the fill does with bytes: see the header comment.  pin and unpin may be NULL (never
- * pinned); mark and wait may be NULL (copies complete when copy returns). */
+ * pinned); mark and wait may be NULL (copies complete when copy returns); host_alloc and
+ * host_free may be NULL (RING buffers then plain memory, copied unpinned).  Slots passed to
+ * mark and wait are below KL_FILL_MAX_SLOTS. */
 typedef struct kl_fill_ops {
     void *ctx;
     int  (*copy)(void *ctx, void *dst, const void *src, size_t bytes, int pinned, kl_err *err);
@@ -103,25 +112,34 @@ typedef struct kl_fill_ops {
     void (*unpin)(void *ctx, void *p);
     int  (*mark)(void *ctx, unsigned slot, kl_err *err);
     int  (*wait)(void *ctx, unsigned slot, kl_err *err);
+    int  (*host_alloc)(void *ctx, void **p, size_t bytes, kl_err *err);  /* RING: pinned */
+    void (*host_free)(void *ctx, void *p);
 } kl_fill_ops;
 
-typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ } kl_fill_mode;
+typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ, KL_FILL_RING } kl_fill_mode;
 
-#define KL_FILL_MAX_WINDOWS 8u
+#define KL_FILL_MAX_WINDOWS 8u          /* MAPPED: windows in flight and load threads */
+#define KL_FILL_MAX_SLOTS   32u         /* slots mark and wait see (RING: buffers, threads) */
 
 typedef struct kl_fill_opts {
     kl_fill_mode   mode;
-    size_t         window_bytes;        /* MAPPED: 0 = 256 MiB; rounded up to pages */
-    unsigned       windows;             /* MAPPED: in flight, 0 = 3, at most 8 */
+    size_t         window_bytes;        /* MAPPED: 0 = 256 MiB; rounded up to pages;
+                                           RING: a buffer, 0 = 64 MiB; rounded up to 4 KiB */
+    unsigned       windows;             /* MAPPED: in flight, 0 = 3, at most 8; RING:
+                                           buffers, 0 = threads + 4, at most 32 */
     unsigned       threads;             /* MAPPED: 0: the calling thread maps and pins each
                                            window; N (<= 8): N threads map, pin, wait for
-                                           and unpin windows ahead of the copies */
-    kl_direct_mode direct;              /* READ: O_DIRECT choice */
+                                           and unpin windows ahead of the copies; RING:
+                                           reader threads, 0 = 8, at most 32 */
+    kl_direct_mode direct;              /* READ: O_DIRECT choice; RING: O_DIRECT only when
+                                           ON (buffered where open refuses it, e.g. tmpfs),
+                                           else through the page cache */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {
     uint64_t bytes;                     /* copied, host pieces included */
-    uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned */
+    uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
+                                           buffers filled, of them copied pinned */
 } kl_fill_stats;
 
 /* Fills arena[0 .. p->n_arenas) with p's pieces; shard_paths[i] is shard i (m->shard_paths).

@@ -19,6 +19,15 @@
  * 128 at the full shape instead of 32), each thread one column of R2_ROWS rows; the readout
  * goes to o before the norm and kda_norm_kernel (a group per (token, head)) applies the gated
  * RMSNorm in place.
+ *
+ * v3 (the default for runs of >= KL_GPU_KDA_CHUNK_MIN tokens when the caller passes scratch;
+ * KL_GPU_KDA=v2 or v1 selects the others): the chunked form derived and checked in plain C in
+ * tests/test_kda_chunk.c.  chunk_prep_kernel, a block per (run, head, chunk of 32 tokens), all
+ * chunks at once: l2 norms, gate, G = the cumulative sum of g, A and M (exponents are
+ * differences G_t − G_s <= 0), X and Y by forward substitution, written to a scratch record
+ * per (token, head).  chunk_apply_kernel, a block per (run, head, 32 value columns), walks the
+ * run's chunks in order with the state slice in shared memory: u = Y − X S, o = Qg S + M u,
+ * S ← diag(e^{G_last}) S + Kgᵀ u.  fp32 throughout (SIMT); then kda_norm_kernel as in v2.
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
@@ -39,6 +48,12 @@
 #define R2_THREADS    (R2_GROUPS * KL_GPU_GROUP)
 #define R2_ROWS       (MAX_K / R2_GROUPS)  /* state rows per thread (one column per lane) */
 #define NORM_GROUPS   8                    /* (token, head) pairs per norm block */
+/* v3 (the default for runs of >= KL_GPU_KDA_CHUNK_MIN tokens): the chunked form */
+#define KDA_C         32                   /* tokens per chunk */
+#define C_GROUPS      8                    /* groups of KL_GPU_GROUP lanes per block */
+#define C_THREADS     (C_GROUPS * KL_GPU_GROUP)
+#define C_TOKENS      (KDA_C / C_GROUPS)   /* chunk tokens per group in the state products */
+#define C_ROWS        (MAX_K / C_GROUPS)   /* state rows per thread in the update */
 
 __device__ static inline float silu(float z)
 {
@@ -398,22 +413,304 @@ kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n)
     }
 }
 
-static int kda_version; /* 0: not chosen yet; else 1 or 2 */
+/* ------------------------------------------------------------------------------------------ */
+/* v3: the chunked form (tests/test_kda_chunk.c derives it and checks it in plain C)         */
+
+/* Prep's shared memory: the chunk's q̂ (then β k̂ ⊙ e^G, then X), k̂, g (then G), v (then β v,
+ * then Y), rows padded so a group reading a column of rows hits distinct banks; A; β. */
+struct prep_smem {
+    float q[KDA_C][MAX_K + 1], k[KDA_C][MAX_K + 1], G[KDA_C][MAX_K + 1], v[KDA_C][MAX_K + 1];
+    float A[KDA_C][KDA_C + 1], beta[KDA_C];
+};
+
+/* Apply's shared memory: the state slice [K][32], the chunk's records, u (rows of 16 bytes:
+ * X, Qg and Kg are read four floats at a time). */
+struct alignas(16) apply_smem {
+    float S[MAX_K][KL_GPU_GROUP];
+    float X[KDA_C][MAX_K], Qg[KDA_C][MAX_K], Kg[KDA_C][MAX_K], M[KDA_C][KDA_C + 1];
+    float Y[KDA_C][KL_GPU_GROUP], U[KDA_C][KL_GPU_GROUP], dec[MAX_K];
+};
+
+/* The scratch record of token t, head h: X [K], Y [K], Qg [K], Kg [K], M [KDA_C], and at the
+ * first token of a chunk its decay e^{G_last} [K] (kda.h: kl_gpu_kda_scratch). */
+__device__ static inline float *chunk_rec(const kl_gpu_kda_recur_args &a, size_t t, uint32_t h)
+{
+    return a.scratch + (t * a.H + h) * (5 * (size_t)a.K + KDA_C);
+}
+
+/* Prep, group w, lane: tokens t = w, w + C_GROUPS, .. < L of the chunk from t0 into shared
+ * memory: q̂, k̂ (l2-normed), g (the gate), v; β. */
+__device__ static void prep_load(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
+                                 uint32_t h, unsigned w, unsigned lane, prep_smem *p)
+{
+    const uint32_t K = a.K;
+    const float A = -expf(a.a_log[h]), scale = 1.0f / sqrtf((float)K);
+    for (uint32_t t = w; t < L; t += C_GROUPS) {
+        const size_t off = (size_t)(t0 + t) * a.H * K + (size_t)h * K;
+        float q[PER_LANE], k[PER_LANE], qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (int e = 0; e < PER_LANE; e++) {
+            const uint32_t i = lane + KL_GPU_GROUP * e;
+            q[e] = i < K ? a.q[off + i] : 0.0f;
+            k[e] = i < K ? a.k[off + i] : 0.0f;
+            qq += q[e] * q[e];
+            kk += k[e] * k[e];
+        }
+        qq = kl_gpu_group_sum(qq);
+        kk = kl_gpu_group_sum(kk);
+        const float qn = scale / sqrtf(qq + 1e-6f), kn = 1.0f / sqrtf(kk + 1e-6f);
+#pragma unroll
+        for (int e = 0; e < PER_LANE; e++) {
+            const uint32_t i = lane + KL_GPU_GROUP * e;
+            if (i >= K)
+                continue;
+            p->q[t][i] = q[e] * qn;
+            p->k[t][i] = k[e] * kn;
+            p->G[t][i] = A * softplus(a.f[off + i] + a.dt_bias[(size_t)h * K + i]);
+            p->v[t][i] = a.v[off + i];
+        }
+        if (lane == 0)
+            p->beta[t] = sigmoid(a.beta_logit[(size_t)(t0 + t) * a.H + h]);
+    }
+}
+
+/* Prep: A[t][s] = β_t Σ_c k̂_tc k̂_sc e^{G_tc − G_sc} (s < t) into shared memory, and
+ * M[t][s] = Σ_c q̂_tc k̂_sc e^{G_tc − G_sc} (s <= t, else 0) into the records. */
+__device__ static void prep_scores(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
+                                   uint32_t h, prep_smem *p)
+{
+    for (uint32_t x = threadIdx.x; x < L * KDA_C; x += C_THREADS) {
+        const uint32_t t = x / KDA_C, s = x % KDA_C;
+        float sa = 0.0f, sm = 0.0f;
+        for (uint32_t c = 0; s <= t && c < a.K; c++) {
+            const float e = expf(p->G[t][c] - p->G[s][c]), ks = p->k[s][c];
+            sa += p->k[t][c] * ks * e;
+            sm += p->q[t][c] * ks * e;
+        }
+        p->A[t][s] = s < t ? p->beta[t] * sa : 0.0f;
+        chunk_rec(a, t0 + t, h)[4 * a.K + s] = sm;
+    }
+}
+
+/* Prep: the records' Qg = q̂ ⊙ e^G, Kg = k̂ ⊙ e^{G_last − G}, the chunk's decay e^{G_last};
+ * q̂ replaced by β k̂ ⊙ e^G and v by β v in shared memory (the right-hand sides of X, Y). */
+__device__ static void prep_vectors(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
+                                    uint32_t h, prep_smem *p)
+{
+    const uint32_t K = a.K;
+    for (uint32_t x = threadIdx.x; x < L * K; x += C_THREADS) {
+        const uint32_t t = x / K, c = x % K;
+        float *r = chunk_rec(a, t0 + t, h);
+        const float eg = expf(p->G[t][c]), kh = p->k[t][c];
+        r[2 * K + c] = p->q[t][c] * eg;
+        r[3 * K + c] = kh * expf(p->G[L - 1][c] - p->G[t][c]);
+        if (t == 0)
+            r[4 * K + KDA_C + c] = expf(p->G[L - 1][c]);
+        p->q[t][c] = p->beta[t] * kh * eg;
+        p->v[t][c] *= p->beta[t];
+    }
+}
+
+/* grid (chunks of the longest run, H, runs): the state-free part of chunk blockIdx.x of head
+ * blockIdx.y of run blockIdx.z into the records; (I + A) X = β k̂ ⊙ e^G and (I + A) Y = β v
+ * solved by forward substitution, a thread per column. */
+__global__ static void __launch_bounds__(C_THREADS)
+chunk_prep_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start)
+{
+    extern __shared__ float4 chunk_sh[];
+    prep_smem *p = (prep_smem *)chunk_sh;
+    const uint32_t h = blockIdx.y, r = blockIdx.z, K = a.K;
+    const uint32_t t0 = run_start[r] + blockIdx.x * KDA_C, t1 = run_start[r + 1];
+    if (t0 >= t1)
+        return;
+    const uint32_t L = min(t1 - t0, (uint32_t)KDA_C);
+    prep_load(a, t0, L, h, threadIdx.x / KL_GPU_GROUP, threadIdx.x % KL_GPU_GROUP, p);
+    __syncthreads();
+    for (uint32_t c = threadIdx.x; c < K; c += C_THREADS) { /* G: the cumulative sum */
+        float acc = 0.0f;
+        for (uint32_t t = 0; t < L; t++)
+            p->G[t][c] = acc += p->G[t][c];
+    }
+    __syncthreads();
+    prep_scores(a, t0, L, h, p);
+    __syncthreads();
+    prep_vectors(a, t0, L, h, p);
+    __syncthreads();
+    for (uint32_t col = threadIdx.x; col < 2 * K; col += C_THREADS) {
+        float(*z)[MAX_K + 1] = col < K ? p->q : p->v;
+        const uint32_t c = col < K ? col : col - K;
+        for (uint32_t t = 0; t < L; t++) {
+            float y = z[t][c];
+            for (uint32_t s = 0; s < t; s++)
+                y -= p->A[t][s] * z[s][c];
+            z[t][c] = y;
+            chunk_rec(a, t0 + t, h)[(col < K ? 0 : K) + c] = y;
+        }
+    }
+}
+
+/* Apply: the chunk's records of head h (tokens t0.., L of them; value columns j0..) into
+ * shared memory. */
+__device__ static void apply_load(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
+                                  uint32_t h, uint32_t j0, apply_smem *p)
+{
+    const uint32_t K = a.K;
+    for (uint32_t x = threadIdx.x; x < L * K; x += C_THREADS) {
+        const uint32_t t = x / K, c = x % K;
+        const float *r = chunk_rec(a, t0 + t, h);
+        p->X[t][c] = r[c];
+        p->Qg[t][c] = r[2 * K + c];
+        p->Kg[t][c] = r[3 * K + c];
+    }
+    for (uint32_t x = threadIdx.x; x < L * KDA_C; x += C_THREADS)
+        p->M[x / KDA_C][x % KDA_C] = chunk_rec(a, t0 + x / KDA_C, h)[4 * K + x % KDA_C];
+    for (uint32_t x = threadIdx.x; x < L * KL_GPU_GROUP; x += C_THREADS) {
+        const uint32_t t = x / KL_GPU_GROUP, l = x % KL_GPU_GROUP;
+        p->Y[t][l] = j0 + l < K ? chunk_rec(a, t0 + t, h)[K + j0 + l] : 0.0f;
+    }
+    for (uint32_t c = threadIdx.x; c < K; c += C_THREADS)
+        p->dec[c] = chunk_rec(a, t0, h)[4 * K + KDA_C + c];
+}
+
+/* Apply, thread (group w, lane): rows i0 .. i0 + C_ROWS - 1 of the state slice's column lane,
+ * S ← diag(dec) S + Kgᵀ u (rows >= K stay 0). */
+__device__ static void state_update(apply_smem *p, uint32_t i0, unsigned lane, uint32_t K,
+                                    uint32_t L)
+{
+    float y[C_ROWS];
+#pragma unroll
+    for (int e = 0; e < C_ROWS; e++)
+        y[e] = p->dec[i0 + e] * p->S[i0 + e][lane];
+    for (uint32_t t = 0; t < L; t++) {
+        const float u = p->U[t][lane];
+#pragma unroll
+        for (int e = 0; e < C_ROWS; e += 4) {
+            const float4 k = *(const float4 *)&p->Kg[t][i0 + e];
+            y[e] += k.x * u;
+            y[e + 1] += k.y * u;
+            y[e + 2] += k.z * u;
+            y[e + 3] += k.w * u;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < C_ROWS; e++)
+        if (i0 + e < K)
+            p->S[i0 + e][lane] = y[e];
+}
+
+/* grid (H, ceil(K / 32), runs): value columns j = 32 blockIdx.y + lane of head blockIdx.x over
+ * run blockIdx.z, chunk after chunk: u = Y − X S, o = Qg S + M u (before the norm),
+ * S ← diag(dec) S + Kgᵀ u, with the state slice [K][32] in shared memory (group w, lane:
+ * tokens w + C_GROUPS m of the products, rows C_ROWS w .. of the update); K % 4 == 0. */
+__global__ static void __launch_bounds__(C_THREADS)
+chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
+{
+    extern __shared__ float4 chunk_sh[];
+    apply_smem *p = (apply_smem *)chunk_sh;
+    const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K, j0 = blockIdx.y * KL_GPU_GROUP;
+    const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t j = j0 + lane;
+    float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
+    for (uint32_t i = w; i < MAX_K; i += C_GROUPS)
+        p->S[i][lane] = i < K && j < K ? S[(size_t)i * K + j] : 0.0f;
+    const uint32_t t1 = run_start[r + 1];
+    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C) {
+        const uint32_t L = min(t1 - t0, (uint32_t)KDA_C);
+        apply_load(a, t0, L, h, j0, p);
+        __syncthreads();
+        float ox[C_TOKENS], oq[C_TOKENS];
+#pragma unroll
+        for (int m = 0; m < C_TOKENS; m++)
+            ox[m] = oq[m] = 0.0f;
+        for (uint32_t i = 0; i < K; i += 4) { /* K % 4 == 0 */
+            const float s0 = p->S[i][lane], s1 = p->S[i + 1][lane], s2 = p->S[i + 2][lane],
+                        s3 = p->S[i + 3][lane];
+#pragma unroll
+            for (int m = 0; m < C_TOKENS; m++)
+                if (w + C_GROUPS * m < L) { /* the same for the whole group */
+                    const float4 x = *(const float4 *)&p->X[w + C_GROUPS * m][i];
+                    const float4 q = *(const float4 *)&p->Qg[w + C_GROUPS * m][i];
+                    ox[m] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
+                    oq[m] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+                }
+        }
+#pragma unroll
+        for (int m = 0; m < C_TOKENS; m++)
+            if (w + C_GROUPS * m < L)
+                p->U[w + C_GROUPS * m][lane] = p->Y[w + C_GROUPS * m][lane] - ox[m];
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < C_TOKENS; m++) {
+            const uint32_t t = w + C_GROUPS * m;
+            if (t >= L || j >= K)
+                continue;
+            float y = oq[m];
+            for (uint32_t s = 0; s <= t; s++)
+                y += p->M[t][s] * p->U[s][lane];
+            a.o[(size_t)(t0 + t) * a.H * K + (size_t)h * K + j] = y;
+        }
+        state_update(p, C_ROWS * w, lane, K, L);
+        __syncthreads(); /* the next chunk's loads overwrite X, Qg, Kg, M, Y */
+    }
+    for (uint32_t i = w; i < K; i += C_GROUPS)
+        if (j < K)
+            S[(size_t)i * K + j] = p->S[i][lane];
+}
+
+extern "C" size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K)
+{
+    return (size_t)n * H * (5 * (size_t)K + KDA_C);
+}
+
+/* v3's two launches and the norm; the shared-memory opt-in made once (a setting of the
+ * kernels, not a stream operation). */
+static int recur_v3(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                    kl_err *err)
+{
+    static int opted;
+    if (!opted) {
+        if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_prep_kernel,
+                                                  hipFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)sizeof(prep_smem))) ||
+            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel,
+                                                  hipFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)sizeof(apply_smem))))
+            return err->code;
+        opted = 1;
+    }
+    const dim3 prep((t->max_run + KDA_C - 1) / KDA_C, a->H, t->n_runs);
+    chunk_prep_kernel<<<prep, C_THREADS, sizeof(prep_smem), st>>>(*a, t->run_start);
+    const dim3 apply(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
+    chunk_apply_kernel<<<apply, C_THREADS, sizeof(apply_smem), st>>>(*a, t->run_start,
+                                                                     t->run_slot);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+static int kda_version; /* 0: not chosen yet; else 1, 2 or 3 */
 
 extern "C" void kl_gpu_kda_select(int version)
 {
-    kda_version = version == 1 || version == 2 ? version : 0;
+    kda_version = version >= 1 && version <= 3 ? version : 0;
 }
 
-/* 2 unless KL_GPU_KDA=v1 in the environment (read at the first call) or kl_gpu_kda_select
- * said otherwise. */
-static int kda_use_v2(void)
+/* v3's shared memory (70 and 77 KiB a block) is more than AMD CDNA's 64 KiB: v2 there unless
+ * asked for. */
+#if defined(__HIP_PLATFORM_AMD__)
+#define KDA_DEFAULT 2
+#else
+#define KDA_DEFAULT 3
+#endif
+
+/* KDA_DEFAULT unless KL_GPU_KDA=v1, v2 or v3 in the environment (read at the first call) or
+ * kl_gpu_kda_select said otherwise. */
+static int kda_chosen(void)
 {
     if (!kda_version) {
         const char *e = getenv("KL_GPU_KDA");
-        kda_version = e && !strcmp(e, "v1") ? 1 : 2;
+        kda_version = e && e[0] == 'v' && e[1] >= '1' && e[1] <= '3' && !e[2] ? e[1] - '0'
+                                                                              : KDA_DEFAULT;
     }
-    return kda_version == 2;
+    return kda_version;
 }
 
 extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t,
@@ -433,13 +730,18 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
     if (t->n_runs == 0)
         return 0;
     const hipStream_t st = (hipStream_t)s;
-    if (!kda_use_v2()) {
+    const int v = kda_chosen();
+    if (v == 3 && a->scratch && t->max_run >= KL_GPU_KDA_CHUNK_MIN && a->K % 4 == 0) {
+        if (recur_v3(a, t, st, err))
+            return err->code;
+    } else if (v == 1) {
         recur_kernel<<<dim3(a->H, t->n_runs), RECUR_THREADS, 0, st>>>(*a, t->run_start,
                                                                        t->run_slot);
         return KL_GPU_CHECK(err, hipGetLastError());
+    } else {
+        dim3 grid(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
+        recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot);
     }
-    dim3 grid(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
-    recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot);
     const uint32_t pairs = t->n * a->H; /* n <= 65535, H <= 65535 */
     kda_norm_kernel<<<(pairs + NORM_GROUPS - 1) / NORM_GROUPS, NORM_GROUPS * KL_GPU_GROUP, 0,
                       st>>>(*a, t->n);

@@ -16,6 +16,9 @@
  *   S ← diag(exp g) S;  u = β (v − Sᵀ k̂);  S ← S + k̂ uᵀ;  o = Sᵀ q̂
  *   o ← o · 1/sqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate)
  *   with S = state + slot * state_stride: [H][K][K] fp32, S[h][i][j] (key i, value j).
+ *   Runs of >= KL_GPU_KDA_CHUNK_MIN tokens go through the chunked form (v3) when the caller
+ *   passes scratch and K is a multiple of 4: the same result within fp32 rounding, tokens in
+ *   chunks of 32.
  */
 #ifndef KL_KERNELS_KDA_H
 #define KL_KERNELS_KDA_H
@@ -50,14 +53,25 @@ typedef struct kl_gpu_kda_recur_args {
     float       *state;       /* state pool: slot s at state + s * state_stride */
     size_t       state_stride;   /* floats per slot, >= H * K * K */
     float       *o;           /* [n, H*K] out */
+    float       *scratch;     /* v3: kl_gpu_kda_scratch(n, H, K) floats, or NULL (v2 runs) */
 } kl_gpu_kda_recur_args;
 
 int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
                      kl_err *err);
 
+/* v3, the chunked form (kda.cu's header), runs for chunks whose longest run has at least this
+ * many tokens and that bring scratch; shorter ones (decode) run v2. */
+#define KL_GPU_KDA_CHUNK_MIN 16u
+
+/* Floats of v3's scratch for n tokens of H heads of dimension K (a record per token and
+ * head: 5 K + 32 floats; 738 MB at n = 8192, H = 32, K = 128). */
+size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K);
+
 /* Which kernels kl_gpu_kda_recur runs: 1 round 1's (a block per head), 2 the value columns
- * spread over blocks plus a norm pass, 0 the default: 2 unless KL_GPU_KDA=v1 is in the
- * environment (read once).  For the device tests and benchmarks that compare them. */
+ * spread over blocks plus a norm pass, 3 the chunked form where it applies (see
+ * KL_GPU_KDA_CHUNK_MIN; else 2), 0 the default: KL_GPU_KDA=v1, v2 or v3 from the environment
+ * (read once), else 3 (2 on AMD, where v3's shared memory does not fit).  For the device tests
+ * and benchmarks that compare them. */
 void kl_gpu_kda_select(int version);
 
 #ifdef __cplusplus

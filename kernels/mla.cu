@@ -14,7 +14,7 @@
  * Scratch (floats): ql [n][nh][R+dr] (v1 uses [n][nh][R] of it), ctx [n][nh][R], then per
  * (token, split, head) the max, the sum and the context [R].
  *
- * v2 (the default; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
+ * v2 (KL_GPU_MLA=v2; KL_GPU_MLA=v1 or kl_gpu_mla_select(1) runs the round-1 kernels above; v2
  * needs nh <= 32 and R <= 512, else v1 runs) keeps the four steps and changes how each works:
  *   absorb2  a block per (64 columns, head, 4 tokens), each thread 4 rows x 16 bytes of W_kb,h
  *            loaded before the first product (the whole block's 16 KiB in flight); writes the
@@ -29,6 +29,11 @@
  *   combine2 a block per (head, 128 columns, token), 8 groups of splits with float4 loads
  *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
  *            the contexts staged in shared memory
+ *
+ * v3 (the default where it fits; KL_GPU_MLA=v2 or v1 selects the others) runs absorb2,
+ * combine2 and vb2 around attend3: the scores and contexts on tensor cores (bf16 in, fp32
+ * accumulate), a block per (split, run, 32 / nh tokens of the run): 32 query rows (token,
+ * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_kernel).
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
@@ -50,7 +55,7 @@
 #define VB_GROUPS     8      /* output rows per vb block */
 #define VB_TOKENS     4      /* tokens per vb group */
 #define MAX_SHARED    (200u << 10)  /* attend's shared memory at most (bytes) */
-/* v2 (the default; KL_GPU_MLA=v1 selects round 1's kernels above) */
+/* v2 (KL_GPU_MLA=v2; KL_GPU_MLA=v1 selects round 1's kernels above) */
 #define SPLIT_TILES2  2      /* tiles per split at least */
 #define A2_COLS       64     /* absorb2: columns per block (8 column groups of VEC) */
 #define A2_RG         32     /* absorb2: row groups */
@@ -161,30 +166,38 @@ typedef struct mla_scratch {
                           [n][nh][R] */
     float *pc;         /* [n][splits][nh][R] partial context (16-byte aligned: R % 4 == 0) */
     float *pm, *pl;    /* [n][splits][nh] partial max, sum */
+    uint32_t *rp;      /* v3: [n] rows per split of each token's block (combine2 reads it) */
 } mla_scratch;
 
 static mla_scratch carve(float *p, const kl_gpu_mla_dims *d, uint32_t n, uint32_t splits)
 {
     const size_t q = (size_t)n * d->nh * (d->R + d->dr), c = (size_t)n * d->nh * d->R;
     const size_t part = (size_t)n * splits * d->nh, o = q + c;
-    mla_scratch s = {p, p + q, p + o, p + o + part * d->R, p + o + part * (d->R + 1)};
+    mla_scratch s = {p, p + q, p + o, p + o + part * d->R, p + o + part * (d->R + 1),
+                     (uint32_t *)(p + o + part * (d->R + 2))};
     return s;
 }
 
-/* v2's splits per token: one per SPLIT_TILES2 tiles of the longest span, at most MAX_SPLITS,
- * and fewer when the chunk's tokens already give 2 * MAX_SPLITS blocks (less scratch). */
+/* Splits of each of `blocks` query blocks: one per `tiles` tiles of the longest span, at most
+ * MAX_SPLITS, and fewer when the blocks already give 2 * MAX_SPLITS (less scratch). */
+static uint32_t splits_for(uint32_t blocks, uint32_t max_span, uint32_t tiles)
+{
+    const uint32_t b = splits_bound(max_span, tiles);
+    const uint32_t cap = blocks >= 2 * MAX_SPLITS ? 1 : 2 * MAX_SPLITS / blocks;
+    return b < cap ? b : cap;
+}
+
+/* v2's splits per token (a block per token) */
 static uint32_t splits2(uint32_t n, uint32_t max_span)
 {
-    const uint32_t b = splits_bound(max_span, SPLIT_TILES2);
-    const uint32_t cap = n >= 2 * MAX_SPLITS ? 1 : 2 * MAX_SPLITS / n;
-    return b < cap ? b : cap;
+    return splits_for(n, max_span, SPLIT_TILES2);
 }
 
 extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
     const size_t v1 = splits_bound(max_span, SPLIT_TILES), v2 = n ? splits2(n, max_span) : 1;
     const size_t splits = v1 > v2 ? v1 : v2;
-    return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2));
+    return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2)) + n;
 }
 
 /* grid (R / (ABS_COLS * VEC), nh, token groups): columns of head h's absorbed queries.  Thread
@@ -529,10 +542,16 @@ static size_t attend2_shared(const kl_gpu_mla_dims *d)
 /* Rows of each split when a span of `span` rows is cut into `splits` at most: whole tiles,
  * at least SPLIT_TILES2, as few as keep within the bound (the token's real span sets it, so
  * a launch sized for a cache's capacity still spreads a short span over the splits). */
+__device__ static inline uint32_t split_rows(uint32_t span, uint32_t splits, uint32_t tile,
+                                             uint32_t min_tiles)
+{
+    const uint32_t tiles = (span + tile - 1) / tile, per = (tiles + splits - 1) / splits;
+    return tile * (per > min_tiles ? per : min_tiles);
+}
+
 __device__ static inline uint32_t split_rows2(uint32_t span, uint32_t splits)
 {
-    const uint32_t tiles = (span + TILE - 1) / TILE, per = (tiles + splits - 1) / splits;
-    return TILE * (per > SPLIT_TILES2 ? per : SPLIT_TILES2);
+    return split_rows(span, splits, TILE, SPLIT_TILES2);
 }
 
 /* Block: scores of the tile's rows (TILE = 16) against every head into ps [TILE][H2_MAX]
@@ -721,15 +740,17 @@ __device__ static float block_reduce(float v, bool max, float *red)
 }
 
 /* grid (nh, R / C2_COLS, n): head blockIdx.x, context columns blockIdx.y of token blockIdx.z,
- * its non-empty splits combined.  Thread (split group g, float4 column f) sums splits g, g + 8,
- * ..; the 8 groups' sums are added in shared memory in order. */
+ * its non-empty splits combined (v3: rows per split as attend3 wrote them in rp, else
+ * split_rows2).  Thread (split group g, float4 column f) sums splits g, g + 8, ..; the 8
+ * groups' sums are added in shared memory in order. */
 __global__ static void __launch_bounds__(C2_THREADS)
-combine2_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits)
+combine2_kernel(kl_gpu_mla_dims d, attend_ctx x, uint32_t splits, bool v3)
 {
     __shared__ float wt[MAX_SPLITS], red[C2_THREADS / KL_GPU_GROUP];
     __shared__ float4 part[C2_THREADS * 4 / C2_COLS][C2_COLS / 4];
     const uint32_t h = blockIdx.x, t = blockIdx.z, span = x.tok_pos[t] + 1;
-    const uint32_t rows_per = split_rows2(span, splits), ns = (span + rows_per - 1) / rows_per;
+    const uint32_t rows_per = v3 ? x.sc.rp[t] : split_rows2(span, splits);
+    const uint32_t ns = (span + rows_per - 1) / rows_per;
     const size_t p0 = (size_t)t * splits;
     float m = -INFINITY, den = 0.0f;
     for (uint32_t s = threadIdx.x; s < ns; s += blockDim.x)
@@ -810,6 +831,383 @@ vb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, const float *c
     }
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Attend, v3: the scores and the context on tensor cores (bf16 in, fp32 accumulate)          */
+
+#define T3_ROWS      32     /* query rows (token, head) per block */
+#define T3_KEYS      32     /* cache rows per tile */
+#define T3_THREADS   256    /* 8 groups of 32 lanes */
+#define T3_FRAGS     8      /* context fragments of 16 x 16 per group: R / 16 / 4 at most */
+#define T3_SLD       (T3_KEYS + 4)  /* row stride of the scores (floats) */
+#define T3_PLD       (T3_KEYS + 8)  /* row stride of the weights (bf16) */
+#define T3_LOADS     6      /* 16-byte loads in flight per thread while a tile is staged */
+#define T3_MIN_TILES 2      /* tiles per split at least */
+
+#if !defined(__HIPCC__)
+#include <cuda_bf16.h>
+#include <mma.h>
+/* A 16 x 16 fp32 accumulator tile of a group of 32 lanes; which element lies where is read
+ * from tables (frag_map), so the code after the products does not depend on the layout. */
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc16;
+#else
+/* The SIMT stand-in: lane l holds row l / 2, columns (l % 2) * 8 + e. */
+struct acc16 {
+    enum { num_elements = 8 };
+    float x[8];
+};
+#endif
+
+/* bf16 bits of f, rounded to nearest even (finite inputs), and back */
+__device__ static inline uint32_t bf16_bits(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ static inline float bf16_val(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+/* 4 bf16 at dst (8-byte aligned) */
+__device__ static inline void put_bf16x4(uint16_t *dst, float4 v)
+{
+    *(uint2 *)dst = make_uint2(bf16_bits(v.x) | bf16_bits(v.y) << 16,
+                               bf16_bits(v.z) | bf16_bits(v.w) << 16);
+}
+
+/* Row stride (bf16) of the queries and the cache rows in shared memory: the width rounded up
+ * to 16 (zeros past cw), plus 8 (rows 4 words apart mod 32). */
+__host__ __device__ static inline uint32_t ld3(uint32_t cw)
+{
+    return (cw + 15) / 16 * 16 + 8;
+}
+
+static size_t attend3_shared(const kl_gpu_mla_dims *d)
+{
+    return (size_t)(T3_ROWS + T3_KEYS) * ld3(d->R + d->dr) * 2 + 2 * T3_ROWS * T3_SLD * 4 +
+           T3_ROWS * T3_PLD * 2 + 4 * T3_ROWS * 4;
+}
+
+/* Row and column of element e of an accumulator tile: bits 4 e .. 4 e + 3 of r and c. */
+struct fmap {
+    uint32_t r, c;
+};
+static_assert(acc16::num_elements <= 8, "8 elements of 4 bits in a word");
+
+__device__ static inline uint32_t frow(const fmap &m, int e)
+{
+    return m.r >> 4 * e & 15u;
+}
+
+__device__ static inline uint32_t fcol(const fmap &m, int e)
+{
+    return m.c >> 4 * e & 15u;
+}
+
+__device__ static inline void acc_zero(acc16 &c)
+{
+#pragma unroll
+    for (int e = 0; e < acc16::num_elements; e++)
+        c.x[e] = 0.0f;
+}
+
+#if !defined(__HIPCC__)
+namespace wm = nvcuda::wmma;
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> a16;
+
+/* Block: tables of the row and of the column of each element of a 16 x 16 tile in tab (rows
+ * 0..15 and 16..31 of stride T3_SLD), for frag_map after a barrier. */
+__device__ static inline void frag_tables(float *tab)
+{
+    for (uint32_t e = threadIdx.x; e < 256; e += blockDim.x) {
+        tab[e / 16 * T3_SLD + e % 16] = (float)(e / 16);
+        tab[(16 + e / 16) * T3_SLD + e % 16] = (float)(e % 16);
+    }
+}
+
+/* Group: the row and the column of each element of an accumulator tile, read from tab. */
+__device__ static inline fmap frag_map(const float *tab)
+{
+    acc16 rid, cid;
+    wm::load_matrix_sync(rid, tab, T3_SLD, wm::mem_row_major);
+    wm::load_matrix_sync(cid, tab + 16 * T3_SLD, T3_SLD, wm::mem_row_major);
+    fmap m = {0, 0};
+#pragma unroll
+    for (int e = 0; e < acc16::num_elements; e++) {
+        m.r |= (uint32_t)rid.x[e] << 4 * e;
+        m.c |= (uint32_t)cid.x[e] << 4 * e;
+    }
+    return m;
+}
+
+/* Group: c += Q K^T over 16 * steps columns; q: 16 query rows, k: 16 cache rows, stride ld. */
+__device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t *k, uint32_t ld,
+                                     uint32_t steps)
+{
+    for (uint32_t s = 0; s < steps; s++) {
+        a16 A;
+        wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> B;
+        wm::load_matrix_sync(A, (const __nv_bfloat16 *)q + 16 * s, ld);
+        wm::load_matrix_sync(B, (const __nv_bfloat16 *)k + 16 * s, ld);
+        wm::mma_sync(c, A, B, c);
+    }
+}
+
+/* Group: o[i] += P V for the context columns 16 f, f = cg + 4 i < nf; p: 16 rows of weights
+ * [T3_KEYS] (stride T3_PLD), v: the tile's rows (stride ld). */
+__device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, const uint16_t *v,
+                                     uint32_t ld, uint32_t cg, uint32_t nf)
+{
+#pragma unroll 1 /* fewer registers: 2 steps, the B tiles of one in flight */
+    for (int kk = 0; kk < T3_KEYS / 16; kk++) {
+        a16 A;
+        wm::load_matrix_sync(A, (const __nv_bfloat16 *)p + 16 * kk, T3_PLD);
+#pragma unroll
+        for (int i = 0; i < T3_FRAGS; i++) {
+            const uint32_t f = cg + 4 * i;
+            if (f >= nf) /* the same for the whole group */
+                continue;
+            wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major> B;
+            wm::load_matrix_sync(B, (const __nv_bfloat16 *)v + (size_t)16 * kk * ld + 16 * f, ld);
+            wm::mma_sync(o[i], A, B, o[i]);
+        }
+    }
+}
+#else
+__device__ static inline void frag_tables(float *) {}
+
+__device__ static inline fmap frag_map(const float *)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
+    fmap m = {0, 0};
+    for (int e = 0; e < 8; e++) {
+        m.r |= lane / 2 << 4 * e;
+        m.c |= (lane % 2 * 8 + e) << 4 * e;
+    }
+    return m;
+}
+
+__device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t *k, uint32_t ld,
+                                     uint32_t steps)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, r = lane / 2, c0 = lane % 2 * 8;
+    for (int e = 0; e < 8; e++) {
+        float v = 0.0f;
+        for (uint32_t j = 0; j < 16 * steps; j++)
+            v += bf16_val(q[r * ld + j]) * bf16_val(k[(c0 + e) * ld + j]);
+        c.x[e] += v;
+    }
+}
+
+__device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, const uint16_t *v,
+                                     uint32_t ld, uint32_t cg, uint32_t nf)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, r = lane / 2, c0 = lane % 2 * 8;
+    for (int i = 0; i < T3_FRAGS; i++) {
+        const uint32_t f = cg + 4 * i;
+        for (int e = 0; f < nf && e < 8; e++)
+            for (uint32_t j = 0; j < T3_KEYS; j++)
+                o[i].x[e] += bf16_val(p[r * T3_PLD + j]) * bf16_val(v[j * ld + 16 * f + c0 + e]);
+    }
+}
+#endif
+
+/* Block: rows [0, nk) of a tile from src (rows of c4 float4) into ks as bf16 [T3_KEYS][ld];
+ * rows past nk and columns past 4 c4 zero.  T3_LOADS loads per thread in flight at a time. */
+__device__ static inline void load_tile3(const float4 *src, uint32_t nk, uint32_t c4, uint32_t ld,
+                                         uint16_t *ks)
+{
+    const uint32_t l4 = ld / 4, total = T3_KEYS * l4;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (uint32_t b = threadIdx.x; b < total; b += T3_LOADS * T3_THREADS) {
+        float4 v[T3_LOADS];
+#pragma unroll
+        for (int i = 0; i < T3_LOADS; i++) {
+            const uint32_t e = b + i * T3_THREADS, r = e / l4, k4 = e % l4;
+            v[i] = e < total && r < nk && k4 < c4 ? src[(size_t)r * c4 + k4] : zero;
+        }
+#pragma unroll
+        for (int i = 0; i < T3_LOADS; i++) {
+            const uint32_t e = b + i * T3_THREADS;
+            if (e < total)
+                put_bf16x4(ks + e / l4 * ld + e % l4 * 4, v[i]);
+        }
+    }
+}
+
+/* Block: the tile's raw scores ss [2][T3_ROWS][T3_SLD] (two halves of the columns, added)
+ * become weights ps (bf16) for the rows'
+ * online softmax: key c of row r counts when c < nk and u0 + c <= rpos[r] (causal; rpos -1: an
+ * empty row).  8 threads per row, 4 keys each; mx, sm take in the tile, alpha the factor the
+ * old context is scaled by.  The sum adds the weights as rounded to bf16 (as P V uses them). */
+__device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0, float scale,
+                                       const int *rpos, uint16_t *ps, float *mx, float *sm,
+                                       float *alpha)
+{
+    static_assert(T3_THREADS == 8 * T3_ROWS && T3_KEYS == 32, "8 threads per row, 4 keys each");
+    const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
+    const float m_old = mx[r];
+    float s[4], m = m_old;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t c = q + 8 * j;
+        const float v = ss[r * T3_SLD + c] + ss[(T3_ROWS + r) * T3_SLD + c];
+        s[j] = c < nk && (int)(u0 + c) <= rpos[r] ? v * scale : -INFINITY;
+        m = fmaxf(m, s[j]);
+    }
+    for (int o = 4; o > 0; o /= 2)
+        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    const bool none = m == -INFINITY; /* no key of the row yet */
+    float l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t b = none ? 0u : bf16_bits(expf(s[j] - m));
+        ps[r * T3_PLD + q + 8 * j] = (uint16_t)b;
+        l += bf16_val((uint16_t)b);
+    }
+    for (int o = 4; o > 0; o /= 2)
+        l += kl_gpu_shfl_xor(l, o);
+    if (q == 0) { /* every thread of the row read mx[r] before the shuffles */
+        const float al = none ? 1.0f : expf(m_old - m); /* 0 when m_old = -inf */
+        mx[r] = m;
+        sm[r] = sm[r] * al + l;
+        alpha[r] = al;
+    }
+}
+
+/* Where attend3's block lies: run blockIdx.y, its tokens t0 .. t0 + nt (row r: token t0 +
+ * r / nh, head r % nh; rows past nt * nh empty), the cache rows [u_begin, u_end) of split
+ * blockIdx.x. */
+struct block3 {
+    uint32_t t0, nt, u_begin, u_end;
+};
+
+/* false when the block has nothing to do; split 0 records the rows per split for combine2. */
+__device__ static inline bool place3(const kl_gpu_tokens &tk, uint32_t nh, uint32_t *rp,
+                                     block3 &b)
+{
+    const uint32_t r0 = tk.run_start[blockIdx.y], len = tk.run_start[blockIdx.y + 1] - r0;
+    const uint32_t tb = T3_ROWS / nh, j0 = blockIdx.z * tb;
+    if (j0 >= len)
+        return false;
+    b.t0 = r0 + j0;
+    b.nt = len - j0 < tb ? len - j0 : tb;
+    uint32_t span = 0;
+    for (uint32_t k = 0; k < b.nt; k++)
+        span = tk.tok_pos[b.t0 + k] + 1 > span ? tk.tok_pos[b.t0 + k] + 1 : span;
+    const uint32_t rows_per = split_rows(span, gridDim.x, T3_KEYS, T3_MIN_TILES);
+    b.u_begin = blockIdx.x * rows_per;
+    b.u_end = span - b.u_begin < rows_per ? span : b.u_begin + rows_per;
+    if (blockIdx.x == 0 && threadIdx.x < b.nt)
+        rp[b.t0 + threadIdx.x] = rows_per;
+    return b.u_begin < span;
+}
+
+/* Block: the rows' queries qf [n][nh][cw] as bf16 into qs [T3_ROWS][ld] (empty rows and
+ * columns past cw zero), their positions into rpos (-1: empty), the running max and sum. */
+__device__ static inline void load_queries3(const float *qf, const kl_gpu_tokens &tk,
+                                            const block3 &b, uint32_t nh, uint32_t cw,
+                                            uint16_t *qs, int *rpos, float *mx, float *sm)
+{
+    const uint32_t ld = ld3(cw), l4 = ld / 4, c4 = cw / 4;
+    for (uint32_t e = threadIdx.x; e < T3_ROWS * l4; e += blockDim.x) {
+        const uint32_t r = e / l4, k4 = e % l4, tok = r / nh;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (tok < b.nt && k4 < c4)
+            v = ((const float4 *)(qf + ((size_t)(b.t0 + tok) * nh + r % nh) * cw))[k4];
+        put_bf16x4(qs + r * ld + 4 * k4, v);
+    }
+    for (uint32_t r = threadIdx.x; r < T3_ROWS; r += blockDim.x) {
+        rpos[r] = r / nh < b.nt ? (int)tk.tok_pos[b.t0 + r / nh] : -1;
+        mx[r] = -INFINITY;
+        sm[r] = 0.0f;
+    }
+}
+
+/* Block: the tile's scores [T3_ROWS][T3_KEYS] before scaling into ss [2][T3_ROWS][T3_SLD]:
+ * group g the rows 16 (g % 4 / 2) x keys 16 (g % 2) over the first (g < 4) or the second half
+ * of the 16-column steps. */
+__device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, uint32_t ld,
+                                      const fmap &fm, float *ss)
+{
+    const uint32_t g = threadIdx.x / KL_GPU_GROUP, tr = g % 4 / 2, tc = g % 2;
+    const uint32_t steps = (ld - 8) / 16, s0 = g < 4 ? 0 : steps / 2;
+    const uint32_t ns = g < 4 ? steps / 2 : steps - steps / 2;
+    acc16 c;
+    acc_zero(c);
+    mma_qk(c, qs + 16 * tr * ld + 16 * s0, ks + 16 * tc * ld + 16 * s0, ld, ns);
+    float *dst = ss + (g < 4 ? 0 : T3_ROWS * T3_SLD);
+#pragma unroll
+    for (int e = 0; e < acc16::num_elements; e++)
+        dst[(16 * tr + frow(fm, e)) * T3_SLD + 16 * tc + fcol(fm, e)] = c.x[e];
+}
+
+/* grid (splits, runs, token groups of the longest run): the rows (token, head) of T3_ROWS / nh
+ * tokens of run blockIdx.y against the cache rows of split blockIdx.x (split_rows of the
+ * group's longest span); partial results as attend2's, for the tokens of the block.  Group g
+ * computes half of the scores of a 16 x 16 tile (scores3) and the context of rows 16 (g / 4),
+ * columns 16 (g % 4 + 4 i). */
+__global__ static void __launch_bounds__(T3_THREADS, 2)
+attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
+{
+    extern __shared__ __align__(128) unsigned char shared3[]; /* wmma: 32-byte aligned tiles */
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t nh = d.nh, cw = d.R + d.dr, ld = ld3(cw), nf = d.R / 16;
+    block3 b;
+    if (!place3(tk, nh, x.sc.rp, b))
+        return;
+    uint16_t *qs = (uint16_t *)shared3, *ks = qs + T3_ROWS * ld;
+    float *ss = (float *)(ks + T3_KEYS * ld);
+    uint16_t *ps = (uint16_t *)(ss + 2 * T3_ROWS * T3_SLD);
+    float *mx = (float *)(ps + T3_ROWS * T3_PLD), *sm = mx + T3_ROWS, *alpha = sm + T3_ROWS;
+    int *rpos = (int *)(alpha + T3_ROWS);
+    const uint32_t g = threadIdx.x / KL_GPU_GROUP, rg = g / 4, cg = g % 4;
+    frag_tables(ss);
+    load_queries3(x.sc.ql, tk, b, nh, cw, qs, rpos, mx, sm);
+    __syncthreads();
+    const fmap fm = frag_map(ss);
+    acc16 o[T3_FRAGS];
+#pragma unroll
+    for (int i = 0; i < T3_FRAGS; i++)
+        acc_zero(o[i]);
+    const float4 *cache = (const float4 *)a.cache[tk.run_slot[blockIdx.y]];
+    for (uint32_t u0 = b.u_begin; u0 < b.u_end; u0 += T3_KEYS) {
+        const uint32_t nk = b.u_end - u0 < T3_KEYS ? b.u_end - u0 : T3_KEYS;
+        load_tile3(cache + (size_t)u0 * (cw / 4), nk, cw / 4, ld, ks);
+        __syncthreads(); /* also: every group has read the tables in ss */
+        scores3(qs, ks, ld, fm, ss);
+        __syncthreads();
+        softmax3(ss, nk, u0, x.scale, rpos, ps, mx, sm, alpha);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < T3_FRAGS; i++)
+#pragma unroll
+            for (int e = 0; cg + 4 * i < nf && e < acc16::num_elements; e++)
+                o[i].x[e] *= alpha[16 * rg + frow(fm, e)];
+        mma_pv(o, ps + 16 * rg * T3_PLD, ks, ld, cg, nf);
+        __syncthreads(); /* ks and ps are rewritten by the next tile */
+    }
+    const size_t splits = gridDim.x;
+    for (uint32_t r = threadIdx.x; r < T3_ROWS; r += blockDim.x) {
+        if (r / nh >= b.nt)
+            continue;
+        const size_t part = (size_t)(b.t0 + r / nh) * splits + blockIdx.x;
+        x.sc.pm[part * nh + r % nh] = mx[r];
+        x.sc.pl[part * nh + r % nh] = sm[r];
+    }
+#pragma unroll
+    for (int i = 0; i < T3_FRAGS; i++)
+#pragma unroll
+        for (int e = 0; cg + 4 * i < nf && e < acc16::num_elements; e++) {
+            const uint32_t r = 16 * rg + frow(fm, e);
+            if (r / nh >= b.nt)
+                continue;
+            const size_t part = (size_t)(b.t0 + r / nh) * splits + blockIdx.x;
+            x.sc.pc[(part * nh + r % nh) * d.R + 16 * (cg + 4 * i) + fcol(fm, e)] = o[i].x[e];
+        }
+}
+
 static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, kl_err *err)
 {
     if (!a || !a->q || !a->kv_b || !a->kv_b->data || !a->cache || !a->scratch || !a->o)
@@ -848,13 +1246,22 @@ static int allow_shared(const void *fn, size_t *set, size_t need, kl_err *err)
     return 0;
 }
 
+/* The attention's context for `splits` splits per token (v1: of split_rows rows each). */
+static attend_ctx make_ctx(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
+                           uint32_t splits, uint32_t split_rows)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    const attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits),
+                          split_rows, 1.0f / sqrtf((float)(d->dn + d->dr))};
+    return x;
+}
+
 static int attend_v1(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                      kl_err *err)
 {
     const kl_gpu_mla_dims *d = &a->d;
     const split_plan sp = plan_splits(t->max_span);
-    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, sp.n), sp.rows,
-                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    const attend_ctx x = make_ctx(a, t, sp.n, sp.rows);
     static size_t shared_set;
     const size_t shared = attend_shared(d);
     if (allow_shared((const void *)attend_kernel, &shared_set, shared, err))
@@ -869,44 +1276,91 @@ static int attend_v1(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
+/* v2 and v3: absorb2 into x->sc.ql, then (between) the attention, then combine2 and vb2 */
+static void absorb2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, const attend_ctx *x,
+                    hipStream_t st)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    dim3 g_abs((d->R + A2_COLS - 1) / A2_COLS, d->nh, (t->n + A2_TOK - 1) / A2_TOK);
+    absorb2_kernel<<<g_abs, A2_RG * A2_COLS / VEC, 0, st>>>(*a, *a->kv_b, t->n, x->sc.ql);
+}
+
+static int combine_vb2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
+                       const attend_ctx *x, uint32_t splits, bool v3, hipStream_t st,
+                       kl_err *err)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    dim3 g_comb(d->nh, (d->R + C2_COLS - 1) / C2_COLS, t->n);
+    combine2_kernel<<<g_comb, C2_THREADS, 0, st>>>(*d, *x, splits, v3);
+    dim3 g_vb((d->dv + V2_ROWS - 1) / V2_ROWS, d->nh, (t->n + V2_TOK - 1) / V2_TOK);
+    vb2_kernel<<<g_vb, V2_ROWS / 2 * KL_GPU_GROUP, 0, st>>>(*a, *a->kv_b, t->n, x->sc.ctx);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                      kl_err *err)
 {
     const kl_gpu_mla_dims *d = &a->d;
     const uint32_t splits = splits2(t->n, t->max_span);
-    attend_ctx x = {t->tok_slot, t->tok_pos, carve(a->scratch, d, t->n, splits), 0,
-                    1.0f / sqrtf((float)(d->dn + d->dr))};
+    const attend_ctx x = make_ctx(a, t, splits, 0);
     static size_t shared_set;
     const size_t shared = attend2_shared(d);
     if (allow_shared((const void *)attend2_kernel, &shared_set, shared, err))
         return err->code;
-    dim3 g_abs((d->R + A2_COLS - 1) / A2_COLS, d->nh, (t->n + A2_TOK - 1) / A2_TOK);
-    absorb2_kernel<<<g_abs, A2_RG * A2_COLS / VEC, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ql);
+    absorb2(a, t, &x, st);
     attend2_kernel<<<dim3(splits, t->n), ATT_THREADS, shared, st>>>(*a, x);
-    dim3 g_comb(d->nh, (d->R + C2_COLS - 1) / C2_COLS, t->n);
-    combine2_kernel<<<g_comb, C2_THREADS, 0, st>>>(*d, x, splits);
-    dim3 g_vb((d->dv + V2_ROWS - 1) / V2_ROWS, d->nh, (t->n + V2_TOK - 1) / V2_TOK);
-    vb2_kernel<<<g_vb, V2_ROWS / 2 * KL_GPU_GROUP, 0, st>>>(*a, *a->kv_b, t->n, x.sc.ctx);
-    return KL_GPU_CHECK(err, hipGetLastError());
+    return combine_vb2(a, t, &x, splits, false, st, err);
 }
 
-static int mla_version; /* 0: not chosen yet; else 1 or 2 */
+/* v3: blocks of T3_ROWS / nh tokens of a run; splits from the blocks' count (T3_MIN_TILES
+ * tiles of T3_KEYS rows each at least, in TILE units for splits_for). */
+static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                     kl_err *err)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    const uint32_t tb = T3_ROWS / d->nh, groups = (t->max_run + tb - 1) / tb;
+    const uint32_t splits = splits_for(t->n_runs * groups, t->max_span,
+                                       T3_MIN_TILES * T3_KEYS / TILE);
+    const attend_ctx x = make_ctx(a, t, splits, 0);
+    static size_t shared_set;
+    const size_t shared = attend3_shared(d);
+    if (allow_shared((const void *)attend3_kernel, &shared_set, shared, err))
+        return err->code;
+    absorb2(a, t, &x, st);
+    attend3_kernel<<<dim3(splits, t->n_runs, groups), T3_THREADS, shared, st>>>(*a, x, *t);
+    return combine_vb2(a, t, &x, splits, true, st, err);
+}
+
+static int mla_version; /* 0: not chosen yet; else 1, 2 or 3 */
 
 extern "C" void kl_gpu_mla_select(int version)
 {
-    mla_version = version == 1 || version == 2 ? version : 0;
+    mla_version = version >= 1 && version <= 3 ? version : 0;
 }
 
-/* v2, unless KL_GPU_MLA=v1 in the environment (read at the first call) or kl_gpu_mla_select
- * said otherwise; v1 also where v2's limits are passed. */
-static int use_v2(const kl_gpu_mla_dims *d)
+static bool v2_fits(const kl_gpu_mla_dims *d)
+{
+    return d->nh <= H2_MAX && d->R <= R2_MAX && attend2_shared(d) <= MAX_SHARED;
+}
+
+static bool v3_fits(const kl_gpu_mla_dims *d)
+{
+    return v2_fits(d) && d->nh <= T3_ROWS && d->R % 16 == 0 && d->R <= 64 * T3_FRAGS &&
+           attend3_shared(d) <= MAX_SHARED;
+}
+
+/* The kernels to run: KL_GPU_MLA=v1|v2|v3 in the environment (read at the first call; v3
+ * otherwise) or kl_gpu_mla_select's; a version whose limits d passes falls back to the next
+ * lower one that fits. */
+static int version_for(const kl_gpu_mla_dims *d)
 {
     if (!mla_version) {
         const char *e = getenv("KL_GPU_MLA");
-        mla_version = e && !strcmp(e, "v1") ? 1 : 2;
+        mla_version = e && !strcmp(e, "v1") ? 1 : e && !strcmp(e, "v2") ? 2 : 3;
     }
-    return mla_version == 2 && d->nh <= H2_MAX && d->R <= R2_MAX &&
-           attend2_shared(d) <= MAX_SHARED;
+    if (mla_version == 3 && v3_fits(d))
+        return 3;
+    return mla_version >= 2 && v2_fits(d) ? 2 : 1;
 }
 
 extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
@@ -916,6 +1370,8 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
         return err->code;
     if (t->n == 0)
         return 0;
-    return use_v2(&a->d) ? attend_v2(a, t, (hipStream_t)s, err)
-                         : attend_v1(a, t, (hipStream_t)s, err);
+    const int v = version_for(&a->d);
+    return v == 3 ? attend_v3(a, t, (hipStream_t)s, err)
+           : v == 2 ? attend_v2(a, t, (hipStream_t)s, err)
+                    : attend_v1(a, t, (hipStream_t)s, err);
 }

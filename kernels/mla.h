@@ -55,9 +55,11 @@ size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_spa
 int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
                          kl_gpu_stream s, kl_err *err);
 
-/* Which kernels kl_gpu_mla_attend runs: 1 round 1's, 2 the faster ones (nh <= 32, R <= 512;
- * v1 beyond), 0 the default: 2 unless KL_GPU_MLA=v1 is in the environment (read once).  For
- * the device tests and benchmarks that compare them. */
+/* Which kernels kl_gpu_mla_attend runs: 1 round 1's, 2 the faster fp32 ones (nh <= 32,
+ * R <= 512), 3 tensor cores (bf16 queries and cache rows, fp32 softmax and sums; also R a
+ * multiple of 16), each falling back to the next lower one where its limits are passed; 0 the
+ * default: KL_GPU_MLA=v1|v2|v3 from the environment (read once), else 3.  For the device
+ * tests and benchmarks that compare them. */
 void   kl_gpu_mla_select(int version);
 
 #ifdef __cplusplus

@@ -9,11 +9,16 @@
  * every matrix (fused members, experts per role and expert, packed codes and scales, embed,
  * lm_head) holds exactly the tensor's bytes and every vector the host model's fp32 copy, for
  * mapped windows (pinned and not, windows smaller than a tensor so pieces are split, one or
- * several in flight, serial and with 1-3 load threads), the staged reader (buffered and
- * O_DIRECT where allowed) and a host model (KL_GPU_LOAD=host: host pieces only); a pinned
- * window is only copied from while pinned, every window is waited for (after its mark) before it is unpinned, and none is left
- * pinned; a copy failing mid-fill returns its error with every window released; a shard gone
- * is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
+ * several in flight, serial and with 1-3 load threads), the ring of buffers (1, 3 and 8
+ * load threads, 4 KiB to 64 MiB buffers, fewer buffers than threads, pinned and plain,
+ * buffered and O_DIRECT), the staged reader (buffered and O_DIRECT where allowed) and a host
+ * model (KL_GPU_LOAD=host: host pieces only).  Pinned copies complete only at a wait that
+ * follows their mark (as on a stream), so a window or buffer reused, unpinned or freed too
+ * early gives wrong bytes or fails; a pinned window is only copied from while pinned, none is
+ * left pinned or marked.  Errors: a copy failing mid-fill returns its error with every window
+ * and buffer released (mapped, read, ring); ring: a wait failing on a load thread, pinned
+ * memory refused (at once: its error; after one buffer: the fill goes on), a shard truncated
+ * (KL_E_IO naming it); a shard gone is KL_E_IO.  vectors_only: matrices unread (NULL payloads, no backend, kl_state_init
  * refused), vectors equal to the full model's, weight_bytes equal.
  */
 #include "common/err.h"
@@ -80,35 +85,142 @@ static void build(kl_gpu_plan *p, const kl_model *m)
 /* ------------------------------------------------------------------------------------------ */
 /* The CPU "device"                                                                           */
 
+/* A pinned copy as a stream holds it: done only when a wait reaches a mark after it. */
+typedef struct cpu_copy {
+    void       *dst;
+    const void *src;
+    size_t      bytes;
+} cpu_copy;
+
+#define CPU_QUEUE (1u << 16)
+static cpu_copy g_queue[CPU_QUEUE];     /* the one cpu_dev in use at a time */
+
 typedef struct cpu_dev {
     pthread_mutex_t mu;                 /* pin, unpin and wait may come from load threads */
     const uint8_t *pinned[KL_FILL_MAX_WINDOWS];
     size_t         pinned_len[KL_FILL_MAX_WINDOWS];
-    int            marked[KL_FILL_MAX_WINDOWS];
+    const uint8_t *buf[KL_FILL_MAX_SLOTS];          /* from host_alloc */
+    size_t         buf_len[KL_FILL_MAX_SLOTS];
+    int            marked[KL_FILL_MAX_SLOTS];
+    size_t         mark_at[KL_FILL_MAX_SLOTS];     /* queue length at the mark */
+    size_t         n_queue, done;       /* pinned copies issued (g_queue), [done, n) pending */
     int            pin_ok;
     long           copies, fail_at;     /* fail_at > 0: that copy fails */
-    long           pins, unpins, waits;
+    long           waits_total, fail_wait;   /* fail_wait > 0: that wait fails */
+    long           pins, unpins, waits, allocs, frees;
+    long           alloc_max;           /* > 0: host_alloc refuses beyond that many */
 } cpu_dev;
 
-static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
+static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, const uint8_t *p,
+                    size_t bytes)
 {
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
-        if (d->pinned[i] && p >= d->pinned[i] && p + n <= d->pinned[i] + d->pinned_len[i])
+    for (unsigned i = 0; i < n; i++)
+        if (base[i] && p >= base[i] && p + bytes <= base[i] + len[i])
             return 1;
     return 0;
 }
 
+/* A region [p, p + bytes) put in the first empty entry of base[n] / taken out of it: its
+ * index, n when there is no room / it is not there. */
+static unsigned region_add(const uint8_t **base, size_t *len, unsigned n, const void *p,
+                           size_t bytes)
+{
+    unsigned i = 0;
+    while (i < n && base[i])
+        i++;
+    if (i < n) {
+        base[i] = p;
+        len[i] = bytes;
+    }
+    return i;
+}
+
+/* region_add under d's lock, counting in *count when there was room. */
+static unsigned track(cpu_dev *d, const uint8_t **base, size_t *len, unsigned n, const void *p,
+                      size_t bytes, long *count)
+{
+    pthread_mutex_lock(&d->mu);
+    unsigned i = region_add(base, len, n, p, bytes);
+    *count += i < n;
+    pthread_mutex_unlock(&d->mu);
+    return i;
+}
+
+static unsigned region_del(const uint8_t **base, unsigned n, const void *p)
+{
+    unsigned i = 0;
+    while (i < n && base[i] != p)
+        i++;
+    if (i < n)
+        base[i] = NULL;
+    return i;
+}
+
+static int in_pinned(const cpu_dev *d, const uint8_t *p, size_t n)
+{
+    return in_range(d->pinned, d->pinned_len, KL_FILL_MAX_WINDOWS, p, n) ||
+           in_range(d->buf, d->buf_len, KL_FILL_MAX_SLOTS, p, n);
+}
+
+/* The pending copies up to queue position to, in issue order (d->mu held); an empty queue
+ * starts again at 0 (every mark then at 0: done). */
+static void run_queue(cpu_dev *d, size_t to)
+{
+    for (; d->done < to; d->done++)
+        memcpy(g_queue[d->done].dst, g_queue[d->done].src, g_queue[d->done].bytes);
+    if (d->done < d->n_queue)
+        return;
+    d->done = d->n_queue = 0;
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+        d->mark_at[i] = 0;
+}
+
+/* Pinned copies complete at a later wait (as on a stream: a source reused or released before
+ * that wait gives wrong bytes); plain ones at once. */
 static int dev_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned, kl_err *err)
 {
     cpu_dev *d = ctx;
-    if (++d->copies == d->fail_at)
-        return kl_fail(err, KL_E_GPU, "injected copy failure");
     pthread_mutex_lock(&d->mu);
-    int ok = !pinned || in_pinned(d, src, bytes);
+    int fail = ++d->copies == d->fail_at, ok = !pinned || in_pinned(d, src, bytes);
+    int room = d->n_queue < CPU_QUEUE;
+    if (!fail && ok && pinned && room)
+        g_queue[d->n_queue++] = (cpu_copy){dst, src, bytes};
     pthread_mutex_unlock(&d->mu);
+    if (fail)
+        return kl_fail(err, KL_E_GPU, "injected copy failure");
     ck_assert_msg(ok, "a pinned copy outside a pinned window");
-    memcpy(dst, src, bytes);
+    ck_assert_msg(room, "more pinned copies than the test queue holds");
+    if (!pinned)
+        memcpy(dst, src, bytes);
     return 0;
+}
+
+static int dev_host_alloc(void *ctx, void **p, size_t bytes, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    if (d->alloc_max && d->allocs >= d->alloc_max)
+        return kl_fail(err, KL_E_NOMEM, "injected: no pinned memory left");
+    *p = kl_aligned_alloc(4096, bytes);
+    ck_assert_ptr_nonnull(*p);
+    unsigned i = track(d, d->buf, d->buf_len, KL_FILL_MAX_SLOTS, *p, bytes, &d->allocs);
+    ck_assert_msg(i < KL_FILL_MAX_SLOTS, "more load buffers than slots");
+    return 0;
+}
+
+static void dev_host_free(void *ctx, void *p)
+{
+    cpu_dev *d = ctx;
+    pthread_mutex_lock(&d->mu);
+    unsigned i = region_del(d->buf, KL_FILL_MAX_SLOTS, p);   /* its length stays */
+    const uint8_t *at = p;
+    int pending = 0;
+    for (size_t q = d->done; i < KL_FILL_MAX_SLOTS && q < d->n_queue; q++)
+        pending |= in_range(&at, &d->buf_len[i], 1, g_queue[q].src, 1);
+    d->frees += i < KL_FILL_MAX_SLOTS;
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(i < KL_FILL_MAX_SLOTS, "free of a load buffer not allocated");
+    ck_assert_msg(!pending, "a load buffer freed before its copies were waited for");
+    kl_aligned_free(p);
 }
 
 static int dev_pin(void *ctx, void *p, size_t bytes)
@@ -116,16 +228,7 @@ static int dev_pin(void *ctx, void *p, size_t bytes)
     cpu_dev *d = ctx;
     if (!d->pin_ok)
         return -1;
-    pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i])
-        i++;
-    if (i < KL_FILL_MAX_WINDOWS) {
-        d->pinned[i] = p;
-        d->pinned_len[i] = bytes;
-        d->pins++;
-    }
-    pthread_mutex_unlock(&d->mu);
+    unsigned i = track(d, d->pinned, d->pinned_len, KL_FILL_MAX_WINDOWS, p, bytes, &d->pins);
     ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "more windows pinned than may be in flight");
     return 0;
 }
@@ -134,13 +237,8 @@ static void dev_unpin(void *ctx, void *p)
 {
     cpu_dev *d = ctx;
     pthread_mutex_lock(&d->mu);
-    unsigned i = 0;
-    while (i < KL_FILL_MAX_WINDOWS && d->pinned[i] != p)
-        i++;
-    if (i < KL_FILL_MAX_WINDOWS) {
-        d->pinned[i] = NULL;
-        d->unpins++;
-    }
+    unsigned i = region_del(d->pinned, KL_FILL_MAX_WINDOWS, p);
+    d->unpins += i < KL_FILL_MAX_WINDOWS;
     pthread_mutex_unlock(&d->mu);
     ck_assert_msg(i < KL_FILL_MAX_WINDOWS, "unpin of a window not pinned");
 }
@@ -148,9 +246,10 @@ static void dev_unpin(void *ctx, void *p)
 static int dev_mark(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
-    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    ck_assert_uint_lt(slot, KL_FILL_MAX_SLOTS);
     pthread_mutex_lock(&d->mu);
     d->marked[slot] = 1;
+    d->mark_at[slot] = d->n_queue;
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
@@ -158,15 +257,21 @@ static int dev_mark(void *ctx, unsigned slot, kl_err *err)
 static int dev_wait(void *ctx, unsigned slot, kl_err *err)
 {
     cpu_dev *d = ctx;
-    ck_assert_uint_lt(slot, KL_FILL_MAX_WINDOWS);
+    ck_assert_uint_lt(slot, KL_FILL_MAX_SLOTS);
     pthread_mutex_lock(&d->mu);
-    d->marked[slot] = 0;
-    d->waits++;
+    int fail = ++d->waits_total == d->fail_wait;
+    if (!fail && d->marked[slot])
+        run_queue(d, d->mark_at[slot]);
+    if (!fail) {
+        d->marked[slot] = 0;
+        d->waits++;
+    }
     pthread_mutex_unlock(&d->mu);
-    return 0;
+    return fail ? kl_fail(err, KL_E_GPU, "injected wait failure") : 0;
 }
 
-static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait};
+static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait,
+                                  dev_host_alloc, dev_host_free};
 
 /* Arenas for p, filled with a byte no tensor is made of throughout. */
 static uint8_t **alloc_arenas(const kl_gpu_plan *p)
@@ -301,7 +406,8 @@ static void check_pieces(const kl_gpu_plan *p)
     kl_free(s);
 }
 
-/* Fills from m (vectors_only or not) with o, pinning when pin_ok; checks against full. */
+/* Fills from m (vectors_only or not) with o, pinning when pin_ok (RING: buffers from
+ * host_alloc, else plain memory); checks against full. */
 static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
                            int pin_ok)
 {
@@ -311,25 +417,37 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = pin_ok};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
+    if (!pin_ok) {
+        ops.host_alloc = NULL;
+        ops.host_free = NULL;
+    }
     kl_fill_stats st;
     kl_err err;
     kl_err_clear(&err);
     int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
     ck_assert_msg(rc == 0, "fill: %s", t_fmt_err(&err));
+    int ring = o && o->mode == KL_FILL_RING;
     check_filled(&p, a, full);
     ck_assert_uint_eq(d.pins, d.unpins);
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
-        ck_assert_msg(!d.marked[i], "window slot %u never waited for", i);
+    ck_assert_uint_eq(d.allocs, d.frees);
+    ck_assert_uint_eq(d.done, d.n_queue);   /* every pinned copy waited for */
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+        ck_assert_msg(!d.marked[i], "slot %u never waited for", i);
     uint64_t piece_bytes = 0;
     for (size_t i = 0; i < p.n_pieces; i++)
         piece_bytes += p.pieces[i].bytes;
     ck_assert_uint_eq(st.bytes, piece_bytes);
-    ck_assert_uint_eq(st.pinned, (uint64_t)d.pins);
+    ck_assert_uint_eq(st.pinned, ring ? (pin_ok ? st.windows : 0) : (uint64_t)d.pins);
     if (o && o->mode == KL_FILL_MAPPED && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq((uint64_t)d.waits, st.windows);   /* each window waited for once */
         if (pin_ok)
             ck_assert_uint_eq(st.pinned, st.windows);
+    }
+    if (ring && p.n_file) {
+        ck_assert_uint_gt(st.windows, 0);
+        ck_assert_uint_eq(d.pins, 0);
+        ck_assert(pin_ok ? d.allocs > 0 : d.allocs == 0);
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
@@ -466,6 +584,34 @@ START_TEST(test_fill_read_and_host)
 }
 END_TEST
 
+/* The ring of buffers: byte-identical to the staged reader's fill (which check_filled also
+ * holds it to), with 1, 3 and 8 threads, buffers from 4 KiB (pieces split) to the default,
+ * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT. */
+START_TEST(test_fill_ring)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    static const size_t bufs[] = {4096, 65536, 12288, 0};
+    static const unsigned threads[] = {1, 3, 8};
+    kl_fill_opts rd = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
+    fill_and_check(m, full, &rd, 1);
+    for (size_t i = _i == 2; i < sizeof bufs / sizeof *bufs; i++) {   /* small: no 4 KiB */
+        for (unsigned t = 0; t < 3; t++) {
+            for (unsigned nb = 0; nb <= 2; nb += 2) {   /* default (threads + 4) and 2 */
+                kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = bufs[i], .windows = nb,
+                                  .threads = threads[t], .direct = KL_DIRECT_OFF};
+                fill_and_check(m, full, &o, 1);
+                fill_and_check(m, full, &o, 0);
+            }
+        }
+    }
+    kl_fill_opts dio = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
+                        .direct = KL_DIRECT_ON};
+    fill_and_check(m, full, &dio, 1);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* A copy that fails mid-fill: its error, every window released. */
 START_TEST(test_fill_copy_fails)
 {
@@ -473,19 +619,22 @@ START_TEST(test_fill_copy_fails)
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
-    for (int mode = 0; mode < 3; mode++) {   /* mapped, mapped with load threads, read */
+    static const kl_fill_mode how[] = {KL_FILL_MAPPED, KL_FILL_MAPPED, KL_FILL_READ,
+                                       KL_FILL_RING, KL_FILL_RING};
+    for (int mode = 0; mode < 5; mode++) {   /* mapped, with load threads, read, ring 1 and 8 */
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,
                      .fail_at = (long)(p.n_pieces - p.n_file) + 5};
         kl_fill_ops ops = g_ops;
         ops.ctx = &d;
-        kl_fill_opts o = {.mode = mode == 2 ? KL_FILL_READ : KL_FILL_MAPPED,
-                          .window_bytes = 8192, .windows = 2, .threads = mode == 1 ? 2u : 0u};
+        kl_fill_opts o = {.mode = how[mode], .window_bytes = 8192, .windows = 2,
+                          .threads = mode == 1 ? 2u : mode == 3 ? 1u : mode == 4 ? 8u : 0u};
         kl_err err;
         kl_err_clear(&err);
         int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, &err);
         ck_assert_int_eq(rc, KL_E_GPU);
         ck_assert_msg(strstr(err.msg, "injected") != NULL, "%s", t_fmt_err(&err));
         ck_assert_uint_eq(d.pins, d.unpins);
+        ck_assert_uint_eq(d.allocs, d.frees);
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
@@ -493,17 +642,76 @@ START_TEST(test_fill_copy_fails)
 }
 END_TEST
 
+/* A tiny BF16 model of its own in dir = g_root/name (vectors only), its plan and arenas. */
+static kl_model *own_model(const char *name, char dir[700], kl_gpu_plan *p, uint8_t ***a)
+{
+    snprintf(dir, 700, "%s/%s", g_root, name);
+    synth(dir, "tiny", KL_SYNTH_BF16);
+    kl_model *m = open_model(dir, 1);
+    build(p, m);
+    *a = alloc_arenas(p);
+    return m;
+}
+
+/* A RING fill of 8 KiB buffers through d; its result, err holding its error. */
+static int ring_fill(const kl_gpu_plan *p, const kl_model *m, uint8_t **a, cpu_dev *d,
+                     unsigned threads, unsigned buffers, kl_err *err)
+{
+    kl_fill_ops ops = g_ops;
+    ops.ctx = d;
+    kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = buffers,
+                      .threads = threads, .direct = KL_DIRECT_OFF};
+    kl_err_clear(err);
+    int rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, err);
+    ck_assert_uint_eq(d->allocs, d->frees);
+    return rc;
+}
+
+/* RING: pinned memory refused after 1 buffer (the fill goes on with it) or at once (its
+ * error); a wait failing on a load thread (its error, threads joined, buffers freed); a shard
+ * truncated after the model was opened (KL_E_IO naming the file). */
+START_TEST(test_fill_ring_fails)
+{
+    kl_gpu_plan p;
+    uint8_t **a;
+    char dir[700];
+    kl_model *m = own_model("short", dir, &p, &a), *full = open_model(dir, 0);
+    kl_err err;
+    for (long most = 0; most <= 1; most++) {
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};
+        int rc = ring_fill(&p, m, a, &d, 3, 0, &err);
+        ck_assert_msg(rc == (most ? 0 : KL_E_NOMEM), "%d %s", rc, t_fmt_err(&err));
+        if (!rc)
+            check_filled(&p, a, full);
+        ck_assert_uint_eq(d.allocs, (unsigned long)most);
+    }
+    const char *last = m->shard_paths[m->n_shards - 1];
+    for (int trunc = 0; trunc < 2; trunc++) {
+        if (trunc)
+            ck_assert_int_eq(truncate(last, 4096), 0);
+        for (unsigned t = 1; t <= 8; t += 7) {
+            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_wait = 3 - trunc};
+            int rc = ring_fill(&p, m, a, &d, t, 2, &err);
+            ck_assert_msg(rc == (trunc ? KL_E_IO : KL_E_GPU), "%d %s", rc, t_fmt_err(&err));
+            if (trunc)
+                ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
+        }
+    }
+    free_arenas(&p, a);
+    kl_gpu_plan_free(&p);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* A shard removed after the model was opened: KL_E_IO naming it. */
 START_TEST(test_fill_shard_gone)
 {
-    char dir[700];
-    snprintf(dir, sizeof dir, "%s/gone", g_root);
-    synth(dir, "tiny", KL_SYNTH_BF16);
-    kl_model *m = open_model(dir, 1);
     kl_gpu_plan p;
-    build(&p, m);
+    uint8_t **a;
+    char dir[700];
+    kl_model *m = own_model("gone", dir, &p, &a);
     ck_assert_int_eq(unlink(m->shard_paths[m->n_shards - 1]), 0);
-    uint8_t **a = alloc_arenas(&p);
     cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
@@ -532,7 +740,9 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_layout, 0, 3);
     tcase_add_loop_test(tc, test_fill_mapped, 0, 3);
     tcase_add_loop_test(tc, test_fill_read_and_host, 0, 3);
+    tcase_add_loop_test(tc, test_fill_ring, 0, 3);
     tcase_add_test(tc, test_fill_copy_fails);
+    tcase_add_test(tc, test_fill_ring_fails);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;

@@ -4,9 +4,11 @@
  * u = β (v − Sᵀ k̂), then S += k̂ uᵀ, then o = Sᵀ q̂, then the gated RMSNorm); the kernel's
  * one-pass form is thereby checked against the reference form.  Chunks of several runs in
  * different slots, tiny and full shapes; then the n = 1 full-shape launches timed, with bytes
- * moved / time beside a device-to-device copy.  The recurrence is checked and timed in both
- * versions (v2 and round 1's v1, kl_gpu_kda_select).  Exit 0 pass, 1 fail, 77 no GPU; one
- * JSON line.
+ * moved / time beside a device-to-device copy.  The recurrence is checked in three versions
+ * (v3 the chunked form for runs of >= 16 tokens, v2, round 1's v1; kl_gpu_kda_select), v3
+ * also against v2 and in two calls that carry the state; v1 and v2 timed at n = 1, v2 and v3
+ * on prefill runs of 256, 1024 and 8192 tokens.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
+ * line.
  */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_test.h"
@@ -21,6 +23,8 @@ struct kda_case {
     const char *name;
     uint32_t H, K, W, slots;
     std::vector<run_spec> runs;
+    uint32_t split = 0;       /* > 0: the recurrence in two calls, the first of split tokens */
+    float    a_log_add = 0;   /* added to a_log: 3 makes the decay strong (g down to -100) */
 };
 
 /* One case's inputs on the host (q, k, v before the conv). */
@@ -64,6 +68,8 @@ static void make_host(const kda_case &c, t_rng &g, kda_host &x)
     g.fill(x.gate, -2, 2);
     x.a_log.resize(x.H);
     g.fill(x.a_log, -1, 0.5f);
+    for (float &v : x.a_log)
+        v += c.a_log_add;
     x.dt.resize(x.D);
     g.fill(x.dt, -1, 1);
     x.onorm.resize(x.K);
@@ -166,7 +172,7 @@ struct kda_dev {
 
 static int upload(const kda_host &x, kda_dev &d, kl_err *err)
 {
-    float *qkv[3], *taps[3], *win, *f, *beta, *gate, *a_log, *dt, *onorm, *state, *o;
+    float *qkv[3], *taps[3], *win, *f, *beta, *gate, *a_log, *dt, *onorm, *state, *o, *scr;
     uint32_t *ts, *tp, *rs, *rsl;
     for (int i = 0; i < 3; i++)
         if (t_put(&qkv[i], x.qkv[i], err) || t_put(&taps[i], x.taps[i], err))
@@ -177,12 +183,15 @@ static int upload(const kda_host &x, kda_dev &d, kl_err *err)
         t_alloc(&o, (size_t)x.n * x.D, err) || t_put(&ts, x.tok_slot, err) ||
         t_put(&tp, x.tok_pos, err) || t_put(&rs, x.run_start, err) ||
         t_put(&rsl, x.run_slot, err) ||
-        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float)))) /* NaN */
+        t_alloc(&scr, kl_gpu_kda_scratch(x.n, x.H, x.K), err) ||
+        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float))) || /* NaN */
+        KL_GPU_CHECK(err, hipMemset(scr, 0xff,
+                                    kl_gpu_kda_scratch(x.n, x.H, x.K) * sizeof(float))))
         return err->code;
     d.conv = {{qkv[0], qkv[1], qkv[2]}, {taps[0], taps[1], taps[2]}, x.D, x.W, win,
               x.win_stride};
     d.recur = {qkv[0], qkv[1], qkv[2], f, beta, gate, a_log, dt, onorm, x.eps, x.H, x.K,
-               state, x.state_stride, o};
+               state, x.state_stride, o, scr};
     uint32_t max_run = 0;
     for (size_t i = 0; i + 1 < x.run_start.size(); i++)
         max_run = std::max(max_run, x.run_start[i + 1] - x.run_start[i]);
@@ -202,7 +211,32 @@ static double max_block_err(const std::vector<float> &got, const std::vector<dou
 
 struct kda_errs {
     double conv = 1e30, win = 1e30, o = 1e30, state = 1e30;
+    std::vector<float> out;   /* o as the device wrote it */
 };
+
+/* The recurrence of the case: one call, or (c.split, one run) two calls of split and n - split
+ * tokens, the state carried from the first to the second. */
+static int recur_calls(const kda_case &c, const kda_host &x, const kda_dev &d, kl_err *err)
+{
+    if (!c.split)
+        return kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err);
+    const uint32_t len[2] = {c.split, x.n - c.split};
+    size_t t0 = 0;
+    for (int i = 0; i < 2; i++) {
+        uint32_t *rs;
+        if (t_put(&rs, std::vector<uint32_t>{0, len[i]}, err))
+            return err->code;
+        kl_gpu_kda_recur_args a = d.recur;
+        const size_t off = t0 * x.D;
+        a.q += off, a.k += off, a.v += off, a.f += off, a.gate += off, a.o += off;
+        a.beta_logit += t0 * x.H;
+        const kl_gpu_tokens t = {len[i], 1, len[i], 0, nullptr, nullptr, rs, d.tok.run_slot};
+        if (kl_gpu_kda_recur(&a, &t, NULL, err))
+            return err->code;
+        t0 += len[i];
+    }
+    return 0;
+}
 
 /* The case on the device with recurrence kernels v (kl_gpu_kda_select): its errors into e. */
 static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v,
@@ -211,21 +245,21 @@ static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, i
     kda_dev d;
     kl_gpu_kda_select(v);
     if (upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err) ||
-        kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err))
+        recur_calls(c, x, d, err))
         return err->code;
-    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), o(r.o.size()),
-        state(x.state.size());
+    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), state(x.state.size());
+    e->out.resize(r.o.size());
     e->conv = 0;
     for (int w = 0; w < 3; w++) {
         if (t_get(qkv, d.conv.qkv[w], err))
             return err->code;
         e->conv = std::max(e->conv, t_rel_l2(qkv.data(), r.qkv[w].data(), qkv.size()));
     }
-    if (t_get(win, d.conv.win, err) || t_get(o, d.recur.o, err) ||
+    if (t_get(win, d.conv.win, err) || t_get(e->out, d.recur.o, err) ||
         t_get(state, d.recur.state, err))
         return err->code;
     e->win = t_rel_l2(win.data(), r.win.data(), win.size());
-    e->o = max_block_err(o, r.o, x.K);
+    e->o = max_block_err(e->out, r.o, x.K);
     e->state = 0;
     for (uint32_t s = 0; s < x.slots; s++)
         for (uint32_t h = 0; h < x.H; h++) {
@@ -238,17 +272,23 @@ static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, i
     return 0;
 }
 
-/* The case with both versions: e[v - 1]. */
-static int run_case(const kda_case &c, t_rng &g, kda_errs e[2], kl_err *err)
+/* The case with the three versions: e[v - 1]; *v3_v2: v3's o against v2's (max over the
+ * (token, head) blocks of the relative L2 error). */
+static int run_case(const kda_case &c, t_rng &g, kda_errs e[3], double *v3_v2, kl_err *err)
 {
     kda_host x;
     kda_ref r;
     make_host(c, g, x);
     ref_conv(x, r);
     ref_recur(x, r);
-    int rc = run_version(c, x, r, 2, &e[1], err) || run_version(c, x, r, 1, &e[0], err);
+    int rc = run_version(c, x, r, 3, &e[2], err) || run_version(c, x, r, 2, &e[1], err) ||
+             run_version(c, x, r, 1, &e[0], err);
     kl_gpu_kda_select(0);
-    return rc ? err->code : 0;
+    if (rc)
+        return err->code;
+    const std::vector<double> o2(e[1].out.begin(), e[1].out.end());
+    *v3_v2 = max_block_err(e[2].out, o2, x.K);
+    return 0;
 }
 
 /* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens. */
@@ -329,6 +369,58 @@ static int time_full(t_rng &g, kda_times *tm, kl_err *err)
     return 0;
 }
 
+/* ---- prefill timing: one run of n tokens at the full shape, v2 against v3 ---------------- */
+
+struct prefill_time {
+    uint32_t n = 0;
+    double us[2] = {0, 0};   /* v2, v3 (recurrence and norm, one call) */
+    double v3_flop = 0;      /* v3's arithmetic, for its GFLOP/s */
+};
+
+/* v3's floating-point operations for n tokens in one run (chunks of 32, H = 32, K = 128):
+ * per chunk and head the scores (2 sums over K per pair s <= t), the forward substitution
+ * (2 K columns), u and the inter-chunk readout (2 C K K), the intra-chunk one, the update. */
+static double v3_flop(uint32_t n)
+{
+    const double C = 32, K = 128, H = 32, chunks = ceil(n / C);
+    const double per = C * (C + 1) / 2 * K * 4 + C * (C - 1) / 2 * 2 * K * 2 + 2 * C * K * K * 2 +
+                       C * (C + 1) / 2 * K * 2 + C * K * K * 2;
+    return chunks * H * per;
+}
+
+static int time_prefill(t_rng &g, uint32_t n, prefill_time *pt, kl_err *err)
+{
+    kda_case c = {"prefill", 32, 128, 4, 1, {{0, n}}};
+    kda_host x;
+    kda_dev d;
+    make_host(c, g, x);
+    if (upload(x, d, err))
+        return err->code;
+    pt->n = n;
+    pt->v3_flop = v3_flop(n);
+    for (int v = 2; v <= 3; v++) {
+        kl_gpu_kda_select(v);
+        if (t_median_us([&](int) { return kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err); },
+                        v == 2 ? 5 : 11, &pt->us[v - 2], err))
+            return err->code;
+    }
+    kl_gpu_kda_select(0);
+    t_free_all();
+    return 0;
+}
+
+static void print_prefill(const prefill_time &p, bool last)
+{
+    printf("{\"n\":%u,\"v2_us\":%.1f,\"v2_us_per_token\":%.3f,\"v3_us\":%.1f,"
+           "\"v3_us_per_token\":%.3f,\"v3_tok_s\":%.0f,\"v3_gflops\":%.1f,\"speedup\":%.2f}%s",
+           p.n, p.us[0], p.us[0] / p.n, p.us[1], p.us[1] / p.n, p.n / (p.us[1] * 1e-6),
+           p.v3_flop / (p.us[1] * 1e-6) / 1e9, p.us[0] / p.us[1], last ? "" : ",");
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+static const char *const version_name[3] = {"v1", "v2", "v3"};
+
 int main(void)
 {
     if (t_need_gpu("test_kda"))
@@ -342,17 +434,32 @@ int main(void)
         {"tiny_W1", 2, 32, 1, 2, {{1, 3}}},
         {"full_n1", 32, 128, 4, 2, {{1, 1}}},
         {"full_3runs", 32, 128, 4, 3, {{0, 5}, {2, 1}, {1, 3}}},
+        {"odd_K40_run50", 3, 40, 2, 2, {{1, 50}, {0, 17}}},
+        {"run16", 32, 128, 4, 2, {{1, 16}}},
+        {"run64", 32, 128, 4, 2, {{0, 64}}},
+        {"run100_strong", 32, 128, 4, 2, {{1, 100}}, 0, 3.0f},
+        {"run256", 32, 128, 4, 2, {{1, 256}}},
+        {"run1000", 32, 128, 4, 1, {{0, 1000}}},
+        {"runs3_100_16_64", 32, 128, 4, 3, {{0, 100}, {2, 16}, {1, 64}}},
+        {"runs3_1000_37_256", 32, 128, 4, 3, {{2, 1000}, {0, 37}, {1, 256}}},
+        {"calls_128_128", 32, 128, 4, 2, {{1, 256}}, 128},
+        {"calls_100_45", 32, 128, 4, 2, {{0, 145}}, 100},
     };
-    double worst = 0;
-    std::vector<kda_errs> errs; /* per case: v2, v1 */
+    const size_t nc = sizeof cases / sizeof cases[0];
+    double worst[3] = {0, 0, 0}, worst_v3_v2 = 0;
+    std::vector<double> case_err[3], case_v3_v2;
     for (const kda_case &c : cases) {
-        kda_errs e[2];
-        if (run_case(c, g, e, &err))
+        kda_errs e[3];
+        double d32 = 1e30;
+        if (run_case(c, g, e, &d32, &err))
             goto fail;
-        for (int v = 1; v >= 0; v--) {
-            errs.push_back(e[v]);
-            worst = std::max({worst, e[v].conv, e[v].win, e[v].o, e[v].state});
+        for (int v = 0; v < 3; v++) {
+            const double m = std::max({e[v].conv, e[v].win, e[v].o, e[v].state});
+            worst[v] = std::max(worst[v], m);
+            case_err[v].push_back(std::max(e[v].o, e[v].state));
         }
+        worst_v3_v2 = std::max(worst_v3_v2, d32);
+        case_v3_v2.push_back(d32);
         t_free_all();
     }
     {
@@ -361,21 +468,35 @@ int main(void)
         if (refused < 0)
             goto fail;
         kda_times tm;
+        prefill_time pf[3];
+        const uint32_t pn[3] = {256, 1024, 8192};
         if (time_full(g, &tm, &err))
             goto fail;
         t_free_all();
-        const int ok = refused && worst < 1e-4;
-        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,",
-               ok ? "true" : "false", refused ? "true" : "false", worst);
-        for (int v = 2; v >= 1; v--) { /* errs: case i's v2 at 2 i, v1 at 2 i + 1 */
-            const kda_errs &a = errs[2 * 3 + 2 - v], &b = errs[2 * 4 + 2 - v];
+        for (int i = 0; i < 3; i++)
+            if (time_prefill(g, pn[i], &pf[i], &err))
+                goto fail;
+        const double all = std::max({worst[0], worst[1], worst[2], worst_v3_v2});
+        const int ok = refused && all < 1e-4;
+        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
+               "\"max_v3_vs_v2\":%.3g,\"cases\":[", ok ? "true" : "false",
+               refused ? "true" : "false", all, worst_v3_v2);
+        for (size_t i = 0; i < nc; i++) /* per case: max of o and state errors per version */
+            printf("{\"case\":\"%s\",\"v3\":%.3g,\"v2\":%.3g,\"v1\":%.3g,\"v3_vs_v2\":%.3g}%s",
+                   cases[i].name, case_err[2][i], case_err[1][i], case_err[0][i],
+                   case_v3_v2[i], i + 1 < nc ? "," : "],");
+        for (int v = 3; v >= 1; v--)
+            printf("\"%s_max_rel_l2\":%.3g,", version_name[v - 1], worst[v - 1]);
+        for (int v = 2; v >= 1; v--) {
             const double us = tm.recur_us[v - 1], gbps = tm.recur_bytes / (us * 1e-6) / 1e9;
-            printf("\"v%d\":{\"full_n1\":{\"o\":%.3g,\"state\":%.3g},\"full_3runs\":{"
-                   "\"o\":%.3g,\"state\":%.3g},\"recur_us\":%.2f,\"recur_gbps\":%.1f,"
-                   "\"recur_ratio_to_copy\":%.3f},", v, a.o, a.state, b.o, b.state, us, gbps,
+            printf("\"%s_n1\":{\"recur_us\":%.2f,\"recur_gbps\":%.1f,"
+                   "\"recur_ratio_to_copy\":%.3f},", version_name[v - 1], us, gbps,
                    gbps / tm.copy_gbps);
         }
-        printf("\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_bytes\":%zu,"
+        printf("\"prefill\":[");
+        for (int i = 0; i < 3; i++)
+            print_prefill(pf[i], i == 2);
+        printf("],\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_bytes\":%zu,"
                "\"d2d_copy_gbps\":%.1f}\n", tm.conv_us, tm.conv_bytes, tm.recur_bytes,
                tm.copy_gbps);
         return ok ? 0 : 1;

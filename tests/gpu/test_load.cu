@@ -1,17 +1,21 @@
 /*
  * tests/gpu/test_load.cu — the streaming fill of engine/gpu_plan.h on the GPU, as the backend
- * runs it (copies on one stream, mapped windows page-locked read-only, one event per window
- * slot), from a 2 GiB file in the page cache of the build folder's file system (ext4 on the
- * test machine) and from tmpfs (/dev/shm).  The file holds a known pattern; its pieces have
- * odd sizes and odd offsets (gaps between them, as tensors in a safetensors shard) and go to
- * 256-byte aligned places of one device arena.  Checked: after each fill the arena, copied
- * back, holds every piece's bytes (the count of pieces that differ must be 0), mapped with
- * the default 256 MiB windows, with 64 MiB windows, and through the staged reader.  Timed: each fill from the first map to the last
- * copy done, in GB/s, beside the pinned host-to-device copy rate measured in the same run
- * (the load target is >= 80% of it), and how many windows were page-locked: serial, with 2
- * and 4 load threads (KL_GPU_LOAD_THREADS), 64 MiB windows, the staged reader; and the
- * page-locking alone (map, register, unregister each 256 MiB window).  One JSON line;
- * exit 0 pass, 1 fail, 77 no GPU.
+ * runs it (copies on one stream, an event per window slot or ring buffer; mapped windows
+ * page-locked read-only; ring buffers pinned with kl_gpu_host_alloc), from a 4 GiB file in the
+ * page cache of the build folder's file system (ext4 on the test machine; written, then read
+ * once) and from tmpfs (/dev/shm).  The file holds a known pattern; its pieces have odd sizes
+ * and odd offsets (gaps between them, as tensors in a safetensors shard) and go to 256-byte
+ * aligned places of one device arena.  Checked after every fill: the arena, copied back, holds
+ * every piece's bytes (the count of pieces that differ must be 0) and its checksum over the
+ * pieces equals the file's.  Timed: each fill from the first read or map to the last copy
+ * done (the ring's pinned buffers allocated inside it; their allocation also alone), in GB/s
+ * beside the pinned host-to-device copy rate measured in the same run (the load target is
+ * >= 80% of it): RING with 1, 4, 8 and 16 load threads (64 MiB buffers, threads + 4 of them),
+ * with 8 threads and 16 MiB buffers, with 8 threads and O_DIRECT; MAPPED serial and with 4
+ * threads; the staged reader; and the page-locking alone (map, register, unregister each
+ * 256 MiB window).  Pieces up to 96 MiB for all of these; then up to 2 MiB (as a model's
+ * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.  One JSON line per case ({"test":"load-case",...}), then the summary line
+ * ({"test":"load","ok":...}); exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
 #include "common/clock.h"
@@ -24,7 +28,7 @@ extern "C" {
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define FILE_BYTES (((size_t)2 << 30) + 12345)
+#define FILE_BYTES (((size_t)4 << 30) + 12345)
 
 /* The byte at file offset o. */
 static inline uint8_t pattern(uint64_t o)
@@ -53,14 +57,23 @@ static int write_file(const char *path)
     return ok;
 }
 
-/* Pieces of odd sizes (1 B .. 96 MiB) with gaps of 0..255 bytes, covering the file; their
- * places one after another in the arena, 256-byte aligned. */
-static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *arena_bytes)
+/* A plan over the file: its pieces, arena size and the checksum the arena must have. */
+struct test_plan {
+    const char *name;
+    kl_gpu_plan p;
+    std::vector<kl_plan_piece> pc;
+    uint64_t arena_bytes, sum;
+};
+
+/* Pieces of odd sizes (1 B .. most bytes; a quarter under 1 KB) with gaps of 0..255 bytes,
+ * covering the file; their places one after another in the arena, 256-byte aligned. */
+static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *arena_bytes,
+                      uint32_t most)
 {
     pc.clear();
     uint64_t src = 8 + 1234, dst = 0;
     while (src < FILE_BYTES) {
-        uint64_t r = t_u32(), n = 1 + (r % 4 == 0 ? t_u32() % 997 : t_u32() % (96u << 20));
+        uint64_t r = t_u32(), n = 1 + (r % 4 == 0 ? t_u32() % 997 : t_u32() % most);
         n = std::min<uint64_t>(n, FILE_BYTES - src);
         pc.push_back(kl_plan_piece{0, dst, 0, src, NULL, n});
         dst = (dst + n + KL_PLAN_ALIGN - 1) / KL_PLAN_ALIGN * KL_PLAN_ALIGN;
@@ -74,10 +87,11 @@ static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *
     p->n_pieces = p->n_file = pc.size();
 }
 
-/* The backend's function table (engine/backend_gpu.c fill_*). */
+/* The backend's function table (engine/backend_gpu.c fill_*), the pinned allocations timed. */
 struct fill_ctx {
     kl_gpu_stream st;
-    kl_gpu_event ev[KL_FILL_MAX_WINDOWS];
+    kl_gpu_event ev[KL_FILL_MAX_SLOTS];
+    double alloc_s;
 };
 
 static int f_copy(void *ctx, void *dst, const void *src, size_t n, int pinned, kl_err *err)
@@ -108,21 +122,63 @@ static int f_wait(void *ctx, unsigned s, kl_err *err)
     return kl_gpu_event_sync(((fill_ctx *)ctx)->ev[s], err);
 }
 
+static int f_host_alloc(void *ctx, void **p, size_t n, kl_err *err)
+{
+    double t0 = kl_now_s();
+    int rc = kl_gpu_host_alloc(p, n, err);
+    ((fill_ctx *)ctx)->alloc_s += kl_now_s() - t0;
+    return rc;
+}
+
+static void f_host_free(void *ctx, void *p)
+{
+    kl_gpu_host_free(p);
+}
+
+/* A checksum of the pieces' bytes, each at its place in base (src: 0 the arena, 1 the file). */
+static uint64_t checksum(const kl_gpu_plan *p, const uint8_t *base, int file)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < p->n_pieces; i++) {
+        const kl_plan_piece &x = p->pieces[i];
+        const uint8_t *b = base + (file ? x.src : x.dst);
+        size_t n = (size_t)x.bytes, j = 0;
+        for (; j + 8 <= n; j += 8) {
+            uint64_t w;
+            memcpy(&w, b + j, 8);
+            h = (h ^ w) * 1099511628211ull;
+        }
+        for (; j < n; j++)
+            h = (h ^ b[j]) * 1099511628211ull;
+    }
+    return h;
+}
+
 static std::string g_runs;
 
-/* One fill of path into the arena, timed, then checked byte for byte. */
-static void run_fill(const char *where, const char *how, const char *path, const kl_gpu_plan *p,
+/* Appends a case's JSON object to the summary and prints it as its own line. */
+static void report(const char *obj)
+{
+    printf("{\"test\":\"load-case\",%s\n", obj + 1);
+    g_runs += g_runs.empty() ? "" : ",";
+    g_runs += obj;
+}
+
+/* One fill of path into the arena as tp says, timed, then checked byte for byte and by
+ * checksum. */
+static void run_fill(const char *where, const char *how, const char *path, const test_plan &tp,
                      uint8_t *arena, const kl_fill_opts *o, double h2d_gbps)
 {
+    const kl_gpu_plan *p = &tp.p;
     fill_ctx f = {};
     kl_err err;
     kl_err_clear(&err);
     t_ok(kl_gpu_stream_create(&f.st, &err), &err, "stream");
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
         t_ok(kl_gpu_event_create(&f.ev[i], &err), &err, "event");
     T_CHECK(hipMemset(arena, 0, p->arena_bytes[0]));
     T_CHECK(hipDeviceSynchronize());
-    kl_fill_ops ops = {&f, f_copy, f_pin, f_unpin, f_mark, f_wait};
+    kl_fill_ops ops = {&f, f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
     kl_fill_stats st = {};
     const char *paths[1] = {path};
     uint8_t *arenas[1] = {arena};
@@ -136,23 +192,30 @@ static void run_fill(const char *where, const char *how, const char *path, const
         const kl_plan_piece &x = p->pieces[i];
         bad += memcmp(back.data() + x.dst, g_file.data() + x.src, x.bytes) != 0;
     }
-    char what[96], buf[400];
-    snprintf(what, sizeof what, "%s %s pieces wrong", where, how);
+    uint64_t sum = checksum(p, back.data(), 0);
+    char what[128], buf[700];
+    snprintf(what, sizeof what, "%s %s %s pieces wrong", where, tp.name, how);
     t_check(what, (double)bad, 0);
+    snprintf(what, sizeof what, "%s %s %s checksum differs", where, tp.name, how);
+    t_check(what, sum == tp.sum ? 0.0 : 1.0, 0);
     const double gbps = p->file_bytes / s / 1e9;
     snprintf(buf, sizeof buf,
-             "%s{\"file\":\"%s\",\"how\":\"%s\",\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,"
-             "\"ratio_to_pinned_h2d\":%.3f,\"windows\":%llu,\"pinned\":%llu}",
-             g_runs.empty() ? "" : ",", where, how, (unsigned long long)p->file_bytes, s, gbps,
-             gbps / h2d_gbps, (unsigned long long)st.windows, (unsigned long long)st.pinned);
-    g_runs += buf;
-    for (unsigned i = 0; i < KL_FILL_MAX_WINDOWS; i++)
+             "{\"file\":\"%s\",\"pieces\":\"%s\",\"n_pieces\":%zu,\"how\":\"%s\","
+             "\"threads\":%u,\"buffer_mib\":%zu,\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,"
+             "\"pinned_h2d_gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f,\"host_alloc_s\":%.4f,"
+             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s}",
+             where, tp.name, p->n_pieces, how, o->threads, o->window_bytes >> 20,
+             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s,
+             (unsigned long long)st.windows, (unsigned long long)st.pinned,
+             (unsigned long long)bad, sum == tp.sum ? "true" : "false");
+    report(buf);
+    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
         kl_gpu_event_destroy(f.ev[i]);
     kl_gpu_stream_destroy(f.st);
 }
 
 /* Page-locking alone: every 256 MiB window of the file mapped, registered read-only and
- * released, one after another (the serial fill's cost beside its copies). */
+ * released, one after another (the serial mapped fill's cost beside its copies). */
 static void time_register(const char *where, const char *path, double h2d_gbps)
 {
     int fd = open(path, O_RDONLY);
@@ -179,12 +242,59 @@ static void time_register(const char *where, const char *path, double h2d_gbps)
     double s = kl_now_s() - t0;
     char buf[300];
     snprintf(buf, sizeof buf,
-             "%s{\"file\":\"%s\",\"how\":\"register-only\",\"s\":%.4f,\"gbps\":%.2f,"
-             "\"ratio_to_pinned_h2d\":%.3f,\"windows\":%zu,\"pinned\":%zu}",
-             g_runs.empty() ? "" : ",", where, s, FILE_BYTES / s / 1e9,
-             FILE_BYTES / s / 1e9 / h2d_gbps, n, ok);
-    g_runs += buf;
+             "{\"file\":\"%s\",\"how\":\"register-only\",\"s\":%.4f,\"gbps\":%.2f,"
+             "\"pinned_h2d_gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f,\"windows\":%zu,"
+             "\"pinned\":%zu}",
+             where, s, FILE_BYTES / s / 1e9, h2d_gbps, FILE_BYTES / s / 1e9 / h2d_gbps, n, ok);
+    report(buf);
     close(fd);
+}
+
+/* Reads the whole file once (so a page-cache case starts warm). */
+static void read_once(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return;
+    std::vector<uint8_t> buf((size_t)64 << 20);
+    for (off_t at = 0;;) {
+        ssize_t n = pread(fd, buf.data(), buf.size(), at);
+        if (n <= 0)
+            break;
+        at += n;
+    }
+    close(fd);
+}
+
+/* The cases of one file: every way with large pieces (tp[0]), the ring with 8 threads and the
+ * mapped fill with model-sized pieces (tp[1]: experts' ~1 MiB codes and small scales). */
+static void run_file(const char *where, const char *path, const test_plan *tp, uint8_t *arena,
+                     double h2d)
+{
+    const test_plan &p = tp[0];
+    const size_t MiB = (size_t)1 << 20;
+    time_register(where, path, h2d);
+    static const unsigned ring_threads[] = {1, 4, 8, 16};
+    for (unsigned t : ring_threads) {
+        char how[32];
+        snprintf(how, sizeof how, "ring-%u-threads", t);
+        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF};
+        run_fill(where, how, path, p, arena, &o, h2d);
+    }
+    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF};
+    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON};
+    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF};
+    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF};
+    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF};
+    run_fill(where, "ring-8-threads-16MiB", path, p, arena, &small, h2d);
+    run_fill(where, "ring-direct-8-threads", path, p, arena, &dio, h2d);
+    read_once(path);   /* O_DIRECT may have dropped cached pages */
+    run_fill(where, "mapped", path, p, arena, &mapped, h2d);
+    run_fill(where, "mapped-4-threads", path, p, arena, &t4, h2d);
+    run_fill(where, "read", path, p, arena, &rd, h2d);
+    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF};
+    run_fill(where, "ring-8-threads", path, tp[1], arena, &r8, h2d);
+    run_fill(where, "mapped-4-threads", path, tp[1], arena, &t4, h2d);
 }
 
 int main(void)
@@ -198,14 +308,17 @@ int main(void)
     g_file.resize(FILE_BYTES);
     for (size_t i = 0; i < FILE_BYTES; i++)
         g_file[i] = pattern(i);
-    kl_gpu_plan p;
-    std::vector<kl_plan_piece> pc;
+    static test_plan tp[2];
+    const uint32_t most[2] = {96u << 20, 2u << 20};
     uint64_t arena_bytes = 0;
-    make_plan(&p, pc, &arena_bytes);
-    uint64_t fb = 0;
-    for (const auto &x : pc)
-        fb += x.bytes;
-    p.file_bytes = fb;
+    for (int i = 0; i < 2; i++) {
+        tp[i].name = i ? "model-sized" : "large";
+        make_plan(&tp[i].p, tp[i].pc, &tp[i].arena_bytes, most[i]);
+        for (const auto &x : tp[i].pc)
+            tp[i].p.file_bytes += x.bytes;
+        tp[i].sum = checksum(&tp[i].p, g_file.data(), 1);
+        arena_bytes = std::max(arena_bytes, tp[i].arena_bytes);
+    }
     uint8_t *arena = (uint8_t *)t_alloc(arena_bytes);
     const char *files[2][2] = {{"page-cache", "build/kl_test_load.bin"},
                                {"tmpfs", "/dev/shm/kl_test_load.bin"}};
@@ -214,19 +327,8 @@ int main(void)
             fprintf(stderr, "test_load: cannot write %s: %s skipped\n", fl[1], fl[0]);
             continue;
         }
-        time_register(fl[0], fl[1], h2d);
-        kl_fill_opts mapped = {KL_FILL_MAPPED, 0, 0, 0, KL_DIRECT_OFF};
-        kl_fill_opts small = {KL_FILL_MAPPED, (size_t)64 << 20, 3, 0, KL_DIRECT_OFF};
-        kl_fill_opts t2 = {KL_FILL_MAPPED, 0, 4, 2, KL_DIRECT_OFF};
-        kl_fill_opts t4 = {KL_FILL_MAPPED, 0, 8, 4, KL_DIRECT_OFF};
-        kl_fill_opts t4s = {KL_FILL_MAPPED, (size_t)64 << 20, 8, 4, KL_DIRECT_OFF};
-        kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF};
-        run_fill(fl[0], "mapped", fl[1], &p, arena, &mapped, h2d);
-        run_fill(fl[0], "mapped-64MiB", fl[1], &p, arena, &small, h2d);
-        run_fill(fl[0], "mapped-2-threads", fl[1], &p, arena, &t2, h2d);
-        run_fill(fl[0], "mapped-4-threads", fl[1], &p, arena, &t4, h2d);
-        run_fill(fl[0], "mapped-4-threads-64MiB", fl[1], &p, arena, &t4s, h2d);
-        run_fill(fl[0], "read", fl[1], &p, arena, &rd, h2d);
+        read_once(fl[1]);
+        run_file(fl[0], fl[1], tp, arena, h2d);
         unlink(fl[1]);
     }
     hipFree(arena);
