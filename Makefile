@@ -14,7 +14,7 @@ CSTD     := -std=c11 -D_GNU_SOURCE
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O2 -g
 CPPFLAGS := -I. -I/usr/include/cjson
-LDLIBS   := -luring -laio -lcrypto -lcjson -lpcre2-8 -lpthread -lm
+LDLIBS   := -luring -laio -lcrypto -lcjson -lpcre2-8 -lmicrohttpd -lpthread -lm
 ASANFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
@@ -36,6 +36,8 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BA)/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BA)/replay_%)
 # tokenizer parity with OpenAI's tiktoken core (node; packages from scripts/install-deps.sh)
 TEST_SCRIPTS := tests/tokenizer/parity.sh
+# kl serve through the official openai npm client (node; packages from scripts/install-deps.sh)
+TEST_SCRIPTS += tests/serve/client.sh
 # make install (PREFIX, DESTDIR) and make portable (runs from any folder without LD_LIBRARY_PATH)
 TEST_SCRIPTS += tests/install.sh
 # the README's example commands, top to bottom (all but the 9 GB ones)
@@ -114,7 +116,7 @@ BP ?= $(B)/portable
 portable: $(B)/libkl.a $(CLI_OBJ)
 	@mkdir -p $(BP)
 	$(CC) -o $(BP)/kl $(CLI_OBJ) $(B)/libkl.a -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 \
-	  -Wl,-Bdynamic -lcjson -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
+	  -lmicrohttpd -Wl,-Bdynamic -lcjson -lgnutls -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BP)/
 
 # ---- GPU build (make GPU=cuda gpu, or GPU=hip): kl with the GPU backend, and the device tests ----
@@ -156,7 +158,7 @@ $(BG)/obj/%.o: %.c $(HDRS)
 
 $(BG)/kl: $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ)
 	$(CXX) -o $@ $(GCLI_OBJ) $(GLIB_OBJ) $(GPU_OBJ) -Wl,-Bstatic -luring -laio -lcrypto -lpcre2-8 \
-	  -Wl,-Bdynamic -lcjson $(GPU_LIBS) -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
+	  -lmicrohttpd -Wl,-Bdynamic -lcjson -lgnutls $(GPU_LIBS) -lpthread -lm -ldl -Wl,-rpath,'$$ORIGIN'
 	cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 $(BG)/
 
 # device tests: exit 77 (skip) without a GPU; they link libkl.a for kl_err

@@ -27,6 +27,7 @@ static const command commands[] = {
     {"detokenize", cmd_detokenize, "token ids -> text with a checkpoint's tokenizer"},
     {"run", cmd_run, "generate from a prompt on the CPU (or teacher-force and dump logits)"},
     {"chat", cmd_chat, "interactive multi-turn chat on the CPU, reusing the shared prefix"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
 };
 
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -69,7 +69,13 @@ static int send_delta(kl_chat_stream *s, cJSON *delta, const char *finish, kl_er
     cJSON_AddItemToArray(choices, ch);
     cJSON_AddNumberToObject(ch, "index", 0);
     cJSON_AddItemToObject(ch, "delta", delta);
-    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON *lp = s->lp_pending ? cJSON_AddObjectToObject(ch, "logprobs") : NULL;
+    if (lp) {
+        cJSON_AddItemToObject(lp, "content", s->lp_pending);
+        s->lp_pending = NULL;
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
@@ -204,10 +210,23 @@ int kl_chat_stream_end(kl_chat_stream *s, const char *finish_reason, const kl_us
     return rc;
 }
 
+int kl_chat_stream_logprob(kl_chat_stream *s, cJSON *item, kl_err *err)
+{
+    if (!s->lp_pending && !(s->lp_pending = cJSON_CreateArray())) {
+        cJSON_Delete(item);
+        return nomem(err);
+    }
+    cJSON_AddItemToArray(s->lp_pending, item);
+    return 0;
+}
+
 void kl_chat_stream_free(kl_chat_stream *s)
 {
-    if (s)
+    if (s) {
         kl_toolstream_free(&s->ts);
+        cJSON_Delete(s->lp_pending);
+        s->lp_pending = NULL;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -264,12 +283,35 @@ int kl_chat_reply_json(const char *id, const char *model, int64_t created, int t
                        const char *text, size_t len, const char *finish_reason,
                        const kl_usage *usage, char **json, kl_err *err)
 {
+    return kl_chat_reply_json_lp(id, model, created, tools_on, text, len, finish_reason, usage,
+                                 NULL, json, err);
+}
+
+/* "logprobs": {"content": items} or null into ch (items taken over). */
+static int add_logprobs(cJSON *ch, cJSON *items)
+{
+    if (!items)
+        return cJSON_AddNullToObject(ch, "logprobs") != NULL;
+    cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+    if (!lp) {
+        cJSON_Delete(items);
+        return 0;
+    }
+    cJSON_AddItemToObject(lp, "content", items);
+    return 1;
+}
+
+int kl_chat_reply_json_lp(const char *id, const char *model, int64_t created, int tools_on,
+                          const char *text, size_t len, const char *finish_reason,
+                          const kl_usage *usage, cJSON *items, char **json, kl_err *err)
+{
     *json = NULL;
     cJSON *o = cJSON_CreateObject(), *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
     cJSON *ch = cJSON_CreateObject();
     if (!choices || !ch) {
         cJSON_Delete(o);
         cJSON_Delete(ch);
+        cJSON_Delete(items);
         return nomem(err);
     }
     cJSON_AddStringToObject(o, "id", id);
@@ -280,8 +322,11 @@ int kl_chat_reply_json(const char *id, const char *model, int64_t created, int t
     cJSON_AddNumberToObject(ch, "index", 0);
     int called = 0;
     int rc = add_message(ch, tools_on, text, len, &called, err);
+    if (rc)
+        cJSON_Delete(items);
+    else if (!add_logprobs(ch, items))
+        rc = nomem(err);
     if (!rc) {
-        cJSON_AddNullToObject(ch, "logprobs");
         cJSON_AddStringToObject(ch, "finish_reason", called ? "tool_calls" : finish_reason);
         if (usage && !add_usage(o, usage))
             rc = nomem(err);
@@ -296,4 +341,43 @@ int kl_chat_reply_json(const char *id, const char *model, int64_t created, int t
         strcpy(*json, t);
     cJSON_free(t);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Legacy completions                                                                         */
+
+int kl_text_completion_json(const char *id, const char *model, int64_t created, const char *text,
+                            size_t len, const char *finish_reason, const kl_usage *usage,
+                            char **json, kl_err *err)
+{
+    *json = NULL;
+    cJSON *o = cJSON_CreateObject(), *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *ch = text ? cJSON_CreateObject() : NULL;
+    char *t = text ? kl_malloc(len + 1) : NULL;
+    int ok = choices && (!text || (ch && t));
+    if (ok && text) {
+        memcpy(t, text, len);
+        t[len] = '\0';
+        cJSON_AddItemToArray(choices, ch);
+        ch = NULL;
+        cJSON *c = cJSON_GetArrayItem(choices, 0);
+        ok = cJSON_AddStringToObject(c, "text", t) && cJSON_AddNumberToObject(c, "index", 0) &&
+             cJSON_AddNullToObject(c, "logprobs") &&
+             (finish_reason ? cJSON_AddStringToObject(c, "finish_reason", finish_reason) != NULL
+                            : cJSON_AddNullToObject(c, "finish_reason") != NULL);
+    }
+    ok = ok && cJSON_AddStringToObject(o, "id", id) &&
+         cJSON_AddStringToObject(o, "object", "text_completion") &&
+         cJSON_AddNumberToObject(o, "created", (double)created) &&
+         cJSON_AddStringToObject(o, "model", model) && (!usage || add_usage(o, usage));
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    cJSON_Delete(ch);
+    kl_free(t);
+    if (s)
+        *json = kl_malloc(strlen(s) + 1);
+    if (*json)
+        strcpy(*json, s);
+    cJSON_free(s);
+    return *json ? 0 : nomem(err);
 }

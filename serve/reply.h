@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct cJSON;
+
 /* Token counts of the usage object. */
 typedef struct kl_usage {
     uint64_t prompt_tokens, completion_tokens, cached_tokens;
@@ -41,6 +43,7 @@ typedef struct kl_chat_stream {
     kl_toolstream ts;
     kl_sse_sink   sink;
     void         *user;
+    struct cJSON *lp_pending;  /* logprobs items not sent yet (they go with the next chunk) */
 } kl_chat_stream;
 
 /* Starts a stream (the role chunk goes out).  tools_on: see the header comment. */
@@ -48,6 +51,9 @@ int  kl_chat_stream_begin(kl_chat_stream *s, const char *id, const char *model, 
                           int tools_on, kl_sse_sink sink, void *user, kl_err *err);
 /* The next piece of the reply's text (detokenized, special-token text included). */
 int  kl_chat_stream_text(kl_chat_stream *s, const char *text, size_t len, kl_err *err);
+/* One logprobs item ({"token", "logprob", "bytes", "top_logprobs"}, taken over) for the reply:
+ * it goes out as "logprobs": {"content": [...]} with the next chunk sent. */
+int  kl_chat_stream_logprob(kl_chat_stream *s, struct cJSON *item, kl_err *err);
 /* Ends it: held text, the finish chunk, usage when usage is non-NULL, [DONE]. */
 int  kl_chat_stream_end(kl_chat_stream *s, const char *finish_reason, const kl_usage *usage,
                         kl_err *err);
@@ -57,5 +63,20 @@ void kl_chat_stream_free(kl_chat_stream *s);   /* safe on a zeroed struct */
 int  kl_chat_reply_json(const char *id, const char *model, int64_t created, int tools_on,
                         const char *text, size_t len, const char *finish_reason,
                         const kl_usage *usage, char **json, kl_err *err);
+
+/* As kl_chat_reply_json with the choice's "logprobs": {"content": items} (items: a cJSON array,
+ * taken over; NULL: null). */
+int  kl_chat_reply_json_lp(const char *id, const char *model, int64_t created, int tools_on,
+                           const char *text, size_t len, const char *finish_reason,
+                           const kl_usage *usage, struct cJSON *items, char **json,
+                           kl_err *err);
+
+/* A legacy completion (POST /v1/completions) object "text_completion": the whole reply, or one
+ * streamed chunk (the same shape: choices [{text, index, logprobs null, finish_reason}],
+ * finish_reason NULL: null).  text NULL: no choice at all (choices [], the usage chunk);
+ * usage NULL: no usage.  *json: kl_malloc'd, one line. */
+int  kl_text_completion_json(const char *id, const char *model, int64_t created,
+                             const char *text, size_t len, const char *finish_reason,
+                             const kl_usage *usage, char **json, kl_err *err);
 
 #endif

@@ -417,10 +417,10 @@ static int sampling(kl_req_chat *r, const cJSON *o, kl_api_error *e)
     return rc ? rc : seed(r, o, e);
 }
 
-/* n (only 1), stream and its options, logprobs. */
-static int reply_format(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+/* n (only 1), stream and its options. */
+static int stream_format(kl_req_chat *r, const cJSON *o, kl_api_error *e)
 {
-    uint64_t n = 1, top = 0;
+    uint64_t n = 1;
     int rc = opt_count(o, "n", 1, UINT32_MAX, &n, NULL, e);
     if (!rc && n != 1)
         rc = BAD(e, "n", "n must be 1 (one choice per request)");
@@ -433,6 +433,14 @@ static int reply_format(kl_req_chat *r, const cJSON *o, kl_api_error *e)
         else
             rc = opt_bool(so, "include_usage", &r->include_usage, e);
     }
+    return rc;
+}
+
+/* stream_format, then logprobs and top_logprobs. */
+static int reply_format(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+{
+    uint64_t top = 0;
+    int rc = stream_format(r, o, e);
     if (!rc)
         rc = opt_bool(o, "logprobs", &r->logprobs, e);
     int given = 0;
@@ -447,7 +455,8 @@ static int reply_format(kl_req_chat *r, const cJSON *o, kl_api_error *e)
 /* ------------------------------------------------------------------------------------------ */
 /* The request                                                                                */
 
-static int request(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+/* The body is an object naming the model. */
+static int body_model(kl_req_chat *r, const cJSON *o, kl_api_error *e)
 {
     if (!cJSON_IsObject(o))
         return BAD(e, NULL, "the request body must be a JSON object");
@@ -456,8 +465,16 @@ static int request(kl_req_chat *r, const cJSON *o, kl_api_error *e)
         return BAD(e, "model", "model is required: the name of a served model");
     if (!(r->model = own_str(r, model->valuestring)))
         return nomem(e);
+    return 0;
+}
+
+static int request(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+{
+    int rc = body_model(r, o, e);
+    if (rc)
+        return rc;
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    int rc = messages(r, cJSON_GetObjectItemCaseSensitive(o, "messages"), e);
+    rc = messages(r, cJSON_GetObjectItemCaseSensitive(o, "messages"), e);
     if (!rc)
         rc = tools(r, ts, e);
     if (!rc)
@@ -473,7 +490,55 @@ static int request(kl_req_chat *r, const cJSON *o, kl_api_error *e)
     return rc;
 }
 
-int kl_req_chat_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e)
+/* A legacy completion's prompt: a string, or an array of one string. */
+static int completion_prompt(kl_req_chat *r, const cJSON *p, kl_api_error *e)
+{
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1)
+        p = p->child;
+    if (!cJSON_IsString(p))
+        return BAD(e, "prompt", "prompt must be a string (or an array of one string)");
+    return (r->prompt = own_str(r, p->valuestring)) ? 0 : nomem(e);
+}
+
+/* What a legacy completion may not ask here: echo, suffix, best_of > 1, logprobs. */
+static int completion_refusals(const cJSON *o, kl_api_error *e)
+{
+    static const char *const keys[] = {"echo", "suffix", "best_of", "logprobs"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        int off = !v || cJSON_IsNull(v) || cJSON_IsFalse(v) ||
+                  (i == 2 && cJSON_IsNumber(v) && v->valuedouble == 1);
+        if (!off)
+            return BAD(e, keys[i], "%s is not supported by this server", keys[i]);
+    }
+    return 0;
+}
+
+static int completion(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+{
+    int rc = body_model(r, o, e);
+    if (rc)
+        return rc;
+    r->tool_choice = KL_TOOL_NONE;
+    rc = completion_prompt(r, cJSON_GetObjectItemCaseSensitive(o, "prompt"), e);
+    if (!rc)
+        rc = completion_refusals(o, e);
+    if (!rc)
+        rc = limits(r, o, e);
+    if (!rc && !r->max_tokens)
+        r->max_tokens = 16;           /* the completions API's default */
+    if (!rc)
+        rc = sampling(r, o, e);
+    if (!rc)
+        rc = stops(r, o, e);
+    if (!rc)
+        rc = stream_format(r, o, e);
+    return rc;
+}
+
+/* Parses body as JSON and checks it with fn into *out. */
+static int parse_with(const char *body, size_t len, kl_req_chat *out, kl_api_error *e,
+                      int (*fn)(kl_req_chat *, const cJSON *, kl_api_error *))
 {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
@@ -485,11 +550,21 @@ int kl_req_chat_parse(const char *body, size_t len, kl_req_chat *out, kl_api_err
         return nomem(e);
     if (rc)
         return BAD(e, NULL, "the request body is not valid JSON: %s", jerr.msg);
-    rc = request(out, root, e);
+    rc = fn(out, root, e);
     cJSON_Delete(root);
     if (rc)
         kl_req_chat_free(out);
     return rc;
+}
+
+int kl_req_chat_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e)
+{
+    return parse_with(body, len, out, e, request);
+}
+
+int kl_req_completion_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e)
+{
+    return parse_with(body, len, out, e, completion);
 }
 
 void kl_req_chat_free(kl_req_chat *r)

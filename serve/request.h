@@ -63,6 +63,7 @@ typedef struct kl_req_chat {
     char             *stop[KL_REQ_MAX_STOP];
     size_t            n_stop;
     int               stream, include_usage;
+    char             *prompt;          /* a legacy completion's prompt (msgs NULL then) */
     int               logprobs;
     uint32_t          top_logprobs;
     /* storage the messages point into */
@@ -74,6 +75,11 @@ typedef struct kl_req_chat {
 /* Parses and checks body[0..len) into *out (zeroed first).  0 on success; otherwise the
  * OpenAI error in *e and KL_E_USAGE (or KL_E_NOMEM with status 500). */
 int  kl_req_chat_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e);
+/* A legacy completions body (POST /v1/completions) into the same struct: model, prompt (a
+ * string or an array of one string), the limits (max_tokens default 16), sampling, stop,
+ * n, stream and stream_options as for chat; echo, suffix, best_of > 1 and logprobs are
+ * refused (400: not supported). */
+int  kl_req_completion_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e);
 void kl_req_chat_free(kl_req_chat *r);
 
 /* Fills e (status, type, param, printf message); returns KL_E_USAGE, or KL_E_NOMEM for 500. */

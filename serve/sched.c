@@ -202,7 +202,9 @@ static void sample(kl_sched *s, seq *q, const float *logits)
         return;
     }
     q->generated++;
-    if (q->req.on_token && q->req.on_token(q->req.user, id, &e)) {
+    if ((q->req.on_logits &&
+         q->req.on_logits(q->req.user, logits, s->m->cfg.vocab_size, id, &e)) ||
+        (q->req.on_token && q->req.on_token(q->req.user, id, &e))) {
         finish(s, q, KL_SCHED_ERROR, &e);
         return;
     }

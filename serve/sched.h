@@ -41,6 +41,10 @@ typedef enum kl_sched_end {
 
 /* A new id of request user's reply (0 to go on; an error ends the request). */
 typedef int (*kl_sched_token_fn)(void *user, kl_token id, kl_err *err);
+/* The logits row id was sampled from (vocab floats, valid during the call), before on_token
+ * gets id (a stop id is not passed): per-token logprobs.  0 to go on. */
+typedef int (*kl_sched_logits_fn)(void *user, const float *logits, size_t vocab, kl_token id,
+                                  kl_err *err);
 /* The request is over (called once; err is set for KL_SCHED_ERROR). */
 typedef void (*kl_sched_done_fn)(void *user, kl_sched_end why, size_t n_generated,
                                  const kl_err *err);
@@ -53,6 +57,7 @@ typedef struct kl_sched_req {
     const kl_token   *stop_ids;     /* copied at submit; may be NULL */
     size_t            n_stop_ids;
     kl_sched_token_fn on_token;
+    kl_sched_logits_fn on_logits;   /* may be NULL */
     kl_sched_done_fn  on_done;
     void             *user;
 } kl_sched_req;

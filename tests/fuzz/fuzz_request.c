@@ -7,7 +7,9 @@
  *     and leaves no storage behind;
  *   - an accepted request has at least one message, each with a role the renderer knows,
  *     n_stop within its bound, top_logprobs <= 20, and renders (or is refused by the renderer
- *     with KL_E_USAGE: e.g. a tool call without a name is the renderer's rule too).
+ *     with KL_E_USAGE: e.g. a tool call without a name is the renderer's rule too);
+ *   - the same bytes as a legacy completions body (kl_req_completion_parse): refusals as
+ *     above; an accepted one has a prompt, no messages, max_tokens >= 1.
  */
 #include "common/mem.h"
 #include "engine/chat.h"
@@ -23,14 +25,34 @@ static void require(int cond)
         abort();
 }
 
+/* A refusal's shape: an OpenAI error, nothing left behind. */
+static void refused(int rc, const kl_api_error *e, const kl_req_chat *r)
+{
+    require((e->status == 400 && rc == KL_E_USAGE) || (e->status == 500 && rc == KL_E_NOMEM));
+    require(e->type[0] && e->message[0] && !r->msgs && !r->model && !r->strings);
+}
+
+static void completion(const uint8_t *data, size_t size)
+{
+    kl_req_chat r;
+    kl_api_error e;
+    int rc = kl_req_completion_parse((const char *)data, size, &r, &e);
+    if (rc) {
+        refused(rc, &e, &r);
+        return;
+    }
+    require(r.prompt && r.model && !r.msgs && r.max_tokens >= 1 && !r.logprobs);
+    kl_req_chat_free(&r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    completion(data, size);
     kl_req_chat r;
     kl_api_error e;
     int rc = kl_req_chat_parse((const char *)data, size, &r, &e);
     if (rc) {
-        require((e.status == 400 && rc == KL_E_USAGE) || (e.status == 500 && rc == KL_E_NOMEM));
-        require(e.type[0] && e.message[0] && !r.msgs && !r.model && !r.strings);
+        refused(rc, &e, &r);
         return 0;
     }
     require(r.n_msgs > 0 && r.model && r.n_stop <= KL_REQ_MAX_STOP && r.top_logprobs <= 20);

@@ -1,0 +1,385 @@
+/*
+ * serve/answer.c — a job's ids into a reply (see answer.h).
+ *
+ * The path of every id: the tokenizer's stream (whole characters), U+FFFD for bytes that are
+ * not UTF-8, the stop-string filter, then emit(): events for a stream, the text for a whole
+ * reply.
+ */
+#include "serve/answer.h"
+
+#include "common/grow.h"
+#include "common/mem.h"
+#include "common/utf8.h"
+#include "serve/reply.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+struct kl_answer {
+    kl_job             *job;
+    const kl_tokenizer *tok;
+    char                id[64];
+    char               *model;
+    int64_t             created;
+    int                 text_kind;     /* a legacy completion */
+    int                 tools_on, stream, include_usage, logprobs;
+    cJSON              *lp_items;      /* a whole reply's logprobs items */
+    size_t              n_prompt;
+    char               *stops[KL_REQ_MAX_STOP];
+    size_t              n_stop, max_stop;
+    kl_tok_stream       ts;
+    kl_chat_stream      cs;
+    char               *held;          /* text that may start a stop string */
+    size_t              n_held, cap_held;
+    char               *text;          /* a whole reply's text */
+    size_t              n_text, cap_text;
+    char               *out;           /* a stream's bytes not yet taken: out[off..n_out) */
+    size_t              n_out, off, cap_out;
+    size_t              n_ids;         /* ids read */
+    int                 stopped;       /* a stop string ended the reply */
+    int                 over;
+    kl_job_end          end;
+};
+
+static int nomem(kl_err *err)
+{
+    return kl_fail(err, KL_E_NOMEM, "out of memory for a reply");
+}
+
+/* Appends s[0..n) to the growable buffer *buf. */
+static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n, kl_err *err)
+{
+    if (kl_grow(buf, cap, *len + n + 1, 1))
+        return nomem(err);
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+/* kl_chat_stream's sink, and every other event: into the pending bytes. */
+static int sink(void *user, const char *ev, size_t len, kl_err *err)
+{
+    kl_answer *a = user;
+    return append(&a->out, &a->n_out, &a->cap_out, ev, len, err);
+}
+
+/* A legacy completion's event: text (NULL: the usage chunk), finish, usage. */
+static int text_event(kl_answer *a, const char *text, size_t len, const char *finish,
+                      const kl_usage *u, kl_err *err)
+{
+    char *json = NULL;
+    int rc = kl_text_completion_json(a->id, a->model, a->created, text, len, finish, u, &json,
+                                     err);
+    if (!rc)
+        rc = sink(a, "data: ", 6, err);
+    if (!rc)
+        rc = sink(a, json, strlen(json), err);
+    if (!rc)
+        rc = sink(a, "\n\n", 2, err);
+    kl_free(json);
+    return rc;
+}
+
+/* Reply text that is final: an event, or the whole reply's text. */
+static int emit(kl_answer *a, const char *t, size_t len, kl_err *err)
+{
+    if (!len)
+        return 0;
+    if (!a->stream)
+        return append(&a->text, &a->n_text, &a->cap_text, t, len, err);
+    return a->text_kind ? text_event(a, t, len, NULL, NULL, err)
+                        : kl_chat_stream_text(&a->cs, t, len, err);
+}
+
+/* The earliest stop string in held: its offset, or n_held when none. */
+static size_t first_stop(const kl_answer *a)
+{
+    size_t best = a->n_held;
+    for (size_t i = 0; i < a->n_stop; i++) {
+        const char *p = memmem(a->held, a->n_held, a->stops[i], strlen(a->stops[i]));
+        if (p && (size_t)(p - a->held) < best)
+            best = (size_t)(p - a->held);
+    }
+    return best;
+}
+
+/* Text through the stop filter: what can no longer start a stop string goes on (cut at a
+ * character boundary); a match ends the reply. */
+static int filter(kl_answer *a, const char *t, size_t len, kl_err *err)
+{
+    if (a->stopped)
+        return 0;
+    if (!a->n_stop)
+        return emit(a, t, len, err);
+    int rc = append(&a->held, &a->n_held, &a->cap_held, t, len, err);
+    if (rc)
+        return rc;
+    size_t at = first_stop(a);
+    if (at < a->n_held) {
+        a->stopped = 1;
+        kl_job_cancel(a->job);
+        rc = emit(a, a->held, at, err);
+        a->n_held = 0;
+        return rc;
+    }
+    if (a->n_held < a->max_stop)
+        return 0;
+    size_t cut = a->n_held - (a->max_stop - 1);
+    while (cut && ((unsigned char)a->held[cut] & 0xC0) == 0x80)
+        cut--;
+    rc = emit(a, a->held, cut, err);
+    memmove(a->held, a->held + cut, a->n_held - cut);
+    a->n_held -= cut;
+    return rc;
+}
+
+/* Detokenized bytes: U+FFFD for what is not UTF-8 (the tokenizer's stream never splits a
+ * valid character, so piece by piece equals the whole), then the filter. */
+static int piece(kl_answer *a, const char *t, size_t len, kl_err *err)
+{
+    if (!len)
+        return 0;
+    char *clean = kl_utf8_sanitize(t, len);
+    if (!clean)
+        return nomem(err);
+    int rc = filter(a, clean, strlen(clean), err);
+    kl_free(clean);
+    return rc;
+}
+
+static const char *finish_reason(const kl_answer *a)
+{
+    return !a->stopped && a->end.why == KL_SCHED_LENGTH ? "length" : "stop";
+}
+
+/* The job ended without completing (engine error, or cancelled by a shutdown). */
+static int incomplete(const kl_answer *a)
+{
+    return !a->stopped && (a->end.why == KL_SCHED_ERROR || a->end.why == KL_SCHED_CANCELLED);
+}
+
+/* A stream's error event (OpenAI's shape inside the stream). */
+static int error_event(kl_answer *a, kl_err *err)
+{
+    cJSON *o = cJSON_CreateObject(), *e = o ? cJSON_AddObjectToObject(o, "error") : NULL;
+    char msg[400];
+    snprintf(msg, sizeof msg, "the request did not complete: %s",
+             a->end.why == KL_SCHED_ERROR ? a->end.err.msg : "cancelled (shutting down)");
+    int ok = e && cJSON_AddStringToObject(e, "message", msg) &&
+             cJSON_AddStringToObject(e, "type", "server_error") &&
+             cJSON_AddNullToObject(e, "param") && cJSON_AddNullToObject(e, "code");
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    int rc = s ? sink(a, "data: ", 6, err) : nomem(err);
+    if (!rc)
+        rc = sink(a, s, strlen(s), err);
+    if (!rc)
+        rc = sink(a, "\n\n", 2, err);
+    cJSON_free(s);
+    return rc;
+}
+
+/* The end of the reply: held bytes, then (a stream) the finish, usage and [DONE] events. */
+static int finish(kl_answer *a, kl_err *err)
+{
+    const char *t;
+    size_t len;
+    kl_tok_stream_flush(&a->ts, &t, &len);
+    int rc = piece(a, t, len, err);
+    if (!rc && !a->stopped)
+        rc = emit(a, a->held, a->n_held, err);
+    a->n_held = 0;
+    if (rc || !a->stream)
+        return rc;
+    if (incomplete(a))
+        return error_event(a, err);
+    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids};
+    const kl_usage *up = a->include_usage ? &u : NULL;
+    if (!a->text_kind)
+        return kl_chat_stream_end(&a->cs, finish_reason(a), up, err);
+    rc = text_event(a, "", 0, finish_reason(a), NULL, err);
+    if (!rc && up)
+        rc = text_event(a, NULL, 0, NULL, up, err);
+    return rc ? rc : sink(a, "data: [DONE]\n\n", 14, err);
+}
+
+/* {"token", "logprob", "bytes"} of id: its bytes as text (U+FFFD where not UTF-8) and as
+ * numbers. */
+static cJSON *token_json(const kl_tokenizer *tok, kl_token id, float logprob)
+{
+    size_t n = 0;
+    const uint8_t *b = kl_tok_token_bytes(tok, id, &n);
+    char *text = kl_utf8_sanitize(b ? (const char *)b : "", b ? n : 0);
+    cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    int ok = text && o && bytes && cJSON_AddStringToObject(o, "token", text) &&
+             cJSON_AddNumberToObject(o, "logprob", logprob);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(bytes, cJSON_CreateNumber(b[i]));
+    kl_free(text);
+    if (ok && o) {
+        cJSON_AddItemToObject(o, "bytes", bytes);
+        return o;
+    }
+    cJSON_Delete(o);
+    cJSON_Delete(bytes);
+    return NULL;
+}
+
+/* The logprobs item of one id, to the stream or the whole reply's list. */
+static int logprob_item(kl_answer *a, kl_token id, const kl_job_lp *lp, kl_err *err)
+{
+    cJSON *item = token_json(a->tok, id, lp->logprob);
+    cJSON *top = item ? cJSON_AddArrayToObject(item, "top_logprobs") : NULL;
+    int ok = top != NULL;
+    for (uint32_t t = 0; ok && t < lp->n_top; t++) {
+        cJSON *alt = token_json(a->tok, lp->top[t], lp->top_lp[t]);
+        ok = alt && cJSON_AddItemToArray(top, alt);
+    }
+    if (!ok) {
+        cJSON_Delete(item);
+        return nomem(err);
+    }
+    if (a->stream)
+        return kl_chat_stream_logprob(&a->cs, item, err);
+    if (!a->lp_items && !(a->lp_items = cJSON_CreateArray())) {
+        cJSON_Delete(item);
+        return nomem(err);
+    }
+    cJSON_AddItemToArray(a->lp_items, item);
+    return 0;
+}
+
+int kl_answer_pump(kl_answer *a, int timeout_ms, int *over, kl_err *err)
+{
+    kl_token ids[64];
+    kl_job_lp lps[64];
+    int done = 0;
+    *over = a->over;
+    if (a->over)
+        return 0;
+    size_t n = kl_job_wait(a->job, ids, lps, 64, timeout_ms, &done, &a->end);
+    if (!n && !done && a->stream)
+        return sink(a, ": waiting\n\n", 11, err);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n && !a->stopped; i++) {
+        const char *t;
+        size_t len;
+        a->n_ids++;
+        rc = a->logprobs ? logprob_item(a, ids[i], &lps[i], err) : 0;  /* with its text */
+        if (!rc)
+            rc = kl_tok_stream_push(&a->ts, ids[i], &t, &len, err);
+        if (!rc)
+            rc = piece(a, t, len, err);
+    }
+    if (!rc && done) {
+        a->over = *over = 1;
+        rc = finish(a, err);
+    }
+    return rc;
+}
+
+size_t kl_answer_bytes(kl_answer *a, char *buf, size_t max)
+{
+    size_t k = a->n_out - a->off < max ? a->n_out - a->off : max;
+    if (!k)
+        return 0;
+    memcpy(buf, a->out + a->off, k);
+    a->off += k;
+    if (a->off == a->n_out)
+        a->off = a->n_out = 0;
+    return k;
+}
+
+int kl_answer_json(kl_answer *a, char **json, int *status, kl_err *err)
+{
+    *json = NULL;
+    *status = 200;
+    if (incomplete(a)) {
+        *status = a->end.why == KL_SCHED_ERROR ? 500 : 503;
+        if (a->end.why == KL_SCHED_ERROR) {
+            if (err)
+                *err = a->end.err;
+            return a->end.err.code ? a->end.err.code : KL_E_BUG;
+        }
+        return kl_fail(err, KL_E_CANCELLED, "the request was cancelled: the server is "
+                       "shutting down");
+    }
+    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids};
+    const char *t = a->text ? a->text : "";
+    int rc = a->text_kind
+                 ? kl_text_completion_json(a->id, a->model, a->created, t, a->n_text,
+                                           finish_reason(a), &u, json, err)
+                 : kl_chat_reply_json_lp(a->id, a->model, a->created, a->tools_on, t,
+                                         a->n_text, finish_reason(a), &u, a->lp_items, json,
+                                         err);
+    a->lp_items = NULL;    /* taken */
+    if (rc)
+        *status = 500;
+    return rc;
+}
+
+/* The request's stop strings, copied. */
+static int keep_stops(kl_answer *a, const kl_req_chat *r, kl_err *err)
+{
+    for (size_t i = 0; i < r->n_stop; i++) {
+        if (!(a->stops[i] = kl_strdup(r->stop[i])))
+            return nomem(err);
+        a->n_stop = i + 1;
+        size_t n = strlen(r->stop[i]);
+        a->max_stop = n > a->max_stop ? n : a->max_stop;
+    }
+    return 0;
+}
+
+int kl_answer_new(kl_answer **out, kl_job *job, const kl_req_chat *r, const kl_tokenizer *tok,
+                  const char *model, uint64_t serial, size_t n_prompt, kl_err *err)
+{
+    *out = NULL;
+    kl_answer *a = kl_calloc(1, sizeof *a);
+    if (!a) {
+        kl_job_release(job);
+        return nomem(err);
+    }
+    a->job = job;
+    a->tok = tok;
+    a->text_kind = r->prompt != NULL;
+    a->tools_on = !a->text_kind && r->n_tools && r->tool_choice != KL_TOOL_NONE;
+    a->stream = r->stream;
+    a->include_usage = r->include_usage;
+    a->logprobs = r->logprobs && !a->text_kind;
+    a->n_prompt = n_prompt;
+    a->created = (int64_t)time(NULL);
+    snprintf(a->id, sizeof a->id, "%s-%016llx", a->text_kind ? "cmpl" : "chatcmpl",
+             (unsigned long long)serial);
+    int rc = (a->model = kl_strdup(model)) ? keep_stops(a, r, err) : nomem(err);
+    if (!rc)
+        rc = kl_tok_stream_init(&a->ts, tok, 0, err);
+    if (!rc && a->stream && !a->text_kind)
+        rc = kl_chat_stream_begin(&a->cs, a->id, model, a->created, a->tools_on, sink, a, err);
+    if (rc) {
+        kl_answer_free(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+void kl_answer_free(kl_answer *a)
+{
+    if (!a)
+        return;
+    kl_job_release(a->job);
+    kl_tok_stream_free(&a->ts);
+    kl_chat_stream_free(&a->cs);
+    for (size_t i = 0; i < a->n_stop; i++)
+        kl_free(a->stops[i]);
+    kl_free(a->model);
+    kl_free(a->held);
+    kl_free(a->text);
+    kl_free(a->out);
+    cJSON_Delete(a->lp_items);
+    kl_free(a);
+}

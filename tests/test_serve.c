@@ -1,0 +1,676 @@
+/*
+ * tests/test_serve.c — `kl serve` end to end over raw HTTP: the binary in $KL_BIN (the ASan
+ * build) serves a tiny synthetic checkpoint on 127.0.0.1 at a free port (--port 0, the port
+ * read from its --json line) with an API key.  Greedy chat and legacy completions, whole and
+ * streamed, equal `kl run` greedy for the same conversation / prompt; stop strings cut the
+ * reply before the earliest match; logprobs (greedy: the chosen id heads its alternatives,
+ * the same items whole and streamed); models, health, metrics; malformed JSON, wrong types,
+ * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
+ * objects with their status; a client that disconnects mid-stream frees its slot (the running
+ * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
+ * slot, no queue); 8 concurrent clients get what each gets alone; SIGTERM stops the servers
+ * with exit 0.
+ */
+#include "tests/testutil.h"
+
+#include <arpa/inet.h>
+#include <cJSON.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KEY "sekret-key"
+#define NCONC 8
+
+static char g_root[512], g_model[600];
+static pid_t g_pid;
+static int g_port;
+
+/* ---- the server --------------------------------------------------------------------------- */
+
+/* Starts kl serve with max_seqs and max_queue; *pid and the port it listens on. */
+static int start_server_with(const char *max_seqs, const char *max_queue, pid_t *pid)
+{
+    int p[2];
+    ck_assert(pipe(p) == 0);
+    *pid = fork();
+    ck_assert(*pid >= 0);
+    if (!*pid) {
+        dup2(p[1], 1);
+        close(p[0]);
+        close(p[1]);
+        execl(t_kl_bin(), "kl", "serve", g_model, "--port", "0", "--json", "--threads", "2",
+              "--max-seqs", max_seqs, "--max-queue", max_queue, "--api-key", KEY,
+              "--served-model-name", "tiny", "-q", (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char line[1024];
+    FILE *f = fdopen(p[0], "r");
+    ck_assert(f && fgets(line, sizeof line, f));
+    fclose(f);
+    cJSON *j = cJSON_Parse(line);
+    ck_assert_msg(j, "not JSON: %s", line);
+    cJSON *port = cJSON_GetObjectItem(j, "port");
+    ck_assert_msg(cJSON_IsNumber(port), "no port: %s", line);
+    int n = port->valueint;
+    cJSON_Delete(j);
+    return n;
+}
+
+static void start_server(void)
+{
+    g_port = start_server_with("4", "64", &g_pid);
+}
+
+/* SIGTERM: the server stops with exit 0. */
+static void stop_pid(pid_t pid)
+{
+    int st = 0;
+    kill(pid, SIGTERM);
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kl serve ended with status %d", st);
+}
+
+static void stop_server(void)
+{
+    stop_pid(g_pid);
+}
+
+static void setup(void)
+{
+    t_mkdtemp(g_root, sizeof g_root);
+    snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
+    t_kl_synth_tiny(g_model, 5);
+    start_server();
+}
+
+static void teardown(void)
+{
+    stop_server();
+    t_rmrf(g_root);
+}
+
+/* ---- raw HTTP ----------------------------------------------------------------------------- */
+
+typedef struct resp {
+    int    status;
+    char  *head, *body;   /* malloc'd; body NUL-terminated, de-chunked */
+    size_t n;
+} resp;
+
+static void resp_free(resp *r)
+{
+    free(r->head);
+    free(r->body);
+}
+
+static int connect_server(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert(fd >= 0);
+    struct timeval tv = {60, 0};    /* a server that died fails the test, not hangs it */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return;          /* the server may answer (413) and close before reading it all */
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *key,
+                         const char *body, size_t len)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n%s%s%s\r\n",
+                     method, path, len, key ? "Authorization: Bearer " : "", key ? key : "",
+                     key ? "\r\n" : "");
+    send_all(fd, head, (size_t)n);
+    if (len)
+        send_all(fd, body, len);
+}
+
+/* Removes chunked transfer coding from b[0..*n) in place. */
+static void dechunk(char *b, size_t *n)
+{
+    size_t in = 0, out = 0;
+    while (in < *n) {
+        char *end;
+        size_t k = strtoul(b + in, &end, 16);
+        char *nl = strstr(end, "\r\n");
+        if (!nl || !k)
+            break;
+        in = (size_t)(nl + 2 - b);
+        memmove(b + out, b + in, k);
+        out += k;
+        in += k + 2;
+    }
+    *n = out;
+    b[out] = 0;
+}
+
+static resp read_response(int fd)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    ssize_t k;
+    while ((k = recv(fd, buf + n, cap - n, 0)) > 0) {
+        n += (size_t)k;
+        if (n == cap)
+            buf = realloc(buf, (cap *= 2) + 1);
+    }
+    close(fd);
+    buf[n] = 0;
+    resp r = {0};
+    char *sep = strstr(buf, "\r\n\r\n");
+    ck_assert_msg(sep && sscanf(buf, "HTTP/1.%*d %d", &r.status) == 1, "bad reply: %.200s", buf);
+    r.head = strndup(buf, (size_t)(sep - buf));
+    r.n = n - (size_t)(sep + 4 - buf);
+    r.body = malloc(r.n + 1);
+    memcpy(r.body, sep + 4, r.n);
+    r.body[r.n] = 0;
+    free(buf);
+    if (strcasestr(r.head, "transfer-encoding: chunked"))
+        dechunk(r.body, &r.n);
+    return r;
+}
+
+static resp http(const char *method, const char *path, const char *key, const char *body)
+{
+    int fd = connect_server();
+    send_request(fd, method, path, key, body, body ? strlen(body) : 0);
+    return read_response(fd);
+}
+
+/* The error object of r: its status, type and (when wanted) param and code. */
+static void check_error(const resp *r, int status, const char *param, const char *code)
+{
+    ck_assert_msg(r->status == status, "status %d, wanted %d: %s", r->status, status, r->body);
+    cJSON *j = cJSON_Parse(r->body);
+    ck_assert_msg(j, "not JSON: %s", r->body);
+    cJSON *e = cJSON_GetObjectItem(j, "error");
+    ck_assert(cJSON_IsObject(e));
+    ck_assert(cJSON_IsString(cJSON_GetObjectItem(e, "message")));
+    ck_assert(cJSON_IsString(cJSON_GetObjectItem(e, "type")));
+    cJSON *p = cJSON_GetObjectItem(e, "param"), *c = cJSON_GetObjectItem(e, "code");
+    ck_assert(p && c);
+    if (param)
+        ck_assert_str_eq(cJSON_GetStringValue(p) ? p->valuestring : "", param);
+    if (code)
+        ck_assert_str_eq(cJSON_GetStringValue(c) ? c->valuestring : "", code);
+    cJSON_Delete(j);
+}
+
+/* ---- chat --------------------------------------------------------------------------------- */
+
+static char *chat_body(const char *user, unsigned max_tokens, int stream)
+{
+    char *b = malloc(1024);
+    snprintf(b, 1024, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
+             "\"max_tokens\":%u,\"temperature\":0%s}", user, max_tokens,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    return b;
+}
+
+/* The content of a whole reply (malloc'd); *finish gets its finish_reason. */
+static char *whole_content(const resp *r, char *finish, size_t n_finish)
+{
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    cJSON *j = cJSON_Parse(r->body);
+    ck_assert_msg(j, "not JSON: %s", r->body);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    const char *c = msg ? cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content"))
+                        : cJSON_GetStringValue(cJSON_GetObjectItem(ch, "text"));
+    char *out = strdup(c ? c : "");
+    snprintf(finish, n_finish, "%s",
+             cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
+    cJSON_Delete(j);
+    return out;
+}
+
+/* The content deltas of a streamed reply joined (malloc'd); checks the events' shape. */
+static char *stream_content(const resp *r, char *finish, size_t n_finish)
+{
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    ck_assert(strcasestr(r->head, "content-type: text/event-stream"));
+    size_t cap = r->n + 1, n = 0;
+    char *out = calloc(1, cap);
+    int done = 0, usage = 0;
+    finish[0] = 0;
+    for (char *ev = r->body; *ev; ) {
+        char *end = strstr(ev, "\n\n");
+        ck_assert_msg(end, "an event without its blank line: %.200s", ev);
+        *end = 0;
+        if (ev[0] != ':') {
+            ck_assert_msg(!strncmp(ev, "data: ", 6), "not a data line: %.200s", ev);
+            ck_assert_msg(!done, "an event after [DONE]");
+            if (!strcmp(ev + 6, "[DONE]")) {
+                done = 1;
+            } else {
+                cJSON *j = cJSON_Parse(ev + 6);
+                ck_assert_msg(j, "not JSON: %s", ev + 6);
+                cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+                cJSON *delta = cJSON_GetObjectItem(ch, "delta");
+                const char *c = delta ? cJSON_GetStringValue(cJSON_GetObjectItem(delta,
+                                                                                 "content"))
+                                      : cJSON_GetStringValue(cJSON_GetObjectItem(ch, "text"));
+                const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
+                if (c) {
+                    memcpy(out + n, c, strlen(c));
+                    n += strlen(c);
+                }
+                if (f)
+                    snprintf(finish, n_finish, "%s", f);
+                usage |= cJSON_IsObject(cJSON_GetObjectItem(j, "usage"));
+                cJSON_Delete(j);
+            }
+        }
+        ev = end + 2;
+    }
+    ck_assert_msg(done, "no [DONE]");
+    ck_assert_msg(usage, "no usage chunk");
+    return out;
+}
+
+/* A reply's content (stream or not) to body b on path. */
+static char *ask(const char *path, const char *b, int stream, char *finish)
+{
+    resp r = http("POST", path, KEY, b);
+    char *c = stream ? stream_content(&r, finish, 16) : whole_content(&r, finish, 16);
+    resp_free(&r);
+    return c;
+}
+
+static char *chat(const char *user, unsigned max_tokens, int stream, char *finish)
+{
+    char *b = chat_body(user, max_tokens, stream);
+    char *c = ask("/v1/chat/completions", b, stream, finish);
+    free(b);
+    return c;
+}
+
+/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy text (its --json
+ * "text"). */
+static char *run_text_as(const char *how, const char *user, unsigned n)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s run %s %s '%s' -n %u --threads 2 --json -q", t_kl_bin(),
+             g_model, how, user, n);
+    FILE *p = popen(cmd, "r");
+    ck_assert(p);
+    static char line[1 << 16];
+    ck_assert(fgets(line, sizeof line, p));
+    ck_assert_int_eq(pclose(p), 0);
+    cJSON *j = cJSON_Parse(line);
+    ck_assert_msg(j, "kl run: %s", line);
+    char *t = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")));
+    cJSON_Delete(j);
+    return t;
+}
+
+static char *run_text(const char *user, unsigned n)
+{
+    return run_text_as("--chat", user, n);
+}
+
+/* The whole and the streamed reply both equal want, cut by the length limit; frees all. */
+static void same_replies(char *want, char *whole, const char *fw, char *streamed,
+                         const char *fs)
+{
+    ck_assert_str_eq(whole, want);
+    ck_assert_str_eq(streamed, want);
+    ck_assert_str_eq(fw, "length");
+    ck_assert_str_eq(fs, "length");
+    free(want);
+    free(whole);
+    free(streamed);
+}
+
+START_TEST(test_chat_equals_run)
+{
+    char *want = run_text("hello there", 12);
+    char fw[16], fs[16];
+    char *whole = chat("hello there", 12, 0, fw);
+    char *streamed = chat("hello there", 12, 1, fs);
+    same_replies(want, whole, fw, streamed, fs);
+}
+END_TEST
+
+START_TEST(test_completions_equal_run)
+{
+    char *want = run_text_as("-p", "Once upon a time", 10);
+    char b[512], fw[16], fs[16];
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"prompt\":\"Once upon a time\","
+             "\"max_tokens\":10,\"temperature\":0}");
+    char *whole = ask("/v1/completions", b, 0, fw);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"prompt\":[\"Once upon a time\"],"
+             "\"max_tokens\":10,\"temperature\":0,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}");
+    char *streamed = ask("/v1/completions", b, 1, fs);
+    same_replies(want, whole, fw, streamed, fs);
+    resp r = http("POST", "/v1/completions", KEY,
+                  "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}");
+    check_error(&r, 400, "echo", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* A stop string cuts the reply before it (the earliest match), finish_reason "stop". */
+START_TEST(test_stop_strings)
+{
+    char f[16];
+    char *all = chat("hello there", 24, 0, f);
+    /* a 3-byte ASCII stop string from the middle of the reply */
+    size_t n = strlen(all), p = n / 3;
+    while (p + 3 < n && !(all[p] > 32 && all[p] < 127 && all[p + 1] > 32 && all[p + 1] < 127 &&
+                          all[p + 2] > 32 && all[p + 2] < 127 && !strchr("\"\\", all[p]) &&
+                          !strchr("\"\\", all[p + 1]) && !strchr("\"\\", all[p + 2])))
+        p++;
+    ck_assert_msg(p + 3 < n, "no ASCII run in: %s", all);
+    char stop[4] = {all[p], all[p + 1], all[p + 2], 0};
+    size_t cut = (size_t)(strstr(all, stop) - all);
+    for (int stream = 0; stream < 2; stream++) {
+        char b[512], fr[16];
+        snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"hello there\"}],\"max_tokens\":24,\"temperature\":0,"
+                 "\"stop\":[\"%s\", \"zzzzzzzzzzzzzzz\"]%s}", stop,
+                 stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        char *got = ask("/v1/chat/completions", b, stream, fr);
+        ck_assert_msg(strlen(got) == cut && !strncmp(got, all, cut),
+                      "stop '%s': got '%s' of '%s'", stop, got, all);
+        ck_assert_str_eq(fr, "stop");
+        free(got);
+    }
+    free(all);
+}
+END_TEST
+
+START_TEST(test_models_health_metrics)
+{
+    resp r = http("GET", "/health", NULL, NULL);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(strstr(r.body, "\"ok\""));
+    resp_free(&r);
+    r = http("GET", "/v1/models", KEY, NULL);
+    ck_assert_int_eq(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(m, "id")), "tiny");
+    ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(j, "object")), "list");
+    cJSON_Delete(j);
+    resp_free(&r);
+    r = http("GET", "/metrics", KEY, NULL);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(strstr(r.body, "kl_requests_total "));
+    ck_assert(strstr(r.body, "kl_time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
+    resp_free(&r);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    resp r = http("GET", "/v1/models", NULL, NULL);
+    check_error(&r, 401, NULL, "invalid_api_key");
+    resp_free(&r);
+    r = http("GET", "/v1/models", "wrong", NULL);
+    check_error(&r, 401, NULL, "invalid_api_key");
+    resp_free(&r);
+    r = http("POST", "/v1/chat/completions", KEY, "{\"model\": \"tiny\", \"messages\": [");
+    check_error(&r, 400, NULL, NULL);
+    resp_free(&r);
+    r = http("POST", "/v1/chat/completions", KEY,
+             "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"max_tokens\":\"ten\"}");
+    check_error(&r, 400, "max_tokens", NULL);
+    resp_free(&r);
+    r = http("POST", "/v1/chat/completions", KEY,
+             "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+    check_error(&r, 404, "model", "model_not_found");
+    resp_free(&r);
+    r = http("GET", "/v1/nothing", KEY, NULL);
+    check_error(&r, 404, NULL, NULL);
+    resp_free(&r);
+    size_t big = (4u << 20) + 10;
+    char *b = malloc(big);
+    memset(b, ' ', big);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, big);
+    r = read_response(fd);
+    check_error(&r, 413, NULL, NULL);
+    resp_free(&r);
+    free(b);
+}
+END_TEST
+
+/* Every logprobs item of a reply, whole or streamed, as one JSON array text (malloc'd). */
+static char *logprob_items(const resp *r, int stream)
+{
+    cJSON *all = cJSON_CreateArray();
+    for (char *ev = r->body; ev && *ev; ) {
+        char *end = stream ? strstr(ev, "\n\n") : NULL;
+        if (end)
+            *end = 0;
+        const char *js = stream ? (strncmp(ev, "data: {", 7) ? NULL : ev + 6) : ev;
+        cJSON *j = js ? cJSON_Parse(js) : NULL;
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "logprobs"), "content");
+        for (cJSON *it = c ? c->child : NULL; it; it = it->next)
+            cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+        cJSON_Delete(j);
+        ev = end ? end + 2 : NULL;
+    }
+    char *s = cJSON_PrintUnformatted(all);
+    cJSON_Delete(all);
+    return s;
+}
+
+/* Greedy with logprobs: one item per id, the chosen id first among its alternatives (sorted,
+ * <= 0), the same items whole and streamed. */
+START_TEST(test_logprobs)
+{
+    char *items[2];
+    for (int stream = 0; stream < 2; stream++) {
+        char b[512];
+        snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"hi\"}],\"max_tokens\":6,\"temperature\":0,"
+                 "\"logprobs\":true,\"top_logprobs\":3%s}", stream ? ",\"stream\":true" : "");
+        resp r = http("POST", "/v1/chat/completions", KEY, b);
+        ck_assert_int_eq(r.status, 200);
+        items[stream] = logprob_items(&r, stream);
+        resp_free(&r);
+    }
+    ck_assert_str_eq(items[0], items[1]);
+    cJSON *all = cJSON_Parse(items[0]);
+    ck_assert_int_eq(cJSON_GetArraySize(all), 6);
+    for (cJSON *it = all->child; it; it = it->next) {
+        cJSON *top = cJSON_GetObjectItem(it, "top_logprobs");
+        ck_assert_int_eq(cJSON_GetArraySize(top), 3);
+        double lp = cJSON_GetObjectItem(it, "logprob")->valuedouble, prev = 0;
+        ck_assert_str_eq(cJSON_GetObjectItem(it, "token")->valuestring,
+                         cJSON_GetObjectItem(top->child, "token")->valuestring);
+        ck_assert(lp == cJSON_GetObjectItem(top->child, "logprob")->valuedouble);
+        for (cJSON *t = top->child; t; t = t->next) {
+            double v = cJSON_GetObjectItem(t, "logprob")->valuedouble;
+            ck_assert(v <= prev);
+            prev = v;
+        }
+    }
+    cJSON_Delete(all);
+    free(items[0]);
+    free(items[1]);
+}
+END_TEST
+
+/* The kl_running gauge of /metrics. */
+static int running_now(void)
+{
+    resp r = http("GET", "/metrics", KEY, NULL);
+    const char *p = strstr(r.body, "\nkl_running ");
+    ck_assert(p);
+    int n = atoi(p + 12);
+    resp_free(&r);
+    return n;
+}
+
+/* A long stream, its first 2000 bytes read: the connection (left open). */
+static int long_stream(void)
+{
+    char *b = chat_body("a long story", 30000, 1);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    free(b);
+    char buf[4096];
+    size_t got = 0;
+    while (got < 2000) {          /* the role chunk and some content */
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        ck_assert(k > 0);
+        got += (size_t)k;
+    }
+    return fd;
+}
+
+/* Polls the running gauge until it is want (10 s at most); the last value. */
+static int wait_running(int want)
+{
+    int n = -1;
+    for (int i = 0; i < 200 && (n = running_now()) != want; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
+START_TEST(test_disconnect_frees_slot)
+{
+    int fd = long_stream();
+    ck_assert_int_eq(running_now(), 1);
+    close(fd);
+    ck_assert_msg(wait_running(0) == 0, "the disconnected stream still holds its slot");
+    /* the same for a whole (not streamed) reply: the client leaves while it is generated */
+    char *b = chat_body("a long story", 30000, 0);
+    fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    free(b);
+    ck_assert_int_eq(wait_running(1), 1);
+    close(fd);
+    ck_assert_msg(wait_running(0) == 0, "the disconnected client still holds its slot");
+    char f[16];
+    char *c = chat("after", 4, 0, f);
+    ck_assert_str_eq(f, "length");
+    free(c);
+}
+END_TEST
+
+/* One slot and no queue: a second request while the first streams gets 429; once the first
+ * client is gone, requests run again. */
+START_TEST(test_queue_full)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "0", &pid);
+    int fd = long_stream();
+    char *b = chat_body("second", 4, 0);
+    resp r = http("POST", "/v1/chat/completions", KEY, b);
+    check_error(&r, 429, NULL, "rate_limit_exceeded");
+    resp_free(&r);
+    close(fd);
+    int status = 429;
+    for (int i = 0; i < 200 && status == 429; i++) {
+        r = http("POST", "/v1/chat/completions", KEY, b);
+        status = r.status;
+        resp_free(&r);
+        if (status == 429) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    ck_assert_int_eq(status, 200);
+    free(b);
+    stop_pid(pid);
+    g_port = main_port;
+}
+END_TEST
+
+typedef struct conc {
+    int   k;
+    char *got;
+} conc;
+
+static void user_of(int k, char *u, size_t n)
+{
+    snprintf(u, n, "client %d asks something %d", k, k * 7);
+}
+
+static void *conc_main(void *arg)
+{
+    conc *c = arg;
+    char u[64], f[16];
+    user_of(c->k, u, sizeof u);
+    c->got = chat(u, 10 + (unsigned)c->k, c->k % 2, f);
+    return NULL;
+}
+
+START_TEST(test_concurrent_equal_alone)
+{
+    char *alone[NCONC];
+    for (int k = 0; k < NCONC; k++) {
+        char u[64], f[16];
+        user_of(k, u, sizeof u);
+        alone[k] = chat(u, 10 + (unsigned)k, 0, f);
+    }
+    conc c[NCONC];
+    pthread_t th[NCONC];
+    for (int k = 0; k < NCONC; k++) {
+        c[k] = (conc){.k = k};
+        ck_assert(pthread_create(&th[k], NULL, conc_main, &c[k]) == 0);
+    }
+    for (int k = 0; k < NCONC; k++) {
+        pthread_join(th[k], NULL);
+        ck_assert_msg(c[k].got && !strcmp(c[k].got, alone[k]),
+                      "client %d: '%s' served among others, '%s' alone", k, c[k].got, alone[k]);
+        free(c[k].got);
+        free(alone[k]);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("serve");
+    TCase *tc = tcase_create("http");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_models_health_metrics);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_chat_equals_run);
+    tcase_add_test(tc, test_completions_equal_run);
+    tcase_add_test(tc, test_stop_strings);
+    tcase_add_test(tc, test_logprobs);
+    tcase_add_test(tc, test_disconnect_frees_slot);
+    tcase_add_test(tc, test_queue_full);
+    tcase_add_test(tc, test_concurrent_equal_alone);
+    suite_add_tcase(s, tc);
+    return t_run_suite(s);
+}
