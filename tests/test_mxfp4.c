@@ -11,6 +11,7 @@
 #include "common/numfmt.h"
 #include "common/rng.h"
 #include "convert/mxfp4.h"
+#include "kernels/mx_bf16.h"
 #include "tests/testutil.h"
 
 #include <float.h>
@@ -1035,6 +1036,39 @@ END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* kernels/mx_bf16.h: every scale, every code in every nibble of a word, and random words: the
+ * integer decode (table scales) and the float one both give the top half of e2m1 · e8m0. */
+static void mx_decode_check(uint32_t q, uint8_t s)
+{
+    uint32_t out[16], words[4] = {q, ~q, q * 2654435761u, q ^ 0x88888888u};
+    kl_mx_decode32(words, s, out);
+    for (unsigned i = 0; i < 32; i++) {
+        const unsigned code = (words[i / 8] >> 4 * (i % 8)) & 15u;
+        const float v = kl_e2m1_value(code) * kl_e8m0_value(s);
+        uint32_t want;
+        memcpy(&want, &v, 4);
+        const uint32_t got = out[i / 2] >> 16 * (i % 2) & 0xffffu;
+        ck_assert_msg(got == want >> 16, "scale %u code %u: 0x%04x, want 0x%04x", s, code, got,
+                      want >> 16);
+    }
+}
+
+START_TEST(mx_bf16_decode_matches_the_float_product)
+{
+    kl_rng r;
+    kl_rng_seed(&r, 11, 0);
+    for (unsigned s = 0; s < 256; s++) {
+        for (uint32_t c = 0; c < 16; c++)
+            mx_decode_check(c * 0x11111111u, (uint8_t)s);
+        mx_decode_check(0x76543210u, (uint8_t)s);
+        mx_decode_check(0xfedcba98u, (uint8_t)s);
+        for (unsigned k = 0; k < 64; k++)
+            mx_decode_check((uint32_t)kl_rng_next(&r), (uint8_t)s);
+    }
+    ck_assert(kl_mx_tab_ok(2) && kl_mx_tab_ok(252) && !kl_mx_tab_ok(1) && !kl_mx_tab_ok(253));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mxfp4");
@@ -1074,6 +1108,7 @@ int main(void)
     tcase_add_test(tc, header_encode_gives_the_quantizers_codes);
     tcase_add_test(tc, header_e8m0_edge_values);
     tcase_add_test(tc, header_e8m0_encode_gives_the_quantizers_scales);
+    tcase_add_test(tc, mx_bf16_decode_matches_the_float_product);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("paths");
