@@ -4,11 +4,14 @@
  * One tile scheme for both launchers.  A block owns BM = 128 rows of W (output columns) and
  * computes them for up to BN = 64 tokens at a time, walking K in steps of KT = 64:
  *   stage: W's tile [128, 64] decoded to bf16 (MXFP4: thread i reads one 16-byte word, the 32
- *          codes of one scale block, of row i / 2; BF16: four 16-byte pieces), X's tile
- *          [64, 64] fp32 rounded to bf16 (four float4 per thread), both in shared memory;
+ *          codes of one scale block, of row i / 2, and decodes it with byte permutes,
+ *          mx_bf16.h; BF16: four 16-byte pieces), X's tile [64, 64] fp32 as bf16 high parts
+ *          (and low parts, split form: x = hi + lo), four float4 per thread, both in shared
+ *          memory; X rows past the tile's tokens (rounded up to 16) are not staged;
  *   mma:   8 warps, warp w: tokens 32 (w % 2) .. +32, W rows 32 (w / 2) .. +32, i.e. 2 x 2
- *          WMMA bf16 16x16x16 fragments with fp32 accumulators (HIP: a SIMT loop, 32 sums per
- *          thread, the same tiles);
+ *          WMMA bf16 16x16x16 fragments with fp32 accumulators, skipping token fragments past
+ *          the tile's tokens; split: two products (hi, then lo) into the same accumulators
+ *          (HIP: a SIMT loop, 32 sums per thread, the same tiles);
  *   two register sets (even and odd steps): while the tensor cores work on step k, the loads
  *   of steps k + 1 and k + 2 are in flight.
  * After K, the accumulators go through shared memory (the staging area, reused) to y, masked
@@ -21,6 +24,25 @@
  * bound by the weights (~9 GFLOP and 0.96 GB per layer and chunk of 256 tokens), the dense
  * ones at n >= 256 by the tensor cores (e.g. [4096, 2304] x 256: 4.8 GFLOP, 4.7 MB MXFP4).
  *
+ * Count for the grouped MXFP4 gate product of a 256-token chunk (E = 256 experts [1024, 2304],
+ * m = 2048 rows, ~8 per expert; measured 676 µs = 515 GB/s before this version): 2048 blocks,
+ * one tile each, 36 K steps: 73,728 block-steps, 559 per SM.  Per block-step:
+ *   decode: 8192 values (604 M per call, each weight once).  Before: per value a shared LUT
+ *     load, an FMUL, 2 shifts and half a pack (~4.5 instructions + 1 LDS); now ~3 integer
+ *     instructions and no shared memory (23 per 8 codes + 8 per scale, mx_bf16.h).
+ *   shared-memory wavefronts (128 bytes each, 1 per clock per SM): before 960 = LUT 256 +
+ *     W stores 128 (conflict-free: see stage) + X stores 64 + fragment loads 512 (8 warps x 4
+ *     k x 4 fragments x 4); now, tiles of <= 16 tokens: 416 split (W 128, X hi + lo 32, 4
+ *     warps x 4 k x (2 W + 2 X) x 4 = 256), 336 with one bf16 X.
+ *   MMAs 16x16x16: before 128 (7/8 of them on empty token rows); now 64 split, 32 bf16 X.
+ * Prediction: shared memory was ~270 µs of the 676 (559 x 960 clocks at 1.98 GHz), now
+ * ~120 µs; the decode's ~800 warp instructions per block-step (~56 µs at 4 issues per clock)
+ * overlap it; the weights (348 MB) need ~85 µs at 4.1 TB/s but a block has only 2 steps
+ * (2 x 4 KiB of codes) in flight, 2 blocks per SM: ~16 KiB per SM, ~2 TB/s at ~1 µs latency.
+ * So ~170-200 µs (1.7-2 TB/s) for the gate product, both forms, if latency is the bound
+ * left; the dense products (n >= 256, full tiles) keep their speed without split and pay up
+ * to 2x in tensor-core time with it (they are bound by the MMAs there).
+ *
  * Grouped: grid (row tiles, experts); the block of expert e reads seg[e], seg[e + 1] on the
  * device, leaves at once when the segment is empty, else loops over the segment's rows in
  * tiles of 64, so each weight tile is read once per block for all its rows.
@@ -28,7 +50,10 @@
 #include "kernels/gemm.h"
 #include "kernels/gpu.h"
 
-#include "common/mxfp4_format.h"
+#include "kernels/mx_bf16.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #if !defined(__HIP_PLATFORM_AMD__)
 #include <mma.h>
@@ -44,16 +69,17 @@
 #define LDC     (BM + 4)     /* floats per row of the output staging */
 #define THREADS 256
 
-/* Shared memory of a block: the two staged tiles, or (after K) the output tile. */
+/* Shared memory of a block: the staged tiles (X: bf16 high parts, and the low parts when
+ * split), or (after K) the output tile.  36 KiB. */
 struct gemm_smem {
     union {
         struct {
             uint16_t w[BM * LDS];
             uint16_t x[BN * LDS];
+            uint16_t xl[BN * LDS];
         } in;
         float c[BN * LDC];
     };
-    float lut[16];
 };
 
 /* What a block multiplies: W rows [r0, r0 + BM) of matrix m (expert rows already offset). */
@@ -123,22 +149,54 @@ __device__ static inline void load_x(const gemm_job &j, uint32_t t0, uint32_t nt
     }
 }
 
-/* The registers into shared memory as bf16 (MXFP4 codes times the scale: exact). */
-template <int MX>
-__device__ static inline void stage(const gemm_regs<MX> &g, gemm_smem &sh)
+/* Tokens [0, nt) rounded up to whole 16-row fragments: the rows the products read. */
+__device__ static inline unsigned frag_rows(uint32_t nt)
+{
+    return (nt + 15u) & ~15u;
+}
+
+/* x as bf16 bits hi (nearest), and lo = bf16(x - hi) when split (x - hi is exact in fp32, so
+ * hi + lo is x to ~2^-17 relative); lo 0 where hi is not finite. */
+__device__ static inline uint32_t x_split(float x, uint32_t &lo)
+{
+    const uint32_t hi = bf16_rne(x);
+    const int fin = (hi & 0x7f80u) != 0x7f80u;
+    lo = fin ? bf16_rne(x - __uint_as_float(hi << 16)) : 0u;
+    return hi;
+}
+
+/* X's registers into shared memory (rows < frag_rows(nt) only: the others are never read). */
+template <int MX, int SP>
+__device__ static inline void stage_x(const gemm_regs<MX> &g, uint32_t nt, gemm_smem &sh)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned p = threadIdx.x + THREADS * i, tok = p / 16;
+        if (tok >= frag_rows(nt))
+            continue;
+        const float v[4] = {g.x[i].x, g.x[i].y, g.x[i].z, g.x[i].w};
+        uint32_t h[4], l[4];
+        for (int c = 0; c < 4; c++)
+            h[c] = x_split(v[c], l[c]);
+        const unsigned at = tok * LDS + (p % 16) * 4;
+        *(uint2 *)&sh.in.x[at] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+        if (SP)
+            *(uint2 *)&sh.in.xl[at] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
+    }
+}
+
+/* The registers into shared memory as bf16 (MXFP4 codes times the scale: exact; decoded by
+ * byte permutes, mx_bf16.h).  MXFP4: thread t writes 64 bytes at row t / 2, column
+ * 32 (t % 2); a quarter warp's 16-byte stores then cover all 32 banks once (rows are 144
+ * bytes apart), so the stores are conflict-free. */
+template <int MX, int SP>
+__device__ static inline void stage(const gemm_regs<MX> &g, uint32_t nt, gemm_smem &sh)
 {
     const unsigned t = threadIdx.x;
     if (MX) {
-        const float sc = kl_e8m0_value(g.s);
         const uint32_t q[4] = {g.w[0].x, g.w[0].y, g.w[0].z, g.w[0].w};
         uint32_t out[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) { /* byte i: codes 2i (low nibble), 2i + 1 */
-            const uint32_t b = q[i / 4] >> (8 * (i % 4));
-            const uint32_t lo = __float_as_uint(sh.lut[b & 15u] * sc) >> 16;
-            const uint32_t hi = __float_as_uint(sh.lut[(b >> 4) & 15u] * sc) >> 16;
-            out[i] = lo | hi << 16;
-        }
+        kl_mx_decode32(q, g.s, out);
         uint4 *dst = (uint4 *)&sh.in.w[(t / 2) * LDS + (t % 2) * 32];
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -150,13 +208,7 @@ __device__ static inline void stage(const gemm_regs<MX> &g, gemm_smem &sh)
             *(uint4 *)&sh.in.w[(p / 8) * LDS + (p % 8) * 8] = g.w[i];
         }
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const unsigned p = t + THREADS * i;
-        const float4 v = g.x[i];
-        *(uint2 *)&sh.in.x[(p / 16) * LDS + (p % 16) * 4] =
-            make_uint2(bf16_rne(v.x) | bf16_rne(v.y) << 16, bf16_rne(v.z) | bf16_rne(v.w) << 16);
-    }
+    stage_x<MX, SP>(g, nt, sh);
 }
 
 #if GEMM_WMMA
@@ -170,24 +222,46 @@ __device__ static inline void acc_zero(gemm_acc &acc)
             wm::fill_fragment(acc[a][b], 0.0f);
 }
 
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> gemm_fa;
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> gemm_fb;
+
 /* acc[a][b] += X tokens (32 tw + 16 a) · W rows (32 ww + 16 b), over the staged K step.
- * X is matrix_a (row-major [token][k]); W's [row][k] is matrix_b [k][row] column-major. */
-__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh)
+ * X is matrix_a (row-major [token][k]); W's [row][k] is matrix_b [k][row] column-major.
+ * Fragments of tokens >= nt are skipped (warp-uniform: a whole warp, or its a = 1 half);
+ * split: the high parts' product, then the low parts' into the same accumulator. */
+template <int SP>
+__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint32_t nt)
 {
     const unsigned warp = threadIdx.x / 32, tw = warp % 2, ww = warp / 2;
+    const unsigned na = 32 * tw >= nt ? 0 : 32 * tw + 16 >= nt ? 1 : 2;
+    if (na == 0)
+        return;
     const __nv_bfloat16 *xs = (const __nv_bfloat16 *)sh.in.x;
+    const __nv_bfloat16 *xl = (const __nv_bfloat16 *)sh.in.xl;
     const __nv_bfloat16 *ws = (const __nv_bfloat16 *)sh.in.w;
 #pragma unroll
     for (int kk = 0; kk < KT; kk += 16) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> fa[2];
-        wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> fb[2];
-        for (int a = 0; a < 2; a++)
-            wm::load_matrix_sync(fa[a], xs + (32 * tw + 16 * a) * LDS + kk, LDS);
+        gemm_fb fb[2];
+#pragma unroll
         for (int b = 0; b < 2; b++)
             wm::load_matrix_sync(fb[b], ws + (32 * ww + 16 * b) * LDS + kk, LDS);
-        for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (unsigned a = 0; a < 2; a++) { /* constant a: acc stays in registers */
+            if (a >= na)
+                break;
+            const unsigned at = (32 * tw + 16 * a) * LDS + kk;
+            gemm_fa fa;
+            wm::load_matrix_sync(fa, xs + at, LDS);
+#pragma unroll
             for (int b = 0; b < 2; b++)
-                wm::mma_sync(acc[a][b], fa[a], fb[b], acc[a][b]);
+                wm::mma_sync(acc[a][b], fa, fb[b], acc[a][b]);
+            if (SP) {
+                wm::load_matrix_sync(fa, xl + at, LDS);
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+                    wm::mma_sync(acc[a][b], fa, fb[b], acc[a][b]);
+            }
+        }
     }
 }
 
@@ -215,11 +289,15 @@ __device__ static inline float bf16_val(uint16_t b)
     return __uint_as_float((uint32_t)b << 16);
 }
 
-__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh)
+template <int SP>
+__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint32_t nt)
 {
     const unsigned tok = threadIdx.x / 4, r0 = threadIdx.x % 4;
+    if (tok >= nt)
+        return;
     for (int k = 0; k < KT; k++) {
-        const float xv = bf16_val(sh.in.x[tok * LDS + k]);
+        const float xv = bf16_val(sh.in.x[tok * LDS + k]) +
+                         (SP ? bf16_val(sh.in.xl[tok * LDS + k]) : 0.0f);
 #pragma unroll
         for (int i = 0; i < 32; i++)
             acc[i] = fmaf(xv, bf16_val(sh.in.w[(r0 + 4 * i) * LDS + k]), acc[i]);
@@ -247,21 +325,21 @@ __device__ static inline void load_step(const gemm_job &j, uint32_t t0, uint32_t
 
 /* One K step: g (step k0) staged, then g reloaded with step k0 + 2 KT while the products of
  * step k0 run (two steps' loads are in flight at any time). */
-template <int MX>
+template <int MX, int SP>
 __device__ static inline void gemm_step(const gemm_job &j, uint32_t t0, uint32_t nt,
                                         uint32_t k0, gemm_regs<MX> &g, gemm_acc &acc,
                                         gemm_smem &sh)
 {
-    stage<MX>(g, sh);
+    stage<MX, SP>(g, nt, sh);
     __syncthreads();
     load_step<MX>(j, t0, nt, k0 + 2 * KT, g);
-    acc_step(acc, sh);
+    acc_step<SP>(acc, sh, nt);
     __syncthreads();
 }
 
 /* y rows [t0, t0 + nt) (packed order), columns [r0, r0 + BM) of the block's matrix: every
  * thread of the block calls it (barriers inside).  Even steps use g0, odd ones g1. */
-template <int MX>
+template <int MX, int SP>
 __device__ static void gemm_tile(const gemm_job &j, uint32_t t0, uint32_t nt, gemm_smem &sh)
 {
     gemm_acc acc;
@@ -270,41 +348,33 @@ __device__ static void gemm_tile(const gemm_job &j, uint32_t t0, uint32_t nt, ge
     load_step<MX>(j, t0, nt, 0, g0);
     load_step<MX>(j, t0, nt, KT, g1);
     for (uint32_t k0 = 0; k0 < j.m.cols; k0 += 2 * KT) {
-        gemm_step<MX>(j, t0, nt, k0, g0, acc, sh);
+        gemm_step<MX, SP>(j, t0, nt, k0, g0, acc, sh);
         if (k0 + KT < j.m.cols)
-            gemm_step<MX>(j, t0, nt, k0 + KT, g1, acc, sh);
+            gemm_step<MX, SP>(j, t0, nt, k0 + KT, g1, acc, sh);
     }
     acc_store(acc, sh);
     __syncthreads();
     const uint32_t R = j.m.rows;
-    for (unsigned i = threadIdx.x; i < BN * BM; i += THREADS) {
+    for (unsigned i = threadIdx.x; i < nt * BM; i += THREADS) {
         const unsigned tok = i / BM, c = i % BM;
-        if (tok < nt && j.r0 + c < R)
+        if (j.r0 + c < R)
             j.y[(size_t)(t0 + tok) * R + j.r0 + c] = sh.c[tok * LDC + c];
     }
     __syncthreads(); /* sh is staged again by the next tile */
 }
 
-__device__ static inline void lut_init(gemm_smem &sh)
-{
-    if (threadIdx.x < 16)
-        sh.lut[threadIdx.x] = kl_e2m1_value(threadIdx.x);
-    __syncthreads();
-}
-
-template <int MX>
+template <int MX, int SP>
 __global__ static void __launch_bounds__(THREADS, 2)
     gemm_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
 {
     KL_GPU_GRID_WAIT();
     __shared__ __align__(128) gemm_smem sh;
-    lut_init(sh);
     const gemm_job j = {m, 0, blockIdx.x * BM, x, NULL, y};
     const uint32_t t0 = blockIdx.y * BN;
-    gemm_tile<MX>(j, t0, n - t0 < BN ? n - t0 : BN, sh);
+    gemm_tile<MX, SP>(j, t0, n - t0 < BN ? n - t0 : BN, sh);
 }
 
-template <int MX>
+template <int MX, int SP>
 __global__ static void __launch_bounds__(THREADS, 2)
     gemm_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row,
                         const uint32_t *seg, float *y)
@@ -314,10 +384,25 @@ __global__ static void __launch_bounds__(THREADS, 2)
     const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
     if (s1 <= s0)
         return;
-    lut_init(sh);
     const gemm_job j = {m, (size_t)e * m.rows, blockIdx.x * BM, x, x_row, y};
     for (uint32_t t0 = s0; t0 < s1; t0 += BN)
-        gemm_tile<MX>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
+        gemm_tile<MX, SP>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
+}
+
+static int split_mode; /* 0: KL_GPU_GEMM_SPLIT not read yet; 1 off; 2 on */
+
+extern "C" int kl_gpu_gemm_split(void)
+{
+    if (!split_mode) {
+        const char *v = getenv("KL_GPU_GEMM_SPLIT");
+        split_mode = v && !strcmp(v, "0") ? 1 : 2;
+    }
+    return split_mode == 2;
+}
+
+extern "C" void kl_gpu_gemm_split_set(int on)
+{
+    split_mode = on ? 2 : 1;
 }
 
 /* 0, or KL_E_USAGE: m is BF16 or MXFP4 with cols % 32 == 0 and 16-byte aligned payloads. */
@@ -344,11 +429,12 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
         return rc;
     if (!y || n == 0 || (n + BN - 1) / BN > 65535)
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
+    typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
+    static const kernel k[2][2] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>},
+                                   {gemm_kernel<1, 0>, gemm_kernel<1, 1>}};
     const dim3 grid((w->rows + BM - 1) / BM, (n + BN - 1) / BN);
-    if (w->kind == KL_GPU_W_MXFP4)
-        gemm_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
-    else
-        gemm_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(*w, x, n, y);
+    k[w->kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0, (hipStream_t)s>>>(
+        *w, x, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -364,12 +450,13 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return kl_fail(err, KL_E_USAGE, "gemm_grouped: %u experts (1 to 65535)", a->w->n);
     if (a->m_max == 0)
         return 0; /* no rows: nothing to do */
+    typedef void (*kernel)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
+                           float *);
+    static const kernel k[2][2] = {{gemm_grouped_kernel<0, 0>, gemm_grouped_kernel<0, 1>},
+                                   {gemm_grouped_kernel<1, 0>, gemm_grouped_kernel<1, 1>}};
     const dim3 grid((a->w->m.rows + BM - 1) / BM, a->w->n);
-    if (a->w->m.kind == KL_GPU_W_MXFP4)
-        gemm_grouped_kernel<1><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
-                                                                     a->seg, a->y);
-    else
-        gemm_grouped_kernel<0><<<grid, THREADS, 0, (hipStream_t)s>>>(a->w->m, a->x, a->x_row,
-                                                                     a->seg, a->y);
+    k[a->w->m.kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0,
+                                                              (hipStream_t)s>>>(
+        a->w->m, a->x, a->x_row, a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -1,7 +1,8 @@
 /*
  * kernels/gemm.h — tensor-core products for chunks of many tokens (prefill): Y = X Wᵀ with the
- * rows of X (fp32 in memory) rounded to bf16 as they are staged, W BF16 or MXFP4 (decoded to
- * bf16 in shared memory), products summed in fp32.  Conventions: kernels/gpu_api.h.
+ * rows of X (fp32 in memory) split into two bf16 parts (or rounded to bf16: kl_gpu_gemm_split)
+ * as they are staged, W BF16 or MXFP4 (decoded to bf16 in shared memory), products summed in
+ * fp32.  Conventions: kernels/gpu_api.h.
  *
  * These are for n >= KL_GPU_GEMM_MIN_N tokens, where each weight tile is read once for many
  * rows and tensor cores do the arithmetic; kl_gpu_matmul (dense.h) stays the one-token path.
@@ -19,6 +20,15 @@ extern "C" {
 
 /* The smallest n the backend should send here rather than to kl_gpu_matmul. */
 #define KL_GPU_GEMM_MIN_N 16u
+
+/* How X enters the tensor cores, for both launchers: split (1, the default) stages
+ * x = hi + lo, hi = bf16(x), lo = bf16(x - hi), and sums both products into the same fp32
+ * accumulators (W is exact in bf16, so each product is exact to ~2^-17 relative: fp32-like
+ * results); 0 (KL_GPU_GEMM_SPLIT=0 in the environment, read at the first call) stages
+ * bf16(x) only (one product: ~2e-3 relative error, half the tensor-core work).
+ * kl_gpu_gemm_split_set overrides the environment (the device test runs both). */
+int  kl_gpu_gemm_split(void);
+void kl_gpu_gemm_split_set(int on);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
  * w->cols a multiple of 32. */

@@ -3,18 +3,24 @@
  * kl_gpu_gemm (BF16 and MXFP4 at Kimi-Linear's shapes [4096, 2304], [2304, 4096],
  * [12576, 2304], [1024, 2304] for n = 16, 37, 64, 256, 512, and a small odd shape with a row
  * and a K tail) and kl_gpu_gemm_grouped (random segment sizes with empty ones and one longer
- * than a tile, x_row given or NULL, and the routed experts' shapes).  Each output is checked
- * against two references: X rounded to bf16 as the kernels do (relative L2 ~1e-6: only the
- * fp32 summation order differs) and plain fp32 X (~3e-3: bf16's rounding of X).  Rows of W
- * are sampled (every step-th and the last) to bound the host's work.  Then timings: median of
- * single calls, TFLOPS and GB/s of the bytes each must read.  One JSON line; exit 0 pass,
- * 1 fail, 77 no GPU.
+ * than a tile, x_row given or NULL, and the routed experts' shapes).  Every call runs in both
+ * forms (kl_gpu_gemm_split_set): split X ("split": checked against plain fp32 X, expected
+ * ~1e-6 .. 1e-5) and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
+ * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
+ * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Then
+ * timings of both forms: median of single calls, TFLOPS and GB/s of the bytes each must read.
+ * One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/gemm.h"
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL_BF16 1e-4 /* against X rounded to bf16 (expected ~1e-6: tensor-core fp32 sums) */
 #define TOL_F32  1e-2 /* against fp32 X */
+#define TOL_SPLIT 5e-5 /* split form against fp32 X (expected ~1e-5 at most) */
+
+/* The forms, in the order the checks run them: split X (the default), X rounded to bf16. */
+static const int form_split[2] = {1, 0};
+static const char *const form_name[2] = {"split", "bf16x"};
 
 /* f rounded to bf16 (nearest even), as the kernels stage X. */
 static float host_bf16(float f)
@@ -29,20 +35,20 @@ static float host_bf16(float f)
     return f;
 }
 
-/* Output rows i < src.size(): y[i][r] = W row wbase[i] + r against x[src[i]], r < R.  The
- * worst over i of the relative L2 error over the checked r, against bf16 X (e[0]) and fp32 X
- * (e[1]); the host does about 5e7 products at most. */
+/* Output rows i < src.size() of each form f: y[f][i][r] = W row wbase[i] + r against
+ * x[src[i]], r < R.  The worst over i of the relative L2 error over the checked r, against
+ * bf16 X (e[f][0]) and fp32 X (e[f][1]); the host does about 5e7 products at most. */
 static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
                        const std::vector<size_t> &wbase, const std::vector<float> &x,
-                       const std::vector<float> &y, double e[2])
+                       const std::vector<float> y[2], double e[2][2])
 {
     const size_t K = m.cols, work = src.size() * R * K;
     const size_t step = work > 50000000 ? (work + 49999999) / 50000000 : 1;
     std::vector<float> w(K);
-    e[0] = e[1] = 0;
+    e[0][0] = e[0][1] = e[1][0] = e[1][1] = 0;
     for (size_t i = 0; i < src.size(); i++) {
         std::vector<double> rb, rf;
-        std::vector<float> got;
+        std::vector<float> got[2];
         for (size_t r = 0; r < R; r = r + step < R || r == R - 1 ? r + step : R - 1) {
             t_mat_row(m, wbase[i] + r, w.data());
             const float *xi = &x[src[i] * K];
@@ -53,33 +59,64 @@ static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
             }
             rb.push_back(sb);
             rf.push_back(sf);
-            got.push_back(y[i * R + r]);
+            for (int f = 0; f < 2; f++)
+                got[f].push_back(y[f][i * R + r]);
         }
-        const double eb = t_rel_l2(got.data(), rb.data(), got.size());
-        const double ef = t_rel_l2(got.data(), rf.data(), got.size());
-        e[0] = eb > e[0] || eb != eb ? eb : e[0];
-        e[1] = ef > e[1] || ef != ef ? ef : e[1];
+        for (int f = 0; f < 2; f++) {
+            const double eb = t_rel_l2(got[f].data(), rb.data(), rb.size());
+            const double ef = t_rel_l2(got[f].data(), rf.data(), rf.size());
+            e[f][0] = eb > e[f][0] || eb != eb ? eb : e[f][0];
+            e[f][1] = ef > e[f][1] || ef != ef ? ef : e[f][1];
+        }
     }
 }
 
-static void check_pair(const char *what, const double e[2])
+/* Split: against fp32 X; bf16x: against X rounded to bf16, and (loosely) fp32 X. */
+static void check_forms(const char *what, const double e[2][2])
 {
     char buf[160];
-    snprintf(buf, sizeof buf, "%s (x bf16)", what);
-    t_check(buf, e[0], TOL_BF16);
-    snprintf(buf, sizeof buf, "%s (x f32)", what);
-    t_check(buf, e[1], TOL_F32);
+    snprintf(buf, sizeof buf, "%s split (x f32)", what);
+    t_check(buf, e[0][1], TOL_SPLIT);
+    snprintf(buf, sizeof buf, "%s bf16x (x bf16)", what);
+    t_check(buf, e[1][0], TOL_BF16);
+    snprintf(buf, sizeof buf, "%s bf16x (x f32)", what);
+    t_check(buf, e[1][1], TOL_F32);
+}
+
+/* call (y) in each form into y[f], dy (n_out floats) set to NaN first: unwritten shows. */
+template <class F>
+static void run_forms(F call, float *dy, size_t n_out, std::vector<float> y[2])
+{
+    for (int f = 0; f < 2; f++) {
+        kl_gpu_gemm_split_set(form_split[f]);
+        T_CHECK(hipMemset(dy, 0xff, n_out * 4));
+        call();
+        y[f] = t_download(dy, n_out);
+    }
 }
 
 /* Records a timing with its FLOPs and bytes. */
 static void time_record(const char *what, double s, double flops, double bytes)
 {
-    char buf[320];
+    char buf[360];
     snprintf(buf, sizeof buf,
              "%s{\"what\":\"%s\",\"us\":%.2f,\"tflops\":%.1f,\"bytes\":%.0f,\"gbps\":%.1f}",
              t_times.empty() ? "" : ",", what, s * 1e6, flops / s / 1e12, bytes,
              bytes / s / 1e9);
     t_times += buf;
+}
+
+/* Times call in each form ("what split", "what bf16x"). */
+template <class F>
+static void time_forms(const char *what, F call, double flops, double bytes)
+{
+    for (int f = 0; f < 2; f++) {
+        char buf[160];
+        snprintf(buf, sizeof buf, "%s %s", what, form_name[f]);
+        kl_gpu_gemm_split_set(form_split[f]);
+        time_record(buf, t_median_s(call, 11), flops, bytes);
+    }
+    kl_gpu_gemm_split_set(1);
 }
 
 /* ---- dense ------------------------------------------------------------------------------- */
@@ -95,21 +132,21 @@ static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint3
         const uint32_t n = ns[k];
         std::vector<float> x = t_vec((size_t)n * cols);
         float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)n * rows * 4);
-        T_CHECK(hipMemset(dy, 0xff, (size_t)n * rows * 4)); /* NaN: unwritten shows */
-        t_ok(kl_gpu_gemm(&d, dx, n, dy, NULL, &err), &err, "kl_gpu_gemm");
-        std::vector<float> y = t_download(dy, (size_t)n * rows);
+        std::vector<float> y[2];
+        run_forms([&] { t_ok(kl_gpu_gemm(&d, dx, n, dy, NULL, &err), &err, "kl_gpu_gemm"); },
+                  dy, (size_t)n * rows, y);
         std::vector<size_t> src(n), wbase(n, 0);
         for (uint32_t t = 0; t < n; t++)
             src[t] = t;
-        double e[2];
+        double e[2][2];
         rows_error(m, rows, src, wbase, x, y, e);
         char what[96];
         snprintf(what, sizeof what, "gemm %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
-        check_pair(what, e);
+        check_forms(what, e);
         if (timed && n >= 256) {
             auto call = [&](int, kl_gpu_stream st) { kl_gpu_gemm(&d, dx, n, dy, st, &err); };
             const double bytes = (double)t_mat_bytes(m) + 4.0 * n * (rows + cols);
-            time_record(what, t_median_s(call, 11), 2.0 * n * rows * cols, bytes);
+            time_forms(what, call, 2.0 * n * rows * cols, bytes);
         }
         hipFree(dx);
         hipFree(dy);
@@ -141,12 +178,12 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
     std::vector<float> x = t_vec((size_t)nx * K);
     float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)rows * R * 4 + 16);
     uint32_t *dseg = t_upload(seg), *dxr = t_upload(xr);
-    T_CHECK(hipMemset(dy, 0xff, (size_t)rows * R * 4));
     kl_gpu_gemm_grouped_args a = {&st, dx, use_x_row ? dxr : NULL, dseg, rows + 3, dy};
     kl_err err;
     kl_err_clear(&err);
-    t_ok(kl_gpu_gemm_grouped(&a, NULL, &err), &err, "kl_gpu_gemm_grouped");
-    std::vector<float> y = t_download(dy, (size_t)rows * R);
+    std::vector<float> y[2];
+    run_forms([&] { t_ok(kl_gpu_gemm_grouped(&a, NULL, &err), &err, "kl_gpu_gemm_grouped"); },
+              dy, (size_t)rows * R, y);
     std::vector<size_t> src(rows), wbase(rows);
     uint32_t nonempty = 0;
     for (uint32_t e = 0; e < E; e++) {
@@ -156,16 +193,16 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
             wbase[i] = (size_t)e * R;
         }
     }
-    double e[2];
+    double e[2][2];
     rows_error(m, R, src, wbase, x, y, e);
     char what[128];
     snprintf(what, sizeof what, "grouped %s E=%u %zux%zu m=%u%s", t_kind_name(kind), E, R, K,
              rows, use_x_row ? "" : " x_row NULL");
-    check_pair(what, e);
+    check_forms(what, e);
     if (timed) {
         auto call = [&](int, kl_gpu_stream s) { kl_gpu_gemm_grouped(&a, s, &err); };
         const double bytes = (double)t_mat_bytes(m) / E * nonempty + 4.0 * rows * (R + K);
-        time_record(what, t_median_s(call, 11), 2.0 * rows * R * K, bytes);
+        time_forms(what, call, 2.0 * rows * R * K, bytes);
     }
     hipFree(dx);
     hipFree(dy);

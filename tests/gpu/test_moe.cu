@@ -3,10 +3,11 @@
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
  * odd shapes and Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 in MXFP4 at n = 1 and 5,
- * add_to_y both ways, an expert id out of range; MXFP4 with both kernel versions, 2 and
- * KL_GPU_MX=v1's).  Then n = 1 timed (both versions) with events (median of 32
- * calls, each on 8 other experts so the L2 cannot hold them) beside a device-to-device copy
- * measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
+ * add_to_y both ways, an expert id out of range; the grouped chunks path in both X forms of
+ * kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding host); MXFP4 with both
+ * kernel versions, 2 and KL_GPU_MX=v1's).  Then n = 1 timed (both versions) with events
+ * (median of 32 calls, each on 8 other experts so the L2 cannot hold them) beside a
+ * device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/gemm.h" /* KL_GPU_GEMM_MIN_N */
@@ -14,8 +15,9 @@
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
-#define TOL_GROUPED 1e-3 /* the grouped path against a host that rounds x and h to bf16 */
-#define TOL_VS_V2   1e-2 /* the grouped path (bf16 x and h) against the per-slot one (fp32) */
+#define TOL_GROUPED 1e-3 /* grouped, bf16 X (KL_GPU_GEMM_SPLIT=0) against a host that rounds x
+                          * and h to bf16 */
+#define TOL_SPLIT   1e-4 /* grouped, split X (the default) against the fp32 host and v2 */
 
 /* ---- router ------------------------------------------------------------------------------ */
 
@@ -272,9 +274,24 @@ static double worst_error(const std::vector<float> &y, const std::vector<double>
     return worst;
 }
 
-/* Every add mode and n of the list on one set of stacks.  The grouped path is checked against
- * the host with x and h rounded to bf16 as it does (tokens sampled at the real shapes), and
- * against the per-slot path (KL_GPU_MOE=v2) on every token. */
+/* The grouped path with X rounded to bf16 (kl_gpu_gemm_split_set(0)) against the host that
+ * rounds x and h to bf16 as it does (tokens sampled as for ref), the split form restored. */
+static void check_bf16x(const stacks &s, const experts_case &c, const std::vector<float> &x,
+                        const std::vector<int32_t> &idx, const std::vector<float> &wt,
+                        const std::vector<float> &y0, uint32_t tstep, const char *what)
+{
+    kl_gpu_gemm_split_set(0);
+    std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
+    kl_gpu_gemm_split_set(1);
+    std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 1);
+    const std::string w = std::string(what) + " bf16x";
+    t_check(w.c_str(), worst_error(y, ref, c, tstep), TOL_GROUPED);
+}
+
+/* Every add mode and n of the list on one set of stacks.  The grouped path (split X, the
+ * default) is checked against the fp32 host (tokens sampled at the real shapes) and against
+ * the per-slot path (KL_GPU_MOE=v2) on every token; with X rounded to bf16 against the host
+ * that rounds x and h to bf16 as it does. */
 static void check_experts(const experts_case &base, const uint32_t *ns, size_t n_ns)
 {
     stacks s;
@@ -294,19 +311,20 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
             const int g = grouped(c);
             const double work = 3.0 * c.n * c.K * c.I * c.H;
             const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
-            std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, g);
+            std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 0);
             char what[128];
             snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d %s",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
                      g ? "grouped" : kl_gpu_version(KL_GPU_K_MX) == 1 ? "v1" : "v2");
-            t_check(what, worst_error(y, ref, c, tstep), g ? TOL_GROUPED : TOL);
-            if (g) { /* the same slots through the per-slot kernels */
+            t_check(what, worst_error(y, ref, c, tstep), g ? TOL_SPLIT : TOL);
+            if (g) { /* the same slots through the per-slot kernels, then bf16 X */
                 kl_gpu_experts_version_set(2);
                 std::vector<float> y2 = run_experts(s, c, x, idx, wt, y0);
                 kl_gpu_experts_version_set(3);
                 std::vector<double> r2(y2.begin(), y2.end());
                 const std::string w = std::string(what) + " vs KL_GPU_MOE=v2";
-                t_check(w.c_str(), worst_error(y, r2, c, 1), TOL_VS_V2);
+                t_check(w.c_str(), worst_error(y, r2, c, 1), TOL_SPLIT);
+                check_bf16x(s, c, x, idx, wt, y0, tstep, what);
             }
         }
     }
