@@ -8,12 +8,19 @@
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
-#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs.
+#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
+#   BENCH_CONFIGS: the benchmark once per configuration (the same form).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
 BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
 STAGES=${STAGES:-"tests golden full"}
+# shared libraries this machine may lack (copied beside the binary by hand into
+# build/gpu-cuda/fallback-libs: used only when the loader reports one missing)
+if ldd "$KL" | grep -q "not found" && [ -d "$BG/fallback-libs" ]; then
+    export LD_LIBRARY_PATH="$BG/fallback-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+ldd "$KL" | grep "not found"
 TABLE="$OUT/table.txt"; : > "$TABLE"
 row() { echo "$*" | tee -a "$TABLE"; }
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
@@ -70,6 +77,26 @@ PY
     done
 }
 
+bench_one() {  # model, json out
+    "$KL" bench decode "$1" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
+        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$2" ||
+        { row "bench failed (rc $?)"; return 1; }
+    python3 - "$2" <<'PY' | tee -a "$TABLE"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
+         d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
+         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
+print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
+for a in d.get("prefill_at", []):
+    print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
+for a in d["decode_at_context"]:
+    print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
+          % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
+PY
+}
+
 stage_full() {
     local D="$W/full-mxfp4" p f
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -102,27 +129,16 @@ PY
     # tmpfs (SHM=1): the model copied to /dev/shm and loaded from there
     [ -z "${SHM:-}" ] || { rm -rf /dev/shm/klm; cp -r "$D" /dev/shm/klm && "$KL" bench decode /dev/shm/klm --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-shm.json" &&
         row "bench load from /dev/shm $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s), ttft %.2f s' % (d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['time_to_first_token_s']))" "$W/bench-shm.json")"; rm -rf /dev/shm/klm; }
-    # one load: prefill of PROMPT ids (default 8192), decode after it, then decode at each
-    # synthetic context of AT (kl bench decode --decode-at), prefill at each length of PF
-    "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$W/bench.json" ||
-        { row "bench failed (rc $?); again with KL_GPU_LOAD=host"; KL_GPU_LOAD=host "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json"; } &&
-        python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
-import json, sys
-d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
-      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
-         d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
-         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
-print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
-for a in d.get("prefill_at", []):
-    print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
-for a in d["decode_at_context"]:
-    print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
-          % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
-PY
-    cp "$W/bench.json" "$OUT/" 2>/dev/null
+    # one load per configuration of BENCH_CONFIGS (as GOLDEN_CONFIGS): prefill of PROMPT ids
+    # (default 8192), decode after it, then decode at each synthetic context of AT
+    # (kl bench decode --decode-at), prefill at each length of PF
+    local IFS=';' cfg i=0
+    for cfg in ${BENCH_CONFIGS:-" "}; do
+        i=$((i + 1))
+        row "== bench with [${cfg# }]"
+        ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; bench_one "$D" "$W/bench-$i.json" )
+        cp "$W/bench-$i.json" "$OUT/" 2>/dev/null
+    done
     [ -n "${KEEP:-}" ] || rm -rf "$D"
 }
 
