@@ -14,7 +14,7 @@ set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
 BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
-STAGES=${STAGES:-"tests golden full"}
+STAGES=${STAGES:-"tests golden pdl full"}
 # shared libraries this machine may lack (copied beside the binary by hand into
 # build/gpu-cuda/fallback-libs: used only when the loader reports one missing)
 if ldd "$KL" | grep -q "not found" && [ -d "$BG/fallback-libs" ]; then
@@ -95,6 +95,20 @@ for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
 PY
+}
+
+# programmatic launches (KL_GPU_PDL=1) must not change a bit: greedy generation of 48 tokens
+# with decode graphs, PDL off and on, the JSON outputs compared whole
+stage_pdl() {
+    local G=tests/fixtures/golden prompt name
+    prompt=$(cat $G/prompt.txt)
+    for name in small4 multi; do
+        KL_GPU_PDL=0 "$KL" run $G/$name --device gpu --ids "$prompt" -n 48 --json -q > "$W/pdl0-$name.json"
+        KL_GPU_PDL=1 "$KL" run $G/$name --device gpu --ids "$prompt" -n 48 --json -q > "$W/pdl1-$name.json"
+        if cmp -s "$W/pdl0-$name.json" "$W/pdl1-$name.json" && [ -s "$W/pdl0-$name.json" ]; then
+            row "$name greedy 48 tokens PDL on == off PASS"
+        else row "$name greedy 48 tokens PDL on != off FAIL"; fi
+    done
 }
 
 stage_full() {
