@@ -97,17 +97,18 @@ for a in d["decode_at_context"]:
 PY
 }
 
-# programmatic launches (KL_GPU_PDL=1) must not change a bit: greedy generation of 48 tokens
-# with decode graphs, PDL off and on, the JSON outputs compared whole
+# programmatic launches (KL_GPU_PDL=1) must not change a bit: teacher-forced logits (each
+# forced id a one-token step, replayed as a decode graph), PDL off and on, compared bytewise
 stage_pdl() {
-    local G=tests/fixtures/golden prompt name
+    local G=tests/fixtures/golden prompt name greedy
     prompt=$(cat $G/prompt.txt)
     for name in small4 multi; do
-        KL_GPU_PDL=0 "$KL" run $G/$name --device gpu --ids "$prompt" -n 48 --json -q > "$W/pdl0-$name.json"
-        KL_GPU_PDL=1 "$KL" run $G/$name --device gpu --ids "$prompt" -n 48 --json -q > "$W/pdl1-$name.json"
-        if cmp -s "$W/pdl0-$name.json" "$W/pdl1-$name.json" && [ -s "$W/pdl0-$name.json" ]; then
-            row "$name greedy 48 tokens PDL on == off PASS"
-        else row "$name greedy 48 tokens PDL on != off FAIL"; fi
+        greedy=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$G/$name-unbiased.json")
+        KL_GPU_PDL=0 forced $G/$name gpu unbiased "$prompt" "$greedy" "$W/pdl0-$name.bin"
+        KL_GPU_PDL=1 forced $G/$name gpu unbiased "$prompt" "$greedy" "$W/pdl1-$name.bin"
+        if [ -s "$W/pdl0-$name.bin" ] && cmp -s "$W/pdl0-$name.bin" "$W/pdl1-$name.bin"; then
+            row "$name teacher-forced logits PDL on == off (bytewise) PASS"
+        else row "$name teacher-forced logits PDL on != off FAIL"; fi
     done
 }
 
