@@ -112,6 +112,28 @@ stage_pdl() {
     done
 }
 
+# kl serve on the GPU with the full geometry: one streamed request, then 1, 4 and 8
+# concurrent streams (scripts/bench_serve.py); the server stopped with SIGINT
+stage_serve() {
+    local D="$W/full-mxfp4" pid port
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    "$KL" serve "$D" --device gpu --port 0 --json -q > "$W/serve.json" 2> "$W/serve.err" &
+    pid=$!
+    for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
+    port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
+        { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
+    python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
+        --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
+        python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
+import json, sys
+for lv in json.load(open(sys.argv[1]))["levels"]:
+    print("serve %d streams: %.1f output tok/s (x%.2f), ttft p50 %.3f s, itl p50 %.2f ms"
+          % (lv["streams"], lv["output_tok_s"], lv["speedup_vs_first"], lv["ttft_p50_s"], lv["itl_p50_s"] * 1e3))
+PY
+    kill -INT $pid; wait $pid; row "serve stopped: rc $?"
+    cp "$W/bench-serve.json" "$OUT/" 2>/dev/null
+}
+
 stage_full() {
     local D="$W/full-mxfp4" p f
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
