@@ -840,6 +840,8 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
  * h1 and h2 [n, down->cols] are done. */
 static int glu_down(gpu_be *g, float *h1, const float *h2, const kl_gpu_mat *down, kl_err *err)
 {
+    if (g->tok.n == 1)   /* one launch: the gating made inside the product */
+        return kl_gpu_matmul_glu(down, h1, h2, 1, g->y, g->st, err);
     int rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * down->cols, g->st, err);
     return rc ? rc : mm(g, down, h1, g->y, err);
 }

@@ -217,8 +217,15 @@ __device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uin
     }
 }
 
+/* SiLU(z) · u: the gated MLP's activation, the same expression as silu_mul_kernel's. */
+__device__ static inline float kl_silu_mul(float z, float u)
+{
+    return z / (1.0f + expf(-z)) * u;
+}
+
+/* y = x Wᵀ for one token; with gb, x is SiLU(x) ⊙ gb (made as it is staged). */
 __global__ static void __launch_bounds__(BF_THREADS, 2)
-    matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, float *y, unsigned G)
+    matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, const float *gb, float *y, unsigned G)
 {
     KL_GPU_GRID_WAIT();
     extern __shared__ float4 bf_sh[];
@@ -229,9 +236,16 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
     const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
     uint4 q[BF_PIECES];
     bf_load(q, p, np, gl, lanes);
-    const float4 *x4 = (const float4 *)x;
-    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS)
-        bf_sh[f ^ ((f >> 3) & 1u)] = x4[f];
+    const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)gb;
+    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS) {
+        float4 v = x4[f];
+        if (g4) {
+            const float4 u = g4[f];
+            v = make_float4(kl_silu_mul(v.x, u.x), kl_silu_mul(v.y, u.y), kl_silu_mul(v.z, u.z),
+                            kl_silu_mul(v.w, u.w));
+        }
+        bf_sh[f ^ ((f >> 3) & 1u)] = v;
+    }
     __syncthreads();
     float acc = 0.0f;
     for (uint32_t c0 = gl; c0 < np; c0 += lanes * BF_PIECES) {
@@ -264,9 +278,10 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
         y[row] = acc;
 }
 
-/* 1 when version 2 took the product (BF16, n = 1, 16-byte aligned, the shapes above). */
-static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec,
-                          hipStream_t st)
+/* 1 when version 2 took the product (BF16, n = 1, 16-byte aligned, the shapes above); with
+ * gb (16-byte aligned too), of SiLU(x) ⊙ gb. */
+static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
+                          int vec, hipStream_t st)
 {
     if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
@@ -276,7 +291,7 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec
         G *= 2;
     const unsigned per_block = BF_WARPS / G;
     matmul_bf16_n1_kernel<<<(w->rows + per_block - 1) / per_block, BF_THREADS,
-                            w->cols * sizeof(float), st>>>(*w, x, y, G);
+                            w->cols * sizeof(float), st>>>(*w, x, gb, y, G);
     return 1;
 }
 
@@ -300,7 +315,7 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
-    if (n == 1 && matmul_bf16_n1(w, x, y, vec, st))
+    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, st))
         return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
@@ -435,6 +450,21 @@ extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_st
     blocks = blocks > 65536 ? 65536 : blocks;
     silu_mul_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(a, b, count);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
+                                 float *y, kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(w, "matmul_glu", err);
+    if (rc)
+        return rc;
+    if (!a || !b || !y || n == 0)
+        return kl_fail(err, KL_E_USAGE, "matmul_glu: a, b or y is NULL, or n is 0");
+    const int vec = kl_row_vec_ok(w, a, w->cols) && kl_row_vec_ok(w, b, w->cols);
+    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, (hipStream_t)s))
+        return KL_GPU_CHECK(err, hipGetLastError());
+    rc = kl_gpu_silu_mul(a, b, (size_t)n * w->cols, s, err);
+    return rc ? rc : kl_gpu_matmul(w, a, n, y, s, err);
 }
 
 /* ---- arg-max ----------------------------------------------------------------------------- */
