@@ -797,8 +797,13 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
         rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
     }
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
+    if (!rc && g->tok.n == 1)   /* the two low-rank expansions as one launch */
+        rc = kl_gpu_matmul_pair(&L->w[KL_ROLE_KDA_F_B], fa, g->f, &L->w[KL_ROLE_KDA_G_B], ga,
+                                g->g, 1, g->st, err);
+    else if (!rc) {
+        rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
+        if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
+    }
     if (!rc) {
         kl_gpu_kda_recur_args ra = {
             .q = q, .k = k, .v = v, .f = g->f, .beta_logit = beta, .gate = g->g,
