@@ -250,7 +250,7 @@ static const char *fill_options(kl_fill_opts *o)
 {
     const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     const char *th = getenv("KL_GPU_LOAD_THREADS");
-    int ring = how && (!strcmp(how, "ring") || !strcmp(how, "ring-direct"));
+    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0)
         o->window_bytes = (size_t)atoi(win) << 20;
@@ -260,8 +260,8 @@ static const char *fill_options(kl_fill_opts *o)
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
         return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
     }
-    /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest of
-     * test_load's cases on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */
+    /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest mapped
+     * case of test_load on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */
     o->threads = th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS ? (unsigned)atoi(th)
                                                                             : 4;
     o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
@@ -797,8 +797,13 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
         rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
     }
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
+    if (!rc && g->tok.n == 1)   /* the two low-rank expansions as one launch */
+        rc = kl_gpu_matmul_pair(&L->w[KL_ROLE_KDA_F_B], fa, g->f, &L->w[KL_ROLE_KDA_G_B], ga,
+                                g->g, 1, g->st, err);
+    else if (!rc) {
+        rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
+        if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
+    }
     if (!rc) {
         kl_gpu_kda_recur_args ra = {
             .q = q, .k = k, .v = v, .f = g->f, .beta_logit = beta, .gate = g->g,
@@ -840,6 +845,8 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
  * h1 and h2 [n, down->cols] are done. */
 static int glu_down(gpu_be *g, float *h1, const float *h2, const kl_gpu_mat *down, kl_err *err)
 {
+    if (g->tok.n == 1)   /* one launch: the gating made inside the product */
+        return kl_gpu_matmul_glu(down, h1, h2, 1, g->y, g->st, err);
     int rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * down->cols, g->st, err);
     return rc ? rc : mm(g, down, h1, g->y, err);
 }

@@ -866,7 +866,7 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     int ring = o.mode == KL_FILL_RING;
     long page = sysconf(_SC_PAGESIZE);
     uint64_t pg = ring ? RING_ALIGN : page > 0 ? (uint64_t)page : 4096;
-    f.wbytes = o.window_bytes ? o.window_bytes : (size_t)(ring ? 64 : 256) << 20;
+    f.wbytes = o.window_bytes ? o.window_bytes : (size_t)(ring ? 16 : 256) << 20;
     f.wbytes = (f.wbytes + pg - 1) / pg * pg;
     unsigned threads = ring && !o.threads ? 8 : o.threads;
     unsigned most = ring ? KL_FILL_MAX_SLOTS : KL_FILL_MAX_WINDOWS;

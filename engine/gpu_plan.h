@@ -124,7 +124,7 @@ typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ, KL_FILL_RING } kl_
 typedef struct kl_fill_opts {
     kl_fill_mode   mode;
     size_t         window_bytes;        /* MAPPED: 0 = 256 MiB; rounded up to pages;
-                                           RING: a buffer, 0 = 64 MiB; rounded up to 4 KiB */
+                                           RING: a buffer, 0 = 16 MiB; rounded up to 4 KiB */
     unsigned       windows;             /* MAPPED: in flight, 0 = 3, at most 8; RING:
                                            buffers, 0 = threads + 4, at most 32 */
     unsigned       threads;             /* MAPPED: 0: the calling thread maps and pins each

@@ -217,21 +217,46 @@ __device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uin
     }
 }
 
+/* SiLU(z) · u: the gated MLP's activation, the same expression as silu_mul_kernel's. */
+__device__ static inline float kl_silu_mul(float z, float u)
+{
+    return z / (1.0f + expf(-z)) * u;
+}
+
+/* One one-token product: y = x Wᵀ; with gb, x is SiLU(x) ⊙ gb (made as it is staged). */
+typedef struct bf_job {
+    kl_gpu_mat   w;
+    const float *x, *gb;
+    float       *y;
+} bf_job;
+
+/* Blocks [0, nb_a) do job a, the rest job b (two products of one shape class, one launch). */
 __global__ static void __launch_bounds__(BF_THREADS, 2)
-    matmul_bf16_n1_kernel(kl_gpu_mat w, const float *x, float *y, unsigned G)
+    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G)
 {
     KL_GPU_GRID_WAIT();
     extern __shared__ float4 bf_sh[];
     __shared__ float red[BF_WARPS];
+    const int second = blockIdx.x >= nb_a;
+    const kl_gpu_mat w = second ? jb.w : ja.w;
+    const float *x = second ? jb.x : ja.x, *gb = second ? jb.gb : ja.gb;
+    float *y = second ? jb.y : ja.y;
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    const size_t row = (size_t)blockIdx.x * (BF_WARPS / G) + wi / G;
+    const size_t row = (size_t)(blockIdx.x - (second ? nb_a : 0)) * (BF_WARPS / G) + wi / G;
     const uint32_t np = w.cols / 8, lanes = G * KL_GPU_GROUP, gl = wi % G * KL_GPU_GROUP + lane;
     const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
     uint4 q[BF_PIECES];
     bf_load(q, p, np, gl, lanes);
-    const float4 *x4 = (const float4 *)x;
-    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS)
-        bf_sh[f ^ ((f >> 3) & 1u)] = x4[f];
+    const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)gb;
+    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS) {
+        float4 v = x4[f];
+        if (g4) {
+            const float4 u = g4[f];
+            v = make_float4(kl_silu_mul(v.x, u.x), kl_silu_mul(v.y, u.y), kl_silu_mul(v.z, u.z),
+                            kl_silu_mul(v.w, u.w));
+        }
+        bf_sh[f ^ ((f >> 3) & 1u)] = v;
+    }
     __syncthreads();
     float acc = 0.0f;
     for (uint32_t c0 = gl; c0 < np; c0 += lanes * BF_PIECES) {
@@ -264,9 +289,9 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
         y[row] = acc;
 }
 
-/* 1 when version 2 took the product (BF16, n = 1, 16-byte aligned, the shapes above). */
-static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec,
-                          hipStream_t st)
+/* The warps per row for the one-token BF16 kernel (version 2, 16-byte aligned, the shapes
+ * above), or 0 when it does not apply. */
+static unsigned bf16_n1_groups(const kl_gpu_mat *w, int vec)
 {
     if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
@@ -274,9 +299,26 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, float *y, int vec
     unsigned G = 1; /* at least 256 blocks: 2 an SM */
     while (G < 4 && (size_t)w->rows * G / BF_WARPS < 256)
         G *= 2;
+    return G;
+}
+
+static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
+{
     const unsigned per_block = BF_WARPS / G;
-    matmul_bf16_n1_kernel<<<(w->rows + per_block - 1) / per_block, BF_THREADS,
-                            w->cols * sizeof(float), st>>>(*w, x, y, G);
+    return (w->rows + per_block - 1) / per_block;
+}
+
+/* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
+ * SiLU(x) ⊙ gb. */
+static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
+                          int vec, hipStream_t st)
+{
+    const unsigned G = bf16_n1_groups(w, vec);
+    if (!G)
+        return 0;
+    const bf_job j = {*w, x, gb, y};
+    const unsigned nb = bf16_n1_blocks(w, G);
+    matmul_bf16_n1_kernel<<<nb, BF_THREADS, w->cols * sizeof(float), st>>>(j, j, nb, G);
     return 1;
 }
 
@@ -300,7 +342,7 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
-    if (n == 1 && matmul_bf16_n1(w, x, y, vec, st))
+    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, st))
         return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
@@ -435,6 +477,45 @@ extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_st
     blocks = blocks > 65536 ? 65536 : blocks;
     silu_mul_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(a, b, count);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya,
+                                  const kl_gpu_mat *wb, const float *xb, float *yb, uint32_t n,
+                                  kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(wa, "matmul_pair", err);
+    if (!rc)
+        rc = kl_row_mat_check(wb, "matmul_pair", err);
+    if (rc)
+        return rc;
+    if (!xa || !ya || !xb || !yb || n == 0)
+        return kl_fail(err, KL_E_USAGE, "matmul_pair: an x or y is NULL, or n is 0");
+    const unsigned ga = n == 1 ? bf16_n1_groups(wa, kl_row_vec_ok(wa, xa, wa->cols)) : 0;
+    const unsigned gb = n == 1 ? bf16_n1_groups(wb, kl_row_vec_ok(wb, xb, wb->cols)) : 0;
+    if (!ga || ga != gb) {
+        rc = kl_gpu_matmul(wa, xa, n, ya, s, err);
+        return rc ? rc : kl_gpu_matmul(wb, xb, n, yb, s, err);
+    }
+    const bf_job a = {*wa, xa, NULL, ya}, b = {*wb, xb, NULL, yb};
+    const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
+    const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
+    matmul_bf16_n1_kernel<<<nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a, ga);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
+                                 float *y, kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(w, "matmul_glu", err);
+    if (rc)
+        return rc;
+    if (!a || !b || !y || n == 0)
+        return kl_fail(err, KL_E_USAGE, "matmul_glu: a, b or y is NULL, or n is 0");
+    const int vec = kl_row_vec_ok(w, a, w->cols) && kl_row_vec_ok(w, b, w->cols);
+    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, (hipStream_t)s))
+        return KL_GPU_CHECK(err, hipGetLastError());
+    rc = kl_gpu_silu_mul(a, b, (size_t)n * w->cols, s, err);
+    return rc ? rc : kl_gpu_matmul(w, a, n, y, s, err);
 }
 
 /* ---- arg-max ----------------------------------------------------------------------------- */

@@ -39,6 +39,18 @@ int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float
 int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint32_t n, uint32_t h,
                        float eps, float *xn, kl_gpu_stream s, kl_err *err);
 
+/* Two independent products, ya = xa Waᵀ and yb = xb Wbᵀ (n tokens each): one launch where
+ * both take the one-token BF16 kernel with the same layout (KDA's f_b and g_b), else two
+ * kl_gpu_matmul calls. */
+int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const kl_gpu_mat *wb,
+                       const float *xb, float *yb, uint32_t n, kl_gpu_stream s, kl_err *err);
+
+/* y [n, w->rows] = (SiLU(a) ⊙ b) Wᵀ for a, b [n, w->cols]: the end of a gated MLP.  One
+ * launch where the one-token BF16 kernel applies (the gating made as x is staged); otherwise
+ * a is overwritten with SiLU(a) ⊙ b and kl_gpu_matmul runs. */
+int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n, float *y,
+                      kl_gpu_stream s, kl_err *err);
+
 /* a[i] = SiLU(a[i]) · b[i] for i < count. */
 int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_stream s, kl_err *err);
 

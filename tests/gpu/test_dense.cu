@@ -1,7 +1,8 @@
 /*
  * tests/gpu/test_dense.cu — kernels/dense.h against host references computed here (double):
  * kl_gpu_matmul for every weight kind at tiny odd shapes and at Kimi-Linear's real shapes
- * (n = 1 and n = 5), kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul and kl_gpu_argmax
+ * (n = 1 and n = 5), kl_gpu_matmul_glu, kl_gpu_matmul_pair, kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul
+ * and kl_gpu_argmax
  * (ties, NaN), plus the launchers' refusals; MXFP4 and BF16 at n = 1 with both kernel
  * versions (2 and round 1's).  Then the n = 1 products timed with events
  * (median of 25 single calls, weights rotated over copies so the L2 cannot hold them) beside
@@ -238,6 +239,88 @@ static void check_silu_mul(size_t count)
     t_check("silu_mul 1000003", t_rel_l2(g.data(), ref.data(), count), TOL);
 }
 
+/* kl_gpu_matmul_glu: y = (SiLU(a) ⊙ b) Wᵀ for n tokens (n = 1: the fused one-token kernel;
+ * else SiLU into a, then the product), BF16 and F32, against a host reference. */
+static void check_glu(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n)
+{
+    const t_mat m = t_mat_random(kind, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    std::vector<float> a = t_vec(n * cols), b = t_vec(n * cols), w(cols);
+    for (auto &v : a)
+        v *= 8.0f;
+    float *da = t_upload(a), *db = t_upload(b), *dy = (float *)t_alloc(n * rows * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_matmul_glu(&d, da, db, n, dy, NULL, &err), &err, "kl_gpu_matmul_glu");
+    std::vector<float> y = t_download(dy, n * rows);
+    std::vector<double> ref(n * rows);
+    for (size_t r = 0; r < rows; r++) {
+        t_mat_row(m, r, w.data());
+        for (uint32_t t = 0; t < n; t++) {
+            double s = 0;
+            for (size_t c = 0; c < cols; c++) {
+                const double z = a[t * cols + c];
+                s += (double)w[c] * (z / (1.0 + exp(-z)) * b[t * cols + c]);
+            }
+            ref[t * rows + r] = s;
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "matmul_glu %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
+    t_check(what, t_rel_l2(y.data(), ref.data(), n * rows), TOL);
+    hipFree(da);
+    hipFree(db);
+    hipFree(dy);
+    t_mat_free(d);
+}
+
+/* The host reference of y = x Wᵀ for n tokens (double). */
+static std::vector<double> host_product(const t_mat &m, const std::vector<float> &x, uint32_t n)
+{
+    std::vector<double> ref(n * m.rows);
+    std::vector<float> w(m.cols);
+    for (size_t r = 0; r < m.rows; r++) {
+        t_mat_row(m, r, w.data());
+        for (uint32_t t = 0; t < n; t++) {
+            double s = 0;
+            for (size_t c = 0; c < m.cols; c++)
+                s += (double)w[c] * x[t * m.cols + c];
+            ref[t * m.rows + r] = s;
+        }
+    }
+    return ref;
+}
+
+/* kl_gpu_matmul_pair: two products in one launch (KDA's f_b and g_b: [4096, 128] BF16) and
+ * the fallback (shapes of different layouts, n = 3), each against the host. */
+static void check_pair(size_t rows_a, size_t rows_b, size_t cols, uint32_t n)
+{
+    const t_mat ma = t_mat_random(KL_GPU_W_BF16, rows_a, cols);
+    const t_mat mb = t_mat_random(KL_GPU_W_BF16, rows_b, cols);
+    const kl_gpu_mat da = t_mat_upload(ma), db = t_mat_upload(mb);
+    std::vector<float> xa = t_vec(n * cols), xb = t_vec(n * cols);
+    float *dxa = t_upload(xa), *dxb = t_upload(xb);
+    float *dya = (float *)t_alloc(n * rows_a * sizeof(float));
+    float *dyb = (float *)t_alloc(n * rows_b * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_matmul_pair(&da, dxa, dya, &db, dxb, dyb, n, NULL, &err), &err,
+         "kl_gpu_matmul_pair");
+    const std::vector<float> ya = t_download(dya, n * rows_a), yb = t_download(dyb, n * rows_b);
+    const std::vector<double> ra = host_product(ma, xa, n), rb = host_product(mb, xb, n);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_pair bf16 %zux%zu + %zux%zu n=%u (first)", rows_a, cols,
+             rows_b, cols, n);
+    t_check(what, t_rel_l2(ya.data(), ra.data(), ra.size()), TOL);
+    snprintf(what, sizeof what, "matmul_pair bf16 %zux%zu + %zux%zu n=%u (second)", rows_a,
+             cols, rows_b, cols, n);
+    t_check(what, t_rel_l2(yb.data(), rb.data(), rb.size()), TOL);
+    for (float *p : {dxa, dxb, dya, dyb})
+        hipFree(p);
+    t_mat_free(da);
+    t_mat_free(db);
+}
+
 /* Ties across parts (9 and 70001), NaNs, all NaN, all -inf, the last index; vocab 163841:
  * the scalar path (split in parts too by version 2). */
 static void check_argmax(uint32_t vocab, int version, double copy_gbps)
@@ -293,6 +376,14 @@ int main(void)
         check_add_rmsnorm(3, 37, y);
     }
     check_silu_mul(1000003);
+    for (uint32_t n : {1u, 3u}) {   /* the shared experts' and the dense MLP's down products */
+        check_glu(KL_GPU_W_BF16, 2304, 1024, n);
+        check_glu(KL_GPU_W_BF16, 2304, 9216, n);
+        check_glu(KL_GPU_W_F32, 40, 64, n);
+        check_pair(4096, 4096, 128, n);
+    }
+    check_pair(4096, 2304, 128, 1);   /* two shapes in one launch */
+    check_pair(4096, 4096, 2304, 1);
     const double copy = t_copy_gbps();
     /* ... and the fused input products: KDA q/k/v/f_a/g_a/b, MLA q + kv_a, shared gate + up
      * + router */
