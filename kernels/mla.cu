@@ -30,10 +30,14 @@
  *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
  *            the contexts staged in shared memory
  *
- * v3 (the default where it fits; KL_GPU_MLA=v2 or v1 selects the others) runs absorb2,
- * combine2 and vb2 around attend3: the scores and contexts on tensor cores (bf16 in, fp32
+ * v3 (the default where it fits; KL_GPU_MLA=v3fast, v2 or v1 selects the others) runs
+ * absorb2, combine2 and vb2 around attend3s: the scores and contexts on tensor cores (fp32
  * accumulate), a block per (split, run, 32 / nh tokens of the run): 32 query rows (token,
- * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_kernel).
+ * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_body).
+ * Its operands (queries, cache rows, weights) are split into hi = bf16(x), lo = bf16(x - hi),
+ * each product hi hi + hi lo + lo hi (exact to ~1e-5), and the next tile is loaded while the
+ * current one is computed.  v3fast (attend3_kernel) multiplies the bf16 values once (~1e-2).
+ * Runs of one token over spans < V3_MIN_SPAN run v2 (v3's fixed costs outweigh its gain).
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"

@@ -8,8 +8,9 @@
  * differing spans, decode of 4 slots at spans 1 .. 64K and prefill runs of 64 and 256 tokens
  * on caches of 0 and 4K rows (the reference for every few tokens of those); the full-shape
  * cases timed, with bytes read / time beside a device-to-device copy and TFLOPS.  Every case
- * runs the three kernel versions (v3 on tensor cores, compared also with v2; v2; round 1's
- * v1; kl_gpu_mla_select).  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ * runs the four kernel versions (v3 on tensor cores with hi + lo operands and v3fast with
+ * bf16 ones, both compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Exit 0 pass,
+ * 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/mla.h"
 #include "tests/gpu/gpu_test.h"
