@@ -978,6 +978,8 @@ __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t
                                      uint32_t steps)
 {
     const __nv_bfloat16 *qb = (const __nv_bfloat16 *)q, *kb = (const __nv_bfloat16 *)k;
+    acc16 x; /* S: the lo products apart (two chains of dependent products, not one) */
+    acc_zero(x);
     for (uint32_t s = 0; s < steps; s++) {
         a16 A;
         wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> B;
@@ -989,10 +991,13 @@ __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t
             wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> Bl;
             wm::load_matrix_sync(Al, qb + 32 * ld + 16 * s, ld);
             wm::load_matrix_sync(Bl, kb + 32 * ld + 16 * s, ld);
-            wm::mma_sync(c, A, Bl, c);
-            wm::mma_sync(c, Al, B, c);
+            wm::mma_sync(x, A, Bl, x);
+            wm::mma_sync(x, Al, B, x);
         }
     }
+#pragma unroll
+    for (int e = 0; S && e < acc16::num_elements; e++)
+        c.x[e] += x.x[e];
 }
 
 /* Group: o[i] += P V for the context columns 16 f, f = cg + 4 i < nf; p: 16 rows of weights
