@@ -116,14 +116,13 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:
- * ring (default: N load threads pread the files into N + 4 pinned buffers, each copied as it
- * fills), ring-direct (the same with O_DIRECT where allowed), mapped (windows of the file
- * mapped and page-locked), read (the staged reader, buffered), direct (the staged reader,
+ * mapped (default: windows of the file mapped and page-locked), ring (N load threads pread
+ * the files into N + 4 pinned buffers, each copied as it fills), ring-direct (the same with
+ * O_DIRECT where allowed), read (the staged reader, buffered), direct (the staged reader,
  * O_DIRECT where allowed); host is the CLI's (the whole model read into memory first).
  * $KL_GPU_LOAD_WINDOW_MB: the mapped window (default 256) or ring buffer (default 64);
- * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8): N threads map
- * and page-lock windows ahead of the copies (2N windows in flight; default: the loading
- * thread does it, 3 windows in flight).
+ * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8, default 4):
+ * N threads map and page-lock windows ahead of the copies (2N windows in flight).
  * $KL_GPU_CHUNK=N (16-1024, default 256): tokens per forward chunk (max_tokens);
  * $KL_GPU_GEMM=0: chunks of many tokens use the one-token products, not tensor cores.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */

@@ -250,7 +250,7 @@ static const char *fill_options(kl_fill_opts *o)
 {
     const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     const char *th = getenv("KL_GPU_LOAD_THREADS");
-    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
+    int ring = how && (!strcmp(how, "ring") || !strcmp(how, "ring-direct"));
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0)
         o->window_bytes = (size_t)atoi(win) << 20;
@@ -260,10 +260,11 @@ static const char *fill_options(kl_fill_opts *o)
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
         return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
     }
-    if (th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS) {   /* windows: 2 per thread */
-        o->threads = (unsigned)atoi(th);
-        o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
-    }
+    /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest of
+     * test_load's cases on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */
+    o->threads = th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS ? (unsigned)atoi(th)
+                                                                            : 4;
+    o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
     if (how && !strcmp(how, "read")) {
         o->mode = KL_FILL_READ;
         o->direct = KL_DIRECT_OFF;

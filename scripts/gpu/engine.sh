@@ -8,12 +8,19 @@
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
-#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs.
+#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
+#   BENCH_CONFIGS: the benchmark once per configuration (the same form).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
 BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
-STAGES=${STAGES:-"tests golden full"}
+STAGES=${STAGES:-"tests golden pdl full"}
+# shared libraries this machine may lack (copied beside the binary by hand into
+# build/gpu-cuda/fallback-libs: used only when the loader reports one missing)
+if ldd "$KL" | grep -q "not found" && [ -d "$BG/fallback-libs" ]; then
+    export LD_LIBRARY_PATH="$BG/fallback-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+ldd "$KL" | grep "not found"
 TABLE="$OUT/table.txt"; : > "$TABLE"
 row() { echo "$*" | tee -a "$TABLE"; }
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
@@ -70,6 +77,63 @@ PY
     done
 }
 
+bench_one() {  # model, json out
+    "$KL" bench decode "$1" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
+        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$2" ||
+        { row "bench failed (rc $?)"; return 1; }
+    python3 - "$2" <<'PY' | tee -a "$TABLE"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
+         d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
+         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
+print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
+for a in d.get("prefill_at", []):
+    print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
+for a in d["decode_at_context"]:
+    print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
+          % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
+PY
+}
+
+# programmatic launches (KL_GPU_PDL=1) must not change a bit: teacher-forced logits (each
+# forced id a one-token step, replayed as a decode graph), PDL off and on, compared bytewise
+stage_pdl() {
+    local G=tests/fixtures/golden prompt name greedy
+    prompt=$(cat $G/prompt.txt)
+    for name in small4 multi; do
+        greedy=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$G/$name-unbiased.json")
+        KL_GPU_PDL=0 forced $G/$name gpu unbiased "$prompt" "$greedy" "$W/pdl0-$name.bin"
+        KL_GPU_PDL=1 forced $G/$name gpu unbiased "$prompt" "$greedy" "$W/pdl1-$name.bin"
+        if [ -s "$W/pdl0-$name.bin" ] && cmp -s "$W/pdl0-$name.bin" "$W/pdl1-$name.bin"; then
+            row "$name teacher-forced logits PDL on == off (bytewise) PASS"
+        else row "$name teacher-forced logits PDL on != off FAIL"; fi
+    done
+}
+
+# kl serve on the GPU with the full geometry: one streamed request, then 1, 4 and 8
+# concurrent streams (scripts/bench_serve.py); the server stopped with SIGINT
+stage_serve() {
+    local D="$W/full-mxfp4" pid port
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    "$KL" serve "$D" --device gpu --port 0 --json -q > "$W/serve.json" 2> "$W/serve.err" &
+    pid=$!
+    for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
+    port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
+        { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
+    python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
+        --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
+        python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
+import json, sys
+for lv in json.load(open(sys.argv[1]))["levels"]:
+    print("serve %d streams: %.1f output tok/s (x%.2f), ttft p50 %.3f s, itl p50 %.2f ms"
+          % (lv["streams"], lv["output_tok_s"], lv["speedup_vs_first"], lv["ttft_p50_s"], lv["itl_p50_s"] * 1e3))
+PY
+    kill -INT $pid; wait $pid; row "serve stopped: rc $?"
+    cp "$W/bench-serve.json" "$OUT/" 2>/dev/null
+}
+
 stage_full() {
     local D="$W/full-mxfp4" p f
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -102,27 +166,16 @@ PY
     # tmpfs (SHM=1): the model copied to /dev/shm and loaded from there
     [ -z "${SHM:-}" ] || { rm -rf /dev/shm/klm; cp -r "$D" /dev/shm/klm && "$KL" bench decode /dev/shm/klm --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-shm.json" &&
         row "bench load from /dev/shm $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s), ttft %.2f s' % (d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['time_to_first_token_s']))" "$W/bench-shm.json")"; rm -rf /dev/shm/klm; }
-    # one load: prefill of PROMPT ids (default 8192), decode after it, then decode at each
-    # synthetic context of AT (kl bench decode --decode-at), prefill at each length of PF
-    "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$W/bench.json" ||
-        { row "bench failed (rc $?); again with KL_GPU_LOAD=host"; KL_GPU_LOAD=host "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --json -q > "$W/bench.json"; } &&
-        python3 - "$W/bench.json" <<'PY' | tee -a "$TABLE"
-import json, sys
-d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
-      % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
-         d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
-         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
-print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
-for a in d.get("prefill_at", []):
-    print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
-for a in d["decode_at_context"]:
-    print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
-          % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
-PY
-    cp "$W/bench.json" "$OUT/" 2>/dev/null
+    # one load per configuration of BENCH_CONFIGS (as GOLDEN_CONFIGS): prefill of PROMPT ids
+    # (default 8192), decode after it, then decode at each synthetic context of AT
+    # (kl bench decode --decode-at), prefill at each length of PF
+    local IFS=';' cfg i=0
+    for cfg in ${BENCH_CONFIGS:-" "}; do
+        i=$((i + 1))
+        row "== bench with [${cfg# }]"
+        ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; bench_one "$D" "$W/bench-$i.json" )
+        cp "$W/bench-$i.json" "$OUT/" 2>/dev/null
+    done
     [ -n "${KEEP:-}" ] || rm -rf "$D"
 }
 
