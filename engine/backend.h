@@ -124,7 +124,8 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight).
  * $KL_GPU_CHUNK=N (16-1024, default 256): tokens per forward chunk (max_tokens);
- * $KL_GPU_GEMM=0: chunks of many tokens use the one-token products, not tensor cores.  In
+ * $KL_GPU_GEMM=0: chunks of many tokens use the one-token products, not tensor cores;
+ * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */

@@ -120,6 +120,7 @@ typedef struct gpu_be {
     /* decode graphs */
     int        graphs_on;
     int        gemm_on;                       /* tensor-core products for chunks */
+    int        fuse_small;                    /* one-token glu and pair launches */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -797,7 +798,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
         rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
     }
-    if (!rc && g->tok.n == 1)   /* the two low-rank expansions as one launch */
+    if (!rc && g->tok.n == 1 && g->fuse_small)   /* the two low-rank expansions, one launch */
         rc = kl_gpu_matmul_pair(&L->w[KL_ROLE_KDA_F_B], fa, g->f, &L->w[KL_ROLE_KDA_G_B], ga,
                                 g->g, 1, g->st, err);
     else if (!rc) {
@@ -845,7 +846,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
  * h1 and h2 [n, down->cols] are done. */
 static int glu_down(gpu_be *g, float *h1, const float *h2, const kl_gpu_mat *down, kl_err *err)
 {
-    if (g->tok.n == 1)   /* one launch: the gating made inside the product */
+    if (g->tok.n == 1 && g->fuse_small)   /* one launch: the gating made inside the product */
         return kl_gpu_matmul_glu(down, h1, h2, 1, g->y, g->st, err);
     int rc = kl_gpu_silu_mul(h1, h2, (size_t)g->tok.n * down->cols, g->st, err);
     return rc ? rc : mm(g, down, h1, g->y, err);
@@ -1038,8 +1039,9 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     get_dims(m, &g->d);
     const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
     g->prof.on = prof && !strcmp(prof, "1");
-    const char *gemm = getenv("KL_GPU_GEMM");
+    const char *gemm = getenv("KL_GPU_GEMM"), *fs = getenv("KL_GPU_FUSE_SMALL");
     g->gemm_on = !(gemm && !strcmp(gemm, "0"));
+    g->fuse_small = !(fs && !strcmp(fs, "0"));
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);

@@ -30,10 +30,14 @@
  *   vb2      a block per (16 rows of W_vb,h, head, 4 tokens), every row load in flight first,
  *            the contexts staged in shared memory
  *
- * v3 (the default where it fits; KL_GPU_MLA=v2 or v1 selects the others) runs absorb2,
- * combine2 and vb2 around attend3: the scores and contexts on tensor cores (bf16 in, fp32
+ * v3 (the default where it fits; KL_GPU_MLA=v3fast, v2 or v1 selects the others) runs
+ * absorb2, combine2 and vb2 around attend3s: the scores and contexts on tensor cores (fp32
  * accumulate), a block per (split, run, 32 / nh tokens of the run): 32 query rows (token,
- * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_kernel).
+ * head) against tiles of 32 cache rows, causal, online softmax in fp32 (see attend3_body).
+ * Its operands (queries, cache rows, weights) are split into hi = bf16(x), lo = bf16(x - hi),
+ * each product hi hi + hi lo + lo hi (exact to ~1e-5), and the next tile is loaded while the
+ * current one is computed.  v3fast (attend3_kernel) multiplies the bf16 values once (~1e-2).
+ * Runs of one token over spans < V3_MIN_SPAN run v2 (v3's fixed costs outweigh its gain).
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
@@ -851,6 +855,8 @@ vb2_kernel(kl_gpu_mla_attend_args a, kl_gpu_mat kv_b, uint32_t n, const float *c
 #define T3_PLD       (T3_KEYS + 8)  /* row stride of the weights (bf16) */
 #define T3_LOADS     6      /* 16-byte loads in flight per thread while a tile is staged */
 #define T3_MIN_TILES 2      /* tiles per split at least */
+#define V3_MIN_SPAN  512    /* decode (runs of 1 token) over shorter spans runs v2 */
+#define T3_PF        20     /* split form: float4 of the next tile per thread in registers */
 
 #if !defined(__HIPCC__)
 #include <cuda_bf16.h>
@@ -892,10 +898,25 @@ __host__ __device__ static inline uint32_t ld3(uint32_t cw)
     return (cw + 15) / 16 * 16 + 8;
 }
 
-static size_t attend3_shared(const kl_gpu_mla_dims *d)
+/* 4 values split as hi = bf16(v), lo = bf16(v - hi) at hi and lo (8-byte aligned) */
+__device__ static inline void put_split4(uint16_t *hi, uint16_t *lo, float4 v)
 {
-    return (size_t)(T3_ROWS + T3_KEYS) * ld3(d->R + d->dr) * 2 + 2 * T3_ROWS * T3_SLD * 4 +
-           T3_ROWS * T3_PLD * 2 + 4 * T3_ROWS * 4;
+    const uint32_t h[4] = {bf16_bits(v.x), bf16_bits(v.y), bf16_bits(v.z), bf16_bits(v.w)};
+    const float4 r = make_float4(v.x - bf16_val((uint16_t)h[0]), v.y - bf16_val((uint16_t)h[1]),
+                                 v.z - bf16_val((uint16_t)h[2]), v.w - bf16_val((uint16_t)h[3]));
+    *(uint2 *)hi = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+    put_bf16x4(lo, r);
+}
+
+/* v3's operands in shared memory: split (S) keeps a lo copy of each (queries, cache rows,
+ * weights) right after its hi one: lo = hi + 32 ld (T3_ROWS = T3_KEYS = 32) or + 32 T3_PLD. */
+static_assert(T3_ROWS == 32 && T3_KEYS == 32, "the lo copies lie 32 rows after the hi ones");
+
+static size_t attend3_shared(const kl_gpu_mla_dims *d, bool split)
+{
+    const size_t copies = split ? 2 : 1;
+    return copies * (T3_ROWS + T3_KEYS) * ld3(d->R + d->dr) * 2 + 2 * T3_ROWS * T3_SLD * 4 +
+           copies * T3_ROWS * T3_PLD * 2 + 4 * T3_ROWS * 4;
 }
 
 /* Row and column of element e of an accumulator tile: bits 4 e .. 4 e + 3 of r and c. */
@@ -950,36 +971,65 @@ __device__ static inline fmap frag_map(const float *tab)
     return m;
 }
 
-/* Group: c += Q K^T over 16 * steps columns; q: 16 query rows, k: 16 cache rows, stride ld. */
+/* Group: c += Q K^T over 16 * steps columns; q: 16 query rows, k: 16 cache rows, stride ld;
+ * S: also the lo copies 32 ld further, c += Qhi Khi + Qhi Klo + Qlo Khi. */
+template <bool S>
 __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t *k, uint32_t ld,
                                      uint32_t steps)
 {
+    const __nv_bfloat16 *qb = (const __nv_bfloat16 *)q, *kb = (const __nv_bfloat16 *)k;
+    acc16 x; /* S: the lo products apart (two chains of dependent products, not one) */
+    acc_zero(x);
     for (uint32_t s = 0; s < steps; s++) {
         a16 A;
         wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> B;
-        wm::load_matrix_sync(A, (const __nv_bfloat16 *)q + 16 * s, ld);
-        wm::load_matrix_sync(B, (const __nv_bfloat16 *)k + 16 * s, ld);
+        wm::load_matrix_sync(A, qb + 16 * s, ld);
+        wm::load_matrix_sync(B, kb + 16 * s, ld);
         wm::mma_sync(c, A, B, c);
+        if (S) {
+            a16 Al;
+            wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> Bl;
+            wm::load_matrix_sync(Al, qb + 32 * ld + 16 * s, ld);
+            wm::load_matrix_sync(Bl, kb + 32 * ld + 16 * s, ld);
+            wm::mma_sync(x, A, Bl, x);
+            wm::mma_sync(x, Al, B, x);
+        }
     }
+#pragma unroll
+    for (int e = 0; S && e < acc16::num_elements; e++)
+        c.x[e] += x.x[e];
 }
 
 /* Group: o[i] += P V for the context columns 16 f, f = cg + 4 i < nf; p: 16 rows of weights
- * [T3_KEYS] (stride T3_PLD), v: the tile's rows (stride ld). */
+ * [T3_KEYS] (stride T3_PLD), v: the tile's rows (stride ld); S: also the lo copies (32 T3_PLD
+ * and 32 ld further), o[i] += Phi Vhi + Phi Vlo + Plo Vhi. */
+template <bool S>
 __device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, const uint16_t *v,
                                      uint32_t ld, uint32_t cg, uint32_t nf)
 {
+    typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major> b16;
+    const __nv_bfloat16 *pb = (const __nv_bfloat16 *)p, *vb = (const __nv_bfloat16 *)v;
 #pragma unroll 1 /* fewer registers: 2 steps, the B tiles of one in flight */
     for (int kk = 0; kk < T3_KEYS / 16; kk++) {
-        a16 A;
-        wm::load_matrix_sync(A, (const __nv_bfloat16 *)p + 16 * kk, T3_PLD);
+        a16 A, Al;
+        wm::load_matrix_sync(A, pb + 16 * kk, T3_PLD);
+        if (S)
+            wm::load_matrix_sync(Al, pb + 32 * T3_PLD + 16 * kk, T3_PLD);
 #pragma unroll
         for (int i = 0; i < T3_FRAGS; i++) {
             const uint32_t f = cg + 4 * i;
             if (f >= nf) /* the same for the whole group */
                 continue;
-            wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major> B;
-            wm::load_matrix_sync(B, (const __nv_bfloat16 *)v + (size_t)16 * kk * ld + 16 * f, ld);
+            const __nv_bfloat16 *src = vb + (size_t)16 * kk * ld + 16 * f;
+            b16 B;
+            wm::load_matrix_sync(B, src, ld);
             wm::mma_sync(o[i], A, B, o[i]);
+            if (S) {
+                b16 Bl;
+                wm::load_matrix_sync(Bl, src + (size_t)32 * ld, ld);
+                wm::mma_sync(o[i], A, Bl, o[i]);
+                wm::mma_sync(o[i], Al, B, o[i]);
+            }
         }
     }
 }
@@ -997,6 +1047,16 @@ __device__ static inline fmap frag_map(const float *)
     return m;
 }
 
+/* a b of the operands at a and b; S: ahi bhi + ahi blo + alo bhi, the lo copies la and lb
+ * elements further */
+template <bool S>
+__device__ static inline float prod3(const uint16_t *a, const uint16_t *b, size_t la, size_t lb)
+{
+    const float ah = bf16_val(*a), bh = bf16_val(*b);
+    return S ? ah * bh + ah * bf16_val(b[lb]) + bf16_val(a[la]) * bh : ah * bh;
+}
+
+template <bool S>
 __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t *k, uint32_t ld,
                                      uint32_t steps)
 {
@@ -1004,11 +1064,12 @@ __device__ static inline void mma_qk(acc16 &c, const uint16_t *q, const uint16_t
     for (int e = 0; e < 8; e++) {
         float v = 0.0f;
         for (uint32_t j = 0; j < 16 * steps; j++)
-            v += bf16_val(q[r * ld + j]) * bf16_val(k[(c0 + e) * ld + j]);
+            v += prod3<S>(q + r * ld + j, k + (c0 + e) * ld + j, 32 * ld, 32 * ld);
         c.x[e] += v;
     }
 }
 
+template <bool S>
 __device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, const uint16_t *v,
                                      uint32_t ld, uint32_t cg, uint32_t nf)
 {
@@ -1017,7 +1078,8 @@ __device__ static inline void mma_pv(acc16 (&o)[T3_FRAGS], const uint16_t *p, co
         const uint32_t f = cg + 4 * i;
         for (int e = 0; f < nf && e < 8; e++)
             for (uint32_t j = 0; j < T3_KEYS; j++)
-                o[i].x[e] += bf16_val(p[r * T3_PLD + j]) * bf16_val(v[j * ld + 16 * f + c0 + e]);
+                o[i].x[e] += prod3<S>(p + r * T3_PLD + j, v + j * ld + 16 * f + c0 + e,
+                                      32 * T3_PLD, (size_t)32 * ld);
     }
 }
 #endif
@@ -1045,11 +1107,40 @@ __device__ static inline void load_tile3(const float4 *src, uint32_t nk, uint32_
     }
 }
 
+/* Split form's double buffer: thread's elements e = threadIdx.x + T3_THREADS i (float4 k4 = e %
+ * l4 of row e / l4) of a tile's rows [0, nk) from src into registers pf (rows past nk and
+ * columns past 4 c4 zero), loaded while the current tile is computed ... */
+__device__ static inline void fetch_tile3(const float4 *src, uint32_t nk, uint32_t c4,
+                                          uint32_t ld, float4 (&pf)[T3_PF])
+{
+    const uint32_t l4 = ld / 4, total = T3_KEYS * l4;
+#pragma unroll
+    for (int i = 0; i < T3_PF; i++) {
+        const uint32_t e = threadIdx.x + i * T3_THREADS, r = e / l4, k4 = e % l4;
+        pf[i] = e < total && r < nk && k4 < c4 ? src[(size_t)r * c4 + k4]
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* ... then split into hi (ks [T3_KEYS][ld]) and lo (32 ld further) once the tile is done. */
+__device__ static inline void stash_tile3(const float4 (&pf)[T3_PF], uint32_t ld, uint16_t *ks)
+{
+    const uint32_t l4 = ld / 4, total = T3_KEYS * l4;
+#pragma unroll
+    for (int i = 0; i < T3_PF; i++) {
+        const uint32_t e = threadIdx.x + i * T3_THREADS, at = e / l4 * ld + e % l4 * 4;
+        if (e < total)
+            put_split4(ks + at, ks + (size_t)32 * ld + at, pf[i]);
+    }
+}
+
 /* Block: the tile's raw scores ss [2][T3_ROWS][T3_SLD] (two halves of the columns, added)
  * become weights ps (bf16) for the rows'
  * online softmax: key c of row r counts when c < nk and u0 + c <= rpos[r] (causal; rpos -1: an
  * empty row).  8 threads per row, 4 keys each; mx, sm take in the tile, alpha the factor the
- * old context is scaled by.  The sum adds the weights as rounded to bf16 (as P V uses them). */
+ * old context is scaled by.  The sum adds the weights as rounded to bf16 (as P V uses them;
+ * S: hi + lo, the lo copy 32 T3_PLD after ps). */
+template <bool S>
 __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0, float scale,
                                        const int *rpos, uint16_t *ps, float *mx, float *sm,
                                        float *alpha)
@@ -1071,9 +1162,15 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
     float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const uint32_t b = none ? 0u : bf16_bits(expf(s[j] - m));
-        ps[r * T3_PLD + q + 8 * j] = (uint16_t)b;
+        const float p = none ? 0.0f : expf(s[j] - m);
+        const uint32_t b = bf16_bits(p), at = r * T3_PLD + q + 8 * j;
+        ps[at] = (uint16_t)b;
         l += bf16_val((uint16_t)b);
+        if (S) { /* lo = bf16(p - hi), after hi in ps */
+            const uint32_t lo = bf16_bits(p - bf16_val((uint16_t)b));
+            ps[32 * T3_PLD + at] = (uint16_t)lo;
+            l += bf16_val((uint16_t)lo);
+        }
     }
     for (int o = 4; o > 0; o /= 2)
         l += kl_gpu_shfl_xor(l, o);
@@ -1114,7 +1211,9 @@ __device__ static inline bool place3(const kl_gpu_tokens &tk, uint32_t nh, uint3
 }
 
 /* Block: the rows' queries qf [n][nh][cw] as bf16 into qs [T3_ROWS][ld] (empty rows and
- * columns past cw zero), their positions into rpos (-1: empty), the running max and sum. */
+ * columns past cw zero; S: split, lo 32 rows after), their positions into rpos (-1: empty), the
+ * running max and sum. */
+template <bool S>
 __device__ static inline void load_queries3(const float *qf, const kl_gpu_tokens &tk,
                                             const block3 &b, uint32_t nh, uint32_t cw,
                                             uint16_t *qs, int *rpos, float *mx, float *sm)
@@ -1125,7 +1224,10 @@ __device__ static inline void load_queries3(const float *qf, const kl_gpu_tokens
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (tok < b.nt && k4 < c4)
             v = ((const float4 *)(qf + ((size_t)(b.t0 + tok) * nh + r % nh) * cw))[k4];
-        put_bf16x4(qs + r * ld + 4 * k4, v);
+        if (S)
+            put_split4(qs + r * ld + 4 * k4, qs + (r + 32) * ld + 4 * k4, v);
+        else
+            put_bf16x4(qs + r * ld + 4 * k4, v);
     }
     for (uint32_t r = threadIdx.x; r < T3_ROWS; r += blockDim.x) {
         rpos[r] = r / nh < b.nt ? (int)tk.tok_pos[b.t0 + r / nh] : -1;
@@ -1137,6 +1239,7 @@ __device__ static inline void load_queries3(const float *qf, const kl_gpu_tokens
 /* Block: the tile's scores [T3_ROWS][T3_KEYS] before scaling into ss [2][T3_ROWS][T3_SLD]:
  * group g the rows 16 (g % 4 / 2) x keys 16 (g % 2) over the first (g < 4) or the second half
  * of the 16-column steps. */
+template <bool S>
 __device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, uint32_t ld,
                                       const fmap &fm, float *ss)
 {
@@ -1145,7 +1248,7 @@ __device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, ui
     const uint32_t ns = g < 4 ? steps / 2 : steps - steps / 2;
     acc16 c;
     acc_zero(c);
-    mma_qk(c, qs + 16 * tr * ld + 16 * s0, ks + 16 * tc * ld + 16 * s0, ld, ns);
+    mma_qk<S>(c, qs + 16 * tr * ld + 16 * s0, ks + 16 * tc * ld + 16 * s0, ld, ns);
     float *dst = ss + (g < 4 ? 0 : T3_ROWS * T3_SLD);
 #pragma unroll
     for (int e = 0; e < acc16::num_elements; e++)
@@ -1156,47 +1259,60 @@ __device__ static inline void scores3(const uint16_t *qs, const uint16_t *ks, ui
  * tokens of run blockIdx.y against the cache rows of split blockIdx.x (split_rows of the
  * group's longest span); partial results as attend2's, for the tokens of the block.  Group g
  * computes half of the scores of a 16 x 16 tile (scores3) and the context of rows 16 (g / 4),
- * columns 16 (g % 4 + 4 i). */
-__global__ static void __launch_bounds__(T3_THREADS, 2)
-attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
+ * columns 16 (g % 4 + 4 i).  S (the split form, exact to ~1e-5): every operand as hi + lo,
+ * three products each; the next tile is loaded into registers while the current one is
+ * computed and split into shared memory after it.  Without S each tile is staged in turn. */
+template <bool S>
+__device__ static inline void attend3_body(const kl_gpu_mla_attend_args &a, const attend_ctx &x,
+                                           const kl_gpu_tokens &tk, unsigned char *shared)
 {
-    KL_GPU_GRID_WAIT();
-    extern __shared__ __align__(128) unsigned char shared3[]; /* wmma: 32-byte aligned tiles */
     const kl_gpu_mla_dims d = a.d;
-    const uint32_t nh = d.nh, cw = d.R + d.dr, ld = ld3(cw), nf = d.R / 16;
+    const uint32_t nh = d.nh, cw = d.R + d.dr, ld = ld3(cw), nf = d.R / 16, cp = S ? 2 : 1;
     block3 b;
     if (!place3(tk, nh, x.sc.rp, b))
         return;
-    uint16_t *qs = (uint16_t *)shared3, *ks = qs + T3_ROWS * ld;
-    float *ss = (float *)(ks + T3_KEYS * ld);
+    uint16_t *qs = (uint16_t *)shared, *ks = qs + cp * T3_ROWS * ld;
+    float *ss = (float *)(ks + cp * T3_KEYS * ld);
     uint16_t *ps = (uint16_t *)(ss + 2 * T3_ROWS * T3_SLD);
-    float *mx = (float *)(ps + T3_ROWS * T3_PLD), *sm = mx + T3_ROWS, *alpha = sm + T3_ROWS;
+    float *mx = (float *)(ps + cp * T3_ROWS * T3_PLD), *sm = mx + T3_ROWS, *alpha = sm + T3_ROWS;
     int *rpos = (int *)(alpha + T3_ROWS);
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, rg = g / 4, cg = g % 4;
     frag_tables(ss);
-    load_queries3(x.sc.ql, tk, b, nh, cw, qs, rpos, mx, sm);
+    load_queries3<S>(x.sc.ql, tk, b, nh, cw, qs, rpos, mx, sm);
+    const float4 *cache = (const float4 *)a.cache[tk.run_slot[blockIdx.y]];
+    float4 pf[T3_PF]; /* S only (unused without) */
+    if (S) { /* the first tile */
+        fetch_tile3(cache + (size_t)b.u_begin * (cw / 4), b.u_end - b.u_begin, cw / 4, ld, pf);
+        stash_tile3(pf, ld, ks);
+    }
     __syncthreads();
     const fmap fm = frag_map(ss);
     acc16 o[T3_FRAGS];
 #pragma unroll
     for (int i = 0; i < T3_FRAGS; i++)
         acc_zero(o[i]);
-    const float4 *cache = (const float4 *)a.cache[tk.run_slot[blockIdx.y]];
     for (uint32_t u0 = b.u_begin; u0 < b.u_end; u0 += T3_KEYS) {
         const uint32_t nk = b.u_end - u0 < T3_KEYS ? b.u_end - u0 : T3_KEYS;
-        load_tile3(cache + (size_t)u0 * (cw / 4), nk, cw / 4, ld, ks);
+        const bool more = b.u_end - u0 > T3_KEYS;
+        if (!S)
+            load_tile3(cache + (size_t)u0 * (cw / 4), nk, cw / 4, ld, ks);
+        else if (more) /* in flight until stash_tile3 below */
+            fetch_tile3(cache + (size_t)(u0 + T3_KEYS) * (cw / 4), b.u_end - u0 - T3_KEYS,
+                        cw / 4, ld, pf);
         __syncthreads(); /* also: every group has read the tables in ss */
-        scores3(qs, ks, ld, fm, ss);
+        scores3<S>(qs, ks, ld, fm, ss);
         __syncthreads();
-        softmax3(ss, nk, u0, x.scale, rpos, ps, mx, sm, alpha);
+        softmax3<S>(ss, nk, u0, x.scale, rpos, ps, mx, sm, alpha);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < T3_FRAGS; i++)
 #pragma unroll
             for (int e = 0; cg + 4 * i < nf && e < acc16::num_elements; e++)
                 o[i].x[e] *= alpha[16 * rg + frow(fm, e)];
-        mma_pv(o, ps + 16 * rg * T3_PLD, ks, ld, cg, nf);
+        mma_pv<S>(o, ps + 16 * rg * T3_PLD, ks, ld, cg, nf);
         __syncthreads(); /* ks and ps are rewritten by the next tile */
+        if (S && more)
+            stash_tile3(pf, ld, ks);
     }
     const size_t splits = gridDim.x;
     for (uint32_t r = threadIdx.x; r < T3_ROWS; r += blockDim.x) {
@@ -1216,6 +1332,24 @@ attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
             const size_t part = (size_t)(b.t0 + r / nh) * splits + blockIdx.x;
             x.sc.pc[(part * nh + r % nh) * d.R + 16 * (cg + 4 * i) + fcol(fm, e)] = o[i].x[e];
         }
+}
+
+/* v3fast: bf16 operands, 2 blocks per SM */
+__global__ static void __launch_bounds__(T3_THREADS, 2)
+attend3_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ __align__(128) unsigned char shared3[]; /* wmma: 32-byte aligned tiles */
+    attend3_body<false>(a, x, tk, shared3);
+}
+
+/* v3: the split form, 1 block per SM (its shared memory), registers for the prefetch */
+__global__ static void __launch_bounds__(T3_THREADS, 1)
+attend3s_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ __align__(128) unsigned char shared3[];
+    attend3_body<true>(a, x, tk, shared3);
 }
 
 static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, kl_err *err)
@@ -1323,29 +1457,35 @@ static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
 }
 
 /* v3: blocks of T3_ROWS / nh tokens of a run; splits from the blocks' count (T3_MIN_TILES
- * tiles of T3_KEYS rows each at least, in TILE units for splits_for). */
-static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
-                     kl_err *err)
+ * tiles of T3_KEYS rows each at least, in TILE units for splits_for); split: the exact form
+ * (attend3s), else v3fast. */
+static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, bool split,
+                     hipStream_t st, kl_err *err)
 {
     const kl_gpu_mla_dims *d = &a->d;
     const uint32_t tb = T3_ROWS / d->nh, groups = (t->max_run + tb - 1) / tb;
     const uint32_t splits = splits_for(t->n_runs * groups, t->max_span,
                                        T3_MIN_TILES * T3_KEYS / TILE);
     const attend_ctx x = make_ctx(a, t, splits, 0);
-    static size_t shared_set;
-    const size_t shared = attend3_shared(d);
-    if (allow_shared((const void *)attend3_kernel, &shared_set, shared, err))
+    static size_t shared_set[2];
+    const size_t shared = attend3_shared(d, split);
+    const void *fn = split ? (const void *)attend3s_kernel : (const void *)attend3_kernel;
+    if (allow_shared(fn, &shared_set[split], shared, err))
         return err->code;
     absorb2(a, t, &x, st);
-    attend3_kernel<<<dim3(splits, t->n_runs, groups), T3_THREADS, shared, st>>>(*a, x, *t);
+    const dim3 grid(splits, t->n_runs, groups);
+    if (split)
+        attend3s_kernel<<<grid, T3_THREADS, shared, st>>>(*a, x, *t);
+    else
+        attend3_kernel<<<grid, T3_THREADS, shared, st>>>(*a, x, *t);
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
-static int mla_version; /* 0: not chosen yet; else 1, 2 or 3 */
+static int mla_version; /* 0: not chosen yet; else 1, 2, 3 or 4 (v3fast) */
 
 extern "C" void kl_gpu_mla_select(int version)
 {
-    mla_version = version >= 1 && version <= 3 ? version : 0;
+    mla_version = version >= 1 && version <= 4 ? version : 0;
 }
 
 static bool v2_fits(const kl_gpu_mla_dims *d)
@@ -1353,23 +1493,28 @@ static bool v2_fits(const kl_gpu_mla_dims *d)
     return d->nh <= H2_MAX && d->R <= R2_MAX && attend2_shared(d) <= MAX_SHARED;
 }
 
-static bool v3_fits(const kl_gpu_mla_dims *d)
+/* split: the exact form, whose next tile (T3_PF float4 per thread) sits in registers */
+static bool v3_fits(const kl_gpu_mla_dims *d, bool split)
 {
+    const size_t tile4 = (size_t)T3_KEYS * ld3(d->R + d->dr) / 4;
     return v2_fits(d) && d->nh <= T3_ROWS && d->R % 16 == 0 && d->R <= 64 * T3_FRAGS &&
-           attend3_shared(d) <= MAX_SHARED;
+           attend3_shared(d, split) <= MAX_SHARED && (!split || tile4 <= T3_PF * T3_THREADS);
 }
 
-/* The kernels to run: KL_GPU_MLA=v1|v2|v3 in the environment (read at the first call; v3
- * otherwise) or kl_gpu_mla_select's; a version whose limits d passes falls back to the next
- * lower one that fits. */
+/* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast in the environment (read at the first call;
+ * v3 otherwise) or kl_gpu_mla_select's (4: v3fast); a version whose limits d passes falls
+ * back to the next lower one that fits (v3 and v3fast: v2). */
 static int version_for(const kl_gpu_mla_dims *d)
 {
     if (!mla_version) {
         const char *e = getenv("KL_GPU_MLA");
-        mla_version = e && !strcmp(e, "v1") ? 1 : e && !strcmp(e, "v2") ? 2 : 3;
+        mla_version = e && !strcmp(e, "v1")       ? 1
+                      : e && !strcmp(e, "v2")     ? 2
+                      : e && !strcmp(e, "v3fast") ? 4
+                                                  : 3;
     }
-    if (mla_version == 3 && v3_fits(d))
-        return 3;
+    if (mla_version >= 3 && v3_fits(d, mla_version == 3))
+        return mla_version;
     return mla_version >= 2 && v2_fits(d) ? 2 : 1;
 }
 
@@ -1380,8 +1525,10 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
         return err->code;
     if (t->n == 0)
         return 0;
-    const int v = version_for(&a->d);
-    return v == 3 ? attend_v3(a, t, (hipStream_t)s, err)
+    int v = version_for(&a->d);
+    if (v >= 3 && t->max_run == 1 && t->max_span < V3_MIN_SPAN)
+        v = 2; /* one token per run over a short span: v3's fixed costs outweigh its gain */
+    return v >= 3 ? attend_v3(a, t, v == 3, (hipStream_t)s, err)
            : v == 2 ? attend_v2(a, t, (hipStream_t)s, err)
                     : attend_v1(a, t, (hipStream_t)s, err);
 }

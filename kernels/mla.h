@@ -56,10 +56,13 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
                          kl_gpu_stream s, kl_err *err);
 
 /* Which kernels kl_gpu_mla_attend runs: 1 round 1's, 2 the faster fp32 ones (nh <= 32,
- * R <= 512), 3 tensor cores (bf16 queries and cache rows, fp32 softmax and sums; also R a
- * multiple of 16), each falling back to the next lower one where its limits are passed; 0 the
- * default: KL_GPU_MLA=v1|v2|v3 from the environment (read once), else 3.  For the device
- * tests and benchmarks that compare them. */
+ * R <= 512), 3 tensor cores exact to ~1e-5 (every operand split into bf16 hi + lo, three
+ * products; also R a multiple of 16, R + dr <= 616), 4 "v3fast": tensor cores on bf16
+ * queries, cache rows and weights (rel. error ~1e-2); fp32 softmax and sums in all; each
+ * falling back to v2, then v1, where its limits are passed, and 3 and 4 to v2 for runs of one
+ * token over spans < 512 (decode of short contexts; a launch sized for a larger max_span, as
+ * a captured graph's, stays on 3 or 4); 0 the default: KL_GPU_MLA=v1|v2|v3|v3fast from the
+ * environment (read once), else 3.  For the device tests and benchmarks that compare them. */
 void   kl_gpu_mla_select(int version);
 
 #ifdef __cplusplus

@@ -9,7 +9,8 @@
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
-#   BENCH_CONFIGS: the benchmark once per configuration (the same form).
+#   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
+#   runs only those device tests.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -27,6 +28,7 @@ echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=
 
 stage_tests() {
     for t in "$BG"/test_*; do
+        [ -z "${TESTS:-}" ] || case " $TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
         echo "== $(basename "$t")"
         timeout ${TEST_TIMEOUT:-300} "$t" > "$W/$(basename "$t").json"; local rc=$?
         cat "$W/$(basename "$t").json"; cp "$W/$(basename "$t").json" "$OUT/" 2>/dev/null

@@ -8,8 +8,9 @@
  * differing spans, decode of 4 slots at spans 1 .. 64K and prefill runs of 64 and 256 tokens
  * on caches of 0 and 4K rows (the reference for every few tokens of those); the full-shape
  * cases timed, with bytes read / time beside a device-to-device copy and TFLOPS.  Every case
- * runs the three kernel versions (v3 on tensor cores, compared also with v2; v2; round 1's
- * v1; kl_gpu_mla_select).  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ * runs the four kernel versions (v3 on tensor cores with hi + lo operands and v3fast with
+ * bf16 ones, both compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Exit 0 pass,
+ * 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/mla.h"
 #include "tests/gpu/gpu_test.h"
@@ -165,6 +166,20 @@ static double bf16r(double v)
     return kl_bf16_to_f32(kl_f32_to_bf16((float)v));
 }
 
+/* a b as v3 multiplies: split, ahi bhi + ahi blo + alo bhi (hi = bf16(x), lo = bf16(x - hi));
+ * else (v3fast) the bf16 values */
+static double prod3(double a, double b, bool split)
+{
+    const double ah = bf16r(a), bh = bf16r(b);
+    return split ? ah * bh + ah * bf16r(b - bh) + bf16r(a - ah) * bh : ah * bh;
+}
+
+/* A softmax weight as P V uses it: hi + lo, or its bf16 value */
+static double weight3(double p, bool split)
+{
+    return split ? bf16r(p) + bf16r(p - bf16r(p)) : bf16r(p);
+}
+
 /* Rows per split of a span cut into `splits` at most: whole tiles, min_tiles at least. */
 static uint32_t split_rows_host(uint32_t span, uint32_t splits, uint32_t tile, uint32_t min_tiles)
 {
@@ -173,9 +188,10 @@ static uint32_t split_rows_host(uint32_t span, uint32_t splits, uint32_t tile, u
 }
 
 /* One row (token t, head h) of a v3 block over the cache rows [ub, ue): tiles of 32 keys,
- * causal, online softmax with the weights rounded to bf16; its partial max, sum, context. */
+ * causal, online softmax with the products and weights as v3 (split) or v3fast rounds them;
+ * its partial max, sum, context. */
 static void emulate_row(const mla_host &x, uint32_t t, const std::vector<double> &q, uint32_t ub,
-                        uint32_t ue, double *pm, double *pl, double *pc)
+                        uint32_t ue, bool split, double *pm, double *pl, double *pc)
 {
     const uint32_t R = x.d.R, pos = x.tok_pos[t];
     std::vector<double> row(x.cw);
@@ -188,7 +204,7 @@ static void emulate_row(const mla_host &x, uint32_t t, const std::vector<double>
             ref_row(x, x.tok_slot[t], u0 + c, row);
             double v = 0;
             for (uint32_t k = 0; k < x.cw; k++)
-                v += q[k] * bf16r(row[k]);
+                v += prod3(q[k], row[k], split);
             mn = std::max(mn, sc[c] = v / sqrt((double)x.qw));
         }
         if (mn == -INFINITY)
@@ -198,13 +214,13 @@ static void emulate_row(const mla_host &x, uint32_t t, const std::vector<double>
         for (uint32_t k = 0; k < R; k++)
             pc[k] *= al;
         for (uint32_t c = 0; c < 32; c++) {
-            const double p = bf16r(exp(sc[c] - mn));
+            const double p = exp(sc[c] - mn);
             if (p == 0)
                 continue;
             ref_row(x, x.tok_slot[t], u0 + c, row);
-            l += p;
+            l += weight3(p, split);
             for (uint32_t k = 0; k < R; k++)
-                pc[k] += p * bf16r(row[k]);
+                pc[k] += prod3(p, row[k], split);
         }
         m = mn;
     }
@@ -213,7 +229,7 @@ static void emulate_row(const mla_host &x, uint32_t t, const std::vector<double>
 
 /* o of every token as v3 computes it with `splits` splits per block (blocks of 32 / nh tokens
  * of a run, rows per split from the block's longest span; combine by each token's span). */
-static void emulate_v3(const mla_host &x, uint32_t splits, std::vector<double> &o)
+static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vector<double> &o)
 {
     const kl_gpu_mla_dims &d = x.d;
     const uint32_t nh = d.nh, tb = 32 / nh, R = d.R;
@@ -236,11 +252,11 @@ static void emulate_v3(const mla_host &x, uint32_t splits, std::vector<double> &
                         double v = 0;
                         for (uint32_t i = 0; k < R && i < d.dn; i++)
                             v += (double)qt[i] * w[(size_t)i * R + k];
-                        q[k] = bf16r(k < R ? v : qt[d.dn + k - R]);
+                        q[k] = (float)(k < R ? v : qt[d.dn + k - R]); /* fp32 ql */
                     }
                     for (uint32_t s = 0; s * rows < span; s++) {
                         const size_t part = ((size_t)t * splits + s) * nh + h;
-                        emulate_row(x, t, q, s * rows, std::min(span, (s + 1) * rows),
+                        emulate_row(x, t, q, s * rows, std::min(span, (s + 1) * rows), split,
                                     &pm[part], &pl[part], &pc[part * R]);
                     }
                 }
@@ -272,9 +288,9 @@ static void emulate_v3(const mla_host &x, uint32_t splits, std::vector<double> &
         }
 }
 
-/* The host emulation of v3 against the reference for a case at 1, 2 and 7 splits: the worst
- * rel. L2 over (token, head). */
-static double check_v3_host(const mla_case &c, t_rng &g)
+/* The host emulation of v3 (split) or v3fast against the reference for a case at 1, 2 and 7
+ * splits: the worst rel. L2 over (token, head). */
+static double check_v3_host(const mla_case &c, bool split, t_rng &g)
 {
     mla_host x;
     std::vector<double> ref_o, o;
@@ -283,7 +299,7 @@ static double check_v3_host(const mla_case &c, t_rng &g)
     ref_attend(x, ref_o);
     double worst = 0;
     for (uint32_t splits : {1u, 2u, 7u}) {
-        emulate_v3(x, splits, o);
+        emulate_v3(x, splits, split, o);
         std::vector<float> of(o.begin(), o.end());
         for (size_t b = 0; b < o.size(); b += c.d.dv)
             worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
@@ -340,17 +356,20 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d
     return 0;
 }
 
-#define MLA_VERSIONS 3
+#define MLA_VERSIONS 4 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast */
+
+static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast"};
 
 /* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30}; /* max rel. L2: per appended
-                                                                   row, (token, head) */
-    double vs_v2 = 1e30;  /* v3's o against v2's, max rel. L2 over every (token, head) */
+    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30}; /* max rel. L2: per
+                                                               appended row, (token, head) */
+    double vs_v2[MLA_VERSIONS] = {}; /* v3's and v3fast's o against v2's, max rel. L2 over
+                                        every (token, head) */
     double us[MLA_VERSIONS] = {}, gbps[MLA_VERSIONS] = {}, tflops[MLA_VERSIONS] = {};
     size_t bytes = 0;     /* timed: the caches' rows read once and kv_b */
     double flop = 0;      /* timed: scores and contexts, 2 nh span (R + dr + R) per token */
-    std::vector<float> o3; /* v3's o */
+    std::vector<float> out[MLA_VERSIONS]; /* o of v3 and v3fast, kept until v2's is there */
 };
 
 /* The attention's median time, kv_b rotating over 8 copies (its bytes then come from HBM, as
@@ -397,17 +416,18 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
     for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
         if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
             res->o[v - 1] = std::max(res->o[v - 1], t_rel_l2(&o[b], &ref_o[b], c.d.dv));
-    if (v == 3) /* v3 runs first: its o kept until v2's is there */
-        res->o3 = o;
+    if (v >= 3) /* v3fast and v3 run first */
+        res->out[v - 1] = o;
     if (v == 2) {
         const std::vector<double> o2(o.begin(), o.end());
-        res->vs_v2 = 0;
-        for (size_t b = 0; b < o2.size(); b += c.d.dv)
-            res->vs_v2 = std::max(res->vs_v2, t_rel_l2(&res->o3[b], &o2[b], c.d.dv));
+        for (int w = 3; w <= MLA_VERSIONS; w++)
+            for (size_t b = 0; b < o2.size(); b += c.d.dv)
+                res->vs_v2[w - 1] = std::max(res->vs_v2[w - 1],
+                                             t_rel_l2(&res->out[w - 1][b], &o2[b], c.d.dv));
     }
     if (c.timed && time_attend(x, d, v, res, err))
         return err->code;
-    fprintf(stderr, " v%d o %.2e", v, res->o[v - 1]);
+    fprintf(stderr, " %s o %.2e", version_name[v - 1], res->o[v - 1]);
     if (c.timed)
         fprintf(stderr, " %.1f us %.1f GB/s %.1f TFLOPS", res->us[v - 1], res->gbps[v - 1],
                 res->tflops[v - 1]);
@@ -474,12 +494,15 @@ static int refusals(t_rng &g, kl_err *err)
            kl_gpu_mla_append(&ap, &d.tok, NULL, &e) == KL_E_USAGE;
 }
 
-/* v3's bound on the rel. L2 error: the queries, cache rows and weights rounded to bf16 give
- * ~3e-3 at the full shape and up to ~8e-3 at the tiny ones (fewer terms; measured on the
- * host emulation, 4e-8 without the rounding). */
-#define V3_TOL 2e-2
+/* v3fast's bound on the rel. L2 error: the queries, cache rows and weights rounded to bf16
+ * give ~3e-3 at the full shape and up to ~8e-3 at the tiny ones (fewer terms; measured on the
+ * host emulation, 4e-8 without the rounding).  v3's (hi + lo, the lo lo products dropped):
+ * ~2^-16 per product. */
+#define V3FAST_TOL 2e-2
+#define V3_TOL     1e-4
 
-/* v3's tiling, splits and combine on the host, with and without a GPU: 0 or 1 (wrong). */
+/* v3's and v3fast's tiling, splits and combine on the host, with and without a GPU: 0 or 1
+ * (wrong). */
 static int v3_on_host(void)
 {
     t_rng g;
@@ -488,11 +511,13 @@ static int v3_on_host(void)
         {"host_nh3", {3, 8, 4, 12, 16}, true, false, 2, {{1, 0, 23}, {0, 900, 11}}},
         {"host_decode", {4, 16, 8, 16, 32}, true, false, 3, {{0, 0, 1}, {1, 200, 1}, {2, 63, 1}}},
     };
-    double e = 0;
-    for (const mla_case &c : cases)
-        e = std::max(e, check_v3_host(c, g));
-    fprintf(stderr, "test_mla: v3 emulated on the host: max rel. L2 %.2e\n", e);
-    return e < V3_TOL ? 0 : 1;
+    double e = 0, ef = 0;
+    for (const mla_case &c : cases) {
+        e = std::max(e, check_v3_host(c, true, g));
+        ef = std::max(ef, check_v3_host(c, false, g));
+    }
+    fprintf(stderr, "test_mla: emulated on the host: v3 max rel. L2 %.2e, v3fast %.2e\n", e, ef);
+    return e < V3_TOL && ef < V3FAST_TOL ? 0 : 1;
 }
 
 int main(void)
@@ -533,13 +558,14 @@ int main(void)
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
-    double worst = 0, worst3 = 0, copy_gbps = 0;
+    double worst = 0, worst3 = 0, worst3f = 0, copy_gbps = 0;
     int refused = 0;
     for (size_t i = 0; i < n_cases; i++) {
         if (run_case(cases[i], g, &res[i], &err))
             goto fail;
         worst = std::max({worst, res[i].append, res[i].o[0], res[i].o[1]});
-        worst3 = std::max({worst3, res[i].o[2], res[i].vs_v2});
+        worst3 = std::max({worst3, res[i].o[2], res[i].vs_v2[2]});
+        worst3f = std::max({worst3f, res[i].o[3], res[i].vs_v2[3]});
         t_free_all();
     }
     refused = refusals(g, &err);
@@ -548,10 +574,10 @@ int main(void)
         goto fail;
     t_free_all();
     {
-        const int ok = refused && worst < 1e-4 && worst3 < V3_TOL;
+        const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL;
         printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
-               "\"v3_max_rel_l2\":%.3g,\"timed\":[", ok ? "true" : "false",
-               refused ? "true" : "false", worst, worst3);
+               "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"timed\":[",
+               ok ? "true" : "false", refused ? "true" : "false", worst, worst3, worst3f);
         const char *sep = "";
         for (size_t i = 0; i < n_cases; i++) {
             if (!cases[i].timed)
@@ -561,11 +587,12 @@ int main(void)
             for (const mla_run &u : cases[i].runs)
                 n += u.len, span = std::max(span, u.pos0 + u.len);
             printf("%s{\"case\":\"%s\",\"n\":%u,\"span\":%u,\"launch_span\":%u,"
-                   "\"bytes\":%zu,\"gflop\":%.3f,\"v3_vs_v2\":%.3g", sep, cases[i].name, n,
-                   span, std::max(cases[i].launch_span, span), r.bytes, r.flop / 1e9, r.vs_v2);
+                   "\"bytes\":%zu,\"gflop\":%.3f,\"v3_vs_v2\":%.3g,\"v3fast_vs_v2\":%.3g",
+                   sep, cases[i].name, n, span, std::max(cases[i].launch_span, span), r.bytes,
+                   r.flop / 1e9, r.vs_v2[2], r.vs_v2[3]);
             for (int v = MLA_VERSIONS; v >= 1; v--)
-                printf(",\"v%d\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
-                       "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", v, r.o[v - 1],
+                printf(",\"%s\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
+                       "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", version_name[v - 1], r.o[v - 1],
                        r.us[v - 1], r.gbps[v - 1], r.tflops[v - 1], r.gbps[v - 1] / copy_gbps);
             printf("}");
             sep = ",";
