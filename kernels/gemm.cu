@@ -6,11 +6,11 @@
  *   stage: W's tile [128, 64] decoded to bf16 (MXFP4: thread i reads one 16-byte word, the 32
  *          codes of one scale block, of row i / 2, and decodes it with byte permutes,
  *          mx_bf16.h; BF16: four 16-byte pieces), X's tile [64, 64] fp32 as bf16 high parts
- *          (and low parts, split form: x = hi + lo), four float4 per thread, both in shared
+ *          (and lower parts, split form: x = hi + lo + lo2), four float4 per thread, in shared
  *          memory; X rows past the tile's tokens (rounded up to 16) are not staged;
  *   mma:   8 warps, warp w: tokens 32 (w % 2) .. +32, W rows 32 (w / 2) .. +32, i.e. 2 x 2
  *          WMMA bf16 16x16x16 fragments with fp32 accumulators, skipping token fragments past
- *          the tile's tokens; split: two products (hi, then lo) into the same accumulators
+ *          the tile's tokens; split: three products (hi, lo2, lo) into the same accumulators
  *          (HIP: a SIMT loop, 32 sums per thread, the same tiles);
  *   two register sets (even and odd steps): while the tensor cores work on step k, the loads
  *   of steps k + 1 and k + 2 are in flight.
@@ -69,14 +69,15 @@
 #define LDC     (BM + 4)     /* floats per row of the output staging */
 #define THREADS 256
 
-/* Shared memory of a block: the staged tiles (X: bf16 high parts, and the low parts when
- * split), or (after K) the output tile.  36 KiB. */
+/* Shared memory of a block: the staged tiles (X: bf16 high parts, and the two lower parts
+ * when split), or (after K) the output tile.  45 KiB. */
 struct gemm_smem {
     union {
         struct {
             uint16_t w[BM * LDS];
             uint16_t x[BN * LDS];
             uint16_t xl[BN * LDS];
+            uint16_t xl2[BN * LDS];
         } in;
         float c[BN * LDC];
     };
@@ -155,13 +156,18 @@ __device__ static inline unsigned frag_rows(uint32_t nt)
     return (nt + 15u) & ~15u;
 }
 
-/* x as bf16 bits hi (nearest), and lo = bf16(x - hi) when split (x - hi is exact in fp32, so
- * hi + lo is x to ~2^-17 relative); lo 0 where hi is not finite. */
-__device__ static inline uint32_t x_split(float x, uint32_t &lo)
+/* x as three bf16 parts: hi (nearest), lo = bf16(x - hi), lo2 = bf16(x - hi - lo).  Each
+ * difference is exact in fp32 (the parts are within a factor of two of what they round), so
+ * hi + lo + lo2 is x to ~2^-26 relative: products with exactly-bf16 weights then match fp32
+ * arithmetic.  Two parts (2^-17) were measured not to be enough: the full 48B geometry's
+ * routing flipped (docs/CORRECTNESS.md).  lo, lo2 0 where hi is not finite. */
+__device__ static inline uint32_t x_split(float x, uint32_t &lo, uint32_t &lo2)
 {
     const uint32_t hi = bf16_rne(x);
     const int fin = (hi & 0x7f80u) != 0x7f80u;
-    lo = fin ? bf16_rne(x - __uint_as_float(hi << 16)) : 0u;
+    const float r1 = x - __uint_as_float(hi << 16);
+    lo = fin ? bf16_rne(r1) : 0u;
+    lo2 = fin ? bf16_rne(r1 - __uint_as_float(lo << 16)) : 0u;
     return hi;
 }
 
@@ -175,13 +181,15 @@ __device__ static inline void stage_x(const gemm_regs<MX> &g, uint32_t nt, gemm_
         if (tok >= frag_rows(nt))
             continue;
         const float v[4] = {g.x[i].x, g.x[i].y, g.x[i].z, g.x[i].w};
-        uint32_t h[4], l[4];
+        uint32_t h[4], l[4], l2[4];
         for (int c = 0; c < 4; c++)
-            h[c] = x_split(v[c], l[c]);
+            h[c] = x_split(v[c], l[c], l2[c]);
         const unsigned at = tok * LDS + (p % 16) * 4;
         *(uint2 *)&sh.in.x[at] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
-        if (SP)
+        if (SP) {
             *(uint2 *)&sh.in.xl[at] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
+            *(uint2 *)&sh.in.xl2[at] = make_uint2(l2[0] | l2[1] << 16, l2[2] | l2[3] << 16);
+        }
     }
 }
 
@@ -228,7 +236,7 @@ typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> gem
 /* acc[a][b] += X tokens (32 tw + 16 a) · W rows (32 ww + 16 b), over the staged K step.
  * X is matrix_a (row-major [token][k]); W's [row][k] is matrix_b [k][row] column-major.
  * Fragments of tokens >= nt are skipped (warp-uniform: a whole warp, or its a = 1 half);
- * split: the high parts' product, then the low parts' into the same accumulator. */
+ * split: the high parts' product, then the two lower parts' into the same accumulator. */
 template <int SP>
 __device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint32_t nt)
 {
@@ -238,6 +246,7 @@ __device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint3
         return;
     const __nv_bfloat16 *xs = (const __nv_bfloat16 *)sh.in.x;
     const __nv_bfloat16 *xl = (const __nv_bfloat16 *)sh.in.xl;
+    const __nv_bfloat16 *xl2 = (const __nv_bfloat16 *)sh.in.xl2;
     const __nv_bfloat16 *ws = (const __nv_bfloat16 *)sh.in.w;
 #pragma unroll
     for (int kk = 0; kk < KT; kk += 16) {
@@ -255,7 +264,11 @@ __device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint3
 #pragma unroll
             for (int b = 0; b < 2; b++)
                 wm::mma_sync(acc[a][b], fa, fb[b], acc[a][b]);
-            if (SP) {
+            if (SP) {   /* the two lower parts of X */
+                wm::load_matrix_sync(fa, xl2 + at, LDS);
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+                    wm::mma_sync(acc[a][b], fa, fb[b], acc[a][b]);
                 wm::load_matrix_sync(fa, xl + at, LDS);
 #pragma unroll
                 for (int b = 0; b < 2; b++)
@@ -297,7 +310,8 @@ __device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint3
         return;
     for (int k = 0; k < KT; k++) {
         const float xv = bf16_val(sh.in.x[tok * LDS + k]) +
-                         (SP ? bf16_val(sh.in.xl[tok * LDS + k]) : 0.0f);
+                         (SP ? bf16_val(sh.in.xl[tok * LDS + k]) +
+                                   bf16_val(sh.in.xl2[tok * LDS + k]) : 0.0f);
 #pragma unroll
         for (int i = 0; i < 32; i++)
             acc[i] = fmaf(xv, bf16_val(sh.in.w[(r0 + 4 * i) * LDS + k]), acc[i]);

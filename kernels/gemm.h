@@ -22,10 +22,11 @@ extern "C" {
 #define KL_GPU_GEMM_MIN_N 16u
 
 /* How X enters the tensor cores, for both launchers: split (1, the default) stages
- * x = hi + lo, hi = bf16(x), lo = bf16(x - hi), and sums both products into the same fp32
- * accumulators (W is exact in bf16, so each product is exact to ~2^-17 relative: fp32-like
- * results); 0 (KL_GPU_GEMM_SPLIT=0 in the environment, read at the first call) stages
- * bf16(x) only (one product: ~2e-3 relative error, half the tensor-core work).
+ * x = hi + lo + lo2, hi = bf16(x), lo = bf16(x - hi), lo2 = bf16(x - hi - lo), and sums the
+ * three products into the same fp32 accumulators (W is exact in bf16, so each product is
+ * exact to ~2^-26 relative: fp32-like results); 0 (KL_GPU_GEMM_SPLIT=0 in the environment,
+ * read at the first call) stages bf16(x) only (one product: ~2e-3 relative error, a third of
+ * the tensor-core work).
  * kl_gpu_gemm_split_set overrides the environment (the device test runs both). */
 int  kl_gpu_gemm_split(void);
 void kl_gpu_gemm_split_set(int on);
