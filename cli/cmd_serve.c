@@ -26,8 +26,8 @@
 
 static const char serve_synopsis[] =
     "usage: kl serve MODEL [--host 127.0.0.1] [--port 8000] [--device cpu|gpu|auto]\n"
-    "                [--api-key KEY] [--max-seqs N] [--max-queue N] [--ctx N]\n"
-    "                [--served-model-name NAME] [--threads N] [--json] [-q]\n";
+    "                [--api-key KEY] [--max-seqs N] [--max-queue N] [--cache-mb N]\n"
+    "                [--ctx N] [--served-model-name NAME] [--threads N] [--json] [-q]\n";
 
 static const char serve_about[] =
     "Serves the checkpoint in MODEL over an OpenAI-compatible HTTP API: POST\n"
@@ -44,7 +44,7 @@ static const char serve_footer[] =
 
 typedef struct serve_args {
     const char *model, *host, *api_key, *name;
-    unsigned long long port, max_seqs, max_queue, ctx;
+    unsigned long long port, max_seqs, max_queue, ctx, cache_mb;
     kl_gen_flags gen;   /* --threads, --route-weights, -q, --ignore-memory-check, --device */
     int json;
 } serve_args;
@@ -60,9 +60,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->port = 8000;
     a->max_seqs = 8;
     a->max_queue = 64;
+    a->cache_mb = 2048;
     kl_opt gen[KL_GEN_FLAG_ROWS];
     kl_gen_flag_rows(&a->gen, "", gen);
-    enum { N_OWN = 8, N_GEN = KL_GEN_FLAG_ROWS - GEN_FIRST_LOAD_ROW };
+    enum { N_OWN = 9, N_GEN = KL_GEN_FLAG_ROWS - GEN_FIRST_LOAD_ROW };
     kl_opt opts[N_OWN + N_GEN + 1] = {
         KL_VALUE("--host", 0, KL_OPT_STR, &a->host, "ADDR",
                  "address to listen on (default 127.0.0.1: this machine only)"),
@@ -74,6 +75,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
                  "requests generating at once (default 8)", .lo = 1, .hi = 256),
         KL_VALUE("--max-queue", 0, KL_OPT_U64, &a->max_queue, "N",
                  "requests waiting for a slot before 429 (default 64)", .hi = 65536),
+        KL_VALUE("--cache-mb", 0, KL_OPT_U64, &a->cache_mb, "N",
+                 "prefix cache: state of earlier prompts reused by prompts that extend\n"
+                 "them, up to N MiB in the backend's slots beyond --max-seqs (default\n"
+                 "2048; 0: off)", .hi = 1u << 24),
         KL_VALUE("--ctx", 0, KL_OPT_TOKENS, &a->ctx, "N",
                  "tokens per sequence, prompt and reply (default: the model's context,\n"
                  "at most 32K)", .lo = 2, .hi = (double)(1u << 30)),
@@ -201,7 +206,8 @@ static int serve(const serve_args *a, serve_ctx *c, kl_err *err)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     kl_http_opts ho = {.host = a->host, .port = (uint16_t)a->port, .api_key = a->api_key,
                        .model_name = a->name ? a->name : a->model, .ctx = context_of(a, c->m)};
-    if ((rc = kl_engine_start(&c->e, c->m, (uint32_t)a->max_seqs, (size_t)a->max_queue, err)) ||
+    if ((rc = kl_engine_start(&c->e, c->m, (uint32_t)a->max_seqs, (size_t)a->max_queue,
+                              (size_t)a->cache_mb << 20, err)) ||
         (rc = warm_up(c->e, err)) || (rc = kl_http_start(&c->h, c->e, c->tok, &ho, err)))
         return rc;
     if (announce(a, c, &ho) != KL_EXIT_OK)

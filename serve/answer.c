@@ -196,7 +196,8 @@ static int finish(kl_answer *a, kl_err *err)
         return rc;
     if (incomplete(a))
         return error_event(a, err);
-    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids};
+    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids,
+                  .cached_tokens = kl_job_cached(a->job)};
     const kl_usage *up = a->include_usage ? &u : NULL;
     if (!a->text_kind)
         return kl_chat_stream_end(&a->cs, finish_reason(a), up, err);
@@ -307,7 +308,8 @@ int kl_answer_json(kl_answer *a, char **json, int *status, kl_err *err)
         return kl_fail(err, KL_E_CANCELLED, "the request was cancelled: the server is "
                        "shutting down");
     }
-    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids};
+    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids,
+                  .cached_tokens = kl_job_cached(a->job)};
     const char *t = a->text ? a->text : "";
     int rc = a->text_kind
                  ? kl_text_completion_json(a->id, a->model, a->created, t, a->n_text,

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/mem.h"
+#include "serve/prefix.h"
 
 #include <errno.h>
 #include <math.h>
@@ -27,7 +28,7 @@ struct kl_job {
     kl_job_spec     spec;          /* prompt and stop_ids point at the copies below */
     kl_token       *prompt, *stops;
     kl_token       *ids;           /* generated so far */
-    size_t          n_ids, cap_ids, n_read;
+    size_t          n_ids, cap_ids, n_read, cached;
     kl_job_lp      *lps;           /* spec.logprobs: [n_lps] (n_ids, or one ahead) */
     size_t          n_lps, cap_lps;
     int             submitted, over, released, cancel;
@@ -44,6 +45,7 @@ struct kl_engine {
     pthread_t       th;
     int             quit, stopping, in_step;
     kl_sched       *s;
+    kl_prefix      *cache;         /* engine thread only */
     uint32_t        max_seqs;
     size_t          max_queue, n_active;
     kl_job         *jobs;          /* every job not freed yet */
@@ -150,6 +152,16 @@ static void job_over(kl_job *j, kl_sched_end why, size_t n, const kl_err *err)
     pthread_cond_signal(&j->cv);
 }
 
+static void on_cached(void *user, size_t n)
+{
+    kl_job *j = user;
+    lock_cb(j->e);
+    j->cached = n;
+    j->e->st.tokens_cached += n;
+    j->e->st.cache_hits++;
+    unlock_cb(j->e);
+}
+
 static void on_done(void *user, kl_sched_end why, size_t n, const kl_err *err)
 {
     kl_job *j = user;
@@ -174,7 +186,8 @@ static void job_submit(kl_engine *e, kl_job *j)
     kl_sched_req r = {.prompt = j->spec.prompt, .n_prompt = j->spec.n_prompt,
                       .max_tokens = j->spec.max_tokens, .samp = j->spec.samp,
                       .stop_ids = j->spec.stop_ids, .n_stop_ids = j->spec.n_stop_ids,
-                      .on_token = on_token, .on_done = on_done, .user = j,
+                      .on_token = on_token, .on_done = on_done, .on_cached = on_cached,
+                      .user = j,
                       .on_logits = j->spec.logprobs ? on_logits : NULL};
     kl_err err;
     kl_err_clear(&err);
@@ -206,6 +219,16 @@ static void tend(kl_engine *e)
     }
 }
 
+/* The cache's gauges into the counters (mutex held). */
+static void cache_stats(kl_engine *e)
+{
+    kl_prefix_stats ps = {0};
+    if (e->cache)
+        kl_prefix_get_stats(e->cache, &ps);
+    e->st.cache_entries = ps.entries;
+    e->st.cache_bytes = ps.bytes;
+}
+
 static void *engine_main(void *arg)
 {
     kl_engine *e = arg;
@@ -228,13 +251,14 @@ static void *engine_main(void *arg)
         e->in_step = 0;
         e->st.steps += n > 0;
         e->st.batch_tokens += n;
+        cache_stats(e);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
 }
 
 int kl_engine_start(kl_engine **out, kl_model *m, uint32_t max_seqs, size_t max_queue,
-                    kl_err *err)
+                    size_t cache_bytes, kl_err *err)
 {
     *out = NULL;
     kl_engine *e = kl_calloc(1, sizeof *e);
@@ -246,10 +270,14 @@ int kl_engine_start(kl_engine **out, kl_model *m, uint32_t max_seqs, size_t max_
     e->max_queue = max_queue;
     size_t step = max_seqs > 256 ? max_seqs : 256;
     int rc = kl_sched_create(&e->s, m, max_seqs, step, err);
+    if (!rc && cache_bytes && m->be->max_slots > max_seqs &&
+        !(rc = kl_prefix_create(&e->cache, m, cache_bytes, m->be->max_slots - max_seqs, err)))
+        kl_sched_set_prefix(e->s, e->cache);
     if (!rc && pthread_create(&e->th, NULL, engine_main, e))
         rc = kl_fail(err, KL_E_NOMEM, "cannot start the engine thread");
     if (rc) {
         kl_sched_free(e->s);
+        kl_prefix_free(e->cache);
         pthread_cond_destroy(&e->cv);
         pthread_mutex_destroy(&e->mu);
         kl_free(e);
@@ -357,6 +385,14 @@ size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int tim
     return n;
 }
 
+size_t kl_job_cached(kl_job *j)
+{
+    pthread_mutex_lock(&j->e->mu);
+    size_t n = j->cached;
+    pthread_mutex_unlock(&j->e->mu);
+    return n;
+}
+
 void kl_job_cancel(kl_job *j)
 {
     pthread_mutex_lock(&j->e->mu);
@@ -412,6 +448,7 @@ void kl_engine_free(kl_engine *e)
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
     kl_sched_free(e->s);
+    kl_prefix_free(e->cache);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     kl_free(e);

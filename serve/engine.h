@@ -11,9 +11,10 @@
  * job back: a job still running is cancelled (a client that disconnects frees its slot at the
  * engine thread's next turn, between two steps).
  *
- * Later parts plug in here: state reuse (snapshots chosen at admission, cached_tokens in the
- * job), per-token logprobs (the scheduler's logits row when a job asks), the GPU backend (the
- * model's backend, whichever it is).
+ * State reuse: the engine keeps a prefix cache (serve/prefix.h) of cache_bytes over the
+ * backend's slots left after max_seqs; a job starts from its longest entry (kl_job_cached says
+ * how many prompt ids it reused) and its prompt's state joins the cache before its first id.
+ * Per-token logprobs: the scheduler's logits row when a job asks.
  *
  * Counters for /metrics: kl_engine_stats.  Thread safety: every function may be called from any
  * thread, except kl_engine_free (once, after the HTTP side is gone).
@@ -70,12 +71,14 @@ typedef struct kl_engine_stats {
     uint64_t ttft[KL_ENGINE_N_BUCKETS + 1], itl[KL_ENGINE_N_BUCKETS + 1]; /* last: +Inf */
     double   ttft_sum, itl_sum;
     uint64_t ttft_n, itl_n;
+    uint64_t tokens_cached, cache_hits;   /* prompt ids reused; jobs that reused some */
+    size_t   cache_entries, cache_bytes;  /* held now (as of the last step) */
 } kl_engine_stats;
 
 /* Starts the engine thread over m (its backend: CPU or GPU): at most max_seqs sequences at once
- * and max_queue more waiting. */
+ * and max_queue more waiting; a prefix cache of up to cache_bytes (0: none). */
 int  kl_engine_start(kl_engine **out, kl_model *m, uint32_t max_seqs, size_t max_queue,
-                     kl_err *err);
+                     size_t cache_bytes, kl_err *err);
 /* Queues a job; *job is the caller's until kl_job_release.  *busy (may be NULL) is set to 1
  * when refused because the queue is full, 2 when the engine is stopping. */
 int  kl_engine_submit(kl_engine *e, const kl_job_spec *spec, kl_job **job, int *busy,
@@ -86,6 +89,8 @@ int  kl_engine_submit(kl_engine *e, const kl_job_spec *spec, kl_job **job, int *
  * read. */
 size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int timeout_ms,
                    int *over, kl_job_end *end);
+/* Prompt ids the job took from the prefix cache (0 until it is admitted, or without a hit). */
+size_t kl_job_cached(kl_job *j);
 /* Ends the job at the engine's next turn (kl_job_wait then reports KL_SCHED_CANCELLED). */
 void kl_job_cancel(kl_job *j);
 /* Hands the job back (cancelled if still running); j is gone after. NULL ok. */

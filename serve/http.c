@@ -186,6 +186,14 @@ static enum MHD_Result route_metrics(kl_http *h, struct MHD_Connection *c)
     put_metric(f, "kl_requests_refused_total", "counter", "requests refused: queue full",
                (double)s.refused_busy);
     put_metric(f, "kl_prompt_tokens_total", "counter", "prompt tokens", (double)s.tokens_in);
+    put_metric(f, "kl_prompt_tokens_cached_total", "counter", "prompt tokens reused from the "
+               "prefix cache", (double)s.tokens_cached);
+    put_metric(f, "kl_prefix_cache_hits_total", "counter", "requests that reused a cached "
+               "prefix", (double)s.cache_hits);
+    put_metric(f, "kl_prefix_cache_entries", "gauge", "prefix cache entries",
+               (double)s.cache_entries);
+    put_metric(f, "kl_prefix_cache_bytes", "gauge", "state bytes the prefix cache holds",
+               (double)s.cache_bytes);
     put_metric(f, "kl_generation_tokens_total", "counter", "generated tokens",
                (double)s.tokens_out);
     put_metric(f, "kl_queue_depth", "gauge", "requests waiting for a slot", s.queued);

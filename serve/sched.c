@@ -10,6 +10,7 @@
 #include "common/mem.h"
 #include "engine/backend.h"
 #include "engine/forward.h"
+#include "serve/prefix.h"
 
 #include <string.h>
 
@@ -22,6 +23,8 @@ typedef struct seq {
     kl_token     last;         /* the id to feed next while decoding */
     int          decoding;     /* the prompt is fed; last waits to be fed */
     int          running;      /* holds a slot (st) and a sampler */
+    int          snapped;      /* the end of its prompt went to the prefix cache */
+    kl_prefix_entry *from;     /* the pinned cache entry it started from, until snapped */
     kl_state     st;
     kl_sampler   samp;
     struct seq  *next;
@@ -33,6 +36,7 @@ struct kl_sched {
     size_t     step_tokens;
     uint64_t   next_handle;
     seq       *head;
+    kl_prefix *cache;          /* may be NULL */
     /* the batch */
     kl_token  *ids;            /* [step_tokens] */
     uint32_t  *slots;          /* [step_tokens] */
@@ -52,6 +56,8 @@ static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
         pp = &(*pp)->next;
     if (*pp)
         *pp = q->next;
+    if (s->cache)
+        kl_prefix_unpin(s->cache, q->from);
     if (q->running) {
         kl_state_free(&q->st);
         kl_sampler_free(&q->samp);
@@ -122,6 +128,41 @@ size_t kl_sched_pending(const kl_sched *s)
 /* ------------------------------------------------------------------------------------------ */
 /* A step                                                                                     */
 
+/* q (just admitted) from the cache's longest entry that leaves an id to feed, if any. */
+static void reuse(kl_sched *s, seq *q)
+{
+    if (!s->cache)
+        return;
+    kl_prefix_entry *e = kl_prefix_find(s->cache, q->prompt, q->req.n_prompt,
+                                        q->req.n_prompt - 1);
+    kl_err err;
+    kl_err_clear(&err);
+    if (!e || kl_state_copy(&q->st, kl_prefix_entry_state(e), &err)) {
+        kl_prefix_unpin(s->cache, e);   /* a failed copy leaves q's empty state: start cold */
+        return;
+    }
+    q->from = e;
+    q->fed = kl_prefix_entry_len(e);
+    if (q->req.on_cached)
+        q->req.on_cached(q->req.user, q->fed);
+}
+
+/* Snapshots of the prompts fed in full by the last step, before their first ids. */
+static void snapshot(kl_sched *s, size_t n_want)
+{
+    for (size_t r = 0; r < n_want && s->cache; r++) {
+        seq *q = s->owner[r];
+        if (q->snapped || !q->decoding)
+            continue;
+        kl_err err;
+        kl_err_clear(&err);
+        (void)kl_prefix_put(s->cache, q->prompt, q->req.n_prompt, &q->st, NULL, &err);
+        kl_prefix_unpin(s->cache, q->from);   /* a full cache is no error: nothing stored */
+        q->from = NULL;
+        q->snapped = 1;
+    }
+}
+
 /* Queued requests into free slots, in arrival order; a request whose sampler options are
  * refused ends with the error. */
 static void admit(kl_sched *s)
@@ -143,6 +184,7 @@ static void admit(kl_sched *s)
         }
         q->running = 1;
         s->n_running++;
+        reuse(s, q);
     }
 }
 
@@ -233,6 +275,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
         }
         return rc;
     }
+    snapshot(s, n_want);
     size_t V = s->m->cfg.vocab_size;
     for (size_t r = 0; r < n_want; r++)
         sample(s, s->owner[r], s->logits + r * V);
@@ -272,6 +315,11 @@ int kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_
     }
     *out = s;
     return 0;
+}
+
+void kl_sched_set_prefix(kl_sched *s, kl_prefix *c)
+{
+    s->cache = c;
 }
 
 void kl_sched_free(kl_sched *s)

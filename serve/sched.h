@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kl_prefix;
+
 typedef enum kl_sched_end {
     KL_SCHED_STOP = 0,     /* a stop id */
     KL_SCHED_LENGTH,       /* max_tokens reached */
@@ -45,6 +47,9 @@ typedef int (*kl_sched_token_fn)(void *user, kl_token id, kl_err *err);
  * gets id (a stop id is not passed): per-token logprobs.  0 to go on. */
 typedef int (*kl_sched_logits_fn)(void *user, const float *logits, size_t vocab, kl_token id,
                                   kl_err *err);
+/* The request starts from a prefix-cache entry of n ids (called at admission, only when n > 0):
+ * the prompt's first n ids are not fed again. */
+typedef void (*kl_sched_cached_fn)(void *user, size_t n);
 /* The request is over (called once; err is set for KL_SCHED_ERROR). */
 typedef void (*kl_sched_done_fn)(void *user, kl_sched_end why, size_t n_generated,
                                  const kl_err *err);
@@ -59,6 +64,7 @@ typedef struct kl_sched_req {
     kl_sched_token_fn on_token;
     kl_sched_logits_fn on_logits;   /* may be NULL */
     kl_sched_done_fn  on_done;
+    kl_sched_cached_fn on_cached;   /* may be NULL */
     void             *user;
 } kl_sched_req;
 
@@ -68,6 +74,12 @@ typedef struct kl_sched kl_sched;
  * (>= max_seqs, so every decoding sequence fits in each step). */
 int  kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_tokens,
                      kl_err *err);
+/* Prefix reuse (serve/prefix.h; NULL: none, the default): a request admitted into a slot starts
+ * from the cache's longest entry that is a prefix of its prompt (at most n_prompt - 1 ids) and
+ * feeds the rest; when its prompt is fed, before its first id is sampled, its state is put in
+ * the cache.  The logits equal those of a cold run (kl_state_copy is exact).  The cache must
+ * outlive the scheduler's requests; the scheduler does not own it. */
+void kl_sched_set_prefix(kl_sched *s, struct kl_prefix *c);
 /* Queues a request; *handle names it for kl_sched_cancel. */
 int  kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err *err);
 /* Ends a queued or running request (its done callback runs now); unknown handles are ignored. */
