@@ -8,8 +8,10 @@
  * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
- * slot, no queue); 8 concurrent clients get what each gets alone; SIGTERM stops the servers
- * with exit 0.
+ * slot, no queue); 8 concurrent clients get what each gets alone; a conversation's second
+ * turn reuses the first turn's state (usage cached_tokens > 0, whole and streamed) and gets
+ * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
+ * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
  */
 #include "tests/testutil.h"
 
@@ -37,8 +39,9 @@ static int g_port;
 
 /* ---- the server --------------------------------------------------------------------------- */
 
-/* Starts kl serve with max_seqs and max_queue; *pid and the port it listens on. */
-static int start_server_with(const char *max_seqs, const char *max_queue, pid_t *pid)
+/* Starts kl serve with max_seqs, max_queue and cache_mb; *pid and the port it listens on. */
+static int start_server_cache(const char *max_seqs, const char *max_queue,
+                              const char *cache_mb, pid_t *pid)
 {
     int p[2];
     ck_assert(pipe(p) == 0);
@@ -50,7 +53,7 @@ static int start_server_with(const char *max_seqs, const char *max_queue, pid_t 
         close(p[1]);
         execl(t_kl_bin(), "kl", "serve", g_model, "--port", "0", "--json", "--threads", "2",
               "--max-seqs", max_seqs, "--max-queue", max_queue, "--api-key", KEY,
-              "--served-model-name", "tiny", "-q", (char *)NULL);
+              "--served-model-name", "tiny", "--cache-mb", cache_mb, "-q", (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -65,6 +68,11 @@ static int start_server_with(const char *max_seqs, const char *max_queue, pid_t 
     int n = port->valueint;
     cJSON_Delete(j);
     return n;
+}
+
+static int start_server_with(const char *max_seqs, const char *max_queue, pid_t *pid)
+{
+    return start_server_cache(max_seqs, max_queue, "64", pid);
 }
 
 static void start_server(void)
@@ -656,6 +664,163 @@ START_TEST(test_concurrent_equal_alone)
 }
 END_TEST
 
+/* ---- state reuse ------------------------------------------------------------------------- */
+
+/* A greedy chat body with logprobs over messages (role, content pairs; NULL-ended). */
+static char *turn_body(const char *const *msgs, int stream)
+{
+    cJSON *b = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(b, "messages");
+    cJSON_AddStringToObject(b, "model", "tiny");
+    for (size_t i = 0; msgs[i]; i += 2) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", msgs[i]);
+        cJSON_AddStringToObject(m, "content", msgs[i + 1]);
+        cJSON_AddItemToArray(arr, m);
+    }
+    cJSON_AddNumberToObject(b, "max_tokens", 8);
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    cJSON_AddBoolToObject(b, "logprobs", 1);
+    cJSON_AddNumberToObject(b, "top_logprobs", 2);
+    if (stream) {
+        cJSON_AddBoolToObject(b, "stream", 1);
+        cJSON_AddBoolToObject(cJSON_AddObjectToObject(b, "stream_options"), "include_usage", 1);
+    }
+    char *t = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return t;
+}
+
+/* usage.prompt_tokens_details.cached_tokens of a whole reply or of a stream's usage chunk. */
+static int cached_tokens(const resp *r)
+{
+    const char *u = strstr(r->body, "\"prompt_tokens_details\"");
+    ck_assert_msg(u, "no prompt_tokens_details: %.300s", r->body);
+    const char *c = strstr(u, "\"cached_tokens\":");
+    ck_assert(c);
+    return atoi(c + 16);
+}
+
+typedef struct turn {
+    char *text, *lps;
+    int   cached;
+} turn;
+
+/* One greedy turn over msgs on the server at g_port. */
+static turn ask_turn(const char *const *msgs, int stream)
+{
+    char *b = turn_body(msgs, stream), f[16];
+    resp r = http("POST", "/v1/chat/completions", KEY, b);
+    free(b);
+    resp copy = r;                  /* logprob_items cuts the events it reads */
+    copy.body = strdup(r.body);
+    turn t = {.cached = cached_tokens(&r), .lps = logprob_items(&copy, stream)};
+    free(copy.body);
+    t.text = stream ? stream_content(&r, f, sizeof f) : whole_content(&r, f, sizeof f);
+    resp_free(&r);
+    return t;
+}
+
+static void turn_free(turn *t)
+{
+    free(t->text);
+    free(t->lps);
+}
+
+/* A /metrics value. */
+static double metric(const char *name)
+{
+    resp r = http("GET", "/metrics", KEY, NULL);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(r.body, key);
+    ck_assert_msg(p, "no %s in /metrics", name);
+    double v = atof(p + strlen(key));
+    resp_free(&r);
+    return v;
+}
+
+START_TEST(test_second_turn_reuses_state)
+{
+    const char *t1[] = {"system", "You are terse.", "user", "name three rivers", NULL};
+    turn a = ask_turn(t1, 0);
+    const char *t2[] = {"system", "You are terse.", "user", "name three rivers",
+                        "assistant", a.text, "user", "and two lakes", NULL};
+    turn warm = ask_turn(t2, 0), warm_s = ask_turn(t2, 1);
+    ck_assert_msg(warm.cached > 0, "the second turn reused nothing");
+    ck_assert_int_gt(warm_s.cached, 0);
+    ck_assert(metric("kl_prompt_tokens_cached_total") >= warm.cached + warm_s.cached);
+    ck_assert(metric("kl_prefix_cache_entries") > 0 && metric("kl_prefix_cache_bytes") > 0);
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_cache("4", "64", "0", &pid);
+    turn cold = ask_turn(t2, 0), cold_s = ask_turn(t2, 1);
+    ck_assert_int_eq(cold.cached, 0);
+    ck_assert_int_eq(cold_s.cached, 0);
+    ck_assert(metric("kl_prefix_cache_entries") == 0);
+    stop_pid(pid);
+    g_port = main_port;
+    ck_assert_str_eq(warm.text, cold.text);
+    ck_assert_str_eq(warm.lps, cold.lps);
+    ck_assert_str_eq(warm_s.text, cold.text);
+    ck_assert_str_eq(warm_s.lps, cold_s.lps);
+    turn_free(&a);
+    turn_free(&warm);
+    turn_free(&warm_s);
+    turn_free(&cold);
+    turn_free(&cold_s);
+}
+END_TEST
+
+typedef struct shared {
+    int  k;
+    turn got;
+} shared;
+
+#define SHARED_SYS "You answer questions about rivers, lakes and seas, briefly and kindly."
+
+static void *shared_main(void *arg)
+{
+    shared *c = arg;
+    char u[64];
+    user_of(c->k, u, sizeof u);
+    const char *msgs[] = {"system", SHARED_SYS, "user", u, NULL};
+    c->got = ask_turn(msgs, c->k % 2);
+    return NULL;
+}
+
+/* Clients sharing a system prompt at once (one of them seeded it first, so the others start
+ * from it) get what each gets alone from a server without the cache. */
+START_TEST(test_shared_prefix_concurrent)
+{
+    enum { N = 4 };
+    shared c[N];
+    pthread_t th[N];
+    c[0] = (shared){.k = 100};
+    shared_main(&c[0]);
+    for (int k = 1; k < N; k++) {
+        c[k] = (shared){.k = 100 + k};
+        ck_assert(pthread_create(&th[k], NULL, shared_main, &c[k]) == 0);
+    }
+    for (int k = 1; k < N; k++)
+        pthread_join(th[k], NULL);
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_cache("4", "64", "0", &pid);
+    for (int k = 0; k < N; k++) {
+        shared alone = {.k = 100 + k};
+        shared_main(&alone);
+        ck_assert_msg(!strcmp(c[k].got.text, alone.got.text) &&
+                      !strcmp(c[k].got.lps, alone.got.lps),
+                      "client %d: '%s' with the cache, '%s' without", k, c[k].got.text,
+                      alone.got.text);
+        turn_free(&c[k].got);
+        turn_free(&alone.got);
+    }
+    stop_pid(pid);
+    g_port = main_port;
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("serve");
@@ -671,6 +836,8 @@ int main(void)
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_concurrent_equal_alone);
+    tcase_add_test(tc, test_second_turn_reuses_state);
+    tcase_add_test(tc, test_shared_prefix_concurrent);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }
