@@ -182,6 +182,12 @@ static int error_event(kl_answer *a, kl_err *err)
     return rc;
 }
 
+static kl_usage usage_of(kl_answer *a)
+{
+    return (kl_usage){.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids,
+                      .cached_tokens = kl_job_cached(a->job)};
+}
+
 /* The end of the reply: held bytes, then (a stream) the finish, usage and [DONE] events. */
 static int finish(kl_answer *a, kl_err *err)
 {
@@ -196,8 +202,7 @@ static int finish(kl_answer *a, kl_err *err)
         return rc;
     if (incomplete(a))
         return error_event(a, err);
-    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids,
-                  .cached_tokens = kl_job_cached(a->job)};
+    kl_usage u = usage_of(a);
     const kl_usage *up = a->include_usage ? &u : NULL;
     if (!a->text_kind)
         return kl_chat_stream_end(&a->cs, finish_reason(a), up, err);
@@ -308,8 +313,7 @@ int kl_answer_json(kl_answer *a, char **json, int *status, kl_err *err)
         return kl_fail(err, KL_E_CANCELLED, "the request was cancelled: the server is "
                        "shutting down");
     }
-    kl_usage u = {.prompt_tokens = a->n_prompt, .completion_tokens = a->n_ids,
-                  .cached_tokens = kl_job_cached(a->job)};
+    kl_usage u = usage_of(a);
     const char *t = a->text ? a->text : "";
     int rc = a->text_kind
                  ? kl_text_completion_json(a->id, a->model, a->created, t, a->n_text,

@@ -4,11 +4,18 @@
  * three slots, one submitted while the others run, one with a stop id, one cancelled mid-way;
  * each request's ids equal the same request served alone (kl_forward, token by token), the
  * ends are reported once with the right reason, and bad requests are refused at submit.
+ *
+ * The prefix cache (serve/prefix.h): the longest prefix wins, an entry as long as the prompt is
+ * used only within max_len, LRU eviction under a byte budget and a slot limit, pinned entries
+ * kept; and through the scheduler: a conversation's second turn (the first prompt, the reply,
+ * new ids) reuses the first turn's state and gets bit-identical logits to a cold run, and
+ * requests sharing a prefix at once get what each gets alone.
  */
 #include "common/err.h"
 #include "common/mem.h"
 #include "engine/forward.h"
 #include "engine/model.h"
+#include "serve/prefix.h"
 #include "serve/sched.h"
 #include "synth/synth.h"
 #include "tests/testutil.h"
@@ -171,6 +178,316 @@ START_TEST(bad_requests_are_refused_and_free_cancels)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* The prefix cache (serve/prefix.h)                                                           */
+
+#define PMAXT 6
+
+static void ids_of(kl_token *p, size_t n, size_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (kl_token)((i * 37 + 11 + seed * 101) % (g_m->cfg.vocab_size - 300));
+}
+
+/* A state holding p[0..n). */
+static void fed_state(kl_state *st, const kl_token *p, size_t n)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(st, g_m, &err) == 0);
+    ck_assert_msg(kl_forward(g_m, st, p, n, NULL, &err) == 0, "%s", t_fmt_err(&err));
+}
+
+static void put(kl_prefix *c, const kl_token *p, size_t n, int want_stored)
+{
+    kl_state st;
+    fed_state(&st, p, n);
+    kl_err err;
+    kl_err_clear(&err);
+    int stored = -1;
+    ck_assert_msg(kl_prefix_put(c, p, n, &st, &stored, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_int_eq(stored, want_stored);
+    kl_state_free(&st);
+}
+
+static size_t found(kl_prefix *c, const kl_token *p, size_t n, size_t max_len)
+{
+    kl_prefix_entry *e = kl_prefix_find(c, p, n, max_len);
+    size_t len = e ? kl_prefix_entry_len(e) : 0;
+    kl_prefix_unpin(c, e);
+    return len;
+}
+
+START_TEST(longest_prefix_and_exact_length)
+{
+    kl_token p[32];
+    ids_of(p, 32, 1);
+    kl_prefix *c;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_prefix_create(&c, g_m, (size_t)1 << 30, 8, &err) == 0);
+    put(c, p, 4, 1);
+    put(c, p, 12, 1);
+    put(c, p, 12, 1);               /* the same ids: one entry */
+    kl_token q[32];
+    memcpy(q, p, sizeof q);
+    q[8] ^= 1;                      /* differs inside the 12-id entry */
+    put(c, q, 20, 1);
+    kl_prefix_stats st;
+    kl_prefix_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, 3);
+    ck_assert_uint_eq(found(c, p, 32, 31), 12);
+    ck_assert_uint_eq(found(c, q, 32, 31), 20);
+    ck_assert_uint_eq(found(c, q, 16, 15), 4);     /* 20 is longer than the prompt */
+    ck_assert_uint_eq(found(c, p, 12, 12), 12);    /* an exact-length match, when allowed */
+    ck_assert_uint_eq(found(c, p, 12, 11), 4);     /* and not when an id must be left */
+    ck_assert_uint_eq(found(c, p, 3, 3), 0);
+    kl_token other[8];
+    ids_of(other, 8, 9);
+    ck_assert_uint_eq(found(c, other, 8, 7), 0);
+    kl_prefix_get_stats(c, &st);
+    ck_assert_uint_eq(st.hits, 5);
+    ck_assert_uint_eq(st.tokens_reused, 12 + 20 + 4 + 12 + 4);
+    /* an entry's state is the prompt's: the next id gives a cold run's logits */
+    kl_prefix_entry *e = kl_prefix_find(c, p, 13, 12);
+    ck_assert_ptr_nonnull(e);
+    size_t V = g_m->cfg.vocab_size;
+    float *a = kl_malloc(V * sizeof *a), *b = kl_malloc(V * sizeof *b);
+    kl_state warm, cold;
+    ck_assert(kl_state_init(&warm, g_m, &err) == 0);
+    ck_assert(kl_state_copy(&warm, kl_prefix_entry_state(e), &err) == 0);
+    kl_prefix_unpin(c, e);
+    ck_assert(kl_forward(g_m, &warm, p + 12, 1, a, &err) == 0);
+    fed_state(&cold, p, 12);
+    ck_assert(kl_forward(g_m, &cold, p + 12, 1, b, &err) == 0);
+    ck_assert(memcmp(a, b, V * sizeof *a) == 0);
+    kl_state_free(&warm);
+    kl_state_free(&cold);
+    kl_free(a);
+    kl_free(b);
+    kl_prefix_free(c);
+}
+END_TEST
+
+START_TEST(lru_eviction_keeps_pinned_entries)
+{
+    kl_token p[4][16];
+    for (size_t k = 0; k < 4; k++)
+        ids_of(p[k], 16, 20 + k);
+    size_t one = kl_prefix_state_bytes(g_m, 16);
+    ck_assert(one > 0);
+    kl_prefix *c;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_prefix_create(&c, g_m, 2 * one + one / 2, 8, &err) == 0);  /* room for 2 */
+    put(c, p[0], 16, 1);
+    put(c, p[1], 16, 1);
+    ck_assert_uint_eq(found(c, p[0], 16, 16), 16);   /* 0 used last: 1 is the LRU */
+    put(c, p[2], 16, 1);
+    ck_assert_uint_eq(found(c, p[1], 16, 16), 0);
+    ck_assert_uint_eq(found(c, p[0], 16, 16), 16);
+    ck_assert_uint_eq(found(c, p[2], 16, 16), 16);
+    kl_prefix_stats st;
+    kl_prefix_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert_uint_eq(st.bytes, 2 * one);
+    /* both pinned: a new entry does not fit and nothing goes */
+    kl_prefix_entry *e0 = kl_prefix_find(c, p[0], 16, 16);
+    kl_prefix_entry *e2 = kl_prefix_find(c, p[2], 16, 16);
+    put(c, p[3], 16, 0);
+    ck_assert_uint_eq(found(c, p[0], 16, 16), 16);
+    ck_assert_uint_eq(found(c, p[2], 16, 16), 16);
+    /* 2 pinned (though used last), 0 not: 0 goes */
+    kl_prefix_unpin(c, e0);
+    put(c, p[3], 16, 1);
+    ck_assert_uint_eq(found(c, p[0], 16, 16), 0);
+    ck_assert_uint_eq(found(c, p[2], 16, 16), 16);
+    kl_prefix_unpin(c, e2);
+    kl_prefix_free(c);
+    /* a slot limit, and a budget too small for any entry */
+    ck_assert(kl_prefix_create(&c, g_m, (size_t)1 << 30, 1, &err) == 0);
+    put(c, p[0], 16, 1);
+    put(c, p[1], 16, 1);
+    ck_assert_uint_eq(found(c, p[0], 16, 16), 0);
+    kl_prefix_free(c);
+    ck_assert(kl_prefix_create(&c, g_m, one - 1, 8, &err) == 0);
+    put(c, p[0], 16, 0);
+    kl_prefix_free(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Through the scheduler                                                                      */
+
+typedef struct pout {
+    kl_token ids[PMAXT];
+    float   *logits;           /* [PMAXT, vocab] */
+    size_t   n, cached;
+    int      ended;
+} pout;
+
+static int p_on_token(void *user, kl_token id, kl_err *err)
+{
+    pout *o = user;
+    ck_assert(o->n < PMAXT);
+    o->ids[o->n++] = id;
+    return 0;
+}
+
+static int p_on_logits(void *user, const float *logits, size_t V, kl_token id, kl_err *err)
+{
+    pout *o = user;
+    ck_assert(o->n < PMAXT);
+    memcpy(o->logits + o->n * V, logits, V * sizeof *logits);
+    return 0;
+}
+
+static void p_on_cached(void *user, size_t n)
+{
+    ((pout *)user)->cached = n;
+}
+
+static void p_on_done(void *user, kl_sched_end why, size_t n, const kl_err *err)
+{
+    pout *o = user;
+    ck_assert(!o->ended && why == KL_SCHED_LENGTH);
+    o->ended = 1;
+}
+
+static void out_init(pout *o)
+{
+    memset(o, 0, sizeof *o);
+    o->logits = kl_calloc((size_t)PMAXT * g_m->cfg.vocab_size, sizeof *o->logits);
+    ck_assert_ptr_nonnull(o->logits);
+}
+
+static void psubmit(kl_sched *s, const kl_token *p, size_t n, pout *o)
+{
+    kl_sched_req r = {.prompt = p, .n_prompt = n, .max_tokens = PMAXT, .on_token = p_on_token,
+                      .on_logits = p_on_logits, .on_cached = p_on_cached, .on_done = p_on_done,
+                      .user = o};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_sched_submit(s, &r, NULL, &err) == 0, "%s", t_fmt_err(&err));
+}
+
+static void drain(kl_sched *s)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    for (size_t steps = 0; kl_sched_pending(s) && steps < 1000; steps++)
+        ck_assert_msg(kl_sched_step(s, NULL, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(kl_sched_pending(s), 0);
+}
+
+/* p served alone by a scheduler without a cache. */
+static void cold(const kl_token *p, size_t n, pout *o)
+{
+    kl_sched *s;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_sched_create(&s, g_m, 1, 8, &err) == 0);
+    out_init(o);
+    psubmit(s, p, n, o);
+    drain(s);
+    kl_sched_free(s);
+    ck_assert(o->ended && o->cached == 0);
+}
+
+static void same_as(const pout *a, const pout *b, const char *what)
+{
+    ck_assert_uint_eq(a->n, b->n);
+    ck_assert_msg(!memcmp(a->ids, b->ids, a->n * sizeof *a->ids), "%s: other ids", what);
+    ck_assert_msg(!memcmp(a->logits, b->logits, a->n * g_m->cfg.vocab_size * sizeof(float)),
+                  "%s: other logits", what);
+}
+
+START_TEST(second_turn_reuses_the_first_with_cold_logits)
+{
+    kl_token t1[24], t2[24 + PMAXT + 9];
+    ids_of(t1, 24, 3);
+    kl_sched *s;
+    kl_prefix *c;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_prefix_create(&c, g_m, (size_t)1 << 30, 4, &err) == 0);
+    ck_assert(kl_sched_create(&s, g_m, 2, 8, &err) == 0);   /* prompts fed over steps */
+    kl_sched_set_prefix(s, c);
+    pout a;
+    out_init(&a);
+    psubmit(s, t1, 24, &a);
+    drain(s);
+    ck_assert(a.ended && a.cached == 0 && a.n == PMAXT);
+    /* the second turn: the first prompt, its reply, new ids */
+    memcpy(t2, t1, sizeof t1);
+    memcpy(t2 + 24, a.ids, PMAXT * sizeof *t2);
+    ids_of(t2 + 24 + PMAXT, 9, 4);
+    size_t n2 = 24 + PMAXT + 9;
+    pout b, ref;
+    out_init(&b);
+    psubmit(s, t2, n2, &b);
+    drain(s);
+    ck_assert_uint_eq(b.cached, 24);
+    cold(t2, n2, &ref);
+    same_as(&b, &ref, "second turn");
+    /* the same prompt again: its own entry, less its last id (which must be fed for logits) */
+    pout again;
+    out_init(&again);
+    psubmit(s, t2, n2, &again);
+    drain(s);
+    ck_assert_uint_eq(again.cached, 24);
+    same_as(&again, &ref, "repeated turn");
+    kl_prefix_stats st;
+    kl_prefix_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert_uint_eq(st.hits, 2);
+    kl_sched_free(s);
+    kl_prefix_free(c);
+    kl_free(a.logits);
+    kl_free(b.logits);
+    kl_free(again.logits);
+    kl_free(ref.logits);
+}
+END_TEST
+
+START_TEST(requests_sharing_a_prefix_at_once_equal_each_alone)
+{
+    enum { N = 4, BASE = 20, TAIL = 5 };
+    kl_token p[N][BASE + TAIL];
+    for (int k = 0; k < N; k++) {
+        ids_of(p[k], BASE, 5);
+        ids_of(p[k] + BASE, TAIL, 40 + (size_t)k);
+    }
+    kl_sched *s;
+    kl_prefix *c;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_prefix_create(&c, g_m, (size_t)1 << 30, 6, &err) == 0);
+    ck_assert(kl_sched_create(&s, g_m, 3, 8, &err) == 0);
+    kl_sched_set_prefix(s, c);
+    pout warm;                       /* the shared prefix first, so the others may start from it */
+    out_init(&warm);
+    psubmit(s, p[0], BASE, &warm);
+    drain(s);
+    pout o[N], ref[N];
+    for (int k = 0; k < N; k++) {
+        out_init(&o[k]);
+        psubmit(s, p[k], BASE + TAIL, &o[k]);
+    }
+    drain(s);
+    for (int k = 0; k < N; k++) {
+        ck_assert_uint_eq(o[k].cached, BASE);
+        cold(p[k], BASE + TAIL, &ref[k]);
+        same_as(&o[k], &ref[k], "shared prefix");
+        kl_free(o[k].logits);
+        kl_free(ref[k].logits);
+    }
+    kl_free(warm.logits);
+    kl_sched_free(s);
+    kl_prefix_free(c);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -179,6 +496,10 @@ static Suite *sched_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, batched_requests_equal_each_served_alone);
     tcase_add_test(tc, bad_requests_are_refused_and_free_cancels);
+    tcase_add_test(tc, longest_prefix_and_exact_length);
+    tcase_add_test(tc, lru_eviction_keeps_pinned_entries);
+    tcase_add_test(tc, second_turn_reuses_the_first_with_cold_logits);
+    tcase_add_test(tc, requests_sharing_a_prefix_at_once_equal_each_alone);
     suite_add_tcase(s, tc);
     return s;
 }
