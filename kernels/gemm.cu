@@ -238,12 +238,18 @@ typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> gem
  * Fragments of tokens >= nt are skipped (warp-uniform: a whole warp, or its a = 1 half);
  * split: the high parts' product, then the two lower parts' into the same accumulator. */
 template <int SP>
-__device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint32_t nt)
+__device__ static inline void acc_step(gemm_acc &acc_out, const gemm_smem &sh, uint32_t nt)
 {
     const unsigned warp = threadIdx.x / 32, tw = warp % 2, ww = warp / 2;
     const unsigned na = 32 * tw >= nt ? 0 : 32 * tw + 16 >= nt ? 1 : 2;
     if (na == 0)
         return;
+    /* SP 2: this K step's products summed in fresh fragments, then added to the running sums
+     * with ordinary fp32 additions (the MMA's own accumulation then spans only one step) */
+    gemm_acc part;
+    if (SP == 2)
+        acc_zero(part);
+    gemm_acc &acc = SP == 2 ? part : acc_out;
     const __nv_bfloat16 *xs = (const __nv_bfloat16 *)sh.in.x;
     const __nv_bfloat16 *xl = (const __nv_bfloat16 *)sh.in.xl;
     const __nv_bfloat16 *xl2 = (const __nv_bfloat16 *)sh.in.xl2;
@@ -274,6 +280,18 @@ __device__ static inline void acc_step(gemm_acc &acc, const gemm_smem &sh, uint3
                 for (int b = 0; b < 2; b++)
                     wm::mma_sync(acc[a][b], fa, fb[b], acc[a][b]);
             }
+        }
+    }
+    if (SP == 2) { /* same fragment type: the same element layout */
+#pragma unroll
+        for (unsigned a = 0; a < 2; a++) { /* constant indices: the fragments stay in registers */
+            if (a >= na)
+                break;
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int i = 0; i < part[a][b].num_elements; i++)
+                    acc_out[a][b].x[i] += part[a][b].x[i];
         }
     }
 }
@@ -403,20 +421,20 @@ __global__ static void __launch_bounds__(THREADS, 2)
         gemm_tile<MX, SP>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
 }
 
-static int split_mode; /* 0: KL_GPU_GEMM_SPLIT not read yet; 1 off; 2 on */
+static int split_mode = -1; /* -1: KL_GPU_GEMM_SPLIT not read yet; else the form, 0-2 */
 
 extern "C" int kl_gpu_gemm_split(void)
 {
-    if (!split_mode) {
+    if (split_mode < 0) {
         const char *v = getenv("KL_GPU_GEMM_SPLIT");
-        split_mode = v && !strcmp(v, "0") ? 1 : 2;
+        split_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "2") ? 2 : 1;
     }
-    return split_mode == 2;
+    return split_mode;
 }
 
-extern "C" void kl_gpu_gemm_split_set(int on)
+extern "C" void kl_gpu_gemm_split_set(int form)
 {
-    split_mode = on ? 2 : 1;
+    split_mode = form < 0 ? 0 : form > 2 ? 2 : form;
 }
 
 /* 0, or KL_E_USAGE: m is BF16 or MXFP4 with cols % 32 == 0 and 16-byte aligned payloads. */
@@ -444,8 +462,8 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
     if (!y || n == 0 || (n + BN - 1) / BN > 65535)
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
-    static const kernel k[2][2] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>},
-                                   {gemm_kernel<1, 0>, gemm_kernel<1, 1>}};
+    static const kernel k[2][3] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>, gemm_kernel<0, 2>},
+                                   {gemm_kernel<1, 0>, gemm_kernel<1, 1>, gemm_kernel<1, 2>}};
     const dim3 grid((w->rows + BM - 1) / BM, (n + BN - 1) / BN);
     k[w->kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0, (hipStream_t)s>>>(
         *w, x, n, y);
@@ -466,8 +484,9 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return 0; /* no rows: nothing to do */
     typedef void (*kernel)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
                            float *);
-    static const kernel k[2][2] = {{gemm_grouped_kernel<0, 0>, gemm_grouped_kernel<0, 1>},
-                                   {gemm_grouped_kernel<1, 0>, gemm_grouped_kernel<1, 1>}};
+    static const kernel k[2][3] = {
+        {gemm_grouped_kernel<0, 0>, gemm_grouped_kernel<0, 1>, gemm_grouped_kernel<0, 2>},
+        {gemm_grouped_kernel<1, 0>, gemm_grouped_kernel<1, 1>, gemm_grouped_kernel<1, 2>}};
     const dim3 grid((a->w->m.rows + BM - 1) / BM, a->w->n);
     k[a->w->m.kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0,
                                                               (hipStream_t)s>>>(

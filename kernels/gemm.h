@@ -26,10 +26,13 @@ extern "C" {
  * three products into the same fp32 accumulators (W is exact in bf16, so each product is
  * exact to ~2^-26 relative: fp32-like results); 0 (KL_GPU_GEMM_SPLIT=0 in the environment,
  * read at the first call) stages bf16(x) only (one product: ~2e-3 relative error, a third of
- * the tensor-core work).
+ * the tensor-core work); 2 (KL_GPU_GEMM_SPLIT=2) is split with each K step's products summed
+ * in fresh fragments and added to the running sums in fp32 registers: the two-part and
+ * three-part forms measured the same ~1e-5 error on the H200, so the MMA's own accumulation
+ * over a whole K is the suspect (docs/CORRECTNESS.md); not yet measured.
  * kl_gpu_gemm_split_set overrides the environment (the device test runs both). */
-int  kl_gpu_gemm_split(void);
-void kl_gpu_gemm_split_set(int on);
+int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
+void kl_gpu_gemm_split_set(int form);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
  * w->cols a multiple of 32. */

@@ -3,9 +3,10 @@
  * kl_gpu_gemm (BF16 and MXFP4 at Kimi-Linear's shapes [4096, 2304], [2304, 4096],
  * [12576, 2304], [1024, 2304] for n = 16, 37, 64, 256, 512, and a small odd shape with a row
  * and a K tail) and kl_gpu_gemm_grouped (random segment sizes with empty ones and one longer
- * than a tile, x_row given or NULL, and the routed experts' shapes).  Every call runs in both
- * forms (kl_gpu_gemm_split_set): split X ("split": checked against plain fp32 X, expected
- * ~1e-6 .. 1e-5) and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
+ * than a tile, x_row given or NULL, and the routed experts' shapes).  Every call runs in three
+ * forms (kl_gpu_gemm_split_set): split X ("split", and "promote" with each K step's sums
+ * promoted to fp32 registers: checked against plain fp32 X, measured 5e-6 .. 2e-5 for split)
+ * and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
  * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
  * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Then
  * timings of both forms: median of single calls, TFLOPS and GB/s of the bytes each must read.
@@ -18,9 +19,11 @@
 #define TOL_F32  1e-2 /* against fp32 X */
 #define TOL_SPLIT 5e-5 /* split form against fp32 X (expected ~1e-5 at most) */
 
-/* The forms, in the order the checks run them: split X (the default), X rounded to bf16. */
-static const int form_split[2] = {1, 0};
-static const char *const form_name[2] = {"split", "bf16x"};
+/* The forms, in the order the checks run them: split X (the default), split X with each K
+ * step's sums promoted to fp32 registers, X rounded to bf16. */
+#define FORMS 3
+static const int form_split[FORMS] = {1, 2, 0};
+static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
 
 /* f rounded to bf16 (nearest even), as the kernels stage X. */
 static float host_bf16(float f)
@@ -40,15 +43,16 @@ static float host_bf16(float f)
  * bf16 X (e[f][0]) and fp32 X (e[f][1]); the host does about 5e7 products at most. */
 static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
                        const std::vector<size_t> &wbase, const std::vector<float> &x,
-                       const std::vector<float> y[2], double e[2][2])
+                       const std::vector<float> y[FORMS], double e[FORMS][2])
 {
     const size_t K = m.cols, work = src.size() * R * K;
     const size_t step = work > 50000000 ? (work + 49999999) / 50000000 : 1;
     std::vector<float> w(K);
-    e[0][0] = e[0][1] = e[1][0] = e[1][1] = 0;
+    for (int f = 0; f < FORMS; f++)
+        e[f][0] = e[f][1] = 0;
     for (size_t i = 0; i < src.size(); i++) {
         std::vector<double> rb, rf;
-        std::vector<float> got[2];
+        std::vector<float> got[FORMS];
         for (size_t r = 0; r < R; r = r + step < R || r == R - 1 ? r + step : R - 1) {
             t_mat_row(m, wbase[i] + r, w.data());
             const float *xi = &x[src[i] * K];
@@ -59,10 +63,10 @@ static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
             }
             rb.push_back(sb);
             rf.push_back(sf);
-            for (int f = 0; f < 2; f++)
+            for (int f = 0; f < FORMS; f++)
                 got[f].push_back(y[f][i * R + r]);
         }
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < FORMS; f++) {
             const double eb = t_rel_l2(got[f].data(), rb.data(), rb.size());
             const double ef = t_rel_l2(got[f].data(), rf.data(), rf.size());
             e[f][0] = eb > e[f][0] || eb != eb ? eb : e[f][0];
@@ -71,23 +75,25 @@ static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
     }
 }
 
-/* Split: against fp32 X; bf16x: against X rounded to bf16, and (loosely) fp32 X. */
-static void check_forms(const char *what, const double e[2][2])
+/* Split and promote: against fp32 X; bf16x: against X rounded to bf16, and (loosely) fp32 X. */
+static void check_forms(const char *what, const double e[FORMS][2])
 {
     char buf[160];
     snprintf(buf, sizeof buf, "%s split (x f32)", what);
     t_check(buf, e[0][1], TOL_SPLIT);
+    snprintf(buf, sizeof buf, "%s promote (x f32)", what);
+    t_check(buf, e[1][1], TOL_SPLIT);
     snprintf(buf, sizeof buf, "%s bf16x (x bf16)", what);
-    t_check(buf, e[1][0], TOL_BF16);
+    t_check(buf, e[2][0], TOL_BF16);
     snprintf(buf, sizeof buf, "%s bf16x (x f32)", what);
-    t_check(buf, e[1][1], TOL_F32);
+    t_check(buf, e[2][1], TOL_F32);
 }
 
 /* call (y) in each form into y[f], dy (n_out floats) set to NaN first: unwritten shows. */
 template <class F>
-static void run_forms(F call, float *dy, size_t n_out, std::vector<float> y[2])
+static void run_forms(F call, float *dy, size_t n_out, std::vector<float> y[FORMS])
 {
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < FORMS; f++) {
         kl_gpu_gemm_split_set(form_split[f]);
         T_CHECK(hipMemset(dy, 0xff, n_out * 4));
         call();
@@ -106,11 +112,11 @@ static void time_record(const char *what, double s, double flops, double bytes)
     t_times += buf;
 }
 
-/* Times call in each form ("what split", "what bf16x"). */
+/* Times call in each form ("what split", "what promote", "what bf16x"). */
 template <class F>
 static void time_forms(const char *what, F call, double flops, double bytes)
 {
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < FORMS; f++) {
         char buf[160];
         snprintf(buf, sizeof buf, "%s %s", what, form_name[f]);
         kl_gpu_gemm_split_set(form_split[f]);
@@ -132,13 +138,13 @@ static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint3
         const uint32_t n = ns[k];
         std::vector<float> x = t_vec((size_t)n * cols);
         float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)n * rows * 4);
-        std::vector<float> y[2];
+        std::vector<float> y[FORMS];
         run_forms([&] { t_ok(kl_gpu_gemm(&d, dx, n, dy, NULL, &err), &err, "kl_gpu_gemm"); },
                   dy, (size_t)n * rows, y);
         std::vector<size_t> src(n), wbase(n, 0);
         for (uint32_t t = 0; t < n; t++)
             src[t] = t;
-        double e[2][2];
+        double e[FORMS][2];
         rows_error(m, rows, src, wbase, x, y, e);
         char what[96];
         snprintf(what, sizeof what, "gemm %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
@@ -181,7 +187,7 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
     kl_gpu_gemm_grouped_args a = {&st, dx, use_x_row ? dxr : NULL, dseg, rows + 3, dy};
     kl_err err;
     kl_err_clear(&err);
-    std::vector<float> y[2];
+    std::vector<float> y[FORMS];
     run_forms([&] { t_ok(kl_gpu_gemm_grouped(&a, NULL, &err), &err, "kl_gpu_gemm_grouped"); },
               dy, (size_t)rows * R, y);
     std::vector<size_t> src(rows), wbase(rows);
@@ -193,7 +199,7 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
             wbase[i] = (size_t)e * R;
         }
     }
-    double e[2][2];
+    double e[FORMS][2];
     rows_error(m, R, src, wbase, x, y, e);
     char what[128];
     snprintf(what, sizeof what, "grouped %s E=%u %zux%zu m=%u%s", t_kind_name(kind), E, R, K,
