@@ -38,6 +38,8 @@ REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BA)/replay_%)
 TEST_SCRIPTS := tests/tokenizer/parity.sh
 # kl serve through the official openai npm client (node; packages from scripts/install-deps.sh)
 TEST_SCRIPTS += tests/serve/client.sh
+# 32 streaming clients against kl serve, every reply equal to the request served alone
+TEST_SCRIPTS += tests/serve/soak.sh
 # make install (PREFIX, DESTDIR) and make portable (runs from any folder without LD_LIBRARY_PATH)
 TEST_SCRIPTS += tests/install.sh
 # the README's example commands, top to bottom (all but the 9 GB ones)
