@@ -236,6 +236,15 @@ static uint64_t peak_rss_bytes(void)
     return getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024;
 }
 
+/* ids[0 .. n) random below vocab, from the fixed seed (the same prompt every run). */
+static void random_ids(kl_token *ids, size_t n, uint32_t vocab, uint64_t seed)
+{
+    kl_rng r;
+    kl_rng_seed(&r, seed, 0);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (kl_token)(kl_rng_next(&r) % vocab);
+}
+
 /* Prefill of random ids, then greedy decode steps; timings into res. */
 static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl_err *err)
 {
@@ -250,10 +259,7 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
         kl_free(logits);
         return rc;
     }
-    kl_rng r;
-    kl_rng_seed(&r, 1, 0);
-    for (size_t i = 0; i < a->prompt_tokens; i++)
-        ids[i] = (kl_token)(kl_rng_next(&r) % V);
+    random_ids(ids, (size_t)a->prompt_tokens, V, 1);
     /* --context: synthetic positions before the prompt (the step's cost at that length) */
     if (a->context && (rc = kl_state_fill_synthetic(&st, (size_t)a->context, err))) {
         kl_state_free(&st);
@@ -328,10 +334,7 @@ static int time_prefill_at(kl_model *m, size_t n, double *tok_s, kl_err *err)
         kl_free(ids);
         return rc;
     }
-    kl_rng r;
-    kl_rng_seed(&r, 2, 0);
-    for (size_t i = 0; i < n; i++)
-        ids[i] = (kl_token)(kl_rng_next(&r) % V);
+    random_ids(ids, n, V, 2);
     double t0 = kl_now_s();
     rc = kl_forward(m, &st, ids, n, NULL, err);
     *tok_s = per_s((double)n, kl_now_s() - t0);

@@ -36,6 +36,13 @@ stage_tests() {
     done
 }
 
+# runs a command in a subshell with one configuration's environment ("A=1 B=2", or blank)
+with_config() {
+    local cfg=$1
+    shift
+    ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; "$@" )
+}
+
 # teacher-forced logits of DIR on DEVICE into FILE (prompt ids and forced ids as arguments)
 forced() {  # dir device route prompt greedy file
     "$KL" run "$1" --device "$2" --route-weights "$3" --ids "$4" --force-ids "$5" \
@@ -146,7 +153,7 @@ stage_fullcmp() {
     IFS=' ' forced "$D" cpu unbiased "$p" "$f" "$W/full-cpu.bin"
     for cfg in ${FULL_CONFIGS:-" "}; do
         i=$((i + 1))
-        ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu-$i.bin" )
+        with_config "$cfg" forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu-$i.bin"
         IFS=' ' python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu-$i.bin" > "$W/fullcmp-$i.json"
         row "full-64 [${cfg# }] $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('max %.3g' % d['max_rel_l2'], 'PASS' if d['pass'] else 'FAIL', 'steps:', ' '.join('%.2g' % s['rel_l2'] for s in d['per_step']))" "$W/fullcmp-$i.json")"
     done
@@ -191,7 +198,7 @@ PY
     for cfg in ${BENCH_CONFIGS:-" "}; do
         i=$((i + 1))
         row "== bench with [${cfg# }]"
-        ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; bench_one "$D" "$W/bench-$i.json" )
+        with_config "$cfg" bench_one "$D" "$W/bench-$i.json"
         cp "$W/bench-$i.json" "$OUT/" 2>/dev/null
     done
     [ -n "${KEEP:-}" ] || rm -rf "$D"
@@ -203,7 +210,7 @@ golden_configs() {
     local IFS=';' cfg
     for cfg in ${GOLDEN_CONFIGS:-" "}; do
         row "== golden with [${cfg# }]"
-        ([ -z "${cfg// }" ] || eval "export $cfg"; stage_golden)
+        with_config "$cfg" stage_golden
     done
 }
 for s in $STAGES; do

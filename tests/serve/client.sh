@@ -14,22 +14,8 @@ if [ ! -f "$here/node_modules/openai/package.json" ]; then
     echo "serve client: npm packages missing in $here; run scripts/install-deps.sh" >&2
     exit 1
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kl-serve-XXXXXX")
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-"$kl" synth "$tmp/tiny" --preset tiny --seed 3 -q > /dev/null
-mkfifo "$tmp/out"
-"$kl" serve "$tmp/tiny" --port 0 --json --threads 2 --api-key k3y --served-model-name tiny -q \
-    > "$tmp/out" &
-pid=$!
-read -r line < "$tmp/out"
-port=$(printf '%s' "$line" | sed -n 's/.*"port":\([0-9]*\).*/\1/p')
-[ -n "$port" ] || { echo "serve client: no port in: $line" >&2; exit 1; }
+. "$here/server.sh"
+serve_start "serve client" --api-key k3y
 node "$here/client.cjs" "http://127.0.0.1:$port" k3y "$kl" "$tmp/tiny"
-kill -TERM "$pid"
-st=0
-wait "$pid" || st=$?
-pid=""
-[ "$st" -eq 0 ] || { echo "serve client: kl serve ended with status $st" >&2; exit 1; }
+serve_stop "serve client"
 echo "serve client: ok"

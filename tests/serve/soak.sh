@@ -11,24 +11,11 @@ if ! command -v python3 >/dev/null 2>&1; then
     echo "serve soak: SKIPPED: python3 not found" >&2
     exit 0
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kl-soak-XXXXXX")
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-"$kl" synth "$tmp/tiny" --preset tiny --seed 5 -q > /dev/null
-mkfifo "$tmp/out"
-"$kl" serve "$tmp/tiny" --port 0 --json --threads 2 --served-model-name tiny -q > "$tmp/out" &
-pid=$!
-read -r line < "$tmp/out"
-port=$(printf '%s' "$line" | sed -n 's/.*"port":\([0-9]*\).*/\1/p')
-[ -n "$port" ] || { echo "serve soak: no port in: $line" >&2; exit 1; }
+. "$here/server.sh"
+serve_start "serve soak"
 python3 "$here/../../scripts/soak_serve.py" --url "http://127.0.0.1:$port" --model tiny \
     --pid "$pid" --clients 32 --seconds "${SOAK_SECONDS:-10}" --max-tokens 24 > "$tmp/soak.json" ||
     { echo "serve soak: FAILED: $(cat "$tmp/soak.json")" >&2; exit 1; }
 echo "serve soak: $(cat "$tmp/soak.json")"
-kill -TERM "$pid"
-rc=0
-wait "$pid" || rc=$?
-pid=""
-[ "$rc" = 0 ] || { echo "serve soak: kl serve exited $rc after SIGTERM" >&2; exit 1; }
+serve_stop "serve soak"
 echo "serve soak: ok"
