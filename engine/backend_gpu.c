@@ -733,8 +733,8 @@ static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_
     return norm_op(be, which, layer, 1, err);
 }
 
-/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows with $KL_GPU_GEMM=1
- * (kernels/gemm.h), the fp32 kernels of kernels/dense.h otherwise. */
+/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows (kernels/gemm.h), the fp32
+ * kernels of kernels/dense.h otherwise or with $KL_GPU_GEMM=0. */
 static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
                    kl_err *err)
 {
@@ -1040,10 +1040,9 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
     g->prof.on = prof && !strcmp(prof, "1");
     const char *gemm = getenv("KL_GPU_GEMM"), *fs = getenv("KL_GPU_FUSE_SMALL");
-    /* tensor-core products for chunks only when asked: their fp32 sums round differently
-     * enough (~1e-5 a product) to flip expert choices of the full random geometry against the
-     * CPU engine (docs/CORRECTNESS.md); the default stays with the fp32 kernels proven equal */
-    g->gemm_on = gemm && !strcmp(gemm, "1");
+    /* tensor-core products for chunks (X in three bf16 parts, each K step's sums added in
+     * fp32 registers: ~5e-7 a product, docs/CORRECTNESS.md); $KL_GPU_GEMM=0: fp32 kernels */
+    g->gemm_on = !(gemm && !strcmp(gemm, "0"));
     if (!g->gemm_on)
         kl_gpu_experts_version_set(2);
     g->fuse_small = !(fs && !strcmp(fs, "0"));

@@ -427,7 +427,7 @@ extern "C" int kl_gpu_gemm_split(void)
 {
     if (split_mode < 0) {
         const char *v = getenv("KL_GPU_GEMM_SPLIT");
-        split_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "2") ? 2 : 1;
+        split_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
     }
     return split_mode;
 }

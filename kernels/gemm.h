@@ -21,16 +21,16 @@ extern "C" {
 /* The smallest n the backend should send here rather than to kl_gpu_matmul. */
 #define KL_GPU_GEMM_MIN_N 16u
 
-/* How X enters the tensor cores, for both launchers: split (1, the default) stages
- * x = hi + lo + lo2, hi = bf16(x), lo = bf16(x - hi), lo2 = bf16(x - hi - lo), and sums the
- * three products into the same fp32 accumulators (W is exact in bf16, so each product is
- * exact to ~2^-26 relative: fp32-like results); 0 (KL_GPU_GEMM_SPLIT=0 in the environment,
- * read at the first call) stages bf16(x) only (one product: ~2e-3 relative error, a third of
- * the tensor-core work); 2 (KL_GPU_GEMM_SPLIT=2) is split with each K step's products summed
- * in fresh fragments and added to the running sums in fp32 registers: the two-part and
- * three-part forms measured the same ~1e-5 error on the H200, so the MMA's own accumulation
- * over a whole K is the suspect (docs/CORRECTNESS.md); not yet measured.
- * kl_gpu_gemm_split_set overrides the environment (the device test runs both). */
+/* How X enters the tensor cores, for both launchers.  Split stages x = hi + lo + lo2,
+ * hi = bf16(x), lo = bf16(x - hi), lo2 = bf16(x - hi - lo), and runs the three products (W
+ * is exact in bf16, so each is exact to ~2^-26 relative).  Form 2 (the default) sums each K
+ * step's products in fresh fragments and adds them to the running sums in fp32 registers:
+ * 3e-7 .. 7e-7 of fp32 at the model's shapes, and the full 48B geometry matches the CPU
+ * engine (docs/CORRECTNESS.md).  Form 1 (KL_GPU_GEMM_SPLIT=1) lets the MMAs accumulate over
+ * the whole K: Hopper's MMA adds into its accumulator without fp32 rounding (it truncates), a
+ * bias that grows with K to ~1e-5 and flipped expert choices of the random full geometry.
+ * Form 0 (KL_GPU_GEMM_SPLIT=0) stages bf16(x) only: ~2e-3, a third of the tensor-core work.
+ * The environment is read at the first call; kl_gpu_gemm_split_set overrides it. */
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 

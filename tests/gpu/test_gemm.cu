@@ -4,8 +4,9 @@
  * [12576, 2304], [1024, 2304] for n = 16, 37, 64, 256, 512, and a small odd shape with a row
  * and a K tail) and kl_gpu_gemm_grouped (random segment sizes with empty ones and one longer
  * than a tile, x_row given or NULL, and the routed experts' shapes).  Every call runs in three
- * forms (kl_gpu_gemm_split_set): split X ("split", and "promote" with each K step's sums
- * promoted to fp32 registers: checked against plain fp32 X, measured 5e-6 .. 2e-5 for split)
+ * forms (kl_gpu_gemm_split_set): split X ("promote", the default, with each K step's sums
+ * added in fp32 registers: measured 3e-7 .. 7e-7 against plain fp32 X; "split", the MMAs
+ * accumulating over the whole K: 3e-6 .. 2e-5)
  * and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
  * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
  * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Then
@@ -18,9 +19,10 @@
 #define TOL_BF16 1e-4 /* against X rounded to bf16 (expected ~1e-6: tensor-core fp32 sums) */
 #define TOL_F32  1e-2 /* against fp32 X */
 #define TOL_SPLIT 5e-5 /* split form against fp32 X (expected ~1e-5 at most) */
+#define TOL_PROMOTE 3e-6 /* promote form against fp32 X (expected < 1e-6) */
 
-/* The forms, in the order the checks run them: split X (the default), split X with each K
- * step's sums promoted to fp32 registers, X rounded to bf16. */
+/* The forms, in the order the checks run them: split X, split X with each K step's sums
+ * promoted to fp32 registers (the default), X rounded to bf16. */
 #define FORMS 3
 static const int form_split[FORMS] = {1, 2, 0};
 static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
@@ -82,7 +84,7 @@ static void check_forms(const char *what, const double e[FORMS][2])
     snprintf(buf, sizeof buf, "%s split (x f32)", what);
     t_check(buf, e[0][1], TOL_SPLIT);
     snprintf(buf, sizeof buf, "%s promote (x f32)", what);
-    t_check(buf, e[1][1], TOL_SPLIT);
+    t_check(buf, e[1][1], TOL_PROMOTE);
     snprintf(buf, sizeof buf, "%s bf16x (x bf16)", what);
     t_check(buf, e[2][0], TOL_BF16);
     snprintf(buf, sizeof buf, "%s bf16x (x f32)", what);
@@ -122,7 +124,7 @@ static void time_forms(const char *what, F call, double flops, double bytes)
         kl_gpu_gemm_split_set(form_split[f]);
         time_record(buf, t_median_s(call, 11), flops, bytes);
     }
-    kl_gpu_gemm_split_set(1);
+    kl_gpu_gemm_split_set(2);
 }
 
 /* ---- dense ------------------------------------------------------------------------------- */

@@ -275,14 +275,15 @@ static double worst_error(const std::vector<float> &y, const std::vector<double>
 }
 
 /* The grouped path with X rounded to bf16 (kl_gpu_gemm_split_set(0)) against the host that
- * rounds x and h to bf16 as it does (tokens sampled as for ref), the split form restored. */
+ * rounds x and h to bf16 as it does (tokens sampled as for ref), the form before restored. */
 static void check_bf16x(const stacks &s, const experts_case &c, const std::vector<float> &x,
                         const std::vector<int32_t> &idx, const std::vector<float> &wt,
                         const std::vector<float> &y0, uint32_t tstep, const char *what)
 {
+    const int form = kl_gpu_gemm_split();
     kl_gpu_gemm_split_set(0);
     std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
-    kl_gpu_gemm_split_set(1);
+    kl_gpu_gemm_split_set(form);
     std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 1);
     const std::string w = std::string(what) + " bf16x";
     t_check(w.c_str(), worst_error(y, ref, c, tstep), TOL_GROUPED);
