@@ -72,11 +72,13 @@ int  kl_chat_reply_json_lp(const char *id, const char *model, int64_t created, i
                            kl_err *err);
 
 /* A legacy completion (POST /v1/completions) object "text_completion": the whole reply, or one
- * streamed chunk (the same shape: choices [{text, index, logprobs null, finish_reason}],
+ * streamed chunk (the same shape: choices [{text, index, logprobs, finish_reason}],
  * finish_reason NULL: null).  text NULL: no choice at all (choices [], the usage chunk);
- * usage NULL: no usage.  *json: kl_malloc'd, one line. */
+ * usage NULL: no usage; logprobs: the choice's legacy logprobs object (taken over, also on
+ * failure), NULL: null.  *json: kl_malloc'd, one line. */
 int  kl_text_completion_json(const char *id, const char *model, int64_t created,
                              const char *text, size_t len, const char *finish_reason,
-                             const kl_usage *usage, char **json, kl_err *err);
+                             const kl_usage *usage, struct cJSON *logprobs, char **json,
+                             kl_err *err);
 
 #endif
