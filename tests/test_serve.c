@@ -13,6 +13,9 @@
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
  */
+#include "common/mem.h"
+#include "common/utf8.h"
+#include "engine/tokenizer.h"
 #include "tests/testutil.h"
 
 #include <arpa/inet.h>
@@ -36,6 +39,8 @@
 static char g_root[512], g_model[600];
 static pid_t g_pid;
 static int g_port;
+static kl_tokenizer *g_tok;
+static size_t g_run_specials;    /* special ids among the ids of the last `kl run` */
 
 /* ---- the server --------------------------------------------------------------------------- */
 
@@ -99,12 +104,15 @@ static void setup(void)
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
     t_kl_synth_tiny(g_model, 5);
+    kl_err err;
+    ck_assert(kl_tok_open(g_model, &g_tok, &err) == 0);
     start_server();
 }
 
 static void teardown(void)
 {
     stop_server();
+    kl_tok_close(g_tok);
     t_rmrf(g_root);
 }
 
@@ -319,8 +327,33 @@ static char *chat(const char *user, unsigned max_tokens, int stream, char *finis
     return c;
 }
 
-/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy text (its --json
- * "text"). */
+/* The reply text of ids (a cJSON array) by the server's rule for replies without tools: special
+ * ids dropped, the rest decoded, bytes that are not UTF-8 as U+FFFD (malloc'd); counts the
+ * dropped ids in g_run_specials. */
+static char *reply_text(const cJSON *ids)
+{
+    size_t n = 0, cap = (size_t)cJSON_GetArraySize(ids) + 1;
+    kl_token *keep = malloc(cap * sizeof *keep);
+    g_run_specials = 0;
+    for (const cJSON *v = ids->child; v; v = v->next) {
+        if ((uint32_t)v->valuedouble < kl_tok_n_ranks(g_tok))
+            keep[n++] = (kl_token)v->valuedouble;
+        else
+            g_run_specials++;
+    }
+    char *bytes = NULL;
+    size_t len = 0;
+    kl_err err;
+    ck_assert(kl_tok_decode(g_tok, keep, n, 0, &bytes, &len, &err) == 0);
+    char *clean = kl_utf8_sanitize(bytes, len), *out = strdup(clean);
+    kl_free(clean);
+    kl_free(bytes);
+    free(keep);
+    return out;
+}
+
+/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy ids (its --json
+ * "generated_ids") as the server shows them: reply_text. */
 static char *run_text_as(const char *how, const char *user, unsigned n)
 {
     char cmd[2048];
@@ -333,7 +366,7 @@ static char *run_text_as(const char *how, const char *user, unsigned n)
     ck_assert_int_eq(pclose(p), 0);
     cJSON *j = cJSON_Parse(line);
     ck_assert_msg(j, "kl run: %s", line);
-    char *t = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")));
+    char *t = reply_text(cJSON_GetObjectItem(j, "generated_ids"));
     cJSON_Delete(j);
     return t;
 }
@@ -356,9 +389,13 @@ static void same_replies(char *want, char *whole, const char *fw, char *streamed
     free(streamed);
 }
 
+/* The server's text is `kl run`'s ids without the special ones (this reply has some: a
+ * reserved id and a tool-call marker), whole and streamed. */
 START_TEST(test_chat_equals_run)
 {
     char *want = run_text("hello there", 12);
+    ck_assert_msg(g_run_specials > 0, "no special id in the reply: the rule is not exercised");
+    ck_assert_msg(!strstr(want, "<|"), "special text in '%s'", want);
     char fw[16], fs[16];
     char *whole = chat("hello there", 12, 0, fw);
     char *streamed = chat("hello there", 12, 1, fs);
@@ -531,7 +568,279 @@ START_TEST(test_logprobs)
 }
 END_TEST
 
-/* The kl_running gauge of /metrics. */
+/* ---- tool_choice ------------------------------------------------------------------------- */
+
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+              "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":" \
+              "\"string\"}}}}}]"
+#define NAMED "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
+#define EARLIER_CALL ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":" \
+                     "\"functions.get_weather:0\",\"type\":\"function\",\"function\":{" \
+                     "\"name\":\"get_weather\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\"," \
+                     "\"tool_call_id\":\"functions.get_weather:0\",\"content\":\"rain\"}," \
+                     "{\"role\":\"user\",\"content\":\"and tomorrow?\"}"
+
+/* A greedy chat about the weather: tools (or none), tool_choice (NULL: not given), messages
+ * after the first (or ""). */
+static resp weather(int tools, const char *choice, const char *more, int stream)
+{
+    char b[2048], tc[160] = "";
+    if (choice)
+        snprintf(tc, sizeof tc, ",\"tool_choice\":%s", choice);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"weather please\"}%s]%s%s,\"max_tokens\":16,\"temperature\":0%s}", more,
+             tools ? "," TOOLS : "", tc,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    return http("POST", "/v1/chat/completions", KEY, b);
+}
+
+/* usage.prompt_tokens of a whole reply or a stream's usage chunk. */
+static int prompt_tokens(const resp *r)
+{
+    const char *p = strstr(r->body, "\"prompt_tokens\":");
+    ck_assert_msg(p, "no usage: %.300s", r->body);
+    return atoi(p + 16);
+}
+
+typedef struct calls {
+    char id[64], name[64], args[1024], content[1024], finish[16];
+    int  n;            /* calls */
+} calls;
+
+/* The content and the first call of a whole reply. */
+static calls whole_calls(const resp *r)
+{
+    calls c = {0};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    cJSON *j = cJSON_Parse(r->body);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
+    const char *content = cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content"));
+    snprintf(c.content, sizeof c.content, "%s", content ? content : "");
+    snprintf(c.finish, sizeof c.finish, "%s",
+             cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
+    c.n = cJSON_GetArraySize(tc);
+    cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(tc, 0), "function");
+    if (c.n) {
+        snprintf(c.id, sizeof c.id, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(tc->child, "id")));
+        snprintf(c.name, sizeof c.name, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(fn, "name")));
+        snprintf(c.args, sizeof c.args, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(fn, "arguments")));
+    }
+    cJSON_Delete(j);
+    return c;
+}
+
+/* The same from a stream's deltas (the first call's id, name and arguments joined). */
+static calls stream_calls(const resp *r)
+{
+    calls c = {0};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    char *body = strdup(r->body);
+    for (char *ev = body, *end; (end = strstr(ev, "\n\n")); ev = end + 2) {
+        *end = 0;
+        cJSON *j = strncmp(ev, "data: {", 7) ? NULL : cJSON_Parse(ev + 6);
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *d = cJSON_GetObjectItem(ch, "delta");
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
+        const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
+        cJSON *tc = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "tool_calls"), 0);
+        cJSON *fn = cJSON_GetObjectItem(tc, "function");
+        if (t)
+            strncat(c.content, t, sizeof c.content - strlen(c.content) - 1);
+        if (f)
+            snprintf(c.finish, sizeof c.finish, "%s", f);
+        if (tc && cJSON_GetObjectItem(tc, "id") && ++c.n == 1) {
+            snprintf(c.id, sizeof c.id, "%s", cJSON_GetObjectItem(tc, "id")->valuestring);
+            snprintf(c.name, sizeof c.name, "%s", cJSON_GetObjectItem(fn, "name")->valuestring);
+        }
+        if (tc && cJSON_GetObjectItem(tc, "index")->valueint == 0)
+            strncat(c.args, cJSON_GetObjectItem(fn, "arguments")->valuestring,
+                    sizeof c.args - strlen(c.args) - 1);
+        cJSON_Delete(j);
+    }
+    free(body);
+    return c;
+}
+
+/* One reply to weather(...): prompt tokens, content and calls (whole or streamed). */
+static calls weather_calls(int tools, const char *choice, const char *more, int stream,
+                           int *n_prompt)
+{
+    resp r = weather(tools, choice, more, stream);
+    calls c = stream ? stream_calls(&r) : whole_calls(&r);
+    *n_prompt = prompt_tokens(&r);
+    resp_free(&r);
+    ck_assert_msg(!strstr(c.content, "<|"), "special text in the content: '%s'", c.content);
+    return c;
+}
+
+/* "none" renders no tools (the reply is the one without tools), "required" starts the reply
+ * with the section and a call's begin, a named tool with its whole head: a call to it comes
+ * back, whole and streamed alike, its index counting the conversation's earlier calls. */
+START_TEST(test_tool_choice_is_enforced)
+{
+    int plain, none, aut, req, named, named_s, later;
+    calls c0 = weather_calls(0, NULL, "", 0, &plain);
+    calls cn = weather_calls(1, "\"none\"", "", 0, &none);
+    ck_assert_int_eq(none, plain);
+    ck_assert_str_eq(cn.content, c0.content);
+    ck_assert_int_eq(cn.n, 0);
+    weather_calls(1, "\"auto\"", "", 0, &aut);
+    ck_assert_int_gt(aut, plain + 20);
+    calls cr = weather_calls(1, "\"required\"", "", 0, &req);
+    ck_assert_int_eq(req, aut + 2);       /* <|tool_calls_section_begin|><|tool_call_begin|> */
+    ck_assert_str_eq(cr.content, "");     /* nothing before the section */
+    calls w = weather_calls(1, NAMED, "", 0, &named);
+    calls st = weather_calls(1, NAMED, "", 1, &named_s);
+    ck_assert_int_gt(named, req + 2);
+    ck_assert_int_eq(named_s, named);
+    for (int i = 0; i < 2; i++) {
+        const calls *c = i ? &st : &w;
+        ck_assert_msg(c->n == 1, "%s: %d calls", i ? "stream" : "whole", c->n);
+        ck_assert_str_eq(c->id, "functions.get_weather:0");
+        ck_assert_str_eq(c->name, "get_weather");
+        ck_assert_str_eq(c->finish, "tool_calls");
+        ck_assert_str_eq(c->content, "");
+    }
+    ck_assert_str_eq(st.args, w.args);
+    calls c2 = weather_calls(1, NAMED, EARLIER_CALL, 1, &later);
+    ck_assert_str_eq(c2.id, "functions.get_weather:1");
+    resp r = weather(1, "{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}", "", 0);
+    check_error(&r, 400, "tool_choice", NULL);
+    resp_free(&r);
+    r = weather(0, "\"required\"", "", 0);
+    check_error(&r, 400, "tool_choice", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* ---- legacy completions' logprobs, seed, min_p, usage ------------------------------------ */
+
+/* The legacy logprobs of a completion (whole, or its chunks' arrays joined): a cJSON object. */
+static cJSON *legacy_logprobs(const resp *r, int stream)
+{
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                       "text_offset"};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    cJSON *all = cJSON_CreateObject();
+    for (int k = 0; k < 4; k++)
+        cJSON_AddArrayToObject(all, keys[k]);
+    char *body = strdup(r->body);
+    for (char *ev = body, *end = NULL; ev; ev = end ? end + 2 : NULL) {
+        end = stream ? strstr(ev, "\n\n") : NULL;
+        if (end)
+            *end = 0;
+        cJSON *j = cJSON_Parse(stream ? (strncmp(ev, "data: {", 7) ? "null" : ev + 6) : ev);
+        cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"),
+                                                           0), "logprobs");
+        for (int k = 0; lp && !cJSON_IsNull(lp) && k < 4; k++)
+            for (cJSON *v = cJSON_GetObjectItem(lp, keys[k])->child; v; v = v->next)
+                cJSON_AddItemToArray(cJSON_GetObjectItem(all, keys[k]), cJSON_Duplicate(v, 1));
+        cJSON_Delete(j);
+        if (stream && !end)
+            break;
+    }
+    free(body);
+    return all;
+}
+
+/* logprobs N on /v1/completions: OpenAI's legacy arrays, one entry per id, the sampled token
+ * (greedy: the most likely) among at most N + 1 alternatives, offsets from 0 not decreasing;
+ * streamed chunks carry the same entries; out of range is a 400. */
+START_TEST(test_completion_logprobs)
+{
+    const char *b = "{\"model\":\"tiny\",\"prompt\":\"Once upon a time\",\"max_tokens\":8,"
+                    "\"temperature\":0,\"logprobs\":2%s}";
+    char body[512];
+    cJSON *got[2];
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, b, stream ? ",\"stream\":true" : "");
+        resp r = http("POST", "/v1/completions", KEY, body);
+        got[stream] = legacy_logprobs(&r, stream);
+        resp_free(&r);
+    }
+    ck_assert(cJSON_Compare(got[0], got[1], 1));
+    cJSON *toks = cJSON_GetObjectItem(got[0], "tokens");
+    cJSON *lps = cJSON_GetObjectItem(got[0], "token_logprobs");
+    cJSON *top = cJSON_GetObjectItem(got[0], "top_logprobs");
+    cJSON *off = cJSON_GetObjectItem(got[0], "text_offset");
+    ck_assert_int_eq(cJSON_GetArraySize(toks), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(lps), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(top), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(off), 8);
+    ck_assert_int_eq(off->child->valueint, 0);
+    for (int i = 0; i < 8; i++) {
+        const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
+        double lp = cJSON_GetArrayItem(lps, i)->valuedouble;
+        cJSON *alts = cJSON_GetArrayItem(top, i);
+        ck_assert_int_le(cJSON_GetArraySize(alts), 3);
+        ck_assert_msg(cJSON_GetObjectItemCaseSensitive(alts, t) &&
+                      cJSON_GetObjectItemCaseSensitive(alts, t)->valuedouble == lp,
+                      "token %d '%s' not among its alternatives", i, t);
+        for (cJSON *a = alts->child; a; a = a->next)
+            ck_assert(a->valuedouble <= lp);
+        if (i)
+            ck_assert_int_ge(cJSON_GetArrayItem(off, i)->valueint,
+                             cJSON_GetArrayItem(off, i - 1)->valueint);
+    }
+    cJSON_Delete(got[0]);
+    cJSON_Delete(got[1]);
+    resp r = http("POST", "/v1/completions", KEY,
+                  "{\"model\":\"tiny\",\"prompt\":\"x\",\"logprobs\":21}");
+    check_error(&r, 400, "logprobs", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* A sampled chat body: temperature, seed, min_p (< 0: not given), streamed or not. */
+static char *sampled(double temp, long seed, double min_p, int stream, char *finish)
+{
+    char b[512], mp[32] = "";
+    if (min_p >= 0)
+        snprintf(mp, sizeof mp, ",\"min_p\":%g", min_p);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"tell a story\"}],\"max_tokens\":12,\"temperature\":%g,\"seed\":%ld%s%s}", temp,
+             seed, mp, stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}"
+                              : "");
+    return ask("/v1/chat/completions", b, stream, finish);
+}
+
+/* The same seed samples the same reply (whole or streamed, again); min_p 1 keeps only the most
+ * likely id: the greedy reply at any temperature. */
+START_TEST(test_seed_and_min_p)
+{
+    char f[16];
+    char *a = sampled(1.3, -42, -1, 0, f), *b = sampled(1.3, -42, -1, 1, f);
+    char *c = sampled(1.3, -42, -1, 0, f);
+    ck_assert_str_eq(a, b);
+    ck_assert_str_eq(a, c);
+    char *greedy = sampled(0, 1, -1, 0, f), *mp = sampled(1.3, 7, 1.0, 1, f);
+    ck_assert_str_eq(mp, greedy);
+    free(a);
+    free(b);
+    free(c);
+    free(greedy);
+    free(mp);
+}
+END_TEST
+
+/* A stream without stream_options.include_usage has no usage chunk. */
+START_TEST(test_usage_only_when_asked)
+{
+    resp r = http("POST", "/v1/chat/completions", KEY,
+                  "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                  "\"max_tokens\":3,\"stream\":true}");
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_msg(!strstr(r.body, "\"usage\""), "usage without include_usage: %s", r.body);
+    ck_assert(strstr(r.body, "data: [DONE]\n\n"));
+    resp_free(&r);
+}
+END_TEST
+
 /* The value of one metric of /metrics (name followed by a space). */
 static long metric_now(const char *name)
 {
@@ -848,6 +1157,10 @@ int main(void)
     tcase_add_test(tc, test_completions_equal_run);
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_logprobs);
+    tcase_add_test(tc, test_tool_choice_is_enforced);
+    tcase_add_test(tc, test_completion_logprobs);
+    tcase_add_test(tc, test_seed_and_min_p);
+    tcase_add_test(tc, test_usage_only_when_asked);
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_concurrent_equal_alone);
