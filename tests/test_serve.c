@@ -153,8 +153,7 @@ static void send_all(int fd, const char *p, size_t n)
     }
 }
 
-static void send_request(int fd, const char *method, const char *path, const char *key,
-                         const char *body, size_t len)
+static void send_head(int fd, const char *method, const char *path, const char *key, size_t len)
 {
     char head[1024];
     int n = snprintf(head, sizeof head,
@@ -163,6 +162,12 @@ static void send_request(int fd, const char *method, const char *path, const cha
                      method, path, len, key ? "Authorization: Bearer " : "", key ? key : "",
                      key ? "\r\n" : "");
     send_all(fd, head, (size_t)n);
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *key,
+                         const char *body, size_t len)
+{
+    send_head(fd, method, path, key, len);
     if (len)
         send_all(fd, body, len);
 }
@@ -565,6 +570,83 @@ START_TEST(test_logprobs)
     cJSON_Delete(all);
     free(items[0]);
     free(items[1]);
+}
+END_TEST
+
+/* 1 when s is printable ASCII without quotes or backslashes (safe in a JSON string as is). */
+static int plain_ascii(const char *s)
+{
+    for (; *s; s++)
+        if (*s <= ' ' || *s > '~' || *s == '"' || *s == '\\')
+            return 0;
+    return 1;
+}
+
+/* A stop string made of the end of one token and the start of the next (streamed, they come
+ * in different chunks) cuts the reply before its earliest match. */
+START_TEST(test_stop_across_tokens)
+{
+    const char *fmt = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+                      "\"hello there\"}],\"max_tokens\":24,\"temperature\":0%s%s%s%s}";
+    char b[512], f[16], stop[8] = "";
+    snprintf(b, sizeof b, fmt, ",\"logprobs\":true", "", "", "");
+    resp r = http("POST", "/v1/chat/completions", KEY, b);
+    char *all = whole_content(&r, f, sizeof f);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *items = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(
+        cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content");
+    for (cJSON *it = items->child; it && it->next && !stop[0]; it = it->next) {
+        const char *t1 = cJSON_GetObjectItem(it, "token")->valuestring;
+        const char *t2 = cJSON_GetObjectItem(it->next, "token")->valuestring;
+        if (*t1 && *t2 && plain_ascii(t1) && plain_ascii(t2) && strncmp(t1, "<|", 2) &&
+            strncmp(t2, "<|", 2))
+            snprintf(stop, sizeof stop, "%c%.2s", t1[strlen(t1) - 1], t2);
+    }
+    cJSON_Delete(j);
+    resp_free(&r);
+    ck_assert_msg(stop[0], "no two plain ASCII tokens in a row in '%s'", all);
+    size_t cut = (size_t)(strstr(all, stop) - all);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(b, sizeof b, fmt, ",\"stop\":\"", stop, "\"",
+                 stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        char *got = ask("/v1/chat/completions", b, stream, f);
+        ck_assert_msg(strlen(got) == cut && !strncmp(got, all, cut), "stop '%s': got '%s' of '%s'",
+                      stop, got, all);
+        ck_assert_str_eq(f, "stop");
+        free(got);
+    }
+    free(all);
+}
+END_TEST
+
+/* A client that sends its body slowly and one that does not read its stream hold only their
+ * own connections: other requests are served meanwhile, and both complete. */
+START_TEST(test_slow_clients)
+{
+    char *b = chat_body("slow one", 4, 0), *lb = chat_body("unread", 1500, 1), f[16];
+    size_t n = strlen(b);
+    int slow = connect_server(), lazy = connect_server();
+    send_head(slow, "POST", "/v1/chat/completions", KEY, n);
+    send_all(slow, b, n / 2);
+    send_request(lazy, "POST", "/v1/chat/completions", KEY, lb, strlen(lb));
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    for (int i = 0; i < 2; i++) {
+        char *c = chat("meanwhile", 4, i, f);
+        ck_assert_str_eq(f, "length");
+        free(c);
+    }
+    send_all(slow, b + n / 2, n - n / 2);
+    resp r = read_response(slow);
+    free(whole_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
+    r = read_response(lazy);
+    free(stream_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
+    free(b);
+    free(lb);
 }
 END_TEST
 
@@ -1158,6 +1240,8 @@ int main(void)
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_logprobs);
     tcase_add_test(tc, test_tool_choice_is_enforced);
+    tcase_add_test(tc, test_stop_across_tokens);
+    tcase_add_test(tc, test_slow_clients);
     tcase_add_test(tc, test_completion_logprobs);
     tcase_add_test(tc, test_seed_and_min_p);
     tcase_add_test(tc, test_usage_only_when_asked);
