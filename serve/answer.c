@@ -275,14 +275,16 @@ static int logprob_item(kl_answer *a, kl_token id, const kl_job_lp *lp, kl_err *
     return 0;
 }
 
+/* The arrays of a legacy completion's logprobs, in the order legacy_item fills them. */
+static const char *const legacy_keys[4] = {"tokens", "token_logprobs", "top_logprobs",
+                                           "text_offset"};
+
 /* {"tokens", "token_logprobs", "top_logprobs", "text_offset"}: empty arrays. */
 static cJSON *legacy_new(void)
 {
-    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
-                                       "text_offset"};
     cJSON *o = cJSON_CreateObject();
     for (size_t i = 0; o && i < 4; i++)
-        if (!cJSON_AddArrayToObject(o, keys[i])) {
+        if (!cJSON_AddArrayToObject(o, legacy_keys[i])) {
             cJSON_Delete(o);
             return NULL;
         }
@@ -321,12 +323,11 @@ static int legacy_item(kl_answer *a, kl_token id, const kl_job_lp *lp, int shown
                      cJSON_CreateNumber((double)a->n_chars)};
     for (const char *c = t; shown && c && *c; c++)
         a->n_chars += ((unsigned char)*c & 0xC0) != 0x80;
-    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
-                                       "text_offset"};
     for (size_t i = 0; i < 4; i++) {
         ok = ok && arr[i];
         if (ok)
-            cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(a->legacy, keys[i]), arr[i]);
+            cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(a->legacy, legacy_keys[i]),
+                                 arr[i]);
         else
             cJSON_Delete(arr[i]);
     }
