@@ -941,10 +941,11 @@ static int running_now(void)
     return (int)metric_now("kl_running");
 }
 
-/* A long stream, its first 2000 bytes read: the connection (left open). */
+/* A long stream, its first 2000 bytes read: the connection (left open).  The tiny model's
+ * greedy reply to this prompt runs for about 2,100 ids before its end id (seconds here). */
 static int long_stream(void)
 {
-    char *b = chat_body("a long story", 30000, 1);
+    char *b = chat_body("hello there", 30000, 1);
     int fd = connect_server();
     send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
     free(b);
@@ -1021,6 +1022,31 @@ START_TEST(test_queue_full)
         }
     }
     ck_assert_int_eq(status, 200);
+    free(b);
+    stop_pid(pid);
+    g_port = main_port;
+}
+END_TEST
+
+/* A request queued behind a busy slot for over a second gets keep-alive comments (its job has
+ * no ids yet), then its whole stream once the slot is free. */
+START_TEST(test_queued_stream_waits)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "4", &pid);
+    int busy = long_stream();
+    char *b = chat_body("queued", 4, 1), f[16];
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    struct timespec ts = {1, 600 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    close(busy);
+    resp r = read_response(fd);
+    ck_assert_msg(strstr(r.body, ": waiting\n\n"), "no keep-alive while queued: %.300s", r.body);
+    free(stream_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
     free(b);
     stop_pid(pid);
     g_port = main_port;
@@ -1247,6 +1273,7 @@ int main(void)
     tcase_add_test(tc, test_usage_only_when_asked);
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
+    tcase_add_test(tc, test_queued_stream_waits);
     tcase_add_test(tc, test_concurrent_equal_alone);
     tcase_add_test(tc, test_second_turn_reuses_state);
     tcase_add_test(tc, test_shared_prefix_concurrent);
