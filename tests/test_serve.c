@@ -8,10 +8,15 @@
  * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
- * slot, no queue); 8 concurrent clients get what each gets alone; a conversation's second
+ * slot, no queue); a queued stream gets keep-alives, then its reply; slow senders and readers
+ * stall only themselves; 8 concurrent clients get what each gets alone; a conversation's second
  * turn reuses the first turn's state (usage cached_tokens > 0, whole and streamed) and gets
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
+ * Replies never carry special ids (compared with `kl run`'s ids by that rule); tool_choice
+ * none / auto / required / named is enforced; a stop string across two tokens cuts the reply;
+ * legacy completions' logprobs; a seed reproduces a sampled reply, min_p 1 is greedy; a stream
+ * has a usage chunk only when asked.
  */
 #include "common/mem.h"
 #include "common/utf8.h"
