@@ -46,6 +46,45 @@
  * Grouped: grid (row tiles, experts); the block of expert e reads seg[e], seg[e + 1] on the
  * device, leaves at once when the segment is empty, else loops over the segment's rows in
  * tiles of 64, so each weight tile is read once per block for all its rows.
+ * Measured (H200, form 2): the grouped gate product above 723 µs (0.11 of HBM), dense
+ * [4096, 2304] x 256 147 µs (33 TFLOPS).  ptxas: 128 registers and 88-516 bytes of spills
+ * in form 2 (the two register sets of raw loads, 42 registers, plus 2 x 32 of sums).
+ *
+ * Version 2 (the default; KL_GPU_GEMM_TILES=v1 selects the above): what held the loads
+ * moves to shared memory.  Geometry and walk: gemm_tile.cuh (replayed on the host by the
+ * test).  A step's raw bytes (codes, one scale word a row, x rows gathered through x_row)
+ * are copied by cp.async into a ring of STAGES steps, issued STAGES - 1 steps ahead, with
+ * no register held; each step the block decodes W and splits X from the ring into the bf16
+ * tiles, then the warps multiply.  Tiles: grouped (and dense n <= 32) 16 tokens x 256 rows,
+ * 8 warps of 1 x 2 fragments (segments of ~8 rows waste no warp: v1 left 4 of 8 idle);
+ * dense 64 x 128, warps 4 (W) x 2 (tokens) of 2 x 2 fragments.  Form 2 promotes every
+ * 16-wide slice (48 products a fragment chain) to the fp32 sums: shorter chains than v1's.
+ *
+ * Count, grouped MXFP4 gate product (E = 256 [1024, 2304], m = 2048 rows): 4 row tiles x
+ * 256 experts = 1024 blocks (segments > 16 rows, ~0.4% of experts at 8 a mean, take two
+ * tiles), 36 steps: 36,900 block-steps, 280 per SM at 2 blocks per SM (95 KiB of shared
+ * memory each: ring 4 x 13 KiB, W tile 36 KiB, X tiles 7 KiB).  Per block-step (256 rows):
+ *   bytes: codes 8 KiB + scale words 1 KiB + x 4 KiB (2 KiB valid at 8 rows);
+ *   in flight: 3 steps x 13 KiB x 2 blocks = 78 KiB per SM (v1: ~16), so by Little's law at
+ *     ~1 µs, 132 x 78 KiB / µs = 10 TB/s: the weights (348 MB, 85 µs at 4.1 TB/s) no longer
+ *     wait on latency;
+ *   issue (warp instructions / 4 schedulers): decode 2 units x ~110 + split 1 x ~90 +
+ *     copies ~40 + products 4 slices x (5 fragment loads + 12 HMMA + 16 FADD) per thread,
+ *     ~550 a thread, 8 warps: ~1,100 clocks;
+ *   shared-memory wavefronts: fragment loads 8 warps x 4 x 5 x 4 = 640, W tile stores 256,
+ *     ring writes ~104, ring reads ~100, X tile stores 48: ~1,150 clocks;
+ *   MMAs: 192 WMMA (384 HMMA), ~600 clocks of the tensor cores.
+ * Prediction: 280 x ~1,150 clocks = 160 µs at 1.98 GHz, bound by shared-memory wavefronts
+ * and issue together (they overlap across the two blocks), the weights' 85 µs underneath:
+ * 160-200 µs against 723 (target 300).  Version 1's own prediction (170-200 µs) missed by
+ * 3.5x, and its spills and register-held loads are what version 2 removes; if version 2
+ * misses too, the timing of KL_GPU_GEMM_SPLIT=0 (a third of the MMAs and of the X split)
+ * tells the tensor cores' share.
+ * Dense [4096, 2304] x 256 (MXFP4): 32 x 4 = 128 blocks, one per SM, 36 steps.  Per
+ * block-step: 384 WMMA (768 HMMA, ~1,200 tensor clocks), X split 4 units x ~90 a thread,
+ * fragment loads 8 x 4 x 8 x 4 = 1,024 wavefronts: ~2,500 clocks with no second block to
+ * overlap the decode: 36 x 2,500 = 90K clocks, ~45 µs against 147 (3x); [12576, 2304] x
+ * 512: 792 blocks, 2 per SM, 216 block-steps per SM x ~1,700: ~185 µs against 608.
  */
 #include "kernels/gemm.h"
 #include "kernels/gpu.h"

@@ -149,18 +149,6 @@ KL_HD static inline void kl_gt_issue(const kl_gt_rows &b, const kl_gt_src &s,
     }
 }
 
-/* The bits of a float, and back. */
-KL_HD static inline float kl_gt_f32(uint32_t u)
-{
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
 /* fp32 to bf16 bits, round to nearest even (NaN stays a quiet NaN). */
 KL_HD static inline uint32_t kl_gt_bf16(float f)
 {
@@ -179,9 +167,9 @@ KL_HD static inline uint32_t kl_gt_split(float x, uint32_t *lo, uint32_t *lo2)
 {
     const uint32_t hi = kl_gt_bf16(x);
     const int fin = (hi & 0x7f80u) != 0x7f80u;
-    const float r1 = x - kl_gt_f32(hi << 16);
+    const float r1 = x - kl_mxfp4_f32_from_bits(hi << 16);
     *lo = fin ? kl_gt_bf16(r1) : 0u;
-    *lo2 = fin ? kl_gt_bf16(r1 - kl_gt_f32(*lo << 16)) : 0u;
+    *lo2 = fin ? kl_gt_bf16(r1 - kl_mxfp4_f32_from_bits(*lo << 16)) : 0u;
     return hi;
 }
 

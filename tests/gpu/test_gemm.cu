@@ -9,9 +9,13 @@
  * accumulating over the whole K: 3e-6 .. 2e-5)
  * and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
  * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
- * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Then
- * timings of both forms: median of single calls, TFLOPS and GB/s of the bytes each must read.
- * One JSON line; exit 0 pass, 1 fail, 77 no GPU.
+ * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Every
+ * form runs in both versions of the kernels (kl_gpu_gemm_tiles_set: 2, the default, and 1);
+ * small shapes with K in whole steps of 64 reach version 2's tails (the others run v1 in
+ * both).  Then timings of every version and form: median of single calls, TFLOPS and GB/s
+ * of the bytes each must read.  Before looking for a GPU, the host replays version 2's walk
+ * (kernels/gemm_tile.cuh, check_replay), so its index arithmetic is checked on any machine.
+ * One JSON line; exit 0 pass, 1 fail (also when the replay fails, without a GPU), 77 no GPU.
  */
 #include "kernels/gemm.h"
 #include "kernels/gemm_tile.cuh"
@@ -145,6 +149,12 @@ static void time_forms(const char *what, F call, double flops, double bytes)
 
 /* ---- version 2's walk replayed on the host (kernels/gemm_tile.cuh) ----------------------- */
 
+/* The bf16 p[i] as a double. */
+static double bf16_at(const uint16_t *p, size_t i)
+{
+    return kl_mxfp4_f32_from_bits((uint32_t)p[i] << 16);
+}
+
 /* One block's tile as gemm.cu's v2_tile runs it: every thread's copies and decode in turn
  * (copies done at once, so a step issued into the wrong stage overwrites what the decode
  * reads next), then each warp's fragments summed in double from the staged bf16 tiles, c
@@ -181,8 +191,8 @@ static void replay_tile(const kl_gt_rows &b, const kl_gt_src &s, const uint32_t 
                         const unsigned at = tok * KL_GT_LDS + c;
                         double xv = 0;
                         for (unsigned p = 0; p < 3; p++)
-                            xv += kl_gt_f32((uint32_t)xt[p * TN * KL_GT_LDS + at] << 16);
-                        sum += xv * kl_gt_f32((uint32_t)wt[row * KL_GT_LDS + c] << 16);
+                            xv += bf16_at(xt, p * TN * KL_GT_LDS + at);
+                        sum += xv * bf16_at(wt, row * KL_GT_LDS + c);
                     }
                     acc[(size_t)tok * G::WROWS + row] += sum;
                 }
