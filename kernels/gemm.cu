@@ -686,26 +686,27 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
     return 0;
 }
 
-static int tiles_version = 0; /* 0: KL_GPU_GEMM_TILES not read yet; else 1 or 2 */
+static int tiles_version = 0; /* 0: KL_GPU_GEMM_TILES not read yet; else 1, 2 or 3 */
 
 extern "C" int kl_gpu_gemm_tiles(void)
 {
     if (!tiles_version) {
         const char *v = getenv("KL_GPU_GEMM_TILES");
-        tiles_version = v && !strcmp(v, "v1") ? 1 : 2;
+        tiles_version = v && !strcmp(v, "v1") ? 1 : v && !strcmp(v, "v3") ? 3 : 2;
     }
     return tiles_version;
 }
 
 extern "C" void kl_gpu_gemm_tiles_set(int version)
 {
-    tiles_version = version == 1 ? 1 : 2;
+    tiles_version = version == 1 || version == 3 ? version : 2;
 }
 
-/* Whether version 2 takes m: selected, K in whole steps, MXFP4 scales 4-byte aligned. */
+/* Whether version 2 (or 3) takes m: selected, K in whole steps, MXFP4 scales 4-byte
+ * aligned. */
 static int v2_takes(const kl_gpu_mat *m)
 {
-    return kl_gpu_gemm_tiles() == 2 && m->cols % KL_GT_KT == 0 &&
+    return kl_gpu_gemm_tiles() != 1 && m->cols % KL_GT_KT == 0 &&
            (m->kind != KL_GPU_W_MXFP4 || (uintptr_t)m->scale % 4 == 0);
 }
 
@@ -751,15 +752,16 @@ static v2_kernel<v2_grouped_fn> v2_grouped[2][3] = {
      {gemm2_grouped_kernel<1, 1, 16>, kl_gt<1, 16>::SMEM, 0},
      {gemm2_grouped_kernel<1, 2, 16>, kl_gt<1, 16>::SMEM, 0}}};
 
-/* Dense, version 2: tiles of 16 tokens (256 rows a block) for n <= 32, else of 64 (128). */
+/* Dense, version 2: tiles of 16 tokens (256 rows a block) for n <= 32 (version 3: any n),
+ * else of 64 (128 rows). */
 static int v2_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, hipStream_t st,
                    kl_err *err)
 {
-    const int small = n <= 32, mx = w->kind == KL_GPU_W_MXFP4;
+    const int small = n <= 32 || kl_gpu_gemm_tiles() == 3, mx = w->kind == KL_GPU_W_MXFP4;
     v2_kernel<v2_dense_fn> &k = v2_dense[!small][mx][kl_gpu_gemm_split()];
     if (v2_opt_in(k, err))
         return err->code;
-    const unsigned tn = small ? 16 : 64, bm = small ? 256 : 128;
+    const unsigned tn = small ? 16 : 64, bm = small ? kl_gt<1, 16>::WROWS : kl_gt<1, 64>::WROWS;
     const dim3 grid((w->rows + bm - 1) / bm, (n + tn - 1) / tn);
     k.fn<<<grid, KL_GT_THREADS, k.smem, st>>>(*w, x, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());

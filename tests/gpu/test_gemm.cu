@@ -10,7 +10,8 @@
  * and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
  * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
  * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Every
- * form runs in both versions of the kernels (kl_gpu_gemm_tiles_set: 2, the default, and 1);
+ * form runs in each version of the kernels (kl_gpu_gemm_tiles_set: 2, the default, 1, and 3,
+ * version 2 with dense tiles of 16 tokens at any n);
  * small shapes with K in whole steps of 64 reach version 2's tails (the others run v1 in
  * both).  Then timings of every version and form: median of single calls, TFLOPS and GB/s
  * of the bytes each must read.  Before looking for a GPU, the host replays version 2's walk
@@ -27,14 +28,15 @@
 #define TOL_PROMOTE 3e-6 /* promote form against fp32 X (expected < 1e-6) */
 #define TOL_REPLAY 1e-6  /* the host replay of version 2 (double sums of the parts: ~1e-8) */
 
-/* The runs of every call, in order: version 2 (the default) then version 1 of the kernels
+/* The runs of every call, in order: versions 2 (the default), 1 and 3 of the kernels
  * (kl_gpu_gemm_tiles_set), each in three forms: split X, split X with the sums promoted to
  * fp32 registers (the default), X rounded to bf16. */
-#define FORMS 3
-#define RUNS  (2 * FORMS)
+#define FORMS    3
+#define VERSIONS 3
+#define RUNS     (VERSIONS * FORMS)
 static const int form_split[FORMS] = {1, 2, 0};
 static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
-static const int run_version[2] = {2, 1};
+static const int run_version[VERSIONS] = {2, 1, 3};
 
 /* f rounded to bf16 (nearest even), as the kernels stage X. */
 static float host_bf16(float f)
@@ -91,7 +93,7 @@ static void rows_error(const t_mat &m, size_t R, const std::vector<size_t> &src,
 static void check_forms(const char *what, const double e[RUNS][2])
 {
     char buf[160];
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < VERSIONS; v++) {
         const double(*ev)[2] = e + FORMS * v;
         const int n = run_version[v];
         snprintf(buf, sizeof buf, "%s v%d split (x f32)", what, n);
