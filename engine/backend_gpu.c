@@ -49,7 +49,10 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 
 #define GPU_CHUNK 256u  /* tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX) */
 #define GPU_CHUNK_MAX 1024u
-#define GPU_SLOTS 8u    /* sequences held at once */
+/* Sequences held at once: the running ones and the server's state snapshots (serve/prefix.h
+ * keeps its entries in the slots kl serve's --max-seqs leaves free).  Each costs its KDA state
+ * up front (~42 MB at the full geometry: 2.7 GB for 64); MLA caches grow with use. */
+#define GPU_SLOTS 64u
 #define MLA_CAP0  256u  /* initial rows of a slot's MLA cache */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -131,6 +131,22 @@ stage_serve() {
     for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
     port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
         { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
+    # state reuse: the second turn of a conversation resumes from the first's snapshot
+    python3 - "http://127.0.0.1:$port" "$D" <<'PY' | tee -a "$TABLE"
+import json, sys, time, urllib.request
+def chat(msgs):
+    body = json.dumps({"model": sys.argv[2], "messages": msgs, "max_tokens": 16, "temperature": 0}).encode()
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}), timeout=600) as r:
+        d = json.load(r)
+    return d, time.perf_counter() - t0
+first = [{"role": "user", "content": "Tell me about the sea and the wind. " * 40}]
+a, ta = chat(first)
+b, tb = chat(first + [a["choices"][0]["message"], {"role": "user", "content": "And the mountains?"}])
+u = b["usage"]
+print("serve reuse: turn 2 prompt %d tokens, cached %d; turn 1 %.3f s, turn 2 %.3f s"
+      % (u["prompt_tokens"], u.get("prompt_tokens_details", {}).get("cached_tokens", 0), ta, tb))
+PY
     python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
         --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
         python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
