@@ -10,7 +10,8 @@
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
-#   runs only those device tests.
+#   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -172,6 +173,20 @@ stage_fullcmp() {
         with_config "$cfg" forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu-$i.bin"
         IFS=' ' python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu-$i.bin" > "$W/fullcmp-$i.json"
         row "full-64 [${cfg# }] $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('max %.3g' % d['max_rel_l2'], 'PASS' if d['pass'] else 'FAIL', 'steps:', ' '.join('%.2g' % s['rel_l2'] for s in d['per_step']))" "$W/fullcmp-$i.json")"
+    done
+}
+
+# the full geometry with a long prompt in chunks of 256 against larger chunks (CHUNKS, default
+# "1024 4096"), GPU only: the chunk size must not change the logits beyond rounding
+stage_chunks() {
+    local D="$W/full-mxfp4" p f c
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    p=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(${CHUNK_PROMPT:-4096})))")
+    f=$(python3 -c "import random; r=random.Random(8); print(','.join(str(r.randrange(1, 160000)) for _ in range(4)))")
+    KL_GPU_CHUNK=256 forced "$D" gpu unbiased "$p" "$f" "$W/chunk-256.bin"
+    for c in ${CHUNKS:-1024 4096}; do
+        KL_GPU_CHUNK=$c forced "$D" gpu unbiased "$p" "$f" "$W/chunk-$c.bin" || { row "chunk $c run FAILED"; continue; }
+        row "$(summary "full-${CHUNK_PROMPT:-4096} chunk $c vs 256" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/chunk-256.bin" "$W/chunk-$c.bin")")"
     done
 }
 
