@@ -79,23 +79,13 @@
 #define KL_GPU_GROUP 32 /* lanes that reduce together (see the header comment) */
 
 /* The first statement of every kernel: waits until the kernels this one depends on have
- * finished and their writes are visible, then lets the next kernel launch.  A no-op unless
- * the launch is programmatic (the decode graphs' kernel-to-kernel edges on CUDA sm_90:
- * kernels/runtime.cu), where the wait is what makes the early start safe; nothing on HIP.
- * The trigger (launch_dependents) comes after the wait, so the next kernel's blocks are
- * scheduled while this one runs (its launch and prologue off the critical path) but never
- * before this kernel's inputs are complete: a kernel two steps ahead cannot start early.
- * Built with -DKL_GPU_PDL_TRIGGER=0: no trigger (the next kernel starts as this one ends). */
-#ifndef KL_GPU_PDL_TRIGGER
-#define KL_GPU_PDL_TRIGGER 1
-#endif
+ * finished and their writes are visible.  A no-op unless the launch is programmatic (the
+ * decode graphs' kernel-to-kernel edges on CUDA sm_90: kernels/runtime.cu), where it is what
+ * makes the early start safe; nothing on HIP.  Triggering the next launch right after the
+ * wait (griddepcontrol.launch_dependents) was measured slower: decode 301-320 against 334-340
+ * tok/s without it in the same run (docs/gpu-logs/2026-12-01-s7-decode-norm-route.log). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
-#if KL_GPU_PDL_TRIGGER
-#define KL_GPU_GRID_WAIT() \
-    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
-#else
 #define KL_GPU_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#endif
 #else
 #define KL_GPU_GRID_WAIT() ((void)0)
 #endif
