@@ -11,7 +11,9 @@
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
-#   CHUNKS (KL_GPU_CHUNK values), GPU only.
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
+#   kernel of one-token steps.  RAWREAD=0 skips reading the shards once with cat (they are
+#   in the page cache anyway right after kl synth wrote them).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -237,8 +239,8 @@ stage_full() {
     done
     # the shards read once (the raw disk read rate; then the page cache is warm)
     local t0=$SECONDS bytes
-    bytes=$(cat "$D"/*.safetensors | wc -c)
-    row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    [ "${RAWREAD:-1}" = 0 ] || { bytes=$(cat "$D"/*.safetensors | wc -c)
+        row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"; }
     # time to first token of a short prompt, the page cache warm
     "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
         row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
