@@ -10,7 +10,10 @@
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
-#   runs only those device tests.
+#   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
+#   kernel of one-token steps.  RAWREAD=0 skips reading the shards once with cat (they are
+#   in the page cache anyway right after kl synth wrote them).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -131,6 +134,22 @@ stage_serve() {
     for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
     port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
         { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
+    # state reuse: the second turn of a conversation resumes from the first's snapshot
+    python3 - "http://127.0.0.1:$port" "$D" <<'PY' | tee -a "$TABLE"
+import json, sys, time, urllib.request
+def chat(msgs):
+    body = json.dumps({"model": sys.argv[2], "messages": msgs, "max_tokens": 16, "temperature": 0}).encode()
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}), timeout=600) as r:
+        d = json.load(r)
+    return d, time.perf_counter() - t0
+first = [{"role": "user", "content": "Tell me about the sea and the wind. " * 40}]
+a, ta = chat(first)
+b, tb = chat(first + [a["choices"][0]["message"], {"role": "user", "content": "And the mountains?"}])
+u = b["usage"]
+print("serve reuse: turn 2 prompt %d tokens, cached %d; turn 1 %.3f s, turn 2 %.3f s"
+      % (u["prompt_tokens"], u.get("prompt_tokens_details", {}).get("cached_tokens", 0), ta, tb))
+PY
     python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
         --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
         python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
@@ -159,6 +178,51 @@ stage_fullcmp() {
     done
 }
 
+# the full geometry with a long prompt in chunks of 256 against larger chunks (CHUNKS, default
+# "1024 4096"), GPU only: the chunk size must not change the logits beyond rounding
+stage_chunks() {
+    local D="$W/full-mxfp4" p f c
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    p=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(${CHUNK_PROMPT:-4096})))")
+    f=$(python3 -c "import random; r=random.Random(8); print(','.join(str(r.randrange(1, 160000)) for _ in range(4)))")
+    KL_GPU_CHUNK=256 forced "$D" gpu unbiased "$p" "$f" "$W/chunk-256.bin"
+    for c in ${CHUNKS:-1024 4096}; do
+        KL_GPU_CHUNK=$c forced "$D" gpu unbiased "$p" "$f" "$W/chunk-$c.bin" || { row "chunk $c run FAILED"; continue; }
+        row "$(summary "full-${CHUNK_PROMPT:-4096} chunk $c vs 256" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/chunk-256.bin" "$W/chunk-$c.bin")")"
+    done
+}
+
+# Nsight Compute's duration of every kernel of a prompt of one token and NCU_FORCED forced
+# tokens (one-token steps, graphs off so each launch is seen), summed per kernel name:
+# where a decode step's time goes, without launch gaps (ncu serialises the kernels)
+stage_ncu() {
+    local D="$W/full-mxfp4" ncu
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { row "ncu: not found"; return; }
+    KL_GPU_GRAPHS=0 timeout 300 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
+        "$KL" run "$D" --device gpu --ids 1 --force-ids ${NCU_FORCED:-2,3} --logits-out "$W/ncu.bin" -q \
+        > "$W/ncu.csv" 2> "$W/ncu.err" || { row "ncu failed: $(tail -3 "$W/ncu.err")"; return; }
+    cp "$W/ncu.csv" "$OUT/" 2>/dev/null
+    python3 - "$W/ncu.csv" "${NCU_FORCED:-2,3}" <<'PY' | tee -a "$TABLE"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+ki, ui, vi = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+per, cnt = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
+    per[name] += float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)
+    cnt[name] += 1
+steps = 1 + len(sys.argv[2].split(","))
+tot = sum(per.values())
+print("ncu: %d kernels, %.1f us per one-token step (sum of kernel durations, %d steps)" % (sum(cnt.values()), tot / steps, steps))
+for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
+    print("ncu  %-40s %8.1f us/step  %5d launches/step  %5.1f%%" % (name[:40], us / steps, cnt[name] // steps, 100 * us / tot))
+PY
+}
+
 stage_full() {
     local D="$W/full-mxfp4" p f
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -175,8 +239,8 @@ stage_full() {
     done
     # the shards read once (the raw disk read rate; then the page cache is warm)
     local t0=$SECONDS bytes
-    bytes=$(cat "$D"/*.safetensors | wc -c)
-    row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    [ "${RAWREAD:-1}" = 0 ] || { bytes=$(cat "$D"/*.safetensors | wc -c)
+        row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"; }
     # time to first token of a short prompt, the page cache warm
     "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
         row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
