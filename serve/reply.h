@@ -1,8 +1,8 @@
 /*
  * serve/reply.h — a chat completion's reply in OpenAI's wire format (tokenizer-and-api.md B3):
  * the whole-reply JSON object, and the stream of server-sent events built while the reply is
- * generated, with Kimi tool calls turned into `tool_calls` (engine/toolstream.h while
- * streaming, kl_chat_parse_tool_calls for a whole reply).
+ * generated, with Kimi tool calls turned into `tool_calls` (engine/toolstream.h for both, so
+ * a whole reply reports the calls its stream would: a call cut off by the limit too).
  *
  * Stream: a first chunk with delta {"role": "assistant", "content": ""}; content deltas as text
  * arrives (never any part of a tool-call marker); for each call a delta with index, id, type and
