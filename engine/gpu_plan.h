@@ -134,6 +134,11 @@ typedef struct kl_fill_opts {
     kl_direct_mode direct;              /* READ: O_DIRECT choice; RING: O_DIRECT only when
                                            ON (buffered where open refuses it, e.g. tmpfs),
                                            else through the page cache */
+    void *const   *buffers;             /* RING: NULL, or the caller's windows buffers of
+                                           window_bytes each (a multiple of 4 KiB, 4 KiB
+                                           aligned), pinned: used instead of host_alloc and
+                                           left to the caller, every copy from them waited
+                                           for when the fill returns */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {

@@ -407,9 +407,11 @@ static void check_pieces(const kl_gpu_plan *p)
 }
 
 /* Fills from m (vectors_only or not) with o, pinning when pin_ok (RING: buffers from
- * host_alloc, else plain memory); checks against full. */
-static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
-                           int pin_ok)
+ * host_alloc, else plain memory; give: o->windows pinned buffers of o->window_bytes given
+ * by the caller, allocated before and freed after the fill, which must not free them);
+ * checks against full. */
+static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
+                       int pin_ok, int give)
 {
     kl_gpu_plan p;
     build(&p, m);
@@ -421,14 +423,23 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
         ops.host_alloc = NULL;
         ops.host_free = NULL;
     }
+    kl_fill_opts og = o ? *o : (kl_fill_opts){0};
+    void *given[KL_FILL_MAX_SLOTS] = {0};
+    for (unsigned b = 0; give && b < og.windows; b++)
+        ck_assert_int_eq(dev_host_alloc(&d, &given[b], og.window_bytes, NULL), 0);
+    og.buffers = give ? given : og.buffers;
     kl_fill_stats st;
     kl_err err;
     kl_err_clear(&err);
-    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
+    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o ? &og : NULL, &st,
+                         &err);
     ck_assert_msg(rc == 0, "fill: %s", t_fmt_err(&err));
     int ring = o && o->mode == KL_FILL_RING;
     check_filled(&p, a, full);
     ck_assert_uint_eq(d.pins, d.unpins);
+    ck_assert(!give || d.frees == 0);   /* given buffers stay the caller's */
+    for (unsigned b = 0; give && b < og.windows; b++)
+        dev_host_free(&d, given[b]);   /* checks that no copy from it is pending */
     ck_assert_uint_eq(d.allocs, d.frees);
     ck_assert_uint_eq(d.done, d.n_queue);   /* every pinned copy waited for */
     for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
@@ -437,7 +448,7 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     for (size_t i = 0; i < p.n_pieces; i++)
         piece_bytes += p.pieces[i].bytes;
     ck_assert_uint_eq(st.bytes, piece_bytes);
-    ck_assert_uint_eq(st.pinned, ring ? (pin_ok ? st.windows : 0) : (uint64_t)d.pins);
+    ck_assert_uint_eq(st.pinned, ring ? (pin_ok || give ? st.windows : 0) : (uint64_t)d.pins);
     if (o && o->mode == KL_FILL_MAPPED && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq((uint64_t)d.waits, st.windows);   /* each window waited for once */
@@ -447,10 +458,16 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     if (ring && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq(d.pins, 0);
-        ck_assert(pin_ok ? d.allocs > 0 : d.allocs == 0);
+        ck_assert(pin_ok || give ? d.allocs > 0 : d.allocs == 0);
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
+}
+
+static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
+                           int pin_ok)
+{
+    fill_check(m, full, o, pin_ok, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -607,6 +624,11 @@ START_TEST(test_fill_ring)
     kl_fill_opts dio = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
                         .direct = KL_DIRECT_ON};
     fill_and_check(m, full, &dio, 1);
+    for (unsigned t = 0; t < 3; t++) {   /* the caller's buffers (the GPU's prepared ring) */
+        kl_fill_opts g = {.mode = KL_FILL_RING, .window_bytes = _i == 2 ? 65536 : 8192,
+                          .windows = t + 2, .threads = threads[t], .direct = KL_DIRECT_OFF};
+        fill_check(m, full, &g, 0, 1);
+    }
     kl_model_close(m);
     kl_model_close(full);
 }
@@ -684,6 +706,24 @@ START_TEST(test_fill_ring_fails)
         if (!rc)
             check_filled(&p, a, full);
         ck_assert_uint_eq(d.allocs, (unsigned long)most);
+    }
+    /* the caller's buffers: without their count, of a size that is no multiple of 4 KiB, or
+     * misaligned: KL_E_USAGE before anything is read */
+    static uint8_t raw[3 * 8192] __attribute__((aligned(4096)));
+    void *given[2] = {raw, raw + 8192}, *odd[2] = {raw, raw + 1};
+    kl_fill_opts bad[3] = {
+        {.mode = KL_FILL_RING, .window_bytes = 8192, .buffers = given},
+        {.mode = KL_FILL_RING, .window_bytes = 6000, .windows = 2, .buffers = given},
+        {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = 2, .buffers = odd}};
+    for (int i = 0; i < 3; i++) {
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+        kl_fill_ops ops = g_ops;
+        ops.ctx = &d;
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &bad[i], NULL,
+                             &err);
+        ck_assert_msg(rc == KL_E_USAGE, "case %d: %d %s", i, rc, t_fmt_err(&err));
+        ck_assert_int_eq(d.copies, 0);
     }
     const char *last = m->shard_paths[m->n_shards - 1];
     for (int trunc = 0; trunc < 2; trunc++) {
