@@ -14,7 +14,10 @@
  * with 8 threads and 16 MiB buffers, with 8 threads and O_DIRECT; MAPPED serial and with 4
  * threads; the staged reader; and the page-locking alone (map, register, unregister each
  * 256 MiB window).  Pieces up to 96 MiB for all of these; then up to 2 MiB (as a model's
- * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.  One JSON line per case ({"test":"load-case",...}), then the summary line
+ * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.
+ * Then the ring from buffers given ahead (the backend's prepared ring: one region on 2 MiB
+ * pages registered once, its allocation timed alone) with 8, 12 and 16 threads (large pieces)
+ * and 8 (model-sized).  One JSON line per case ({"test":"load-case",...}), then the summary line
  * ({"test":"load","ok":...}); exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
@@ -266,6 +269,42 @@ static void read_once(const char *path)
     close(fd);
 }
 
+/* The ring from buffers given by the caller, as the backend prepares them ahead
+ * (kl_backend_gpu_prepare): one region on 2 MiB pages registered once
+ * (kl_gpu_host_alloc_mapped, its allocation timed alone), 16 MiB buffers; 8, 12 and 16
+ * threads with large pieces, 8 with model-sized ones. */
+static void run_prepared(const char *where, const char *path, const test_plan *tp,
+                         uint8_t *arena, double h2d)
+{
+    const size_t MiB = (size_t)1 << 20, n = 20;
+    void *region = NULL, *buf[KL_FILL_MAX_SLOTS];
+    int huge = 0;
+    kl_err err;
+    kl_err_clear(&err);
+    double t0 = kl_now_s();
+    t_ok(kl_gpu_host_alloc_mapped(&region, n * 16 * MiB, &huge, &err), &err, "mapped buffers");
+    double s = kl_now_s() - t0;
+    char buf_json[300];
+    snprintf(buf_json, sizeof buf_json,
+             "{\"file\":\"%s\",\"how\":\"buffers-alloc-mapped\",\"bytes\":%zu,\"s\":%.4f,"
+             "\"hugetlb\":%s}", where, n * 16 * MiB, s, huge ? "true" : "false");
+    report(buf_json);
+    if (!region)
+        return;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (uint8_t *)region + i * 16 * MiB;
+    static const unsigned threads[] = {8, 12, 16};
+    for (unsigned t : threads) {
+        char how[48];
+        snprintf(how, sizeof how, "ring-prepared-%u-threads-16MiB", t);
+        kl_fill_opts o = {KL_FILL_RING, 16 * MiB, t + 4, t, KL_DIRECT_OFF, buf};
+        run_fill(where, how, path, tp[0], arena, &o, h2d);
+    }
+    kl_fill_opts o = {KL_FILL_RING, 16 * MiB, 12, 8, KL_DIRECT_OFF, buf};
+    run_fill(where, "ring-prepared-8-threads-16MiB", path, tp[1], arena, &o, h2d);
+    kl_gpu_host_free_mapped(region, n * 16 * MiB);
+}
+
 /* The cases of one file: every way with large pieces (tp[0]), the ring with 8 threads and the
  * mapped fill with model-sized pieces (tp[1]: experts' ~1 MiB codes and small scales). */
 static void run_file(const char *where, const char *path, const test_plan *tp, uint8_t *arena,
@@ -278,23 +317,24 @@ static void run_file(const char *where, const char *path, const test_plan *tp, u
     for (unsigned t : ring_threads) {
         char how[32];
         snprintf(how, sizeof how, "ring-%u-threads", t);
-        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF};
+        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF, NULL};
         run_fill(where, how, path, p, arena, &o, h2d);
     }
-    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF};
-    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON};
-    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF};
-    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF};
-    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF};
+    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF, NULL};
+    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON, NULL};
+    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF, NULL};
+    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL};
+    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF, NULL};
     run_fill(where, "ring-8-threads-16MiB", path, p, arena, &small, h2d);
     run_fill(where, "ring-direct-8-threads", path, p, arena, &dio, h2d);
     read_once(path);   /* O_DIRECT may have dropped cached pages */
     run_fill(where, "mapped", path, p, arena, &mapped, h2d);
     run_fill(where, "mapped-4-threads", path, p, arena, &t4, h2d);
     run_fill(where, "read", path, p, arena, &rd, h2d);
-    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF};
+    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF, NULL};
     run_fill(where, "ring-8-threads", path, tp[1], arena, &r8, h2d);
     run_fill(where, "mapped-4-threads", path, tp[1], arena, &t4, h2d);
+    run_prepared(where, path, tp, arena, h2d);
 }
 
 int main(void)
