@@ -394,6 +394,11 @@ static void add_load_phases(cJSON *j, const kl_cli_load *l)
     cJSON_AddNumberToObject(j, "load_buffers", g->buffers);
     cJSON_AddNumberToObject(j, "load_buffer_bytes", (double)g->buffer_bytes);
     cJSON_AddStringToObject(j, "load_buffer_mem", g->buffer_mem ? g->buffer_mem : "");
+    cJSON *d = cJSON_AddObjectToObject(j, "load_fill_detail");   /* the ring's side of it */
+    cJSON_AddNumberToObject(d, "threads_reading_s", g->fill_read_s);
+    cJSON_AddNumberToObject(d, "threads_waiting_for_copies_s", g->fill_wait_s);
+    cJSON_AddNumberToObject(d, "copier_idle_s", g->fill_idle_s);
+    cJSON_AddNumberToObject(d, "copier_issuing_s", g->fill_issue_s);
 }
 
 static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,

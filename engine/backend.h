@@ -184,6 +184,10 @@ typedef struct kl_gpu_load_info {
                                            "pinned" (kl_gpu_host_alloc each); else "" */
     int         overlapped;             /* prepared on a thread while the model opened */
     double      device_s, buffers_s, wait_s, plan_s, alloc_s, fill_s, pools_s, finish_s;
+    double      fill_read_s, fill_wait_s;    /* RING: load threads reading, waiting for a
+                                                buffer's copies (summed over threads) */
+    double      fill_idle_s, fill_issue_s;   /* RING: the copying thread waiting for a filled
+                                                buffer, issuing copies */
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 

@@ -298,6 +298,7 @@ struct kl_gpu_prep {
     const char   *how;
     int           overlap;                 /* $KL_GPU_LOAD_OVERLAP != 0: threads run ahead */
     int           huge;                    /* $KL_GPU_LOAD_HUGE != 0: one mapped 2 MiB region */
+    int           want_buffers;            /* RING from the files: allocate the ring's buffers */
     kl_gpu_stream st;                      /* handed to the backend */
     kl_gpu_event  ev[KL_FILL_MAX_SLOTS];   /* one per ring buffer or window slot */
     void         *buf[KL_FILL_MAX_SLOTS];  /* RING: n_buf pinned buffers of o.window_bytes */
@@ -322,6 +323,7 @@ static kl_gpu_prep *prep_new(void)
     const char *ov = getenv("KL_GPU_LOAD_OVERLAP"), *huge = getenv("KL_GPU_LOAD_HUGE");
     pr->overlap = !(ov && !strcmp(ov, "0"));
     pr->huge = !(huge && !strcmp(huge, "0"));
+    pr->want_buffers = pr->o.mode == KL_FILL_RING;
     pr->buf_mem = "";
     kl_err_clear(&pr->err);
     return pr;
@@ -362,7 +364,7 @@ static void *prep_run(void *arg)
     for (unsigned i = 0; !rc && i < KL_FILL_MAX_SLOTS; i++)
         rc = kl_gpu_event_create(&pr->ev[i], &pr->err);
     double t1 = kl_now_s();
-    if (!rc && pr->o.mode == KL_FILL_RING)
+    if (!rc && pr->want_buffers)
         rc = prep_buffers(pr, &pr->err);
     pr->device_s = t1 - t0;
     pr->buffers_s = kl_now_s() - t1;
@@ -417,6 +419,10 @@ static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const k
     li->buffers = o.mode == KL_FILL_RING ? o.windows : 0;
     li->buffer_bytes = o.window_bytes;
     li->buffer_mem = pr->buf_mem;
+    li->fill_read_s = st.read_s;
+    li->fill_wait_s = st.wait_s;
+    li->fill_idle_s = st.idle_s;
+    li->fill_issue_s = st.issue_s;
     return rc;
 }
 
@@ -1270,6 +1276,8 @@ int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *p
     *out = NULL;
     if (!pr && !(pr = prep_new()))
         return kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (!pr->started && m->matrices_read)   /* every byte from host memory: no ring */
+        pr->want_buffers = 0;
     gpu_be *g = NULL;
     int rc = kl_backend_gpu_check(err);
     if (!rc && !(g = kl_calloc(1, sizeof *g)))

@@ -6,6 +6,8 @@
  */
 #include "engine/gpu_plan.h"
 
+#include "common/clock.h"
+
 #include "common/mem.h"
 
 #include <errno.h>
@@ -712,11 +714,16 @@ static void *ring_main(void *arg)
         int marked = r->marked;
         r->state = RB_READING;
         pthread_mutex_unlock(&f->mu);
+        double t0 = kl_now_s();
         int rc = marked && f->ops->wait ? f->ops->wait(f->ops->ctx, b, &e) : 0;
         int waited = !rc;
+        double t1 = kl_now_s();
         if (!rc)
             rc = read_span(f, k, r->mem, &e);
+        double t2 = kl_now_s();
         pthread_mutex_lock(&f->mu);
+        f->st.wait_s += t1 - t0;
+        f->st.read_s += t2 - t1;
         r->marked &= !waited;
         r->state = rc ? RB_FREE : RB_FILLED;
         r->span = k;
@@ -768,6 +775,7 @@ static int ring_copy_all(filler *f, kl_err *err)
         if (more && (rc = ring_add(f, err)))
             break;
         unsigned b = f->n_rb;
+        double t0 = kl_now_s();
         pthread_mutex_lock(&f->mu);
         while (!f->stop && (b = ring_find(f, RB_FILLED)) == f->n_rb && !more)
             pthread_cond_wait(&f->cv, &f->mu);
@@ -777,8 +785,12 @@ static int ring_copy_all(filler *f, kl_err *err)
             break;
         if (b == f->n_rb)
             continue;
+        double t1 = kl_now_s();
         rc = copy_span(f, f->rb[b].span, f->rb[b].mem, f->rb_pinned, b, err);
+        double t2 = kl_now_s();
         pthread_mutex_lock(&f->mu);
+        f->st.idle_s += t1 - t0;
+        f->st.issue_s += t2 - t1;
         f->rb[b].state = RB_FREE;
         f->rb[b].marked = !rc && f->ops->mark;
         f->stop |= rc != 0;

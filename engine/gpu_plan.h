@@ -145,6 +145,12 @@ typedef struct kl_fill_stats {
     uint64_t bytes;                     /* copied, host pieces included */
     uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
                                            buffers filled, of them copied pinned */
+    /* RING, where the time went (seconds; the load threads' summed over them): reads
+     * bound the fill when the copying thread idles, the copies when the threads wait */
+    double   read_s;                    /* load threads reading spans */
+    double   wait_s;                    /* load threads waiting for a buffer's copies */
+    double   idle_s;                    /* the copying thread waiting for a filled buffer */
+    double   issue_s;                   /* the copying thread issuing copies and marks */
 } kl_fill_stats;
 
 /* Fills arena[0 .. p->n_arenas) with p's pieces; shard_paths[i] is shard i (m->shard_paths).

@@ -196,7 +196,7 @@ static void run_fill(const char *where, const char *how, const char *path, const
         bad += memcmp(back.data() + x.dst, g_file.data() + x.src, x.bytes) != 0;
     }
     uint64_t sum = checksum(p, back.data(), 0);
-    char what[128], buf[700];
+    char what[128], buf[900];
     snprintf(what, sizeof what, "%s %s %s pieces wrong", where, tp.name, how);
     t_check(what, (double)bad, 0);
     snprintf(what, sizeof what, "%s %s %s checksum differs", where, tp.name, how);
@@ -206,11 +206,14 @@ static void run_fill(const char *where, const char *how, const char *path, const
              "{\"file\":\"%s\",\"pieces\":\"%s\",\"n_pieces\":%zu,\"how\":\"%s\","
              "\"threads\":%u,\"buffer_mib\":%zu,\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,"
              "\"pinned_h2d_gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f,\"host_alloc_s\":%.4f,"
-             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s}",
+             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s,"
+             "\"threads_reading_s\":%.4f,\"threads_waiting_s\":%.4f,\"copier_idle_s\":%.4f,"
+             "\"copier_issuing_s\":%.4f}",
              where, tp.name, p->n_pieces, how, o->threads, o->window_bytes >> 20,
              (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s,
              (unsigned long long)st.windows, (unsigned long long)st.pinned,
-             (unsigned long long)bad, sum == tp.sum ? "true" : "false");
+             (unsigned long long)bad, sum == tp.sum ? "true" : "false", st.read_s, st.wait_s,
+             st.idle_s, st.issue_s);
     report(buf);
     for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
         kl_gpu_event_destroy(f.ev[i]);
