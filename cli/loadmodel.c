@@ -52,7 +52,9 @@ static void show_load(void *user, uint64_t done, uint64_t total)
 static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *err)
 {
     l->device_used = "cpu";
-    if (l->device == KL_DEVICE_CPU || (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available())) {
+    int cpu = l->device == KL_DEVICE_CPU ||
+              (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available());
+    if (cpu) {
         kl_backend_gpu_prepare_free(prep);
         return 0;
     }
