@@ -299,6 +299,25 @@ void kl_gpu_plan_free(kl_gpu_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
+                       kl_gpu_plan *second)
+{
+    uint64_t keep = (uint64_t)((1.0 - (share < 0 ? 0 : share > 1 ? 1 : share)) *
+                               (double)p->file_bytes);
+    uint64_t done = 0;
+    size_t j = 0;
+    for (; j < p->n_file && done + p->pieces[j].bytes <= keep; j++)
+        done += p->pieces[j].bytes;
+    *first = *p;
+    first->n_pieces = first->n_file = j;
+    first->file_bytes = done;
+    *second = *p;
+    second->pieces = p->pieces + j;
+    second->n_pieces = p->n_pieces - j;
+    second->n_file = p->n_file - j;
+    second->file_bytes = p->file_bytes - done;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Fill                                                                                       */
 

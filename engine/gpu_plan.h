@@ -97,6 +97,13 @@ typedef struct kl_gpu_plan {
 int  kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err);
 void kl_gpu_plan_free(kl_gpu_plan *p);          /* zeroed; a zeroed plan ok */
 
+/* Two views of p for two fills that run at once (a ring and mapped windows): first takes
+ * whole file pieces from the start while they total at most (1 - share) of p's file bytes
+ * (share clamped to 0..1), second the other file pieces and every host piece.  The views
+ * borrow p's arrays: never kl_gpu_plan_free them.  Together they fill what p fills. */
+void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
+                       kl_gpu_plan *second);
+
 /* Bytes of a plan matrix's values (MXFP4: packed codes) and of its scales. */
 uint64_t kl_plan_data_bytes(const kl_plan_mat *w);
 uint64_t kl_plan_scale_bytes(const kl_plan_mat *w);

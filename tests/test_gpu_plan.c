@@ -634,6 +634,55 @@ START_TEST(test_fill_ring)
 }
 END_TEST
 
+/* kl_gpu_plan_split: the two views cover the file pieces once, in order, the host pieces in
+ * the second; a ring fill of the first then a mapped fill of the second (as the backend's
+ * KL_GPU_LOAD=hybrid runs them at once) put every byte where the plan says. */
+START_TEST(test_fill_split)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_gpu_plan p;
+    build(&p, m);
+    static const double shares[] = {0, 0.3, 0.5, 1, 2};
+    for (size_t k = 0; k < sizeof shares / sizeof *shares; k++) {
+        kl_gpu_plan a, b;
+        kl_gpu_plan_split(&p, shares[k], &a, &b);
+        ck_assert_uint_eq(a.n_file + b.n_file, p.n_file);
+        ck_assert_uint_eq(a.n_pieces, a.n_file);
+        ck_assert_uint_eq(b.n_pieces - b.n_file, p.n_pieces - p.n_file);
+        ck_assert_uint_eq(a.file_bytes + b.file_bytes, p.file_bytes);
+        ck_assert_ptr_eq(b.pieces, p.pieces + a.n_file);
+        double want = shares[k] > 1 ? 1 : shares[k];
+        ck_assert_msg((double)a.file_bytes <= (1 - want) * (double)p.file_bytes + 0.5,
+                      "share %g: first holds %llu of %llu bytes", shares[k],
+                      (unsigned long long)a.file_bytes, (unsigned long long)p.file_bytes);
+        uint8_t **ar = alloc_arenas(&p);
+        kl_fill_opts ring = {.mode = KL_FILL_RING, .window_bytes = 8192, .threads = 3,
+                             .direct = KL_DIRECT_OFF};
+        kl_fill_opts map = {.mode = KL_FILL_MAPPED, .window_bytes = 16384, .windows = 3,
+                            .threads = 2};
+        const kl_gpu_plan *half[2] = {&a, &b};
+        const kl_fill_opts *how[2] = {&ring, &map};
+        for (int h = 0; h < 2; h++) {
+            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+            kl_fill_ops ops = g_ops;
+            ops.ctx = &d;
+            kl_err err;
+            kl_err_clear(&err);
+            int rc = kl_gpu_fill(half[h], (const char *const *)m->shard_paths, ar, &ops, how[h],
+                                 NULL, &err);
+            ck_assert_msg(rc == 0, "share %g part %d: %s", shares[k], h, t_fmt_err(&err));
+            ck_assert_uint_eq(d.allocs, d.frees);
+            ck_assert_uint_eq(d.pins, d.unpins);
+        }
+        check_filled(&p, ar, full);
+        free_arenas(&p, ar);
+    }
+    kl_gpu_plan_free(&p);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* A copy that fails mid-fill: its error, every window released. */
 START_TEST(test_fill_copy_fails)
 {
@@ -783,6 +832,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_fill_ring, 0, 3);
     tcase_add_test(tc, test_fill_copy_fails);
     tcase_add_test(tc, test_fill_ring_fails);
+    tcase_add_loop_test(tc, test_fill_split, 0, 3);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;
