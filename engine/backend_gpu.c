@@ -261,12 +261,12 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
     return v && atoi(v) > 0 && atoi(v) <= (int)most ? (unsigned)atoi(v) : dflt;
 }
 
-/* How file bytes travel ($KL_GPU_LOAD, $KL_GPU_LOAD_WINDOW_MB, $KL_GPU_LOAD_THREADS,
- * $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are sized and counted here (the
+/* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
+ * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are sized and counted here (the
  * fill's defaults: 8 threads, threads + 4 buffers of 16 MiB) as they are allocated ahead. */
-static const char *fill_options(kl_fill_opts *o)
+static const char *fill_options(const char *how, kl_fill_opts *o)
 {
-    const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
+    const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0 && atoi(win) <= 1024)
@@ -302,12 +302,17 @@ static const char *fill_options(kl_fill_opts *o)
 
 struct kl_gpu_prep {
     kl_fill_opts  o;                       /* how file bytes travel (fill_options) */
+    kl_fill_opts  mo;                      /* hybrid: the mapped part's */
+    double        share;                   /* hybrid: the mapped part's share of the bytes */
+    int           hybrid;                  /* $KL_GPU_LOAD=hybrid: a ring and mapped windows
+                                              at once, each on part of the files */
     const char   *how;
     int           overlap;                 /* $KL_GPU_LOAD_OVERLAP != 0: threads run ahead */
     int           huge;                    /* $KL_GPU_LOAD_HUGE != 0: one mapped 2 MiB region */
     int           want_buffers;            /* RING from the files: allocate the ring's buffers */
     kl_gpu_stream st;                      /* handed to the backend */
-    kl_gpu_event  ev[KL_FILL_MAX_SLOTS];   /* one per ring buffer or window slot */
+    kl_gpu_event  ev[2 * KL_FILL_MAX_SLOTS];   /* one per ring buffer or window slot; the
+                                                  second half: hybrid's mapped part */
     void         *buf[KL_FILL_MAX_SLOTS];  /* RING: n_buf pinned buffers of o.window_bytes */
     unsigned      n_buf;
     void         *region;                  /* the mapped region holding them (NULL: each one
@@ -326,7 +331,18 @@ static kl_gpu_prep *prep_new(void)
     kl_gpu_prep *pr = kl_calloc(1, sizeof *pr);
     if (!pr)
         return NULL;
-    pr->how = fill_options(&pr->o);
+    const char *how = getenv("KL_GPU_LOAD");
+    pr->hybrid = how && !strcmp(how, "hybrid");
+    pr->how = pr->hybrid ? "hybrid" : fill_options(how, &pr->o);
+    if (pr->hybrid) {   /* the ring's settings as set, the mapped part's own */
+        fill_options("ring", &pr->o);
+        fill_options("mapped", &pr->mo);
+        pr->mo.threads = env_count("KL_GPU_LOAD_MAPPED_THREADS", KL_FILL_MAX_WINDOWS, 4);
+        pr->mo.windows = 2 * pr->mo.threads < KL_FILL_MAX_WINDOWS ? 2 * pr->mo.threads
+                                                                  : KL_FILL_MAX_WINDOWS;
+        pr->mo.window_bytes = 0;
+        pr->share = env_count("KL_GPU_LOAD_MAPPED_PERCENT", 100, 35) / 100.0;
+    }
     const char *ov = getenv("KL_GPU_LOAD_OVERLAP"), *huge = getenv("KL_GPU_LOAD_HUGE");
     pr->overlap = !(ov && !strcmp(ov, "0"));
     pr->huge = !(huge && !strcmp(huge, "0"));
@@ -368,7 +384,7 @@ static void *prep_run(void *arg)
     int rc = kl_gpu_device_open(0, NULL, 0, &pr->err);
     if (!rc)
         rc = kl_gpu_stream_create(&pr->st, &pr->err);
-    for (unsigned i = 0; !rc && i < KL_FILL_MAX_SLOTS; i++)
+    for (unsigned i = 0; !rc && i < 2 * KL_FILL_MAX_SLOTS; i++)
         rc = kl_gpu_event_create(&pr->ev[i], &pr->err);
     double t1 = kl_now_s();
     if (!rc && pr->want_buffers)
@@ -401,35 +417,87 @@ static int prep_take(kl_gpu_prep *pr, kl_gpu_load_info *li, kl_err *err)
     return kl_gpu_device_open(0, NULL, 0, err);   /* current on this thread too */
 }
 
+/* One kl_gpu_fill of part of the plan with its own events, on the backend's stream (both
+ * parts of a hybrid load copy there: a stream takes work from several threads). */
+typedef struct fill_job {
+    const kl_gpu_plan *p;
+    uint8_t          **arena;
+    kl_fill_opts       o;
+    gpu_fill           f;
+    kl_fill_stats      st;
+    int                rc;
+    kl_err             err;
+} fill_job;
+
+static void *fill_job_main(void *arg)
+{
+    fill_job *j = arg;
+    kl_fill_ops ops = {&j->f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
+                       fill_host_alloc, fill_host_free};
+    const kl_model *m = j->f.g->base.m;
+    kl_err_clear(&j->err);
+    j->rc = kl_gpu_device_open(0, NULL, 0, &j->err);   /* current on this thread */
+    if (!j->rc)
+        j->rc = kl_gpu_fill(j->p, (const char *const *)m->shard_paths, j->arena, &ops, &j->o,
+                            &j->st, &j->err);
+    return NULL;
+}
+
+/* The jobs of the fill: the whole plan as pr says, or (hybrid) its first part through the
+ * ring and the rest through mapped windows, the second on a thread of its own. */
+static int run_fill_jobs(fill_job *job, const kl_gpu_plan *p, const kl_gpu_prep *pr,
+                         kl_err *err)
+{
+    int two = pr->hybrid && p->n_file;
+    kl_gpu_plan part[2] = {*p};
+    if (two)
+        kl_gpu_plan_split(p, pr->share, &part[0], &part[1]);
+    job[0].p = &part[0];
+    job[1].p = &part[1];
+    pthread_t th;
+    int started = two && pthread_create(&th, NULL, fill_job_main, &job[1]) == 0;
+    fill_job_main(&job[0]);
+    if (two && !started)
+        fill_job_main(&job[1]);
+    if (started)
+        pthread_join(th, NULL);
+    for (int i = 0; i < 1 + two; i++)
+        if (job[i].rc) {
+            if (err)
+                *err = job[i].err;
+            return job[i].rc;
+        }
+    return 0;
+}
+
 /* The fill with what was prepared (pr: the stream's events, the ring's buffers). */
 static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const kl_gpu_prep *pr,
                        kl_err *err)
 {
-    const kl_model *m = g->base.m;
-    kl_fill_opts o = pr->o;
-    o.buffers = pr->n_buf ? pr->buf : NULL;
-    o.windows = pr->n_buf ? pr->n_buf : o.windows;
-    gpu_fill f = {.g = g};
-    memcpy(f.ev, pr->ev, sizeof f.ev);
-    kl_fill_ops ops = {&f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
-                       fill_host_alloc, fill_host_free};
-    kl_fill_stats st = {0};
-    int rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, arena, &ops, &o, &st, err);
+    fill_job job[2] = {{.arena = arena, .o = pr->o, .f = {.g = g}},
+                       {.arena = arena, .o = pr->mo, .f = {.g = g}}};
+    job[0].o.buffers = pr->n_buf ? pr->buf : NULL;
+    job[0].o.windows = pr->n_buf ? pr->n_buf : job[0].o.windows;
+    memcpy(job[0].f.ev, pr->ev, sizeof job[0].f.ev);
+    memcpy(job[1].f.ev, pr->ev + KL_FILL_MAX_SLOTS, sizeof job[1].f.ev);
+    int rc = run_fill_jobs(job, p, pr, err);
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);
+    const kl_fill_stats *a = &job[0].st, *b = &job[1].st;
+    const kl_fill_opts *o = &job[0].o;
     kl_gpu_load_info *li = &g->load;
     li->how = p->n_file ? pr->how : "host";
-    li->bytes = st.bytes;
-    li->windows = st.windows;
-    li->pinned = st.pinned;
-    li->threads = o.threads;
-    li->buffers = o.mode == KL_FILL_RING ? o.windows : 0;
-    li->buffer_bytes = o.window_bytes;
+    li->bytes = a->bytes + b->bytes;
+    li->windows = a->windows + b->windows;
+    li->pinned = a->pinned + b->pinned;
+    li->threads = o->threads;
+    li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
+    li->buffer_bytes = o->window_bytes;
     li->buffer_mem = pr->buf_mem;
-    li->fill_read_s = st.read_s;
-    li->fill_wait_s = st.wait_s;
-    li->fill_idle_s = st.idle_s;
-    li->fill_issue_s = st.issue_s;
+    li->fill_read_s = a->read_s;
+    li->fill_wait_s = a->wait_s;
+    li->fill_idle_s = a->idle_s;
+    li->fill_issue_s = a->issue_s;
     return rc;
 }
 
@@ -1236,7 +1304,7 @@ void kl_backend_gpu_prepare_free(kl_gpu_prep *pr)
         kl_gpu_host_free_mapped(pr->region, pr->region_bytes);
     for (unsigned i = 0; !pr->region && i < pr->n_buf; i++)
         kl_gpu_host_free(pr->buf[i]);
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+    for (unsigned i = 0; i < 2 * KL_FILL_MAX_SLOTS; i++)
         kl_gpu_event_destroy(pr->ev[i]);
     kl_gpu_stream_destroy(pr->st);
     kl_free(pr);

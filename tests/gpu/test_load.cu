@@ -17,7 +17,9 @@
  * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.
  * Then the ring from buffers given ahead (the backend's prepared ring: one region on 2 MiB
  * pages registered once, its allocation timed alone) with 8, 12 and 16 threads (large pieces)
- * and 8 (model-sized).  One JSON line per case ({"test":"load-case",...}), then the summary line
+ * and 8 (model-sized); and hybrid (KL_GPU_LOAD=hybrid: kl_gpu_plan_split, the ring on the
+ * first part and 4 threads of mapped windows on the rest at once, one stream) with 35% and 50%
+ * mapped (large) and 35% (model-sized).  One JSON line per case ({"test":"load-case",...}), then the summary line
  * ({"test":"load","ok":...}); exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
@@ -29,6 +31,7 @@ extern "C" {
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <thread>
 #include <unistd.h>
 
 #define FILE_BYTES (((size_t)4 << 30) + 12345)
@@ -170,25 +173,46 @@ static void report(const char *obj)
 /* One fill of path into the arena as tp says, timed, then checked byte for byte and by
  * checksum. */
 static void run_fill(const char *where, const char *how, const char *path, const test_plan &tp,
-                     uint8_t *arena, const kl_fill_opts *o, double h2d_gbps)
+                     uint8_t *arena, const kl_fill_opts *o, double h2d_gbps,
+                     const kl_fill_opts *mapped_part = NULL, double share = 0)
 {
     const kl_gpu_plan *p = &tp.p;
-    fill_ctx f = {};
+    fill_ctx f[2] = {};   /* a hybrid's second part: f[1], its own events, the same stream */
     kl_err err;
     kl_err_clear(&err);
-    t_ok(kl_gpu_stream_create(&f.st, &err), &err, "stream");
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
-        t_ok(kl_gpu_event_create(&f.ev[i], &err), &err, "event");
+    t_ok(kl_gpu_stream_create(&f[0].st, &err), &err, "stream");
+    f[1].st = f[0].st;
+    for (unsigned k = 0; k < 2; k++)
+        for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+            t_ok(kl_gpu_event_create(&f[k].ev[i], &err), &err, "event");
     T_CHECK(hipMemset(arena, 0, p->arena_bytes[0]));
     T_CHECK(hipDeviceSynchronize());
-    kl_fill_ops ops = {&f, f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
-    kl_fill_stats st = {};
+    kl_fill_stats st = {}, st2 = {};
     const char *paths[1] = {path};
     uint8_t *arenas[1] = {arena};
+    kl_gpu_plan part[2] = {*p, {}};
+    if (mapped_part)
+        kl_gpu_plan_split(p, share, &part[0], &part[1]);
     double t0 = kl_now_s();
-    t_ok(kl_gpu_fill(p, paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
-    t_ok(kl_gpu_stream_sync(f.st, &err), &err, "sync");
+    int rc2 = 0;
+    kl_err err2;
+    kl_err_clear(&err2);
+    std::thread second;
+    if (mapped_part)   /* as the backend's KL_GPU_LOAD=hybrid: both at once */
+        second = std::thread([&] {
+            kl_fill_ops ops = {&f[1], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc,
+                               f_host_free};
+            rc2 = kl_gpu_fill(&part[1], paths, arenas, &ops, mapped_part, &st2, &err2);
+        });
+    kl_fill_ops ops = {&f[0], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
+    t_ok(kl_gpu_fill(&part[0], paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
+    if (mapped_part)
+        second.join();
+    t_ok(rc2, &err2, "kl_gpu_fill, mapped part");
+    t_ok(kl_gpu_stream_sync(f[0].st, &err), &err, "sync");
     double s = kl_now_s() - t0;
+    st.windows += st2.windows;
+    st.pinned += st2.pinned;
     std::vector<uint8_t> back = t_download(arena, p->arena_bytes[0]);
     uint64_t bad = 0;   /* pieces whose bytes differ */
     for (size_t i = 0; i < p->n_pieces; i++) {
@@ -210,14 +234,15 @@ static void run_fill(const char *where, const char *how, const char *path, const
              "\"threads_reading_s\":%.4f,\"threads_waiting_s\":%.4f,\"copier_idle_s\":%.4f,"
              "\"copier_issuing_s\":%.4f}",
              where, tp.name, p->n_pieces, how, o->threads, o->window_bytes >> 20,
-             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s,
+             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f[0].alloc_s,
              (unsigned long long)st.windows, (unsigned long long)st.pinned,
              (unsigned long long)bad, sum == tp.sum ? "true" : "false", st.read_s, st.wait_s,
              st.idle_s, st.issue_s);
     report(buf);
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
-        kl_gpu_event_destroy(f.ev[i]);
-    kl_gpu_stream_destroy(f.st);
+    for (unsigned k = 0; k < 2; k++)
+        for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+            kl_gpu_event_destroy(f[k].ev[i]);
+    kl_gpu_stream_destroy(f[0].st);
 }
 
 /* Page-locking alone: every 256 MiB window of the file mapped, registered read-only and
@@ -305,6 +330,15 @@ static void run_prepared(const char *where, const char *path, const test_plan *t
     }
     kl_fill_opts o = {KL_FILL_RING, 16 * MiB, 12, 8, KL_DIRECT_OFF, buf};
     run_fill(where, "ring-prepared-8-threads-16MiB", path, tp[1], arena, &o, h2d);
+    /* hybrid: the ring on the first part, 4 threads of mapped windows on the rest */
+    kl_fill_opts m4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL};
+    static const double shares[] = {0.35, 0.5};
+    for (double sh : shares) {
+        char how[64];
+        snprintf(how, sizeof how, "hybrid-ring-8-mapped-4-share-%.2f", sh);
+        run_fill(where, how, path, tp[0], arena, &o, h2d, &m4, sh);
+    }
+    run_fill(where, "hybrid-ring-8-mapped-4-share-0.35", path, tp[1], arena, &o, h2d, &m4, 0.35);
     kl_gpu_host_free_mapped(region, n * 16 * MiB);
 }
 
