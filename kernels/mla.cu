@@ -1158,6 +1158,35 @@ __device__ static inline void stash_tile3(const float4 (&pf)[T3_PF], uint32_t ld
     }
 }
 
+/* The 8 threads of a row, 4 scores each in s (-inf where a key does not count): the row's
+ * max with m_old, by shuffles. */
+__device__ static inline float row_max8(const float (&s)[4], float m_old)
+{
+    float m = m_old;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        m = fmaxf(m, s[j]);
+    for (int o = 4; o > 0; o /= 2)
+        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    return m;
+}
+
+/* Thread q of row r's 8, l the sum of its weights: the row's sum by shuffles; thread 0 updates
+ * the row's max, sum and alpha (e^(m_old - m), 0 when m_old = -inf; 1 while the row has no key:
+ * none).  Every thread of the row read mx[r] before the shuffles. */
+__device__ static inline void row_update8(uint32_t r, uint32_t q, float m_old, float m, float l,
+                                          bool none, float *mx, float *sm, float *alpha)
+{
+    for (int o = 4; o > 0; o /= 2)
+        l += kl_gpu_shfl_xor(l, o);
+    if (q == 0) {
+        const float al = none ? 1.0f : expf(m_old - m);
+        mx[r] = m;
+        sm[r] = sm[r] * al + l;
+        alpha[r] = al;
+    }
+}
+
 /* Block: the tile's raw scores ss [2][T3_ROWS][T3_SLD] (two halves of the columns, added)
  * become weights ps (bf16) for the rows'
  * online softmax: key c of row r counts when c < nk and u0 + c <= rpos[r] (causal; rpos -1: an
@@ -1172,16 +1201,14 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
     static_assert(T3_THREADS == 8 * T3_ROWS && T3_KEYS == 32, "8 threads per row, 4 keys each");
     const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
     const float m_old = mx[r];
-    float s[4], m = m_old;
+    float s[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
         const float v = ss[r * T3_SLD + c] + ss[(T3_ROWS + r) * T3_SLD + c];
         s[j] = c < nk && (int)(u0 + c) <= rpos[r] ? v * scale : -INFINITY;
-        m = fmaxf(m, s[j]);
     }
-    for (int o = 4; o > 0; o /= 2)
-        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    const float m = row_max8(s, m_old);
     const bool none = m == -INFINITY; /* no key of the row yet */
     float l = 0.0f;
 #pragma unroll
@@ -1196,14 +1223,7 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
             l += bf16_val((uint16_t)lo);
         }
     }
-    for (int o = 4; o > 0; o /= 2)
-        l += kl_gpu_shfl_xor(l, o);
-    if (q == 0) { /* every thread of the row read mx[r] before the shuffles */
-        const float al = none ? 1.0f : expf(m_old - m); /* 0 when m_old = -inf */
-        mx[r] = m;
-        sm[r] = sm[r] * al + l;
-        alpha[r] = al;
-    }
+    row_update8(r, q, m_old, m, l, none, mx, sm, alpha);
 }
 
 /* Where attend3's block lies: run blockIdx.y, its tokens t0 .. t0 + nt (row r: token t0 +
@@ -1595,7 +1615,7 @@ __device__ static inline void softmax4(const float *red, uint32_t nk, float scal
 {
     const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
     const float m_old = mx[r];
-    float s[4], m = m_old;
+    float s[4];
 #pragma unroll
     for (uint32_t j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
@@ -1604,11 +1624,9 @@ __device__ static inline void softmax4(const float *red, uint32_t nk, float scal
         for (uint32_t w = 0; w < T4_WARPS; w++)
             v += red[((size_t)w * T4_ROWS + r) * T4_SLD + c];
         s[j] = c < nk ? v * scale : -INFINITY;
-        m = fmaxf(m, s[j]);
     }
-    for (int o = 4; o > 0; o /= 2)
-        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
-    float l = 0.0f; /* m is finite: key 0 counts */
+    const float m = row_max8(s, m_old); /* finite: key 0 counts */
+    float l = 0.0f;
 #pragma unroll
     for (uint32_t j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
@@ -1618,14 +1636,7 @@ __device__ static inline void softmax4(const float *red, uint32_t nk, float scal
         ps[r * T4_PLD + c] = p;
         l += bf16_val((uint16_t)hi) + bf16_val((uint16_t)lo);
     }
-    for (int o = 4; o > 0; o /= 2)
-        l += kl_gpu_shfl_xor(l, o);
-    if (q == 0) { /* every thread of the row read mx[r] before the shuffles */
-        const float al = expf(m_old - m); /* 0 on the first tile (m_old = -inf) */
-        mx[r] = m;
-        sm[r] = sm[r] * al + l;
-        alpha[r] = al;
-    }
+    row_update8(r, q, m_old, m, l, false, mx, sm, alpha);
 }
 
 /* Group w: o[m][i] (rows 16 m .. +16, columns 8 (w + 8 i) .. +8, i while w + 8 i < nb) =

@@ -17,6 +17,8 @@
 
 #include "common/numfmt.h"
 
+#include <initializer_list>
+
 struct mla_run {
     uint32_t slot, pos0, len;
 };
@@ -187,6 +189,20 @@ static uint32_t split_rows_host(uint32_t span, uint32_t splits, uint32_t tile, u
     return tile * std::max(per, min_tiles);
 }
 
+/* Token t's query of head h as absorb2 writes it, in fp32: [W_kb,hᵀ q_nope, q_rope] [cw] */
+static void absorbed_query(const mla_host &x, uint32_t t, uint32_t h, float *q)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    const float *qt = &x.q[((size_t)t * d.nh + h) * x.qw];
+    const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * d.R];
+    for (uint32_t k = 0; k < x.cw; k++) {
+        double v = 0;
+        for (uint32_t i = 0; k < d.R && i < d.dn; i++)
+            v += (double)qt[i] * w[(size_t)i * d.R + k];
+        q[k] = (float)(k < d.R ? v : qt[d.dn + k - d.R]);
+    }
+}
+
 /* One row (token t, head h) of a v3 block over the cache rows [ub, ue): tiles of 32 keys,
  * causal, online softmax with the products and weights as v3 (split) or v3fast rounds them;
  * its partial max, sum, context. */
@@ -236,6 +252,7 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
     std::vector<double> pm((size_t)x.n * splits * nh), pl(pm.size()), pc(pm.size() * R);
     std::vector<uint32_t> rp(x.n);
     std::vector<double> q(x.cw);
+    std::vector<float> qf(x.cw);
     for (size_t r = 0; r + 1 < x.run_start.size(); r++)
         for (uint32_t t0 = x.run_start[r]; t0 < x.run_start[r + 1]; t0 += tb) {
             const uint32_t t1 = std::min(t0 + tb, x.run_start[r + 1]);
@@ -246,14 +263,8 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
             for (uint32_t t = t0; t < t1; t++) {
                 rp[t] = rows;
                 for (uint32_t h = 0; h < nh; h++) {
-                    const float *qt = &x.q[((size_t)t * nh + h) * x.qw];
-                    const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * R];
-                    for (uint32_t k = 0; k < x.cw; k++) {
-                        double v = 0;
-                        for (uint32_t i = 0; k < R && i < d.dn; i++)
-                            v += (double)qt[i] * w[(size_t)i * R + k];
-                        q[k] = (float)(k < R ? v : qt[d.dn + k - R]); /* fp32 ql */
-                    }
+                    absorbed_query(x, t, h, qf.data());
+                    q.assign(qf.begin(), qf.end());
                     for (uint32_t s = 0; s * rows < span; s++) {
                         const size_t part = ((size_t)t * splits + s) * nh + h;
                         emulate_row(x, t, q, s * rows, std::min(span, (s + 1) * rows), split,
@@ -288,9 +299,11 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
         }
 }
 
-/* The host emulation of v3 (split) or v3fast against the reference for a case at 1, 2 and 7
- * splits: the worst rel. L2 over (token, head). */
-static double check_v3_host(const mla_case &c, bool split, t_rng &g)
+/* An emulation emulate(x, splits, o) against the reference for a case at each of `splits`:
+ * the worst rel. L2 over the checked (token, head). */
+template <class E>
+static double check_on_host(const mla_case &c, t_rng &g,
+                            std::initializer_list<uint32_t> splits, E emulate)
 {
     mla_host x;
     std::vector<double> ref_o, o;
@@ -298,13 +311,23 @@ static double check_v3_host(const mla_case &c, bool split, t_rng &g)
     ref_append(x);
     ref_attend(x, ref_o);
     double worst = 0;
-    for (uint32_t splits : {1u, 2u, 7u}) {
-        emulate_v3(x, splits, split, o);
+    for (uint32_t n : splits) {
+        emulate(x, n, o);
         std::vector<float> of(o.begin(), o.end());
         for (size_t b = 0; b < o.size(); b += c.d.dv)
-            worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
+            if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
+                worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
     }
     return worst;
+}
+
+/* The host emulation of v3 (split) or v3fast at 1, 2 and 7 splits. */
+static double check_v3_host(const mla_case &c, bool split, t_rng &g)
+{
+    return check_on_host(c, g, {1u, 2u, 7u},
+                         [split](const mla_host &x, uint32_t n, std::vector<double> &o) {
+                             emulate_v3(x, n, split, o);
+                         });
 }
 
 /* ---- v4's algorithm on the host ---------------------------------------------------------- */
@@ -385,16 +408,8 @@ static void emulate_v4(const mla_host &x, uint32_t splits, std::vector<double> &
         const uint32_t span = x.tok_pos[t] + 1, rows = split_rows_host(span, splits, 32, 2);
         const uint32_t ns = (span + rows - 1) / rows;
         std::fill(q.begin(), q.end(), 0.0f);
-        for (uint32_t h = 0; h < nh; h++) {
-            const float *qt = &x.q[((size_t)t * nh + h) * x.qw];
-            const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * R];
-            for (uint32_t k = 0; k < x.cw; k++) {
-                double v = 0;
-                for (uint32_t i = 0; k < R && i < d.dn; i++)
-                    v += (double)qt[i] * w[(size_t)i * R + k];
-                q[h * x.cw + k] = (float)(k < R ? v : qt[d.dn + k - R]);
-            }
-        }
+        for (uint32_t h = 0; h < nh; h++)
+            absorbed_query(x, t, h, &q[h * x.cw]);
         pm.resize(ns * 32), pl.resize(ns * 32), pc.resize((size_t)ns * 32 * R);
         for (uint32_t s = 0; s < ns; s++)
             emulate4_split(x, t, q, s * rows, std::min(span, (s + 1) * rows), &pm[s * 32],
@@ -421,8 +436,7 @@ static void emulate_v4(const mla_host &x, uint32_t splits, std::vector<double> &
     }
 }
 
-/* The host mirror of v4 against the reference at 1, 2, 7 and 132 splits: the worst rel. L2
- * over the checked (token, head); pv_key a permutation (else 1). */
+/* The host mirror of v4 at 1, 2, 7 and 132 splits; pv_key a permutation (else 1). */
 static double check_v4_host(const mla_case &c, t_rng &g)
 {
     uint32_t seen = 0;
@@ -430,20 +444,10 @@ static double check_v4_host(const mla_case &c, t_rng &g)
         seen |= 1u << pv_key_host(k);
     if (seen != 0xffffu)
         return 1;
-    mla_host x;
-    std::vector<double> ref_o, o;
-    make_host(c, g, x);
-    ref_append(x);
-    ref_attend(x, ref_o);
-    double worst = 0;
-    for (uint32_t splits : {1u, 2u, 7u, 132u}) {
-        emulate_v4(x, splits, o);
-        std::vector<float> of(o.begin(), o.end());
-        for (size_t b = 0; b < o.size(); b += c.d.dv)
-            if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
-                worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
-    }
-    return worst;
+    return check_on_host(c, g, {1u, 2u, 7u, 132u},
+                         [](const mla_host &x, uint32_t n, std::vector<double> &o) {
+                             emulate_v4(x, n, o);
+                         });
 }
 
 /* ---- the device side -------------------------------------------------------------------- */
