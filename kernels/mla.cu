@@ -1407,7 +1407,7 @@ attend3s_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
 #define T4_QSTEPS    5      /* 16-column steps of the queries per group at most: cw <= 640 */
 #define T4_NB        8      /* 8-column blocks of the context per group at most: R <= 512 */
 #define T4_SLD       40     /* row stride (floats) of the score partials: 8 mod 32 */
-#define T4_PLD       36     /* row stride (floats) of the weights: 4 mod 32 */
+#define T4_PLD       36     /* row stride (words) of the weights' bf16 pairs: 4 mod 32 */
 #define T4_MIN_TILES 2      /* tiles per split at least */
 #define T4_SMS       132    /* multiprocessors when the runtime does not say (an H200's) */
 
@@ -1423,7 +1423,8 @@ __host__ __device__ static inline uint32_t ld4(uint32_t cw)
 }
 
 /* Bytes of attend4's shared memory: two stages of a tile [T4_KEYS][ld4] fp32, the groups'
- * score partials [T4_WARPS][T4_ROWS][T4_SLD], the weights [T4_ROWS][T4_PLD], max, sum, alpha. */
+ * score partials [T4_WARPS][T4_ROWS][T4_SLD], the weights' pairs [T4_ROWS][T4_PLD], max, sum,
+ * alpha. */
 static size_t attend4_shared(const kl_gpu_mla_dims *d)
 {
     return (2 * (size_t)T4_KEYS * ld4(d->R + d->dr) + T4_WARPS * T4_ROWS * T4_SLD +
@@ -1579,7 +1580,7 @@ __device__ static inline void scores4(const q4regs &q, const float *kv, uint32_t
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (uint32_t nb = 0; nb < T4_KEYS / 8; nb++) {
-        float c[2][4] = {};
+        float c[2][2][4] = {}; /* [row block][hi hi, hi lo + lo hi]: 4 independent chains */
         const float *krow = kv + (size_t)(8 * nb + g) * ld + 16 * s0 + 2 * t; /* B: key 8 nb + g */
 #pragma unroll
         for (uint32_t i = 0; i < T4_QSTEPS; i++) {
@@ -1592,25 +1593,28 @@ __device__ static inline void scores4(const q4regs &q, const float *kv, uint32_t
             split2(k1.x, k1.y, bh1, bl1);
 #pragma unroll
             for (uint32_t m = 0; m < 2; m++) {
-                mma16816(c[m], q.hi[i][m], bh0, bh1);
-                mma16816(c[m], q.hi[i][m], bl0, bl1);
-                mma16816(c[m], q.lo[i][m], bh0, bh1);
+                mma16816(c[m][0], q.hi[i][m], bh0, bh1);
+                mma16816(c[m][1], q.hi[i][m], bl0, bl1);
+                mma16816(c[m][1], q.lo[i][m], bh0, bh1);
             }
         }
 #pragma unroll
         for (uint32_t m = 0; m < 2; m++) {
             float *r0 = red + (size_t)(16 * m + g) * T4_SLD + 8 * nb + 2 * t;
-            *(float2 *)r0 = make_float2(c[m][0], c[m][1]);
-            *(float2 *)(r0 + 8 * T4_SLD) = make_float2(c[m][2], c[m][3]);
+            const float(&h)[4] = c[m][0], (&l)[4] = c[m][1];
+            *(float2 *)r0 = make_float2(h[0] + l[0], h[1] + l[1]);
+            *(float2 *)(r0 + 8 * T4_SLD) = make_float2(h[2] + l[2], h[3] + l[3]);
         }
     }
 }
 
 /* Block: the groups' partials red [T4_WARPS][T4_ROWS][T4_SLD] added in order and scaled, keys
- * c < nk counted (nk >= 1), the online softmax as softmax3 (8 threads per row, 4 keys each):
- * ps [T4_ROWS][T4_PLD] the weights in fp32 (context4 splits them; the sum adds them as split,
- * hi + lo), mx, sm take in the tile, alpha the factor the old context is scaled by. */
-__device__ static inline void softmax4(const float *red, uint32_t nk, float scale, float *ps,
+ * c < nk counted (nk >= 1), the online softmax as softmax3 (8 threads per row, 4 keys each);
+ * the weights split into bf16 pairs of keys (c, c + 4), c % 8 < 4, as context4's A fragments
+ * take them (pv_key's order): pw [T4_ROWS][T4_PLD] words, hi of pair 4 (c / 8) + c % 8 at that
+ * word, lo 16 words further; the sum adds the weights as split (hi + lo); mx, sm take in the
+ * tile, alpha the factor the old context is scaled by. */
+__device__ static inline void softmax4(const float *red, uint32_t nk, float scale, uint32_t *pw,
                                        float *mx, float *sm, float *alpha)
 {
     const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
@@ -1631,18 +1635,24 @@ __device__ static inline void softmax4(const float *red, uint32_t nk, float scal
     for (uint32_t j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
         const float p = c < nk ? expf(s[j] - m) : 0.0f;
-        uint32_t hi, lo;
-        split2(p, 0.0f, hi, lo);
-        ps[r * T4_PLD + c] = p;
-        l += bf16_val((uint16_t)hi) + bf16_val((uint16_t)lo);
+        const float p4 = kl_gpu_shfl_xor(p, 4); /* q < 4: key c + 4's, thread q + 4's */
+        if (q < 4) {
+            uint32_t hi, lo;
+            split2(p, p4, hi, lo);
+            pw[r * T4_PLD + 4 * j + q] = hi;
+            pw[r * T4_PLD + 16 + 4 * j + q] = lo;
+            l += bf16_val((uint16_t)hi) + bf16_val((uint16_t)(hi >> 16)) +
+                 bf16_val((uint16_t)lo) + bf16_val((uint16_t)(lo >> 16));
+        }
     }
     row_update8(r, q, m_old, m, l, false, mx, sm, alpha);
 }
 
 /* Group w: o[m][i] (rows 16 m .. +16, columns 8 (w + 8 i) .. +8, i while w + 8 i < nb) =
  * alpha o + P V over the tile kv [T4_KEYS][ld] (V: its first R columns), P V's hi hi + hi lo
- * + lo hi in fresh fragments, added in fp32; keys in pv_key's order for P and V. */
-__device__ static inline void context4(const float *kv, uint32_t ld, const float *ps,
+ * + lo hi in fresh fragments, added in fp32; keys in pv_key's order for P (softmax4's pairs
+ * pw) and V. */
+__device__ static inline void context4(const float *kv, uint32_t ld, const uint32_t *pw,
                                        const float *alpha, uint32_t nb,
                                        float (&o)[2][T4_NB][4])
 {
@@ -1654,10 +1664,11 @@ __device__ static inline void context4(const float *kv, uint32_t ld, const float
 #pragma unroll
         for (uint32_t kk = 0; kk < 2; kk++)
 #pragma unroll
-            for (uint32_t j = 0; j < 4; j++) {
-                const float *p = ps + (16 * m + g + 8 * (j % 2)) * T4_PLD + 16 * kk;
-                const uint32_t k = 2 * t + 8 * (j / 2);
-                split2(p[pv_key(k)], p[pv_key(k + 1)], ph[m][kk][j], pl[m][kk][j]);
+            for (uint32_t j = 0; j < 4; j++) { /* k 2t + 8 (j / 2), +1: keys c, c + 4 */
+                const uint32_t c = 16 * kk + pv_key(2 * t + 8 * (j / 2));
+                const uint32_t *p = pw + (16 * m + g + 8 * (j % 2)) * T4_PLD + 4 * (c / 8) + c % 8;
+                ph[m][kk][j] = p[0];
+                pl[m][kk][j] = p[16];
             }
     float al[2][2]; /* [row block][row g, g + 8] */
 #pragma unroll
@@ -1742,8 +1753,8 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
         return;
     const uint32_t u_end = span - u_begin < rows_per ? span : u_begin + rows_per;
     float *kv = (float *)shared4, *red = kv + 2 * T4_KEYS * ld;
-    float *ps = red + T4_WARPS * T4_ROWS * T4_SLD, *mx = ps + T4_ROWS * T4_PLD;
-    float *sm = mx + T4_ROWS, *alpha = sm + T4_ROWS;
+    uint32_t *pw = (uint32_t *)(red + T4_WARPS * T4_ROWS * T4_SLD);
+    float *mx = (float *)(pw + T4_ROWS * T4_PLD), *sm = mx + T4_ROWS, *alpha = sm + T4_ROWS;
     const float *cache = a.cache[x.tok_slot[t]];
     fetch_tile4(cache, u_begin, u_end, cw, ld, kv);
     for (uint32_t e = threadIdx.x; e < 2 * T4_KEYS * (ld - cw); e += T4_THREADS)
@@ -1769,10 +1780,10 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
         __syncthreads(); /* every thread's copies of this tile have landed */
         scores4(q, cur, ld, s0, ns, red + (size_t)w * T4_ROWS * T4_SLD);
         __syncthreads();
-        softmax4(red, u_end - u0 < T4_KEYS ? u_end - u0 : T4_KEYS, x.scale, ps, mx, sm, alpha);
+        softmax4(red, u_end - u0 < T4_KEYS ? u_end - u0 : T4_KEYS, x.scale, pw, mx, sm, alpha);
         __syncthreads();
-        context4(cur, ld, ps, alpha, d.R / 8, o);
-        __syncthreads(); /* the stage, red and ps are rewritten next */
+        context4(cur, ld, pw, alpha, d.R / 8, o);
+        __syncthreads(); /* the stage, red and pw are rewritten next */
     }
     store4(x, (size_t)t * gridDim.x + blockIdx.x, nh, d.R, mx, sm, o);
 }
