@@ -3,14 +3,16 @@
  * double that follows engine/forward.c (mla_chunk, mla_head, mla_attend_group: RMSNorm of the
  * latent into the cache, absorbed query W_kb,hᵀ q_nope, scores with the shared rope key, an
  * exact softmax over the span, context, W_vb,h ctx).  Tiny shapes with F32 and BF16 kv_b, the
- * full shape at n = 1 with spans 1, 2, 1000 and 65536 (also launched sized for a larger
- * capacity, as a captured decode step is), chunks of several runs in different slots with
- * differing spans, decode of 4 slots at spans 1 .. 64K and prefill runs of 64 and 256 tokens
- * on caches of 0 and 4K rows (the reference for every few tokens of those); the full-shape
- * cases timed, with bytes read / time beside a device-to-device copy and TFLOPS.  Every case
- * runs the four kernel versions (v3 on tensor cores with hi + lo operands and v3fast with
- * bf16 ones, both compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Exit 0 pass,
- * 1 fail, 77 no GPU; one JSON line.
+ * full shape at n = 1 with spans 1, 2, 17, 511, 512, 1000, 4096, 8192 and 65536 (some also
+ * launched sized for a larger capacity, as a captured decode step is), chunks of several runs
+ * in different slots with differing spans, decode of 4 and 6 slots at spans 1 .. 64K in one
+ * launch and prefill runs of 64 and 256 tokens on caches of 0 and 4K rows (the reference for
+ * every few tokens of those); the full-shape cases timed, with bytes read / time beside a
+ * device-to-device copy and TFLOPS.  Every case runs the five kernel versions (v4, decode on
+ * mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and v3fast with
+ * bf16 ones; all three compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Before
+ * the GPU: v3's and v3fast's algorithms emulated and v4's mirrored on the host (splits, fp32
+ * partials, softmax and combine).  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/mla.h"
 #include "tests/gpu/gpu_test.h"
