@@ -1763,8 +1763,11 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
         mx[r] = -INFINITY;
         sm[r] = 0.0f;
     }
+    /* group w takes share p of the steps: groups w and w + 4 (one scheduler) shares 2w and
+     * 2w + 1, so that each scheduler's pair has 9 of the 36 steps at the full shape */
     const uint32_t w = threadIdx.x / KL_GPU_GROUP, steps = (cw + 15) / 16;
-    const uint32_t s0 = w * steps / T4_WARPS, ns = (w + 1) * steps / T4_WARPS - s0;
+    const uint32_t p = w < T4_WARPS / 2 ? 2 * w : 2 * (w - T4_WARPS / 2) + 1;
+    const uint32_t s0 = p * steps / T4_WARPS, ns = (p + 1) * steps / T4_WARPS - s0;
     q4regs q;
     load_q4(x.sc.ql + (size_t)t * nh * cw, nh, cw, s0, ns, q);
     float o[2][T4_NB][4] = {};
