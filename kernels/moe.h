@@ -65,7 +65,9 @@ void kl_gpu_experts_version_set(int version);
  * weighted sum in one launch that requests its weights before its grid wait (two launches,
  * no part buffer); 2 (KL_GPU_MOE_DECODE=v2, read once) the three launches of before
  * (gate_up, down, combine; KL_GPU_MX=v1 their round-1 kernels).  Version 3 needs H <= 8192
- * and top_k · (I + 4 · 32 / top_k) floats <= 46 KiB; otherwise version 2 runs.
+ * and a token's h (top_k · I floats, with its partial sums) in 46 KiB of shared memory
+ * (top 8 of I = 1024: 32.5 KiB); otherwise version 2 runs.  Results equal version 2's (the
+ * same fp32 sums in the same order).
  * kl_gpu_experts_decode_version_set (2 or 3) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);
 void kl_gpu_experts_decode_version_set(int version);

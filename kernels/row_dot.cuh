@@ -371,8 +371,9 @@ __device__ static inline float kl_mx2_word_dot(uint32_t q, float4 a, float4 b, f
 }
 
 /* x [cols] (16-byte aligned, cols % 32 == 0) into shared sh, float4 c (0..7) of 32-block b at
- * b * 8 + (c ^ (b % 8)) (kl_mx2_x_at of f = b * 8 + c): the 8 lanes of a team read the same c of blocks b = 0..7 (mod 8),
- * which then lie in 8 different quads of banks.  Every thread of the block; a barrier after. */
+ * b * 8 + (c ^ (b % 8)) (kl_mx2_x_at of f = b * 8 + c): the 8 lanes of a team read the same c
+ * of blocks b = 0..7 (mod 8), which then lie in 8 different quads of banks.  Every thread of
+ * the block; a barrier after. */
 __device__ static inline uint32_t kl_mx2_x_at(uint32_t f)
 {
     return (f & ~7u) | ((f & 7u) ^ ((f >> 3) & 7u));
