@@ -28,8 +28,10 @@
  *     an SM: one wave of 256 blocks) before it fills x and waits once: ~147 KB requested per
  *     SM, 3x what the copy rate needs; then it lets the down launch start early
  *     (KL_GPU_LAUNCH_DEPENDENTS after its grid wait).
- *   down_sum: a block per (16 rows of H, token): 144 blocks of 32 teams, team j one slot's
- *     4 rows (units of DS_ROWS, each x load used 4 times); each lane requests its 16 loads
+ *   down_sum: a block per (8 rows of H, token): 288 blocks of 16 teams (2-3 an SM: the SM
+ *     with the most has 1.4x the mean, against 2x with 144 blocks of 16 rows; each block
+ *     reads the token's 32 KB of h from L2, 9.4 MB in all), team j one slot's 4 rows (units
+ *     of DS_ROWS, each x load used 4 times); each lane requests its 16 loads of 16 bytes
  *     BEFORE the grid wait, as gate_up's blocks leave their SMs: the weights never change
  *     and idx was complete before gate_up ran (gate_up's blocks let this kernel start only
  *     after each passed its own wait, and that wait returns when every kernel before gate_up
@@ -62,6 +64,8 @@
 #define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
 #define ROUTE_MAX_K 64
 #define GU_UNROLL   9  /* v3 gate_up: 16-byte loads per row and lane in flight (H = 2304: all 9) */
+#define DS_THREADS  128 /* v3 down: 16 teams a block, 4 blocks an SM (128 registers) */
+#define DS_TEAMS    (DS_THREADS / KL_MX2_TEAM)
 #define DS_ROWS     4  /* v3 down: rows a team multiplies together (each x load used 4 times) */
 #define DS_UNROLL   4  /* v3 down: loads per row and lane in flight (I = 1024: all 4) */
 #define DS_MAX_SHARED (46 * 1024) /* v3 down: h of a token's slots and the parts */
@@ -378,7 +382,7 @@ static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
 /* Rows of H per down block: units of DS_ROWS rows of one slot, about one unit per team. */
 static uint32_t ds_rows(uint32_t top_k)
 {
-    const uint32_t u = KL_MX2_TEAMS / top_k;
+    const uint32_t u = DS_TEAMS / top_k;
     return DS_ROWS * (u ? u : 1);
 }
 
@@ -438,12 +442,12 @@ __device__ static int64_t ds_unit(const experts_k &k, size_t t, size_t r0, uint3
     return e;
 }
 
-/* A block per (rb rows of H, token t); team j takes units j, j + KL_MX2_TEAMS, ... (every
+/* A block per (rb rows of H, token t); team j takes units j, j + DS_TEAMS, ... (every
  * team the same number of rounds: the team sums are shuffles over whole groups).  The first
  * unit's weights are requested before the grid wait (see the top: the weights and idx are
  * complete by then), h of the token's top_k slots is read after it, and y[t, r] (+)=
  * Σ_k wt[t, k] · part[k][r] in k order, as combine_kernel adds. */
-__global__ static void __launch_bounds__(KL_MX2_THREADS, 2)
+__global__ static void __launch_bounds__(DS_THREADS, 4)
     experts_down_sum_kernel(experts_k k, uint32_t rb)
 {
     KL_GPU_GRID_WAIT_LATER();
@@ -460,7 +464,7 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, 2)
     float *part = (float *)ds_sh + (size_t)K * k.I;
     ds_fill(ds_sh, k.h + t * K * k.I, K, k.I);
     __syncthreads();
-    for (uint32_t u0 = 0; u0 < units; u0 += KL_MX2_TEAMS) {
+    for (uint32_t u0 = 0; u0 < units; u0 += DS_TEAMS) {
         const uint32_t u = u0 + team < units ? u0 + team : units - 1;
         if (u0) {
             e = ds_unit(k, t, r0, u, rows, scales);
@@ -497,7 +501,7 @@ static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *er
         return rc;
     const uint32_t rb = ds_rows(k.top_k);
     const dim3 g((k.H + rb - 1) / rb, n);
-    experts_down_sum_kernel<<<g, KL_MX2_THREADS, ds_shared(k), st>>>(k, rb);
+    experts_down_sum_kernel<<<g, DS_THREADS, ds_shared(k), st>>>(k, rb);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

@@ -66,7 +66,7 @@ void kl_gpu_experts_version_set(int version);
  * no part buffer); 2 (KL_GPU_MOE_DECODE=v2, read once) the three launches of before
  * (gate_up, down, combine; KL_GPU_MX=v1 their round-1 kernels).  Version 3 needs H <= 8192
  * and a token's h (top_k · I floats, with its partial sums) in 46 KiB of shared memory
- * (top 8 of I = 1024: 32.5 KiB); otherwise version 2 runs.  Results equal version 2's (the
+ * (top 8 of I = 1024: 32 KiB); otherwise version 2 runs.  Results equal version 2's (the
  * same fp32 sums in the same order).
  * kl_gpu_experts_decode_version_set (2 or 3) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);

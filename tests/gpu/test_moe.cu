@@ -608,10 +608,10 @@ int main(void)
         path_set(p);
         check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 3, 1, 0}, tiny_n, 2);
-        /* v3: top 40 (2 rounds of down units), gate/up rows of 129 blocks (2 rounds), down
-         * rows of 65 blocks (3 rounds) and a last block of H half full */
+        /* v3: top 40 (3 rounds of down units); gate/up rows of 129 blocks (2 rounds), down
+         * rows of 65 blocks (3 rounds), a last down block of 8 rows out of 20 */
         check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
-        check_experts({KL_GPU_W_MXFP4, 3, 2080, 4128, 2, 1, 0}, tiny_n, 1);
+        check_experts({KL_GPU_W_MXFP4, 4, 2080, 4128, 3, 1, 0}, tiny_n, 1);
         check_bad_id(KL_GPU_W_MXFP4, 2);
     }
     path_set(paths[0]);
