@@ -42,8 +42,14 @@
  *   code, kl_mx2_word_dot) at the copy rate would take ~30 codes · 4 / 32 = 3.8 of the 4 warp
  *   instructions an SM issues a cycle; the v2 product on a large matrix reaches 0.66 of the
  *   copy rate with it.  So ~11 us of streaming at that rate + ~1.5 us to the first bytes:
- *   ~12 us, 2x version 2.  The next lever is the decode (tensor cores with x split in fp16
- *   parts would need ~2 operations a code).
+ *   ~12 us, 2x version 2.  The next lever is the decode.  A candidate, not built: int8
+ *   tensor cores, one mma m16n8k32 per MXFP4 block (16 rows x 32 codes): 2·E2M1 is an int8
+ *   in {0, ±1, .., ±12}; byte permutes with a table of the 8 magnitudes give, from a word of 8
+ *   codes, the positive codes' magnitudes (a selector nibble with bit 3 set, a negative code,
+ *   yields 0x00) and, from the word XOR 0x88888888, the negative ones': P and Q, 7 operations
+ *   for 8 codes; D = Q·(-B) + P·B with B = x in int8 digits under a per-32-block exponent
+ *   (4 digits: ~2^-25 of the block's largest x), exact int32 sums, then the digits and the
+ *   scale in fp32: ~2 operations a code.
  *
  * Chunks (n >= KL_GPU_GEMM_MIN_N, version 3): a one-block stable counting sort of the slots by
  * expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate, up and down
