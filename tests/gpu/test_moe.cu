@@ -10,8 +10,8 @@
  * in both X forms of kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding
  * host)).  Then n = 1 timed for each path with events (median of 32 calls, each on 8 other
  * experts so the L2 cannot hold them; and per call in graphs, plain and with programmatic
- * edges as the decode step runs) beside a device-to-device copy measured in the same run.  One
- * JSON line; exit 0 pass, 1 fail, 77 no GPU.
+ * edges as the decode step runs) beside a device-to-device copy measured in the same run (1 GiB,
+ * and one that moves the experts' 30.1 MB).  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/gemm.h" /* KL_GPU_GEMM_MIN_N */
@@ -550,6 +550,25 @@ static void time_experts(double copy_gbps, const slot_path &p)
     path_set(paths[0]);
 }
 
+/* A device-to-device copy that moves the bytes the experts read at n = 1 (half of them read,
+ * half written), alone and per copy in graphs: what those bytes cost at this size. */
+static void time_copy_same(double copy_gbps)
+{
+    const double bytes = 3.0 * 8 * 1024 * 2304 * (0.5 + 1.0 / 32);
+    const size_t half = (size_t)(bytes / 2) / 16 * 16;
+    void *src = t_alloc(32 * half), *dst = t_alloc(half);
+    T_CHECK(hipMemset(src, 1, 32 * half));
+    auto call = [&](int i, kl_gpu_stream st) { /* a fresh source each time: not from L2 */
+        T_CHECK(hipMemcpyAsync(dst, (char *)src + (size_t)(i % 32) * half, half,
+                               hipMemcpyDeviceToDevice, (hipStream_t)st));
+    };
+    t_time("d2d copy moving the experts' n=1 bytes (half read, half written)", t_median_s(call, 32),
+           t_graph_s(call, 32), 2.0 * half, copy_gbps);
+    T_CHECK(hipDeviceSynchronize());
+    hipFree(src);
+    hipFree(dst);
+}
+
 /* Chunks (n >= 16): the grouped path (default) and, inside check_experts, the per-slot one. */
 static void check_grouped_cases(void)
 {
@@ -622,6 +641,7 @@ int main(void)
     check_grouped_cases();
     for (const auto &p : paths)
         time_experts(copy, p);
+    time_copy_same(copy);
     for (uint32_t n : {64u, 256u}) {
         time_chunk(copy, n, 3);
         time_chunk(copy, n, 2);
