@@ -26,18 +26,20 @@
  *   gate_up: the same blocks (32 rows of I, slot), each team lane issuing all 18 of its
  *     16-byte loads (GU_UNROLL 9 blocks of the gate and the up row; 128 registers, 2 blocks
  *     an SM: one wave of 256 blocks) before it fills x and waits once: ~147 KB requested per
- *     SM, 3x what the copy rate needs; then it lets the down launch start early
- *     (KL_GPU_LAUNCH_DEPENDENTS after its grid wait).
+ *     SM, 3x what the copy rate needs.  KL_GPU_MOE_DECODE=v3t (version 4) also lets the
+ *     down launch start early (KL_GPU_LAUNCH_DEPENDENTS after its grid wait): its blocks
+ *     then take the SMs that gate_up leaves first, up to 4 each, and may crowd there (main
+ *     measured such triggers slower in every kernel), so it is only offered to measure.
  *   down_sum: a block per (8 rows of H, token): 288 blocks of 16 teams (2-3 an SM: the SM
  *     with the most has 1.4x the mean, against 2x with 144 blocks of 16 rows; each block
  *     reads the token's 32 KB of h from L2, 9.4 MB in all), team j one slot's 4 rows (units
  *     of DS_ROWS, each x load used 4 times); each lane requests its 16 loads of 16 bytes
- *     BEFORE the grid wait, as gate_up's blocks leave their SMs: the weights never change
- *     and idx was complete before gate_up ran (gate_up's blocks let this kernel start only
- *     after each passed its own wait, and that wait returns when every kernel before gate_up
- *     has finished).  After the wait: the token's h [8, 1024] into shared memory (cp.async,
- *     32 KB), the products, and y (+)= Σ_k wt · part in k order, as combine adds: no part
- *     buffer, no third launch.
+ *     BEFORE the grid wait, once gate_up's blocks have left (v3t: as they leave): the
+ *     weights never change and idx was complete before gate_up ran (this kernel starts only
+ *     after each gate_up block passed its own wait or exited, and that wait returns when
+ *     every kernel before gate_up has finished).  After the wait: the token's h [8, 1024]
+ *     into shared memory (cp.async, 32 KB), the products, and y (+)= Σ_k wt · part in k
+ *     order, as combine adds: no part buffer, no third launch.
  *   Predicted: the bytes alone 7.2 us, but the decode (~4 integer and float operations a
  *   code, kl_mx2_word_dot) at the copy rate would take ~30 codes · 4 / 32 = 3.8 of the 4 warp
  *   instructions an SM issues a cycle; the v2 product on a large matrix reaches 0.66 of the
@@ -69,6 +71,7 @@
 #define ROUTE_WARPS 4    /* tokens per router block */
 #define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
 #define ROUTE_MAX_K 64
+#define ROUTE_BATCH 8    /* logits a lane loads at once */
 #define GU_UNROLL   9  /* v3 gate_up: 16-byte loads per row and lane in flight (H = 2304: all 9) */
 #define DS_THREADS  128 /* v3 down: 16 teams a block, 4 blocks an SM (128 registers) */
 #define DS_TEAMS    (DS_THREADS / KL_MX2_TEAM)
@@ -89,12 +92,26 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         return;
     float *s = route_sh + (size_t)g * 2 * E, *sel = s + E;
     const float *lg = a.logits + (size_t)t * E;
-    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >) */
-    for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
-        const float v = 1.0f / (1.0f + expf(-lg[e]));
-        const float q = v + (a.bias ? a.bias[e] : 0.0f);
-        s[e] = v;
-        sel[e] = isnan(q) ? -INFINITY : q;
+    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >).
+     * ROUTE_BATCH logits (and biases) per lane are loaded before any is used: one wait for
+     * memory per 256 experts instead of one per expert a lane owns. */
+    for (uint32_t e0 = lane; e0 < E; e0 += ROUTE_BATCH * KL_GPU_GROUP) {
+        float l[ROUTE_BATCH], b[ROUTE_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROUTE_BATCH; u++) {
+            const uint32_t e = e0 + u * KL_GPU_GROUP;
+            l[u] = e < E ? lg[e] : 0.0f;
+            b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ROUTE_BATCH; u++) {
+            const uint32_t e = e0 + u * KL_GPU_GROUP;
+            const float v = 1.0f / (1.0f + expf(-l[u])), q = v + b[u];
+            if (e < E) {
+                s[e] = v;
+                sel[e] = isnan(q) ? -INFINITY : q;
+            }
+        }
     }
     /* 2-3. top-k by repeated arg-max; weights s or s + bias (weight k kept by lane k % 32) */
     int32_t *idx = a.idx + (size_t)t * a.top_k;
@@ -152,6 +169,7 @@ struct experts_k {
     const float   *wt;
     float         *h, *part, *y;
     int            add_to_y;
+    int            trigger;      /* v3 gate_up lets down_sum start early (decode version 4) */
 };
 
 /* The group's (slot, row) among n_slots * rows, its expert (-1: none valid), and its lane. */
@@ -328,13 +346,13 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
 /* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
  * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1.
  * V3 (gate_up of version 3): GU_UNROLL blocks of each row per lane in flight (the whole row
- * at H = 2304), 2 blocks an SM, and the dependent down kernel let in early (see the top). */
+ * at H = 2304), 2 blocks an SM; with k.trigger the down kernel let in early (see the top). */
 template <int DOWN, int V3>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
 {
     KL_GPU_GRID_WAIT();
-    if (V3)
+    if (V3 && k.trigger)
         KL_GPU_LAUNCH_DEPENDENTS();
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
@@ -496,7 +514,7 @@ __global__ static void __launch_bounds__(DS_THREADS, 4)
  * memory, the slots in a grid column. */
 static int experts_v3_ok(const experts_k &k)
 {
-    return kl_gpu_experts_decode_version() == 3 && k.H <= KL_MX2_MAX_COLS &&
+    return kl_gpu_experts_decode_version() >= 3 && k.H <= KL_MX2_MAX_COLS &&
            k.n_slots <= 65535 && ds_shared(k) <= DS_MAX_SHARED;
 }
 
@@ -575,19 +593,19 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 
 static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
 
-/* *ver, read from $name the first time: 2 when it says v2, else 3. */
-static int env_version(int *ver, const char *name)
+/* *ver, read from $name the first time: 2 when it says v2, 4 when v3t (and v3t_ok), else 3. */
+static int env_version(int *ver, const char *name, int v3t_ok)
 {
     if (!*ver) {
         const char *v = getenv(name);
-        *ver = v && !strcmp(v, "v2") ? 2 : 3;
+        *ver = v && !strcmp(v, "v2") ? 2 : v3t_ok && v && !strcmp(v, "v3t") ? 4 : 3;
     }
     return *ver;
 }
 
 extern "C" int kl_gpu_experts_version(void)
 {
-    return env_version(&experts_ver, "KL_GPU_MOE");
+    return env_version(&experts_ver, "KL_GPU_MOE", 0);
 }
 
 extern "C" void kl_gpu_experts_version_set(int version)
@@ -597,12 +615,12 @@ extern "C" void kl_gpu_experts_version_set(int version)
 
 extern "C" int kl_gpu_experts_decode_version(void)
 {
-    return env_version(&decode_ver, "KL_GPU_MOE_DECODE");
+    return env_version(&decode_ver, "KL_GPU_MOE_DECODE", 1);
 }
 
 extern "C" void kl_gpu_experts_decode_version_set(int version)
 {
-    decode_ver = version == 2 ? 2 : 3;
+    decode_ver = version == 2 || version == 4 ? version : 3;
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],
@@ -780,6 +798,7 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
     k.part = a->scratch + (size_t)k.n_slots * k.I;
     k.y = a->y;
     k.add_to_y = a->add_to_y;
+    k.trigger = kl_gpu_experts_decode_version() == 4;
     k.vec1 = kl_row_vec_ok(&k.w1, k.x, k.H);
     k.vec3 = kl_row_vec_ok(&k.w3, k.x, k.H);
     k.vec2 = kl_row_vec_ok(&k.w2, k.h, k.I);

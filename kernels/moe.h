@@ -67,8 +67,9 @@ void kl_gpu_experts_version_set(int version);
  * (gate_up, down, combine; KL_GPU_MX=v1 their round-1 kernels).  Version 3 needs H <= 8192
  * and a token's h (top_k · I floats, with its partial sums) in 46 KiB of shared memory
  * (top 8 of I = 1024: 32 KiB); otherwise version 2 runs.  Results equal version 2's (the
- * same fp32 sums in the same order).
- * kl_gpu_experts_decode_version_set (2 or 3) overrides the environment. */
+ * same fp32 sums in the same order).  KL_GPU_MOE_DECODE=v3t (version 4): version 3 with the
+ * down launch let in while gate/up still runs (to measure; see moe.cu).
+ * kl_gpu_experts_decode_version_set (2, 3 or 4) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);
 void kl_gpu_experts_decode_version_set(int version);
 

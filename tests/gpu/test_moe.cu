@@ -132,12 +132,14 @@ static void test_route(double copy_gbps)
 
 /* ---- experts ----------------------------------------------------------------------------- */
 
-/* The per-slot MXFP4 kernels (n < 16): decode version 3, 2, or 2 with KL_GPU_MX=v1's. */
+/* The per-slot MXFP4 kernels (n < 16): decode version 3, 4 (3 with the early down launch:
+ * KL_GPU_MOE_DECODE=v3t), 2, or 2 with KL_GPU_MX=v1's. */
 struct slot_path {
     int decode, mx;
     const char *name;
 };
-static const slot_path paths[] = {{3, 2, "v3"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
+static const slot_path paths[] = {
+    {3, 2, "v3"}, {4, 2, "v3t"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
 static const slot_path *cur_path = &paths[0];
 
 static void path_set(const slot_path &p)
@@ -419,7 +421,7 @@ static void check_decode(kl_gpu_wkind kind)
                     break; /* one per-slot path */
                 if (p.decode == 3) {
                     y3 = y;
-                } else if (p.mx == 2) {
+                } else if (p.decode == 2 && p.mx == 2) {
                     std::vector<double> r2(y.begin(), y.end());
                     strncat(what, " vs v3 (same sums)", sizeof what - strlen(what) - 1);
                     t_check(what, worst_error(y3, r2, c, 1), 1e-6);
@@ -474,12 +476,14 @@ template <class F> static double t_pdl_graph_s(F fn, int reps)
     return ms / 1e3 / reps;
 }
 
-/* Version 3 right after the router that writes its idx and wt, STEPS times in one graph with
- * programmatic edges (the down kernel reads idx before its grid wait: a stale read would give
- * step i the experts of step i - 1), each step on its own logits, x and y, against the same
- * steps launched plainly: equal to the bit (add_to_y 0, so the replays repeat one result). */
-static void check_pdl(void)
+/* Version 3 (path p: v3 or v3t) right after the router that writes its idx and wt, STEPS
+ * times in one graph with programmatic edges (the down kernel reads idx before its grid wait:
+ * a stale read would give step i the experts of step i - 1), each step on its own logits, x
+ * and y, against the same steps launched plainly: equal to the bit (add_to_y 0, so the
+ * replays repeat one result). */
+static void check_pdl(const slot_path &p)
 {
+    path_set(p);
     enum { STEPS = 8, N = 2 };
     const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, N, 0};
     stacks s;
@@ -510,9 +514,12 @@ static void check_pdl(void)
     double differ = 0;
     for (size_t i = 0; i < ny; i++)
         differ += memcmp(&plain[i], &graph[i], 4) != 0;
-    t_check("decode v3 mxfp4 n=2 after the router, graph with programmatic edges vs plain "
-            "(values that differ)", differ, 0);
+    char what[160];
+    snprintf(what, sizeof what, "decode %s mxfp4 n=2 after the router, graph with programmatic "
+             "edges vs plain (values that differ)", p.name);
+    t_check(what, differ, 0);
     timing_free({dl, dx, dy, dw, di, scratch}, s);
+    path_set(paths[0]);
 }
 
 /* n = 1 at the real shapes through path p: 32 calls, call i on experts perm[8i .. 8i+8);
@@ -636,7 +643,8 @@ int main(void)
     path_set(paths[0]);
     check_decode(KL_GPU_W_MXFP4);
     check_decode(KL_GPU_W_BF16);
-    check_pdl();
+    check_pdl(paths[0]);
+    check_pdl(paths[1]);
     check_bad_id(KL_GPU_W_F32, 2);
     check_grouped_cases();
     for (const auto &p : paths)
