@@ -50,6 +50,9 @@
 #define hipSetDevice            cudaSetDevice
 #define hipDeviceProp_t         cudaDeviceProp
 #define hipGetDeviceProperties  cudaGetDeviceProperties
+#define hipGetDevice            cudaGetDevice
+#define hipDeviceGetAttribute   cudaDeviceGetAttribute
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipMemGetInfo           cudaMemGetInfo
 #define hipMemsetAsync          cudaMemsetAsync
 #define hipHostMalloc           cudaHostAlloc
