@@ -50,7 +50,7 @@
  * [4096, 2304] x 256 147 µs (33 TFLOPS).  ptxas: 128 registers and 88-516 bytes of spills
  * in form 2 (the two register sets of raw loads, 42 registers, plus 2 x 32 of sums).
  *
- * Version 2 (the default; KL_GPU_GEMM_TILES=v1 selects the above): what held the loads
+ * Version 2 (KL_GPU_GEMM_TILES=v2; the default is version 1 above, see gemm.h): what held the loads
  * moves to shared memory.  Geometry and walk: gemm_tile.cuh (replayed on the host by the
  * test).  A step's raw bytes (codes, one scale word a row, x rows gathered through x_row)
  * are copied by cp.async into a ring of STAGES steps, issued STAGES - 1 steps ahead, with
@@ -80,6 +80,10 @@
  * 3.5x, and its spills and register-held loads are what version 2 removes; if version 2
  * misses too, the timing of KL_GPU_GEMM_SPLIT=0 (a third of the MMAs and of the X split)
  * tells the tensor cores' share.
+ * Measured (H200, session 7, end to end only: test_gemm's per-call timings of version 2 were
+ * not taken): an 8K prompt in chunks of 1,024 ran 4% slower with version 2 (3,286-3,293
+ * tok/s) than with version 1 (3,405-3,418), so the prediction missed and version 1 stays the
+ * default.  Next: the per-call timings (test_gemm prints v1, v2 and v3 in every form).
  * Dense [4096, 2304] x 256 (MXFP4): 32 x 4 = 128 blocks, one per SM, 36 steps.  Per
  * block-step: 384 WMMA (768 HMMA, ~1,200 tensor clocks), X split 4 units x ~90 a thread,
  * fragment loads 8 x 4 x 8 x 4 = 1,024 wavefronts: ~2,500 clocks with no second block to
@@ -692,14 +696,14 @@ extern "C" int kl_gpu_gemm_tiles(void)
 {
     if (!tiles_version) {
         const char *v = getenv("KL_GPU_GEMM_TILES");
-        tiles_version = v && !strcmp(v, "v1") ? 1 : v && !strcmp(v, "v3") ? 3 : 2;
+        tiles_version = v && !strcmp(v, "v2") ? 2 : v && !strcmp(v, "v3") ? 3 : 1;
     }
     return tiles_version;
 }
 
 extern "C" void kl_gpu_gemm_tiles_set(int version)
 {
-    tiles_version = version == 1 || version == 3 ? version : 2;
+    tiles_version = version == 2 || version == 3 ? version : 1;
 }
 
 /* Whether version 2 (or 3) takes m: selected, K in whole steps, MXFP4 scales 4-byte

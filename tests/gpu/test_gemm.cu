@@ -10,7 +10,7 @@
  * and X rounded to bf16 ("bf16x": against X rounded to bf16 as the kernels do,
  * ~1e-6: only the fp32 summation order differs; and against fp32 X, ~3e-3: bf16's rounding of
  * X).  Rows of W are sampled (every step-th and the last) to bound the host's work.  Every
- * form runs in each version of the kernels (kl_gpu_gemm_tiles_set: 2, the default, 1, and 3,
+ * form runs in each version of the kernels (kl_gpu_gemm_tiles_set: 2, 1 (the default) and 3,
  * version 2 with dense tiles of 16 tokens at any n);
  * small shapes with K in whole steps of 64 reach version 2's tails (the others run v1 in
  * both).  Then timings of every version and form: median of single calls, TFLOPS and GB/s
@@ -118,7 +118,7 @@ static void run_forms(F call, float *dy, size_t n_out, std::vector<float> y[RUNS
         call();
         y[f] = t_download(dy, n_out);
     }
-    kl_gpu_gemm_tiles_set(2);
+    kl_gpu_gemm_tiles_set(1);
     kl_gpu_gemm_split_set(2);
 }
 
@@ -145,7 +145,7 @@ static void time_forms(const char *what, F call, double flops, double bytes)
         kl_gpu_gemm_split_set(form_split[f % FORMS]);
         time_record(buf, t_median_s(call, 11), flops, bytes);
     }
-    kl_gpu_gemm_tiles_set(2);
+    kl_gpu_gemm_tiles_set(1);
     kl_gpu_gemm_split_set(2);
 }
 
