@@ -35,6 +35,8 @@
 
 #define CHUNK    KL_FORWARD_CHUNK
 #define MAX_TOPK 64   /* larger configs are refused */
+#define KB_ROWS  8    /* rows of W_kb applied to a token's query in one pass */
+#define PIECE    64   /* cache rows whose scores or weights one pass handles */
 
 typedef struct dims {
     size_t hidden, vocab;
@@ -45,7 +47,8 @@ typedef struct dims {
     size_t low;                   /* widest low-rank output (KDA gate ranks, MLA kv_a) */
     size_t ffn;                   /* FFN intermediate floats per token: the dense MLP's, or
                                      top_k routed experts' plus the shared experts' */
-    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [R] + [CHUNK, dv] */
+    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [KB_ROWS, R] +
+                                     [CHUNK, dv] */
 } dims;
 
 typedef struct bufs {
@@ -94,7 +97,7 @@ static void get_dims(const kl_model *m, dims *d)
     d->wide = (size_t)w.wide;
     d->low = (size_t)w.low;
     d->ffn = max2((size_t)w.mlp, d->topk * (size_t)w.routed + (size_t)w.shared);
-    d->head_floats = CHUNK * d->R + d->R + CHUNK * d->dv;
+    d->head_floats = CHUNK * d->R + KB_ROWS * d->R + CHUNK * d->dv;
 }
 
 /* Carves p into the chunk buffers; returns the floats they take (p NULL: just the count). */
@@ -296,12 +299,12 @@ static void short_conv(float *x, const float *w, float *win, size_t D, size_t W,
     }
 }
 
-/* g = -exp(A_log[h]) · softplus(f + dt_bias) per channel, log space, for T tokens in place */
-static void forget_gate(float *f, const float *a_log, const float *dt, const dims *d, size_t T)
+/* 3c and the decay of step 5 for one head of one token, in place: f becomes exp(g) with
+ * g = na · softplus(f + dt_bias) the forget gate in log space, na = -exp(A_log[h]). */
+static void kda_decay(float *f, float na, const float *dt, size_t K)
 {
-    for (size_t t = 0; t < T; t++)
-        for (size_t c = 0; c < d->kD; c++)
-            f[t * d->kD + c] = -expf(a_log[c / d->kd]) * softplus(f[t * d->kD + c] + dt[c]);
+    for (size_t i = 0; i < K; i++)
+        f[i] = expf(na * softplus(f[i] + dt[i]));
 }
 
 typedef struct kda_job {
@@ -328,25 +331,25 @@ static void l2norm_qk(float *q, float *k, size_t K, float qscale)
     }
 }
 
-/* Steps 6-7b of one head for one token (offset off into the [T, D] buffers). */
+/* Steps 6-7b of one head for one token (offset off into the [T, D] buffers; f holds the
+ * decay factors exp(g)).  The row forms keep each row's operations and their order, so the
+ * result is that of one row at a time. */
 static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
 {
     const bufs *b = j->b;
     size_t K = j->d->kd;
     float *q = b->q + off, *k = b->k + off, *v = b->v + off, *o = b->o + off;
-    const float *gh = b->f + off, *gate = b->g + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    const float *decay = b->f + off, *gate = b->g + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
     l2norm_qk(q, k, K, 1.0f / sqrtf((float)K));
-    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed row (into o) */
+    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed rows (into o) */
     memset(o, 0, K * sizeof *o);
-    for (size_t i = 0; i < K; i++)
-        kl_vec_scale_axpy(S + i * K, expf(gh[i]), o, k[i], K);
+    kl_vec_scale_axpy_rows(S, K, decay, o, k, K, K);
     /* u = β (v − Sᵀ k̂), kept in v */
     for (size_t c = 0; c < K; c++)
         v[c] = beta * (v[c] - o[c]);
-    /* S += k̂ uᵀ, then read out o = Sᵀ q̂ from the updated row */
+    /* S += k̂ uᵀ, then read out o = Sᵀ q̂ from the updated rows */
     memset(o, 0, K * sizeof *o);
-    for (size_t i = 0; i < K; i++)
-        kl_vec_axpy_axpy(S + i * K, k[i], v, o, q[i], K);
+    kl_vec_axpy_axpy_rows(S, K, k, v, o, q, K, K);
     /* 7b. gated RMSNorm per head, sigmoid gate */
     float ss = 0.0f;
     for (size_t c = 0; c < K; c++)
@@ -357,16 +360,21 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
 }
 
 /* One head over the chunk's tokens (pool item h): each run's tokens in order on its slot's
- * state. */
+ * state, each token's forget gate first. */
 static void kda_head(void *ctx, size_t h)
 {
     const kda_job *j = ctx;
     size_t K = j->d->kd;
+    float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
+    const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
     for (size_t r = 0; r < j->c->n_runs; r++) {
         const run *ru = &j->c->runs[r];
         float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
-        for (size_t t = ru->start; t < ru->start + ru->len; t++)
-            kda_head_token(j, S, t * j->d->kD + h * K, j->b->beta[t * j->d->kh + h]);
+        for (size_t t = ru->start; t < ru->start + ru->len; t++) {
+            size_t off = t * j->d->kD + h * K;
+            kda_decay(j->b->f + off, na, dt, K);
+            kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
+        }
     }
 }
 
@@ -408,12 +416,11 @@ static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
     mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
     mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
     mm_flush(&mm);
-    /* 3c. forget gate in log space */
-    forget_gate(b->f, L->vec[KL_ROLE_KDA_A_LOG], L->vec[KL_ROLE_KDA_DT_BIAS], d, T);
     /* 4b. beta per head */
     for (size_t i = 0; i < T * wb->rows; i++)
         b->beta[i] = sigmoid(b->beta[i]);
-    /* 5-7b. recurrence and gated norm: heads in parallel, each head's tokens in order */
+    /* 3c, 5-7b. forget gate, recurrence and gated norm: heads in parallel, each head's tokens
+     * in order */
     kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps};
     run_heads(m->pool, d->kh, kda_head, &j, 4.0 * (double)T * (double)(D * d->kd));
     /* 8. o_proj */
@@ -437,6 +444,36 @@ static size_t mla_block_rows(size_t cw)
     return r < 16 ? 16 : r;
 }
 
+/* sc[u] for cache rows u0 .. u1 of query (q [R], qr [dr]): (latent part + shared rope part) ·
+ * scale, PIECE rows per pass (each row's dots those of kl_vec_dot). */
+static void mla_scores(const float *q, const float *qr, const float *cache, const dims *d,
+                       size_t u0, size_t u1, float scale, float *sc)
+{
+    size_t R = d->R, dr = d->dr, cw = R + dr;
+    float rope[PIECE];
+    for (size_t u = u0; u < u1; u += PIECE) {
+        size_t m = u1 - u < PIECE ? u1 - u : PIECE;
+        kl_vec_dot_rows(q, cache + u * cw, cw, m, R, sc + u);
+        kl_vec_dot_rows(qr, cache + u * cw + R, cw, m, dr, rope);
+        for (size_t k = 0; k < m; k++)
+            sc[u + k] = (sc[u + k] + rope[k]) * scale;
+    }
+}
+
+/* ctx [R] += Σ (p_u / sum) c_u over cache rows u0 .. u1, in order, PIECE rows per pass. */
+static void mla_context(float *ctx, const float *p, float sum, const float *cache, const dims *d,
+                        size_t u0, size_t u1)
+{
+    size_t cw = d->R + d->dr;
+    float a[PIECE];
+    for (size_t u = u0; u < u1; u += PIECE) {
+        size_t m = u1 - u < PIECE ? u1 - u : PIECE;
+        for (size_t k = 0; k < m; k++)
+            a[k] = p[u + k] / sum;
+        kl_vec_axpy_rows(ctx, a, cache + u * cw, cw, m, d->R);
+    }
+}
+
 /* Tokens t0..t0+G of run ru (chunk rows), head h, attend to the run's slot's cache, each up to
  * itself (causal); ql [T, R] holds their absorbed queries on entry and their attention-weighted
  * latents (ctx) on return.  The cache is walked in blocks, each block once for the whole group;
@@ -458,11 +495,8 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
         for (size_t g = 0; g < G; g++) {
             size_t t = t0 + g, n = base + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
             const float *q = ql + t * R, *qr = c->b.q + t * d->nh * qw + h * qw + d->dn;
-            float *sc = sc0 + g * c->scores_cap;
-            for (size_t u = u0; u < u1; u++) {
-                const float *cu = cache + u * cw;
-                sc[u] = (kl_vec_dot(q, cu, R) + kl_vec_dot(qr, cu + R, dr)) * scale;
-            }
+            if (u1 > u0)
+                mla_scores(q, qr, cache, d, u0, u1, scale, sc0 + g * c->scores_cap);
         }
     }
     /* fp32 softmax per token, over its span in order */
@@ -483,9 +517,9 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     for (size_t u0 = 0; u0 < n_max; u0 += blk) {
         for (size_t g = 0; g < G; g++) {
             size_t n = base + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
-            const float *sc = sc0 + g * c->scores_cap;
-            for (size_t u = u0; u < u1; u++)
-                kl_vec_axpy(ql + (t0 + g) * R, sc[u] / sum[g], cache + u * cw, R);
+            if (u1 > u0)
+                mla_context(ql + (t0 + g) * R, sc0 + g * c->scores_cap, sum[g], cache, d, u0,
+                            u1);
         }
     }
 }
@@ -499,14 +533,17 @@ static void mla_head(void *ctx, size_t h)
     size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, T = c->chunk.n;
     size_t rows = c->scores_rows;
     float *ql = c->b.heads + h * d->head_floats;   /* [T, R] queries, then contexts */
-    float *row = ql + CHUNK * R;                   /* [R] one row of W_kb */
-    float *yo = row + R;                           /* [T, dv] this head's output */
-    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t; each row of W_kb read once per chunk */
+    float *kb = ql + CHUNK * R;                    /* [KB_ROWS, R] rows of W_kb */
+    float *yo = kb + KB_ROWS * R;                  /* [T, dv] this head's output */
+    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t, rows i in order; each row of W_kb read once
+     * per chunk, KB_ROWS of them added to a token's query in one pass */
     memset(ql, 0, T * R * sizeof *ql);
-    for (size_t i = 0; i < dn; i++) {
-        kl_wmat_row_f32(j->kvb, h * (dn + dv) + i, row);
+    for (size_t i0 = 0; i0 < dn; i0 += KB_ROWS) {
+        size_t g = dn - i0 < KB_ROWS ? dn - i0 : KB_ROWS;
+        for (size_t i = 0; i < g; i++)
+            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + i, kb + i * R);
         for (size_t t = 0; t < T; t++)
-            kl_vec_axpy(ql + t * R, c->b.q[t * d->nh * qw + h * qw + i], row, R);
+            kl_vec_axpy_rows(ql + t * R, c->b.q + t * d->nh * qw + h * qw + i0, kb, R, g, R);
     }
     for (size_t r = 0; r < c->n_runs; r++) {
         const run *ru = &c->runs[r];

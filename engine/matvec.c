@@ -148,6 +148,35 @@ static void axpy_axpy_scalar(float *x, float a, const float *u, float *y, float 
     }
 }
 
+/* The row forms on the scalar set: one call per row. */
+static void dot_rows_scalar(const float *a, const float *rows, size_t ld, size_t nr, size_t n,
+                            float *out)
+{
+    for (size_t r = 0; r < nr; r++)
+        out[r] = vdot_scalar(a, rows + r * ld, n);
+}
+
+static void axpy_rows_scalar(float *y, const float *a, const float *rows, size_t ld, size_t nr,
+                             size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        axpy_scalar(y, a[r], rows + r * ld, n);
+}
+
+static void scale_axpy_rows_scalar(float *x, size_t ld, const float *s, float *y,
+                                   const float *a, size_t nr, size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        scale_axpy_scalar(x + r * ld, s[r], y, a[r], n);
+}
+
+static void axpy_axpy_rows_scalar(float *x, size_t ld, const float *a, const float *u, float *y,
+                                  const float *b, size_t nr, size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        axpy_axpy_scalar(x + r * ld, a[r], u, y, b[r], n);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* AVX2 path                                                                                  */
 
@@ -405,16 +434,21 @@ static AVX2_FN void row_bf16_avx2(const uint16_t *p, uint64_t n, float *out)
         out[c] = kl_bf16_to_f32(p[c]);
 }
 
+/* s plus a[i] · b[i] for the columns i .. n after the last whole chunk, in order. */
+static inline float dot_tail(float s, const float *a, const float *b, size_t i, size_t n)
+{
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
 static AVX2_FN float vdot_avx2(const float *a, const float *b, size_t n)
 {
     __m256 acc = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+    return dot_tail(hsum8(acc), a, b, i, n);
 }
 
 static AVX2_FN void axpy_avx2(float *y, float a, const float *x, size_t n)
@@ -455,6 +489,106 @@ static AVX2_FN void axpy_axpy_avx2(float *x, float a, const float *u, float *y, 
     for (; i < n; i++) {
         x[i] += a * u[i];
         y[i] += b * x[i];
+    }
+}
+
+/* ---- row forms: each row's operations exactly those of the one-row primitive ---- */
+
+#define ROW_GROUP 8   /* rows whose updates of one 8-float chunk of y share its load and store */
+
+/* Four rows at a time: four independent FMA chains (one alone waits on the FMA latency). */
+static AVX2_FN void dot_rows_avx2(const float *a, const float *rows, size_t ld, size_t nr,
+                                  size_t n, float *out)
+{
+    size_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *p0 = rows + r * ld, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 va = _mm256_loadu_ps(a + i);
+            s0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p0 + i), s0);
+            s1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p1 + i), s1);
+            s2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p2 + i), s2);
+            s3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p3 + i), s3);
+        }
+        out[r] = dot_tail(hsum8(s0), a, p0, i, n);
+        out[r + 1] = dot_tail(hsum8(s1), a, p1, i, n);
+        out[r + 2] = dot_tail(hsum8(s2), a, p2, i, n);
+        out[r + 3] = dot_tail(hsum8(s3), a, p3, i, n);
+    }
+    for (; r < nr; r++)
+        out[r] = vdot_avx2(a, rows + r * ld, n);
+}
+
+/* Rows in groups of ROW_GROUP: each 8-float chunk of y is loaded once, takes the group's rows
+ * in order, and is stored once; the scalar tail runs the same per-element sequence. */
+static AVX2_FN void axpy_rows_avx2(float *y, const float *a, const float *rows, size_t ld,
+                                   size_t nr, size_t n)
+{
+    for (size_t r0 = 0; r0 < nr; r0 += ROW_GROUP) {
+        size_t g = nr - r0 < ROW_GROUP ? nr - r0 : ROW_GROUP, i = 0;
+        const float *x = rows + r0 * ld, *ag = a + r0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 acc = _mm256_loadu_ps(y + i);
+            for (size_t k = 0; k < g; k++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(ag[k]), _mm256_loadu_ps(x + k * ld + i),
+                                      acc);
+            _mm256_storeu_ps(y + i, acc);
+        }
+        for (; i < n; i++)
+            for (size_t k = 0; k < g; k++)
+                y[i] += ag[k] * x[k * ld + i];
+    }
+}
+
+static AVX2_FN void scale_axpy_rows_avx2(float *x, size_t ld, const float *s, float *y,
+                                         const float *a, size_t nr, size_t n)
+{
+    for (size_t r0 = 0; r0 < nr; r0 += ROW_GROUP) {
+        size_t g = nr - r0 < ROW_GROUP ? nr - r0 : ROW_GROUP, i = 0;
+        float *xg = x + r0 * ld;
+        const float *sg = s + r0, *ag = a + r0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 acc = _mm256_loadu_ps(y + i);
+            for (size_t k = 0; k < g; k++) {
+                float *xk = xg + k * ld + i;
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xk), _mm256_set1_ps(sg[k]));
+                _mm256_storeu_ps(xk, v);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(ag[k]), v, acc);
+            }
+            _mm256_storeu_ps(y + i, acc);
+        }
+        for (; i < n; i++)
+            for (size_t k = 0; k < g; k++) {
+                xg[k * ld + i] *= sg[k];
+                y[i] += ag[k] * xg[k * ld + i];
+            }
+    }
+}
+
+static AVX2_FN void axpy_axpy_rows_avx2(float *x, size_t ld, const float *a, const float *u,
+                                        float *y, const float *b, size_t nr, size_t n)
+{
+    for (size_t r0 = 0; r0 < nr; r0 += ROW_GROUP) {
+        size_t g = nr - r0 < ROW_GROUP ? nr - r0 : ROW_GROUP, i = 0;
+        float *xg = x + r0 * ld;
+        const float *ag = a + r0, *bg = b + r0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 acc = _mm256_loadu_ps(y + i), uu = _mm256_loadu_ps(u + i);
+            for (size_t k = 0; k < g; k++) {
+                float *xk = xg + k * ld + i;
+                __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(ag[k]), uu, _mm256_loadu_ps(xk));
+                _mm256_storeu_ps(xk, v);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(bg[k]), v, acc);
+            }
+            _mm256_storeu_ps(y + i, acc);
+        }
+        for (; i < n; i++)
+            for (size_t k = 0; k < g; k++) {
+                xg[k * ld + i] += ag[k] * u[i];
+                y[i] += bg[k] * xg[k * ld + i];
+            }
     }
 }
 
@@ -668,4 +802,52 @@ void kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size
     }
 #endif
     axpy_axpy_scalar(x, a, u, y, b, n);
+}
+
+void kl_vec_dot_rows(const float *a, const float *rows, size_t ld, size_t n_rows, size_t n,
+                     float *out)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        dot_rows_avx2(a, rows, ld, n_rows, n, out);
+        return;
+    }
+#endif
+    dot_rows_scalar(a, rows, ld, n_rows, n, out);
+}
+
+void kl_vec_axpy_rows(float *y, const float *a, const float *rows, size_t ld, size_t n_rows,
+                      size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_rows_avx2(y, a, rows, ld, n_rows, n);
+        return;
+    }
+#endif
+    axpy_rows_scalar(y, a, rows, ld, n_rows, n);
+}
+
+void kl_vec_scale_axpy_rows(float *x, size_t ld, const float *s, float *y, const float *a,
+                            size_t n_rows, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        scale_axpy_rows_avx2(x, ld, s, y, a, n_rows, n);
+        return;
+    }
+#endif
+    scale_axpy_rows_scalar(x, ld, s, y, a, n_rows, n);
+}
+
+void kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u, float *y,
+                           const float *b, size_t n_rows, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_axpy_rows_avx2(x, ld, a, u, y, b, n_rows, n);
+        return;
+    }
+#endif
+    axpy_axpy_rows_scalar(x, ld, a, u, y, b, n_rows, n);
 }

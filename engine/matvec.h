@@ -106,4 +106,21 @@ void  kl_vec_scale_axpy(float *x, float s, float *y, float a, size_t n);
 /* x += a · u, then y += b · x (with the updated x) */
 void  kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size_t n);
 
+/* The same primitives over n_rows rows of n floats, row r at rows + r * ld (attention over a
+ * cache, the delta rule over a state).  Each equals the loop of one call per row, in row order,
+ * bit for bit; they only share loads: several rows' chains run side by side (dot), and y's
+ * chunk stays in a register across a group of rows (the others). */
+/* out[r] = kl_vec_dot(a, rows_r, n) */
+void  kl_vec_dot_rows(const float *a, const float *rows, size_t ld, size_t n_rows, size_t n,
+                      float *out);
+/* for r in order: kl_vec_axpy(y, a[r], rows_r, n) */
+void  kl_vec_axpy_rows(float *y, const float *a, const float *rows, size_t ld, size_t n_rows,
+                       size_t n);
+/* for r in order: kl_vec_scale_axpy(x_r, s[r], y, a[r], n), x_r = x + r * ld */
+void  kl_vec_scale_axpy_rows(float *x, size_t ld, const float *s, float *y, const float *a,
+                             size_t n_rows, size_t n);
+/* for r in order: kl_vec_axpy_axpy(x_r, a[r], u, y, b[r], n), x_r = x + r * ld */
+void  kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u, float *y,
+                            const float *b, size_t n_rows, size_t n);
+
 #endif
