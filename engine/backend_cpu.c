@@ -235,22 +235,6 @@ static void run_heads(kl_pool *pool, size_t n_heads, void (*fn)(void *, size_t),
 /* ------------------------------------------------------------------------------------------ */
 /* Elementwise helpers                                                                        */
 
-static float silu(float z)
-{
-    return z / (1.0f + expf(-z));
-}
-
-static float sigmoid(float z)
-{
-    return 1.0f / (1.0f + expf(-z));
-}
-
-/* softplus with fla's threshold: z above 20 returns z */
-static float softplus(float z)
-{
-    return z > 20.0f ? z : log1pf(expf(z));
-}
-
 /* RMSNorm: y = w ⊙ (x · rsqrt(mean(x²) + eps)); y may alias x */
 static void rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
 {
@@ -278,8 +262,8 @@ static void add_into(float *x, const float *y, size_t n)
 /* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
-/* Causal depthwise conv with SiLU over T tokens x [T, D], in place, updating the window: each
- * channel goes through its tokens in order, exactly as one token at a time would. */
+/* Causal depthwise conv over T tokens x [T, D], in place, updating the window: each channel
+ * goes through its tokens in order, exactly as one token at a time would (SiLU follows). */
 static void short_conv(float *x, const float *w, float *win, size_t D, size_t W, size_t T)
 {
     for (size_t c = 0; c < D; c++) {
@@ -294,17 +278,9 @@ static void short_conv(float *x, const float *w, float *win, size_t D, size_t W,
                 st[j] = st[j + 1];
             if (W > 1)
                 st[W - 2] = in;
-            x[t * D + c] = silu(a);
+            x[t * D + c] = a;
         }
     }
-}
-
-/* 3c and the decay of step 5 for one head of one token, in place: f becomes exp(g) with
- * g = na · softplus(f + dt_bias) the forget gate in log space, na = -exp(A_log[h]). */
-static void kda_decay(float *f, float na, const float *dt, size_t K)
-{
-    for (size_t i = 0; i < K; i++)
-        f[i] = expf(na * softplus(f[i] + dt[i]));
 }
 
 typedef struct kda_job {
@@ -339,7 +315,8 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
     const bufs *b = j->b;
     size_t K = j->d->kd;
     float *q = b->q + off, *k = b->k + off, *v = b->v + off, *o = b->o + off;
-    const float *decay = b->f + off, *gate = b->g + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    const float *decay = b->f + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    float *gate = b->g + off;
     l2norm_qk(q, k, K, 1.0f / sqrtf((float)K));
     /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed rows (into o) */
     memset(o, 0, K * sizeof *o);
@@ -355,8 +332,9 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
     for (size_t c = 0; c < K; c++)
         ss += o[c] * o[c];
     float inv = 1.0f / sqrtf(ss / (float)K + j->eps);
+    kl_vec_sigmoid(gate, K);
     for (size_t c = 0; c < K; c++)
-        o[c] = o[c] * inv * onorm[c] * sigmoid(gate[c]);
+        o[c] = o[c] * inv * onorm[c] * gate[c];
 }
 
 /* One head over the chunk's tokens (pool item h): each run's tokens in order on its slot's
@@ -372,13 +350,14 @@ static void kda_head(void *ctx, size_t h)
         float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
         for (size_t t = ru->start; t < ru->start + ru->len; t++) {
             size_t off = t * j->d->kD + h * K;
-            kda_decay(j->b->f + off, na, dt, K);
+            /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
+            kl_vec_exp_softplus(j->b->f + off, dt, na, K);
             kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
         }
     }
 }
 
-/* Step 2 for every run: its rows of q, k, v through its slot's conv windows. */
+/* Step 2 for every run: its rows of q, k, v through its slot's conv windows, then SiLU. */
 static void kda_convs(const cpu_be *c, const kl_layer *L, uint32_t l)
 {
     static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
@@ -390,6 +369,8 @@ static void kda_convs(const cpu_be *c, const kl_layer *L, uint32_t l)
         for (int k = 0; k < 3; k++)
             short_conv(x[k] + ru->start * D, L->vec[taps[k]], ks->conv[k], D, W, ru->len);
     }
+    for (int k = 0; k < 3; k++)
+        kl_vec_silu(x[k], c->chunk.n * D);
 }
 
 static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
@@ -417,8 +398,7 @@ static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
     mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
     mm_flush(&mm);
     /* 4b. beta per head */
-    for (size_t i = 0; i < T * wb->rows; i++)
-        b->beta[i] = sigmoid(b->beta[i]);
+    kl_vec_sigmoid(b->beta, T * wb->rows);
     /* 3c, 5-7b. forget gate, recurrence and gated norm: heads in parallel, each head's tokens
      * in order */
     kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps};
@@ -506,11 +486,10 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
         for (size_t u = 0; u < n; u++)
             if (sc[u] > mx)
                 mx = sc[u];
+        kl_vec_exp_shift(sc, mx, n);
         sum[g] = 0.0f;
-        for (size_t u = 0; u < n; u++) {
-            sc[u] = expf(sc[u] - mx);
+        for (size_t u = 0; u < n; u++)
             sum[g] += sc[u];
-        }
         memset(ql + (t0 + g) * R, 0, R * sizeof *ql);
     }
     /* ctx = Σ p_u c_u, over the spent queries */
@@ -594,13 +573,6 @@ static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
 /* ------------------------------------------------------------------------------------------ */
 /* FFN: SiLU-gated MLP, dense (§3.5) and MoE (§3.4)                                           */
 
-/* h1 = SiLU(h1) ⊙ h2 over n values */
-static void silu_mul(float *h1, const float *h2, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        h1[i] = silu(h1[i]) * h2[i];
-}
-
 /* out[T] = down(SiLU(gate x) ⊙ (up x)) for T tokens x [T, cols] */
 static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wmat *down,
                 const float *x, size_t T, float *out, bufs *b)
@@ -609,7 +581,7 @@ static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wm
     mm_add(&mm, gate, x, T, b->h1);
     mm_add(&mm, up, x, T, b->h2);
     mm_flush(&mm);
-    silu_mul(b->h1, b->h2, T * gate->rows);
+    kl_vec_silu_mul(b->h1, b->h2, T * gate->rows);
     kl_wmat_matmul(down, b->h1, T, out, m->pool);
 }
 
@@ -620,10 +592,9 @@ static void route_token(const kl_model *m, const float *bias, float *s, float *s
     const kl_config *c = &m->cfg;
     size_t E = c->num_experts, topk = c->num_experts_per_token;
     /* 1. sigmoid; selection score = score + correction bias */
-    for (size_t e = 0; e < E; e++) {
-        s[e] = sigmoid(s[e]);
+    kl_vec_sigmoid(s, E);
+    for (size_t e = 0; e < E; e++)
         sel[e] = s[e] + (bias ? bias[e] : 0.0f);
-    }
     /* 2. top-k of the biased score (ties: lowest index) */
     float wsum = 0.0f;
     for (size_t k = 0; k < topk; k++) {
@@ -693,7 +664,7 @@ static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, 
         mm_add(&mm, &L->w[KL_ROLE_SHARED_UP], b->xn, T, hs2);
     }
     mm_flush(&mm);
-    silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
+    kl_vec_silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
     for (size_t e = 0; e < d->E; e++) {
         size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
         if (ne)

@@ -123,4 +123,22 @@ void  kl_vec_scale_axpy_rows(float *x, size_t ld, const float *s, float *y, cons
 void  kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u, float *y,
                             const float *b, size_t n_rows, size_t n);
 
+/* ---- elementwise activations, in place (fp32) ---------------------------------------------- */
+
+/* The scalar set evaluates them with libm (expf, log1pf) as written; the AVX2 set 8 lanes at a
+ * time with polynomial exp and log (Cephes' coefficients, within a few ulp of libm: the sets
+ * differ, each is deterministic and its result for an element depends only on that element).
+ * exp(z) saturates near 2^127 for z above 88 and near 2^-126 for z below -87.3 there. */
+/* x = x / (1 + exp(-x)) */
+void  kl_vec_silu(float *x, size_t n);
+/* x = silu(x) · y */
+void  kl_vec_silu_mul(float *x, const float *y, size_t n);
+/* x = 1 / (1 + exp(-x)) */
+void  kl_vec_sigmoid(float *x, size_t n);
+/* x = exp(x - shift) (softmax numerators) */
+void  kl_vec_exp_shift(float *x, float shift, size_t n);
+/* x = exp(s · softplus(x + bias)), softplus(z) = log(1 + exp(z)), z above 20 giving z (the KDA
+ * forget gate's decay factors) */
+void  kl_vec_exp_softplus(float *x, const float *bias, float s, size_t n);
+
 #endif

@@ -6,7 +6,7 @@
  * scale byte decoded exactly; a matrix x chunk product equal bit for bit to one dot per token
  * (any chunk size) and to itself over any thread count; row views; the vector primitives; the
  * KL_CPU_KERNELS switch; the row forms of the vector primitives equal one call per row bit
- * for bit.  AVX2 cases pass trivially (with a note) on a CPU without AVX2.
+ * for bit; the AVX2 activations (polynomial exp and log) near libm's.  AVX2 cases pass trivially (with a note) on a CPU without AVX2.
  */
 #include "common/err.h"
 #include "common/mem.h"
@@ -428,6 +428,58 @@ START_TEST(row_forms_equal_one_call_per_row_bit_for_bit)
 }
 END_TEST
 
+/* Activation k (0 silu, 1 silu_mul, 2 sigmoid, 3 exp_shift, 4 exp_softplus) of x in place. */
+static void apply_act(int k, float *x, const float *y, size_t n)
+{
+    switch (k) {
+    case 0: kl_vec_silu(x, n); break;
+    case 1: kl_vec_silu_mul(x, y, n); break;
+    case 2: kl_vec_sigmoid(x, n); break;
+    case 3: kl_vec_exp_shift(x, 1.5f, n); break;
+    default: kl_vec_exp_softplus(x, y, -0.75f, n); break;
+    }
+}
+
+/* Every activation on AVX2 within 1e-5 relative (1e-30 absolute: saturated exp) of the scalar
+ * set's libm values, over -95..95 (sigmoid's and silu's saturation, softplus' threshold at 20;
+ * exp itself only where it does not saturate) and lengths with tails. */
+START_TEST(activations_agree_with_libm)
+{
+    if (!have_avx2())
+        return;
+    enum { N = 1001 };
+    static const size_t lens[] = {1, 7, 8, 13, N};
+    float *x0 = kl_malloc(N * sizeof *x0), *y = rand_vec(N, 77);
+    float *ref = kl_malloc(N * sizeof *ref), *got = kl_malloc(N * sizeof *got);
+    for (size_t i = 0; i < N; i++)
+        x0[i] = -95.0f + 190.0f * (float)i / (float)(N - 1);
+    for (int k = 0; k < 5; k++) {
+        memcpy(ref, x0, N * sizeof *ref);
+        kl_matvec_set_kernels(KL_KERNELS_SCALAR);
+        apply_act(k, ref, y, N);
+        kl_matvec_set_kernels(KL_KERNELS_AVX2);
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            size_t n = lens[li];
+            memcpy(got, x0 + (N - n), n * sizeof *got);
+            apply_act(k, got, y + (N - n), n);
+            for (size_t i = 0; i < n; i++) {
+                double r = ref[N - n + i], g = got[i], z = x0[N - n + i] - 1.5;
+                if (k == 3 && (z > 88.0 || z < -87.3))
+                    continue;   /* exp saturates there (matvec.h) */
+                ck_assert_msg(fabs(g - r) <= 1e-5 * fabs(r) + 1e-30,
+                              "activation %d at x=%g (n=%zu): AVX2 %.9g, libm %.9g", k,
+                              (double)x0[N - n + i], n, g, r);
+            }
+        }
+    }
+    kl_matvec_set_kernels(KL_KERNELS_AUTO);
+    kl_free(x0);
+    kl_free(y);
+    kl_free(ref);
+    kl_free(got);
+}
+END_TEST
+
 START_TEST(environment_variable_selects_the_scalar_kernels)
 {
     setenv("KL_CPU_KERNELS", "scalar", 1);
@@ -457,6 +509,7 @@ static Suite *matvec_suite(void)
     tcase_add_test(tc, row_view_reads_the_same_rows);
     tcase_add_test(tc, vector_primitives_agree_across_kernel_sets);
     tcase_add_test(tc, row_forms_equal_one_call_per_row_bit_for_bit);
+    tcase_add_test(tc, activations_agree_with_libm);
     tcase_add_test(tc, environment_variable_selects_the_scalar_kernels);
     suite_add_tcase(s, tc);
     return s;
