@@ -565,59 +565,38 @@ AVX2_INLINE void axpy_group(float *y, const float *a, const float *x, size_t ld,
             y[i] += a[k] * x[(size_t)k * ld + i];
 }
 
-AVX2_INLINE void scale_axpy_group(float *x, size_t ld, const float *s, float *y, const float *a,
-                                  size_t n, int G)
+/* The delta rule's two updates on G rows: row k becomes x_k · c[k] (u NULL: scale_axpy) or
+ * x_k + c[k] · u (axpy_axpy), then y += d[k] · x_k with the new row. */
+AVX2_INLINE void update_group(float *x, size_t ld, const float *c, const float *u, float *y,
+                              const float *d, size_t n, int G)
 {
-    __m256 vs[ROW_GROUP], va[ROW_GROUP];
+    __m256 vc[ROW_GROUP], vd[ROW_GROUP];
     UNROLL
     for (int k = 0; k < G; k++) {
-        vs[k] = _mm256_set1_ps(s[k]);
-        va[k] = _mm256_set1_ps(a[k]);
+        vc[k] = _mm256_set1_ps(c[k]);
+        vd[k] = _mm256_set1_ps(d[k]);
     }
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 acc = _mm256_loadu_ps(y + i);
+        __m256 acc = _mm256_loadu_ps(y + i), uu = u ? _mm256_loadu_ps(u + i) : acc;
         UNROLL
         for (int k = 0; k < G; k++) {
             float *xk = x + (size_t)k * ld + i;
-            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xk), vs[k]);
+            __m256 v = u ? _mm256_fmadd_ps(vc[k], uu, _mm256_loadu_ps(xk))
+                         : _mm256_mul_ps(_mm256_loadu_ps(xk), vc[k]);
             _mm256_storeu_ps(xk, v);
-            acc = _mm256_fmadd_ps(va[k], v, acc);
+            acc = _mm256_fmadd_ps(vd[k], v, acc);
         }
         _mm256_storeu_ps(y + i, acc);
     }
     for (; i < n; i++)
         for (int k = 0; k < G; k++) {
-            x[(size_t)k * ld + i] *= s[k];
-            y[i] += a[k] * x[(size_t)k * ld + i];
-        }
-}
-
-AVX2_INLINE void axpy_axpy_group(float *x, size_t ld, const float *a, const float *u, float *y,
-                                 const float *b, size_t n, int G)
-{
-    __m256 va[ROW_GROUP], vb[ROW_GROUP];
-    UNROLL
-    for (int k = 0; k < G; k++) {
-        va[k] = _mm256_set1_ps(a[k]);
-        vb[k] = _mm256_set1_ps(b[k]);
-    }
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 acc = _mm256_loadu_ps(y + i), uu = _mm256_loadu_ps(u + i);
-        UNROLL
-        for (int k = 0; k < G; k++) {
             float *xk = x + (size_t)k * ld + i;
-            __m256 v = _mm256_fmadd_ps(va[k], uu, _mm256_loadu_ps(xk));
-            _mm256_storeu_ps(xk, v);
-            acc = _mm256_fmadd_ps(vb[k], v, acc);
-        }
-        _mm256_storeu_ps(y + i, acc);
-    }
-    for (; i < n; i++)
-        for (int k = 0; k < G; k++) {
-            x[(size_t)k * ld + i] += a[k] * u[i];
-            y[i] += b[k] * x[(size_t)k * ld + i];
+            if (u)
+                *xk += c[k] * u[i];
+            else
+                *xk *= c[k];
+            y[i] += d[k] * *xk;
         }
 }
 
@@ -637,9 +616,9 @@ static AVX2_FN void scale_axpy_rows_avx2(float *x, size_t ld, const float *s, fl
 {
     size_t r = 0;
     for (; r + ROW_GROUP <= nr; r += ROW_GROUP)
-        scale_axpy_group(x + r * ld, ld, s + r, y, a + r, n, ROW_GROUP);
+        update_group(x + r * ld, ld, s + r, NULL, y, a + r, n, ROW_GROUP);
     for (; r < nr; r++)
-        scale_axpy_group(x + r * ld, ld, s + r, y, a + r, n, 1);
+        update_group(x + r * ld, ld, s + r, NULL, y, a + r, n, 1);
 }
 
 static AVX2_FN void axpy_axpy_rows_avx2(float *x, size_t ld, const float *a, const float *u,
@@ -647,9 +626,9 @@ static AVX2_FN void axpy_axpy_rows_avx2(float *x, size_t ld, const float *a, con
 {
     size_t r = 0;
     for (; r + ROW_GROUP <= nr; r += ROW_GROUP)
-        axpy_axpy_group(x + r * ld, ld, a + r, u, y, b + r, n, ROW_GROUP);
+        update_group(x + r * ld, ld, a + r, u, y, b + r, n, ROW_GROUP);
     for (; r < nr; r++)
-        axpy_axpy_group(x + r * ld, ld, a + r, u, y, b + r, n, 1);
+        update_group(x + r * ld, ld, a + r, u, y, b + r, n, 1);
 }
 
 /* ---- activations: exp and log by Cephes' polynomials, 8 lanes ---- */
