@@ -123,7 +123,7 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
  * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight).
- * $KL_GPU_CHUNK=N (16-1024, default 256): tokens per forward chunk (max_tokens);
+ * $KL_GPU_CHUNK=N (16-4096, default 1024): tokens per forward chunk (max_tokens);
  * chunks of 16+ tokens run their products and routed experts on tensor cores (kernels/gemm.h,
  * ~5e-7 of fp32 a product); $KL_GPU_GEMM=0: on the fp32 kernels (half the prefill rate);
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In

@@ -10,7 +10,8 @@
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
-#   runs only those device tests.
+#   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -131,6 +132,22 @@ stage_serve() {
     for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
     port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
         { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
+    # state reuse: the second turn of a conversation resumes from the first's snapshot
+    python3 - "http://127.0.0.1:$port" "$D" <<'PY' | tee -a "$TABLE"
+import json, sys, time, urllib.request
+def chat(msgs):
+    body = json.dumps({"model": sys.argv[2], "messages": msgs, "max_tokens": 16, "temperature": 0}).encode()
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}), timeout=600) as r:
+        d = json.load(r)
+    return d, time.perf_counter() - t0
+first = [{"role": "user", "content": "Tell me about the sea and the wind. " * 40}]
+a, ta = chat(first)
+b, tb = chat(first + [a["choices"][0]["message"], {"role": "user", "content": "And the mountains?"}])
+u = b["usage"]
+print("serve reuse: turn 2 prompt %d tokens, cached %d; turn 1 %.3f s, turn 2 %.3f s"
+      % (u["prompt_tokens"], u.get("prompt_tokens_details", {}).get("cached_tokens", 0), ta, tb))
+PY
     python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
         --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
         python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
@@ -156,6 +173,20 @@ stage_fullcmp() {
         with_config "$cfg" forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu-$i.bin"
         IFS=' ' python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu-$i.bin" > "$W/fullcmp-$i.json"
         row "full-64 [${cfg# }] $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('max %.3g' % d['max_rel_l2'], 'PASS' if d['pass'] else 'FAIL', 'steps:', ' '.join('%.2g' % s['rel_l2'] for s in d['per_step']))" "$W/fullcmp-$i.json")"
+    done
+}
+
+# the full geometry with a long prompt in chunks of 256 against larger chunks (CHUNKS, default
+# "1024 4096"), GPU only: the chunk size must not change the logits beyond rounding
+stage_chunks() {
+    local D="$W/full-mxfp4" p f c
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    p=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(${CHUNK_PROMPT:-4096})))")
+    f=$(python3 -c "import random; r=random.Random(8); print(','.join(str(r.randrange(1, 160000)) for _ in range(4)))")
+    KL_GPU_CHUNK=256 forced "$D" gpu unbiased "$p" "$f" "$W/chunk-256.bin"
+    for c in ${CHUNKS:-1024 4096}; do
+        KL_GPU_CHUNK=$c forced "$D" gpu unbiased "$p" "$f" "$W/chunk-$c.bin" || { row "chunk $c run FAILED"; continue; }
+        row "$(summary "full-${CHUNK_PROMPT:-4096} chunk $c vs 256" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/chunk-256.bin" "$W/chunk-$c.bin")")"
     done
 }
 
