@@ -374,8 +374,9 @@ size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int tim
     size_t n = j->n_ids - j->n_read;
     if (n > cap)
         n = cap;
-    memcpy(ids, j->ids + j->n_read, n * sizeof *ids);
-    if (lps && j->spec.logprobs)
+    if (n)   /* j->ids is NULL until the first id */
+        memcpy(ids, j->ids + j->n_read, n * sizeof *ids);
+    if (n && lps && j->spec.logprobs)
         memcpy(lps, j->lps + j->n_read, n * sizeof *lps);
     j->n_read += n;
     *over = j->over && j->n_read == j->n_ids;
