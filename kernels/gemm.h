@@ -34,6 +34,18 @@ extern "C" {
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 
+/* Which kernels run, for both launchers.  Version 2 (the default; kernels/gemm_tile.cuh): a
+ * ring of 2-4 K steps of raw weights, scales and x rows copied asynchronously (cp.async) into
+ * shared memory and decoded / split there, tiles of 16 tokens x 256 rows (grouped, and dense
+ * n <= 32) or 64 x 128 (dense), each 16-wide K slice's three products promoted to fp32 (form
+ * 2); it takes matrices with cols % 64 == 0 (and 4-byte aligned MXFP4 scales), the others
+ * go to version 1 (registers, tiles of 64 x 128; KL_GPU_GEMM_TILES=v1 for all).  Version 3
+ * (KL_GPU_GEMM_TILES=v3) is version 2 with dense products in tiles of 16 tokens at any n (more
+ * blocks, each weight tile decoded n / 16 times): timed beside it by the test.  Read from the
+ * environment at the first call; kl_gpu_gemm_tiles_set overrides it. */
+int  kl_gpu_gemm_tiles(void);            /* 1, 2 or 3 */
+void kl_gpu_gemm_tiles_set(int version);
+
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
  * w->cols a multiple of 32. */
 int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,

@@ -50,6 +50,9 @@
 #define hipSetDevice            cudaSetDevice
 #define hipDeviceProp_t         cudaDeviceProp
 #define hipGetDeviceProperties  cudaGetDeviceProperties
+#define hipGetDevice            cudaGetDevice
+#define hipDeviceGetAttribute   cudaDeviceGetAttribute
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipMemGetInfo           cudaMemGetInfo
 #define hipMemsetAsync          cudaMemsetAsync
 #define hipHostMalloc           cudaHostAlloc
@@ -81,7 +84,9 @@
 /* The first statement of every kernel: waits until the kernels this one depends on have
  * finished and their writes are visible.  A no-op unless the launch is programmatic (the
  * decode graphs' kernel-to-kernel edges on CUDA sm_90: kernels/runtime.cu), where it is what
- * makes the early start safe; nothing on HIP. */
+ * makes the early start safe; nothing on HIP.  Triggering the next launch right after the
+ * wait (griddepcontrol.launch_dependents) was measured slower: decode 301-320 against 334-340
+ * tok/s without it in the same run (docs/gpu-logs/2026-12-01-s7-decode-norm-route.log). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
 #define KL_GPU_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else

@@ -38,6 +38,30 @@
  * each product hi hi + hi lo + lo hi (exact to ~1e-5), and the next tile is loaded while the
  * current one is computed.  v3fast (attend3_kernel) multiplies the bf16 values once (~1e-2).
  * Runs of one token over spans < V3_MIN_SPAN run v2 (v3's fixed costs outweigh its gain).
+ *
+ * v4 (the default for decode: every run one token; KL_GPU_MLA=v3 selects v3 for it too;
+ * chunks of a prompt run v3) keeps absorb2, combine2 and vb2 around attend4: a block per
+ * (split, token), 1 per SM (191 KiB of shared memory, ~230 registers), its 32 query rows (the
+ * token's heads) against tiles of 32 cache rows, exact as v3 (hi + lo operands, three
+ * products) on mma.sync.m16n8k16 with known fragment layouts:
+ *   - the queries stay in registers, split once: group w holds 16-column steps [s0, s0 + ns)
+ *     (<= 5 of the 36) of all 32 rows, so each key element is read from shared memory once
+ *     per tile, by one group, for both 16-row blocks;
+ *   - the tiles are streamed by cp.async into two fp32 stages (the next in flight while the
+ *     current is computed; rows past the span zero-filled), and split into bf16 hi + lo in
+ *     registers as fragments are loaded (no bf16 staging pass);
+ *   - scores: each group's steps summed in fresh fragments (Hopper's MMA accumulation
+ *     truncates), the 8 groups' partials added in fp32 in fixed order by the softmax (fp32,
+ *     online, as v3); context: each tile's P V in fresh fragments, then o = alpha o + P V in
+ *     fp32 registers (group w: columns 8 (w + 8 i), all 32 rows: 64 registers);
+ *   - conflict-free shared loads: row stride 8 mod 32 words; P V's 16-key steps take the keys
+ *     in the order pv_key, so a lane's 4 keys of a value column lie 8 banks apart.
+ * Work per tile at the full shape: 864 + 768 MMAs of 16x8x16 (6.7 MFLOP; 13.7 GFLOP at span
+ * 65536: ~21 us at ~660 TFLOP/s over 132 SMs), shared memory ~313 KB (cp.async 74 KB, key
+ * and value fragment loads 74 + 66 KB, score partials 2 x 32 KB, weights 36 KB: ~20 us at 16
+ * tiles per SM), against 36 us for the 151 MB of cache at 4.2 TB/s: each below the bytes.
+ * Splits: one wave of blocks (1 per multiprocessor over the tokens), >= 2 tiles each, cut on
+ * the device from the token's real span (a graph's launch is sized for the capacity).
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
@@ -1134,6 +1158,35 @@ __device__ static inline void stash_tile3(const float4 (&pf)[T3_PF], uint32_t ld
     }
 }
 
+/* The 8 threads of a row, 4 scores each in s (-inf where a key does not count): the row's
+ * max with m_old, by shuffles. */
+__device__ static inline float row_max8(const float (&s)[4], float m_old)
+{
+    float m = m_old;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        m = fmaxf(m, s[j]);
+    for (int o = 4; o > 0; o /= 2)
+        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    return m;
+}
+
+/* Thread q of row r's 8, l the sum of its weights: the row's sum by shuffles; thread 0 updates
+ * the row's max, sum and alpha (e^(m_old - m), 0 when m_old = -inf; 1 while the row has no key:
+ * none).  Every thread of the row read mx[r] before the shuffles. */
+__device__ static inline void row_update8(uint32_t r, uint32_t q, float m_old, float m, float l,
+                                          bool none, float *mx, float *sm, float *alpha)
+{
+    for (int o = 4; o > 0; o /= 2)
+        l += kl_gpu_shfl_xor(l, o);
+    if (q == 0) {
+        const float al = none ? 1.0f : expf(m_old - m);
+        mx[r] = m;
+        sm[r] = sm[r] * al + l;
+        alpha[r] = al;
+    }
+}
+
 /* Block: the tile's raw scores ss [2][T3_ROWS][T3_SLD] (two halves of the columns, added)
  * become weights ps (bf16) for the rows'
  * online softmax: key c of row r counts when c < nk and u0 + c <= rpos[r] (causal; rpos -1: an
@@ -1148,16 +1201,14 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
     static_assert(T3_THREADS == 8 * T3_ROWS && T3_KEYS == 32, "8 threads per row, 4 keys each");
     const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
     const float m_old = mx[r];
-    float s[4], m = m_old;
+    float s[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const uint32_t c = q + 8 * j;
         const float v = ss[r * T3_SLD + c] + ss[(T3_ROWS + r) * T3_SLD + c];
         s[j] = c < nk && (int)(u0 + c) <= rpos[r] ? v * scale : -INFINITY;
-        m = fmaxf(m, s[j]);
     }
-    for (int o = 4; o > 0; o /= 2)
-        m = fmaxf(m, kl_gpu_shfl_xor(m, o));
+    const float m = row_max8(s, m_old);
     const bool none = m == -INFINITY; /* no key of the row yet */
     float l = 0.0f;
 #pragma unroll
@@ -1172,14 +1223,7 @@ __device__ static inline void softmax3(const float *ss, uint32_t nk, uint32_t u0
             l += bf16_val((uint16_t)lo);
         }
     }
-    for (int o = 4; o > 0; o /= 2)
-        l += kl_gpu_shfl_xor(l, o);
-    if (q == 0) { /* every thread of the row read mx[r] before the shuffles */
-        const float al = none ? 1.0f : expf(m_old - m); /* 0 when m_old = -inf */
-        mx[r] = m;
-        sm[r] = sm[r] * al + l;
-        alpha[r] = al;
-    }
+    row_update8(r, q, m_old, m, l, none, mx, sm, alpha);
 }
 
 /* Where attend3's block lies: run blockIdx.y, its tokens t0 .. t0 + nt (row r: token t0 +
@@ -1352,6 +1396,401 @@ attend3s_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
     attend3_body<true>(a, x, tk, shared3);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Attend, v4: decode (runs of one token) on mma.sync, the split form, the queries held in    */
+/* registers and the cache tiles streamed into shared memory by cp.async (see the header)     */
+
+#define T4_ROWS      32     /* query rows (heads) per block */
+#define T4_KEYS      32     /* cache rows per tile */
+#define T4_WARPS     8      /* groups of 32 lanes */
+#define T4_THREADS   (T4_WARPS * KL_GPU_GROUP)
+#define T4_QSTEPS    5      /* 16-column steps of the queries per group at most: cw <= 640 */
+#define T4_NB        8      /* 8-column blocks of the context per group at most: R <= 512 */
+#define T4_SLD       40     /* row stride (floats) of the score partials: 8 mod 32 */
+#define T4_PLD       36     /* row stride (words) of the weights' bf16 pairs: 4 mod 32 */
+#define T4_MIN_TILES 2      /* tiles per split at least */
+#define T4_SMS       132    /* multiprocessors when the runtime does not say (an H200's) */
+
+static_assert(T4_ROWS == 32 && T4_KEYS == 32 && T4_THREADS == 8 * T4_ROWS,
+              "2 x 16 query rows, 4 x 8 keys per tile, 8 threads per row in the softmax");
+
+/* Row stride (floats) of a staged cache tile: 8 mod 32 words, so that the 8-byte key loads of
+ * a half group (4 keys x 4 column pairs) and the 4-byte value loads (4 keys x 8 columns, keys
+ * permuted by pv_key) fall in distinct banks; at least the width rounded up to 16. */
+__host__ __device__ static inline uint32_t ld4(uint32_t cw)
+{
+    return (cw + 31) / 32 * 32 + 8;
+}
+
+/* Bytes of attend4's shared memory: two stages of a tile [T4_KEYS][ld4] fp32, the groups'
+ * score partials [T4_WARPS][T4_ROWS][T4_SLD], the weights' pairs [T4_ROWS][T4_PLD], max, sum,
+ * alpha. */
+static size_t attend4_shared(const kl_gpu_mla_dims *d)
+{
+    return (2 * (size_t)T4_KEYS * ld4(d->R + d->dr) + T4_WARPS * T4_ROWS * T4_SLD +
+            T4_ROWS * T4_PLD + 3 * T4_ROWS) * sizeof(float);
+}
+
+/* x, y as bf16 pairs (x in the low half): hi = bf16(x) bf16(y), lo = bf16(x - hi_x) bf16(y -
+ * hi_y), both rounded to nearest even. */
+__device__ static inline void split2(float x, float y, uint32_t &hi, uint32_t &lo)
+{
+#if !defined(__HIPCC__)
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+    memcpy(&hi, &h, 4);
+    memcpy(&lo, &l, 4);
+#else
+    const uint32_t hx = bf16_bits(x), hy = bf16_bits(y);
+    hi = hx | hy << 16;
+    lo = bf16_bits(x - bf16_val((uint16_t)hx)) | bf16_bits(y - bf16_val((uint16_t)hy)) << 16;
+#endif
+}
+
+/* The fragments of mma.m16n8k16 (bf16 in, fp32 accumulate; PTX ISA, "Matrix Fragments for
+ * mma.m16n8k16 with floating point type"), lane = 4 g + t:
+ *   A [16][16] (row-major)  a[i] low, high half: row g + 8 (i % 2), columns 2 t + 8 (i / 2), +1
+ *   B [16][8]               b[i] low, high half: rows (k) 2 t + 8 i, +1, column g
+ *   C [16][8]               c[i]: row g + 8 (i / 2), column 2 t + i % 2
+ * c += A B. */
+#if !defined(__HIPCC__)
+__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* cp.async of 16 bytes from global src to shared dst; bytes 0: dst zero-filled instead */
+__device__ static inline void copy16(float *dst, const float *src, uint32_t bytes)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
+__device__ static inline void copy_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Waits until at most N of this thread's committed copy groups are still in flight. */
+template <int N> __device__ static inline void copy_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#else
+/* The SIMT stand-in: each lane gathers its rows of A and columns of B by shuffles. */
+__device__ static inline uint32_t shfl_idx(uint32_t v, uint32_t src)
+{
+    return __shfl(v, (int)src, KL_GPU_GROUP);
+}
+
+__device__ static inline float half_bf16(uint32_t v, uint32_t high)
+{
+    return bf16_val((uint16_t)(high ? v >> 16 : v & 0xffffu));
+}
+
+__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint32_t k = 0; k < 16; k++) { /* held by lane 4 row + k % 8 / 2, half k % 2 */
+        const uint32_t src = k % 8 / 2, hh = k % 2, up = k / 8;
+        const float a0 = half_bf16(shfl_idx(a[2 * up], 4 * g + src), hh);
+        const float a1 = half_bf16(shfl_idx(a[2 * up + 1], 4 * g + src), hh);
+        const uint32_t b = up ? b1 : b0;
+        const float x0 = half_bf16(shfl_idx(b, 8 * t + src), hh);
+        const float x1 = half_bf16(shfl_idx(b, 8 * t + 4 + src), hh);
+        acc[0] += a0 * x0, acc[1] += a0 * x1, acc[2] += a1 * x0, acc[3] += a1 * x1;
+    }
+    for (int i = 0; i < 4; i++)
+        c[i] += acc[i];
+}
+
+__device__ static inline void copy16(float *dst, const float *src, uint32_t bytes)
+{
+    *(float4 *)dst = bytes ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+__device__ static inline void copy_commit() {}
+
+template <int N> __device__ static inline void copy_wait() {}
+#endif
+
+/* P V's key order: mma's k (0..15) of a 16-key step is key pv_key(k), for P (A) and V (B)
+ * alike, so that the 4 keys a lane reads of one value column (k = 2t, 2t+1, 2t+8, 2t+9: keys
+ * t, t+4, t+8, t+12) are 8 banks apart for t = 0..3 (row stride 8 mod 32). */
+__host__ __device__ static inline uint32_t pv_key(uint32_t k)
+{
+    return k % 8 / 2 + 4 * (k % 2) + 8 * (k / 8);
+}
+
+/* The queries of a group's steps [s0, s0 + ns) as A fragments: [step][16-row block][register] */
+struct q4regs {
+    uint32_t hi[T4_QSTEPS][2][4], lo[T4_QSTEPS][2][4];
+};
+
+/* Group: its steps of the token's queries qf [nh][cw] (rows >= nh and columns >= cw zero),
+ * split into hi and lo. */
+__device__ static inline void load_q4(const float *qf, uint32_t nh, uint32_t cw, uint32_t s0,
+                                      uint32_t ns, q4regs &q)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint32_t i = 0; i < T4_QSTEPS; i++)
+#pragma unroll
+        for (uint32_t m = 0; m < 2; m++)
+#pragma unroll
+            for (uint32_t j = 0; j < 4; j++) {
+                const uint32_t row = 16 * m + g + 8 * (j % 2);
+                const uint32_t col = 16 * (s0 + i) + 2 * t + 8 * (j / 2);
+                float2 v = make_float2(0.0f, 0.0f);
+                if (i < ns && row < nh && col < cw) /* col even, cw % 4 == 0: col + 1 too */
+                    v = *(const float2 *)(qf + (size_t)row * cw + col);
+                split2(v.x, v.y, q.hi[i][m][j], q.lo[i][m][j]);
+            }
+}
+
+/* Block: rows [u0, u_end) (T4_KEYS at most) of the cache (rows of cw floats) into the stage
+ * dst [T4_KEYS][ld] by cp.async, one committed group; rows past u_end zero. */
+__device__ static inline void fetch_tile4(const float *cache, uint32_t u0, uint32_t u_end,
+                                          uint32_t cw, uint32_t ld, float *dst)
+{
+    const uint32_t nk = u_end - u0 < T4_KEYS ? u_end - u0 : T4_KEYS, c4 = cw / 4;
+    for (uint32_t e = threadIdx.x; e < T4_KEYS * c4; e += T4_THREADS) {
+        const uint32_t r = e / c4, c = e % c4;
+        copy16(dst + r * ld + 4 * c, cache + (size_t)(u0 + (r < nk ? r : 0)) * cw + 4 * c,
+               r < nk ? 16 : 0);
+    }
+    copy_commit();
+}
+
+/* Group: the scores of the tile kv [T4_KEYS][ld] over the group's steps into its partials red
+ * [T4_ROWS][T4_SLD]: per 8 keys, both 16-row blocks, hi hi + hi lo + lo hi summed in fresh
+ * fragments (the MMA's accumulation truncates: its sums span this group's steps only; the
+ * groups' partials are added in fp32 by softmax4). */
+__device__ static inline void scores4(const q4regs &q, const float *kv, uint32_t ld, uint32_t s0,
+                                      uint32_t ns, float *red)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint32_t nb = 0; nb < T4_KEYS / 8; nb++) {
+        float c[2][2][4] = {}; /* [row block][hi hi, hi lo + lo hi]: 4 independent chains */
+        const float *krow = kv + (size_t)(8 * nb + g) * ld + 16 * s0 + 2 * t; /* B: key 8 nb + g */
+#pragma unroll
+        for (uint32_t i = 0; i < T4_QSTEPS; i++) {
+            if (i >= ns) /* the same for the whole group */
+                continue;
+            const float2 k0 = *(const float2 *)(krow + 16 * i);
+            const float2 k1 = *(const float2 *)(krow + 16 * i + 8);
+            uint32_t bh0, bl0, bh1, bl1;
+            split2(k0.x, k0.y, bh0, bl0);
+            split2(k1.x, k1.y, bh1, bl1);
+#pragma unroll
+            for (uint32_t m = 0; m < 2; m++) {
+                mma16816(c[m][0], q.hi[i][m], bh0, bh1);
+                mma16816(c[m][1], q.hi[i][m], bl0, bl1);
+                mma16816(c[m][1], q.lo[i][m], bh0, bh1);
+            }
+        }
+#pragma unroll
+        for (uint32_t m = 0; m < 2; m++) {
+            float *r0 = red + (size_t)(16 * m + g) * T4_SLD + 8 * nb + 2 * t;
+            const float(&h)[4] = c[m][0], (&l)[4] = c[m][1];
+            *(float2 *)r0 = make_float2(h[0] + l[0], h[1] + l[1]);
+            *(float2 *)(r0 + 8 * T4_SLD) = make_float2(h[2] + l[2], h[3] + l[3]);
+        }
+    }
+}
+
+/* Block: the groups' partials red [T4_WARPS][T4_ROWS][T4_SLD] added in order and scaled, keys
+ * c < nk counted (nk >= 1), the online softmax as softmax3 (8 threads per row, 4 keys each);
+ * the weights split into bf16 pairs of keys (c, c + 4), c % 8 < 4, as context4's A fragments
+ * take them (pv_key's order): pw [T4_ROWS][T4_PLD] words, hi of pair 4 (c / 8) + c % 8 at that
+ * word, lo 16 words further; the sum adds the weights as split (hi + lo); mx, sm take in the
+ * tile, alpha the factor the old context is scaled by. */
+__device__ static inline void softmax4(const float *red, uint32_t nk, float scale, uint32_t *pw,
+                                       float *mx, float *sm, float *alpha)
+{
+    const uint32_t r = threadIdx.x / 8, q = threadIdx.x % 8;
+    const float m_old = mx[r];
+    float s[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4; j++) {
+        const uint32_t c = q + 8 * j;
+        float v = 0.0f;
+#pragma unroll
+        for (uint32_t w = 0; w < T4_WARPS; w++)
+            v += red[((size_t)w * T4_ROWS + r) * T4_SLD + c];
+        s[j] = c < nk ? v * scale : -INFINITY;
+    }
+    const float m = row_max8(s, m_old); /* finite: key 0 counts */
+    float l = 0.0f;
+#pragma unroll
+    for (uint32_t j = 0; j < 4; j++) {
+        const uint32_t c = q + 8 * j;
+        const float p = c < nk ? expf(s[j] - m) : 0.0f;
+        const float p4 = kl_gpu_shfl_xor(p, 4); /* q < 4: key c + 4's, thread q + 4's */
+        if (q < 4) {
+            uint32_t hi, lo;
+            split2(p, p4, hi, lo);
+            pw[r * T4_PLD + 4 * j + q] = hi;
+            pw[r * T4_PLD + 16 + 4 * j + q] = lo;
+            l += bf16_val((uint16_t)hi) + bf16_val((uint16_t)(hi >> 16)) +
+                 bf16_val((uint16_t)lo) + bf16_val((uint16_t)(lo >> 16));
+        }
+    }
+    row_update8(r, q, m_old, m, l, false, mx, sm, alpha);
+}
+
+/* Group w: o[m][i] (rows 16 m .. +16, columns 8 (w + 8 i) .. +8, i while w + 8 i < nb) =
+ * alpha o + P V over the tile kv [T4_KEYS][ld] (V: its first R columns), P V's hi hi + hi lo
+ * + lo hi in fresh fragments, added in fp32; keys in pv_key's order for P (softmax4's pairs
+ * pw) and V. */
+__device__ static inline void context4(const float *kv, uint32_t ld, const uint32_t *pw,
+                                       const float *alpha, uint32_t nb,
+                                       float (&o)[2][T4_NB][4])
+{
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t g = lane / 4, t = lane % 4;
+    uint32_t ph[2][2][4], pl[2][2][4]; /* [row block][16-key step][register] */
+#pragma unroll
+    for (uint32_t m = 0; m < 2; m++)
+#pragma unroll
+        for (uint32_t kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (uint32_t j = 0; j < 4; j++) { /* k 2t + 8 (j / 2), +1: keys c, c + 4 */
+                const uint32_t c = 16 * kk + pv_key(2 * t + 8 * (j / 2));
+                const uint32_t *p = pw + (16 * m + g + 8 * (j % 2)) * T4_PLD + 4 * (c / 8) + c % 8;
+                ph[m][kk][j] = p[0];
+                pl[m][kk][j] = p[16];
+            }
+    float al[2][2]; /* [row block][row g, g + 8] */
+#pragma unroll
+    for (uint32_t m = 0; m < 2; m++)
+        al[m][0] = alpha[16 * m + g], al[m][1] = alpha[16 * m + g + 8];
+#pragma unroll
+    for (uint32_t i = 0; i < T4_NB; i++) {
+        if (w + 8 * i >= nb) /* the same for the whole group */
+            continue;
+        const float *v = kv + 8 * (w + 8 * i) + g; /* B: value column 8 (w + 8 i) + g */
+        uint32_t bh[2][2], bl[2][2];                /* [16-key step][register] */
+#pragma unroll
+        for (uint32_t kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (uint32_t j = 0; j < 2; j++) {
+                const uint32_t k = 2 * t + 8 * j;
+                split2(v[(size_t)(16 * kk + pv_key(k)) * ld],
+                       v[(size_t)(16 * kk + pv_key(k + 1)) * ld], bh[kk][j], bl[kk][j]);
+            }
+#pragma unroll
+        for (uint32_t m = 0; m < 2; m++) {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (uint32_t kk = 0; kk < 2; kk++) {
+                mma16816(c, ph[m][kk], bh[kk][0], bh[kk][1]);
+                mma16816(c, ph[m][kk], bl[kk][0], bl[kk][1]);
+                mma16816(c, pl[m][kk], bh[kk][0], bh[kk][1]);
+            }
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++)
+                o[m][i][e] = o[m][i][e] * al[m][e / 2] + c[e];
+        }
+    }
+}
+
+/* Block: the split's partial result (max, sum, context of the rows < nh) into the scratch. */
+__device__ static inline void store4(const attend_ctx &x, size_t part, uint32_t nh, uint32_t R,
+                                     const float *mx, const float *sm,
+                                     const float (&o)[2][T4_NB][4])
+{
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const uint32_t g = lane / 4, t = lane % 4;
+    for (uint32_t r = threadIdx.x; r < nh; r += T4_THREADS) {
+        x.sc.pm[part * nh + r] = mx[r];
+        x.sc.pl[part * nh + r] = sm[r];
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < T4_NB; i++) {
+        if (w + 8 * i >= R / 8)
+            continue;
+#pragma unroll
+        for (uint32_t m = 0; m < 2; m++)
+#pragma unroll
+            for (uint32_t h = 0; h < 2; h++) { /* rows 16 m + g and + 8 */
+                const uint32_t row = 16 * m + g + 8 * h, col = 8 * (w + 8 * i) + 2 * t;
+                if (row < nh)
+                    *(float2 *)(x.sc.pc + (part * nh + row) * R + col) =
+                        make_float2(o[m][i][2 * h], o[m][i][2 * h + 1]);
+            }
+    }
+}
+
+/* grid (splits, n): decode, token blockIdx.y alone in its run; its heads (rows, nh <= 32)
+ * against the cache rows of split blockIdx.x (split_rows of the token's span, >= T4_MIN_TILES
+ * tiles; split 0 records the rows per split in rp for combine2).  Group w holds the queries of
+ * the 16-column steps [s0, s0 + ns) of its share in registers (hi and lo) and the context of
+ * columns 8 (w + 8 i) .. +8 of all 32 rows; each tile is in flight (cp.async) while the one
+ * before is computed: scores (scores4), softmax (softmax4), context (context4). */
+__global__ static void __launch_bounds__(T4_THREADS, 1)
+attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ float4 shared4[];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t t = blockIdx.y, nh = d.nh, cw = d.R + d.dr, ld = ld4(cw);
+    const uint32_t span = x.tok_pos[t] + 1;
+    const uint32_t rows_per = split_rows(span, gridDim.x, T4_KEYS, T4_MIN_TILES);
+    const uint32_t u_begin = blockIdx.x * rows_per;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        x.sc.rp[t] = rows_per;
+    if (u_begin >= span) /* the whole block leaves */
+        return;
+    const uint32_t u_end = span - u_begin < rows_per ? span : u_begin + rows_per;
+    float *kv = (float *)shared4, *red = kv + 2 * T4_KEYS * ld;
+    uint32_t *pw = (uint32_t *)(red + T4_WARPS * T4_ROWS * T4_SLD);
+    float *mx = (float *)(pw + T4_ROWS * T4_PLD), *sm = mx + T4_ROWS, *alpha = sm + T4_ROWS;
+    const float *cache = a.cache[x.tok_slot[t]];
+    fetch_tile4(cache, u_begin, u_end, cw, ld, kv);
+    for (uint32_t e = threadIdx.x; e < 2 * T4_KEYS * (ld - cw); e += T4_THREADS)
+        kv[e / (ld - cw) * ld + cw + e % (ld - cw)] = 0.0f; /* the padding: never copied */
+    for (uint32_t r = threadIdx.x; r < T4_ROWS; r += T4_THREADS) {
+        mx[r] = -INFINITY;
+        sm[r] = 0.0f;
+    }
+    /* group w takes share p of the steps: groups w and w + 4 (one scheduler) shares 2w and
+     * 2w + 1, so that each scheduler's pair has 9 of the 36 steps at the full shape */
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, steps = (cw + 15) / 16;
+    const uint32_t p = w < T4_WARPS / 2 ? 2 * w : 2 * (w - T4_WARPS / 2) + 1;
+    const uint32_t s0 = p * steps / T4_WARPS, ns = (p + 1) * steps / T4_WARPS - s0;
+    q4regs q;
+    load_q4(x.sc.ql + (size_t)t * nh * cw, nh, cw, s0, ns, q);
+    float o[2][T4_NB][4] = {};
+    for (uint32_t u0 = u_begin, k = 0; u0 < u_end; u0 += T4_KEYS, k++) {
+        const float *cur = kv + (k % 2) * T4_KEYS * ld;
+        if (u_end - u0 > T4_KEYS) { /* the next tile into the other stage, free since the
+                                       barrier that ended the last tile */
+            fetch_tile4(cache, u0 + T4_KEYS, u_end, cw, ld, kv + (k + 1) % 2 * T4_KEYS * ld);
+            copy_wait<1>();
+        } else {
+            copy_wait<0>();
+        }
+        __syncthreads(); /* every thread's copies of this tile have landed */
+        scores4(q, cur, ld, s0, ns, red + (size_t)w * T4_ROWS * T4_SLD);
+        __syncthreads();
+        softmax4(red, u_end - u0 < T4_KEYS ? u_end - u0 : T4_KEYS, x.scale, pw, mx, sm, alpha);
+        __syncthreads();
+        context4(cur, ld, pw, alpha, d.R / 8, o);
+        __syncthreads(); /* the stage, red and pw are rewritten next */
+    }
+    store4(x, (size_t)t * gridDim.x + blockIdx.x, nh, d.R, mx, sm, o);
+}
+
 static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, kl_err *err)
 {
     if (!a || !a->q || !a->kv_b || !a->kv_b->data || !a->cache || !a->scratch || !a->o)
@@ -1481,11 +1920,51 @@ static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, bo
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
-static int mla_version; /* 0: not chosen yet; else 1, 2, 3 or 4 (v3fast) */
+/* The device's multiprocessors (read once; T4_SMS where the runtime does not say). */
+static uint32_t sm_count(void)
+{
+    static uint32_t n;
+    int dev = 0, v = 0;
+    if (!n)
+        n = hipGetDevice(&dev) == hipSuccess &&
+                    hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, dev) ==
+                        hipSuccess && v > 0
+                ? (uint32_t)v
+                : T4_SMS;
+    return n;
+}
+
+/* v4's splits per token: one wave of blocks (1 per multiprocessor) over the n tokens, at most
+ * one per T4_MIN_TILES tiles of the longest span, and never more than the scratch holds (v2's
+ * count). */
+static uint32_t splits4(uint32_t n, uint32_t max_span)
+{
+    const uint32_t sms = sm_count(), wave = n < sms ? sms / n : 1;
+    const uint32_t b = splits_bound(max_span, T4_MIN_TILES * T4_KEYS / TILE);
+    const uint32_t s = wave < b ? wave : b, s2 = splits2(n, max_span);
+    return s < s2 ? s : s2;
+}
+
+/* v4: decode, every run one token: absorb2, attend4, combine2 and vb2. */
+static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                     kl_err *err)
+{
+    const uint32_t splits = splits4(t->n, t->max_span);
+    const attend_ctx x = make_ctx(a, t, splits, 0);
+    static size_t shared_set;
+    const size_t shared = attend4_shared(&a->d);
+    if (allow_shared((const void *)attend4_kernel, &shared_set, shared, err))
+        return err->code;
+    absorb2(a, t, &x, st);
+    attend4_kernel<<<dim3(splits, t->n), T4_THREADS, shared, st>>>(*a, x);
+    return combine_vb2(a, t, &x, splits, true, st, err);
+}
+
+static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */
 
 extern "C" void kl_gpu_mla_select(int version)
 {
-    mla_version = version >= 1 && version <= 4 ? version : 0;
+    mla_version = version >= 1 && version <= 5 ? version : 0;
 }
 
 static bool v2_fits(const kl_gpu_mla_dims *d)
@@ -1501,21 +1980,31 @@ static bool v3_fits(const kl_gpu_mla_dims *d, bool split)
            attend3_shared(d, split) <= MAX_SHARED && (!split || tile4 <= T3_PF * T3_THREADS);
 }
 
-/* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast in the environment (read at the first call;
- * v3 otherwise) or kl_gpu_mla_select's (4: v3fast); a version whose limits d passes falls
- * back to the next lower one that fits (v3 and v3fast: v2). */
+static bool v4_fits(const kl_gpu_mla_dims *d)
+{
+    return v2_fits(d) && d->nh <= T4_ROWS && d->R <= 64 * T4_NB &&
+           (d->R + d->dr + 15) / 16 <= T4_WARPS * T4_QSTEPS && attend4_shared(d) <= MAX_SHARED;
+}
+
+/* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast|v4 in the environment (read at the first
+ * call; v4 otherwise) or kl_gpu_mla_select's (4: v3fast, 5: v4); a version whose limits d
+ * passes falls back to the next lower one that fits (v4: v3, v3 and v3fast: v2). */
 static int version_for(const kl_gpu_mla_dims *d)
 {
     if (!mla_version) {
         const char *e = getenv("KL_GPU_MLA");
         mla_version = e && !strcmp(e, "v1")       ? 1
                       : e && !strcmp(e, "v2")     ? 2
+                      : e && !strcmp(e, "v3")     ? 3
                       : e && !strcmp(e, "v3fast") ? 4
-                                                  : 3;
+                                                  : 5;
     }
-    if (mla_version >= 3 && v3_fits(d, mla_version == 3))
-        return mla_version;
-    return mla_version >= 2 && v2_fits(d) ? 2 : 1;
+    if (mla_version == 5 && v4_fits(d))
+        return 5;
+    const int v = mla_version == 5 ? 3 : mla_version;
+    if (v >= 3 && v3_fits(d, v == 3))
+        return v;
+    return v >= 2 && v2_fits(d) ? 2 : 1;
 }
 
 extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
@@ -1526,9 +2015,12 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     if (t->n == 0)
         return 0;
     int v = version_for(&a->d);
+    if (v == 5 && t->max_run > 1) /* chunks of a prompt: v3's causal kernel, else v2 */
+        v = v3_fits(&a->d, true) ? 3 : 2;
     if (v >= 3 && t->max_run == 1 && t->max_span < V3_MIN_SPAN)
         v = 2; /* one token per run over a short span: v3's fixed costs outweigh its gain */
-    return v >= 3 ? attend_v3(a, t, v == 3, (hipStream_t)s, err)
+    return v == 5 ? attend_v4(a, t, (hipStream_t)s, err)
+           : v >= 3 ? attend_v3(a, t, v == 3, (hipStream_t)s, err)
            : v == 2 ? attend_v2(a, t, (hipStream_t)s, err)
                     : attend_v1(a, t, (hipStream_t)s, err);
 }

@@ -61,8 +61,11 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
  * queries, cache rows and weights (rel. error ~1e-2); fp32 softmax and sums in all; each
  * falling back to v2, then v1, where its limits are passed, and 3 and 4 to v2 for runs of one
  * token over spans < 512 (decode of short contexts; a launch sized for a larger max_span, as
- * a captured graph's, stays on 3 or 4); 0 the default: KL_GPU_MLA=v1|v2|v3|v3fast from the
- * environment (read once), else 3.  For the device tests and benchmarks that compare them. */
+ * a captured graph's, stays on 3 or 4); 5 v4: decode (every run one token) exact as v3 on
+ * mma.sync, one wave of split blocks streaming the cache (also nh <= 32, R <= 512,
+ * R + dr <= 640; else v3), chunks with longer runs on v3 (else v2), spans < 512 as v3; 0 the
+ * default: KL_GPU_MLA=v1|v2|v3|v3fast|v4 from the environment (read once), else 5.  For the
+ * device tests and benchmarks that compare them. */
 void   kl_gpu_mla_select(int version);
 
 #ifdef __cplusplus

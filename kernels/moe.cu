@@ -31,6 +31,7 @@
 #define ROUTE_WARPS 4    /* tokens per router block */
 #define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
 #define ROUTE_MAX_K 64
+#define ROUTE_BATCH 8    /* logits a lane loads at once */
 
 /* ---- router ------------------------------------------------------------------------------ */
 
@@ -45,12 +46,26 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         return;
     float *s = route_sh + (size_t)g * 2 * E, *sel = s + E;
     const float *lg = a.logits + (size_t)t * E;
-    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >) */
-    for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
-        const float v = 1.0f / (1.0f + expf(-lg[e]));
-        const float q = v + (a.bias ? a.bias[e] : 0.0f);
-        s[e] = v;
-        sel[e] = isnan(q) ? -INFINITY : q;
+    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >).
+     * ROUTE_BATCH logits (and biases) per lane are loaded before any is used: one wait for
+     * memory per 256 experts instead of one per expert a lane owns. */
+    for (uint32_t e0 = lane; e0 < E; e0 += ROUTE_BATCH * KL_GPU_GROUP) {
+        float l[ROUTE_BATCH], b[ROUTE_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROUTE_BATCH; u++) {
+            const uint32_t e = e0 + u * KL_GPU_GROUP;
+            l[u] = e < E ? lg[e] : 0.0f;
+            b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ROUTE_BATCH; u++) {
+            const uint32_t e = e0 + u * KL_GPU_GROUP;
+            const float v = 1.0f / (1.0f + expf(-l[u])), q = v + b[u];
+            if (e < E) {
+                s[e] = v;
+                sel[e] = isnan(q) ? -INFINITY : q;
+            }
+        }
     }
     /* 2-3. top-k by repeated arg-max; weights s or s + bias (weight k kept by lane k % 32) */
     int32_t *idx = a.idx + (size_t)t * a.top_k;

@@ -374,7 +374,7 @@ size_t kl_job_wait(kl_job *j, kl_token *ids, kl_job_lp *lps, size_t cap, int tim
     size_t n = j->n_ids - j->n_read;
     if (n > cap)
         n = cap;
-    if (n)   /* j->ids is NULL until the first id */
+    if (n) /* none yet: j->ids may still be NULL, and memcpy from NULL is undefined */
         memcpy(ids, j->ids + j->n_read, n * sizeof *ids);
     if (n && lps && j->spec.logprobs)
         memcpy(lps, j->lps + j->n_read, n * sizeof *lps);

@@ -11,7 +11,9 @@
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
-#   CHUNKS (KL_GPU_CHUNK values), GPU only.
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
+#   kernel of one-token steps.  RAWREAD=0 skips reading the shards once with cat (they are
+#   in the page cache anyway right after kl synth wrote them).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -190,6 +192,37 @@ stage_chunks() {
     done
 }
 
+# Nsight Compute's duration of every kernel of a prompt of one token and NCU_FORCED forced
+# tokens (one-token steps, graphs off so each launch is seen), summed per kernel name:
+# where a decode step's time goes, without launch gaps (ncu serialises the kernels)
+stage_ncu() {
+    local D="$W/full-mxfp4" ncu
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { row "ncu: not found"; return; }
+    KL_GPU_GRAPHS=0 timeout 300 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
+        "$KL" run "$D" --device gpu --ids 1 --force-ids ${NCU_FORCED:-2,3} --logits-out "$W/ncu.bin" -q \
+        > "$W/ncu.csv" 2> "$W/ncu.err" || { row "ncu failed: $(tail -3 "$W/ncu.err")"; return; }
+    cp "$W/ncu.csv" "$OUT/" 2>/dev/null
+    python3 - "$W/ncu.csv" "${NCU_FORCED:-2,3}" <<'PY' | tee -a "$TABLE"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+ki, ui, vi = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+per, cnt = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
+    per[name] += float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)
+    cnt[name] += 1
+steps = 1 + len(sys.argv[2].split(","))
+tot = sum(per.values())
+print("ncu: %d kernels, %.1f us per one-token step (sum of kernel durations, %d steps)" % (sum(cnt.values()), tot / steps, steps))
+for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
+    print("ncu  %-40s %8.1f us/step  %5d launches/step  %5.1f%%" % (name[:40], us / steps, cnt[name] // steps, 100 * us / tot))
+PY
+}
+
 stage_full() {
     local D="$W/full-mxfp4" p f
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -206,8 +239,8 @@ stage_full() {
     done
     # the shards read once (the raw disk read rate; then the page cache is warm)
     local t0=$SECONDS bytes
-    bytes=$(cat "$D"/*.safetensors | wc -c)
-    row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"
+    [ "${RAWREAD:-1}" = 0 ] || { bytes=$(cat "$D"/*.safetensors | wc -c)
+        row "raw read of the shards (cat): $((bytes / 1000000)) MB in $((SECONDS - t0)) s"; }
     # time to first token of a short prompt, the page cache warm
     "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
         row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"

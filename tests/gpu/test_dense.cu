@@ -372,8 +372,10 @@ int main(void)
     check_embed(KL_GPU_W_F32, 50, 37);
     check_embed(KL_GPU_W_BF16, 1000, 2304);
     for (int y = 0; y < 2; y++) {
-        check_add_rmsnorm(5, 2304, y);
-        check_add_rmsnorm(3, 37, y);
+        check_add_rmsnorm(5, 2304, y);  /* rows in registers (h <= 3072, h % 4 == 0) */
+        check_add_rmsnorm(1, 3072, y);
+        check_add_rmsnorm(2, 4100, y);  /* the general loop: too wide, */
+        check_add_rmsnorm(3, 37, y);    /* and not a multiple of 4 */
     }
     check_silu_mul(1000003);
     for (uint32_t n : {1u, 3u}) {   /* the shared experts' and the dense MLP's down products */

@@ -3,19 +3,23 @@
  * double that follows engine/forward.c (mla_chunk, mla_head, mla_attend_group: RMSNorm of the
  * latent into the cache, absorbed query W_kb,hᵀ q_nope, scores with the shared rope key, an
  * exact softmax over the span, context, W_vb,h ctx).  Tiny shapes with F32 and BF16 kv_b, the
- * full shape at n = 1 with spans 1, 2, 1000 and 65536 (also launched sized for a larger
- * capacity, as a captured decode step is), chunks of several runs in different slots with
- * differing spans, decode of 4 slots at spans 1 .. 64K and prefill runs of 64 and 256 tokens
- * on caches of 0 and 4K rows (the reference for every few tokens of those); the full-shape
- * cases timed, with bytes read / time beside a device-to-device copy and TFLOPS.  Every case
- * runs the four kernel versions (v3 on tensor cores with hi + lo operands and v3fast with
- * bf16 ones, both compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Exit 0 pass,
- * 1 fail, 77 no GPU; one JSON line.
+ * full shape at n = 1 with spans 1, 2, 17, 511, 512, 1000, 4096, 8192 and 65536 (some also
+ * launched sized for a larger capacity, as a captured decode step is), chunks of several runs
+ * in different slots with differing spans, decode of 4 and 6 slots at spans 1 .. 64K in one
+ * launch and prefill runs of 64 and 256 tokens on caches of 0 and 4K rows (the reference for
+ * every few tokens of those); the full-shape cases timed, with bytes read / time beside a
+ * device-to-device copy and TFLOPS.  Every case runs the five kernel versions (v4, decode on
+ * mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and v3fast with
+ * bf16 ones; all three compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Before
+ * the GPU: v3's and v3fast's algorithms emulated and v4's mirrored on the host (splits, fp32
+ * partials, softmax and combine).  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/mla.h"
 #include "tests/gpu/gpu_test.h"
 
 #include "common/numfmt.h"
+
+#include <initializer_list>
 
 struct mla_run {
     uint32_t slot, pos0, len;
@@ -187,6 +191,20 @@ static uint32_t split_rows_host(uint32_t span, uint32_t splits, uint32_t tile, u
     return tile * std::max(per, min_tiles);
 }
 
+/* Token t's query of head h as absorb2 writes it, in fp32: [W_kb,hᵀ q_nope, q_rope] [cw] */
+static void absorbed_query(const mla_host &x, uint32_t t, uint32_t h, float *q)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    const float *qt = &x.q[((size_t)t * d.nh + h) * x.qw];
+    const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * d.R];
+    for (uint32_t k = 0; k < x.cw; k++) {
+        double v = 0;
+        for (uint32_t i = 0; k < d.R && i < d.dn; i++)
+            v += (double)qt[i] * w[(size_t)i * d.R + k];
+        q[k] = (float)(k < d.R ? v : qt[d.dn + k - d.R]);
+    }
+}
+
 /* One row (token t, head h) of a v3 block over the cache rows [ub, ue): tiles of 32 keys,
  * causal, online softmax with the products and weights as v3 (split) or v3fast rounds them;
  * its partial max, sum, context. */
@@ -236,6 +254,7 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
     std::vector<double> pm((size_t)x.n * splits * nh), pl(pm.size()), pc(pm.size() * R);
     std::vector<uint32_t> rp(x.n);
     std::vector<double> q(x.cw);
+    std::vector<float> qf(x.cw);
     for (size_t r = 0; r + 1 < x.run_start.size(); r++)
         for (uint32_t t0 = x.run_start[r]; t0 < x.run_start[r + 1]; t0 += tb) {
             const uint32_t t1 = std::min(t0 + tb, x.run_start[r + 1]);
@@ -246,14 +265,8 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
             for (uint32_t t = t0; t < t1; t++) {
                 rp[t] = rows;
                 for (uint32_t h = 0; h < nh; h++) {
-                    const float *qt = &x.q[((size_t)t * nh + h) * x.qw];
-                    const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * R];
-                    for (uint32_t k = 0; k < x.cw; k++) {
-                        double v = 0;
-                        for (uint32_t i = 0; k < R && i < d.dn; i++)
-                            v += (double)qt[i] * w[(size_t)i * R + k];
-                        q[k] = (float)(k < R ? v : qt[d.dn + k - R]); /* fp32 ql */
-                    }
+                    absorbed_query(x, t, h, qf.data());
+                    q.assign(qf.begin(), qf.end());
                     for (uint32_t s = 0; s * rows < span; s++) {
                         const size_t part = ((size_t)t * splits + s) * nh + h;
                         emulate_row(x, t, q, s * rows, std::min(span, (s + 1) * rows), split,
@@ -288,9 +301,11 @@ static void emulate_v3(const mla_host &x, uint32_t splits, bool split, std::vect
         }
 }
 
-/* The host emulation of v3 (split) or v3fast against the reference for a case at 1, 2 and 7
- * splits: the worst rel. L2 over (token, head). */
-static double check_v3_host(const mla_case &c, bool split, t_rng &g)
+/* An emulation emulate(x, splits, o) against the reference for a case at each of `splits`:
+ * the worst rel. L2 over the checked (token, head). */
+template <class E>
+static double check_on_host(const mla_case &c, t_rng &g,
+                            std::initializer_list<uint32_t> splits, E emulate)
 {
     mla_host x;
     std::vector<double> ref_o, o;
@@ -298,13 +313,143 @@ static double check_v3_host(const mla_case &c, bool split, t_rng &g)
     ref_append(x);
     ref_attend(x, ref_o);
     double worst = 0;
-    for (uint32_t splits : {1u, 2u, 7u}) {
-        emulate_v3(x, splits, split, o);
+    for (uint32_t n : splits) {
+        emulate(x, n, o);
         std::vector<float> of(o.begin(), o.end());
         for (size_t b = 0; b < o.size(); b += c.d.dv)
-            worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
+            if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
+                worst = std::max(worst, t_rel_l2(&of[b], &ref_o[b], c.d.dv));
     }
     return worst;
+}
+
+/* The host emulation of v3 (split) or v3fast at 1, 2 and 7 splits. */
+static double check_v3_host(const mla_case &c, bool split, t_rng &g)
+{
+    return check_on_host(c, g, {1u, 2u, 7u},
+                         [split](const mla_host &x, uint32_t n, std::vector<double> &o) {
+                             emulate_v3(x, n, split, o);
+                         });
+}
+
+/* ---- v4's algorithm on the host ---------------------------------------------------------- */
+
+/* mma's k (0..15) of a 16-key step of P V -> key, as attend4 orders them (pv_key, mla.cu) */
+static uint32_t pv_key_host(uint32_t k)
+{
+    return k % 8 / 2 + 4 * (k % 2) + 8 * (k / 8);
+}
+
+/* One split [ub, ue) of token t's span as attend4 computes it: q [32][cw] (rows >= nh zero);
+ * per tile of 32 keys (rows past the split zero) each of the 8 groups sums its 16-column steps
+ * (s0 = w steps / 8) of hi hi + hi lo + lo hi products into fp32, the groups' sums added in
+ * order, the online softmax in fp32 (weights counted as hi + lo), P V per tile in keys of
+ * pv_key's order, added to the context scaled by alpha.  pm, pl [32], pc [32][R]. */
+static void emulate4_split(const mla_host &x, uint32_t t, const std::vector<float> &q,
+                           uint32_t ub, uint32_t ue, float *pm, float *pl, float *pc)
+{
+    const uint32_t cw = x.cw, R = x.d.R, steps = (cw + 15) / 16;
+    const float scale = 1.0f / sqrtf((float)x.qw);
+    std::vector<float> tile(32 * cw), p(32 * 32);
+    std::vector<double> row(cw);
+    std::fill(pc, pc + 32 * R, 0.0f);
+    std::fill(pm, pm + 32, -INFINITY);
+    std::fill(pl, pl + 32, 0.0f);
+    for (uint32_t u0 = ub; u0 < ue; u0 += 32) {
+        const uint32_t nk = std::min(32u, ue - u0);
+        std::fill(tile.begin(), tile.end(), 0.0f);
+        for (uint32_t c = 0; c < nk; c++) {
+            ref_row(x, x.tok_slot[t], u0 + c, row);
+            for (uint32_t k = 0; k < cw; k++)
+                tile[c * cw + k] = (float)row[k];
+        }
+        for (uint32_t r = 0; r < x.d.nh; r++) { /* rows >= nh: computed, never stored */
+            float s[32], m = pm[r], l = 0;
+            for (uint32_t c = 0; c < 32; c++) {
+                float v = 0;
+                for (uint32_t w = 0; w < 8; w++) {
+                    double part = 0;
+                    for (uint32_t k = 16 * (w * steps / 8); k < 16 * ((w + 1) * steps / 8); k++)
+                        if (k < cw)
+                            part += prod3(q[r * cw + k], tile[c * cw + k], true);
+                    v += (float)part;
+                }
+                s[c] = c < nk ? v * scale : -INFINITY;
+                m = std::max(m, s[c]);
+            }
+            for (uint32_t c = 0; c < 32; c++) {
+                p[r * 32 + c] = c < nk ? expf(s[c] - m) : 0.0f;
+                l += (float)weight3(p[r * 32 + c], true);
+            }
+            const float al = expf(pm[r] - m);
+            pm[r] = m;
+            pl[r] = pl[r] * al + l;
+            for (uint32_t j = 0; j < R; j++) {
+                double part = 0;
+                for (uint32_t k = 0; k < 32; k++) {
+                    const uint32_t u = 16 * (k / 16) + pv_key_host(k % 16);
+                    part += prod3(p[r * 32 + u], tile[u * cw + j], true);
+                }
+                pc[r * R + j] = pc[r * R + j] * al + (float)part;
+            }
+        }
+    }
+}
+
+/* o of every token (each alone in its run) as v4 computes it with `splits` splits: rows per
+ * split from the token's span (2 tiles at least), the splits combined as combine2 does. */
+static void emulate_v4(const mla_host &x, uint32_t splits, std::vector<double> &o)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    const uint32_t nh = d.nh, R = d.R;
+    o.assign((size_t)x.n * nh * d.dv, 0.0);
+    std::vector<float> q(32 * x.cw), pm, pl, pc;
+    for (uint32_t t = 0; t < x.n; t++) {
+        if (!x.checked(t))
+            continue;
+        const uint32_t span = x.tok_pos[t] + 1, rows = split_rows_host(span, splits, 32, 2);
+        const uint32_t ns = (span + rows - 1) / rows;
+        std::fill(q.begin(), q.end(), 0.0f);
+        for (uint32_t h = 0; h < nh; h++)
+            absorbed_query(x, t, h, &q[h * x.cw]);
+        pm.resize(ns * 32), pl.resize(ns * 32), pc.resize((size_t)ns * 32 * R);
+        for (uint32_t s = 0; s < ns; s++)
+            emulate4_split(x, t, q, s * rows, std::min(span, (s + 1) * rows), &pm[s * 32],
+                           &pl[s * 32], &pc[(size_t)s * 32 * R]);
+        for (uint32_t h = 0; h < nh; h++) {
+            float mx = -INFINITY, den = 0;
+            for (uint32_t s = 0; s < ns; s++)
+                mx = std::max(mx, pm[s * 32 + h]);
+            std::vector<float> ctx(R, 0.0f);
+            for (uint32_t s = 0; s < ns; s++) {
+                const float wt = expf(pm[s * 32 + h] - mx);
+                den += wt * pl[s * 32 + h];
+                for (uint32_t k = 0; k < R; k++)
+                    ctx[k] += wt * pc[((size_t)s * 32 + h) * R + k];
+            }
+            const float *w = &x.kvb[(size_t)h * (d.dn + d.dv) * R];
+            for (uint32_t j = 0; j < d.dv; j++) {
+                double v = 0;
+                for (uint32_t k = 0; k < R; k++)
+                    v += (double)w[(size_t)(d.dn + j) * R + k] * (ctx[k] / den);
+                o[((size_t)t * nh + h) * d.dv + j] = v;
+            }
+        }
+    }
+}
+
+/* The host mirror of v4 at 1, 2, 7 and 132 splits; pv_key a permutation (else 1). */
+static double check_v4_host(const mla_case &c, t_rng &g)
+{
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < 16; k++)
+        seen |= 1u << pv_key_host(k);
+    if (seen != 0xffffu)
+        return 1;
+    return check_on_host(c, g, {1u, 2u, 7u, 132u},
+                         [](const mla_host &x, uint32_t n, std::vector<double> &o) {
+                             emulate_v4(x, n, o);
+                         });
 }
 
 /* ---- the device side -------------------------------------------------------------------- */
@@ -356,20 +501,20 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d
     return 0;
 }
 
-#define MLA_VERSIONS 4 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast */
+#define MLA_VERSIONS 5 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 */
 
-static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast"};
+static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast", "v4"};
 
 /* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30}; /* max rel. L2: per
-                                                               appended row, (token, head) */
-    double vs_v2[MLA_VERSIONS] = {}; /* v3's and v3fast's o against v2's, max rel. L2 over
-                                        every (token, head) */
+    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30}; /* max rel. L2:
+                                                     per appended row, (token, head) */
+    double vs_v2[MLA_VERSIONS] = {}; /* v3's, v3fast's and v4's o against v2's, max rel. L2
+                                        over every (token, head) */
     double us[MLA_VERSIONS] = {}, gbps[MLA_VERSIONS] = {}, tflops[MLA_VERSIONS] = {};
     size_t bytes = 0;     /* timed: the caches' rows read once and kv_b */
     double flop = 0;      /* timed: scores and contexts, 2 nh span (R + dr + R) per token */
-    std::vector<float> out[MLA_VERSIONS]; /* o of v3 and v3fast, kept until v2's is there */
+    std::vector<float> out[MLA_VERSIONS]; /* o of v3, v3fast, v4, kept until v2's is there */
 };
 
 /* The attention's median time, kv_b rotating over 8 copies (its bytes then come from HBM, as
@@ -416,7 +561,7 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
     for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
         if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
             res->o[v - 1] = std::max(res->o[v - 1], t_rel_l2(&o[b], &ref_o[b], c.d.dv));
-    if (v >= 3) /* v3fast and v3 run first */
+    if (v >= 3) /* v4, v3fast and v3 run first */
         res->out[v - 1] = o;
     if (v == 2) {
         const std::vector<double> o2(o.begin(), o.end());
@@ -500,6 +645,9 @@ static int refusals(t_rng &g, kl_err *err)
  * ~2^-16 per product. */
 #define V3FAST_TOL 2e-2
 #define V3_TOL     1e-4
+/* v4's: v3's products, the scores' and contexts' MMA sums spanning 5 steps of 16 columns, and
+ * 1 tile of 32 keys (the rest added in fp32): 3e-5 (the host mirror: ~1e-5) */
+#define V4_TOL     3e-5
 
 /* v3's and v3fast's tiling, splits and combine on the host, with and without a GPU: 0 or 1
  * (wrong). */
@@ -516,8 +664,15 @@ static int v3_on_host(void)
         e = std::max(e, check_v3_host(c, true, g));
         ef = std::max(ef, check_v3_host(c, false, g));
     }
-    fprintf(stderr, "test_mla: emulated on the host: v3 max rel. L2 %.2e, v3fast %.2e\n", e, ef);
-    return e < V3_TOL && ef < V3FAST_TOL ? 0 : 1;
+    /* v4: decode, several slots of different spans in one launch */
+    const mla_case c4 = {"host_v4", {4, 16, 8, 16, 32}, true, false, 4,
+                         {{0, 0, 1}, {1, 16, 1}, {2, 200, 1}, {3, 700, 1}}};
+    const mla_case c4f = {"host_v4_full", {32, 128, 64, 128, 512}, true, false, 2,
+                          {{0, 16, 1}, {1, 300, 1}}};
+    const double e4 = std::max(check_v4_host(c4, g), check_v4_host(c4f, g));
+    fprintf(stderr, "test_mla: emulated on the host: v3 max rel. L2 %.2e, v3fast %.2e, v4 %.2e\n",
+            e, ef, e4);
+    return e < V3_TOL && ef < V3FAST_TOL && e4 < V4_TOL ? 0 : 1;
 }
 
 int main(void)
@@ -540,6 +695,12 @@ int main(void)
         {"full_span1_cap65536", full, true, true, 1, {{0, 0, 1}}, 65536},
         {"full_span1000_cap65536", full, true, true, 1, {{0, 999, 1}}, 65536},
         {"full_span8192_cap131072", full, true, true, 1, {{0, 8191, 1}}, 131072},
+        /* v4 (decode) at spans 17 and 511 in a launch sized for a capacity, 512, 4096, 8192 */
+        {"full_span17_cap65536", full, true, true, 1, {{0, 16, 1}}, 65536},
+        {"full_span511_cap65536", full, true, true, 1, {{0, 510, 1}}, 65536},
+        {"full_span512", full, true, true, 1, {{0, 511, 1}}},
+        {"full_span4096", full, true, true, 1, {{0, 4095, 1}}},
+        {"full_span8192", full, true, true, 1, {{0, 8191, 1}}},
         {"full_3runs", full, true, false, 3, {{1, 0, 4}, {0, 1500, 1}, {2, 300, 6}}},
         {"full_f32_2runs", full, false, false, 2, {{1, 20, 2}, {0, 5000, 3}}},
         {"tiny_5runs_cap", {4, 12, 4, 8, 24}, true, false, 3,
@@ -551,6 +712,8 @@ int main(void)
         /* decode of 4 slots at spans 1, 100, 4K, 64K; prefill runs on caches of 0 and 4K */
         {"decode_4slots", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 4095, 1},
          {3, 65535, 1}}},
+        {"decode_6slots", full, true, true, 6, {{0, 0, 1}, {1, 16, 1}, {2, 510, 1},
+         {3, 511, 1}, {4, 4095, 1}, {5, 65535, 1}}},
         {"prefill_64_on_0", full, true, true, 1, {{0, 0, 64}}, 0, 4},
         {"prefill_256_on_0", full, true, true, 1, {{0, 0, 256}}, 0, 16},
         {"prefill_64_on_4096", full, true, true, 1, {{0, 4096, 64}}, 0, 8},
@@ -558,7 +721,7 @@ int main(void)
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
-    double worst = 0, worst3 = 0, worst3f = 0, copy_gbps = 0;
+    double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, copy_gbps = 0;
     int refused = 0;
     for (size_t i = 0; i < n_cases; i++) {
         if (run_case(cases[i], g, &res[i], &err))
@@ -566,6 +729,7 @@ int main(void)
         worst = std::max({worst, res[i].append, res[i].o[0], res[i].o[1]});
         worst3 = std::max({worst3, res[i].o[2], res[i].vs_v2[2]});
         worst3f = std::max({worst3f, res[i].o[3], res[i].vs_v2[3]});
+        worst4 = std::max({worst4, res[i].o[4], res[i].vs_v2[4]});
         t_free_all();
     }
     refused = refusals(g, &err);
@@ -574,10 +738,12 @@ int main(void)
         goto fail;
     t_free_all();
     {
-        const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL;
+        const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL &&
+                       worst4 < V4_TOL;
         printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
-               "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"timed\":[",
-               ok ? "true" : "false", refused ? "true" : "false", worst, worst3, worst3f);
+               "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"v4_max_rel_l2\":%.3g,"
+               "\"timed\":[", ok ? "true" : "false", refused ? "true" : "false", worst, worst3,
+               worst3f, worst4);
         const char *sep = "";
         for (size_t i = 0; i < n_cases; i++) {
             if (!cases[i].timed)
@@ -587,9 +753,10 @@ int main(void)
             for (const mla_run &u : cases[i].runs)
                 n += u.len, span = std::max(span, u.pos0 + u.len);
             printf("%s{\"case\":\"%s\",\"n\":%u,\"span\":%u,\"launch_span\":%u,"
-                   "\"bytes\":%zu,\"gflop\":%.3f,\"v3_vs_v2\":%.3g,\"v3fast_vs_v2\":%.3g",
-                   sep, cases[i].name, n, span, std::max(cases[i].launch_span, span), r.bytes,
-                   r.flop / 1e9, r.vs_v2[2], r.vs_v2[3]);
+                   "\"bytes\":%zu,\"gflop\":%.3f,\"v3_vs_v2\":%.3g,\"v3fast_vs_v2\":%.3g,"
+                   "\"v4_vs_v2\":%.3g", sep, cases[i].name, n, span,
+                   std::max(cases[i].launch_span, span), r.bytes, r.flop / 1e9, r.vs_v2[2],
+                   r.vs_v2[3], r.vs_v2[4]);
             for (int v = MLA_VERSIONS; v >= 1; v--)
                 printf(",\"%s\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
                        "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", version_name[v - 1], r.o[v - 1],

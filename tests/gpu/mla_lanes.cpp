@@ -1,0 +1,190 @@
+/*
+ * tests/gpu/mla_lanes.cpp — attend4 on the CPU at lane level (see mla_lanes.sh, which cuts its
+ * device code out of kernels/mla.cu): a block is 256 threads; __syncthreads, the shuffles and
+ * hence the stand-in MMA are barriers over the block or its groups of 32.  Arguments: NH DR R
+ * SPLITS SPAN... (dn = dv = 16: attend4 reads the absorbed queries, filled here at random);
+ * one token per span, each in its own slot whose rows past the span are NaN, shared memory
+ * NaN-filled before each block.  Prints the worst rel. L2 of the combined context against
+ * double; exit 0 when below 3e-5.
+ */
+#define __HIPCC__ 1 /* the SIMT stand-ins (no PTX) */
+#include "kernels/mla.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <random>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __host__
+#define __global__
+#define __shared__
+#define __launch_bounds__(...)
+#define KL_GPU_GROUP        32
+#define KL_GPU_GRID_WAIT() ((void)0)
+
+struct dim3 {
+    unsigned x, y, z;
+};
+struct float2 {
+    float x, y;
+};
+struct float4 {
+    float x, y, z, w;
+};
+static float2 make_float2(float a, float b) { return {a, b}; }
+static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+
+static thread_local dim3 threadIdx;
+static dim3 blockIdx, gridDim, blockDim;
+static pthread_barrier_t block_bar, group_bar[8];
+static uint32_t lanes[8][32];
+
+static void __syncthreads() { pthread_barrier_wait(&block_bar); }
+static uint32_t __float_as_uint(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float __uint_as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* v from lane src of this thread's group of 32 (every lane of the group calls it) */
+static uint32_t from_lane(uint32_t v, uint32_t src)
+{
+    const unsigned g = threadIdx.x / 32;
+    lanes[g][threadIdx.x % 32] = v;
+    pthread_barrier_wait(&group_bar[g]);
+    const uint32_t r = lanes[g][src % 32];
+    pthread_barrier_wait(&group_bar[g]);
+    return r;
+}
+static uint32_t __shfl(uint32_t v, int src, int) { return from_lane(v, (uint32_t)src); }
+template <class T> static T kl_gpu_shfl_xor(T v, int o)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = from_lane(u, (threadIdx.x % 32) ^ o);
+    T r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+float4 shared4[60000]; /* the block's dynamic shared memory */
+
+#include "mla_lanes_deps.inc"
+#include "mla_lanes_v4.inc"
+
+/* The worst rel. L2 over (token, head) of the context combined from the splits' partials. */
+static double check(const std::vector<std::vector<float>> &cache, const std::vector<float> &ql,
+                    const std::vector<uint32_t> &spans, const kl_gpu_mla_dims &d, uint32_t splits,
+                    const attend_ctx &x)
+{
+    const uint32_t cw = d.R + d.dr, R = d.R, nh = d.nh;
+    double worst = 0;
+    for (uint32_t t = 0; t < spans.size(); t++) {
+        const uint32_t span = spans[t], ns = (span + x.sc.rp[t] - 1) / x.sc.rp[t];
+        for (uint32_t h = 0; h < nh; h++) {
+            const float *q = &ql[((size_t)t * nh + h) * cw];
+            std::vector<double> sc(span), ctx(R, 0.0), got(R, 0.0);
+            double mx = -INFINITY, sum = 0, M = -INFINITY, den = 0, e2 = 0, r2 = 0;
+            for (uint32_t u = 0; u < span; u++) {
+                double v = 0;
+                for (uint32_t k = 0; k < cw; k++)
+                    v += (double)q[k] * cache[t][(size_t)u * cw + k];
+                sc[u] = v / sqrt((double)(d.dn + d.dr));
+                mx = fmax(mx, sc[u]);
+            }
+            for (uint32_t u = 0; u < span; u++)
+                sum += (sc[u] = exp(sc[u] - mx));
+            for (uint32_t u = 0; u < span; u++)
+                for (uint32_t k = 0; k < R; k++)
+                    ctx[k] += sc[u] / sum * cache[t][(size_t)u * cw + k];
+            for (uint32_t s = 0; s < ns; s++)
+                M = fmax(M, x.sc.pm[((size_t)t * splits + s) * nh + h]);
+            for (uint32_t s = 0; s < ns; s++) {
+                const size_t p = ((size_t)t * splits + s) * nh + h;
+                const double w = exp(x.sc.pm[p] - M);
+                den += w * x.sc.pl[p];
+                for (uint32_t k = 0; k < R; k++)
+                    got[k] += w * x.sc.pc[p * R + k];
+            }
+            for (uint32_t k = 0; k < R; k++)
+                e2 += (got[k] / den - ctx[k]) * (got[k] / den - ctx[k]), r2 += ctx[k] * ctx[k];
+            const double rel = sqrt(e2 / r2);
+            worst = rel <= worst ? worst : rel; /* NaN sticks */
+        }
+        printf("mla_lanes: token %u span %u rows per split %u splits %u\n", t, span,
+               x.sc.rp[t], ns);
+    }
+    return worst;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 6) {
+        fprintf(stderr, "usage: mla_lanes NH DR R SPLITS SPAN...\n");
+        return 2;
+    }
+    const kl_gpu_mla_dims d = {(uint32_t)atoi(argv[1]), 16, (uint32_t)atoi(argv[2]), 16,
+                               (uint32_t)atoi(argv[3])};
+    const uint32_t splits = atoi(argv[4]), cw = d.R + d.dr;
+    std::vector<uint32_t> spans;
+    for (int i = 5; i < argc; i++)
+        spans.push_back(atoi(argv[i]));
+    const uint32_t n = spans.size();
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.5f, 1.5f);
+    std::vector<std::vector<float>> cache(n);
+    std::vector<float *> slot(n);
+    std::vector<uint32_t> tok_slot(n), tok_pos(n), rp(n);
+    for (uint32_t t = 0; t < n; t++) {
+        cache[t].assign((size_t)(spans[t] + 40) * cw, NAN);
+        for (size_t i = 0; i < (size_t)spans[t] * cw; i++)
+            cache[t][i] = uni(rng);
+        slot[t] = cache[t].data(), tok_slot[t] = t, tok_pos[t] = spans[t] - 1;
+    }
+    std::vector<float> ql((size_t)n * d.nh * cw), pc((size_t)n * splits * d.nh * d.R, NAN);
+    std::vector<float> pm((size_t)n * splits * d.nh, NAN), pl(pm.size(), NAN);
+    for (float &v : ql)
+        v = uni(rng);
+    kl_gpu_mla_attend_args a = {};
+    a.d = d;
+    a.cache = (const float *const *)slot.data();
+    attend_ctx x = {};
+    x.tok_slot = tok_slot.data(), x.tok_pos = tok_pos.data(), x.scale = 1 / sqrtf(16.0f + d.dr);
+    x.sc.ql = ql.data(), x.sc.pc = pc.data(), x.sc.pm = pm.data(), x.sc.pl = pl.data();
+    x.sc.rp = rp.data();
+    if (attend4_shared(&d) > sizeof shared4)
+        return 2;
+    gridDim = {splits, n, 1}, blockDim = {T4_THREADS, 1, 1};
+    pthread_barrier_init(&block_bar, NULL, T4_THREADS);
+    for (int g = 0; g < 8; g++)
+        pthread_barrier_init(&group_bar[g], NULL, 32);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t s = 0; s < splits; s++) {
+            blockIdx = {s, t, 0};
+            memset(shared4, 0xff, sizeof shared4); /* NaN */
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < T4_THREADS; i++)
+                th.emplace_back([&, i] {
+                    threadIdx = {i, 0, 0};
+                    attend4_kernel(a, x);
+                });
+            for (std::thread &h : th)
+                h.join();
+        }
+    const double worst = check(cache, ql, spans, d, splits, x);
+    printf("mla_lanes: nh %u dr %u R %u splits %u: worst rel. L2 %.3e\n", d.nh, d.dr, d.R, splits,
+           worst);
+    return worst < 3e-5 ? 0 : 1;
+}
