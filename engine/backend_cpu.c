@@ -308,7 +308,7 @@ static void l2norm_qk(float *q, float *k, size_t K, float qscale)
 }
 
 /* Steps 6-7b of one head for one token (offset off into the [T, D] buffers; f holds the
- * decay factors exp(g)).  The row forms keep each row's operations and their order, so the
+ * decay factors exp(g)).  The row form keeps each row's operations and their order, so the
  * result is that of one row at a time. */
 static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
 {
@@ -318,9 +318,12 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
     const float *decay = b->f + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
     float *gate = b->g + off;
     l2norm_qk(q, k, K, 1.0f / sqrtf((float)K));
-    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed rows (into o) */
+    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed row (into o); one row
+     * at a time: this pass brings the state into the cache, and one sequential stream is what
+     * the prefetchers follow (the row form, four rows side by side, ran it 2.5x slower) */
     memset(o, 0, K * sizeof *o);
-    kl_vec_scale_axpy_rows(S, K, decay, o, k, K, K);
+    for (size_t i = 0; i < K; i++)
+        kl_vec_scale_axpy(S + i * K, decay[i], o, k[i], K);
     /* u = β (v − Sᵀ k̂), kept in v */
     for (size_t c = 0; c < K; c++)
         v[c] = beta * (v[c] - o[c]);

@@ -636,9 +636,11 @@ static AVX2_FN void axpy_axpy_rows_avx2(float *x, size_t ld, const float *a, con
 #define EXP_HI 88.0f     /* exp(88) < 2^127: the scale 2^n below stays a normal number */
 #define EXP_LO -87.3f    /* exp(-87.3) > 2^-126 */
 
-/* exp(x): x = n ln2 + r (ln2 in two parts), |r| <= ln2/2, degree-6 polynomial, times 2^n. */
+/* exp(x): x = n ln2 + r (ln2 in two parts), |r| <= ln2/2, degree-6 polynomial, times 2^n;
+ * 0 below EXP_LO (a tiny normal there would make every later product with it denormal: slow). */
 AVX2_INLINE __m256 exp8(__m256 x)
 {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -653,7 +655,7 @@ AVX2_INLINE __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
                                   23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 /* log(u) for normal u >= 1: u = m 2^e, m in [sqrt(1/2), sqrt(2)), degree-9 polynomial in m-1. */

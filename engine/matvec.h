@@ -128,7 +128,8 @@ void  kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u,
 /* The scalar set evaluates them with libm (expf, log1pf) as written; the AVX2 set 8 lanes at a
  * time with polynomial exp and log (Cephes' coefficients, within a few ulp of libm: the sets
  * differ, each is deterministic and its result for an element depends only on that element).
- * exp(z) saturates near 2^127 for z above 88 and near 2^-126 for z below -87.3 there. */
+ * There exp(z) saturates near 2^127 for z above 88 and is 0 for z below -87.3 (libm's
+ * denormals down to -103.9 would make every later product with them slow). */
 /* x = x / (1 + exp(-x)) */
 void  kl_vec_silu(float *x, size_t n);
 /* x = silu(x) · y */
