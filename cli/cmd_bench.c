@@ -375,6 +375,32 @@ static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, dou
         cJSON_AddNumberToObject(o, kl_gpu_op_names[k], per > 0 ? p->op_s[k] * 1e3 / per : 0);
 }
 
+/* Where the GPU load's time went (engine/backend.h kl_gpu_load_info; open: kl_model_open)
+ * and how its ring was set. */
+static void add_load_phases(cJSON *j, const kl_cli_load *l)
+{
+    const kl_gpu_load_info *g = &l->gpu_load;
+    cJSON *o = cJSON_AddObjectToObject(j, "load_phases");
+    const struct { const char *name; double s; } ph[] = {
+        {"open", l->open_s}, {"device_init", g->device_s}, {"host_buffers", g->buffers_s},
+        {"wait_device", g->wait_s}, {"plan", g->plan_s}, {"alloc", g->alloc_s},
+        {"fill", g->fill_s}, {"pools", g->pools_s}, {"finish", g->finish_s}};
+    for (size_t i = 0; i < sizeof ph / sizeof *ph; i++)
+        cJSON_AddNumberToObject(o, ph[i].name, ph[i].s);
+    cJSON_AddBoolToObject(j, "load_overlapped", g->overlapped);
+    cJSON_AddNumberToObject(j, "load_fill_gbps", g->fill_s > 0 ? (double)g->bytes / g->fill_s / 1e9
+                                                               : 0);
+    cJSON_AddNumberToObject(j, "load_threads", g->threads);
+    cJSON_AddNumberToObject(j, "load_buffers", g->buffers);
+    cJSON_AddNumberToObject(j, "load_buffer_bytes", (double)g->buffer_bytes);
+    cJSON_AddStringToObject(j, "load_buffer_mem", g->buffer_mem ? g->buffer_mem : "");
+    cJSON *d = cJSON_AddObjectToObject(j, "load_fill_detail");   /* the ring's side of it */
+    cJSON_AddNumberToObject(d, "threads_reading_s", g->fill_read_s);
+    cJSON_AddNumberToObject(d, "threads_waiting_for_copies_s", g->fill_wait_s);
+    cJSON_AddNumberToObject(d, "copier_idle_s", g->fill_idle_s);
+    cJSON_AddNumberToObject(d, "copier_issuing_s", g->fill_issue_s);
+}
+
 static int print_decode_json(const decode_args *a, const kl_model *m, const decode_result *r,
                              const kl_cli_load *l)
 {
@@ -410,6 +436,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddStringToObject(j, "load_how", l->gpu_load.how ? l->gpu_load.how : "");
         cJSON_AddNumberToObject(j, "load_windows", (double)l->gpu_load.windows);
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
+        add_load_phases(j, l);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
         cJSON_AddNumberToObject(j, "disk_read_gbps", r->disk_gbps);
@@ -461,8 +488,12 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     if (r->on_gpu)
         printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s, raw "
-               "disk read %.2f GB/s\n", l->load_s, l->load_gbps, l->gpu_load.how,
-               r->gpu.h2d_gbps, r->disk_gbps);
+               "disk read %.2f GB/s\n           open %.3f s, device %.3f s, buffers %.3f s, "
+               "waited %.3f s, plan %.3f s, alloc %.3f s, fill %.3f s, finish %.3f s\n",
+               l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps, r->disk_gbps,
+               l->open_s, l->gpu_load.device_s, l->gpu_load.buffers_s, l->gpu_load.wait_s,
+               l->gpu_load.plan_s, l->gpu_load.alloc_s, l->gpu_load.fill_s,
+               l->gpu_load.finish_s);
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,

@@ -47,15 +47,20 @@ static void show_load(void *user, uint64_t done, uint64_t total)
     kl_progress_show(user, done, total);
 }
 
-/* Moves m to the GPU when l->device asks for it (or auto finds one). */
-static int use_device(kl_cli_load *l, kl_model *m, kl_err *err)
+/* Moves m to the GPU when l->device asks for it (or auto finds one), with what prep made
+ * ahead (NULL: nothing; freed here either way). */
+static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *err)
 {
     l->device_used = "cpu";
-    if (l->device == KL_DEVICE_CPU || (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available()))
+    int cpu = l->device == KL_DEVICE_CPU ||
+              (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available());
+    if (cpu) {
+        kl_backend_gpu_prepare_free(prep);
         return 0;
+    }
     kl_backend *be = NULL;
     double t0 = kl_now_s();
-    int rc = kl_backend_gpu_create(&be, m, err);
+    int rc = kl_backend_gpu_create_prepared(&be, m, prep, err);
     if (!rc && (rc = kl_model_use_backend(m, be, err)))
         kl_backend_free(be);
     if (rc)
@@ -87,14 +92,21 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     mo.progress_user = &p;
     mo.vectors_only = gpu_streams(l);
     double t0 = kl_now_s();
+    /* streamed to the GPU: its device and load buffers made while the model opens (a refusal
+     * here only means they are made at creation, which reports any real error) */
+    kl_gpu_prep *prep = NULL;
+    if (mo.vectors_only && kl_backend_gpu_prepare(&prep, NULL))
+        prep = NULL;
     int rc = kl_model_open(m, l->model, &mo, err);
-    l->load_s = kl_now_s() - t0;
+    l->load_s = l->open_s = kl_now_s() - t0;
     kl_progress_end(&p);
-    if (rc)
+    if (rc) {
+        kl_backend_gpu_prepare_free(prep);
         return rc;
+    }
     l->load_gbps = l->load_s > 0 ? (double)(*m)->weight_bytes / l->load_s / 1e9 : 0;
     if (!l->quiet && (*m)->matrices_read)
         fprintf(stderr, "kl %s: loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
                 (double)(*m)->weight_bytes / 1e9, l->load_s, l->load_gbps);
-    return use_device(l, *m, err);
+    return use_device(l, *m, prep, err);
 }

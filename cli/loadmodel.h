@@ -33,6 +33,8 @@ typedef struct kl_cli_load {
     double        load_s;         /* from kl_cli_open_model */
     double        load_gbps;      /* weight bytes / load_s / 1e9 */
     const char   *device_used;    /* "cpu" or "gpu" */
+    double        open_s;         /* kl_model_open (GPU: vectors only; the device and the
+                                     load buffers prepared meanwhile) */
     double        upload_s;       /* GPU: seconds to put the weights on the device */
     kl_gpu_load_info gpu_load;    /* GPU: how they came (engine/backend.h) */
 } kl_cli_load;

@@ -13,7 +13,11 @@ static uint64_t hash_str(const char *s)
         h ^= (unsigned char)*s;
         h *= 1099511628211ull;
     }
-    return h;
+    /* FNV-1a's multiply carries only upward: mix the high bits into the low ones the mask
+     * keeps (names that differ in a layer or expert number otherwise probe long runs) */
+    h ^= h >> 32;
+    h *= 0xD6E8FEB86659FD93ull;
+    return h ^ (h >> 32);
 }
 
 static int alloc_slots(kl_strmap *m, size_t cap)

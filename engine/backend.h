@@ -122,13 +122,36 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * O_DIRECT where allowed); host is the CLI's (the whole model read into memory first).
  * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
  * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8, default 4):
- * N threads map and page-lock windows ahead of the copies (2N windows in flight).
+ * N threads map and page-lock windows ahead of the copies (2N windows in flight);
+ * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4).  KL_GPU_LOAD=hybrid: the
+ * ring on the first part of the files and mapped windows on the rest at once
+ * ($KL_GPU_LOAD_MAPPED_PERCENT of the bytes, default 35; $KL_GPU_LOAD_MAPPED_THREADS, default
+ * 4): the ring's copies through pinned buffers cost host memory bandwidth, the mapped windows'
+ * page-locking costs driver time; both feed one stream.
  * $KL_GPU_CHUNK=N (16-4096, default 1024): tokens per forward chunk (max_tokens);
  * chunks of 16+ tokens run their products and routed experts on tensor cores (kernels/gemm.h,
  * ~5e-7 of fp32 a product); $KL_GPU_GEMM=0: on the fp32 kernels (half the prefill rate);
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
+
+/* The GPU load's first steps, started before the model is open so that they overlap opening
+ * it: on a thread of its own, device 0's context, a stream and events, and the ring's pinned
+ * buffers ($KL_GPU_LOAD ring: threads + 4 buffers of 16 MiB unless $KL_GPU_LOAD_BUFFERS /
+ * $KL_GPU_LOAD_WINDOW_MB say otherwise; one region on 2 MiB pages registered once, or with
+ * $KL_GPU_LOAD_HUGE=0 one kl_gpu_host_alloc each).  kl_backend_gpu_create_prepared then takes
+ * them (waiting for the thread) and, meanwhile the fill, allocates the pools and scratch on
+ * another thread.  $KL_GPU_LOAD_OVERLAP=0: no threads, every step in turn at creation (as
+ * kl_backend_gpu_create).  *out is owned: pass it to kl_backend_gpu_create_prepared, which
+ * frees it whatever happens, or free it with kl_backend_gpu_prepare_free.  Errors of the
+ * thread (no device, no pinned memory) come from create_prepared.  KL_E_NOMEM, or
+ * KL_E_UNSUPPORTED in a build without GPU support. */
+typedef struct kl_gpu_prep kl_gpu_prep;
+int  kl_backend_gpu_prepare(kl_gpu_prep **out, kl_err *err);
+void kl_backend_gpu_prepare_free(kl_gpu_prep *pr);     /* NULL ok; joins the thread */
+/* kl_backend_gpu_create with what pr prepared (NULL: prepared here, in turn); pr is freed. */
+int  kl_backend_gpu_create_prepared(kl_backend **out, struct kl_model *m, kl_gpu_prep *pr,
+                                    kl_err *err);
 void kl_backend_free(kl_backend *be);   /* NULL ok; every slot must be closed */
 
 /* 1 when this build has GPU support and a device is visible, else 0. */
@@ -148,12 +171,27 @@ typedef struct kl_gpu_ceilings {
 } kl_gpu_ceilings;
 int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
 
-/* How a GPU backend's weights came: how ("mapped", "read", "direct", "host": every byte from
- * the host model), bytes copied, mapped windows and how many of them were page-locked (the
- * others were copied at the pageable rate).  Zeroes (how "") for any other backend. */
+/* How a GPU backend's weights came: how ("ring", "ring-direct", "mapped", "read", "direct",
+ * "host": every byte from the host model), bytes copied, mapped windows or ring buffers filled
+ * and how many of them were page-locked (the others were copied at the pageable rate); the
+ * ring's threads and buffers; and where the creation's time went, in seconds: device (context,
+ * stream, events) and buffers (the ring's pinned memory) on the preparing thread, wait (the
+ * creating thread waiting for it; 0 when not overlapped), plan, alloc (the weights' device
+ * memory), fill (the copies, pools and scratch allocated meanwhile: pools_s), finish (the
+ * pools waited for if they took longer, the stream drained, the prepared buffers freed).  Zeroes (how "") for any other backend. */
 typedef struct kl_gpu_load_info {
     const char *how;
     uint64_t    bytes, windows, pinned;
+    unsigned    threads, buffers;       /* RING: load threads, buffers (mapped: threads) */
+    size_t      buffer_bytes;           /* RING buffer or mapped window (0: the default) */
+    const char *buffer_mem;             /* RING: "hugetlb", "thp" (one registered region) or
+                                           "pinned" (kl_gpu_host_alloc each); else "" */
+    int         overlapped;             /* prepared on a thread while the model opened */
+    double      device_s, buffers_s, wait_s, plan_s, alloc_s, fill_s, pools_s, finish_s;
+    double      fill_read_s, fill_wait_s;    /* RING: load threads reading, waiting for a
+                                                buffer's copies (summed over threads) */
+    double      fill_idle_s, fill_issue_s;   /* RING: the copying thread waiting for a filled
+                                                buffer, issuing copies */
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 

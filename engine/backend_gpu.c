@@ -47,6 +47,8 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 #include "kernels/moe.h"
 #include "kernels/runtime.h"
 
+#include <pthread.h>
+
 /* Tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX).  The grouped expert products read
  * every expert once per chunk, so larger chunks amortise the weights over more rows: an 8K
  * prompt at 1,942 tok/s in chunks of 256, 3,418 at 1,024 (+5.5 GB of scratch), 4,097 at 4,096
@@ -252,26 +254,34 @@ static int fill_wait(void *ctx, unsigned slot, kl_err *err)
     return kl_gpu_event_sync(f->ev[slot], err);
 }
 
-/* How file bytes travel ($KL_GPU_LOAD, $KL_GPU_LOAD_WINDOW_MB, $KL_GPU_LOAD_THREADS:
- * engine/backend.h). */
-static const char *fill_options(kl_fill_opts *o)
+/* $name as a number in [1, most], else dflt. */
+static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 {
-    const char *how = getenv("KL_GPU_LOAD"), *win = getenv("KL_GPU_LOAD_WINDOW_MB");
-    const char *th = getenv("KL_GPU_LOAD_THREADS");
+    const char *v = getenv(name);
+    return v && atoi(v) > 0 && atoi(v) <= (int)most ? (unsigned)atoi(v) : dflt;
+}
+
+/* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
+ * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are sized and counted here (the
+ * fill's defaults: 8 threads, threads + 4 buffers of 16 MiB) as they are allocated ahead. */
+static const char *fill_options(const char *how, kl_fill_opts *o)
+{
+    const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
-    if (win && atoi(win) > 0)
+    if (win && atoi(win) > 0 && atoi(win) <= 1024)
         o->window_bytes = (size_t)atoi(win) << 20;
-    if (ring) {   /* reader threads (default 8), buffers: threads + 4 */
-        o->threads = th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_SLOTS ? (unsigned)atoi(th)
-                                                                               : 0;
+    if (ring) {
+        o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_SLOTS, 8);
+        unsigned nb = o->threads + 4 < KL_FILL_MAX_SLOTS ? o->threads + 4 : KL_FILL_MAX_SLOTS;
+        o->windows = env_count("KL_GPU_LOAD_BUFFERS", KL_FILL_MAX_SLOTS, nb);
+        o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)16 << 20;
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
         return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
     }
     /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest mapped
      * case of test_load on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */
-    o->threads = th && atoi(th) > 0 && atoi(th) <= (int)KL_FILL_MAX_WINDOWS ? (unsigned)atoi(th)
-                                                                            : 4;
+    o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_WINDOWS, 4);
     o->windows = 2 * o->threads < KL_FILL_MAX_WINDOWS ? 2 * o->threads : KL_FILL_MAX_WINDOWS;
     if (how && !strcmp(how, "read")) {
         o->mode = KL_FILL_READ;
@@ -286,44 +296,277 @@ static const char *fill_options(kl_fill_opts *o)
     return "mapped";
 }
 
-static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, kl_err *err)
+/* ------------------------------------------------------------------------------------------ */
+/* Loading ahead (kl_backend_gpu_prepare): the device, its stream and events and the ring's    */
+/* pinned buffers, made on a thread of their own while the caller opens the model              */
+
+struct kl_gpu_prep {
+    kl_fill_opts  o;                       /* how file bytes travel (fill_options) */
+    kl_fill_opts  mo;                      /* hybrid: the mapped part's */
+    double        share;                   /* hybrid: the mapped part's share of the bytes */
+    int           hybrid;                  /* $KL_GPU_LOAD=hybrid: a ring and mapped windows
+                                              at once, each on part of the files */
+    const char   *how;
+    int           overlap;                 /* $KL_GPU_LOAD_OVERLAP != 0: threads run ahead */
+    int           huge;                    /* $KL_GPU_LOAD_HUGE != 0: one mapped 2 MiB region */
+    int           want_buffers;            /* RING from the files: allocate the ring's buffers */
+    kl_gpu_stream st;                      /* handed to the backend */
+    kl_gpu_event  ev[2 * KL_FILL_MAX_SLOTS];   /* one per ring buffer or window slot; the
+                                                  second half: hybrid's mapped part */
+    void         *buf[KL_FILL_MAX_SLOTS];  /* RING: n_buf pinned buffers of o.window_bytes */
+    unsigned      n_buf;
+    void         *region;                  /* the mapped region holding them (NULL: each one
+                                              from kl_gpu_host_alloc) */
+    size_t        region_bytes;
+    const char   *buf_mem;                 /* "hugetlb", "thp" (region) or "pinned" */
+    pthread_t     th;
+    int           started;                 /* th runs prep_run */
+    int           rc;
+    kl_err        err;
+    double        device_s, buffers_s;     /* prep_run's two steps */
+};
+
+static kl_gpu_prep *prep_new(void)
 {
-    const kl_model *m = g->base.m;
-    kl_fill_opts o;
-    const char *how = fill_options(&o);
-    gpu_fill f = {.g = g};
-    kl_fill_ops ops = {&f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
-                       fill_host_alloc, fill_host_free};
-    kl_fill_stats st = {0};
-    int rc = 0;
-    for (unsigned i = 0; !rc && i < KL_FILL_MAX_SLOTS; i++)
-        rc = kl_gpu_event_create(&f.ev[i], err);
+    kl_gpu_prep *pr = kl_calloc(1, sizeof *pr);
+    if (!pr)
+        return NULL;
+    const char *how = getenv("KL_GPU_LOAD");
+    pr->hybrid = how && !strcmp(how, "hybrid");
+    pr->how = pr->hybrid ? "hybrid" : fill_options(how, &pr->o);
+    if (pr->hybrid) {   /* the ring's settings as set, the mapped part's own */
+        fill_options("ring", &pr->o);
+        fill_options("mapped", &pr->mo);
+        pr->mo.threads = env_count("KL_GPU_LOAD_MAPPED_THREADS", KL_FILL_MAX_WINDOWS, 4);
+        pr->mo.windows = 2 * pr->mo.threads < KL_FILL_MAX_WINDOWS ? 2 * pr->mo.threads
+                                                                  : KL_FILL_MAX_WINDOWS;
+        pr->mo.window_bytes = 0;
+        pr->share = env_count("KL_GPU_LOAD_MAPPED_PERCENT", 100, 35) / 100.0;
+    }
+    const char *ov = getenv("KL_GPU_LOAD_OVERLAP"), *huge = getenv("KL_GPU_LOAD_HUGE");
+    pr->overlap = !(ov && !strcmp(ov, "0"));
+    pr->huge = !(huge && !strcmp(huge, "0"));
+    pr->want_buffers = pr->o.mode == KL_FILL_RING;
+    pr->buf_mem = "";
+    kl_err_clear(&pr->err);
+    return pr;
+}
+
+/* The ring's buffers: one registered region on 2 MiB pages, else (refused, or $KL_GPU_LOAD_HUGE
+ * =0) one kl_gpu_host_alloc each; fewer than asked when pinned memory runs out after one. */
+static int prep_buffers(kl_gpu_prep *pr, kl_err *err)
+{
+    size_t bytes = pr->o.window_bytes, n = pr->o.windows;
+    int hugetlb = 0;
+    kl_err e;
+    kl_err_clear(&e);
+    if (pr->huge && !kl_gpu_host_alloc_mapped(&pr->region, n * bytes, &hugetlb, &e)) {
+        pr->region_bytes = n * bytes;
+        for (pr->n_buf = 0; pr->n_buf < n; pr->n_buf++)
+            pr->buf[pr->n_buf] = (uint8_t *)pr->region + pr->n_buf * bytes;
+        pr->buf_mem = hugetlb ? "hugetlb" : "thp";
+        return 0;
+    }
+    pr->buf_mem = "pinned";
+    while (pr->n_buf < n && !kl_gpu_host_alloc(&pr->buf[pr->n_buf], bytes, &e))
+        pr->n_buf++;
+    if (pr->n_buf)
+        return 0;
+    *err = e;
+    return e.code;
+}
+
+/* Device 0 current, its stream and events, then the ring's buffers; each step timed. */
+static void *prep_run(void *arg)
+{
+    kl_gpu_prep *pr = arg;
+    double t0 = kl_now_s();
+    int rc = kl_gpu_device_open(0, NULL, 0, &pr->err);
     if (!rc)
-        rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, arena, &ops, &o, &st, err);
+        rc = kl_gpu_stream_create(&pr->st, &pr->err);
+    for (unsigned i = 0; !rc && i < 2 * KL_FILL_MAX_SLOTS; i++)
+        rc = kl_gpu_event_create(&pr->ev[i], &pr->err);
+    double t1 = kl_now_s();
+    if (!rc && pr->want_buffers)
+        rc = prep_buffers(pr, &pr->err);
+    pr->device_s = t1 - t0;
+    pr->buffers_s = kl_now_s() - t1;
+    pr->rc = rc;
+    return NULL;
+}
+
+/* What was prepared, ready on this thread (the thread joined, or the work done here now); its
+ * times into li. */
+static int prep_take(kl_gpu_prep *pr, kl_gpu_load_info *li, kl_err *err)
+{
+    double t0 = kl_now_s();
+    if (pr->started)
+        pthread_join(pr->th, NULL);
+    else
+        prep_run(pr);
+    li->wait_s = pr->started ? kl_now_s() - t0 : 0;
+    li->overlapped = pr->started;
+    pr->started = 0;
+    li->device_s = pr->device_s;
+    li->buffers_s = pr->buffers_s;
+    if (pr->rc) {
+        if (err)
+            *err = pr->err;
+        return pr->rc;
+    }
+    return kl_gpu_device_open(0, NULL, 0, err);   /* current on this thread too */
+}
+
+/* One kl_gpu_fill of part of the plan with its own events, on the backend's stream (both
+ * parts of a hybrid load copy there: a stream takes work from several threads). */
+typedef struct fill_job {
+    const kl_gpu_plan *p;
+    uint8_t          **arena;
+    kl_fill_opts       o;
+    gpu_fill           f;
+    kl_fill_stats      st;
+    int                rc;
+    kl_err             err;
+} fill_job;
+
+static void *fill_job_main(void *arg)
+{
+    fill_job *j = arg;
+    kl_fill_ops ops = {&j->f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
+                       fill_host_alloc, fill_host_free};
+    const kl_model *m = j->f.g->base.m;
+    kl_err_clear(&j->err);
+    j->rc = kl_gpu_device_open(0, NULL, 0, &j->err);   /* current on this thread */
+    if (!j->rc)
+        j->rc = kl_gpu_fill(j->p, (const char *const *)m->shard_paths, j->arena, &ops, &j->o,
+                            &j->st, &j->err);
+    return NULL;
+}
+
+/* The jobs of the fill: the whole plan as pr says, or (hybrid) its first part through the
+ * ring and the rest through mapped windows, the second on a thread of its own. */
+static int run_fill_jobs(fill_job *job, const kl_gpu_plan *p, const kl_gpu_prep *pr,
+                         kl_err *err)
+{
+    int two = pr->hybrid && p->n_file;
+    kl_gpu_plan part[2] = {*p};
+    if (two)
+        kl_gpu_plan_split(p, pr->share, &part[0], &part[1]);
+    job[0].p = &part[0];
+    job[1].p = &part[1];
+    pthread_t th;
+    int started = two && pthread_create(&th, NULL, fill_job_main, &job[1]) == 0;
+    fill_job_main(&job[0]);
+    if (two && !started)
+        fill_job_main(&job[1]);
+    if (started)
+        pthread_join(th, NULL);
+    for (int i = 0; i < 1 + two; i++)
+        if (job[i].rc) {
+            if (err)
+                *err = job[i].err;
+            return job[i].rc;
+        }
+    return 0;
+}
+
+/* The fill with what was prepared (pr: the stream's events, the ring's buffers). */
+static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const kl_gpu_prep *pr,
+                       kl_err *err)
+{
+    fill_job job[2] = {{.arena = arena, .o = pr->o, .f = {.g = g}},
+                       {.arena = arena, .o = pr->mo, .f = {.g = g}}};
+    job[0].o.buffers = pr->n_buf ? pr->buf : NULL;
+    job[0].o.windows = pr->n_buf ? pr->n_buf : job[0].o.windows;
+    memcpy(job[0].f.ev, pr->ev, sizeof job[0].f.ev);
+    memcpy(job[1].f.ev, pr->ev + KL_FILL_MAX_SLOTS, sizeof job[1].f.ev);
+    int rc = run_fill_jobs(job, p, pr, err);
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
-        kl_gpu_event_destroy(f.ev[i]);
-    g->load = (kl_gpu_load_info){p->n_file ? how : "host", st.bytes, st.windows, st.pinned};
+    const kl_fill_stats *a = &job[0].st, *b = &job[1].st;
+    const kl_fill_opts *o = &job[0].o;
+    kl_gpu_load_info *li = &g->load;
+    li->how = p->n_file ? pr->how : "host";
+    li->bytes = a->bytes + b->bytes;
+    li->windows = a->windows + b->windows;
+    li->pinned = a->pinned + b->pinned;
+    li->threads = o->threads;
+    li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
+    li->buffer_bytes = o->window_bytes;
+    li->buffer_mem = pr->buf_mem;
+    li->fill_read_s = a->read_s;
+    li->fill_wait_s = a->wait_s;
+    li->fill_idle_s = a->idle_s;
+    li->fill_issue_s = a->issue_s;
     return rc;
 }
 
-/* Every weight: the plan, one device allocation per arena, the fill, the views. */
-static int upload_model(gpu_be *g, kl_err *err)
+/* Pools and scratch (alloc_pools, alloc_scratch: device allocations that need only the
+ * model's shapes and the plan) made on a thread of their own while the fill copies. */
+typedef struct side_alloc {
+    gpu_be   *g;
+    pthread_t th;
+    int       started, rc;
+    kl_err    err;
+    double    s;
+} side_alloc;
+
+static int alloc_pools(gpu_be *g, kl_err *err);
+static int alloc_scratch(gpu_be *g, kl_err *err);
+
+static void *side_main(void *arg)
+{
+    side_alloc *a = arg;
+    double t0 = kl_now_s();
+    kl_err_clear(&a->err);
+    int rc = kl_gpu_device_open(0, NULL, 0, &a->err);
+    if (!rc)
+        rc = alloc_pools(a->g, &a->err);
+    if (!rc)
+        rc = alloc_scratch(a->g, &a->err);
+    a->rc = rc;
+    a->s = kl_now_s() - t0;
+    return NULL;
+}
+
+/* Starts side_main on its thread (overlap on), else runs it here. */
+static void side_start(side_alloc *a, gpu_be *g, int overlap)
+{
+    *a = (side_alloc){.g = g};
+    a->started = overlap && pthread_create(&a->th, NULL, side_main, a) == 0;
+    if (!a->started)
+        side_main(a);
+}
+
+/* Joins the side thread; its error unless rc already is one. */
+static int side_end(side_alloc *a, int rc, kl_err *err)
+{
+    if (a->started)
+        pthread_join(a->th, NULL);
+    a->started = 0;
+    if (!rc && a->rc && err)
+        *err = a->err;
+    return rc ? rc : a->rc;
+}
+
+/* Every weight: the plan, one device allocation per arena, the views, then the fill (pools
+ * and scratch allocated meanwhile).  Phases timed into g->load. */
+static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
 {
     const kl_model *m = g->base.m;
+    kl_gpu_load_info *li = &g->load;
+    double t0 = kl_now_s();
     kl_gpu_plan p;
     int rc = kl_gpu_plan_build(&p, m, err);
     if (rc)
         return rc;
+    double t1 = kl_now_s();
     uint8_t **arena = kl_calloc(p.n_arenas, sizeof *arena);
     if (!arena)
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     for (uint32_t a = 0; !rc && a < p.n_arenas; a++)
         rc = dev_alloc(g, (void **)&arena[a], p.arena_bytes[a], err);
-    if (!rc)
-        rc = fill_arenas(g, &p, arena, err);
-    if (!rc) {
+    if (!rc) {   /* the views first: the pools and scratch need the fused groups' rows */
         uint8_t *glob = arena[p.n_arenas - 1];
         g->embed = view(&p.embed, glob);
         g->lm_head = view(&p.lm_head, glob);
@@ -331,6 +574,19 @@ static int upload_model(gpu_be *g, kl_err *err)
         for (uint32_t l = 0; l + 1 < p.n_arenas; l++)
             bind_layer(&g->L[l], &p.layer[l], arena[l]);
     }
+    double t2 = kl_now_s();
+    side_alloc side = {0};
+    if (!rc)
+        side_start(&side, g, pr->overlap);
+    if (!rc)
+        rc = fill_arenas(g, &p, arena, pr, err);
+    double t3 = kl_now_s();
+    rc = side_end(&side, rc, err);
+    li->plan_s = t1 - t0;
+    li->alloc_s = t2 - t1;
+    li->fill_s = t3 - t2;
+    li->pools_s = side.s;
+    li->finish_s = kl_now_s() - t3;   /* waiting for the pools, if they took longer */
     kl_free(arena);
     kl_gpu_plan_free(&p);
     return rc;
@@ -1030,20 +1286,38 @@ int kl_backend_gpu_check(kl_err *err)
     return 0;
 }
 
-int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+int kl_backend_gpu_prepare(kl_gpu_prep **out, kl_err *err)
 {
-    *out = NULL;
-    if (kl_backend_gpu_check(err))
-        return err->code;
-    gpu_be *g = kl_calloc(1, sizeof *g);
-    if (!g)
+    *out = prep_new();
+    if (!*out)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
+    kl_gpu_prep *pr = *out;
+    pr->started = pr->overlap && pthread_create(&pr->th, NULL, prep_run, pr) == 0;
+    return 0;
+}
+
+void kl_backend_gpu_prepare_free(kl_gpu_prep *pr)
+{
+    if (!pr)
+        return;
+    if (pr->started)
+        pthread_join(pr->th, NULL);
+    if (pr->region)
+        kl_gpu_host_free_mapped(pr->region, pr->region_bytes);
+    for (unsigned i = 0; !pr->region && i < pr->n_buf; i++)
+        kl_gpu_host_free(pr->buf[i]);
+    for (unsigned i = 0; i < 2 * KL_FILL_MAX_SLOTS; i++)
+        kl_gpu_event_destroy(pr->ev[i]);
+    kl_gpu_stream_destroy(pr->st);
+    kl_free(pr);
+}
+
+/* The backend's settings from the environment (engine/backend.h). */
+static void read_settings(gpu_be *g)
+{
     const char *chunk = getenv("KL_GPU_CHUNK");
     g->chunk = chunk && atoi(chunk) >= 16 && atoi(chunk) <= (int)GPU_CHUNK_MAX
                    ? (uint32_t)atoi(chunk) : GPU_CHUNK;
-    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
-                           .max_slots = GPU_SLOTS, .impl = g};
-    get_dims(m, &g->d);
     const char *graphs = getenv("KL_GPU_GRAPHS"), *prof = getenv("KL_GPU_PROFILE");
     g->prof.on = prof && !strcmp(prof, "1");
     const char *gemm = getenv("KL_GPU_GEMM"), *fs = getenv("KL_GPU_FUSE_SMALL");
@@ -1054,31 +1328,66 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
         kl_gpu_experts_version_set(2);
     g->fuse_small = !(fs && !strcmp(fs, "0"));
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
+}
+
+/* Everything after the backend's host state: the prepared device and buffers, the weights
+ * (pools and scratch meanwhile), the stream drained and the buffers freed; phases timed. */
+static int create_device(gpu_be *g, kl_gpu_prep *pr, kl_err *err)
+{
+    int rc = prep_take(pr, &g->load, err);
+    if (!rc) {
+        g->st = pr->st;   /* the backend's now */
+        pr->st = NULL;
+        rc = upload_model(g, pr, err);
+    }
+    double t0 = kl_now_s();
+    if (!rc)
+        rc = kl_gpu_stream_sync(g->st, err);
+    kl_backend_gpu_prepare_free(pr);
+    g->load.finish_s += kl_now_s() - t0;
+    return rc;
+}
+
+int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *pr, kl_err *err)
+{
+    *out = NULL;
+    if (!pr && !(pr = prep_new()))
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (!pr->started && m->matrices_read)   /* every byte from host memory: no ring */
+        pr->want_buffers = 0;
+    gpu_be *g = NULL;
+    int rc = kl_backend_gpu_check(err);
+    if (!rc && !(g = kl_calloc(1, sizeof *g)))
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (rc) {
+        kl_backend_gpu_prepare_free(pr);
+        return rc;
+    }
+    read_settings(g);
+    g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
+                           .max_slots = GPU_SLOTS, .impl = g};
+    get_dims(m, &g->d);
     g->L = kl_calloc(m->cfg.num_hidden_layers ? m->cfg.num_hidden_layers : 1, sizeof *g->L);
     g->mla_cap = kl_calloc(GPU_SLOTS, sizeof *g->mla_cap);
     g->base.slot_len = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_len);
     g->base.slot_used = kl_calloc(GPU_SLOTS, sizeof *g->base.slot_used);
-    int rc = 0;
-    if (!g->L || !g->mla_cap || !g->base.slot_used || !g->base.slot_len)
+    if (!g->L || !g->mla_cap || !g->base.slot_used || !g->base.slot_len) {
+        kl_backend_gpu_prepare_free(pr);
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
-    if (!rc)
-        rc = kl_gpu_device_open(0, NULL, 0, err);
-    if (!rc)
-        rc = kl_gpu_stream_create(&g->st, err);
-    if (!rc)
-        rc = upload_model(g, err);
-    if (!rc)
-        rc = alloc_pools(g, err);
-    if (!rc)
-        rc = alloc_scratch(g, err);
-    if (!rc)
-        rc = kl_gpu_stream_sync(g->st, err);
+    } else {
+        rc = create_device(g, pr, err);
+    }
     if (rc) {
         gpu_destroy(&g->base);
         return rc;
     }
     *out = &g->base;
     return 0;
+}
+
+int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
+    return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
 int kl_backend_gpu_available(void)
@@ -1089,7 +1398,7 @@ int kl_backend_gpu_available(void)
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
 {
     *out = be && be->ops == &gpu_ops ? impl((kl_backend *)be)->load
-                                     : (kl_gpu_load_info){"", 0, 0, 0};
+                                     : (kl_gpu_load_info){.how = ""};
 }
 
 void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
@@ -1132,11 +1441,28 @@ static int no_gpu(kl_err *err)
                    "with make GPU=cuda or make GPU=hip)");
 }
 
-int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+int kl_backend_gpu_prepare(kl_gpu_prep **out, kl_err *err)
 {
-    (void)m;
     *out = NULL;
     return no_gpu(err);
+}
+
+void kl_backend_gpu_prepare_free(kl_gpu_prep *pr)
+{
+    (void)pr;
+}
+
+int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *pr, kl_err *err)
+{
+    (void)m;
+    (void)pr;
+    *out = NULL;
+    return no_gpu(err);
+}
+
+int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
+    return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
 int kl_backend_gpu_available(void)
@@ -1152,7 +1478,7 @@ int kl_backend_gpu_check(kl_err *err)
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
 {
     (void)be;
-    *out = (kl_gpu_load_info){"", 0, 0, 0};
+    *out = (kl_gpu_load_info){.how = ""};
 }
 
 int kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err)

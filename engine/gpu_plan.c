@@ -6,6 +6,8 @@
  */
 #include "engine/gpu_plan.h"
 
+#include "common/clock.h"
+
 #include "common/mem.h"
 
 #include <errno.h>
@@ -297,6 +299,25 @@ void kl_gpu_plan_free(kl_gpu_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
+                       kl_gpu_plan *second)
+{
+    uint64_t keep = (uint64_t)((1.0 - (share < 0 ? 0 : share > 1 ? 1 : share)) *
+                               (double)p->file_bytes);
+    uint64_t done = 0;
+    size_t j = 0;
+    for (; j < p->n_file && done + p->pieces[j].bytes <= keep; j++)
+        done += p->pieces[j].bytes;
+    *first = *p;
+    first->n_pieces = first->n_file = j;
+    first->file_bytes = done;
+    *second = *p;
+    second->pieces = p->pieces + j;
+    second->n_pieces = p->n_pieces - j;
+    second->n_file = p->n_file - j;
+    second->file_bytes = p->file_bytes - done;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Fill                                                                                       */
 
@@ -348,7 +369,8 @@ typedef struct filler {
     /* RING */
     ring_buf          *rb;
     unsigned           n_rb, n_alloc;   /* buffers wanted, allocated so far */
-    int                rb_pinned;  /* buffers from ops->host_alloc */
+    int                rb_pinned;  /* buffers from ops->host_alloc or the caller's */
+    void *const       *rb_given;   /* the caller's buffers (opts->buffers), not freed here */
     wspan             *spans;
     size_t             n_spans;
     /* prep threads */
@@ -711,11 +733,16 @@ static void *ring_main(void *arg)
         int marked = r->marked;
         r->state = RB_READING;
         pthread_mutex_unlock(&f->mu);
+        double t0 = kl_now_s();
         int rc = marked && f->ops->wait ? f->ops->wait(f->ops->ctx, b, &e) : 0;
         int waited = !rc;
+        double t1 = kl_now_s();
         if (!rc)
             rc = read_span(f, k, r->mem, &e);
+        double t2 = kl_now_s();
         pthread_mutex_lock(&f->mu);
+        f->st.wait_s += t1 - t0;
+        f->st.read_s += t2 - t1;
         r->marked &= !waited;
         r->state = rc ? RB_FREE : RB_FILLED;
         r->span = k;
@@ -767,6 +794,7 @@ static int ring_copy_all(filler *f, kl_err *err)
         if (more && (rc = ring_add(f, err)))
             break;
         unsigned b = f->n_rb;
+        double t0 = kl_now_s();
         pthread_mutex_lock(&f->mu);
         while (!f->stop && (b = ring_find(f, RB_FILLED)) == f->n_rb && !more)
             pthread_cond_wait(&f->cv, &f->mu);
@@ -776,8 +804,12 @@ static int ring_copy_all(filler *f, kl_err *err)
             break;
         if (b == f->n_rb)
             continue;
+        double t1 = kl_now_s();
         rc = copy_span(f, f->rb[b].span, f->rb[b].mem, f->rb_pinned, b, err);
+        double t2 = kl_now_s();
         pthread_mutex_lock(&f->mu);
+        f->st.idle_s += t1 - t0;
+        f->st.issue_s += t2 - t1;
         f->rb[b].state = RB_FREE;
         f->rb[b].marked = !rc && f->ops->mark;
         f->stop |= rc != 0;
@@ -797,6 +829,8 @@ static int ring_free(filler *f, int rc, kl_err *err)
             int r = f->ops->wait(f->ops->ctx, b, rc ? &ignored : err);
             rc = rc ? rc : r;
         }
+        if (f->rb_given)
+            continue;
         if (f->rb[b].mem && f->rb_pinned && f->ops->host_free)
             f->ops->host_free(f->ops->ctx, f->rb[b].mem);
         else if (f->rb[b].mem && !f->rb_pinned)
@@ -811,9 +845,11 @@ static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_e
 {
     int rc = spans_begin(f, paths, RING_ALIGN, err);
     f->rb = rc ? NULL : kl_calloc(f->n_rb, sizeof *f->rb);
-    f->rb_pinned = f->ops->host_alloc != NULL;
+    f->rb_pinned = f->ops->host_alloc != NULL || f->rb_given;
     if (!rc && !f->rb)
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (unsigned b = 0; !rc && f->rb_given && b < f->n_rb; b++)   /* all there at once */
+        f->rb[f->n_alloc++] = (ring_buf){f->rb_given[b], 0, RB_FREE, 0};
     if (!rc)
         rc = with_threads(f, threads, ring_main, ring_copy_all, err);
     rc = ring_free(f, rc, err);
@@ -857,6 +893,19 @@ static int fill_read(filler *f, const char *const *paths, kl_direct_mode direct,
     return rc;
 }
 
+/* RING with the caller's buffers: their count and size given, each whole reads' worth. */
+static int check_given(const kl_fill_opts *o, kl_err *err)
+{
+    if (!o->windows || o->window_bytes % RING_ALIGN)
+        return kl_fail(err, KL_E_USAGE, "load buffers given without their count, or of %zu "
+                       "bytes (not a multiple of %u)", o->window_bytes, RING_ALIGN);
+    for (unsigned b = 0; b < o->windows; b++)
+        if (!o->buffers[b] || (uintptr_t)o->buffers[b] % RING_ALIGN)
+            return kl_fail(err, KL_E_USAGE, "load buffer %u is not %u-byte aligned", b,
+                           RING_ALIGN);
+    return 0;
+}
+
 int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *const *arena,
                 const kl_fill_ops *ops, const kl_fill_opts *opts, kl_fill_stats *stats,
                 kl_err *err)
@@ -877,7 +926,10 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     if (f.n_win > most || threads > most)
         return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
                        ring ? "load buffers" : "windows in flight");
-    int rc = 0;
+    int rc = ring && o.buffers ? check_given(&o, err) : 0;
+    if (rc)
+        return rc;
+    f.rb_given = ring ? o.buffers : NULL;
     for (size_t i = p->n_file; !rc && i < p->n_pieces; i++)
         rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, p->pieces[i].bytes, 0, err);
     if (!rc && p->n_file)

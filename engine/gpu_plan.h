@@ -97,6 +97,13 @@ typedef struct kl_gpu_plan {
 int  kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err);
 void kl_gpu_plan_free(kl_gpu_plan *p);          /* zeroed; a zeroed plan ok */
 
+/* Two views of p for two fills that run at once (a ring and mapped windows): first takes
+ * whole file pieces from the start while they total at most (1 - share) of p's file bytes
+ * (share clamped to 0..1), second the other file pieces and every host piece.  The views
+ * borrow p's arrays: never kl_gpu_plan_free them.  Together they fill what p fills. */
+void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
+                       kl_gpu_plan *second);
+
 /* Bytes of a plan matrix's values (MXFP4: packed codes) and of its scales. */
 uint64_t kl_plan_data_bytes(const kl_plan_mat *w);
 uint64_t kl_plan_scale_bytes(const kl_plan_mat *w);
@@ -134,12 +141,23 @@ typedef struct kl_fill_opts {
     kl_direct_mode direct;              /* READ: O_DIRECT choice; RING: O_DIRECT only when
                                            ON (buffered where open refuses it, e.g. tmpfs),
                                            else through the page cache */
+    void *const   *buffers;             /* RING: NULL, or the caller's windows buffers of
+                                           window_bytes each (a multiple of 4 KiB, 4 KiB
+                                           aligned), pinned: used instead of host_alloc and
+                                           left to the caller, every copy from them waited
+                                           for when the fill returns */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {
     uint64_t bytes;                     /* copied, host pieces included */
     uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
                                            buffers filled, of them copied pinned */
+    /* RING, where the time went (seconds; the load threads' summed over them): reads
+     * bound the fill when the copying thread idles, the copies when the threads wait */
+    double   read_s;                    /* load threads reading spans */
+    double   wait_s;                    /* load threads waiting for a buffer's copies */
+    double   idle_s;                    /* the copying thread waiting for a filled buffer */
+    double   issue_s;                   /* the copying thread issuing copies and marks */
 } kl_fill_stats;
 
 /* Fills arena[0 .. p->n_arenas) with p's pieces; shard_paths[i] is shard i (m->shard_paths).

@@ -93,6 +93,23 @@
 #define KL_GPU_GRID_WAIT() ((void)0)
 #endif
 
+/* Two exceptions, each for a kernel that says why (kernels/moe.cu, version 3 experts):
+ * KL_GPU_LAUNCH_DEPENDENTS() after the wait lets the kernel's dependent be scheduled once
+ * every block of this one has passed it (its blocks then start on SMs as this kernel's
+ * leave, instead of after it ends); KL_GPU_GRID_WAIT_LATER() as the first statement marks a
+ * kernel that, before its own KL_GPU_GRID_WAIT(), reads only memory written before its
+ * predecessor ran (complete once every block of the predecessor passed its wait), never its
+ * predecessor's output (tests/gpu_wait.sh accepts it).  KL_LOAD_L2 reads such memory from
+ * L2, past the SM's L1. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
+#define KL_GPU_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define KL_LOAD_L2(p)              __ldcg(p)
+#else
+#define KL_GPU_LAUNCH_DEPENDENTS() ((void)0)
+#define KL_LOAD_L2(p)              (*(p))
+#endif
+#define KL_GPU_GRID_WAIT_LATER() ((void)0)
+
 /* v of the lane whose index within the group is this lane's XOR o (all lanes take part). */
 template <class T> __device__ static inline T kl_gpu_shfl_xor(T v, int o)
 {

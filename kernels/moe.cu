@@ -13,6 +13,46 @@
  * router) or by two tokens is read once per slot.  Scratch: h [n·top_k, I] then part
  * [n·top_k, H].  An expert id outside [0, E) gives NaN outputs instead of a stray read.
  *
+ * Decode, MXFP4 (version 3, the default; KL_GPU_MOE_DECODE=v2 the launches above, with
+ * experts_mx2_kernel as gate_up and down).  Counting at Kimi-Linear's shapes, n = 1, top 8 of
+ * 256, I = 1024, H = 2304, on an H200 (132 SMs, copy rate ~4.2 TB/s, a load ~1-1.5 us under
+ * load): gate and up read 8 · 2 · 1024 rows of 1152 code bytes + 72 scale bytes = 20.1 MB,
+ * down 8 · 2304 rows of 512 + 32 = 10.0 MB: 30.1 MB, 7.2 us at the copy rate.  Little's law:
+ * 4.2 TB/s · ~1.5 us = ~6 MB in flight, ~48 KB per SM.  Version 2 has ~2 gate_up blocks an SM
+ * (256 blocks) whose lanes keep 6 loads of 16 bytes in flight and wait for them 3 times in a
+ * row (9 blocks of 32 codes per lane and row, 3 at a time), the down launch twice more, and
+ * a third launch for the sum: 23.7 us (0.30 of the copy rate), mostly latency and the gaps of
+ * three dependent launches.  Version 3:
+ *   gate_up: the same blocks (32 rows of I, slot), each team lane issuing all 18 of its
+ *     16-byte loads (GU_UNROLL 9 blocks of the gate and the up row; 128 registers, 2 blocks
+ *     an SM: one wave of 256 blocks) before it fills x and waits once: ~147 KB requested per
+ *     SM, 3x what the copy rate needs.  KL_GPU_MOE_DECODE=v3t (version 4) also lets the
+ *     down launch start early (KL_GPU_LAUNCH_DEPENDENTS after its grid wait): its blocks
+ *     then take the SMs that gate_up leaves first, up to 4 each, and may crowd there (main
+ *     measured such triggers slower in every kernel), so it is only offered to measure.
+ *   down_sum: a block per (8 rows of H, token): 288 blocks of 16 teams (2-3 an SM: the SM
+ *     with the most has 1.4x the mean, against 2x with 144 blocks of 16 rows; each block
+ *     reads the token's 32 KB of h from L2, 9.4 MB in all), team j one slot's 4 rows (units
+ *     of DS_ROWS, each x load used 4 times); each lane requests its 16 loads of 16 bytes
+ *     BEFORE the grid wait, once gate_up's blocks have left (v3t: as they leave): the
+ *     weights never change and idx was complete before gate_up ran (this kernel starts only
+ *     after each gate_up block passed its own wait or exited, and that wait returns when
+ *     every kernel before gate_up has finished).  After the wait: the token's h [8, 1024]
+ *     into shared memory (cp.async, 32 KB), the products, and y (+)= Σ_k wt · part in k
+ *     order, as combine adds: no part buffer, no third launch.
+ *   Predicted: the bytes alone 7.2 us, but the decode (~4 integer and float operations a
+ *   code, kl_mx2_word_dot) at the copy rate would take ~30 codes · 4 / 32 = 3.8 of the 4 warp
+ *   instructions an SM issues a cycle; the v2 product on a large matrix reaches 0.66 of the
+ *   copy rate with it.  So ~11 us of streaming at that rate + ~1.5 us to the first bytes:
+ *   ~12 us, 2x version 2.  The next lever is the decode.  A candidate, not built: int8
+ *   tensor cores, one mma m16n8k32 per MXFP4 block (16 rows x 32 codes): 2·E2M1 is an int8
+ *   in {0, ±1, .., ±12}; byte permutes with a table of the 8 magnitudes give, from a word of 8
+ *   codes, the positive codes' magnitudes (a selector nibble with bit 3 set, a negative code,
+ *   yields 0x00) and, from the word XOR 0x88888888, the negative ones': P and Q, 7 operations
+ *   for 8 codes; D = Q·(-B) + P·B with B = x in int8 digits under a per-32-block exponent
+ *   (4 digits: ~2^-25 of the block's largest x), exact int32 sums, then the digits and the
+ *   scale in fp32: ~2 operations a code.
+ *
  * Chunks (n >= KL_GPU_GEMM_MIN_N, version 3): a one-block stable counting sort of the slots by
  * expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate, up and down
  * (each expert's weight tile read once per chunk for all its rows), SiLU · up, and the same
@@ -32,6 +72,12 @@
 #define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
 #define ROUTE_MAX_K 64
 #define ROUTE_BATCH 8    /* logits a lane loads at once */
+#define GU_UNROLL   9  /* v3 gate_up: 16-byte loads per row and lane in flight (H = 2304: all 9) */
+#define DS_THREADS  128 /* v3 down: 16 teams a block, 4 blocks an SM (128 registers) */
+#define DS_TEAMS    (DS_THREADS / KL_MX2_TEAM)
+#define DS_ROWS     4  /* v3 down: rows a team multiplies together (each x load used 4 times) */
+#define DS_UNROLL   4  /* v3 down: loads per row and lane in flight (I = 1024: all 4) */
+#define DS_MAX_SHARED (46 * 1024) /* v3 down: h of a token's slots and the parts */
 
 /* ---- router ------------------------------------------------------------------------------ */
 
@@ -123,6 +169,7 @@ struct experts_k {
     const float   *wt;
     float         *h, *part, *y;
     int            add_to_y;
+    int            trigger;      /* v3 gate_up lets down_sum start early (decode version 4) */
 };
 
 /* The group's (slot, row) among n_slots * rows, its expert (-1: none valid), and its lane. */
@@ -297,12 +344,16 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
 }
 
 /* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
- * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1. */
-template <int DOWN>
-__global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
+ * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1.
+ * V3 (gate_up of version 3): GU_UNROLL blocks of each row per lane in flight (the whole row
+ * at H = 2304), 2 blocks an SM; with k.trigger the down kernel let in early (see the top). */
+template <int DOWN, int V3>
+__global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
 {
     KL_GPU_GRID_WAIT();
+    if (V3 && k.trigger)
+        KL_GPU_LAUNCH_DEPENDENTS();
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
     const int64_t e = experts_mx2_expert(k);
@@ -319,7 +370,8 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
     }
     const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
     float d[2];
-    kl_mx2_block_dot<2>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
+    kl_mx2_block_dot<2, V3 ? GU_UNROLL : KL_MX2_UNROLL>(rows, scales, x, DOWN ? k.I : k.H, mx2_x,
+                                                         tl, d);
     if (tl != 0)
         return;
     const float nan = __uint_as_float(0x7fc00000u);
@@ -330,15 +382,150 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
             k.part[slot * k.H + r + i] = (e < 0 ? nan : k.wt[slot]) * d[i];
 }
 
+/* The gate_up launch of versions 2 and 3: h [n_slots, I]. */
+template <int V3> static int mx2_gate_up(const experts_k &k, hipStream_t st, kl_err *err)
+{
+    const dim3 g((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
+    experts_mx2_kernel<0, V3><<<g, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
 {
-    const dim3 g1((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
-    experts_mx2_kernel<0><<<g1, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
-    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    int rc = mx2_gate_up<0>(k, st, err);
     if (rc)
         return rc;
     const dim3 g2((k.H + 2 * KL_MX2_TEAMS - 1) / (2 * KL_MX2_TEAMS), k.n_slots);
-    experts_mx2_kernel<1><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    experts_mx2_kernel<1, 0><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- MXFP4, version 3 (the default): gate_up as above with V3, then one launch for the
+ * down product and the weighted sum, its weight loads issued before its grid wait ---------- */
+
+/* Rows of H per down block: units of DS_ROWS rows of one slot, about one unit per team. */
+static uint32_t ds_rows(uint32_t top_k)
+{
+    const uint32_t u = DS_TEAMS / top_k;
+    return DS_ROWS * (u ? u : 1);
+}
+
+/* Shared memory of a down block: h of the token's slots [top_k, I], then part [top_k, rb]. */
+static size_t ds_shared(const experts_k &k)
+{
+    return ((size_t)k.I + ds_rows(k.top_k)) * k.top_k * sizeof(float);
+}
+
+/* dst (shared) = src (global), 16 bytes: cp.async through L2 where the target has it (every
+ * copy of a thread in flight together), then ds_copy_wait() before the barrier. */
+__device__ static inline void ds_copy16(float4 *dst, const float4 *src)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIP_PLATFORM_AMD__)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+#else
+    *dst = *src;
+#endif
+}
+
+__device__ static inline void ds_copy_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIP_PLATFORM_AMD__)
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+/* h of a token's top_k slots [K, I] (16-byte aligned) into sh, each slot's I floats laid out
+ * as kl_mx2_x_fill lays x. */
+__device__ static void ds_fill(float4 *sh, const float *h, uint32_t K, uint32_t I)
+{
+    const uint32_t per = I / 4;
+    for (uint32_t f = threadIdx.x; f < K * per; f += blockDim.x) {
+        const uint32_t q = f / per;
+        ds_copy16(sh + q * per + kl_mx2_x_at(f - q * per), (const float4 *)h + f);
+    }
+    ds_copy_wait();
+}
+
+/* Unit u of the down block at rows r0 of H, token t: slot q = u % top_k, rows r0 + (u /
+ * top_k) * DS_ROWS + i (past H: the last row), codes and scales into rows[i], scales[i];
+ * returns the expert (-1: an id out of range, expert 0's rows read instead).  idx is read
+ * through L2: the first unit is set up before the grid wait. */
+__device__ static int64_t ds_unit(const experts_k &k, size_t t, size_t r0, uint32_t u,
+                                  const uint8_t **rows, const uint8_t **scales)
+{
+    const int32_t id = KL_LOAD_L2(k.idx + t * k.top_k + u % k.top_k);
+    const int64_t e = id >= 0 && (uint32_t)id < k.E ? id : -1;
+    const size_t r = r0 + (size_t)(u / k.top_k) * DS_ROWS, base = (size_t)(e < 0 ? 0 : e) * k.H;
+#pragma unroll
+    for (int i = 0; i < DS_ROWS; i++) {
+        const size_t ri = base + (r + i < k.H ? r + i : k.H - 1);
+        rows[i] = packed_row(k.w2, ri);
+        scales[i] = scale_row(k.w2, ri);
+    }
+    return e;
+}
+
+/* A block per (rb rows of H, token t); team j takes units j, j + DS_TEAMS, ... (every
+ * team the same number of rounds: the team sums are shuffles over whole groups).  The first
+ * unit's weights are requested before the grid wait (see the top: the weights and idx are
+ * complete by then), h of the token's top_k slots is read after it, and y[t, r] (+)=
+ * Σ_k wt[t, k] · part[k][r] in k order, as combine_kernel adds. */
+__global__ static void __launch_bounds__(DS_THREADS, 4)
+    experts_down_sum_kernel(experts_k k, uint32_t rb)
+{
+    KL_GPU_GRID_WAIT_LATER();
+    extern __shared__ float4 ds_sh[];
+    const uint32_t K = k.top_k, nb = k.I / KL_MXFP4_BLOCK, units = rb / DS_ROWS * K;
+    const size_t t = blockIdx.y, r0 = (size_t)blockIdx.x * rb;
+    unsigned tl;
+    const uint32_t team = kl_mx2_team(&tl);
+    const uint8_t *rows[DS_ROWS], *scales[DS_ROWS];
+    kl_mx2_buf<DS_ROWS, DS_UNROLL> w;
+    int64_t e = ds_unit(k, t, r0, team < units ? team : units - 1, rows, scales);
+    kl_mx2_load<DS_ROWS, DS_UNROLL>(w, rows, scales, nb, tl);
+    KL_GPU_GRID_WAIT();
+    float *part = (float *)ds_sh + (size_t)K * k.I;
+    ds_fill(ds_sh, k.h + t * K * k.I, K, k.I);
+    __syncthreads();
+    for (uint32_t u0 = 0; u0 < units; u0 += DS_TEAMS) {
+        const uint32_t u = u0 + team < units ? u0 + team : units - 1;
+        if (u0) {
+            e = ds_unit(k, t, r0, u, rows, scales);
+            kl_mx2_load<DS_ROWS, DS_UNROLL>(w, rows, scales, nb, tl);
+        }
+        float d[DS_ROWS];
+        kl_mx2_rows<DS_ROWS, DS_UNROLL>(w, rows, scales, nb, ds_sh + (size_t)(u % K) * k.I / 4,
+                                        tl, d);
+        for (int i = 0; tl == 0 && u0 + team < units && i < DS_ROWS; i++)
+            part[(u % K) * rb + u / K * DS_ROWS + i] = e < 0 ? __uint_as_float(0x7fc00000u) : d[i];
+    }
+    __syncthreads();
+    for (uint32_t c = threadIdx.x; c < rb && r0 + c < k.H; c += blockDim.x) {
+        float s = 0.0f;
+        for (uint32_t q = 0; q < K; q++)
+            s += __fmul_rn(k.wt[t * K + q], part[q * rb + c]);
+        float *y = k.y + t * k.H + r0 + c;
+        *y = k.add_to_y ? *y + s : s;
+    }
+}
+
+/* Whether version 3 takes these MXFP4 experts: x and the h of a token's slots fit in shared
+ * memory, the slots in a grid column. */
+static int experts_v3_ok(const experts_k &k)
+{
+    return kl_gpu_experts_decode_version() >= 3 && k.H <= KL_MX2_MAX_COLS &&
+           k.n_slots <= 65535 && ds_shared(k) <= DS_MAX_SHARED;
+}
+
+static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *err)
+{
+    int rc = mx2_gate_up<1>(k, st, err);
+    if (rc)
+        return rc;
+    const uint32_t rb = ds_rows(k.top_k);
+    const dim3 g((k.H + rb - 1) / rb, n);
+    experts_down_sum_kernel<<<g, DS_THREADS, ds_shared(k), st>>>(k, rb);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -404,20 +591,36 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 #define SORT_THREADS  1024
 #define GROUPED_MAX_E 1024 /* seg [E + 1] has this bound in the scratch (moe.h's size) */
 
-static int experts_ver; /* 0: KL_GPU_MOE not read yet */
+static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
+
+/* *ver, read from $name the first time: 2 when it says v2, 4 when v3t (and v3t_ok), else 3. */
+static int env_version(int *ver, const char *name, int v3t_ok)
+{
+    if (!*ver) {
+        const char *v = getenv(name);
+        *ver = v && !strcmp(v, "v2") ? 2 : v3t_ok && v && !strcmp(v, "v3t") ? 4 : 3;
+    }
+    return *ver;
+}
 
 extern "C" int kl_gpu_experts_version(void)
 {
-    if (!experts_ver) {
-        const char *v = getenv("KL_GPU_MOE");
-        experts_ver = v && !strcmp(v, "v2") ? 2 : 3;
-    }
-    return experts_ver;
+    return env_version(&experts_ver, "KL_GPU_MOE", 0);
 }
 
 extern "C" void kl_gpu_experts_version_set(int version)
 {
     experts_ver = version == 2 ? 2 : 3;
+}
+
+extern "C" int kl_gpu_experts_decode_version(void)
+{
+    return env_version(&decode_ver, "KL_GPU_MOE_DECODE", 1);
+}
+
+extern "C" void kl_gpu_experts_decode_version_set(int version)
+{
+    decode_ver = version == 2 || version == 4 ? version : 3;
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],
@@ -595,6 +798,7 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
     k.part = a->scratch + (size_t)k.n_slots * k.I;
     k.y = a->y;
     k.add_to_y = a->add_to_y;
+    k.trigger = kl_gpu_experts_decode_version() == 4;
     k.vec1 = kl_row_vec_ok(&k.w1, k.x, k.H);
     k.vec3 = kl_row_vec_ok(&k.w3, k.x, k.H);
     k.vec2 = kl_row_vec_ok(&k.w2, k.h, k.I);
@@ -606,6 +810,8 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         return experts_grouped(a, k, st, err);
     const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
                    k.w3.kind == KL_GPU_W_MXFP4;
+    if (mx && experts_v3_ok(k))
+        return experts_v3(k, a->n, st, err);
     if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS &&
         k.I <= KL_MX2_MAX_COLS && k.n_slots <= 65535) {
         rc = experts_mx2(k, st, err);

@@ -60,6 +60,19 @@ int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err
 int  kl_gpu_experts_version(void);
 void kl_gpu_experts_version_set(int version);
 
+/* The per-slot path with MXFP4 stacks (n < KL_GPU_GEMM_MIN_N: decode): 3 (the default) runs
+ * gate/up with each lane's whole row in flight, then the down product and the k-order
+ * weighted sum in one launch that requests its weights before its grid wait (two launches,
+ * no part buffer); 2 (KL_GPU_MOE_DECODE=v2, read once) the three launches of before
+ * (gate_up, down, combine; KL_GPU_MX=v1 their round-1 kernels).  Version 3 needs H <= 8192
+ * and a token's h (top_k · I floats, with its partial sums) in 46 KiB of shared memory
+ * (top 8 of I = 1024: 32 KiB); otherwise version 2 runs.  Results equal version 2's (the
+ * same fp32 sums in the same order).  KL_GPU_MOE_DECODE=v3t (version 4): version 3 with the
+ * down launch let in while gate/up still runs (to measure; see moe.cu).
+ * kl_gpu_experts_decode_version_set (2, 3 or 4) overrides the environment. */
+int  kl_gpu_experts_decode_version(void);
+void kl_gpu_experts_decode_version_set(int version);
+
 #ifdef __cplusplus
 }
 #endif

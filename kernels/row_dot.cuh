@@ -371,13 +371,19 @@ __device__ static inline float kl_mx2_word_dot(uint32_t q, float4 a, float4 b, f
 }
 
 /* x [cols] (16-byte aligned, cols % 32 == 0) into shared sh, float4 c (0..7) of 32-block b at
- * b * 8 + (c ^ (b % 8)): the 8 lanes of a team read the same c of blocks b = 0..7 (mod 8),
- * which then lie in 8 different quads of banks.  Every thread of the block; a barrier after. */
+ * b * 8 + (c ^ (b % 8)) (kl_mx2_x_at of f = b * 8 + c): the 8 lanes of a team read the same c
+ * of blocks b = 0..7 (mod 8), which then lie in 8 different quads of banks.  Every thread of
+ * the block; a barrier after. */
+__device__ static inline uint32_t kl_mx2_x_at(uint32_t f)
+{
+    return (f & ~7u) | ((f & 7u) ^ ((f >> 3) & 7u));
+}
+
 __device__ static inline void kl_mx2_x_fill(float4 *sh, const float *x, uint32_t cols)
 {
     const float4 *x4 = (const float4 *)x;
     for (uint32_t f = threadIdx.x; f < cols / 4; f += blockDim.x)
-        sh[(f & ~7u) | ((f & 7u) ^ ((f >> 3) & 7u))] = x4[f];
+        sh[kl_mx2_x_at(f)] = x4[f];
 }
 
 /* The team of this thread (0 .. KL_MX2_TEAMS - 1) and its place tl in it. */
@@ -387,20 +393,21 @@ __device__ static inline unsigned kl_mx2_team(unsigned *tl)
     return threadIdx.x / KL_MX2_TEAM;
 }
 
-/* One round of a team lane's loads for R rows: blocks b0 + u * KL_MX2_TEAM, u < KL_MX2_UNROLL,
- * of each row (row i: codes rows[i], 16-byte aligned; scale bytes scales[i]); past nb: 0. */
-template <int R> struct kl_mx2_buf {
-    uint4    q[KL_MX2_UNROLL][R];
-    uint32_t s[KL_MX2_UNROLL][R];
+/* One round of a team lane's loads for R rows: blocks b0 + u * KL_MX2_TEAM, u < U (the
+ * unroll, KL_MX2_UNROLL unless a kernel asks for more in flight), of each row (row i: codes
+ * rows[i], 16-byte aligned; scale bytes scales[i]); past nb: 0. */
+template <int R, int U = KL_MX2_UNROLL> struct kl_mx2_buf {
+    uint4    q[U][R];
+    uint32_t s[U][R];
 };
 
-template <int R>
-__device__ static inline void kl_mx2_load(kl_mx2_buf<R> &w, const uint8_t *const *rows,
+template <int R, int U = KL_MX2_UNROLL>
+__device__ static inline void kl_mx2_load(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
                                           const uint8_t *const *scales, uint32_t nb,
                                           uint32_t b0)
 {
 #pragma unroll
-    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         const uint32_t b = b0 + u * KL_MX2_TEAM;
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -411,12 +418,12 @@ __device__ static inline void kl_mx2_load(kl_mx2_buf<R> &w, const uint8_t *const
 }
 
 /* acc[i] += the round's blocks of row i times x (from kl_mx2_x_fill), 2^-14 scaled. */
-template <int R>
-__device__ static inline void kl_mx2_dot(const kl_mx2_buf<R> &w, const float4 *xs, uint32_t nb,
-                                         uint32_t b0, float *acc)
+template <int R, int U = KL_MX2_UNROLL>
+__device__ static inline void kl_mx2_dot(const kl_mx2_buf<R, U> &w, const float4 *xs,
+                                         uint32_t nb, uint32_t b0, float *acc)
 {
 #pragma unroll
-    for (int u = 0; u < KL_MX2_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         const uint32_t b = b0 + u * KL_MX2_TEAM;
         if (b >= nb)
             continue;
@@ -446,8 +453,8 @@ __device__ static inline void kl_mx2_dot(const kl_mx2_buf<R> &w, const float4 *x
  * (kl_mx2_load at b0 = tl, issued before the x fill so both are in flight together).  Every
  * lane of the group must call it (the team's sums are shuffles); a team with no row passes
  * any valid one. */
-template <int R>
-__device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const *rows,
+template <int R, int U = KL_MX2_UNROLL>
+__device__ static inline void kl_mx2_rows(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
                                           const uint8_t *const *scales, uint32_t nb,
                                           const float4 *xs, unsigned tl, float *out)
 {
@@ -455,10 +462,10 @@ __device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const
 #pragma unroll
     for (int i = 0; i < R; i++)
         acc[i] = 0.0f;
-    for (uint32_t b0 = tl; b0 < nb; b0 += KL_MX2_TEAM * KL_MX2_UNROLL) {
+    for (uint32_t b0 = tl; b0 < nb; b0 += KL_MX2_TEAM * U) {
         if (b0 != tl)
-            kl_mx2_load<R>(w, rows, scales, nb, b0);
-        kl_mx2_dot<R>(w, xs, nb, b0, acc);
+            kl_mx2_load<R, U>(w, rows, scales, nb, b0);
+        kl_mx2_dot<R, U>(w, xs, nb, b0, acc);
     }
 #pragma unroll
     for (int i = 0; i < R; i++) {
@@ -470,18 +477,18 @@ __device__ static inline void kl_mx2_rows(kl_mx2_buf<R> &w, const uint8_t *const
 
 /* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
  * thread of the block: no thread may leave before), the barrier, then the team's R rows. */
-template <int R>
+template <int R, int U = KL_MX2_UNROLL>
 __device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
                                                const uint8_t *const *scales, const float *x,
                                                uint32_t cols, float4 *sh, unsigned tl,
                                                float *out)
 {
     const uint32_t nb = cols / KL_MXFP4_BLOCK;
-    kl_mx2_buf<R> w;
-    kl_mx2_load<R>(w, rows, scales, nb, tl);
+    kl_mx2_buf<R, U> w;
+    kl_mx2_load<R, U>(w, rows, scales, nb, tl);
     kl_mx2_x_fill(sh, x, cols);
     __syncthreads();
-    kl_mx2_rows<R>(w, rows, scales, nb, sh, tl, out);
+    kl_mx2_rows<R, U>(w, rows, scales, nb, sh, tl, out);
 }
 
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,

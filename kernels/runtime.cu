@@ -4,8 +4,11 @@
 #include "kernels/gpu.h"
 #include "kernels/runtime.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define STREAM(s) ((hipStream_t)(s))
 
@@ -93,6 +96,61 @@ extern "C" void kl_gpu_host_unregister(void *p)
 {
     if (p)
         (void)hipHostUnregister(p);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t huge_round(size_t bytes)
+{
+    return (bytes ? bytes + HUGE_PAGE - 1 : HUGE_PAGE) / HUGE_PAGE * HUGE_PAGE;
+}
+
+/* len bytes (a multiple of HUGE_PAGE) of anonymous memory at a 2 MiB boundary: hugetlbfs pages
+ * when the system has them reserved, else a larger mapping trimmed to the boundary and advised
+ * onto transparent huge pages.  NULL when there is no memory. */
+static void *map_huge(size_t len, int *huge)
+{
+    const int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS;
+    void *m = mmap(NULL, len, prot, flags | MAP_HUGETLB, -1, 0);
+    *huge = m != MAP_FAILED;
+    if (*huge)
+        return m;
+    m = mmap(NULL, len + HUGE_PAGE, prot, flags, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uintptr_t at = (uintptr_t)m, up = (at + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    if (up > at)   /* the slack before the boundary and after the end */
+        munmap(m, up - at);
+    if (at + HUGE_PAGE > up)
+        munmap((void *)(up + len), at + HUGE_PAGE - up);
+    (void)madvise((void *)up, len, MADV_HUGEPAGE);
+    return (void *)up;
+}
+
+extern "C" int kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_err *err)
+{
+    *p = NULL;
+    *huge = 0;
+    size_t len = huge_round(bytes);
+    void *m = map_huge(len, huge);
+    if (!m)
+        return kl_fail_sys(err, KL_E_NOMEM, errno, "mapping %zu bytes of load buffers", len);
+    int rc = KL_GPU_CHECK(err, hipHostRegister(m, len, hipHostRegisterDefault));
+    if (rc) {
+        (void)hipGetLastError();
+        munmap(m, len);
+        return rc;
+    }
+    *p = m;
+    return 0;
+}
+
+extern "C" void kl_gpu_host_free_mapped(void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    (void)hipHostUnregister(p);
+    munmap(p, huge_round(bytes));
 }
 
 extern "C" int kl_gpu_event_create(kl_gpu_event *e, kl_err *err)

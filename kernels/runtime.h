@@ -29,6 +29,15 @@ void kl_gpu_free(void *p);                         /* NULL ok */
 int  kl_gpu_host_alloc(void **p, size_t bytes, kl_err *err);
 void kl_gpu_host_free(void *p);                    /* NULL ok */
 
+/* Page-locked host memory for large staging buffers (the load's ring): an anonymous mapping
+ * of bytes rounded up to 2 MiB, 2 MiB aligned, on 2 MiB pages where the kernel gives them
+ * (hugetlbfs pages: *huge = 1; else transparent huge pages advised: *huge = 0), registered
+ * once (fewer pages to pin and map than kl_gpu_host_alloc's).  Free with
+ * kl_gpu_host_free_mapped(p, bytes).  KL_E_NOMEM (no mapping) or KL_E_GPU (not registered:
+ * the mapping is gone again). */
+int  kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_err *err);
+void kl_gpu_host_free_mapped(void *p, size_t bytes);   /* NULL ok */
+
 /* Page-locks host memory the process already has (e.g. a window of a file mapped PROT_READ:
  * read_only, where the runtime has that flag) so copies from it run asynchronously at the
  * link's rate; KL_E_GPU when the runtime refuses (the caller then copies plainly).  Unregister

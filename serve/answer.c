@@ -1,9 +1,11 @@
 /*
  * serve/answer.c — a job's ids into a reply (see answer.h).
  *
- * The path of every id: the tokenizer's stream (whole characters), U+FFFD for bytes that are
- * not UTF-8, the stop-string filter, then emit(): events for a stream, the text for a whole
- * reply.
+ * The path of every id: its logprobs item; the special-id rule (kl_answer_id_shown); the
+ * tokenizer's stream (whole characters), U+FFFD for bytes that are not UTF-8, the stop-string
+ * filter, then emit(): events for a stream, the text for a whole reply.  A forced tool-call
+ * head (tool_choice required or named) enters at emit() before any id: it is part of the
+ * prompt, the tool-call parser must still read it.
  */
 #include "serve/answer.h"
 
@@ -25,7 +27,12 @@ struct kl_answer {
     int64_t             created;
     int                 text_kind;     /* a legacy completion */
     int                 tools_on, stream, include_usage, logprobs;
+    kl_id_rule          rule;          /* which ids reach the text */
     cJSON              *lp_items;      /* a whole reply's logprobs items */
+    cJSON              *legacy;        /* a legacy completion's logprobs not sent yet: {tokens,
+                                        * token_logprobs, top_logprobs, text_offset} */
+    uint32_t            top_n;         /* alternatives per token (legacy top_logprobs) */
+    size_t              n_chars;       /* code points of the shown tokens' texts so far */
     size_t              n_prompt;
     char               *stops[KL_REQ_MAX_STOP];
     size_t              n_stop, max_stop;
@@ -71,8 +78,11 @@ static int text_event(kl_answer *a, const char *text, size_t len, const char *fi
                       const kl_usage *u, kl_err *err)
 {
     char *json = NULL;
-    int rc = kl_text_completion_json(a->id, a->model, a->created, text, len, finish, u, &json,
-                                     err);
+    cJSON *lp = text ? a->legacy : NULL;     /* logprobs travel with a choice */
+    if (lp)
+        a->legacy = NULL;
+    int rc = kl_text_completion_json(a->id, a->model, a->created, text, len, finish, u, lp,
+                                     &json, err);
     if (!rc)
         rc = sink(a, "data: ", 6, err);
     if (!rc)
@@ -212,13 +222,20 @@ static int finish(kl_answer *a, kl_err *err)
     return rc ? rc : sink(a, "data: [DONE]\n\n", 14, err);
 }
 
-/* {"token", "logprob", "bytes"} of id: its bytes as text (U+FFFD where not UTF-8) and as
- * numbers. */
+/* The text of id (kl_malloc'd; U+FFFD where its bytes are not UTF-8); its bytes in *b, *n. */
+static char *token_text(const kl_tokenizer *tok, kl_token id, const uint8_t **b, size_t *n)
+{
+    *n = 0;
+    *b = kl_tok_token_bytes(tok, id, n);
+    return kl_utf8_sanitize(*b ? (const char *)*b : "", *b ? *n : 0);
+}
+
+/* {"token", "logprob", "bytes"} of id: its text and its bytes as numbers. */
 static cJSON *token_json(const kl_tokenizer *tok, kl_token id, float logprob)
 {
     size_t n = 0;
-    const uint8_t *b = kl_tok_token_bytes(tok, id, &n);
-    char *text = kl_utf8_sanitize(b ? (const char *)b : "", b ? n : 0);
+    const uint8_t *b;
+    char *text = token_text(tok, id, &b, &n);
     cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
     int ok = text && o && bytes && cJSON_AddStringToObject(o, "token", text) &&
              cJSON_AddNumberToObject(o, "logprob", logprob);
@@ -258,6 +275,82 @@ static int logprob_item(kl_answer *a, kl_token id, const kl_job_lp *lp, kl_err *
     return 0;
 }
 
+/* The arrays of a legacy completion's logprobs, in the order legacy_item fills them. */
+static const char *const legacy_keys[4] = {"tokens", "token_logprobs", "top_logprobs",
+                                           "text_offset"};
+
+/* {"tokens", "token_logprobs", "top_logprobs", "text_offset"}: empty arrays. */
+static cJSON *legacy_new(void)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (size_t i = 0; o && i < 4; i++)
+        if (!cJSON_AddArrayToObject(o, legacy_keys[i])) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+    return o;
+}
+
+/* Adds {text of id: logprob} to the top dict (the first of equal texts stays). */
+static int legacy_alt(const kl_tokenizer *tok, cJSON *dict, kl_token id, float logprob)
+{
+    const uint8_t *b;
+    size_t n;
+    char *t = token_text(tok, id, &b, &n);
+    int ok = t != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(dict, t))
+        ok = cJSON_AddNumberToObject(dict, t, logprob) != NULL;
+    kl_free(t);
+    return ok;
+}
+
+/* One id into the legacy logprobs arrays: its text, logprob, its top_n alternatives (and
+ * itself: OpenAI's legacy top_logprobs always hold the sampled token) and its offset: the code
+ * points of the texts of the shown tokens before it. */
+static int legacy_item(kl_answer *a, kl_token id, const kl_job_lp *lp, int shown, kl_err *err)
+{
+    if (!a->legacy && !(a->legacy = legacy_new()))
+        return nomem(err);
+    const uint8_t *b;
+    size_t n;
+    char *t = token_text(a->tok, id, &b, &n);
+    cJSON *dict = cJSON_CreateObject();
+    int ok = t && dict;
+    for (uint32_t i = 0; ok && i < lp->n_top && i < a->top_n; i++)
+        ok = legacy_alt(a->tok, dict, lp->top[i], lp->top_lp[i]);
+    ok = ok && legacy_alt(a->tok, dict, id, lp->logprob);
+    cJSON *arr[4] = {cJSON_CreateString(t ? t : ""), cJSON_CreateNumber(lp->logprob), dict,
+                     cJSON_CreateNumber((double)a->n_chars)};
+    for (const char *c = t; shown && c && *c; c++)
+        a->n_chars += ((unsigned char)*c & 0xC0) != 0x80;
+    for (size_t i = 0; i < 4; i++) {
+        ok = ok && arr[i];
+        if (ok)
+            cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(a->legacy, legacy_keys[i]),
+                                 arr[i]);
+        else
+            cJSON_Delete(arr[i]);
+    }
+    kl_free(t);
+    return ok ? 0 : nomem(err);
+}
+
+/* One id: its logprobs, then (when the rule shows it) its text. */
+static int take_id(kl_answer *a, kl_token id, const kl_job_lp *lp, kl_err *err)
+{
+    const char *t;
+    size_t len;
+    int rc = 0;
+    int shown = kl_answer_id_shown(&a->rule, id);
+    a->n_ids++;
+    if (a->logprobs)   /* with its text */
+        rc = a->text_kind ? legacy_item(a, id, lp, shown, err) : logprob_item(a, id, lp, err);
+    if (rc || !shown)
+        return rc;
+    rc = kl_tok_stream_push(&a->ts, id, &t, &len, err);
+    return rc ? rc : piece(a, t, len, err);
+}
+
 int kl_answer_pump(kl_answer *a, int timeout_ms, int *over, kl_err *err)
 {
     kl_token ids[64];
@@ -270,16 +363,8 @@ int kl_answer_pump(kl_answer *a, int timeout_ms, int *over, kl_err *err)
     if (!n && !done && a->stream)
         return sink(a, ": waiting\n\n", 11, err);
     int rc = 0;
-    for (size_t i = 0; !rc && i < n && !a->stopped; i++) {
-        const char *t;
-        size_t len;
-        a->n_ids++;
-        rc = a->logprobs ? logprob_item(a, ids[i], &lps[i], err) : 0;  /* with its text */
-        if (!rc)
-            rc = kl_tok_stream_push(&a->ts, ids[i], &t, &len, err);
-        if (!rc)
-            rc = piece(a, t, len, err);
-    }
+    for (size_t i = 0; !rc && i < n && !a->stopped; i++)
+        rc = take_id(a, ids[i], &lps[i], err);
     if (!rc && done) {
         a->over = *over = 1;
         rc = finish(a, err);
@@ -317,11 +402,11 @@ int kl_answer_json(kl_answer *a, char **json, int *status, kl_err *err)
     const char *t = a->text ? a->text : "";
     int rc = a->text_kind
                  ? kl_text_completion_json(a->id, a->model, a->created, t, a->n_text,
-                                           finish_reason(a), &u, json, err)
+                                           finish_reason(a), &u, a->legacy, json, err)
                  : kl_chat_reply_json_lp(a->id, a->model, a->created, a->tools_on, t,
                                          a->n_text, finish_reason(a), &u, a->lp_items, json,
                                          err);
-    a->lp_items = NULL;    /* taken */
+    a->lp_items = a->legacy = NULL;    /* taken */
     if (rc)
         *status = 500;
     return rc;
@@ -340,6 +425,19 @@ static int keep_stops(kl_answer *a, const kl_req_chat *r, kl_err *err)
     return 0;
 }
 
+/* The tool-call head tool_choice forced into the prompt, read by the tool-call parser first
+ * (the rule then lets the section's markers through). */
+static int forced_head(kl_answer *a, const kl_req_chat *r, kl_err *err)
+{
+    char *head = NULL;
+    int rc = kl_req_tool_prefix(r, &head, err);
+    kl_answer_id_rule_init(&a->rule, a->tok, a->tools_on, head != NULL);
+    if (!rc && head)
+        rc = emit(a, head, strlen(head), err);
+    kl_free(head);
+    return rc;
+}
+
 int kl_answer_new(kl_answer **out, kl_job *job, const kl_req_chat *r, const kl_tokenizer *tok,
                   const char *model, uint64_t serial, size_t n_prompt, kl_err *err)
 {
@@ -352,10 +450,11 @@ int kl_answer_new(kl_answer **out, kl_job *job, const kl_req_chat *r, const kl_t
     a->job = job;
     a->tok = tok;
     a->text_kind = r->prompt != NULL;
-    a->tools_on = !a->text_kind && r->n_tools && r->tool_choice != KL_TOOL_NONE;
+    a->tools_on = kl_req_tools_on(r);
     a->stream = r->stream;
     a->include_usage = r->include_usage;
-    a->logprobs = r->logprobs && !a->text_kind;
+    a->logprobs = r->logprobs;
+    a->top_n = r->top_logprobs;
     a->n_prompt = n_prompt;
     a->created = (int64_t)time(NULL);
     snprintf(a->id, sizeof a->id, "%s-%016llx", a->text_kind ? "cmpl" : "chatcmpl",
@@ -365,6 +464,8 @@ int kl_answer_new(kl_answer **out, kl_job *job, const kl_req_chat *r, const kl_t
         rc = kl_tok_stream_init(&a->ts, tok, 0, err);
     if (!rc && a->stream && !a->text_kind)
         rc = kl_chat_stream_begin(&a->cs, a->id, model, a->created, a->tools_on, sink, a, err);
+    if (!rc)
+        rc = forced_head(a, r, err);
     if (rc) {
         kl_answer_free(a);
         return rc;
@@ -387,5 +488,42 @@ void kl_answer_free(kl_answer *a)
     kl_free(a->text);
     kl_free(a->out);
     cJSON_Delete(a->lp_items);
+    cJSON_Delete(a->legacy);
     kl_free(a);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The special-id rule                                                                        */
+
+void kl_answer_id_rule_init(kl_id_rule *r, const kl_tokenizer *tok, int tools_on,
+                            int in_section)
+{
+    static const char *const names[] = {
+        "<|tool_calls_section_begin|>", "<|tool_call_section_begin|>", /* opening: first */
+        "<|tool_calls_section_end|>", "<|tool_call_section_end|>", "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    };
+    memset(r, 0, sizeof *r);
+    r->n_ranks = kl_tok_n_ranks(tok);
+    r->tools_on = tools_on;
+    r->in_section = in_section;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        kl_token id;
+        if (kl_tok_special_id(tok, names[i], &id)) {
+            r->marker[r->n_markers] = id;
+            r->opens[r->n_markers++] = i < 2;
+        }
+    }
+}
+
+int kl_answer_id_shown(kl_id_rule *r, kl_token id)
+{
+    if (id < r->n_ranks)
+        return 1;
+    for (size_t i = 0; r->tools_on && i < r->n_markers; i++)
+        if (r->marker[i] == id) {
+            r->in_section |= r->opens[i];
+            return r->in_section;
+        }
+    return 0;
 }

@@ -5,6 +5,14 @@
  * through serve/reply.h, or text_completion chunks for a legacy completion), or the whole
  * object at the end.
  *
+ * Special ids never reach the text (kl_answer_id_shown): control and reserved ids are dropped,
+ * and Kimi's tool-call markers are read by the tool-call parser only when tools are on and a
+ * calls section has begun (a stray marker before it is dropped too).  Logprobs still list
+ * every id.  With logprobs, a chat reply carries OpenAI's chat items (token, logprob, bytes,
+ * top_logprobs) and a legacy completion the legacy arrays (tokens, token_logprobs,
+ * top_logprobs as {text: logprob} with the sampled token, text_offset: the code points of the
+ * texts of the shown tokens before it), each with the chunk of the token's text.
+ *
  * Stop strings: text that could still grow into one is held back; at the first match the text
  * before it is the reply, the job is cancelled (its slot freed) and finish_reason is "stop".
  * The usage counts the ids read up to then.
@@ -24,6 +32,22 @@
 #include <stdint.h>
 
 typedef struct kl_answer kl_answer;
+
+/* Which generated ids reach a reply's text (the rule above); one per reply. */
+typedef struct kl_id_rule {
+    uint32_t n_ranks;          /* ids from here on are special */
+    kl_token marker[7];        /* the tool-call markers the tokenizer has */
+    int      opens[7];         /* marker[i] opens a calls section */
+    size_t   n_markers;
+    int      tools_on, in_section;
+} kl_id_rule;
+
+/* The rule for one reply: tools_on as kl_req_tools_on; in_section 1 when the prompt already
+ * opened the calls section (a forced tool call). */
+void kl_answer_id_rule_init(kl_id_rule *r, const kl_tokenizer *tok, int tools_on,
+                            int in_section);
+/* 1 when id's text goes into the reply (updates the section state). */
+int  kl_answer_id_shown(kl_id_rule *r, kl_token id);
 
 /* An answer to r (kl_req_chat_parse or kl_req_completion_parse: r->prompt set) over job (taken
  * over, also on failure); model is the served name, n_prompt the prompt's ids. */

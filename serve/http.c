@@ -215,16 +215,28 @@ static enum MHD_Result route_metrics(kl_http *h, struct MHD_Connection *c)
 /* Chat completions                                                                           */
 
 /* The prompt ids of a checked request: a completion's prompt, or the chat template's
- * rendering, through the tokenizer. */
+ * rendering (tools only when tool_choice allows calls) and the tool-call head tool_choice
+ * forces, through the tokenizer. */
 static int chat_prompt(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t *n, kl_err *err)
 {
     if (r->prompt)
         return kl_tok_encode(h->tok, r->prompt, strlen(r->prompt), ids, n, err);
-    char *text = NULL;
-    int rc = kl_chat_render(r->msgs, r->n_msgs, r->tools_json, 1, &text, err);
+    char *text = NULL, *head = NULL, *all = NULL;
+    int rc = kl_chat_render(r->msgs, r->n_msgs, kl_req_tools_on(r) ? r->tools_json : NULL, 1,
+                            &text, err);
     if (!rc)
-        rc = kl_tok_encode(h->tok, text, strlen(text), ids, n, err);
+        rc = kl_req_tool_prefix(r, &head, err);
+    size_t nt = text ? strlen(text) : 0, nh = head ? strlen(head) : 0;
+    if (!rc && !(all = kl_malloc(nt + nh + 1)))
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory for the prompt");
+    if (!rc) {
+        memcpy(all, text, nt);
+        memcpy(all + nt, head ? head : "", nh + 1);
+        rc = kl_tok_encode(h->tok, all, nt + nh, ids, n, err);
+    }
     kl_free(text);
+    kl_free(head);
+    kl_free(all);
     return rc;
 }
 

@@ -3,8 +3,8 @@
  */
 #include "serve/reply.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
-#include "engine/chat.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -232,51 +232,105 @@ void kl_chat_stream_free(kl_chat_stream *s)
 /* ------------------------------------------------------------------------------------------ */
 /* The whole reply                                                                            */
 
-/* The calls of p as a "tool_calls" array of msg. */
-static int add_calls(cJSON *msg, const kl_chat_parsed *p)
+/* A whole reply read through the same tool-call parser as a stream (so that both report the
+ * same content and calls, a call cut off by the limit included). */
+typedef struct collect {
+    char  *content;            /* text before the calls section */
+    size_t n, cap;
+    char  *args;               /* the current call's arguments */
+    size_t n_args, cap_args;
+    cJSON *calls;              /* [{"id", "type", "function": {"name", "arguments"}}] */
+} collect;
+
+static int buf_add(char **b, size_t *n, size_t *cap, const char *s, size_t len, kl_err *err)
 {
-    cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
-    int ok = calls != NULL;
-    for (size_t i = 0; ok && i < p->n_calls; i++) {
-        cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-        ok = c && fn && cJSON_AddStringToObject(c, "id", p->calls[i].id) &&
-             cJSON_AddStringToObject(c, "type", "function") &&
-             cJSON_AddStringToObject(fn, "name", p->calls[i].name) &&
-             cJSON_AddStringToObject(fn, "arguments", p->calls[i].arguments);
-        if (c && fn)
-            cJSON_AddItemToObject(c, "function", fn);
-        else
-            cJSON_Delete(fn);
-        if (c)
-            cJSON_AddItemToArray(calls, c);
-    }
-    return ok;
+    if (kl_grow(b, cap, *n + len + 1, 1))
+        return nomem(err);
+    memcpy(*b + *n, s, len);
+    *n += len;
+    (*b)[*n] = '\0';
+    return 0;
 }
 
-/* message {"role": "assistant", "content", ["tool_calls"]} of the reply into ch */
+/* {"id", "type": "function", "function": {"name"}} of a call that begins, into c->calls. */
+static int call_begin(collect *c, const kl_ts_event *ev, kl_err *err)
+{
+    cJSON *call = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    int ok = call && fn && cJSON_AddStringToObject(call, "id", ev->id) &&
+             cJSON_AddStringToObject(call, "type", "function") &&
+             cJSON_AddStringToObject(fn, "name", ev->name);
+    if (!ok) {
+        cJSON_Delete(call);
+        cJSON_Delete(fn);
+        return nomem(err);
+    }
+    cJSON_AddItemToObject(call, "function", fn);
+    cJSON_AddItemToArray(c->calls, call);
+    c->n_args = 0;
+    return buf_add(&c->args, &c->n_args, &c->cap_args, "", 0, err);
+}
+
+static int on_whole(void *user, const kl_ts_event *ev, kl_err *err)
+{
+    collect *c = user;
+    cJSON *last = cJSON_GetArrayItem(c->calls, cJSON_GetArraySize(c->calls) - 1);
+    switch (ev->kind) {
+    case KL_TS_CONTENT:
+        return buf_add(&c->content, &c->n, &c->cap, ev->text, ev->len, err);
+    case KL_TS_CALL_BEGIN:
+        return call_begin(c, ev, err);
+    case KL_TS_ARGS:
+        return buf_add(&c->args, &c->n_args, &c->cap_args, ev->text, ev->len, err);
+    default:   /* the end: the arguments as they came (cut off: what there was) */
+        return cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(last, "function"),
+                                       "arguments", c->args) ? 0 : nomem(err);
+    }
+}
+
+/* text[0..len) through the tool-call parser into c (zeroed first; free with collect_free). */
+static int collect_reply(collect *c, const char *text, size_t len, kl_err *err)
+{
+    memset(c, 0, sizeof *c);
+    if (!(c->calls = cJSON_CreateArray()))
+        return nomem(err);
+    kl_toolstream ts;
+    kl_toolstream_init(&ts, on_whole, c);
+    int rc = kl_toolstream_feed(&ts, text, len, err);
+    if (!rc)
+        rc = kl_toolstream_finish(&ts, err);
+    kl_toolstream_free(&ts);
+    return rc;
+}
+
+static void collect_free(collect *c)
+{
+    kl_free(c->content);
+    kl_free(c->args);
+    cJSON_Delete(c->calls);
+}
+
+/* message {"role": "assistant", "content", ["tool_calls"]} of the reply into ch; tools off:
+ * the text is the content; on: the content before the calls section (null when empty). */
 static int add_message(cJSON *ch, int tools_on, const char *text, size_t len, int *called,
                        kl_err *err)
 {
-    kl_chat_parsed p;
-    memset(&p, 0, sizeof p);
-    int rc = tools_on ? kl_chat_parse_tool_calls(text, len, &p, err) : 0;
-    if (rc)
-        return rc;
-    char *all = tools_on ? NULL : kl_malloc(len + 1);
-    if (all) {
-        memcpy(all, text, len);
-        all[len] = '\0';
+    collect c = {0};
+    int rc = tools_on ? collect_reply(&c, text, len, err)
+                      : buf_add(&c.content, &c.n, &c.cap, text, len, err);
+    if (!tools_on)
+        c.calls = NULL;
+    cJSON *msg = rc ? NULL : cJSON_AddObjectToObject(ch, "message");
+    int n_calls = c.calls ? cJSON_GetArraySize(c.calls) : 0;
+    int ok = msg && cJSON_AddStringToObject(msg, "role", "assistant") &&
+             (c.n || !tools_on ? cJSON_AddStringToObject(msg, "content", c.content) != NULL
+                               : cJSON_AddNullToObject(msg, "content") != NULL);
+    if (ok && n_calls) {
+        cJSON_AddItemToObject(msg, "tool_calls", c.calls);
+        c.calls = NULL;
     }
-    const char *content = tools_on ? p.content : all;
-    cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-    int ok = msg && (tools_on || all) && cJSON_AddStringToObject(msg, "role", "assistant") &&
-             (content ? cJSON_AddStringToObject(msg, "content", content) != NULL
-                      : cJSON_AddNullToObject(msg, "content") != NULL) &&
-             (!p.n_calls || add_calls(msg, &p));
-    *called = p.n_calls > 0;
-    kl_free(all);
-    kl_chat_parsed_free(&p);
-    return ok ? 0 : nomem(err);
+    *called = n_calls > 0;
+    collect_free(&c);
+    return rc ? rc : ok ? 0 : nomem(err);
 }
 
 int kl_chat_reply_json(const char *id, const char *model, int64_t created, int tools_on,
@@ -346,9 +400,20 @@ int kl_chat_reply_json_lp(const char *id, const char *model, int64_t created, in
 /* ------------------------------------------------------------------------------------------ */
 /* Legacy completions                                                                         */
 
+/* "logprobs": *lp or null into c; *lp is NULL once c owns it. */
+static int add_logprobs_as(cJSON *c, cJSON **lp)
+{
+    if (!*lp)
+        return cJSON_AddNullToObject(c, "logprobs") != NULL;
+    if (!cJSON_AddItemToObject(c, "logprobs", *lp))
+        return 0;
+    *lp = NULL;
+    return 1;
+}
+
 int kl_text_completion_json(const char *id, const char *model, int64_t created, const char *text,
                             size_t len, const char *finish_reason, const kl_usage *usage,
-                            char **json, kl_err *err)
+                            cJSON *logprobs, char **json, kl_err *err)
 {
     *json = NULL;
     cJSON *o = cJSON_CreateObject(), *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
@@ -362,7 +427,7 @@ int kl_text_completion_json(const char *id, const char *model, int64_t created, 
         ch = NULL;
         cJSON *c = cJSON_GetArrayItem(choices, 0);
         ok = cJSON_AddStringToObject(c, "text", t) && cJSON_AddNumberToObject(c, "index", 0) &&
-             cJSON_AddNullToObject(c, "logprobs") &&
+             add_logprobs_as(c, &logprobs) &&
              (finish_reason ? cJSON_AddStringToObject(c, "finish_reason", finish_reason) != NULL
                             : cJSON_AddNullToObject(c, "finish_reason") != NULL);
     }
@@ -373,6 +438,7 @@ int kl_text_completion_json(const char *id, const char *model, int64_t created, 
     char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     cJSON_Delete(ch);
+    cJSON_Delete(logprobs);   /* NULL once taken */
     kl_free(t);
     if (s)
         *json = kl_malloc(strlen(s) + 1);

@@ -1,8 +1,8 @@
 /*
  * serve/reply.h — a chat completion's reply in OpenAI's wire format (tokenizer-and-api.md B3):
  * the whole-reply JSON object, and the stream of server-sent events built while the reply is
- * generated, with Kimi tool calls turned into `tool_calls` (engine/toolstream.h while
- * streaming, kl_chat_parse_tool_calls for a whole reply).
+ * generated, with Kimi tool calls turned into `tool_calls` (engine/toolstream.h for both, so
+ * a whole reply reports the calls its stream would: a call cut off by the limit too).
  *
  * Stream: a first chunk with delta {"role": "assistant", "content": ""}; content deltas as text
  * arrives (never any part of a tool-call marker); for each call a delta with index, id, type and
@@ -72,11 +72,13 @@ int  kl_chat_reply_json_lp(const char *id, const char *model, int64_t created, i
                            kl_err *err);
 
 /* A legacy completion (POST /v1/completions) object "text_completion": the whole reply, or one
- * streamed chunk (the same shape: choices [{text, index, logprobs null, finish_reason}],
+ * streamed chunk (the same shape: choices [{text, index, logprobs, finish_reason}],
  * finish_reason NULL: null).  text NULL: no choice at all (choices [], the usage chunk);
- * usage NULL: no usage.  *json: kl_malloc'd, one line. */
+ * usage NULL: no usage; logprobs: the choice's legacy logprobs object (taken over, also on
+ * failure), NULL: null.  *json: kl_malloc'd, one line. */
 int  kl_text_completion_json(const char *id, const char *model, int64_t created,
                              const char *text, size_t len, const char *finish_reason,
-                             const kl_usage *usage, char **json, kl_err *err);
+                             const kl_usage *usage, struct cJSON *logprobs, char **json,
+                             kl_err *err);
 
 #endif

@@ -8,6 +8,7 @@
 #include "common/grow.h"
 #include "common/json.h"
 #include "common/mem.h"
+#include "serve/engine.h"
 
 #include <errno.h>
 #include <math.h>
@@ -500,10 +501,10 @@ static int completion_prompt(kl_req_chat *r, const cJSON *p, kl_api_error *e)
     return (r->prompt = own_str(r, p->valuestring)) ? 0 : nomem(e);
 }
 
-/* What a legacy completion may not ask here: echo, suffix, best_of > 1, logprobs. */
+/* What a legacy completion may not ask here: echo, suffix, best_of > 1. */
 static int completion_refusals(const cJSON *o, kl_api_error *e)
 {
-    static const char *const keys[] = {"echo", "suffix", "best_of", "logprobs"};
+    static const char *const keys[] = {"echo", "suffix", "best_of"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
         int off = !v || cJSON_IsNull(v) || cJSON_IsFalse(v) ||
@@ -512,6 +513,18 @@ static int completion_refusals(const cJSON *o, kl_api_error *e)
             return BAD(e, keys[i], "%s is not supported by this server", keys[i]);
     }
     return 0;
+}
+
+/* A legacy completion's logprobs: null, false, or the number of alternatives (0..20). */
+static int completion_logprobs(kl_req_chat *r, const cJSON *o, kl_api_error *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    uint64_t top = 0;
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return 0;
+    int rc = opt_count(o, "logprobs", 0, KL_JOB_MAX_TOP, &top, &r->logprobs, e);
+    r->top_logprobs = (uint32_t)top;
+    return rc;
 }
 
 static int completion(kl_req_chat *r, const cJSON *o, kl_api_error *e)
@@ -533,6 +546,8 @@ static int completion(kl_req_chat *r, const cJSON *o, kl_api_error *e)
         rc = stops(r, o, e);
     if (!rc)
         rc = stream_format(r, o, e);
+    if (!rc)
+        rc = completion_logprobs(r, o, e);
     return rc;
 }
 
@@ -577,4 +592,32 @@ void kl_req_chat_free(kl_req_chat *r)
     kl_free(r->msgs);
     kl_free(r->calls);
     memset(r, 0, sizeof *r);
+}
+
+int kl_req_tools_on(const kl_req_chat *r)
+{
+    return !r->prompt && r->n_tools && r->tool_choice != KL_TOOL_NONE;
+}
+
+int kl_req_tool_prefix(const kl_req_chat *r, char **out, kl_err *err)
+{
+    *out = NULL;
+    int named = r->tool_choice == KL_TOOL_NAMED;
+    if (!kl_req_tools_on(r) || (!named && r->tool_choice != KL_TOOL_REQUIRED))
+        return 0;
+    static const char head[] = "<|tool_calls_section_begin|><|tool_call_begin|>";
+    size_t n_calls = 0;
+    for (size_t i = 0; i < r->n_msgs; i++)
+        n_calls += r->msgs[i].n_tool_calls;
+    size_t cap = sizeof head + (named ? strlen(r->tool_choice_name) + 64 : 0);
+    char *s = kl_malloc(cap);
+    if (!s)
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+    if (named)
+        snprintf(s, cap, "%sfunctions.%s:%zu<|tool_call_argument_begin|>", head,
+                 r->tool_choice_name, n_calls);
+    else
+        memcpy(s, head, sizeof head);
+    *out = s;
+    return 0;
 }

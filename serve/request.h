@@ -8,7 +8,8 @@
  * array of {"type": "text", "text": ...} parts (joined), name, tool_calls (assistant: [{id,
  * type "function", function {name, arguments string}}]), tool_call_id (tool, required)});
  * tools (array of {"type": "function", "function": {"name", ...}}); tool_choice ("none",
- * "auto", "required", {"type": "function", "function": {"name"}} naming a declared tool);
+ * "auto", "required", {"type": "function", "function": {"name"}} naming a declared tool: an
+ * unknown name, or "required" / a name without tools, is a 400);
  * max_tokens / max_completion_tokens (>= 1; both: they must agree); temperature [0, 2];
  * top_p (0, 1]; top_k >= 0 and min_p [0, 1] (extensions); seed (an integer; negative ones are
  * taken modulo 2^64); stop (a string or up to 16 strings, none empty); n (only 1); stream;
@@ -19,6 +20,11 @@
  * A refusal is an OpenAI error: HTTP status 400, type "invalid_request_error", the offending
  * parameter (e.g. "messages[2].tool_call_id") and a message saying what was wrong and what is
  * wanted.  The body must be valid UTF-8 JSON (common/json.h, the one strict reader).
+ *
+ * tool_choice is enforced, not advisory: "none" renders no tools (and the reply carries no
+ * calls), "auto" lets the model choose, "required" starts the assistant's reply with the calls
+ * section and a call's begin marker, a named function with the whole call head up to its
+ * arguments (kl_req_tool_prefix): the model can then only write a call.
  *
  * Ownership: *out owns everything it points to (kl_req_chat_free; safe on a zeroed struct).
  */
@@ -77,10 +83,21 @@ typedef struct kl_req_chat {
 int  kl_req_chat_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e);
 /* A legacy completions body (POST /v1/completions) into the same struct: model, prompt (a
  * string or an array of one string), the limits (max_tokens default 16), sampling, stop,
- * n, stream and stream_options as for chat; echo, suffix, best_of > 1 and logprobs are
+ * n, stream and stream_options as for chat; logprobs (null, false, or an integer 0..20: the
+ * alternatives per token; sets logprobs and top_logprobs); echo, suffix and best_of > 1 are
  * refused (400: not supported). */
 int  kl_req_completion_parse(const char *body, size_t len, kl_req_chat *out, kl_api_error *e);
 void kl_req_chat_free(kl_req_chat *r);
+
+/* 1 when the reply is parsed for tool calls and the tools are rendered into the prompt: a chat
+ * request with tools whose tool_choice is not "none". */
+int  kl_req_tools_on(const kl_req_chat *r);
+/* The start of the assistant's reply that tool_choice forces, appended to the prompt after the
+ * generation prompt: "required" -> <|tool_calls_section_begin|><|tool_call_begin|>; a named
+ * function -> that and functions.NAME:IDX<|tool_call_argument_begin|>, IDX counting the
+ * conversation's earlier calls as the chat template does.  *out is kl_malloc'd (caller frees)
+ * or NULL when nothing is forced.  0 or KL_E_NOMEM. */
+int  kl_req_tool_prefix(const kl_req_chat *r, char **out, kl_err *err);
 
 /* Fills e (status, type, param, printf message); returns KL_E_USAGE, or KL_E_NOMEM for 500. */
 int  kl_api_fail(kl_api_error *e, int status, const char *type, const char *param,

@@ -407,9 +407,11 @@ static void check_pieces(const kl_gpu_plan *p)
 }
 
 /* Fills from m (vectors_only or not) with o, pinning when pin_ok (RING: buffers from
- * host_alloc, else plain memory); checks against full. */
-static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
-                           int pin_ok)
+ * host_alloc, else plain memory; give: o->windows pinned buffers of o->window_bytes given
+ * by the caller, allocated before and freed after the fill, which must not free them);
+ * checks against full. */
+static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
+                       int pin_ok, int give)
 {
     kl_gpu_plan p;
     build(&p, m);
@@ -421,14 +423,23 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
         ops.host_alloc = NULL;
         ops.host_free = NULL;
     }
+    kl_fill_opts og = o ? *o : (kl_fill_opts){0};
+    void *given[KL_FILL_MAX_SLOTS] = {0};
+    for (unsigned b = 0; give && b < og.windows; b++)
+        ck_assert_int_eq(dev_host_alloc(&d, &given[b], og.window_bytes, NULL), 0);
+    og.buffers = give ? given : og.buffers;
     kl_fill_stats st;
     kl_err err;
     kl_err_clear(&err);
-    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
+    int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, o ? &og : NULL, &st,
+                         &err);
     ck_assert_msg(rc == 0, "fill: %s", t_fmt_err(&err));
     int ring = o && o->mode == KL_FILL_RING;
     check_filled(&p, a, full);
     ck_assert_uint_eq(d.pins, d.unpins);
+    ck_assert(!give || d.frees == 0);   /* given buffers stay the caller's */
+    for (unsigned b = 0; give && b < og.windows; b++)
+        dev_host_free(&d, given[b]);   /* checks that no copy from it is pending */
     ck_assert_uint_eq(d.allocs, d.frees);
     ck_assert_uint_eq(d.done, d.n_queue);   /* every pinned copy waited for */
     for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
@@ -437,7 +448,7 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     for (size_t i = 0; i < p.n_pieces; i++)
         piece_bytes += p.pieces[i].bytes;
     ck_assert_uint_eq(st.bytes, piece_bytes);
-    ck_assert_uint_eq(st.pinned, ring ? (pin_ok ? st.windows : 0) : (uint64_t)d.pins);
+    ck_assert_uint_eq(st.pinned, ring ? (pin_ok || give ? st.windows : 0) : (uint64_t)d.pins);
     if (o && o->mode == KL_FILL_MAPPED && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq((uint64_t)d.waits, st.windows);   /* each window waited for once */
@@ -447,10 +458,16 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
     if (ring && p.n_file) {
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq(d.pins, 0);
-        ck_assert(pin_ok ? d.allocs > 0 : d.allocs == 0);
+        ck_assert(pin_ok || give ? d.allocs > 0 : d.allocs == 0);
     }
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
+}
+
+static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fill_opts *o,
+                           int pin_ok)
+{
+    fill_check(m, full, o, pin_ok, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -607,6 +624,60 @@ START_TEST(test_fill_ring)
     kl_fill_opts dio = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
                         .direct = KL_DIRECT_ON};
     fill_and_check(m, full, &dio, 1);
+    for (unsigned t = 0; t < 3; t++) {   /* the caller's buffers (the GPU's prepared ring) */
+        kl_fill_opts g = {.mode = KL_FILL_RING, .window_bytes = _i == 2 ? 65536 : 8192,
+                          .windows = t + 2, .threads = threads[t], .direct = KL_DIRECT_OFF};
+        fill_check(m, full, &g, 0, 1);
+    }
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
+/* kl_gpu_plan_split: the two views cover the file pieces once, in order, the host pieces in
+ * the second; a ring fill of the first then a mapped fill of the second (as the backend's
+ * KL_GPU_LOAD=hybrid runs them at once) put every byte where the plan says. */
+START_TEST(test_fill_split)
+{
+    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_gpu_plan p;
+    build(&p, m);
+    static const double shares[] = {0, 0.3, 0.5, 1, 2};
+    for (size_t k = 0; k < sizeof shares / sizeof *shares; k++) {
+        kl_gpu_plan a, b;
+        kl_gpu_plan_split(&p, shares[k], &a, &b);
+        ck_assert_uint_eq(a.n_file + b.n_file, p.n_file);
+        ck_assert_uint_eq(a.n_pieces, a.n_file);
+        ck_assert_uint_eq(b.n_pieces - b.n_file, p.n_pieces - p.n_file);
+        ck_assert_uint_eq(a.file_bytes + b.file_bytes, p.file_bytes);
+        ck_assert_ptr_eq(b.pieces, p.pieces + a.n_file);
+        double want = shares[k] > 1 ? 1 : shares[k];
+        ck_assert_msg((double)a.file_bytes <= (1 - want) * (double)p.file_bytes + 0.5,
+                      "share %g: first holds %llu of %llu bytes", shares[k],
+                      (unsigned long long)a.file_bytes, (unsigned long long)p.file_bytes);
+        uint8_t **ar = alloc_arenas(&p);
+        kl_fill_opts ring = {.mode = KL_FILL_RING, .window_bytes = 8192, .threads = 3,
+                             .direct = KL_DIRECT_OFF};
+        kl_fill_opts map = {.mode = KL_FILL_MAPPED, .window_bytes = 16384, .windows = 3,
+                            .threads = 2};
+        const kl_gpu_plan *half[2] = {&a, &b};
+        const kl_fill_opts *how[2] = {&ring, &map};
+        for (int h = 0; h < 2; h++) {
+            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+            kl_fill_ops ops = g_ops;
+            ops.ctx = &d;
+            kl_err err;
+            kl_err_clear(&err);
+            int rc = kl_gpu_fill(half[h], (const char *const *)m->shard_paths, ar, &ops, how[h],
+                                 NULL, &err);
+            ck_assert_msg(rc == 0, "share %g part %d: %s", shares[k], h, t_fmt_err(&err));
+            ck_assert_uint_eq(d.allocs, d.frees);
+            ck_assert_uint_eq(d.pins, d.unpins);
+        }
+        check_filled(&p, ar, full);
+        free_arenas(&p, ar);
+    }
+    kl_gpu_plan_free(&p);
     kl_model_close(m);
     kl_model_close(full);
 }
@@ -685,6 +756,24 @@ START_TEST(test_fill_ring_fails)
             check_filled(&p, a, full);
         ck_assert_uint_eq(d.allocs, (unsigned long)most);
     }
+    /* the caller's buffers: without their count, of a size that is no multiple of 4 KiB, or
+     * misaligned: KL_E_USAGE before anything is read */
+    static uint8_t raw[3 * 8192] __attribute__((aligned(4096)));
+    void *given[2] = {raw, raw + 8192}, *odd[2] = {raw, raw + 1};
+    kl_fill_opts bad[3] = {
+        {.mode = KL_FILL_RING, .window_bytes = 8192, .buffers = given},
+        {.mode = KL_FILL_RING, .window_bytes = 6000, .windows = 2, .buffers = given},
+        {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = 2, .buffers = odd}};
+    for (int i = 0; i < 3; i++) {
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+        kl_fill_ops ops = g_ops;
+        ops.ctx = &d;
+        kl_err_clear(&err);
+        int rc = kl_gpu_fill(&p, (const char *const *)m->shard_paths, a, &ops, &bad[i], NULL,
+                             &err);
+        ck_assert_msg(rc == KL_E_USAGE, "case %d: %d %s", i, rc, t_fmt_err(&err));
+        ck_assert_int_eq(d.copies, 0);
+    }
     const char *last = m->shard_paths[m->n_shards - 1];
     for (int trunc = 0; trunc < 2; trunc++) {
         if (trunc)
@@ -743,6 +832,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_fill_ring, 0, 3);
     tcase_add_test(tc, test_fill_copy_fails);
     tcase_add_test(tc, test_fill_ring_fails);
+    tcase_add_loop_test(tc, test_fill_split, 0, 3);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;

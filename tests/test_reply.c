@@ -3,12 +3,16 @@
  * server-sent events of a streamed reply (every event "data: " + one JSON object + a blank
  * line, one id/created/model, the role chunk first, content deltas, tool-call deltas with the
  * id and name once then arguments by index, the finish chunk, the usage chunk, [DONE]) fed in
- * pieces; tools off keeps marker text as content; the whole-reply object; a sink error stops.
+ * pieces; tools off keeps marker text as content; the whole-reply object (a call cut off by
+ * the limit kept, as the stream has it); a sink error stops; which ids reach a reply's text
+ * (serve/answer.h: special ids never, tool-call markers with tools on inside a section).
  */
 #include "common/err.h"
 #include "common/json.h"
 #include "common/mem.h"
+#include "serve/answer.h"
 #include "serve/reply.h"
+#include "synth/synth.h"
 #include "tests/testutil.h"
 
 #include <string.h>
@@ -187,6 +191,28 @@ START_TEST(whole_reply_object)
 }
 END_TEST
 
+/* A reply cut off inside a call's arguments still reports the call, as the stream does. */
+START_TEST(whole_reply_keeps_a_call_cut_off)
+{
+    const char *t = "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+                    "<|tool_call_argument_begin|>{\"a\": 1";
+    char *json = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_chat_reply_json("c", "m", 7, 1, t, strlen(t), "length", NULL, &json, &err) ==
+              0);
+    cJSON *o = NULL;
+    ck_assert(kl_json_parse(json, strlen(json), "T", &o, &err) == 0);
+    const cJSON *msg = path(cJSON_GetArrayItem(path(o, "choices", NULL), 0), "message", NULL);
+    const cJSON *call = cJSON_GetArrayItem(path(msg, "tool_calls", NULL), 0);
+    ck_assert(cJSON_IsNull(path(msg, "content", NULL)));
+    ck_assert_str_eq(path(call, "id", NULL)->valuestring, "functions.f:0");
+    ck_assert_str_eq(path(call, "function", "arguments")->valuestring, "{\"a\": 1");
+    cJSON_Delete(o);
+    kl_free(json);
+}
+END_TEST
+
 START_TEST(a_sink_error_stops_the_stream)
 {
     sink k;
@@ -203,6 +229,43 @@ START_TEST(a_sink_error_stops_the_stream)
 }
 END_TEST
 
+/* The ids of a tiny synthetic tokenizer by name. */
+static kl_token special(const kl_tokenizer *tok, const char *name)
+{
+    kl_token id = 0;
+    ck_assert_msg(kl_tok_special_id(tok, name, &id), "no %s", name);
+    return id;
+}
+
+START_TEST(special_ids_never_reach_the_text)
+{
+    char dir[512];
+    t_mkdtemp(dir, sizeof dir);
+    t_synth_tiny(dir, 3);
+    kl_tokenizer *tok = NULL;
+    kl_err err;
+    ck_assert(kl_tok_open(dir, &tok, &err) == 0);
+    kl_token reserved = kl_tok_n_vocab(tok) - 3, im_end = special(tok, "<|im_end|>");
+    kl_token begin = special(tok, "<|tool_calls_section_begin|>");
+    kl_token call = special(tok, "<|tool_call_begin|>"), end = special(tok, "<|tool_call_end|>");
+    kl_id_rule r;
+    for (int tools = 0; tools < 2; tools++) {
+        kl_answer_id_rule_init(&r, tok, tools, 0);
+        ck_assert(kl_answer_id_shown(&r, 65) && kl_answer_id_shown(&r, kl_tok_n_ranks(tok) - 1));
+        ck_assert(!kl_answer_id_shown(&r, reserved) && !kl_answer_id_shown(&r, im_end));
+        ck_assert_msg(!kl_answer_id_shown(&r, end) && !kl_answer_id_shown(&r, call),
+                      "a stray marker before the section (tools %d)", tools);
+        ck_assert_int_eq(kl_answer_id_shown(&r, begin), tools);
+        ck_assert_int_eq(kl_answer_id_shown(&r, call), tools);   /* inside the section */
+        ck_assert(!kl_answer_id_shown(&r, reserved));
+    }
+    kl_answer_id_rule_init(&r, tok, 1, 1);           /* the prompt opened the section */
+    ck_assert(kl_answer_id_shown(&r, end));
+    kl_tok_close(tok);
+    t_rmrf(dir);
+}
+END_TEST
+
 static Suite *reply_suite(void)
 {
     Suite *s = suite_create("reply");
@@ -210,7 +273,11 @@ static Suite *reply_suite(void)
     tcase_add_test(tc, streamed_tool_calls_become_deltas);
     tcase_add_test(tc, tools_off_keeps_the_text_as_content);
     tcase_add_test(tc, whole_reply_object);
+    tcase_add_test(tc, whole_reply_keeps_a_call_cut_off);
     tcase_add_test(tc, a_sink_error_stops_the_stream);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("ids");
+    tcase_add_test(tc, special_ids_never_reach_the_text);
     suite_add_tcase(s, tc);
     return s;
 }

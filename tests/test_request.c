@@ -2,7 +2,8 @@
  * tests/test_request.c — chat-completions request bodies (serve/request.h): a full request with
  * every supported field, the messages the chat renderer gets (roles, joined text parts,
  * developer as system, tool calls and tool results), OpenAI's defaults, and a refusal with
- * status 400, the offending parameter and a clear message for each rule.
+ * status 400, the offending parameter and a clear message for each rule; the reply head each
+ * tool_choice forces; a legacy completion's logprobs.
  */
 #include "common/err.h"
 #include "common/mem.h"
@@ -160,6 +161,72 @@ START_TEST(every_rule_is_a_400_naming_the_parameter)
 }
 END_TEST
 
+/* The tool-call head tool_choice forces (NULL: none) and whether tools are on. */
+static char *head_of(const char *choice, int *tools_on)
+{
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},{\"role\":"
+             "\"tool\",\"tool_call_id\":\"functions.f:0\",\"content\":\"ok\"}],\"tools\":[{"
+             "\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\","
+             "\"function\":{\"name\":\"get_time\"}}],\"tool_choice\":%s}", choice);
+    kl_req_chat r;
+    kl_api_error e;
+    ck_assert_msg(parse(body, &r, &e) == 0, "%s: %s", choice, e.message);
+    char *head = NULL;
+    kl_err err;
+    ck_assert(kl_req_tool_prefix(&r, &head, &err) == 0);
+    *tools_on = kl_req_tools_on(&r);
+    kl_req_chat_free(&r);
+    return head;
+}
+
+START_TEST(tool_choice_forces_the_reply_head)
+{
+    int on = -1;
+    ck_assert(head_of("\"none\"", &on) == NULL && on == 0);
+    ck_assert(head_of("\"auto\"", &on) == NULL && on == 1);
+    char *h = head_of("\"required\"", &on);
+    ck_assert(on == 1);
+    ck_assert_str_eq(h, "<|tool_calls_section_begin|><|tool_call_begin|>");
+    kl_free(h);
+    /* the index counts the conversation's one earlier call */
+    h = head_of("{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}", &on);
+    ck_assert_str_eq(h, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:1"
+                        "<|tool_call_argument_begin|>");
+    kl_free(h);
+}
+END_TEST
+
+/* A legacy completion's logprobs: null, false or N alternatives; anything else is a 400. */
+START_TEST(completion_logprobs_are_a_count)
+{
+    static const struct { const char *lp; int ok, on; uint32_t top; } cases[] = {
+        {"null", 1, 0, 0}, {"false", 1, 0, 0}, {"0", 1, 1, 0}, {"5", 1, 1, 5},
+        {"20", 1, 1, 20},  {"21", 0, 0, 0},    {"true", 0, 0, 0}, {"-1", 0, 0, 0},
+        {"2.5", 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":%s}",
+                 cases[i].lp);
+        kl_req_chat r;
+        kl_api_error e;
+        int rc = kl_req_completion_parse(body, strlen(body), &r, &e);
+        ck_assert_msg((rc == 0) == cases[i].ok, "logprobs %s: rc %d", cases[i].lp, rc);
+        if (rc) {
+            ck_assert_str_eq(e.param, "logprobs");
+            continue;
+        }
+        ck_assert_msg(r.logprobs == cases[i].on && r.top_logprobs == cases[i].top,
+                      "logprobs %s: %d %u", cases[i].lp, r.logprobs, r.top_logprobs);
+        ck_assert(!kl_req_tools_on(&r));
+        kl_req_chat_free(&r);
+    }
+}
+END_TEST
+
 static Suite *request_suite(void)
 {
     Suite *s = suite_create("request");
@@ -167,6 +234,8 @@ static Suite *request_suite(void)
     tcase_add_test(tc, a_full_request_is_read_whole);
     tcase_add_test(tc, defaults_follow_openai);
     tcase_add_test(tc, every_rule_is_a_400_naming_the_parameter);
+    tcase_add_test(tc, tool_choice_forces_the_reply_head);
+    tcase_add_test(tc, completion_logprobs_are_a_count);
     suite_add_tcase(s, tc);
     return s;
 }

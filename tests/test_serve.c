@@ -8,11 +8,19 @@
  * unknown model, unknown route, oversized body, missing and wrong key answer OpenAI error
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
- * slot, no queue); 8 concurrent clients get what each gets alone; a conversation's second
+ * slot, no queue); a queued stream gets keep-alives, then its reply; slow senders and readers
+ * stall only themselves; 8 concurrent clients get what each gets alone; a conversation's second
  * turn reuses the first turn's state (usage cached_tokens > 0, whole and streamed) and gets
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
+ * Replies never carry special ids (compared with `kl run`'s ids by that rule); tool_choice
+ * none / auto / required / named is enforced; a stop string across two tokens cuts the reply;
+ * legacy completions' logprobs; a seed reproduces a sampled reply, min_p 1 is greedy; a stream
+ * has a usage chunk only when asked.
  */
+#include "common/mem.h"
+#include "common/utf8.h"
+#include "engine/tokenizer.h"
 #include "tests/testutil.h"
 
 #include <arpa/inet.h>
@@ -36,6 +44,8 @@
 static char g_root[512], g_model[600];
 static pid_t g_pid;
 static int g_port;
+static kl_tokenizer *g_tok;
+static size_t g_run_specials;    /* special ids among the ids of the last `kl run` */
 
 /* ---- the server --------------------------------------------------------------------------- */
 
@@ -99,12 +109,15 @@ static void setup(void)
     t_mkdtemp(g_root, sizeof g_root);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
     t_kl_synth_tiny(g_model, 5);
+    kl_err err;
+    ck_assert(kl_tok_open(g_model, &g_tok, &err) == 0);
     start_server();
 }
 
 static void teardown(void)
 {
     stop_server();
+    kl_tok_close(g_tok);
     t_rmrf(g_root);
 }
 
@@ -145,8 +158,7 @@ static void send_all(int fd, const char *p, size_t n)
     }
 }
 
-static void send_request(int fd, const char *method, const char *path, const char *key,
-                         const char *body, size_t len)
+static void send_head(int fd, const char *method, const char *path, const char *key, size_t len)
 {
     char head[1024];
     int n = snprintf(head, sizeof head,
@@ -155,6 +167,12 @@ static void send_request(int fd, const char *method, const char *path, const cha
                      method, path, len, key ? "Authorization: Bearer " : "", key ? key : "",
                      key ? "\r\n" : "");
     send_all(fd, head, (size_t)n);
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *key,
+                         const char *body, size_t len)
+{
+    send_head(fd, method, path, key, len);
     if (len)
         send_all(fd, body, len);
 }
@@ -319,8 +337,33 @@ static char *chat(const char *user, unsigned max_tokens, int stream, char *finis
     return c;
 }
 
-/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy text (its --json
- * "text"). */
+/* The reply text of ids (a cJSON array) by the server's rule for replies without tools: special
+ * ids dropped, the rest decoded, bytes that are not UTF-8 as U+FFFD (malloc'd); counts the
+ * dropped ids in g_run_specials. */
+static char *reply_text(const cJSON *ids)
+{
+    size_t n = 0, cap = (size_t)cJSON_GetArraySize(ids) + 1;
+    kl_token *keep = malloc(cap * sizeof *keep);
+    g_run_specials = 0;
+    for (const cJSON *v = ids->child; v; v = v->next) {
+        if ((uint32_t)v->valuedouble < kl_tok_n_ranks(g_tok))
+            keep[n++] = (kl_token)v->valuedouble;
+        else
+            g_run_specials++;
+    }
+    char *bytes = NULL;
+    size_t len = 0;
+    kl_err err;
+    ck_assert(kl_tok_decode(g_tok, keep, n, 0, &bytes, &len, &err) == 0);
+    char *clean = kl_utf8_sanitize(bytes, len), *out = strdup(clean);
+    kl_free(clean);
+    kl_free(bytes);
+    free(keep);
+    return out;
+}
+
+/* `kl run --chat USER -n N` (how "--chat"; "-p" for a plain prompt) greedy ids (its --json
+ * "generated_ids") as the server shows them: reply_text. */
 static char *run_text_as(const char *how, const char *user, unsigned n)
 {
     char cmd[2048];
@@ -333,7 +376,7 @@ static char *run_text_as(const char *how, const char *user, unsigned n)
     ck_assert_int_eq(pclose(p), 0);
     cJSON *j = cJSON_Parse(line);
     ck_assert_msg(j, "kl run: %s", line);
-    char *t = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")));
+    char *t = reply_text(cJSON_GetObjectItem(j, "generated_ids"));
     cJSON_Delete(j);
     return t;
 }
@@ -356,9 +399,13 @@ static void same_replies(char *want, char *whole, const char *fw, char *streamed
     free(streamed);
 }
 
+/* The server's text is `kl run`'s ids without the special ones (this reply has some: a
+ * reserved id and a tool-call marker), whole and streamed. */
 START_TEST(test_chat_equals_run)
 {
     char *want = run_text("hello there", 12);
+    ck_assert_msg(g_run_specials > 0, "no special id in the reply: the rule is not exercised");
+    ck_assert_msg(!strstr(want, "<|"), "special text in '%s'", want);
     char fw[16], fs[16];
     char *whole = chat("hello there", 12, 0, fw);
     char *streamed = chat("hello there", 12, 1, fs);
@@ -531,7 +578,356 @@ START_TEST(test_logprobs)
 }
 END_TEST
 
-/* The kl_running gauge of /metrics. */
+/* 1 when s is printable ASCII without quotes or backslashes (safe in a JSON string as is). */
+static int plain_ascii(const char *s)
+{
+    for (; *s; s++)
+        if (*s <= ' ' || *s > '~' || *s == '"' || *s == '\\')
+            return 0;
+    return 1;
+}
+
+/* A stop string made of the end of one token and the start of the next (streamed, they come
+ * in different chunks) cuts the reply before its earliest match. */
+START_TEST(test_stop_across_tokens)
+{
+    const char *fmt = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+                      "\"hello there\"}],\"max_tokens\":24,\"temperature\":0%s%s%s%s}";
+    char b[512], f[16], stop[8] = "";
+    snprintf(b, sizeof b, fmt, ",\"logprobs\":true", "", "", "");
+    resp r = http("POST", "/v1/chat/completions", KEY, b);
+    char *all = whole_content(&r, f, sizeof f);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *items = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(
+        cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content");
+    for (cJSON *it = items->child; it && it->next && !stop[0]; it = it->next) {
+        const char *t1 = cJSON_GetObjectItem(it, "token")->valuestring;
+        const char *t2 = cJSON_GetObjectItem(it->next, "token")->valuestring;
+        if (*t1 && *t2 && plain_ascii(t1) && plain_ascii(t2) && strncmp(t1, "<|", 2) &&
+            strncmp(t2, "<|", 2))
+            snprintf(stop, sizeof stop, "%c%.2s", t1[strlen(t1) - 1], t2);
+    }
+    cJSON_Delete(j);
+    resp_free(&r);
+    ck_assert_msg(stop[0], "no two plain ASCII tokens in a row in '%s'", all);
+    size_t cut = (size_t)(strstr(all, stop) - all);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(b, sizeof b, fmt, ",\"stop\":\"", stop, "\"",
+                 stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        char *got = ask("/v1/chat/completions", b, stream, f);
+        ck_assert_msg(strlen(got) == cut && !strncmp(got, all, cut), "stop '%s': got '%s' of '%s'",
+                      stop, got, all);
+        ck_assert_str_eq(f, "stop");
+        free(got);
+    }
+    free(all);
+}
+END_TEST
+
+/* A client that sends its body slowly and one that does not read its stream hold only their
+ * own connections: other requests are served meanwhile, and both complete. */
+START_TEST(test_slow_clients)
+{
+    char *b = chat_body("slow one", 4, 0), *lb = chat_body("unread", 1500, 1), f[16];
+    size_t n = strlen(b);
+    int slow = connect_server(), lazy = connect_server();
+    send_head(slow, "POST", "/v1/chat/completions", KEY, n);
+    send_all(slow, b, n / 2);
+    send_request(lazy, "POST", "/v1/chat/completions", KEY, lb, strlen(lb));
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    for (int i = 0; i < 2; i++) {
+        char *c = chat("meanwhile", 4, i, f);
+        ck_assert_str_eq(f, "length");
+        free(c);
+    }
+    send_all(slow, b + n / 2, n - n / 2);
+    resp r = read_response(slow);
+    free(whole_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
+    r = read_response(lazy);
+    free(stream_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
+    free(b);
+    free(lb);
+}
+END_TEST
+
+/* ---- tool_choice ------------------------------------------------------------------------- */
+
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+              "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":" \
+              "\"string\"}}}}}]"
+#define NAMED "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
+#define EARLIER_CALL ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":" \
+                     "\"functions.get_weather:0\",\"type\":\"function\",\"function\":{" \
+                     "\"name\":\"get_weather\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\"," \
+                     "\"tool_call_id\":\"functions.get_weather:0\",\"content\":\"rain\"}," \
+                     "{\"role\":\"user\",\"content\":\"and tomorrow?\"}"
+
+/* A greedy chat about the weather: tools (or none), tool_choice (NULL: not given), messages
+ * after the first (or ""). */
+static resp weather(int tools, const char *choice, const char *more, int stream)
+{
+    char b[2048], tc[160] = "";
+    if (choice)
+        snprintf(tc, sizeof tc, ",\"tool_choice\":%s", choice);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"weather please\"}%s]%s%s,\"max_tokens\":16,\"temperature\":0%s}", more,
+             tools ? "," TOOLS : "", tc,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    return http("POST", "/v1/chat/completions", KEY, b);
+}
+
+/* usage.prompt_tokens of a whole reply or a stream's usage chunk. */
+static int prompt_tokens(const resp *r)
+{
+    const char *p = strstr(r->body, "\"prompt_tokens\":");
+    ck_assert_msg(p, "no usage: %.300s", r->body);
+    return atoi(p + 16);
+}
+
+typedef struct calls {
+    char id[64], name[64], args[1024], content[1024], finish[16];
+    int  n;            /* calls */
+} calls;
+
+/* The content and the first call of a whole reply. */
+static calls whole_calls(const resp *r)
+{
+    calls c = {0};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    cJSON *j = cJSON_Parse(r->body);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
+    const char *content = cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content"));
+    snprintf(c.content, sizeof c.content, "%s", content ? content : "");
+    snprintf(c.finish, sizeof c.finish, "%s",
+             cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
+    c.n = cJSON_GetArraySize(tc);
+    cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(tc, 0), "function");
+    if (c.n) {
+        snprintf(c.id, sizeof c.id, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(tc->child, "id")));
+        snprintf(c.name, sizeof c.name, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(fn, "name")));
+        snprintf(c.args, sizeof c.args, "%s",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(fn, "arguments")));
+    }
+    cJSON_Delete(j);
+    return c;
+}
+
+/* The same from a stream's deltas (the first call's id, name and arguments joined). */
+static calls stream_calls(const resp *r)
+{
+    calls c = {0};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    char *body = strdup(r->body);
+    for (char *ev = body, *end; (end = strstr(ev, "\n\n")); ev = end + 2) {
+        *end = 0;
+        cJSON *j = strncmp(ev, "data: {", 7) ? NULL : cJSON_Parse(ev + 6);
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *d = cJSON_GetObjectItem(ch, "delta");
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
+        const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason"));
+        cJSON *tc = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "tool_calls"), 0);
+        cJSON *fn = cJSON_GetObjectItem(tc, "function");
+        if (t)
+            strncat(c.content, t, sizeof c.content - strlen(c.content) - 1);
+        if (f)
+            snprintf(c.finish, sizeof c.finish, "%s", f);
+        if (tc && cJSON_GetObjectItem(tc, "id") && ++c.n == 1) {
+            snprintf(c.id, sizeof c.id, "%s", cJSON_GetObjectItem(tc, "id")->valuestring);
+            snprintf(c.name, sizeof c.name, "%s", cJSON_GetObjectItem(fn, "name")->valuestring);
+        }
+        if (tc && cJSON_GetObjectItem(tc, "index")->valueint == 0)
+            strncat(c.args, cJSON_GetObjectItem(fn, "arguments")->valuestring,
+                    sizeof c.args - strlen(c.args) - 1);
+        cJSON_Delete(j);
+    }
+    free(body);
+    return c;
+}
+
+/* One reply to weather(...): prompt tokens, content and calls (whole or streamed). */
+static calls weather_calls(int tools, const char *choice, const char *more, int stream,
+                           int *n_prompt)
+{
+    resp r = weather(tools, choice, more, stream);
+    calls c = stream ? stream_calls(&r) : whole_calls(&r);
+    *n_prompt = prompt_tokens(&r);
+    resp_free(&r);
+    ck_assert_msg(!strstr(c.content, "<|"), "special text in the content: '%s'", c.content);
+    return c;
+}
+
+/* "none" renders no tools (the reply is the one without tools), "required" starts the reply
+ * with the section and a call's begin, a named tool with its whole head: a call to it comes
+ * back, whole and streamed alike, its index counting the conversation's earlier calls. */
+START_TEST(test_tool_choice_is_enforced)
+{
+    int plain, none, aut, req, named, named_s, later;
+    calls c0 = weather_calls(0, NULL, "", 0, &plain);
+    calls cn = weather_calls(1, "\"none\"", "", 0, &none);
+    ck_assert_int_eq(none, plain);
+    ck_assert_str_eq(cn.content, c0.content);
+    ck_assert_int_eq(cn.n, 0);
+    weather_calls(1, "\"auto\"", "", 0, &aut);
+    ck_assert_int_gt(aut, plain + 20);
+    calls cr = weather_calls(1, "\"required\"", "", 0, &req);
+    ck_assert_int_eq(req, aut + 2);       /* <|tool_calls_section_begin|><|tool_call_begin|> */
+    ck_assert_str_eq(cr.content, "");     /* nothing before the section */
+    calls w = weather_calls(1, NAMED, "", 0, &named);
+    calls st = weather_calls(1, NAMED, "", 1, &named_s);
+    ck_assert_int_gt(named, req + 2);
+    ck_assert_int_eq(named_s, named);
+    for (int i = 0; i < 2; i++) {
+        const calls *c = i ? &st : &w;
+        ck_assert_msg(c->n == 1, "%s: %d calls", i ? "stream" : "whole", c->n);
+        ck_assert_str_eq(c->id, "functions.get_weather:0");
+        ck_assert_str_eq(c->name, "get_weather");
+        ck_assert_str_eq(c->finish, "tool_calls");
+        ck_assert_str_eq(c->content, "");
+    }
+    ck_assert_str_eq(st.args, w.args);
+    calls c2 = weather_calls(1, NAMED, EARLIER_CALL, 1, &later);
+    ck_assert_str_eq(c2.id, "functions.get_weather:1");
+    resp r = weather(1, "{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}", "", 0);
+    check_error(&r, 400, "tool_choice", NULL);
+    resp_free(&r);
+    r = weather(0, "\"required\"", "", 0);
+    check_error(&r, 400, "tool_choice", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* ---- legacy completions' logprobs, seed, min_p, usage ------------------------------------ */
+
+/* The legacy logprobs of a completion (whole, or its chunks' arrays joined): a cJSON object. */
+static cJSON *legacy_logprobs(const resp *r, int stream)
+{
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                       "text_offset"};
+    ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body);
+    cJSON *all = cJSON_CreateObject();
+    for (int k = 0; k < 4; k++)
+        cJSON_AddArrayToObject(all, keys[k]);
+    char *body = strdup(r->body);
+    for (char *ev = body, *end = NULL; ev; ev = end ? end + 2 : NULL) {
+        end = stream ? strstr(ev, "\n\n") : NULL;
+        if (end)
+            *end = 0;
+        cJSON *j = cJSON_Parse(stream ? (strncmp(ev, "data: {", 7) ? "null" : ev + 6) : ev);
+        cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"),
+                                                           0), "logprobs");
+        for (int k = 0; lp && !cJSON_IsNull(lp) && k < 4; k++)
+            for (cJSON *v = cJSON_GetObjectItem(lp, keys[k])->child; v; v = v->next)
+                cJSON_AddItemToArray(cJSON_GetObjectItem(all, keys[k]), cJSON_Duplicate(v, 1));
+        cJSON_Delete(j);
+        if (stream && !end)
+            break;
+    }
+    free(body);
+    return all;
+}
+
+/* logprobs N on /v1/completions: OpenAI's legacy arrays, one entry per id, the sampled token
+ * (greedy: the most likely) among at most N + 1 alternatives, offsets from 0 not decreasing;
+ * streamed chunks carry the same entries; out of range is a 400. */
+START_TEST(test_completion_logprobs)
+{
+    const char *b = "{\"model\":\"tiny\",\"prompt\":\"Once upon a time\",\"max_tokens\":8,"
+                    "\"temperature\":0,\"logprobs\":2%s}";
+    char body[512];
+    cJSON *got[2];
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, b, stream ? ",\"stream\":true" : "");
+        resp r = http("POST", "/v1/completions", KEY, body);
+        got[stream] = legacy_logprobs(&r, stream);
+        resp_free(&r);
+    }
+    ck_assert(cJSON_Compare(got[0], got[1], 1));
+    cJSON *toks = cJSON_GetObjectItem(got[0], "tokens");
+    cJSON *lps = cJSON_GetObjectItem(got[0], "token_logprobs");
+    cJSON *top = cJSON_GetObjectItem(got[0], "top_logprobs");
+    cJSON *off = cJSON_GetObjectItem(got[0], "text_offset");
+    ck_assert_int_eq(cJSON_GetArraySize(toks), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(lps), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(top), 8);
+    ck_assert_int_eq(cJSON_GetArraySize(off), 8);
+    ck_assert_int_eq(off->child->valueint, 0);
+    for (int i = 0; i < 8; i++) {
+        const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
+        double lp = cJSON_GetArrayItem(lps, i)->valuedouble;
+        cJSON *alts = cJSON_GetArrayItem(top, i);
+        ck_assert_int_le(cJSON_GetArraySize(alts), 3);
+        ck_assert_msg(cJSON_GetObjectItemCaseSensitive(alts, t) &&
+                      cJSON_GetObjectItemCaseSensitive(alts, t)->valuedouble == lp,
+                      "token %d '%s' not among its alternatives", i, t);
+        for (cJSON *a = alts->child; a; a = a->next)
+            ck_assert(a->valuedouble <= lp);
+        if (i)
+            ck_assert_int_ge(cJSON_GetArrayItem(off, i)->valueint,
+                             cJSON_GetArrayItem(off, i - 1)->valueint);
+    }
+    cJSON_Delete(got[0]);
+    cJSON_Delete(got[1]);
+    resp r = http("POST", "/v1/completions", KEY,
+                  "{\"model\":\"tiny\",\"prompt\":\"x\",\"logprobs\":21}");
+    check_error(&r, 400, "logprobs", NULL);
+    resp_free(&r);
+}
+END_TEST
+
+/* A sampled chat body: temperature, seed, min_p (< 0: not given), streamed or not. */
+static char *sampled(double temp, long seed, double min_p, int stream, char *finish)
+{
+    char b[512], mp[32] = "";
+    if (min_p >= 0)
+        snprintf(mp, sizeof mp, ",\"min_p\":%g", min_p);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"tell a story\"}],\"max_tokens\":12,\"temperature\":%g,\"seed\":%ld%s%s}", temp,
+             seed, mp, stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}"
+                              : "");
+    return ask("/v1/chat/completions", b, stream, finish);
+}
+
+/* The same seed samples the same reply (whole or streamed, again); min_p 1 keeps only the most
+ * likely id: the greedy reply at any temperature. */
+START_TEST(test_seed_and_min_p)
+{
+    char f[16];
+    char *a = sampled(1.3, -42, -1, 0, f), *b = sampled(1.3, -42, -1, 1, f);
+    char *c = sampled(1.3, -42, -1, 0, f);
+    ck_assert_str_eq(a, b);
+    ck_assert_str_eq(a, c);
+    char *greedy = sampled(0, 1, -1, 0, f), *mp = sampled(1.3, 7, 1.0, 1, f);
+    ck_assert_str_eq(mp, greedy);
+    free(a);
+    free(b);
+    free(c);
+    free(greedy);
+    free(mp);
+}
+END_TEST
+
+/* A stream without stream_options.include_usage has no usage chunk. */
+START_TEST(test_usage_only_when_asked)
+{
+    resp r = http("POST", "/v1/chat/completions", KEY,
+                  "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                  "\"max_tokens\":3,\"stream\":true}");
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_msg(!strstr(r.body, "\"usage\""), "usage without include_usage: %s", r.body);
+    ck_assert(strstr(r.body, "data: [DONE]\n\n"));
+    resp_free(&r);
+}
+END_TEST
+
 /* The value of one metric of /metrics (name followed by a space). */
 static long metric_now(const char *name)
 {
@@ -550,10 +946,11 @@ static int running_now(void)
     return (int)metric_now("kl_running");
 }
 
-/* A long stream, its first 2000 bytes read: the connection (left open). */
+/* A long stream, its first 2000 bytes read: the connection (left open).  The tiny model's
+ * greedy reply to this prompt runs for about 2,100 ids before its end id (seconds here). */
 static int long_stream(void)
 {
-    char *b = chat_body("a long story", 30000, 1);
+    char *b = chat_body("hello there", 30000, 1);
     int fd = connect_server();
     send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
     free(b);
@@ -630,6 +1027,31 @@ START_TEST(test_queue_full)
         }
     }
     ck_assert_int_eq(status, 200);
+    free(b);
+    stop_pid(pid);
+    g_port = main_port;
+}
+END_TEST
+
+/* A request queued behind a busy slot for over a second gets keep-alive comments (its job has
+ * no ids yet), then its whole stream once the slot is free. */
+START_TEST(test_queued_stream_waits)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "4", &pid);
+    int busy = long_stream();
+    char *b = chat_body("queued", 4, 1), f[16];
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    struct timespec ts = {1, 600 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    close(busy);
+    resp r = read_response(fd);
+    ck_assert_msg(strstr(r.body, ": waiting\n\n"), "no keep-alive while queued: %.300s", r.body);
+    free(stream_content(&r, f, sizeof f));
+    ck_assert_str_eq(f, "length");
+    resp_free(&r);
     free(b);
     stop_pid(pid);
     g_port = main_port;
@@ -848,8 +1270,15 @@ int main(void)
     tcase_add_test(tc, test_completions_equal_run);
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_logprobs);
+    tcase_add_test(tc, test_tool_choice_is_enforced);
+    tcase_add_test(tc, test_stop_across_tokens);
+    tcase_add_test(tc, test_slow_clients);
+    tcase_add_test(tc, test_completion_logprobs);
+    tcase_add_test(tc, test_seed_and_min_p);
+    tcase_add_test(tc, test_usage_only_when_asked);
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
+    tcase_add_test(tc, test_queued_stream_waits);
     tcase_add_test(tc, test_concurrent_equal_alone);
     tcase_add_test(tc, test_second_turn_reuses_state);
     tcase_add_test(tc, test_shared_prefix_concurrent);

@@ -13,7 +13,10 @@
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
 #   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
 #   kernel of one-token steps.  RAWREAD=0 skips reading the shards once with cat (they are
-#   in the page cache anyway right after kl synth wrote them).
+#   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
+#   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
+#   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
+#   row per run (see stage_loadsweep).
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
@@ -265,6 +268,58 @@ PY
         with_config "$cfg" bench_one "$D" "$W/bench-$i.json"
         cp "$W/bench-$i.json" "$OUT/" 2>/dev/null
     done
+    [ -n "${KEEP:-}" ] || rm -rf "$D"
+}
+
+# the GPU load once per configuration of LOAD_CONFIGS (as GOLDEN_CONFIGS; default: the list
+# below) from the page cache (the shards read once first) and from tmpfs (the model copied to
+# /dev/shm; LOAD_FROM="page-cache" skips it), REPS (1) times each: one row per run with load
+# s, GB/s, ratio to the pinned copy rate of the same run, the phases (kl bench decode's
+# load_phases), the fill's own rate, peak host RSS and time to first token (64-token prompt)
+LOAD_CONFIGS_DEFAULT=" ;KL_GPU_LOAD_OVERLAP=0;KL_GPU_LOAD_HUGE=0"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD_THREADS=4;KL_GPU_LOAD_THREADS=12;KL_GPU_LOAD_THREADS=16"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD_THREADS=12 KL_GPU_LOAD_BUFFERS=24"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD_WINDOW_MB=8 KL_GPU_LOAD_BUFFERS=24"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD_WINDOW_MB=4 KL_GPU_LOAD_BUFFERS=32;KL_GPU_LOAD_WINDOW_MB=32"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=mapped;KL_GPU_LOAD=mapped KL_GPU_LOAD_THREADS=8"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=hybrid;KL_GPU_LOAD=hybrid KL_GPU_LOAD_MAPPED_PERCENT=50"
+LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=hybrid KL_GPU_LOAD_MAPPED_PERCENT=20 KL_GPU_LOAD_THREADS=12"
+load_row() {  # where, configuration, bench json
+    python3 - "$@" <<'PY' | tee -a "$TABLE"
+import json, sys
+where, cfg, path = sys.argv[1:4]
+d = json.load(open(path))
+ph = d.get("load_phases", {})
+pin = d.get("pinned_h2d_gbps", 0) or 1
+fd = d.get("load_fill_detail", {})
+print("loadsweep %-10s [%s] load %.3f s %.1f GB/s ratio %.2f (pinned %.1f) | %s | fill %.1f GB/s (%s) | %s %dx%dMiB %s threads %d | rss %.2f GB | ttft %.2f s"
+      % (where, cfg.strip() or "defaults", d["load_s"], d["load_gbps"], d["load_gbps"] / pin, d.get("pinned_h2d_gbps", 0),
+         " ".join("%s %.3f" % kv for kv in ph.items()), d.get("load_fill_gbps", 0),
+         " ".join("%s %.2f" % kv for kv in fd.items()), d.get("load_how", ""),
+         d.get("load_buffers", 0), d.get("load_buffer_bytes", 0) >> 20, d.get("load_buffer_mem", ""),
+         d.get("load_threads", 0), d["peak_host_rss_bytes"] / 1e9, d["time_to_first_token_s"]))
+PY
+}
+
+stage_loadsweep() {
+    local D="$W/full-mxfp4" S=/dev/shm/kl-loadsweep IFS=';' cfg where dir i=0 r
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    IFS=' '; cat "$D"/*.safetensors > /dev/null   # the page cache warm
+    local froms=${LOAD_FROM:-"page-cache tmpfs"}
+    case " $froms " in *" tmpfs "*) rm -rf "$S"; cp -r "$D" "$S" || { row "loadsweep: no room in /dev/shm"; froms=page-cache; } ;; esac
+    for where in $froms; do
+        dir=$D; [ $where = tmpfs ] && dir=$S
+        IFS=';'
+        for cfg in ${LOAD_CONFIGS:-$LOAD_CONFIGS_DEFAULT}; do
+            for ((r = 0; r < ${REPS:-1}; r++)); do
+                i=$((i + 1))
+                IFS=' ' with_config "$cfg" "$KL" bench decode "$dir" --device gpu --prompt-tokens 64 --tokens 4 --json -q > "$W/loadsweep-$i.json" &&
+                    IFS=' ' load_row "$where" "$cfg" "$W/loadsweep-$i.json" || row "loadsweep $where [$cfg] FAILED"
+                cp "$W/loadsweep-$i.json" "$OUT/" 2>/dev/null
+            done
+        done
+    done
+    rm -rf "$S"
     [ -n "${KEEP:-}" ] || rm -rf "$D"
 }
 

@@ -14,7 +14,12 @@
  * with 8 threads and 16 MiB buffers, with 8 threads and O_DIRECT; MAPPED serial and with 4
  * threads; the staged reader; and the page-locking alone (map, register, unregister each
  * 256 MiB window).  Pieces up to 96 MiB for all of these; then up to 2 MiB (as a model's
- * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.  One JSON line per case ({"test":"load-case",...}), then the summary line
+ * expert codes and scales: thousands of copies) for the ring with 8 threads and mapped with 4.
+ * Then the ring from buffers given ahead (the backend's prepared ring: one region on 2 MiB
+ * pages registered once, its allocation timed alone) with 8, 12 and 16 threads (large pieces)
+ * and 8 (model-sized); and hybrid (KL_GPU_LOAD=hybrid: kl_gpu_plan_split, the ring on the
+ * first part and 4 threads of mapped windows on the rest at once, one stream) with 35% and 50%
+ * mapped (large) and 35% (model-sized).  One JSON line per case ({"test":"load-case",...}), then the summary line
  * ({"test":"load","ok":...}); exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
@@ -26,6 +31,7 @@ extern "C" {
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <thread>
 #include <unistd.h>
 
 #define FILE_BYTES (((size_t)4 << 30) + 12345)
@@ -167,25 +173,46 @@ static void report(const char *obj)
 /* One fill of path into the arena as tp says, timed, then checked byte for byte and by
  * checksum. */
 static void run_fill(const char *where, const char *how, const char *path, const test_plan &tp,
-                     uint8_t *arena, const kl_fill_opts *o, double h2d_gbps)
+                     uint8_t *arena, const kl_fill_opts *o, double h2d_gbps,
+                     const kl_fill_opts *mapped_part = NULL, double share = 0)
 {
     const kl_gpu_plan *p = &tp.p;
-    fill_ctx f = {};
+    fill_ctx f[2] = {};   /* a hybrid's second part: f[1], its own events, the same stream */
     kl_err err;
     kl_err_clear(&err);
-    t_ok(kl_gpu_stream_create(&f.st, &err), &err, "stream");
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
-        t_ok(kl_gpu_event_create(&f.ev[i], &err), &err, "event");
+    t_ok(kl_gpu_stream_create(&f[0].st, &err), &err, "stream");
+    f[1].st = f[0].st;
+    for (unsigned k = 0; k < 2; k++)
+        for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+            t_ok(kl_gpu_event_create(&f[k].ev[i], &err), &err, "event");
     T_CHECK(hipMemset(arena, 0, p->arena_bytes[0]));
     T_CHECK(hipDeviceSynchronize());
-    kl_fill_ops ops = {&f, f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
-    kl_fill_stats st = {};
+    kl_fill_stats st = {}, st2 = {};
     const char *paths[1] = {path};
     uint8_t *arenas[1] = {arena};
+    kl_gpu_plan part[2] = {*p, {}};
+    if (mapped_part)
+        kl_gpu_plan_split(p, share, &part[0], &part[1]);
     double t0 = kl_now_s();
-    t_ok(kl_gpu_fill(p, paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
-    t_ok(kl_gpu_stream_sync(f.st, &err), &err, "sync");
+    int rc2 = 0;
+    kl_err err2;
+    kl_err_clear(&err2);
+    std::thread second;
+    if (mapped_part)   /* as the backend's KL_GPU_LOAD=hybrid: both at once */
+        second = std::thread([&] {
+            kl_fill_ops ops = {&f[1], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc,
+                               f_host_free};
+            rc2 = kl_gpu_fill(&part[1], paths, arenas, &ops, mapped_part, &st2, &err2);
+        });
+    kl_fill_ops ops = {&f[0], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
+    t_ok(kl_gpu_fill(&part[0], paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
+    if (mapped_part)
+        second.join();
+    t_ok(rc2, &err2, "kl_gpu_fill, mapped part");
+    t_ok(kl_gpu_stream_sync(f[0].st, &err), &err, "sync");
     double s = kl_now_s() - t0;
+    st.windows += st2.windows;
+    st.pinned += st2.pinned;
     std::vector<uint8_t> back = t_download(arena, p->arena_bytes[0]);
     uint64_t bad = 0;   /* pieces whose bytes differ */
     for (size_t i = 0; i < p->n_pieces; i++) {
@@ -193,7 +220,7 @@ static void run_fill(const char *where, const char *how, const char *path, const
         bad += memcmp(back.data() + x.dst, g_file.data() + x.src, x.bytes) != 0;
     }
     uint64_t sum = checksum(p, back.data(), 0);
-    char what[128], buf[700];
+    char what[128], buf[900];
     snprintf(what, sizeof what, "%s %s %s pieces wrong", where, tp.name, how);
     t_check(what, (double)bad, 0);
     snprintf(what, sizeof what, "%s %s %s checksum differs", where, tp.name, how);
@@ -203,15 +230,19 @@ static void run_fill(const char *where, const char *how, const char *path, const
              "{\"file\":\"%s\",\"pieces\":\"%s\",\"n_pieces\":%zu,\"how\":\"%s\","
              "\"threads\":%u,\"buffer_mib\":%zu,\"bytes\":%llu,\"s\":%.4f,\"gbps\":%.2f,"
              "\"pinned_h2d_gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f,\"host_alloc_s\":%.4f,"
-             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s}",
+             "\"windows\":%llu,\"pinned\":%llu,\"pieces_wrong\":%llu,\"checksum_ok\":%s,"
+             "\"threads_reading_s\":%.4f,\"threads_waiting_s\":%.4f,\"copier_idle_s\":%.4f,"
+             "\"copier_issuing_s\":%.4f}",
              where, tp.name, p->n_pieces, how, o->threads, o->window_bytes >> 20,
-             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f.alloc_s,
+             (unsigned long long)p->file_bytes, s, gbps, h2d_gbps, gbps / h2d_gbps, f[0].alloc_s,
              (unsigned long long)st.windows, (unsigned long long)st.pinned,
-             (unsigned long long)bad, sum == tp.sum ? "true" : "false");
+             (unsigned long long)bad, sum == tp.sum ? "true" : "false", st.read_s, st.wait_s,
+             st.idle_s, st.issue_s);
     report(buf);
-    for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
-        kl_gpu_event_destroy(f.ev[i]);
-    kl_gpu_stream_destroy(f.st);
+    for (unsigned k = 0; k < 2; k++)
+        for (unsigned i = 0; i < KL_FILL_MAX_SLOTS; i++)
+            kl_gpu_event_destroy(f[k].ev[i]);
+    kl_gpu_stream_destroy(f[0].st);
 }
 
 /* Page-locking alone: every 256 MiB window of the file mapped, registered read-only and
@@ -266,6 +297,51 @@ static void read_once(const char *path)
     close(fd);
 }
 
+/* The ring from buffers given by the caller, as the backend prepares them ahead
+ * (kl_backend_gpu_prepare): one region on 2 MiB pages registered once
+ * (kl_gpu_host_alloc_mapped, its allocation timed alone), 16 MiB buffers; 8, 12 and 16
+ * threads with large pieces, 8 with model-sized ones. */
+static void run_prepared(const char *where, const char *path, const test_plan *tp,
+                         uint8_t *arena, double h2d)
+{
+    const size_t MiB = (size_t)1 << 20, n = 20;
+    void *region = NULL, *buf[KL_FILL_MAX_SLOTS];
+    int huge = 0;
+    kl_err err;
+    kl_err_clear(&err);
+    double t0 = kl_now_s();
+    t_ok(kl_gpu_host_alloc_mapped(&region, n * 16 * MiB, &huge, &err), &err, "mapped buffers");
+    double s = kl_now_s() - t0;
+    char buf_json[300];
+    snprintf(buf_json, sizeof buf_json,
+             "{\"file\":\"%s\",\"how\":\"buffers-alloc-mapped\",\"bytes\":%zu,\"s\":%.4f,"
+             "\"hugetlb\":%s}", where, n * 16 * MiB, s, huge ? "true" : "false");
+    report(buf_json);
+    if (!region)
+        return;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (uint8_t *)region + i * 16 * MiB;
+    static const unsigned threads[] = {8, 12, 16};
+    for (unsigned t : threads) {
+        char how[48];
+        snprintf(how, sizeof how, "ring-prepared-%u-threads-16MiB", t);
+        kl_fill_opts o = {KL_FILL_RING, 16 * MiB, t + 4, t, KL_DIRECT_OFF, buf};
+        run_fill(where, how, path, tp[0], arena, &o, h2d);
+    }
+    kl_fill_opts o = {KL_FILL_RING, 16 * MiB, 12, 8, KL_DIRECT_OFF, buf};
+    run_fill(where, "ring-prepared-8-threads-16MiB", path, tp[1], arena, &o, h2d);
+    /* hybrid: the ring on the first part, 4 threads of mapped windows on the rest */
+    kl_fill_opts m4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL};
+    static const double shares[] = {0.35, 0.5};
+    for (double sh : shares) {
+        char how[64];
+        snprintf(how, sizeof how, "hybrid-ring-8-mapped-4-share-%.2f", sh);
+        run_fill(where, how, path, tp[0], arena, &o, h2d, &m4, sh);
+    }
+    run_fill(where, "hybrid-ring-8-mapped-4-share-0.35", path, tp[1], arena, &o, h2d, &m4, 0.35);
+    kl_gpu_host_free_mapped(region, n * 16 * MiB);
+}
+
 /* The cases of one file: every way with large pieces (tp[0]), the ring with 8 threads and the
  * mapped fill with model-sized pieces (tp[1]: experts' ~1 MiB codes and small scales). */
 static void run_file(const char *where, const char *path, const test_plan *tp, uint8_t *arena,
@@ -278,23 +354,24 @@ static void run_file(const char *where, const char *path, const test_plan *tp, u
     for (unsigned t : ring_threads) {
         char how[32];
         snprintf(how, sizeof how, "ring-%u-threads", t);
-        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF};
+        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF, NULL};
         run_fill(where, how, path, p, arena, &o, h2d);
     }
-    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF};
-    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON};
-    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF};
-    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF};
-    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF};
+    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF, NULL};
+    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON, NULL};
+    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF, NULL};
+    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL};
+    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF, NULL};
     run_fill(where, "ring-8-threads-16MiB", path, p, arena, &small, h2d);
     run_fill(where, "ring-direct-8-threads", path, p, arena, &dio, h2d);
     read_once(path);   /* O_DIRECT may have dropped cached pages */
     run_fill(where, "mapped", path, p, arena, &mapped, h2d);
     run_fill(where, "mapped-4-threads", path, p, arena, &t4, h2d);
     run_fill(where, "read", path, p, arena, &rd, h2d);
-    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF};
+    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF, NULL};
     run_fill(where, "ring-8-threads", path, tp[1], arena, &r8, h2d);
     run_fill(where, "mapped-4-threads", path, tp[1], arena, &t4, h2d);
+    run_prepared(where, path, tp, arena, h2d);
 }
 
 int main(void)

@@ -2,16 +2,21 @@
  * tests/gpu/test_moe.cu — kernels/moe.h against host references computed here: kl_gpu_route
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
- * odd shapes and Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 in MXFP4 at n = 1 and 5,
- * add_to_y both ways, an expert id out of range; the grouped chunks path in both X forms of
- * kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding host); MXFP4 with both
- * kernel versions, 2 and KL_GPU_MX=v1's).  Then n = 1 timed (both versions) with events
- * (median of 32 calls, each on 8 other experts so the L2 cannot hold them) beside a
- * device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
+ * odd shapes, add_to_y both ways, an expert id out of range; MXFP4 through each per-slot path:
+ * decode version 3 (the default), KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1; Kimi-Linear's
+ * E = 256, I = 1024, H = 2304, top 8 at n = 1, 2, 7 and 15 in MXFP4 (every path, and version
+ * 3 against 2: the same sums) and BF16; version 3 replayed in a graph with programmatic edges
+ * right after the router that writes its idx, against plain launches; the grouped chunks path
+ * in both X forms of kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding
+ * host)).  Then n = 1 timed for each path with events (median of 32 calls, each on 8 other
+ * experts so the L2 cannot hold them; and per call in graphs, plain and with programmatic
+ * edges as the decode step runs) beside a device-to-device copy measured in the same run (1 GiB,
+ * and one that moves the experts' 30.1 MB).  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/gemm.h" /* KL_GPU_GEMM_MIN_N */
 #include "kernels/moe.h"
+#include "kernels/runtime.h" /* graphs with programmatic edges */
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
@@ -126,6 +131,29 @@ static void test_route(double copy_gbps)
 }
 
 /* ---- experts ----------------------------------------------------------------------------- */
+
+/* The per-slot MXFP4 kernels (n < 16): decode version 3, 4 (3 with the early down launch:
+ * KL_GPU_MOE_DECODE=v3t), 2, or 2 with KL_GPU_MX=v1's. */
+struct slot_path {
+    int decode, mx;
+    const char *name;
+};
+static const slot_path paths[] = {
+    {3, 2, "v3"}, {4, 2, "v3t"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
+static const slot_path *cur_path = &paths[0];
+
+static void path_set(const slot_path &p)
+{
+    kl_gpu_experts_decode_version_set(p.decode);
+    kl_gpu_version_set(KL_GPU_K_MX, p.mx);
+    cur_path = &p;
+}
+
+/* The name of the per-slot kernels kind takes (only MXFP4 has versions). */
+static const char *slot_name(kl_gpu_wkind kind)
+{
+    return kind == KL_GPU_W_MXFP4 ? cur_path->name : "per-slot";
+}
 
 struct experts_case {
     kl_gpu_wkind kind;
@@ -316,7 +344,7 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
             char what[128];
             snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d %s",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
-                     g ? "grouped" : kl_gpu_version(KL_GPU_K_MX) == 1 ? "v1" : "v2");
+                     g ? "grouped" : slot_name(c.kind));
             t_check(what, worst_error(y, ref, c, tstep), g ? TOL_SPLIT : TOL);
             if (g) { /* the same slots through the per-slot kernels, then bf16 X */
                 kl_gpu_experts_version_set(2);
@@ -352,9 +380,56 @@ static void check_bad_id(kl_gpu_wkind kind, uint32_t n)
         wrong += i < 64 ? !isnan(y[i]) : isnan(y[i]);
     char what[96];
     snprintf(what, sizeof what, "experts %s n=%u id out of range (wrong NaN pattern) %s",
-             t_kind_name(kind), n, grouped(c) ? "grouped" :
-             kl_gpu_version(KL_GPU_K_MX) == 1 ? "v1" : "v2");
+             t_kind_name(kind), n, grouped(c) ? "grouped" : slot_name(kind));
     t_check(what, wrong, 0);
+    stacks_free(s);
+}
+
+/* Decode at the real shapes (top 8 of 256, I = 1024, H = 2304), n = 1, 2, 7 and 15, add_to_y
+ * both ways: every per-slot path against one host reference (tokens sampled as in
+ * check_experts), and MXFP4's version 3 against version 2 on every token (the same fp32 sums
+ * in the same order: expected 0). */
+static void check_decode(kl_gpu_wkind kind)
+{
+    static const uint32_t ns[] = {1, 2, 7, 15};
+    const experts_case base = {kind, 256, 1024, 2304, 8, 1, 0};
+    stacks s;
+    stacks_make(s, base);
+    for (uint32_t n : ns) {
+        for (int add = 0; add < 2; add++) {
+            experts_case c = base;
+            c.n = n;
+            c.add = add;
+            std::vector<int32_t> idx;
+            std::vector<float> wt, x = t_vec((size_t)n * c.H), y0 = t_vec((size_t)n * c.H);
+            random_choices(c, idx, wt);
+            if (!add)
+                for (auto &v : y0)
+                    v = NAN;
+            const double work = 3.0 * n * c.K * c.I * c.H;
+            const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
+            std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 0);
+            std::vector<float> y3;
+            for (const auto &p : paths) {
+                path_set(p);
+                std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
+                char what[128];
+                snprintf(what, sizeof what, "decode %s top=8 of 256 n=%u add=%d %s",
+                         t_kind_name(kind), n, add, slot_name(kind));
+                t_check(what, worst_error(y, ref, c, tstep), TOL);
+                if (kind != KL_GPU_W_MXFP4)
+                    break; /* one per-slot path */
+                if (p.decode == 3) {
+                    y3 = y;
+                } else if (p.decode == 2 && p.mx == 2) {
+                    std::vector<double> r2(y.begin(), y.end());
+                    strncat(what, " vs v3 (same sums)", sizeof what - strlen(what) - 1);
+                    t_check(what, worst_error(y3, r2, c, 1), 1e-6);
+                }
+            }
+            path_set(paths[0]);
+        }
+    }
     stacks_free(s);
 }
 
@@ -367,10 +442,91 @@ static void timing_free(std::initializer_list<void *> bufs, stacks &s)
     stacks_free(s);
 }
 
-/* n = 1 at the real shapes: 32 calls, call i on experts perm[8i .. 8i+8). */
-static void time_experts(double copy_gbps, int version)
+/* A kl_gpu_stream, or exit 1. */
+static kl_gpu_stream t_stream(void)
 {
-    kl_gpu_version_set(KL_GPU_K_MX, version);
+    kl_gpu_stream st;
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_stream_create(&st, &err), &err, "kl_gpu_stream_create");
+    return st;
+}
+
+/* Seconds per call of fn(i, st), i < reps, captured once as the decode step is
+ * (kernels/runtime.h: programmatic kernel-to-kernel edges unless KL_GPU_PDL=0), replayed after
+ * a warm-up replay. */
+template <class F> static double t_pdl_graph_s(F fn, int reps)
+{
+    kl_gpu_stream st = t_stream();
+    kl_gpu_graph g;
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_capture_begin(st, &err), &err, "kl_gpu_capture_begin");
+    for (int i = 0; i < reps; i++)
+        fn(i, st);
+    t_ok(kl_gpu_capture_end(st, &g, NULL, &err), &err, "kl_gpu_capture_end");
+    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
+    kl_gpu_timer tm;
+    double ms = 0;
+    t_ok(kl_gpu_timer_begin(&tm, st, &err), &err, "kl_gpu_timer_begin");
+    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
+    t_ok(kl_gpu_timer_end(tm, st, &ms, &err), &err, "kl_gpu_timer_end");
+    kl_gpu_graph_destroy(g);
+    kl_gpu_stream_destroy(st);
+    return ms / 1e3 / reps;
+}
+
+/* Version 3 (path p: v3 or v3t) right after the router that writes its idx and wt, STEPS
+ * times in one graph with programmatic edges (the down kernel reads idx before its grid wait:
+ * a stale read would give step i the experts of step i - 1), each step on its own logits, x
+ * and y, against the same steps launched plainly: equal to the bit (add_to_y 0, so the
+ * replays repeat one result). */
+static void check_pdl(const slot_path &p)
+{
+    path_set(p);
+    enum { STEPS = 8, N = 2 };
+    const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, N, 0};
+    stacks s;
+    stacks_make(s, c);
+    std::vector<float> lg = t_vec((size_t)STEPS * N * c.E);
+    for (auto &v : lg)
+        v *= 4.0f;
+    const size_t ny = (size_t)STEPS * N * c.H;
+    float *dl = t_upload(lg), *dx = t_upload(t_vec(ny)), *dy = t_upload(t_vec(ny));
+    float *dw = (float *)t_alloc(N * c.K * 4);
+    int32_t *di = (int32_t *)t_alloc(N * c.K * 4);
+    float *scratch = (float *)t_alloc(kl_gpu_experts_scratch(N, c.K, c.I, c.H) * 4);
+    kl_err err;
+    kl_err_clear(&err);
+    auto step = [&](int i, kl_gpu_stream st) {
+        kl_gpu_route_args ra = {dl + (size_t)i * N * c.E, NULL, N, c.E, c.K, 0, 1, 2.5f, di, dw};
+        t_ok(kl_gpu_route(&ra, st, &err), &err, "kl_gpu_route");
+        kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx + (size_t)i * N * c.H, N, c.K, di, dw,
+                                 scratch, dy + (size_t)i * N * c.H, 0};
+        t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
+    };
+    for (int i = 0; i < STEPS; i++)
+        step(i, NULL);
+    const std::vector<float> plain = t_download(dy, ny);
+    T_CHECK(hipMemset(dy, 0xff, ny * 4)); /* NaN: every output must be written again */
+    t_pdl_graph_s(step, STEPS);
+    const std::vector<float> graph = t_download(dy, ny);
+    double differ = 0;
+    for (size_t i = 0; i < ny; i++)
+        differ += memcmp(&plain[i], &graph[i], 4) != 0;
+    char what[160];
+    snprintf(what, sizeof what, "decode %s mxfp4 n=2 after the router, graph with programmatic "
+             "edges vs plain (values that differ)", p.name);
+    t_check(what, differ, 0);
+    timing_free({dl, dx, dy, dw, di, scratch}, s);
+    path_set(paths[0]);
+}
+
+/* n = 1 at the real shapes through path p: 32 calls, call i on experts perm[8i .. 8i+8);
+ * one call alone, then per call in a plain graph and in one with programmatic edges. */
+static void time_experts(double copy_gbps, const slot_path &p)
+{
+    path_set(p);
     const experts_case c = {KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 1};
     stacks s;
     stacks_make(s, c);
@@ -392,9 +548,32 @@ static void time_experts(double copy_gbps, int version)
     };
     const double bytes = 3.0 * c.K * c.I * c.H * (0.5 + 1.0 / 32);
     char what[96];
-    snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 v%d", version);
-    t_time(what, t_median_s(call, 32), t_graph_s(call, 32), bytes, copy_gbps);
+    snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 %s", p.name);
+    const double one = t_median_s(call, 32);
+    t_time(what, one, t_graph_s(call, 32), bytes, copy_gbps);
+    strncat(what, " pdl", sizeof what - strlen(what) - 1);
+    t_time(what, one, t_pdl_graph_s(call, 32), bytes, copy_gbps);
     timing_free({dx, dw, dy, di, scratch}, s);
+    path_set(paths[0]);
+}
+
+/* A device-to-device copy that moves the bytes the experts read at n = 1 (half of them read,
+ * half written), alone and per copy in graphs: what those bytes cost at this size. */
+static void time_copy_same(double copy_gbps)
+{
+    const double bytes = 3.0 * 8 * 1024 * 2304 * (0.5 + 1.0 / 32);
+    const size_t half = (size_t)(bytes / 2) / 16 * 16;
+    void *src = t_alloc(32 * half), *dst = t_alloc(half);
+    T_CHECK(hipMemset(src, 1, 32 * half));
+    auto call = [&](int i, kl_gpu_stream st) { /* a fresh source each time: not from L2 */
+        T_CHECK(hipMemcpyAsync(dst, (char *)src + (size_t)(i % 32) * half, half,
+                               hipMemcpyDeviceToDevice, (hipStream_t)st));
+    };
+    t_time("d2d copy moving the experts' n=1 bytes (half read, half written)", t_median_s(call, 32),
+           t_graph_s(call, 32), 2.0 * half, copy_gbps);
+    T_CHECK(hipDeviceSynchronize());
+    hipFree(src);
+    hipFree(dst);
 }
 
 /* Chunks (n >= 16): the grouped path (default) and, inside check_experts, the per-slot one. */
@@ -447,22 +626,30 @@ int main(void)
         return 77;
     const double copy = t_copy_gbps();
     test_route(copy);
-    static const uint32_t tiny_n[] = {1, 3}, real_n[] = {1, 5};
+    static const uint32_t tiny_n[] = {1, 3};
     check_experts({KL_GPU_W_F32, 4, 32, 64, 2, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_F32, 3, 33, 37, 2, 1, 0}, tiny_n, 2);
     check_experts({KL_GPU_W_BF16, 5, 40, 24, 3, 1, 0}, tiny_n, 2);
-    check_experts({KL_GPU_W_BF16, 8, 1024, 2304, 8, 1, 0}, real_n, 1);
-    for (int v = 2; v >= 1; v--) { /* MXFP4: version 2, then round 1's (KL_GPU_MX=v1) */
-        kl_gpu_version_set(KL_GPU_K_MX, v);
+    for (const auto &p : paths) { /* MXFP4 through each per-slot path */
+        path_set(p);
         check_experts({KL_GPU_W_MXFP4, 4, 64, 96, 2, 1, 0}, tiny_n, 2);
-        check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, tiny_n, 2);
-        check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 3, 1, 0}, tiny_n, 2);
+        /* v3: top 40 (3 rounds of down units); gate/up rows of 129 blocks (2 rounds), down
+         * rows of 65 blocks (3 rounds), a last down block of 8 rows out of 20 */
+        check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 4, 2080, 4128, 3, 1, 0}, tiny_n, 1);
         check_bad_id(KL_GPU_W_MXFP4, 2);
     }
+    path_set(paths[0]);
+    check_decode(KL_GPU_W_MXFP4);
+    check_decode(KL_GPU_W_BF16);
+    check_pdl(paths[0]);
+    check_pdl(paths[1]);
     check_bad_id(KL_GPU_W_F32, 2);
     check_grouped_cases();
-    time_experts(copy, 2);
-    time_experts(copy, 1);
+    for (const auto &p : paths)
+        time_experts(copy, p);
+    time_copy_same(copy);
     for (uint32_t n : {64u, 256u}) {
         time_chunk(copy, n, 3);
         time_chunk(copy, n, 2);
