@@ -58,7 +58,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
     memset(a, 0, sizeof *a);
     a->host = "127.0.0.1";
     a->port = 8000;
-    a->max_seqs = 8;
+    a->max_seqs = 16;
     a->max_queue = 64;
     a->cache_mb = 2048;
     kl_opt gen[KL_GEN_FLAG_ROWS];
@@ -72,7 +72,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
         KL_VALUE("--api-key", 0, KL_OPT_STR, &a->api_key, "KEY",
                  "require \"Authorization: Bearer KEY\" on /v1 and /metrics"),
         KL_VALUE("--max-seqs", 0, KL_OPT_U64, &a->max_seqs, "N",
-                 "requests generating at once (default 8)", .lo = 1, .hi = 256),
+                 "requests generating at once (default 16)", .lo = 1, .hi = 256),
         KL_VALUE("--max-queue", 0, KL_OPT_U64, &a->max_queue, "N",
                  "requests waiting for a slot before 429 (default 64)", .hi = 65536),
         KL_VALUE("--cache-mb", 0, KL_OPT_U64, &a->cache_mb, "N",

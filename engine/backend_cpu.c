@@ -35,6 +35,8 @@
 
 #define CHUNK    KL_FORWARD_CHUNK
 #define MAX_TOPK 64   /* larger configs are refused */
+#define KB_ROWS  8    /* rows of W_kb applied to a token's query in one pass */
+#define PIECE    64   /* cache rows whose scores or weights one pass handles */
 
 typedef struct dims {
     size_t hidden, vocab;
@@ -45,7 +47,8 @@ typedef struct dims {
     size_t low;                   /* widest low-rank output (KDA gate ranks, MLA kv_a) */
     size_t ffn;                   /* FFN intermediate floats per token: the dense MLP's, or
                                      top_k routed experts' plus the shared experts' */
-    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [R] + [CHUNK, dv] */
+    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [KB_ROWS, R] +
+                                     [CHUNK, dv] */
 } dims;
 
 typedef struct bufs {
@@ -94,7 +97,7 @@ static void get_dims(const kl_model *m, dims *d)
     d->wide = (size_t)w.wide;
     d->low = (size_t)w.low;
     d->ffn = max2((size_t)w.mlp, d->topk * (size_t)w.routed + (size_t)w.shared);
-    d->head_floats = CHUNK * d->R + d->R + CHUNK * d->dv;
+    d->head_floats = CHUNK * d->R + KB_ROWS * d->R + CHUNK * d->dv;
 }
 
 /* Carves p into the chunk buffers; returns the floats they take (p NULL: just the count). */
@@ -232,22 +235,6 @@ static void run_heads(kl_pool *pool, size_t n_heads, void (*fn)(void *, size_t),
 /* ------------------------------------------------------------------------------------------ */
 /* Elementwise helpers                                                                        */
 
-static float silu(float z)
-{
-    return z / (1.0f + expf(-z));
-}
-
-static float sigmoid(float z)
-{
-    return 1.0f / (1.0f + expf(-z));
-}
-
-/* softplus with fla's threshold: z above 20 returns z */
-static float softplus(float z)
-{
-    return z > 20.0f ? z : log1pf(expf(z));
-}
-
 /* RMSNorm: y = w ⊙ (x · rsqrt(mean(x²) + eps)); y may alias x */
 static void rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
 {
@@ -275,8 +262,8 @@ static void add_into(float *x, const float *y, size_t n)
 /* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
-/* Causal depthwise conv with SiLU over T tokens x [T, D], in place, updating the window: each
- * channel goes through its tokens in order, exactly as one token at a time would. */
+/* Causal depthwise conv over T tokens x [T, D], in place, updating the window: each channel
+ * goes through its tokens in order, exactly as one token at a time would (SiLU follows). */
 static void short_conv(float *x, const float *w, float *win, size_t D, size_t W, size_t T)
 {
     for (size_t c = 0; c < D; c++) {
@@ -291,17 +278,9 @@ static void short_conv(float *x, const float *w, float *win, size_t D, size_t W,
                 st[j] = st[j + 1];
             if (W > 1)
                 st[W - 2] = in;
-            x[t * D + c] = silu(a);
+            x[t * D + c] = a;
         }
     }
-}
-
-/* g = -exp(A_log[h]) · softplus(f + dt_bias) per channel, log space, for T tokens in place */
-static void forget_gate(float *f, const float *a_log, const float *dt, const dims *d, size_t T)
-{
-    for (size_t t = 0; t < T; t++)
-        for (size_t c = 0; c < d->kD; c++)
-            f[t * d->kD + c] = -expf(a_log[c / d->kd]) * softplus(f[t * d->kD + c] + dt[c]);
 }
 
 typedef struct kda_job {
@@ -328,49 +307,60 @@ static void l2norm_qk(float *q, float *k, size_t K, float qscale)
     }
 }
 
-/* Steps 6-7b of one head for one token (offset off into the [T, D] buffers). */
+/* Steps 6-7b of one head for one token (offset off into the [T, D] buffers; f holds the
+ * decay factors exp(g)).  The row form keeps each row's operations and their order, so the
+ * result is that of one row at a time. */
 static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
 {
     const bufs *b = j->b;
     size_t K = j->d->kd;
     float *q = b->q + off, *k = b->k + off, *v = b->v + off, *o = b->o + off;
-    const float *gh = b->f + off, *gate = b->g + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    const float *decay = b->f + off, *onorm = j->L->vec[KL_ROLE_KDA_O_NORM];
+    float *gate = b->g + off;
     l2norm_qk(q, k, K, 1.0f / sqrtf((float)K));
-    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed row (into o) */
+    /* decay row i of S by exp(g[i]), then gather Sᵀ k̂ from the decayed row (into o); one row
+     * at a time: this pass brings the state into the cache, and one sequential stream is what
+     * the prefetchers follow (the row form, four rows side by side, ran it 2.5x slower) */
     memset(o, 0, K * sizeof *o);
     for (size_t i = 0; i < K; i++)
-        kl_vec_scale_axpy(S + i * K, expf(gh[i]), o, k[i], K);
+        kl_vec_scale_axpy(S + i * K, decay[i], o, k[i], K);
     /* u = β (v − Sᵀ k̂), kept in v */
     for (size_t c = 0; c < K; c++)
         v[c] = beta * (v[c] - o[c]);
-    /* S += k̂ uᵀ, then read out o = Sᵀ q̂ from the updated row */
+    /* S += k̂ uᵀ, then read out o = Sᵀ q̂ from the updated rows */
     memset(o, 0, K * sizeof *o);
-    for (size_t i = 0; i < K; i++)
-        kl_vec_axpy_axpy(S + i * K, k[i], v, o, q[i], K);
+    kl_vec_axpy_axpy_rows(S, K, k, v, o, q, K, K);
     /* 7b. gated RMSNorm per head, sigmoid gate */
     float ss = 0.0f;
     for (size_t c = 0; c < K; c++)
         ss += o[c] * o[c];
     float inv = 1.0f / sqrtf(ss / (float)K + j->eps);
+    kl_vec_sigmoid(gate, K);
     for (size_t c = 0; c < K; c++)
-        o[c] = o[c] * inv * onorm[c] * sigmoid(gate[c]);
+        o[c] = o[c] * inv * onorm[c] * gate[c];
 }
 
 /* One head over the chunk's tokens (pool item h): each run's tokens in order on its slot's
- * state. */
+ * state, each token's forget gate first. */
 static void kda_head(void *ctx, size_t h)
 {
     const kda_job *j = ctx;
     size_t K = j->d->kd;
+    float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
+    const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
     for (size_t r = 0; r < j->c->n_runs; r++) {
         const run *ru = &j->c->runs[r];
         float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
-        for (size_t t = ru->start; t < ru->start + ru->len; t++)
-            kda_head_token(j, S, t * j->d->kD + h * K, j->b->beta[t * j->d->kh + h]);
+        for (size_t t = ru->start; t < ru->start + ru->len; t++) {
+            size_t off = t * j->d->kD + h * K;
+            /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
+            kl_vec_exp_softplus(j->b->f + off, dt, na, K);
+            kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
+        }
     }
 }
 
-/* Step 2 for every run: its rows of q, k, v through its slot's conv windows. */
+/* Step 2 for every run: its rows of q, k, v through its slot's conv windows, then SiLU. */
 static void kda_convs(const cpu_be *c, const kl_layer *L, uint32_t l)
 {
     static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
@@ -382,6 +372,8 @@ static void kda_convs(const cpu_be *c, const kl_layer *L, uint32_t l)
         for (int k = 0; k < 3; k++)
             short_conv(x[k] + ru->start * D, L->vec[taps[k]], ks->conv[k], D, W, ru->len);
     }
+    for (int k = 0; k < 3; k++)
+        kl_vec_silu(x[k], c->chunk.n * D);
 }
 
 static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
@@ -408,12 +400,10 @@ static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
     mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
     mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
     mm_flush(&mm);
-    /* 3c. forget gate in log space */
-    forget_gate(b->f, L->vec[KL_ROLE_KDA_A_LOG], L->vec[KL_ROLE_KDA_DT_BIAS], d, T);
     /* 4b. beta per head */
-    for (size_t i = 0; i < T * wb->rows; i++)
-        b->beta[i] = sigmoid(b->beta[i]);
-    /* 5-7b. recurrence and gated norm: heads in parallel, each head's tokens in order */
+    kl_vec_sigmoid(b->beta, T * wb->rows);
+    /* 3c, 5-7b. forget gate, recurrence and gated norm: heads in parallel, each head's tokens
+     * in order */
     kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps};
     run_heads(m->pool, d->kh, kda_head, &j, 4.0 * (double)T * (double)(D * d->kd));
     /* 8. o_proj */
@@ -437,6 +427,36 @@ static size_t mla_block_rows(size_t cw)
     return r < 16 ? 16 : r;
 }
 
+/* sc[u] for cache rows u0 .. u1 of query (q [R], qr [dr]): (latent part + shared rope part) ·
+ * scale, PIECE rows per pass (each row's dots those of kl_vec_dot). */
+static void mla_scores(const float *q, const float *qr, const float *cache, const dims *d,
+                       size_t u0, size_t u1, float scale, float *sc)
+{
+    size_t R = d->R, dr = d->dr, cw = R + dr;
+    float rope[PIECE];
+    for (size_t u = u0; u < u1; u += PIECE) {
+        size_t m = u1 - u < PIECE ? u1 - u : PIECE;
+        kl_vec_dot_rows(q, cache + u * cw, cw, m, R, sc + u);
+        kl_vec_dot_rows(qr, cache + u * cw + R, cw, m, dr, rope);
+        for (size_t k = 0; k < m; k++)
+            sc[u + k] = (sc[u + k] + rope[k]) * scale;
+    }
+}
+
+/* ctx [R] += Σ (p_u / sum) c_u over cache rows u0 .. u1, in order, PIECE rows per pass. */
+static void mla_context(float *ctx, const float *p, float sum, const float *cache, const dims *d,
+                        size_t u0, size_t u1)
+{
+    size_t cw = d->R + d->dr;
+    float a[PIECE];
+    for (size_t u = u0; u < u1; u += PIECE) {
+        size_t m = u1 - u < PIECE ? u1 - u : PIECE;
+        for (size_t k = 0; k < m; k++)
+            a[k] = p[u + k] / sum;
+        kl_vec_axpy_rows(ctx, a, cache + u * cw, cw, m, d->R);
+    }
+}
+
 /* Tokens t0..t0+G of run ru (chunk rows), head h, attend to the run's slot's cache, each up to
  * itself (causal); ql [T, R] holds their absorbed queries on entry and their attention-weighted
  * latents (ctx) on return.  The cache is walked in blocks, each block once for the whole group;
@@ -458,11 +478,8 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
         for (size_t g = 0; g < G; g++) {
             size_t t = t0 + g, n = base + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
             const float *q = ql + t * R, *qr = c->b.q + t * d->nh * qw + h * qw + d->dn;
-            float *sc = sc0 + g * c->scores_cap;
-            for (size_t u = u0; u < u1; u++) {
-                const float *cu = cache + u * cw;
-                sc[u] = (kl_vec_dot(q, cu, R) + kl_vec_dot(qr, cu + R, dr)) * scale;
-            }
+            if (u1 > u0)
+                mla_scores(q, qr, cache, d, u0, u1, scale, sc0 + g * c->scores_cap);
         }
     }
     /* fp32 softmax per token, over its span in order */
@@ -472,20 +489,19 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
         for (size_t u = 0; u < n; u++)
             if (sc[u] > mx)
                 mx = sc[u];
+        kl_vec_exp_shift(sc, mx, n);
         sum[g] = 0.0f;
-        for (size_t u = 0; u < n; u++) {
-            sc[u] = expf(sc[u] - mx);
+        for (size_t u = 0; u < n; u++)
             sum[g] += sc[u];
-        }
         memset(ql + (t0 + g) * R, 0, R * sizeof *ql);
     }
     /* ctx = Σ p_u c_u, over the spent queries */
     for (size_t u0 = 0; u0 < n_max; u0 += blk) {
         for (size_t g = 0; g < G; g++) {
             size_t n = base + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
-            const float *sc = sc0 + g * c->scores_cap;
-            for (size_t u = u0; u < u1; u++)
-                kl_vec_axpy(ql + (t0 + g) * R, sc[u] / sum[g], cache + u * cw, R);
+            if (u1 > u0)
+                mla_context(ql + (t0 + g) * R, sc0 + g * c->scores_cap, sum[g], cache, d, u0,
+                            u1);
         }
     }
 }
@@ -499,14 +515,17 @@ static void mla_head(void *ctx, size_t h)
     size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, T = c->chunk.n;
     size_t rows = c->scores_rows;
     float *ql = c->b.heads + h * d->head_floats;   /* [T, R] queries, then contexts */
-    float *row = ql + CHUNK * R;                   /* [R] one row of W_kb */
-    float *yo = row + R;                           /* [T, dv] this head's output */
-    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t; each row of W_kb read once per chunk */
+    float *kb = ql + CHUNK * R;                    /* [KB_ROWS, R] rows of W_kb */
+    float *yo = kb + KB_ROWS * R;                  /* [T, dv] this head's output */
+    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t, rows i in order; each row of W_kb read once
+     * per chunk, KB_ROWS of them added to a token's query in one pass */
     memset(ql, 0, T * R * sizeof *ql);
-    for (size_t i = 0; i < dn; i++) {
-        kl_wmat_row_f32(j->kvb, h * (dn + dv) + i, row);
+    for (size_t i0 = 0; i0 < dn; i0 += KB_ROWS) {
+        size_t g = dn - i0 < KB_ROWS ? dn - i0 : KB_ROWS;
+        for (size_t i = 0; i < g; i++)
+            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + i, kb + i * R);
         for (size_t t = 0; t < T; t++)
-            kl_vec_axpy(ql + t * R, c->b.q[t * d->nh * qw + h * qw + i], row, R);
+            kl_vec_axpy_rows(ql + t * R, c->b.q + t * d->nh * qw + h * qw + i0, kb, R, g, R);
     }
     for (size_t r = 0; r < c->n_runs; r++) {
         const run *ru = &c->runs[r];
@@ -557,13 +576,6 @@ static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
 /* ------------------------------------------------------------------------------------------ */
 /* FFN: SiLU-gated MLP, dense (§3.5) and MoE (§3.4)                                           */
 
-/* h1 = SiLU(h1) ⊙ h2 over n values */
-static void silu_mul(float *h1, const float *h2, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        h1[i] = silu(h1[i]) * h2[i];
-}
-
 /* out[T] = down(SiLU(gate x) ⊙ (up x)) for T tokens x [T, cols] */
 static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wmat *down,
                 const float *x, size_t T, float *out, bufs *b)
@@ -572,7 +584,7 @@ static void glu(kl_model *m, const kl_wmat *gate, const kl_wmat *up, const kl_wm
     mm_add(&mm, gate, x, T, b->h1);
     mm_add(&mm, up, x, T, b->h2);
     mm_flush(&mm);
-    silu_mul(b->h1, b->h2, T * gate->rows);
+    kl_vec_silu_mul(b->h1, b->h2, T * gate->rows);
     kl_wmat_matmul(down, b->h1, T, out, m->pool);
 }
 
@@ -583,10 +595,9 @@ static void route_token(const kl_model *m, const float *bias, float *s, float *s
     const kl_config *c = &m->cfg;
     size_t E = c->num_experts, topk = c->num_experts_per_token;
     /* 1. sigmoid; selection score = score + correction bias */
-    for (size_t e = 0; e < E; e++) {
-        s[e] = sigmoid(s[e]);
+    kl_vec_sigmoid(s, E);
+    for (size_t e = 0; e < E; e++)
         sel[e] = s[e] + (bias ? bias[e] : 0.0f);
-    }
     /* 2. top-k of the biased score (ties: lowest index) */
     float wsum = 0.0f;
     for (size_t k = 0; k < topk; k++) {
@@ -656,7 +667,7 @@ static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, 
         mm_add(&mm, &L->w[KL_ROLE_SHARED_UP], b->xn, T, hs2);
     }
     mm_flush(&mm);
-    silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
+    kl_vec_silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
     for (size_t e = 0; e < d->E; e++) {
         size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
         if (ne)

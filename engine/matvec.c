@@ -20,6 +20,7 @@
 #include "common/mxfp4_format.h"
 #include "common/numfmt.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,56 @@ static void axpy_axpy_scalar(float *x, float a, const float *u, float *y, float 
         x[i] += a * u[i];
         y[i] += b * x[i];
     }
+}
+
+/* The row forms on the scalar set: one call per row. */
+static void dot_rows_scalar(const float *a, const float *rows, size_t ld, size_t nr, size_t n,
+                            float *out)
+{
+    for (size_t r = 0; r < nr; r++)
+        out[r] = vdot_scalar(a, rows + r * ld, n);
+}
+
+static void axpy_rows_scalar(float *y, const float *a, const float *rows, size_t ld, size_t nr,
+                             size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        axpy_scalar(y, a[r], rows + r * ld, n);
+}
+
+static void scale_axpy_rows_scalar(float *x, size_t ld, const float *s, float *y,
+                                   const float *a, size_t nr, size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        scale_axpy_scalar(x + r * ld, s[r], y, a[r], n);
+}
+
+static void axpy_axpy_rows_scalar(float *x, size_t ld, const float *a, const float *u, float *y,
+                                  const float *b, size_t nr, size_t n)
+{
+    for (size_t r = 0; r < nr; r++)
+        axpy_axpy_scalar(x + r * ld, a[r], u, y, b[r], n);
+}
+
+/* The kinds of elementwise activation (kl_vec_silu and the others), one loop for all. */
+typedef enum act_kind {
+    ACT_SILU, ACT_SILU_MUL, ACT_SIGMOID, ACT_EXP_SHIFT, ACT_EXP_SOFTPLUS
+} act_kind;
+
+static float silu_scalar(float z)
+{
+    return z / (1.0f + expf(-z));
+}
+
+static float sigmoid_scalar(float z)
+{
+    return 1.0f / (1.0f + expf(-z));
+}
+
+/* softplus with fla's threshold: z above 20 returns z */
+static float softplus_scalar(float z)
+{
+    return z > 20.0f ? z : log1pf(expf(z));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -405,16 +456,21 @@ static AVX2_FN void row_bf16_avx2(const uint16_t *p, uint64_t n, float *out)
         out[c] = kl_bf16_to_f32(p[c]);
 }
 
+/* s plus a[i] · b[i] for the columns i .. n after the last whole chunk, in order. */
+static inline float dot_tail(float s, const float *a, const float *b, size_t i, size_t n)
+{
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
 static AVX2_FN float vdot_avx2(const float *a, const float *b, size_t n)
 {
     __m256 acc = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+    return dot_tail(hsum8(acc), a, b, i, n);
 }
 
 static AVX2_FN void axpy_avx2(float *y, float a, const float *x, size_t n)
@@ -456,6 +512,224 @@ static AVX2_FN void axpy_axpy_avx2(float *x, float a, const float *u, float *y, 
         x[i] += a * u[i];
         y[i] += b * x[i];
     }
+}
+
+/* ---- row forms: each row's operations exactly those of the one-row primitive ---- */
+
+#define ROW_GROUP 4   /* rows whose updates of one 8-float chunk of y share its load and store */
+
+/* Four rows at a time: four independent FMA chains (one alone waits on the FMA latency). */
+static AVX2_FN void dot_rows_avx2(const float *a, const float *rows, size_t ld, size_t nr,
+                                  size_t n, float *out)
+{
+    size_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *p0 = rows + r * ld, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 va = _mm256_loadu_ps(a + i);
+            s0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p0 + i), s0);
+            s1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p1 + i), s1);
+            s2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p2 + i), s2);
+            s3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(p3 + i), s3);
+        }
+        out[r] = dot_tail(hsum8(s0), a, p0, i, n);
+        out[r + 1] = dot_tail(hsum8(s1), a, p1, i, n);
+        out[r + 2] = dot_tail(hsum8(s2), a, p2, i, n);
+        out[r + 3] = dot_tail(hsum8(s3), a, p3, i, n);
+    }
+    for (; r < nr; r++)
+        out[r] = vdot_avx2(a, rows + r * ld, n);
+}
+
+/* The group kernels below take G rows (a constant after inlining: the coefficients stay in
+ * registers): each 8-float chunk of y is loaded once, takes the G rows in order and is stored
+ * once; the scalar tail runs the same per-element sequence as the one-row primitive. */
+AVX2_INLINE void axpy_group(float *y, const float *a, const float *x, size_t ld, size_t n, int G)
+{
+    __m256 va[ROW_GROUP];
+    UNROLL
+    for (int k = 0; k < G; k++)
+        va[k] = _mm256_set1_ps(a[k]);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i);
+        UNROLL
+        for (int k = 0; k < G; k++)
+            acc = _mm256_fmadd_ps(va[k], _mm256_loadu_ps(x + (size_t)k * ld + i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < n; i++)
+        for (int k = 0; k < G; k++)
+            y[i] += a[k] * x[(size_t)k * ld + i];
+}
+
+/* The delta rule's two updates on G rows: row k becomes x_k · c[k] (u NULL: scale_axpy) or
+ * x_k + c[k] · u (axpy_axpy), then y += d[k] · x_k with the new row. */
+AVX2_INLINE void update_group(float *x, size_t ld, const float *c, const float *u, float *y,
+                              const float *d, size_t n, int G)
+{
+    __m256 vc[ROW_GROUP], vd[ROW_GROUP];
+    UNROLL
+    for (int k = 0; k < G; k++) {
+        vc[k] = _mm256_set1_ps(c[k]);
+        vd[k] = _mm256_set1_ps(d[k]);
+    }
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i), uu = u ? _mm256_loadu_ps(u + i) : acc;
+        UNROLL
+        for (int k = 0; k < G; k++) {
+            float *xk = x + (size_t)k * ld + i;
+            __m256 v = u ? _mm256_fmadd_ps(vc[k], uu, _mm256_loadu_ps(xk))
+                         : _mm256_mul_ps(_mm256_loadu_ps(xk), vc[k]);
+            _mm256_storeu_ps(xk, v);
+            acc = _mm256_fmadd_ps(vd[k], v, acc);
+        }
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < n; i++)
+        for (int k = 0; k < G; k++) {
+            float *xk = x + (size_t)k * ld + i;
+            if (u)
+                *xk += c[k] * u[i];
+            else
+                *xk *= c[k];
+            y[i] += d[k] * *xk;
+        }
+}
+
+/* Whole groups of ROW_GROUP rows, then the rest one row at a time. */
+static AVX2_FN void axpy_rows_avx2(float *y, const float *a, const float *rows, size_t ld,
+                                   size_t nr, size_t n)
+{
+    size_t r = 0;
+    for (; r + ROW_GROUP <= nr; r += ROW_GROUP)
+        axpy_group(y, a + r, rows + r * ld, ld, n, ROW_GROUP);
+    for (; r < nr; r++)
+        axpy_group(y, a + r, rows + r * ld, ld, n, 1);
+}
+
+static AVX2_FN void scale_axpy_rows_avx2(float *x, size_t ld, const float *s, float *y,
+                                         const float *a, size_t nr, size_t n)
+{
+    size_t r = 0;
+    for (; r + ROW_GROUP <= nr; r += ROW_GROUP)
+        update_group(x + r * ld, ld, s + r, NULL, y, a + r, n, ROW_GROUP);
+    for (; r < nr; r++)
+        update_group(x + r * ld, ld, s + r, NULL, y, a + r, n, 1);
+}
+
+static AVX2_FN void axpy_axpy_rows_avx2(float *x, size_t ld, const float *a, const float *u,
+                                        float *y, const float *b, size_t nr, size_t n)
+{
+    size_t r = 0;
+    for (; r + ROW_GROUP <= nr; r += ROW_GROUP)
+        update_group(x + r * ld, ld, a + r, u, y, b + r, n, ROW_GROUP);
+    for (; r < nr; r++)
+        update_group(x + r * ld, ld, a + r, u, y, b + r, n, 1);
+}
+
+/* ---- activations: exp and log by Cephes' polynomials, 8 lanes ---- */
+
+#define EXP_HI 88.0f     /* exp(88) < 2^127: the scale 2^n below stays a normal number */
+#define EXP_LO -87.3f    /* exp(-87.3) > 2^-126 */
+
+/* exp(x): x = n ln2 + r (ln2 in two parts), |r| <= ln2/2, degree-6 polynomial, times 2^n;
+ * 0 below EXP_LO (a tiny normal there would make every later product with it denormal: slow). */
+AVX2_INLINE __m256 exp8(__m256 x)
+{
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* log(u) for normal u >= 1: u = m 2^e, m in [sqrt(1/2), sqrt(2)), degree-9 polynomial in m-1. */
+AVX2_INLINE __m256 log8(__m256 u)
+{
+    __m256i ui = _mm256_castps_si256(u);
+    __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(ui, 23),
+                                                   _mm256_set1_epi32(126)));
+    __m256i mi = _mm256_and_si256(ui, _mm256_set1_epi32(0x7fffff));
+    __m256 m = _mm256_castsi256_ps(_mm256_or_si256(mi, _mm256_set1_epi32(0x3f000000))); /* [.5,1) */
+    __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+    e = _mm256_sub_ps(e, _mm256_and_ps(small, _mm256_set1_ps(1.0f)));
+    m = _mm256_add_ps(_mm256_sub_ps(m, _mm256_set1_ps(1.0f)), _mm256_and_ps(small, m));
+    __m256 z = _mm256_mul_ps(m, m), y = _mm256_set1_ps(7.0376836292e-2f);
+    static const float c[] = {-1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f,
+                              1.4249322787e-1f,  -1.6668057665e-1f, 2.0000714765e-1f,
+                              -2.4999993993e-1f, 3.3333331174e-1f};
+    for (int i = 0; i < 8; i++)
+        y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(c[i]));
+    y = _mm256_mul_ps(_mm256_mul_ps(y, m), z);
+    y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+    y = _mm256_fnmadd_ps(z, _mm256_set1_ps(0.5f), y);
+    return _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(m, y));
+}
+
+/* softplus(z) = log1p(exp(z)) as log(1 + y) plus the rounding of 1 + y, (y - (u - 1)) / u;
+ * z above 20 gives z. */
+AVX2_INLINE __m256 softplus8(__m256 z)
+{
+    __m256 one = _mm256_set1_ps(1.0f), y = exp8(z), u = _mm256_add_ps(one, y);
+    __m256 fix = _mm256_div_ps(_mm256_sub_ps(y, _mm256_sub_ps(u, one)), u);
+    __m256 sp = _mm256_add_ps(log8(u), fix);
+    return _mm256_blendv_ps(sp, z, _mm256_cmp_ps(z, _mm256_set1_ps(20.0f), _CMP_GT_OQ));
+}
+
+/* 1 + exp(-z), the denominator of sigmoid and silu */
+AVX2_INLINE __m256 one_plus_exp_neg(__m256 z)
+{
+    return _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), z)));
+}
+
+typedef struct act_args {
+    act_kind     kind;
+    const float *y;       /* ACT_SILU_MUL: the other factor; ACT_EXP_SOFTPLUS: the bias */
+    float        s;       /* ACT_EXP_SHIFT: the shift; ACT_EXP_SOFTPLUS: the scale */
+} act_args;
+
+AVX2_INLINE __m256 act8(const act_args *a, __m256 x, __m256 y)
+{
+    switch (a->kind) {
+    case ACT_SILU: return _mm256_div_ps(x, one_plus_exp_neg(x));
+    case ACT_SILU_MUL: return _mm256_mul_ps(_mm256_div_ps(x, one_plus_exp_neg(x)), y);
+    case ACT_SIGMOID: return _mm256_div_ps(_mm256_set1_ps(1.0f), one_plus_exp_neg(x));
+    case ACT_EXP_SHIFT: return exp8(_mm256_sub_ps(x, _mm256_set1_ps(a->s)));
+    default: return exp8(_mm256_mul_ps(_mm256_set1_ps(a->s), softplus8(_mm256_add_ps(x, y))));
+    }
+}
+
+/* 8 lanes at a time; the tail padded through a buffer (its lanes are independent). */
+static AVX2_FN void act_avx2(const act_args *a, float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = a->y ? _mm256_loadu_ps(a->y + i) : _mm256_setzero_ps();
+        _mm256_storeu_ps(x + i, act8(a, _mm256_loadu_ps(x + i), y));
+    }
+    if (i == n)
+        return;
+    float xt[8] = {0}, yt[8] = {0};
+    memcpy(xt, x + i, (n - i) * sizeof *xt);
+    if (a->y)
+        memcpy(yt, a->y + i, (n - i) * sizeof *yt);
+    _mm256_storeu_ps(xt, act8(a, _mm256_loadu_ps(xt), _mm256_loadu_ps(yt)));
+    memcpy(x + i, xt, (n - i) * sizeof *xt);
 }
 
 #endif /* KL_MATVEC_X86 */
@@ -668,4 +942,103 @@ void kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size
     }
 #endif
     axpy_axpy_scalar(x, a, u, y, b, n);
+}
+
+void kl_vec_dot_rows(const float *a, const float *rows, size_t ld, size_t n_rows, size_t n,
+                     float *out)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        dot_rows_avx2(a, rows, ld, n_rows, n, out);
+        return;
+    }
+#endif
+    dot_rows_scalar(a, rows, ld, n_rows, n, out);
+}
+
+void kl_vec_axpy_rows(float *y, const float *a, const float *rows, size_t ld, size_t n_rows,
+                      size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_rows_avx2(y, a, rows, ld, n_rows, n);
+        return;
+    }
+#endif
+    axpy_rows_scalar(y, a, rows, ld, n_rows, n);
+}
+
+void kl_vec_scale_axpy_rows(float *x, size_t ld, const float *s, float *y, const float *a,
+                            size_t n_rows, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        scale_axpy_rows_avx2(x, ld, s, y, a, n_rows, n);
+        return;
+    }
+#endif
+    scale_axpy_rows_scalar(x, ld, s, y, a, n_rows, n);
+}
+
+void kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u, float *y,
+                           const float *b, size_t n_rows, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        axpy_axpy_rows_avx2(x, ld, a, u, y, b, n_rows, n);
+        return;
+    }
+#endif
+    axpy_axpy_rows_scalar(x, ld, a, u, y, b, n_rows, n);
+}
+
+/* The activations on the scalar set: libm, one element at a time. */
+static void act_scalar(act_kind kind, float *x, const float *y, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case ACT_SILU: x[i] = silu_scalar(x[i]); break;
+        case ACT_SILU_MUL: x[i] = silu_scalar(x[i]) * y[i]; break;
+        case ACT_SIGMOID: x[i] = sigmoid_scalar(x[i]); break;
+        case ACT_EXP_SHIFT: x[i] = expf(x[i] - s); break;
+        default: x[i] = expf(s * softplus_scalar(x[i] + y[i])); break;
+        }
+    }
+}
+
+static void act(act_kind kind, float *x, const float *y, float s, size_t n)
+{
+#if KL_MATVEC_X86
+    if (current() == KL_KERNELS_AVX2) {
+        act_args a = {kind, y, s};
+        act_avx2(&a, x, n);
+        return;
+    }
+#endif
+    act_scalar(kind, x, y, s, n);
+}
+
+void kl_vec_silu(float *x, size_t n)
+{
+    act(ACT_SILU, x, NULL, 0.0f, n);
+}
+
+void kl_vec_silu_mul(float *x, const float *y, size_t n)
+{
+    act(ACT_SILU_MUL, x, y, 0.0f, n);
+}
+
+void kl_vec_sigmoid(float *x, size_t n)
+{
+    act(ACT_SIGMOID, x, NULL, 0.0f, n);
+}
+
+void kl_vec_exp_shift(float *x, float shift, size_t n)
+{
+    act(ACT_EXP_SHIFT, x, NULL, shift, n);
+}
+
+void kl_vec_exp_softplus(float *x, const float *bias, float s, size_t n)
+{
+    act(ACT_EXP_SOFTPLUS, x, bias, s, n);
 }

@@ -106,4 +106,40 @@ void  kl_vec_scale_axpy(float *x, float s, float *y, float a, size_t n);
 /* x += a · u, then y += b · x (with the updated x) */
 void  kl_vec_axpy_axpy(float *x, float a, const float *u, float *y, float b, size_t n);
 
+/* The same primitives over n_rows rows of n floats, row r at rows + r * ld (attention over a
+ * cache, the delta rule over a state).  Each equals the loop of one call per row, in row order,
+ * bit for bit; they only share loads: several rows' chains run side by side (dot), and y's
+ * chunk stays in a register across a group of rows (the others). */
+/* out[r] = kl_vec_dot(a, rows_r, n) */
+void  kl_vec_dot_rows(const float *a, const float *rows, size_t ld, size_t n_rows, size_t n,
+                      float *out);
+/* for r in order: kl_vec_axpy(y, a[r], rows_r, n) */
+void  kl_vec_axpy_rows(float *y, const float *a, const float *rows, size_t ld, size_t n_rows,
+                       size_t n);
+/* for r in order: kl_vec_scale_axpy(x_r, s[r], y, a[r], n), x_r = x + r * ld */
+void  kl_vec_scale_axpy_rows(float *x, size_t ld, const float *s, float *y, const float *a,
+                             size_t n_rows, size_t n);
+/* for r in order: kl_vec_axpy_axpy(x_r, a[r], u, y, b[r], n), x_r = x + r * ld */
+void  kl_vec_axpy_axpy_rows(float *x, size_t ld, const float *a, const float *u, float *y,
+                            const float *b, size_t n_rows, size_t n);
+
+/* ---- elementwise activations, in place (fp32) ---------------------------------------------- */
+
+/* The scalar set evaluates them with libm (expf, log1pf) as written; the AVX2 set 8 lanes at a
+ * time with polynomial exp and log (Cephes' coefficients, within a few ulp of libm: the sets
+ * differ, each is deterministic and its result for an element depends only on that element).
+ * There exp(z) saturates near 2^127 for z above 88 and is 0 for z below -87.3 (libm's
+ * denormals down to -103.9 would make every later product with them slow). */
+/* x = x / (1 + exp(-x)) */
+void  kl_vec_silu(float *x, size_t n);
+/* x = silu(x) · y */
+void  kl_vec_silu_mul(float *x, const float *y, size_t n);
+/* x = 1 / (1 + exp(-x)) */
+void  kl_vec_sigmoid(float *x, size_t n);
+/* x = exp(x - shift) (softmax numerators) */
+void  kl_vec_exp_shift(float *x, float shift, size_t n);
+/* x = exp(s · softplus(x + bias)), softplus(z) = log(1 + exp(z)), z above 20 giving z (the KDA
+ * forget gate's decay factors) */
+void  kl_vec_exp_softplus(float *x, const float *bias, float s, size_t n);
+
 #endif

@@ -5,7 +5,8 @@
  * MXFP4 of whole blocks) within 1e-5 of Σ|w·x|, both against a double reference; every E8M0
  * scale byte decoded exactly; a matrix x chunk product equal bit for bit to one dot per token
  * (any chunk size) and to itself over any thread count; row views; the vector primitives; the
- * KL_CPU_KERNELS switch.  AVX2 cases pass trivially (with a note) on a CPU without AVX2.
+ * KL_CPU_KERNELS switch; the row forms of the vector primitives equal one call per row bit
+ * for bit; the AVX2 activations (polynomial exp and log) near libm's.  AVX2 cases pass trivially (with a note) on a CPU without AVX2.
  */
 #include "common/err.h"
 #include "common/mem.h"
@@ -358,6 +359,127 @@ START_TEST(vector_primitives_agree_across_kernel_sets)
 }
 END_TEST
 
+/* One row form against the loop of one-row calls: out (and x, y) must match bit for bit. */
+static void check_row_forms(size_t nr, size_t n, int set)
+{
+    size_t ld = n + 3;
+    float *rows = rand_vec(nr * ld, 10 + nr * n), *a = rand_vec(n, 11 + n);
+    float *c = rand_vec(nr, 12 + nr), *c2 = rand_vec(nr, 13 + nr), *y0 = rand_vec(n, 14 + n);
+    float *x[2], *y[2], out[2][17];
+    for (int k = 0; k < 2; k++) {
+        x[k] = kl_malloc(nr * ld * sizeof *x[k]);
+        y[k] = kl_malloc(n * sizeof *y[k]);
+    }
+    for (int op = 0; op < 4; op++) {
+        for (int k = 0; k < 2; k++) {   /* k = 0: one call per row; k = 1: the row form */
+            memcpy(x[k], rows, nr * ld * sizeof *rows);
+            memcpy(y[k], y0, n * sizeof *y0);
+            for (size_t r = 0; k == 0 && r < nr; r++) {
+                float *xr = x[k] + r * ld;
+                if (op == 0)
+                    out[k][r] = kl_vec_dot(a, xr, n);
+                else if (op == 1)
+                    kl_vec_axpy(y[k], c[r], xr, n);
+                else if (op == 2)
+                    kl_vec_scale_axpy(xr, c[r], y[k], c2[r], n);
+                else
+                    kl_vec_axpy_axpy(xr, c[r], a, y[k], c2[r], n);
+            }
+            if (k == 1 && op == 0)
+                kl_vec_dot_rows(a, x[k], ld, nr, n, out[k]);
+            else if (k == 1 && op == 1)
+                kl_vec_axpy_rows(y[k], c, x[k], ld, nr, n);
+            else if (k == 1 && op == 2)
+                kl_vec_scale_axpy_rows(x[k], ld, c, y[k], c2, nr, n);
+            else if (k == 1)
+                kl_vec_axpy_axpy_rows(x[k], ld, c, a, y[k], c2, nr, n);
+        }
+        int same = op == 0 ? !memcmp(out[0], out[1], nr * sizeof **out)
+                           : !memcmp(y[0], y[1], n * sizeof *y[0]) &&
+                                 !memcmp(x[0], x[1], nr * ld * sizeof *x[0]);
+        ck_assert_msg(same, "row form %d (set %d, %zu rows of %zu): differs from one call per "
+                      "row", op, set, nr, n);
+    }
+    for (int k = 0; k < 2; k++) {
+        kl_free(x[k]);
+        kl_free(y[k]);
+    }
+    kl_free(rows);
+    kl_free(a);
+    kl_free(c);
+    kl_free(c2);
+    kl_free(y0);
+}
+
+/* dot / axpy / scale_axpy / axpy_axpy over rows equal one call per row, on both sets, for row
+ * counts around the groups (4 and 8) and lengths with tails. */
+START_TEST(row_forms_equal_one_call_per_row_bit_for_bit)
+{
+    static const size_t ns[] = {1, 7, 8, 9, 16, 100, 128};
+    static const size_t nrs[] = {1, 3, 4, 5, 8, 9, 17};
+    int sets = have_avx2() ? 2 : 1;
+    for (int k = 0; k < sets; k++) {
+        kl_matvec_set_kernels(k ? KL_KERNELS_AVX2 : KL_KERNELS_SCALAR);
+        for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+            for (size_t j = 0; j < sizeof nrs / sizeof *nrs; j++)
+                check_row_forms(nrs[j], ns[i], k);
+    }
+    kl_matvec_set_kernels(KL_KERNELS_AUTO);
+}
+END_TEST
+
+/* Activation k (0 silu, 1 silu_mul, 2 sigmoid, 3 exp_shift, 4 exp_softplus) of x in place. */
+static void apply_act(int k, float *x, const float *y, size_t n)
+{
+    switch (k) {
+    case 0: kl_vec_silu(x, n); break;
+    case 1: kl_vec_silu_mul(x, y, n); break;
+    case 2: kl_vec_sigmoid(x, n); break;
+    case 3: kl_vec_exp_shift(x, 1.5f, n); break;
+    default: kl_vec_exp_softplus(x, y, -0.75f, n); break;
+    }
+}
+
+/* Every activation on AVX2 within 1e-5 relative (1e-30 absolute: saturated exp) of the scalar
+ * set's libm values, over -95..95 (sigmoid's and silu's saturation, softplus' threshold at 20;
+ * exp itself only where it does not saturate) and lengths with tails. */
+START_TEST(activations_agree_with_libm)
+{
+    if (!have_avx2())
+        return;
+    enum { N = 1001 };
+    static const size_t lens[] = {1, 7, 8, 13, N};
+    float *x0 = kl_malloc(N * sizeof *x0), *y = rand_vec(N, 77);
+    float *ref = kl_malloc(N * sizeof *ref), *got = kl_malloc(N * sizeof *got);
+    for (size_t i = 0; i < N; i++)
+        x0[i] = -95.0f + 190.0f * (float)i / (float)(N - 1);
+    for (int k = 0; k < 5; k++) {
+        memcpy(ref, x0, N * sizeof *ref);
+        kl_matvec_set_kernels(KL_KERNELS_SCALAR);
+        apply_act(k, ref, y, N);
+        kl_matvec_set_kernels(KL_KERNELS_AVX2);
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            size_t n = lens[li];
+            memcpy(got, x0 + (N - n), n * sizeof *got);
+            apply_act(k, got, y + (N - n), n);
+            for (size_t i = 0; i < n; i++) {
+                double r = ref[N - n + i], g = got[i], z = x0[N - n + i] - 1.5;
+                if (k == 3 && (z > 88.0 || z < -87.3))
+                    continue;   /* exp saturates there (matvec.h) */
+                ck_assert_msg(fabs(g - r) <= 1e-5 * fabs(r) + 1e-30,
+                              "activation %d at x=%g (n=%zu): AVX2 %.9g, libm %.9g", k,
+                              (double)x0[N - n + i], n, g, r);
+            }
+        }
+    }
+    kl_matvec_set_kernels(KL_KERNELS_AUTO);
+    kl_free(x0);
+    kl_free(y);
+    kl_free(ref);
+    kl_free(got);
+}
+END_TEST
+
 START_TEST(environment_variable_selects_the_scalar_kernels)
 {
     setenv("KL_CPU_KERNELS", "scalar", 1);
@@ -386,6 +508,8 @@ static Suite *matvec_suite(void)
     tcase_add_test(tc, thread_count_does_not_change_any_bit);
     tcase_add_test(tc, row_view_reads_the_same_rows);
     tcase_add_test(tc, vector_primitives_agree_across_kernel_sets);
+    tcase_add_test(tc, row_forms_equal_one_call_per_row_bit_for_bit);
+    tcase_add_test(tc, activations_agree_with_libm);
     tcase_add_test(tc, environment_variable_selects_the_scalar_kernels);
     suite_add_tcase(s, tc);
     return s;
