@@ -178,7 +178,8 @@ int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
  * stream, events) and buffers (the ring's pinned memory) on the preparing thread, wait (the
  * creating thread waiting for it; 0 when not overlapped), plan, alloc (the weights' device
  * memory), fill (the copies, pools and scratch allocated meanwhile: pools_s), finish (the
- * pools waited for if they took longer, the stream drained, the prepared buffers freed).  Zeroes (how "") for any other backend. */
+ * pools waited for if they took longer, the stream drained, the prepared buffers freed).
+ * Zeroes (how "") for any other backend. */
 typedef struct kl_gpu_load_info {
     const char *how;
     uint64_t    bytes, windows, pinned;

@@ -262,8 +262,9 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 }
 
 /* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
- * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are sized and counted here (the
- * fill's defaults: 8 threads, threads + 4 buffers of 16 MiB) as they are allocated ahead. */
+ * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are
+ * sized and counted here (the fill's defaults: 8 threads, threads + 4 buffers of 16 MiB) as
+ * they are allocated ahead. */
 static const char *fill_options(const char *how, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
