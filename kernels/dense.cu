@@ -428,15 +428,15 @@ __device__ static float block_sum(float v)
  * (x, y, the weights) is issued before the first sum, so the block waits for memory once
  * instead of once per element it owns (at one token the norm is all latency: 2304 floats). */
 #define NORM_VEC  3                           /* float4 of a row per thread */
+#define NORM_MAX4 (NORM_VEC * THREADS)        /* float4 per row held in registers */
 
 static inline int kl_aligned16(const void *p)
 {
     return (uintptr_t)p % 16 == 0;
 }
-#define NORM_MAX4 (NORM_VEC * THREADS)        /* float4 per row held in registers */
 
-__device__ static void add_rmsnorm_row4(float4 *xr, const float4 *yr, const float4 *w, uint32_t h4,
-                                        float eps, float4 *out)
+__device__ static void add_rmsnorm_row4(float4 *xr, const float4 *yr, const float4 *w,
+                                        uint32_t h4, float eps, float4 *out)
 {
     float4 v[NORM_VEC], wv[NORM_VEC];
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -665,7 +665,7 @@ extern "C" int kl_gpu_argmax(const float *logits, uint32_t n, uint32_t vocab, ui
 {
     if (!logits || !out || n == 0 || vocab == 0 || n > 0x7fffffffu)
         return kl_fail(err, KL_E_USAGE, "argmax: logits or out is NULL, or n or vocab is 0");
-    const int vec = (uintptr_t)logits % 16 == 0 && vocab % 4 == 0;
+    const int vec = kl_aligned16(logits) && vocab % 4 == 0;
     uint32_t P = vocab / ARGMAX_PART_SIZE;
     P = P > ARGMAX_PARTS ? ARGMAX_PARTS : P < 1 ? 1 : P;
     if (n > ARGMAX_MAX_N || kl_gpu_version(KL_GPU_K_ARGMAX) == 1)
