@@ -35,7 +35,7 @@
 #include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"
 
-#include "kernels/gemm_tile.cuh"
+#include "kernels/gemm_split.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/mx_bf16.h"
 
