@@ -423,29 +423,39 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
     return 0;
 }
 
-static int tiles_version = -1; /* -1: KL_GPU_GEMM_TILES not read yet; 0: the default; 1, 4 */
+/* [dense, grouped]: 0 until read from the environment, then 1, 4 or 5 */
+static int tiles_version[2];
 
-extern "C" int kl_gpu_gemm_tiles(void)
+/* KL_GPU_GEMM_TILES (dense: v1, v4) or KL_GPU_GEMM_GROUPED (v1, v4, v5), else the default. */
+static int tiles_from_env(int grouped)
 {
-    if (tiles_version < 0) {
-        const char *v = getenv("KL_GPU_GEMM_TILES");
-        tiles_version = v && !strcmp(v, "v1") ? 1 : v && !strcmp(v, "v4") ? 4 : 0;
-    }
-    return tiles_version;
+    const char *v = getenv(grouped ? "KL_GPU_GEMM_GROUPED" : "KL_GPU_GEMM_TILES");
+    if (v && !strcmp(v, "v1"))
+        return 1;
+    if (v && !strcmp(v, "v4"))
+        return 4;
+    return grouped ? 5 : 1;
 }
 
-extern "C" void kl_gpu_gemm_tiles_set(int version)
+extern "C" int kl_gpu_gemm_tiles(int grouped)
 {
-    tiles_version = version == 1 || version == 4 ? version : 0;
+    grouped = grouped != 0;
+    if (!tiles_version[grouped])
+        tiles_version[grouped] = tiles_from_env(grouped);
+    return tiles_version[grouped];
 }
 
-/* Whether version 4 (kernels/gemm_mma.cu) takes m: selected (by default for the grouped
- * products only), K in whole steps, CUDA (its stages are more than HIP targets' 64 KiB of
- * LDS: version 1 there). */
+extern "C" void kl_gpu_gemm_tiles_set(int dense, int grouped)
+{
+    tiles_version[0] = dense == 1 || dense == 4 ? dense : 0;
+    tiles_version[1] = grouped == 1 || grouped == 4 || grouped == 5 ? grouped : 0;
+}
+
+/* Whether version 4 or 5 (kernels/gemm_mma.cu) may take m: selected, K in whole steps, CUDA
+ * (their stages are more than HIP targets' 64 KiB of LDS: version 1 there). */
 static int mma_takes(const kl_gpu_mat *m, int grouped)
 {
-    const int v = kl_gpu_gemm_tiles();
-    return GEMM_WMMA && (v == 4 || (v == 0 && grouped)) && m->cols % KL_GPU_MMA_KT == 0;
+    return GEMM_WMMA && kl_gpu_gemm_tiles(grouped) >= 4 && m->cols % KL_GPU_MMA_KT == 0;
 }
 
 extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -467,6 +477,12 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
+extern "C" int kl_gpu_gemm_grouped_uses_parts(const kl_gpu_gemm_grouped_args *a)
+{
+    return a->parts && mma_takes(&a->w->m, 1) && kl_gpu_gemm_tiles(1) == 5 &&
+           kl_gpu_gemm_mma5_takes(&a->w->m);
+}
+
 extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_stream s,
                                    kl_err *err)
 {
@@ -479,6 +495,10 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return kl_fail(err, KL_E_USAGE, "gemm_grouped: %u experts (1 to 65535)", a->w->n);
     if (a->m_max == 0)
         return 0; /* no rows: nothing to do */
+    if ((uintptr_t)a->parts % 16)
+        return kl_fail(err, KL_E_USAGE, "gemm_grouped: parts not 16-byte aligned");
+    if (kl_gpu_gemm_grouped_uses_parts(a))
+        return kl_gpu_gemm_mma5_grouped(a, kl_gpu_gemm_split(), s, err);
     if (mma_takes(&a->w->m, 1))
         return kl_gpu_gemm_mma_grouped(a, kl_gpu_gemm_split(), s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
@@ -491,4 +511,9 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
                                                               (hipStream_t)s>>>(
         a->w->m, a->x, a->x_row, a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols)
+{
+    return (size_t)m * 3 * cols * sizeof(uint16_t);
 }

@@ -26,15 +26,22 @@
 #define TOL_SPLIT 2e-4 /* split form against fp32 X (expected ~1e-5 at most) */
 #define TOL_PROMOTE 3e-6 /* promote form against fp32 X (expected < 1e-6) */
 
-/* The runs of every call, in order: versions 1 and 4 of the kernels (kl_gpu_gemm_tiles_set;
- * by default grouped products run 4, dense ones 1), each in three forms: split X, split X with the sums promoted to
+/* The runs of every call, in order: versions 1, 4 and 5 of the kernels (kl_gpu_gemm_tiles_set;
+ * dense products have no version 5 and run 4 there; by default grouped products run 5, dense
+ * ones 1), each in three forms: split X, split X with the sums promoted to
  * fp32 registers (the default), X rounded to bf16. */
 #define FORMS    3
-#define VERSIONS 2
+#define VERSIONS 3
 #define RUNS     (VERSIONS * FORMS)
 static const int form_split[FORMS] = {1, 2, 0};
 static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
-static const int run_version[VERSIONS] = {1, 4};
+static const int run_version[VERSIONS] = {1, 4, 5};
+
+/* Version v for both kinds of products (dense ones have no version 5: 4 there). */
+static void set_version(int v)
+{
+    kl_gpu_gemm_tiles_set(v == 5 ? 4 : v, v);
+}
 
 /* f rounded to bf16 (nearest even), as the kernels stage X. */
 static float host_bf16(float f)
@@ -110,13 +117,13 @@ template <class F>
 static void run_forms(F call, float *dy, size_t n_out, std::vector<float> y[RUNS])
 {
     for (int f = 0; f < RUNS; f++) {
-        kl_gpu_gemm_tiles_set(run_version[f / FORMS]);
+        set_version(run_version[f / FORMS]);
         kl_gpu_gemm_split_set(form_split[f % FORMS]);
         T_CHECK(hipMemset(dy, 0xff, n_out * 4));
         call();
         y[f] = t_download(dy, n_out);
     }
-    kl_gpu_gemm_tiles_set(0);
+    kl_gpu_gemm_tiles_set(0, 0);
     kl_gpu_gemm_split_set(2);
 }
 
@@ -131,19 +138,21 @@ static void time_record(const char *what, double s, double flops, double bytes)
     t_times += buf;
 }
 
-/* Times call in each run ("what v2 split", "what v2 promote", ..., "what v1 bf16x"). */
+/* Times call in each run ("what v1 promote", "what v1 bf16x", ..., "what v5 bf16x"). */
 template <class F>
-static void time_forms(const char *what, F call, double flops, double bytes)
+static void time_forms(const char *what, F call, double flops, double bytes, int grouped)
 {
     for (int f = 0; f < RUNS; f++) {
+        if ((!grouped && run_version[f / FORMS] == 5) || form_split[f % FORMS] == 1)
+            continue; /* dense "v5" is version 4; the split form is not used */
         char buf[160];
         snprintf(buf, sizeof buf, "%s v%d %s", what, run_version[f / FORMS],
                  form_name[f % FORMS]);
-        kl_gpu_gemm_tiles_set(run_version[f / FORMS]);
+        set_version(run_version[f / FORMS]);
         kl_gpu_gemm_split_set(form_split[f % FORMS]);
         time_record(buf, t_median_s(call, 11), flops, bytes);
     }
-    kl_gpu_gemm_tiles_set(0);
+    kl_gpu_gemm_tiles_set(0, 0);
     kl_gpu_gemm_split_set(2);
 }
 
@@ -174,7 +183,7 @@ static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint3
         if (timed && n >= 256) {
             auto call = [&](int, kl_gpu_stream st) { kl_gpu_gemm(&d, dx, n, dy, st, &err); };
             const double bytes = (double)t_mat_bytes(m) + 4.0 * n * (rows + cols);
-            time_forms(what, call, 2.0 * n * rows * cols, bytes);
+            time_forms(what, call, 2.0 * n * rows * cols, bytes, 0);
         }
         hipFree(dx);
         hipFree(dy);
@@ -206,7 +215,8 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
     std::vector<float> x = t_vec((size_t)nx * K);
     float *dx = t_upload(x), *dy = (float *)t_alloc((size_t)rows * R * 4 + 16);
     uint32_t *dseg = t_upload(seg), *dxr = t_upload(xr);
-    kl_gpu_gemm_grouped_args a = {&st, dx, use_x_row ? dxr : NULL, dseg, rows + 3, dy};
+    uint16_t *parts = (uint16_t *)t_alloc(kl_gpu_gemm_parts_bytes(rows + 3, (uint32_t)K) + 16);
+    kl_gpu_gemm_grouped_args a = {&st, dx, use_x_row ? dxr : NULL, dseg, rows + 3, dy, parts, 0};
     kl_err err;
     kl_err_clear(&err);
     std::vector<float> y[RUNS];
@@ -230,12 +240,13 @@ static void check_grouped(kl_gpu_wkind kind, uint32_t E, size_t R, size_t K,
     if (timed) {
         auto call = [&](int, kl_gpu_stream s) { kl_gpu_gemm_grouped(&a, s, &err); };
         const double bytes = (double)t_mat_bytes(m) / E * nonempty + 4.0 * rows * (R + K);
-        time_forms(what, call, 2.0 * rows * R * K, bytes);
+        time_forms(what, call, 2.0 * rows * R * K, bytes, 1);
     }
     hipFree(dx);
     hipFree(dy);
     hipFree(dseg);
     hipFree(dxr);
+    hipFree(parts);
     t_mat_free(st.m);
 }
 
