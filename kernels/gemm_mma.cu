@@ -167,6 +167,46 @@ __device__ static inline void mt_stage(const mt_regs<MX, RW, TW> &g, uint32_t nt
     }
 }
 
+__device__ static inline void mt_zero(float (&acc)[4][4][4])
+{
+#pragma unroll
+    for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+        for (unsigned jn = 0; jn < 4; jn++)
+#pragma unroll
+            for (unsigned e = 0; e < 4; e++)
+                acc[i][jn][e] = 0.0f;
+}
+
+/* Form 2 over one 16-wide slice: each fragment's three products (hi, lo2, lo) summed in a
+ * fresh fragment, then added to acc in fp32.  The products go part by part over all 16
+ * fragments, so consecutive MMAs are independent (a chain of three per fragment, issued one
+ * after another, left the tensor pipe waiting on each MMA's latency). */
+__device__ static inline void mul_promote(float (&acc)[4][4][4], const uint32_t (&a)[4][4],
+                                          const uint32_t (&b)[3][4][2], unsigned ng)
+{
+    float part[4][4][4];
+    mt_zero(part);
+    const unsigned order[3] = {0, 2, 1}; /* hi, lo2, lo */
+#pragma unroll
+    for (unsigned o = 0; o < 3; o++)
+#pragma unroll
+        for (unsigned j = 0; j < 4; j++) {
+            if (j >= ng)
+                continue;
+#pragma unroll
+            for (unsigned i = 0; i < 4; i++)
+                mma16816(part[i][j], a[i], b[order[o]][j][0], b[order[o]][j][1]);
+        }
+#pragma unroll
+    for (unsigned j = 0; j < 4; j++)
+#pragma unroll
+        for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+            for (unsigned e = 0; e < 4; e++)
+                acc[i][j][e] += part[i][j][e];
+}
+
 /* acc[i][j] += W rows (16 i ..) x tokens (8 j ..) of this warp over the staged step: the W
  * tile wt [BR][MT_LD], the X parts xt [3][BT][MT_LD]. */
 template <int SP, int RW, int TW>
@@ -198,29 +238,22 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
                 b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
                 b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
             }
+        if (SP == 2)
+            mul_promote(acc, a, b, ng);
+        else
 #pragma unroll
-        for (unsigned j = 0; j < 4; j++) {
-            if (j >= ng)
-                continue;
+            for (unsigned j = 0; j < 4; j++) {
+                if (j >= ng)
+                    continue;
 #pragma unroll
-            for (unsigned i = 0; i < 4; i++) {
-                if (SP != 2) {
+                for (unsigned i = 0; i < 4; i++) {
                     mma16816(acc[i][j], a[i], b[0][j][0], b[0][j][1]);
                     if (SP) {
                         mma16816(acc[i][j], a[i], b[2][j][0], b[2][j][1]);
                         mma16816(acc[i][j], a[i], b[1][j][0], b[1][j][1]);
                     }
-                    continue;
                 }
-                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma16816(part, a[i], b[0][j][0], b[0][j][1]);
-                mma16816(part, a[i], b[2][j][0], b[2][j][1]);
-                mma16816(part, a[i], b[1][j][0], b[1][j][1]);
-#pragma unroll
-                for (unsigned e = 0; e < 4; e++)
-                    acc[i][j][e] += part[e];
             }
-        }
     }
 }
 
@@ -242,17 +275,6 @@ __device__ static inline void mt_store(const float (&acc)[4][4][4], const mt_job
                 if (row < R && tok < nt)
                     j.y[(size_t)(t0 + tok) * R + row] = acc[i][jn][e];
             }
-}
-
-__device__ static inline void mt_zero(float (&acc)[4][4][4])
-{
-#pragma unroll
-    for (unsigned i = 0; i < 4; i++)
-#pragma unroll
-        for (unsigned jn = 0; jn < 4; jn++)
-#pragma unroll
-            for (unsigned e = 0; e < 4; e++)
-                acc[i][jn][e] = 0.0f;
 }
 
 /* y rows [t0, t0 + nt) of the block's W rows: every thread of the block calls it. */

