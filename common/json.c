@@ -2,7 +2,8 @@
  * common/json.c — the one strict JSON reader of kl (see json.h).
  *
  * Divisions, in order: the lexer (one number scanner, UTF-8 and control bytes); error
- * messages; number literals kept on their nodes; integers; public API in header order.
+ * messages; number literals kept on their nodes; integers; the plain subset (kl_json_scan);
+ * public API in header order.
  *
  * kl_json_parse runs the lexer over the whole text first (so a bad byte is reported as such,
  * with its offset, rather than as whatever cJSON makes of it), then cJSON, then checks that
@@ -220,6 +221,77 @@ static kl_json_int literal_u64(const char *s, uint64_t max, uint64_t *out)
         return KL_JSON_INT_TOO_LARGE;
     *out = v;
     return KL_JSON_INT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The plain subset                                                                           */
+
+static void scan_space(kl_json_scan *s)
+{
+    while (s->p < s->end && is_space((uint8_t)*s->p))
+        s->p++;
+}
+
+int kl_json_scan_char(kl_json_scan *s, char c)
+{
+    scan_space(s);
+    if (s->p == s->end || *s->p != c)
+        return 0;
+    s->p++;
+    return 1;
+}
+
+int kl_json_scan_str(kl_json_scan *s, const char **at, size_t *len)
+{
+    if (!kl_json_scan_char(s, '"'))
+        return 0;
+    const char *q = s->p;
+    /* printable ASCII (0x20..0x7f) other than the quote and the backslash */
+    while (q < s->end && (uint8_t)*q >= 0x20 && (uint8_t)*q < 0x80 && *q != '"' && *q != '\\')
+        q++;
+    if (q == s->end || *q != '"')
+        return 0;
+    *at = s->p;
+    *len = (size_t)(q - s->p);
+    s->p = q + 1;
+    return 1;
+}
+
+int kl_json_scan_u64(kl_json_scan *s, uint64_t max, uint64_t *out)
+{
+    scan_space(s);
+    size_t avail = (size_t)(s->end - s->p), n = avail ? number_len((const uint8_t *)s->p, avail)
+                                                        : 0;
+    if (!n || !is_digit((uint8_t)s->p[0]))
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_digit((uint8_t)s->p[i]))   /* a fraction or an exponent */
+            return 0;
+        uint64_t d = (uint64_t)(s->p[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    if (v > max)
+        return 0;
+    s->p += n;
+    *out = v;
+    return 1;
+}
+
+int kl_json_scan_next(kl_json_scan *s, char close)
+{
+    scan_space(s);
+    if (s->p < s->end && (*s->p == ',' || *s->p == close))
+        return *s->p++ == ',';
+    return -1;
+}
+
+int kl_json_scan_at_end(kl_json_scan *s)
+{
+    scan_space(s);
+    return s->p == s->end;
 }
 
 /* ------------------------------------------------------------------------------------------ */

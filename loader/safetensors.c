@@ -2,8 +2,8 @@
  * loader/safetensors.c — strict safetensors header parser (see safetensors.h).
  *
  * Divisions, in order: includes and constants; error helpers; JSON value helpers; metadata and
- * tensor entries; whole-header checks (sort, duplicates, contiguity, file length); public API in
- * header order.
+ * tensor entries; whole-header checks (sort, duplicates, contiguity, file length); header-level
+ * steps; the plain header, read without a tree (the fast path); public API in header order.
  *
  * common/json parses the header strictly (UTF-8, one value, number grammar, integers as
  * written); cJSON keeps duplicate keys as siblings, so the entry walk finds those.
@@ -12,6 +12,7 @@
 
 #include "common/checked.h"
 #include "common/fs.h"
+#include "common/grow.h"
 #include "common/json.h"
 #include "common/mem.h"
 #include "common/numfmt.h"
@@ -439,6 +440,169 @@ static int alloc_tables(st_parse *ps, const cJSON *root)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The plain header, read without a tree                                                      */
+
+/* Headers as writers make them (plain strings and integers: common/json's kl_json_scan) are
+ * read straight into the tables, about ten times faster than through a cJSON tree: a 48B
+ * checkpoint's seven headers hold 40,461 tensors.  Anything else, any error included, declines
+ * (returns 0) and kl_st_parse parses the header the strict way, which accepts or reports it
+ * exactly, so results and messages never depend on the path. */
+
+#define PLAIN_MAX_META 64   /* metadata entries read on the plain path; more decline */
+
+/* Copies at[0..len) into f->strings (sized for the whole header), NUL-terminated. */
+static const char *keep_span(st_parse *ps, const char *at, size_t len)
+{
+    char *dst = ps->str_next;
+    memcpy(dst, at, len);
+    dst[len] = '\0';
+    ps->str_next += len + 1;
+    return dst;
+}
+
+/* The keys and string values of __metadata__, the opening brace read; 1 when all were plain and
+ * distinct. */
+static int plain_metadata(st_parse *ps, kl_json_scan *s)
+{
+    kl_st_file *f = ps->f;
+    if (f->has_metadata || !kl_json_scan_char(s, '{') ||
+        !(f->meta = kl_calloc(PLAIN_MAX_META, sizeof *f->meta)))
+        return 0;
+    f->has_metadata = 1;
+    if (kl_json_scan_char(s, '}'))
+        return 1;
+    int more;
+    do {
+        const char *k, *v;
+        size_t kn, vn;
+        if (f->n_meta == PLAIN_MAX_META || !kl_json_scan_str(s, &k, &kn) ||
+            !kl_json_scan_char(s, ':') || !kl_json_scan_str(s, &v, &vn))
+            return 0;
+        kl_st_meta *e = &f->meta[f->n_meta++];
+        e->key = keep_span(ps, k, kn);
+        e->value = keep_span(ps, v, vn);
+        for (size_t i = 0; i + 1 < f->n_meta; i++)
+            if (!strcmp(f->meta[i].key, e->key))
+                return 0;
+    } while ((more = kl_json_scan_next(s, '}')) == 1);
+    return more == 0;
+}
+
+/* A shape array of at most KL_ST_MAX_RANK integers <= 2^48-1. */
+static int plain_shape(kl_json_scan *s, kl_st_tensor *t)
+{
+    if (!kl_json_scan_char(s, '['))
+        return 0;
+    if (kl_json_scan_char(s, ']'))
+        return 1;
+    int more;
+    do {
+        if (t->rank == KL_ST_MAX_RANK || !kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->shape[t->rank]))
+            return 0;
+        t->rank++;
+    } while ((more = kl_json_scan_next(s, ']')) == 1);
+    return more == 0;
+}
+
+/* data_offsets: two integers <= 2^48-1, begin <= end. */
+static int plain_offsets(kl_json_scan *s, kl_st_tensor *t)
+{
+    return kl_json_scan_char(s, '[') && kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->begin) &&
+           kl_json_scan_next(s, ']') == 1 && kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->end) &&
+           kl_json_scan_next(s, ']') == 0 && t->end >= t->begin;
+}
+
+/* One field of a tensor entry into t; *have marks the fields seen (each at most once). */
+static int plain_field(kl_json_scan *s, kl_st_tensor *t, unsigned *have)
+{
+    const char *k, *v;
+    size_t kn, vn;
+    if (!kl_json_scan_str(s, &k, &kn) || !kl_json_scan_char(s, ':'))
+        return 0;
+    unsigned bit = kn == 5 && !memcmp(k, "dtype", 5)           ? 1u
+                   : kn == 5 && !memcmp(k, "shape", 5)         ? 2u
+                   : kn == 12 && !memcmp(k, "data_offsets", 12) ? 4u
+                                                                : 0u;
+    if (!bit || (*have & bit))
+        return 0;
+    *have |= bit;
+    if (bit == 2)
+        return plain_shape(s, t);
+    if (bit == 4)
+        return plain_offsets(s, t);
+    return kl_json_scan_str(s, &v, &vn) && (t->dtype = kl_dtype_parse(v, vn)) != KL_DT_INVALID;
+}
+
+/* One tensor entry named name[0..len); 1 when plain and valid. */
+static int plain_tensor(st_parse *ps, kl_json_scan *s, const char *name, size_t len,
+                        kl_st_tensor *t)
+{
+    unsigned have = 0;
+    int more;
+    memset(t, 0, sizeof *t);
+    if (!len || !kl_json_scan_char(s, '{'))
+        return 0;
+    do {
+        if (!plain_field(s, t, &have))
+            return 0;
+    } while ((more = kl_json_scan_next(s, '}')) == 1);
+    if (more != 0 || have != 7u)
+        return 0;
+    t->file_off = ps->f->data_off + t->begin;
+    t->n_bytes = t->end - t->begin;
+    t->name = keep_span(ps, name, len);
+    st_parse quiet = *ps;   /* a size error declines: the strict path reports it */
+    quiet.err = NULL;
+    return check_tensor_size(&quiet, t) == 0;
+}
+
+/* The whole header on the plain path: 1 when read (f's tables filled as parse_entries fills
+ * them), 0 when declined (the tables may be half-filled: drop_tables). */
+static int parse_plain(st_parse *ps, const uint8_t *hdr, size_t n)
+{
+    kl_st_file *f = ps->f;
+    kl_json_scan s = {(const char *)hdr, (const char *)hdr + n};
+    size_t cap = 0;
+    if (!n || hdr[0] != '{' || !(f->strings = kl_malloc(n + 1)) ||
+        kl_grow(&f->tensors, &cap, 1, sizeof *f->tensors))
+        return 0;   /* leading whitespace: the strict path sets its warning */
+    ps->str_next = f->strings;
+    s.p++;
+    if (kl_json_scan_char(&s, '}'))
+        return kl_json_scan_at_end(&s);
+    int more;
+    do {
+        const char *name;
+        size_t len;
+        if (!kl_json_scan_str(&s, &name, &len) || !kl_json_scan_char(&s, ':'))
+            return 0;
+        if (len == sizeof META_KEY - 1 && !memcmp(name, META_KEY, len)) {
+            if (!plain_metadata(ps, &s))
+                return 0;
+            continue;
+        }
+        if (kl_grow(&f->tensors, &cap, f->n_tensors + 1, sizeof *f->tensors) ||
+            !plain_tensor(ps, &s, name, len, &f->tensors[f->n_tensors]))
+            return 0;
+        f->n_tensors++;
+    } while ((more = kl_json_scan_next(&s, '}')) == 1);
+    return more == 0 && kl_json_scan_at_end(&s);
+}
+
+/* Frees what parse_plain filled, for the strict path to start over. */
+static void drop_tables(kl_st_file *f)
+{
+    kl_free(f->tensors);
+    kl_free(f->meta);
+    kl_free(f->strings);
+    f->tensors = NULL;
+    f->meta = NULL;
+    f->strings = NULL;
+    f->n_tensors = f->n_meta = 0;
+    f->has_metadata = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Public API                                                                                 */
 
 static const char *file_type_name(mode_t m)
@@ -527,9 +691,12 @@ int kl_st_parse(kl_st_file *f, const char *path, const uint8_t *hdr, uint64_t n,
     f->file_bytes = file_bytes;
     f->header_bytes = n;
     f->data_off = 8 + n;
-    if ((rc = parse_json(&ps, hdr, (size_t)n, &root)) || (rc = alloc_tables(&ps, root)) ||
-        (rc = parse_entries(&ps, root)))
-        goto done;
+    if (!parse_plain(&ps, hdr, (size_t)n)) {
+        drop_tables(f);
+        if ((rc = parse_json(&ps, hdr, (size_t)n, &root)) || (rc = alloc_tables(&ps, root)) ||
+            (rc = parse_entries(&ps, root)))
+            goto done;
+    }
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_offsets);
     if ((rc = index_names(&ps)) || (rc = check_contiguous(&ps)) || (rc = check_file_length(&ps)))
         goto done;
