@@ -152,7 +152,8 @@ static int build_table(kl_checkpoint *ck, kl_err *err)
             t->name = st->tensors[j].name;
             t->shard = (uint32_t)i;
             t->t = &st->tensors[j];
-            int put = kl_strmap_put(&ck->by_name, t->name, (uint32_t)ck->n_tensors, NULL);
+            int put = kl_strmap_put_h(&ck->by_name, t->name, t->t->name_hash,
+                                      (uint32_t)ck->n_tensors, NULL);
             if (put < 0)
                 return kl_fail(err, KL_E_NOMEM, "out of memory");
             if (put == 1)

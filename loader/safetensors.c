@@ -325,9 +325,10 @@ static int index_names(st_parse *ps)
     if (kl_strmap_init(&f->by_name, f->n_tensors))
         return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing %zu tensors", f->n_tensors);
     for (size_t i = 0; i < f->n_tensors; i++) {
-        const kl_st_tensor *t = &f->tensors[i];
+        kl_st_tensor *t = &f->tensors[i];
         uint32_t first = 0;
-        int put = kl_strmap_put(&f->by_name, t->name, (uint32_t)i, &first);
+        t->name_hash = kl_strmap_hash(t->name);
+        int put = kl_strmap_put_h(&f->by_name, t->name, t->name_hash, (uint32_t)i, &first);
         if (put < 0)
             return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing tensors");
         if (put == 1)

@@ -62,6 +62,7 @@ typedef struct kl_st_tensor {
     uint64_t    begin, end;         /* data_offsets, relative to the data section */
     uint64_t    file_off;           /* absolute: 8 + header_bytes + begin */
     uint64_t    n_bytes;            /* end - begin */
+    uint64_t    name_hash;          /* kl_strmap_hash(name), for lookups in other maps */
 } kl_st_tensor;
 
 typedef struct kl_st_meta {
