@@ -282,16 +282,13 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     kl_checkpoint ck;
     kl_ckcheck chk;
     int rc;
-    int ck_open = 0;
     kl_model *m = kl_calloc(1, sizeof *m);
     if (!m)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     memset(&chk, 0, sizeof chk);
-    if ((rc = kl_ckpt_open(&ck, dir, err)))
-        goto fail;
-    ck_open = 1;
+    memset(&ck, 0, sizeof ck);
     /* the metadata check of kl audit: refuse what it refuses, before a byte is read */
-    if ((rc = kl_ckcheck_require(&chk, &ck, err)))
+    if ((rc = kl_ckcheck_open_require(&chk, &ck, dir, err)))
         goto fail;
     m->cfg = ck.config;
     if (!chk.has_schema) {
@@ -331,8 +328,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
 fail:
     kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
     kl_ckcheck_free(&chk);
-    if (ck_open)
-        kl_ckpt_close(&ck);
+    kl_ckpt_close(&ck);
     kl_model_close(m);
     return rc;
 }

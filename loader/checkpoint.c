@@ -157,6 +157,8 @@ static void dir_files_free(dir_files *df)
 typedef struct open_jobs {
     kl_checkpoint  *ck;         /* the index job parses ck->index_path into ck->index */
     size_t          n_index;    /* 1: that job comes first, 0: none */
+    kl_ckpt_job_fn  extra;      /* the caller's job (NULL: none), after the index job */
+    void           *extra_ctx;
     kl_ckpt_shard **shard;      /* [n_shard] headers to parse */
     size_t          n_shard;
     atomic_size_t   next;
@@ -166,12 +168,17 @@ static void *open_jobs_main(void *arg)
 {
     open_jobs *j = arg;
     kl_checkpoint *ck = j->ck;
-    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n_index + j->n_shard;) {
+    size_t n_extra = j->extra != NULL;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n_index + n_extra + j->n_shard;) {
         if (i < j->n_index) {
             ck->index_ok = kl_index_open(&ck->index, ck->index_path, &ck->index_err) == 0;
             continue;
         }
-        kl_ckpt_shard *s = j->shard[i - j->n_index];
+        if (i < j->n_index + n_extra) {
+            j->extra(j->extra_ctx, ck);
+            continue;
+        }
+        kl_ckpt_shard *s = j->shard[i - j->n_index - n_extra];
         s->ok = kl_st_open(&s->st, s->path, &s->err) == 0;
     }
     return NULL;
@@ -182,7 +189,8 @@ static void run_jobs(open_jobs *j)
     atomic_init(&j->next, 0);
     pthread_t th[OPEN_THREADS - 1];
     unsigned started = 0;
-    while (started + 1 < OPEN_THREADS && started + 1 < j->n_index + j->n_shard &&
+    while (started + 1 < OPEN_THREADS &&
+           started + 1 < j->n_index + (j->extra != NULL) + j->n_shard &&
            pthread_create(&th[started], NULL, open_jobs_main, j) == 0)
         started++;
     open_jobs_main(j);
@@ -190,10 +198,12 @@ static void run_jobs(open_jobs *j)
         pthread_join(th[i], NULL);
 }
 
-/* The index (parse_index) and every file of df at once. */
-static int open_index_and_files(kl_checkpoint *ck, int parse_index, dir_files *df, kl_err *err)
+/* The index (parse_index), the caller's job and every file of df at once. */
+static int open_index_and_files(kl_checkpoint *ck, int parse_index, dir_files *df,
+                                kl_ckpt_job_fn job, void *job_ctx, kl_err *err)
 {
-    open_jobs j = {.ck = ck, .n_index = parse_index != 0, .n_shard = df->n};
+    open_jobs j = {.ck = ck, .n_index = parse_index != 0, .extra = job, .extra_ctx = job_ctx,
+                   .n_shard = df->n};
     j.shard = kl_malloc((df->n ? df->n : 1) * sizeof *j.shard);
     if (!j.shard)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -267,6 +277,12 @@ static int is_regular_or_missing(const char *path, bool *exists)
 
 int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
 {
+    return kl_ckpt_open_with(ck, dir, NULL, NULL, err);
+}
+
+int kl_ckpt_open_with(kl_checkpoint *ck, const char *dir, kl_ckpt_job_fn job, void *job_ctx,
+                      kl_err *err)
+{
     memset(ck, 0, sizeof *ck);
     kl_err_clear(&ck->config_err);
     kl_err_clear(&ck->index_err);
@@ -300,7 +316,8 @@ int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
         exists = true; /* let the parser report the error */
     ck->has_index = exists;
     /* the directory's files are parsed while the index is; the index then orders them */
-    if ((rc = list_dir_files(ck, &df, err)) || (rc = open_index_and_files(ck, exists, &df, err)))
+    if ((rc = list_dir_files(ck, &df, err)) ||
+        (rc = open_index_and_files(ck, exists, &df, job, job_ctx, err)))
         goto fail;
     if (ck->index_ok && (rc = add_index_shards(ck, &df, err)))
         goto fail;

@@ -24,7 +24,16 @@ typedef struct tally {
     size_t      listed, hidden;
 } tally;
 
+/* A schema built ahead (kl_ckcheck_open_require): what kl_schema_build gave for the config. */
+typedef struct schema_ahead {
+    bool      done;      /* built (rc, err, s set) */
+    int       rc;
+    kl_err    err;
+    kl_schema s;         /* valid when done and rc == 0; taken by build_schema */
+} schema_ahead;
+
 typedef struct chk {
+    schema_ahead        *ahead;    /* NULL: build the schema in build_schema */
     const kl_checkpoint *ck;
     kl_ckcheck          *out;
     kl_finding_fn        fn;
@@ -438,7 +447,16 @@ static int build_schema(chk *k, kl_err *err)
                     "family") ? k->rc : 1;
     kl_err serr;
     kl_err_clear(&serr);
-    int rc = kl_schema_build(&k->out->schema, &ck->config, &serr);
+    int rc;
+    if (k->ahead && k->ahead->done) {   /* the same call, made earlier on the same config */
+        rc = k->ahead->rc;
+        serr = k->ahead->err;
+        k->out->schema = k->ahead->s;
+        memset(&k->ahead->s, 0, sizeof k->ahead->s);
+        k->ahead->done = false;
+    } else {
+        rc = kl_schema_build(&k->out->schema, &ck->config, &serr);
+    }
     if (rc == KL_E_NOMEM)
         return kl_fail(err, KL_E_NOMEM, "out of memory building the schema");
     if (rc)
@@ -498,14 +516,15 @@ static int check_schema(chk *k, kl_err *err)
 
 /* ---- public API ---------------------------------------------------------------------------- */
 
-int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
-                   kl_err *err)
+/* kl_ckcheck_run with a schema possibly built ahead. */
+static int run_check(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
+                     schema_ahead *ahead, kl_err *err)
 {
     memset(c, 0, sizeof *c);
     chk *k = kl_calloc(1, sizeof *k);
     if (!k)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    *k = (chk){.ck = ck, .out = c, .fn = fn, .ctx = ctx};
+    *k = (chk){.ahead = ahead, .ck = ck, .out = c, .fn = fn, .ctx = ctx};
     int rc = 0;
     if (!check_files(k) && !check_index(k) && !check_duplicates(k) && !check_total_size(k))
         rc = check_schema(k, err);
@@ -515,6 +534,12 @@ int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, voi
         rc = kl_fail(err, k->rc, "the finding callback failed");
     kl_free(k);
     return rc < 0 ? rc : 0;
+}
+
+int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
+                   kl_err *err)
+{
+    return run_check(c, ck, fn, ctx, NULL, err);
 }
 
 typedef struct first_error {
@@ -534,12 +559,13 @@ static int refuse_at_first_error(void *ctx, const kl_finding *f)
     return 1;
 }
 
-int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
+/* kl_ckcheck_require with a schema possibly built ahead. */
+static int require(kl_ckcheck *c, const kl_checkpoint *ck, schema_ahead *ahead, kl_err *err)
 {
     kl_err first;
     kl_err_clear(&first);
     first_error fe = {&first, ck->dir};
-    int rc = kl_ckcheck_run(c, ck, refuse_at_first_error, &fe, err);
+    int rc = run_check(c, ck, refuse_at_first_error, &fe, ahead, err);
     if (rc)
         return rc;
     if (!c->n_errors)
@@ -547,6 +573,39 @@ int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
     if (err && !err->code)
         *err = first;
     return first.code;
+}
+
+int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
+{
+    return require(c, ck, NULL, err);
+}
+
+/* The kl_ckpt_open_with job: the schema check_schema would build, built now (only where
+ * build_schema would call kl_schema_build). */
+static void build_ahead(void *ctx, const kl_checkpoint *ck)
+{
+    schema_ahead *a = ctx;
+    if (!ck->config_ok || ck->config.family == KL_FAMILY_KIMI_K3)
+        return;
+    kl_err_clear(&a->err);
+    a->rc = kl_schema_build(&a->s, &ck->config, &a->err);
+    a->done = true;
+}
+
+int kl_ckcheck_open_require(kl_ckcheck *c, kl_checkpoint *ck, const char *dir, kl_err *err)
+{
+    schema_ahead a = {0};
+    memset(c, 0, sizeof *c);
+    int rc = kl_ckpt_open_with(ck, dir, build_ahead, &a, err);
+    if (!rc)
+        rc = require(c, ck, &a, err);
+    if (a.done && !a.rc)
+        kl_schema_free(&a.s);   /* not taken: the check ended before the schema */
+    if (rc) {
+        kl_ckcheck_free(c);
+        kl_ckpt_close(ck);
+    }
+    return rc;
 }
 
 void kl_ckcheck_free(kl_ckcheck *c)
