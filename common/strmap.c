@@ -20,16 +20,19 @@ static uint64_t mix64(uint64_t h)
 uint64_t kl_strmap_hash(const char *key)
 {
     size_t n = strlen(key), i = 0;
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ n, w;
-    /* eight bytes a step (tensor names are 30-60 bytes) */
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, key + i, 8);
+    uint64_t h = 0x9E3779B97F4A7C15ull, w;
+    /* eight bytes a step (tensor names are 30-60 bytes), then the 0-7 left, then the length;
+     * each step a bijection of h, so keys that differ in one word differ after it */
+    for (;; i += 8) {
+        size_t k = n - i < 8 ? n - i : 8;
+        w = 0;
+        memcpy(&w, key + i, k);
         h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
         h ^= h >> 29;
+        if (k < 8)
+            break;
     }
-    w = 0;
-    memcpy(&w, key + i, n - i);
-    return mix64(h ^ w);
+    return mix64(h ^ ((uint64_t)n * 0x94D049BB133111EBull));
 }
 
 static int alloc_slots(kl_strmap *m, size_t cap)
