@@ -241,12 +241,28 @@ int kl_json_scan_char(kl_json_scan *s, char c)
     return 1;
 }
 
+/* Nonzero when one of the 8 bytes of w is below 0x20 or above 0x7f, a quote or a backslash:
+ * the usual tests for a byte below n (n <= 0x80) and a zero byte, on all 8 at once. */
+static uint64_t word_not_plain(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    return (w & high) | ((w - ones * 0x20) & ~w & high) | ((q - ones) & ~q & high) |
+           ((b - ones) & ~b & high);
+}
+
 int kl_json_scan_str(kl_json_scan *s, const char **at, size_t *len)
 {
     if (!kl_json_scan_char(s, '"'))
         return 0;
     const char *q = s->p;
-    /* printable ASCII (0x20..0x7f) other than the quote and the backslash */
+    /* printable ASCII (0x20..0x7f) other than the quote and the backslash: 8 bytes a step,
+     * then byte by byte from the word that holds the end */
+    for (uint64_t w; s->end - q >= 8; q += 8) {
+        memcpy(&w, q, 8);
+        if (word_not_plain(w))
+            break;
+    }
     while (q < s->end && (uint8_t)*q >= 0x20 && (uint8_t)*q < 0x80 && *q != '"' && *q != '\\')
         q++;
     if (q == s->end || *q != '"')

@@ -62,8 +62,14 @@ static float *vec_f32(const kl_wmat *w)
     float *v = kl_malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return NULL;
-    for (uint64_t r = 0; r < w->rows; r++)
-        kl_wmat_row_f32(w, r, v + r * w->cols);
+    /* F32 and BF16 rows are contiguous: one row of n (a KDA conv has 4096 rows of 4 taps) */
+    kl_wmat flat = *w;
+    if (w->kind == KL_W_F32 || w->kind == KL_W_BF16) {
+        flat.rows = n ? 1 : 0;
+        flat.cols = n;
+    }
+    for (uint64_t r = 0; r < flat.rows; r++)
+        kl_wmat_row_f32(&flat, r, v + r * flat.cols);
     return v;
 }
 

@@ -5,6 +5,7 @@
  */
 #include "loader/checkpoint.h"
 
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 
@@ -188,8 +189,8 @@ static void run_jobs(open_jobs *j)
 {
     atomic_init(&j->next, 0);
     pthread_t th[OPEN_THREADS - 1];
-    unsigned started = 0;
-    while (started + 1 < OPEN_THREADS &&
+    unsigned started = 0, threads = kl_cpu_count(OPEN_THREADS);   /* no more than the CPUs */
+    while (started + 1 < threads &&
            started + 1 < j->n_index + (j->extra != NULL) + j->n_shard &&
            pthread_create(&th[started], NULL, open_jobs_main, j) == 0)
         started++;

@@ -24,6 +24,8 @@ typedef struct idx_parse {
     kl_index *idx;
     char *str_next; /* next free byte of idx->strings */
     kl_err *err;
+    const char *last_file;  /* the last shard file an entry named (checked), kept */
+    uint32_t last_shard;    /* its shard index */
 } idx_parse;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -146,13 +148,17 @@ static int add_entry(idx_parse *ps, const char *tensor, const char *file)
     if (!file || !file[0])
         return kl_fail_at(ps->err, KL_E_FORMAT, "IDX-ENTRY", tensor, KL_NO_OFFSET,
                           "shard file must be a non-empty string");
-    int rc = check_shard_name(ps, tensor, file);
-    if (rc)
-        return rc;
     kl_index_entry *e = &idx->entries[idx->n_entries];
-    e->tensor = keep_str(ps, tensor);
-    if ((rc = shard_id(ps, file, &e->shard)))
+    int rc;
+    if (ps->last_file && !strcmp(file, ps->last_file)) {   /* neighbours share a shard */
+        e->shard = ps->last_shard;
+    } else if ((rc = check_shard_name(ps, tensor, file)) || (rc = shard_id(ps, file, &e->shard))) {
         return rc;
+    } else {
+        ps->last_file = idx->shards[e->shard];
+        ps->last_shard = e->shard;
+    }
+    e->tensor = keep_str(ps, tensor);
     int put = kl_strmap_put(&idx->by_tensor, e->tensor, (uint32_t)idx->n_entries, NULL);
     if (put < 0)
         return kl_fail(ps->err, KL_E_NOMEM, "out of memory indexing tensors");
