@@ -10,7 +10,9 @@
  * never opens a file for writing.
  *
  * Shards: those named by the index, in name order, then every other *.safetensors file of the
- * directory in name order (without an index these are the shards; with one, strays).
+ * directory in name order (without an index these are the shards; with one, strays).  The
+ * index and the directory's shard headers are parsed at once (up to 8 threads, no more than the
+ * usable CPUs); a shard the index names but the directory lacks is opened after (its error).
  * Ownership: everything belongs to the kl_checkpoint until kl_ckpt_close.
  */
 #ifndef KL_LOADER_CHECKPOINT_H

@@ -28,6 +28,9 @@
  * directory, FIFO, device...) and FILE-SHORT (the file shrank while being read).
  * Warnings (not errors) are flags in kl_st_file.warnings.
  *
+ * Headers in the plain subset writers produce (ASCII names without escapes, integers) are read
+ * straight into the tables; anything else goes through the strict JSON reader (common/json.h),
+ * so results and messages are the same either way.
  * Ownership: kl_st_file owns all its memory; tensor names and metadata strings are borrowed
  * pointers valid until kl_st_close.  Thread safety: one file per thread, or read-only sharing
  * after open.
