@@ -296,12 +296,29 @@ int kl_json_scan_u64(kl_json_scan *s, uint64_t max, uint64_t *out)
     return 1;
 }
 
-int kl_json_scan_next(kl_json_scan *s, char close)
+/* After a member or element: 1 and the ',' consumed when another follows, 0 and close consumed
+ * at the end of the object or array, -1 for anything else. */
+static int scan_next(kl_json_scan *s, char close)
 {
     scan_space(s);
     if (s->p < s->end && (*s->p == ',' || *s->p == close))
         return *s->p++ == ',';
     return -1;
+}
+
+int kl_json_scan_list(kl_json_scan *s, char open, char close, kl_json_scan_item_fn item,
+                      void *ctx)
+{
+    if (!kl_json_scan_char(s, open))
+        return 0;
+    if (kl_json_scan_char(s, close))
+        return 1;
+    int more;
+    do {
+        if (!item(ctx, s))
+            return 0;
+    } while ((more = scan_next(s, close)) == 1);
+    return more == 0;
 }
 
 int kl_json_scan_at_end(kl_json_scan *s)

@@ -72,9 +72,12 @@ int kl_json_scan_char(kl_json_scan *s, char c);
 int kl_json_scan_str(kl_json_scan *s, const char **at, size_t *len);
 /* Consumes an integer written as digits only ("0" or no leading zero) and at most max. */
 int kl_json_scan_u64(kl_json_scan *s, uint64_t max, uint64_t *out);
-/* After a member or element: 1 and the ',' consumed when another follows, 0 and close consumed
- * at the end of the object or array, -1 for anything else. */
-int kl_json_scan_next(kl_json_scan *s, char close);
+/* A whole object or array: the character open, then each member or element read by
+ * item(ctx, s) (1: read, 0: decline), commas between them, then close.  1 when all was read
+ * (an empty one too), 0 when anything declined. */
+typedef int (*kl_json_scan_item_fn)(void *ctx, kl_json_scan *s);
+int kl_json_scan_list(kl_json_scan *s, char open, char close, kl_json_scan_item_fn item,
+                      void *ctx);
 /* 1 when only whitespace is left. */
 int kl_json_scan_at_end(kl_json_scan *s);
 

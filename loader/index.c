@@ -215,56 +215,71 @@ static int plain_name(kl_json_scan *s, char *buf)
     return 1;
 }
 
-/* metadata's members, the opening brace read: total_size an integer at most once, any other
- * member a plain string or integer. */
-static int plain_metadata(idx_parse *ps, kl_json_scan *s)
+/* One member of metadata: total_size an integer at most once, any other a plain string or
+ * integer. */
+static int meta_member(void *ctx, kl_json_scan *s)
 {
-    if (!kl_json_scan_char(s, '{'))
+    kl_index *idx = ((idx_parse *)ctx)->idx;
+    const char *k, *v;
+    size_t kn, vn;
+    uint64_t n;
+    if (!kl_json_scan_str(s, &k, &kn) || !kl_json_scan_char(s, ':'))
         return 0;
-    if (kl_json_scan_char(s, '}'))
+    if (kn == 10 && !memcmp(k, "total_size", 10)) {
+        if (idx->has_total_size || !kl_json_scan_u64(s, UINT64_MAX, &idx->total_size))
+            return 0;
+        idx->has_total_size = 1;
         return 1;
-    int more;
-    do {
-        const char *k, *v;
-        size_t kn, vn;
-        uint64_t n;
-        if (!kl_json_scan_str(s, &k, &kn) || !kl_json_scan_char(s, ':'))
-            return 0;
-        if (kn == 10 && !memcmp(k, "total_size", 10)) {
-            if (ps->idx->has_total_size ||
-                !kl_json_scan_u64(s, UINT64_MAX, &ps->idx->total_size))
-                return 0;
-            ps->idx->has_total_size = 1;
-        } else if (!kl_json_scan_str(s, &v, &vn) && !kl_json_scan_u64(s, UINT64_MAX, &n)) {
-            return 0;
-        }
-    } while ((more = kl_json_scan_next(s, '}')) == 1);
-    return more == 0;
+    }
+    return kl_json_scan_str(s, &v, &vn) || kl_json_scan_u64(s, UINT64_MAX, &n);
 }
 
-/* weight_map's members, each through add_entry; 1 when all were plain and valid. */
-static int plain_weight_map(idx_parse *ps, kl_json_scan *s, size_t text_len)
+/* The index being read: the parse, the text's length, the tables' capacities, the root
+ * members seen. */
+typedef struct plain_root {
+    idx_parse *ps;
+    size_t     text_len, cap_e, cap_s;
+    int        seen_meta, seen_map;
+} plain_root;
+
+/* One weight_map member, through add_entry. */
+static int map_member(void *ctx, kl_json_scan *s)
 {
-    kl_index *idx = ps->idx;
-    size_t cap_e = 0, cap_s = 0;
+    plain_root *r = ctx;
+    kl_index *idx = r->ps->idx;
     char tensor[PLAIN_MAX_NAME], file[PLAIN_MAX_NAME];
-    idx->strings = kl_malloc(text_len + 1);   /* each kept name had two quotes in the text */
-    if (!idx->strings || !kl_json_scan_char(s, '{') ||
-        kl_strmap_init(&idx->by_tensor, text_len / 96) || kl_strmap_init(&idx->by_shard, 16))
+    size_t need = idx->n_entries + 1;
+    return plain_name(s, tensor) && kl_json_scan_char(s, ':') && plain_name(s, file) &&
+           !kl_grow(&idx->entries, &r->cap_e, need, sizeof *idx->entries) &&
+           !kl_grow((void *)&idx->shards, &r->cap_s, need, sizeof *idx->shards) &&
+           !add_entry(r->ps, tensor, file);
+}
+
+/* weight_map's tables (sized for the whole text: each kept name had two quotes in it) and
+ * members. */
+static int plain_weight_map(plain_root *r, kl_json_scan *s)
+{
+    kl_index *idx = r->ps->idx;
+    if (!(idx->strings = kl_malloc(r->text_len + 1)) ||
+        kl_strmap_init(&idx->by_tensor, r->text_len / 96) || kl_strmap_init(&idx->by_shard, 16))
         return 0;
-    ps->str_next = idx->strings;
-    if (kl_json_scan_char(s, '}'))
-        return 1;
-    int more;
-    do {
-        size_t need = idx->n_entries + 1;
-        if (!plain_name(s, tensor) || !kl_json_scan_char(s, ':') || !plain_name(s, file) ||
-            kl_grow(&idx->entries, &cap_e, need, sizeof *idx->entries) ||
-            kl_grow((void *)&idx->shards, &cap_s, need, sizeof *idx->shards) ||
-            add_entry(ps, tensor, file))
-            return 0;
-    } while ((more = kl_json_scan_next(s, '}')) == 1);
-    return more == 0;
+    r->ps->str_next = idx->strings;
+    return kl_json_scan_list(s, '{', '}', map_member, r);
+}
+
+/* One root member: metadata or weight_map, each once. */
+static int root_member(void *ctx, kl_json_scan *s)
+{
+    plain_root *r = ctx;
+    const char *k;
+    size_t kn;
+    if (!kl_json_scan_str(s, &k, &kn) || !kl_json_scan_char(s, ':'))
+        return 0;
+    if (kn == 8 && !memcmp(k, "metadata", 8) && !r->seen_meta++)
+        return kl_json_scan_list(s, '{', '}', meta_member, r->ps);
+    if (kn == 10 && !memcmp(k, "weight_map", 10) && !r->seen_map++)
+        return plain_weight_map(r, s);
+    return 0;
 }
 
 /* The whole text on the plain path: 1 when read, 0 when declined (idx half-filled:
@@ -272,25 +287,9 @@ static int plain_weight_map(idx_parse *ps, kl_json_scan *s, size_t text_len)
 static int parse_plain(idx_parse *ps, const char *json, size_t len)
 {
     kl_json_scan s = {json, json + len};
-    int seen_meta = 0, seen_map = 0, more;
-    if (!kl_json_scan_char(&s, '{') || kl_json_scan_char(&s, '}'))
-        return 0;
-    do {
-        const char *k;
-        size_t kn;
-        if (!kl_json_scan_str(&s, &k, &kn) || !kl_json_scan_char(&s, ':'))
-            return 0;
-        if (kn == 8 && !memcmp(k, "metadata", 8) && !seen_meta++) {
-            if (!plain_metadata(ps, &s))
-                return 0;
-        } else if (kn == 10 && !memcmp(k, "weight_map", 10) && !seen_map++) {
-            if (!plain_weight_map(ps, &s, len))
-                return 0;
-        } else {
-            return 0;
-        }
-    } while ((more = kl_json_scan_next(&s, '}')) == 1);
-    return more == 0 && seen_map && kl_json_scan_at_end(&s);
+    plain_root r = {.ps = ps, .text_len = len};
+    return kl_json_scan_list(&s, '{', '}', root_member, &r) && r.seen_map &&
+           kl_json_scan_at_end(&s);
 }
 
 /* ------------------------------------------------------------------------------------------ */

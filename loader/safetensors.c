@@ -461,61 +461,66 @@ static const char *keep_span(st_parse *ps, const char *at, size_t len)
     return dst;
 }
 
-/* The keys and string values of __metadata__, the opening brace read; 1 when all were plain and
- * distinct. */
+/* One member of __metadata__: a plain key and string value, the key not seen before. */
+static int meta_member(void *ctx, kl_json_scan *s)
+{
+    st_parse *ps = ctx;
+    kl_st_file *f = ps->f;
+    const char *k, *v;
+    size_t kn, vn;
+    if (f->n_meta == PLAIN_MAX_META || !kl_json_scan_str(s, &k, &kn) ||
+        !kl_json_scan_char(s, ':') || !kl_json_scan_str(s, &v, &vn))
+        return 0;
+    kl_st_meta *e = &f->meta[f->n_meta++];
+    e->key = keep_span(ps, k, kn);
+    e->value = keep_span(ps, v, vn);
+    for (size_t i = 0; i + 1 < f->n_meta; i++)
+        if (!strcmp(f->meta[i].key, e->key))
+            return 0;
+    return 1;
+}
+
+/* __metadata__, once, an object of plain strings with distinct keys. */
 static int plain_metadata(st_parse *ps, kl_json_scan *s)
 {
     kl_st_file *f = ps->f;
-    if (f->has_metadata || !kl_json_scan_char(s, '{') ||
-        !(f->meta = kl_calloc(PLAIN_MAX_META, sizeof *f->meta)))
+    if (f->has_metadata || !(f->meta = kl_calloc(PLAIN_MAX_META, sizeof *f->meta)))
         return 0;
     f->has_metadata = 1;
-    if (kl_json_scan_char(s, '}'))
-        return 1;
-    int more;
-    do {
-        const char *k, *v;
-        size_t kn, vn;
-        if (f->n_meta == PLAIN_MAX_META || !kl_json_scan_str(s, &k, &kn) ||
-            !kl_json_scan_char(s, ':') || !kl_json_scan_str(s, &v, &vn))
-            return 0;
-        kl_st_meta *e = &f->meta[f->n_meta++];
-        e->key = keep_span(ps, k, kn);
-        e->value = keep_span(ps, v, vn);
-        for (size_t i = 0; i + 1 < f->n_meta; i++)
-            if (!strcmp(f->meta[i].key, e->key))
-                return 0;
-    } while ((more = kl_json_scan_next(s, '}')) == 1);
-    return more == 0;
+    return kl_json_scan_list(s, '{', '}', meta_member, ps);
 }
 
-/* A shape array of at most KL_ST_MAX_RANK integers <= 2^48-1. */
-static int plain_shape(kl_json_scan *s, kl_st_tensor *t)
+/* One dimension of a shape: an integer <= 2^48-1, at most KL_ST_MAX_RANK of them. */
+static int shape_dim(void *ctx, kl_json_scan *s)
 {
-    if (!kl_json_scan_char(s, '['))
+    kl_st_tensor *t = ctx;
+    if (t->rank == KL_ST_MAX_RANK || !kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->shape[t->rank]))
         return 0;
-    if (kl_json_scan_char(s, ']'))
-        return 1;
-    int more;
-    do {
-        if (t->rank == KL_ST_MAX_RANK || !kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->shape[t->rank]))
-            return 0;
-        t->rank++;
-    } while ((more = kl_json_scan_next(s, ']')) == 1);
-    return more == 0;
+    t->rank++;
+    return 1;
 }
 
-/* data_offsets: two integers <= 2^48-1, begin <= end. */
-static int plain_offsets(kl_json_scan *s, kl_st_tensor *t)
+/* A tensor entry being read: the tensor, the fields seen (each at most once), the number of
+ * data_offsets read. */
+typedef struct plain_entry {
+    kl_st_tensor *t;
+    unsigned      have;      /* 1 dtype, 2 shape, 4 data_offsets */
+    unsigned      n_offsets;
+} plain_entry;
+
+/* One of data_offsets' two integers <= 2^48-1. */
+static int offset_item(void *ctx, kl_json_scan *s)
 {
-    return kl_json_scan_char(s, '[') && kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->begin) &&
-           kl_json_scan_next(s, ']') == 1 && kl_json_scan_u64(s, KL_ST_MAX_DIM, &t->end) &&
-           kl_json_scan_next(s, ']') == 0 && t->end >= t->begin;
+    plain_entry *e = ctx;
+    uint64_t *at = e->n_offsets == 0 ? &e->t->begin : e->n_offsets == 1 ? &e->t->end : NULL;
+    e->n_offsets++;
+    return at && kl_json_scan_u64(s, KL_ST_MAX_DIM, at);
 }
 
-/* One field of a tensor entry into t; *have marks the fields seen (each at most once). */
-static int plain_field(kl_json_scan *s, kl_st_tensor *t, unsigned *have)
+/* One field of a tensor entry into e->t. */
+static int field_item(void *ctx, kl_json_scan *s)
 {
+    plain_entry *e = ctx;
     const char *k, *v;
     size_t kn, vn;
     if (!kl_json_scan_str(s, &k, &kn) || !kl_json_scan_char(s, ':'))
@@ -524,30 +529,25 @@ static int plain_field(kl_json_scan *s, kl_st_tensor *t, unsigned *have)
                    : kn == 5 && !memcmp(k, "shape", 5)         ? 2u
                    : kn == 12 && !memcmp(k, "data_offsets", 12) ? 4u
                                                                 : 0u;
-    if (!bit || (*have & bit))
+    if (!bit || (e->have & bit))
         return 0;
-    *have |= bit;
+    e->have |= bit;
     if (bit == 2)
-        return plain_shape(s, t);
+        return kl_json_scan_list(s, '[', ']', shape_dim, e->t);
     if (bit == 4)
-        return plain_offsets(s, t);
-    return kl_json_scan_str(s, &v, &vn) && (t->dtype = kl_dtype_parse(v, vn)) != KL_DT_INVALID;
+        return kl_json_scan_list(s, '[', ']', offset_item, e) && e->n_offsets == 2 &&
+               e->t->end >= e->t->begin;
+    return kl_json_scan_str(s, &v, &vn) &&
+           (e->t->dtype = kl_dtype_parse(v, vn)) != KL_DT_INVALID;
 }
 
 /* One tensor entry named name[0..len); 1 when plain and valid. */
 static int plain_tensor(st_parse *ps, kl_json_scan *s, const char *name, size_t len,
                         kl_st_tensor *t)
 {
-    unsigned have = 0;
-    int more;
     memset(t, 0, sizeof *t);
-    if (!len || !kl_json_scan_char(s, '{'))
-        return 0;
-    do {
-        if (!plain_field(s, t, &have))
-            return 0;
-    } while ((more = kl_json_scan_next(s, '}')) == 1);
-    if (more != 0 || have != 7u)
+    plain_entry e = {t, 0, 0};
+    if (!len || !kl_json_scan_list(s, '{', '}', field_item, &e) || e.have != 7u)
         return 0;
     t->file_off = ps->f->data_off + t->begin;
     t->n_bytes = t->end - t->begin;
@@ -557,37 +557,42 @@ static int plain_tensor(st_parse *ps, kl_json_scan *s, const char *name, size_t 
     return check_tensor_size(&quiet, t) == 0;
 }
 
+/* The whole header being read: the parse, the tensor table's capacity. */
+typedef struct plain_root {
+    st_parse *ps;
+    size_t    cap;
+} plain_root;
+
+/* One member of the header: __metadata__ or a tensor entry. */
+static int root_member(void *ctx, kl_json_scan *s)
+{
+    plain_root *r = ctx;
+    kl_st_file *f = r->ps->f;
+    const char *name;
+    size_t len;
+    if (!kl_json_scan_str(s, &name, &len) || !kl_json_scan_char(s, ':'))
+        return 0;
+    if (len == sizeof META_KEY - 1 && !memcmp(name, META_KEY, len))
+        return plain_metadata(r->ps, s);
+    if (kl_grow(&f->tensors, &r->cap, f->n_tensors + 1, sizeof *f->tensors) ||
+        !plain_tensor(r->ps, s, name, len, &f->tensors[f->n_tensors]))
+        return 0;
+    f->n_tensors++;
+    return 1;
+}
+
 /* The whole header on the plain path: 1 when read (f's tables filled as parse_entries fills
  * them), 0 when declined (the tables may be half-filled: drop_tables). */
 static int parse_plain(st_parse *ps, const uint8_t *hdr, size_t n)
 {
     kl_st_file *f = ps->f;
     kl_json_scan s = {(const char *)hdr, (const char *)hdr + n};
-    size_t cap = 0;
+    plain_root r = {ps, 0};
     if (!n || hdr[0] != '{' || !(f->strings = kl_malloc(n + 1)) ||
-        kl_grow(&f->tensors, &cap, 1, sizeof *f->tensors))
+        kl_grow(&f->tensors, &r.cap, 1, sizeof *f->tensors))
         return 0;   /* leading whitespace: the strict path sets its warning */
     ps->str_next = f->strings;
-    s.p++;
-    if (kl_json_scan_char(&s, '}'))
-        return kl_json_scan_at_end(&s);
-    int more;
-    do {
-        const char *name;
-        size_t len;
-        if (!kl_json_scan_str(&s, &name, &len) || !kl_json_scan_char(&s, ':'))
-            return 0;
-        if (len == sizeof META_KEY - 1 && !memcmp(name, META_KEY, len)) {
-            if (!plain_metadata(ps, &s))
-                return 0;
-            continue;
-        }
-        if (kl_grow(&f->tensors, &cap, f->n_tensors + 1, sizeof *f->tensors) ||
-            !plain_tensor(ps, &s, name, len, &f->tensors[f->n_tensors]))
-            return 0;
-        f->n_tensors++;
-    } while ((more = kl_json_scan_next(&s, '}')) == 1);
-    return more == 0 && kl_json_scan_at_end(&s);
+    return kl_json_scan_list(&s, '{', '}', root_member, &r) && kl_json_scan_at_end(&s);
 }
 
 /* Frees what parse_plain filled, for the strict path to start over. */

@@ -209,26 +209,44 @@ START_TEST(json_scan_reads_only_the_plain_subset)
 }
 END_TEST
 
-START_TEST(json_scan_walks_members_to_the_end)
+/* Members "key": integer <= 9 summed into the context; anything else declines. */
+static int sum_member(void *ctx, kl_json_scan *s)
 {
-    const char *t = " { \"a\" : 1 , \"b\":2}  \n";
-    kl_json_scan sc = {t, t + strlen(t)};
     const char *k;
     size_t n;
     uint64_t v;
-    ck_assert(kl_json_scan_char(&sc, '{'));
-    ck_assert(kl_json_scan_str(&sc, &k, &n) && kl_json_scan_char(&sc, ':') &&
-              kl_json_scan_u64(&sc, 9, &v) && v == 1);
-    ck_assert_int_eq(kl_json_scan_next(&sc, '}'), 1);
-    ck_assert(kl_json_scan_str(&sc, &k, &n) && kl_json_scan_char(&sc, ':') &&
-              kl_json_scan_u64(&sc, 9, &v) && v == 2);
-    ck_assert_int_eq(kl_json_scan_next(&sc, '}'), 0);
-    ck_assert(kl_json_scan_at_end(&sc));
-    const char *bad = "1 x";
-    kl_json_scan sb = {bad, bad + 3};
-    ck_assert(kl_json_scan_u64(&sb, 9, &v));
-    ck_assert_int_eq(kl_json_scan_next(&sb, ']'), -1);
-    ck_assert(!kl_json_scan_at_end(&sb));
+    if (!kl_json_scan_str(s, &k, &n) || !kl_json_scan_char(s, ':') || !kl_json_scan_u64(s, 9, &v))
+        return 0;
+    *(uint64_t *)ctx += v;
+    return 1;
+}
+
+START_TEST(json_scan_lists_read_members_to_the_close)
+{
+    static const struct {
+        const char *text;
+        int         ok;
+        uint64_t    sum;
+        int         at_end;
+    } rows[] = {
+        {" { \"a\" : 1 , \"b\":2}  \n", 1, 3, 1},
+        {"{}", 1, 0, 1},
+        {"{ }x", 1, 0, 0},
+        {"{\"a\":1,}", 0, 0, 0},         /* a trailing comma */
+        {"{\"a\":1 \"b\":2}", 0, 0, 0},  /* no comma */
+        {"{\"a\":1", 0, 0, 0},           /* no close */
+        {"{\"a\":10}", 0, 0, 0},         /* the item declines */
+        {"[\"a\":1]", 0, 0, 0},          /* not the open asked for */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kl_json_scan sc = {rows[i].text, rows[i].text + strlen(rows[i].text)};
+        uint64_t sum = 0;
+        int ok = kl_json_scan_list(&sc, '{', '}', sum_member, &sum);
+        ck_assert_msg(ok == rows[i].ok, "%s: %d", rows[i].text, ok);
+        if (ok)
+            ck_assert_msg(sum == rows[i].sum && kl_json_scan_at_end(&sc) == rows[i].at_end,
+                          "%s: sum %" PRIu64, rows[i].text, sum);
+    }
 }
 END_TEST
 
@@ -249,7 +267,7 @@ int main(void)
     tc = tcase_create("plain subset");
     tcase_add_loop_test(tc, json_scan_reads_only_the_plain_subset, 0,
                         (int)(sizeof scan_rows / sizeof scan_rows[0]));
-    tcase_add_test(tc, json_scan_walks_members_to_the_end);
+    tcase_add_test(tc, json_scan_lists_read_members_to_the_close);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }
