@@ -173,8 +173,8 @@ typedef struct kl_gpu_ceilings {
 int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
 
 /* How a GPU backend's weights came: how ("ring", "ring-direct", "ring-mmap", "mapped", "read",
- * "direct", "host": every byte from the host model), bytes copied, mapped windows or ring buffers filled
- * and how many of them were page-locked (the others were copied at the pageable rate); the
+ * "direct", "host": every byte from the host model), bytes copied, mapped windows or ring
+ * buffers filled and how many of them were page-locked (the others were copied at the pageable rate); the
  * ring's threads and buffers; and where the creation's time went, in seconds: device (context,
  * stream, events) and buffers (the ring's pinned memory) on the preparing thread, wait (the
  * creating thread waiting for it; 0 when not overlapped), plan, alloc (the weights' device

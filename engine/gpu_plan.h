@@ -141,13 +141,13 @@ typedef struct kl_fill_opts {
     kl_direct_mode direct;              /* READ: O_DIRECT choice; RING: O_DIRECT only when
                                            ON (buffered where open refuses it, e.g. tmpfs),
                                            else through the page cache */
-    int            copy_mapped;         /* RING: the readers copy from a read-only mapping
-                                           of each shard (memcpy) instead of pread */
     void *const   *buffers;             /* RING: NULL, or the caller's windows buffers of
                                            window_bytes each (a multiple of 4 KiB, 4 KiB
                                            aligned), pinned: used instead of host_alloc and
                                            left to the caller, every copy from them waited
                                            for when the fill returns */
+    int            copy_mapped;         /* RING: the readers copy from a read-only mapping
+                                           of each shard (memcpy) instead of pread */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {
