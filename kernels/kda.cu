@@ -2,8 +2,9 @@
  * kernels/kda.cu — KDA between the projections: short conv + SiLU, and the delta-rule
  * recurrence with its gated RMSNorm (see kda.h; the CPU reference: engine/forward.c).
  *
- * Conv: one thread per (run, q/k/v, channel); it keeps the channel's window in registers and
- * walks the run's tokens in order, exactly as short_conv does.
+ * Conv: one thread per (run, q/k/v, channel, segment of the run's tokens); it keeps the
+ * channel's window in registers and walks its segment in order, exactly as short_conv does
+ * (the inputs before the segment read before any thread writes).
  *
  * Recurrence: one block of RECUR_THREADS per (run, head); the head's state S [K][K] stays in
  * registers for the whole run (read once, written once).  Thread (group w, lane) owns rows
@@ -36,7 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CONV_THREADS  256
+#define CONV_SEGS     8                    /* token segments of a run, for runs of ... */
+#define CONV_SEG_MIN  64u                  /* ... this many tokens at least */
 #define CONV_MAX_W    8                    /* taps per channel at most */
 #define RECUR_GROUPS  16                   /* groups of KL_GPU_GROUP lanes per block */
 #define RECUR_THREADS (RECUR_GROUPS * KL_GPU_GROUP)
@@ -74,24 +76,40 @@ __device__ static inline float softplus(float z)
 /* ------------------------------------------------------------------------------------------ */
 /* Short conv                                                                                 */
 
-/* grid (channel blocks, 3, runs): channel c of x = qkv[blockIdx.y] over run blockIdx.z */
+/* grid (channel blocks of 32, 3, runs), blockDim.x = 32 S: channel c of x = qkv[blockIdx.y]
+ * over run blockIdx.z, cut into S segments of consecutive tokens, one per group of 32 lanes.
+ * Each thread first reads the W - 1 inputs before its segment (the slot's window before the
+ * run), then, after the block's barrier (no input is overwritten before every thread has
+ * read what it needs), walks its segment in order, exactly as short_conv does; the thread of
+ * the last token writes the window back. */
 __global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_start,
                                    const uint32_t *run_slot)
 {
     KL_GPU_GRID_WAIT();
-    const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x, which = blockIdx.y;
-    if (c >= a.D)
-        return;
-    const uint32_t W = a.W, r = blockIdx.z;
+    const uint32_t c = blockIdx.x * KL_GPU_GROUP + threadIdx.x % KL_GPU_GROUP;
+    const uint32_t which = blockIdx.y, W = a.W, r = blockIdx.z;
+    const uint32_t S = blockDim.x / KL_GPU_GROUP, seg = threadIdx.x / KL_GPU_GROUP;
+    const uint32_t t0 = run_start[r], len = run_start[r + 1] - t0, L = (len + S - 1) / S;
+    const uint32_t s0 = t0 + (seg * L < len ? seg * L : len);
+    const uint32_t s1 = t0 + ((seg + 1) * L < len ? (seg + 1) * L : len);
+    const bool on = c < a.D;
     /* selects, not a[which]: a dynamic index into the parameters copies them to the stack */
     float *x = which == 0 ? a.qkv[0] : which == 1 ? a.qkv[1] : a.qkv[2];
-    const float *w = (which == 0 ? a.taps[0] : which == 1 ? a.taps[1] : a.taps[2]) + (size_t)c * W;
+    const float *w = (which == 0 ? a.taps[0] : which == 1 ? a.taps[1] : a.taps[2]) +
+                     (size_t)(on ? c : 0) * W;
     float *st = a.win + run_slot[r] * a.win_stride + ((size_t)which * a.D + c) * (W - 1);
     float win[CONV_MAX_W]; /* unrolled with guards, so it stays in registers */
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_W - 1; j++)
-        win[j] = j + 1 < (int)W ? st[j] : 0.0f;
-    for (uint32_t t = run_start[r]; t < run_start[r + 1]; t++) {
+    for (int j = 0; j < CONV_MAX_W - 1; j++) { /* input at token s0 - (W - 1) + j */
+        const int64_t at = (int64_t)s0 - (int64_t)(W - 1) + j;
+        win[j] = !on || j + 1 >= (int)W ? 0.0f
+                 : at < (int64_t)t0      ? st[j + (s0 - t0)]
+                                         : x[(size_t)at * a.D + c];
+    }
+    __syncthreads();
+    if (!on)
+        return;
+    for (uint32_t t = s0; t < s1; t++) {
         const float in = x[(size_t)t * a.D + c];
         float acc = w[W - 1] * in; /* tap W-1: the current token */
 #pragma unroll
@@ -104,10 +122,11 @@ __global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_s
                 win[j] = j + 2 < (int)W ? win[j + 1] : in;
         x[(size_t)t * a.D + c] = silu(acc);
     }
+    if (len && s0 < s1 && s1 == t0 + len)
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_W - 1; j++)
-        if (j + 1 < (int)W)
-            st[j] = win[j];
+        for (int j = 0; j < CONV_MAX_W - 1; j++)
+            if (j + 1 < (int)W)
+                st[j] = win[j];
 }
 
 extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_tokens *t,
@@ -128,8 +147,10 @@ extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_token
         return err->code;
     if (t->n_runs == 0)
         return 0;
-    dim3 grid((a->D + CONV_THREADS - 1) / CONV_THREADS, 3, t->n_runs);
-    conv_kernel<<<grid, CONV_THREADS, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
+    /* prompts: segments of each run in parallel (a thread walked all of a channel's tokens) */
+    const unsigned segs = t->max_run >= CONV_SEG_MIN ? CONV_SEGS : 1;
+    dim3 grid((a->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP, 3, t->n_runs);
+    conv_kernel<<<grid, segs * KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

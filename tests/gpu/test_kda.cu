@@ -444,6 +444,10 @@ int main(void)
         {"runs3_1000_37_256", 32, 128, 4, 3, {{2, 1000}, {0, 37}, {1, 256}}},
         {"calls_128_128", 32, 128, 4, 2, {{1, 256}}, 128},
         {"calls_100_45", 32, 128, 4, 2, {{0, 145}}, 100},
+        /* the conv's token segments (runs >= 64): W 2 and 1, a run shorter than a segment */
+        {"K40_W2_run70", 3, 40, 2, 2, {{1, 70}, {0, 9}}},
+        {"W1_run80", 2, 32, 1, 1, {{0, 80}}},
+        {"runs2_300_3", 32, 128, 4, 2, {{0, 300}, {1, 3}}},
     };
     const size_t nc = sizeof cases / sizeof cases[0];
     double worst[3] = {0, 0, 0}, worst_v3_v2 = 0;
