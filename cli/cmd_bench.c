@@ -609,6 +609,7 @@ static int bench_decode(int argc, char **argv)
         failed = time_prefill_at(m, (size_t)a.pf_len[i], &res.pf_tok_s[i], &err);
     if (failed) {
         kl_model_close(m);
+        kl_cli_load_release(&l);
         return kl_cli_report("bench decode", &err);
     }
     kl_cost_token_bytes(m, &res.bytes);

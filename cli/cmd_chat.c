@@ -117,6 +117,7 @@ static void chat_free(chat_ctx *c)
     kl_sampler_free(&c->samp);
     kl_session_free(&c->sess);
     kl_model_close(c->m);
+    kl_cli_load_release(&c->load);
     kl_tok_close(c->tok);
     kl_free(c->gen);
     drop_msgs(c, 0);

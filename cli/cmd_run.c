@@ -138,6 +138,7 @@ static void run_free(run_ctx *c)
     kl_sampler_free(&c->samp);
     kl_session_free(&c->sess);
     kl_model_close(c->m);
+    kl_cli_load_release(&c->load);
     kl_tok_close(c->tok);
     kl_free(c->prompt);
     kl_free(c->force);

@@ -109,6 +109,7 @@ static void serve_free(serve_ctx *c)
     kl_http_stop(c->h);
     kl_engine_free(c->e);
     kl_model_close(c->m);
+    kl_cli_load_release(&c->load);
     kl_tok_close(c->tok);
 }
 

@@ -25,6 +25,10 @@ int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
     if (l->device == KL_DEVICE_GPU && kl_backend_gpu_check(err))
         return err->code = KL_E_USAGE;
     int rc = kl_cost_plan_read(l->model, &l->plan, err);
+    /* streamed to the GPU: its device and load buffers made from now on, in a thread (a
+     * refusal here only means they are made at creation, which reports any real error) */
+    if (!rc && gpu_streams(l) && !l->prep && kl_backend_gpu_prepare(&l->prep, NULL))
+        l->prep = NULL;
     if (rc || l->ignore_memory || gpu_streams(l))   /* streamed: the host holds vectors only */
         return rc;
     uint64_t avail;
@@ -81,6 +85,12 @@ static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *er
     return 0;
 }
 
+void kl_cli_load_release(kl_cli_load *l)
+{
+    kl_backend_gpu_prepare_free(l->prep);
+    l->prep = NULL;
+}
+
 int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
 {
     kl_progress p;
@@ -92,10 +102,11 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     mo.progress_user = &p;
     mo.vectors_only = gpu_streams(l);
     double t0 = kl_now_s();
-    /* streamed to the GPU: its device and load buffers made while the model opens (a refusal
-     * here only means they are made at creation, which reports any real error) */
-    kl_gpu_prep *prep = NULL;
-    if (mo.vectors_only && kl_backend_gpu_prepare(&prep, NULL))
+    /* streamed to the GPU: the device and load buffers started by kl_cli_plan_model, else
+     * started now, made while the model opens */
+    kl_gpu_prep *prep = l->prep;
+    l->prep = NULL;
+    if (mo.vectors_only && !prep && kl_backend_gpu_prepare(&prep, NULL))
         prep = NULL;
     int rc = kl_model_open(m, l->model, &mo, err);
     l->load_s = l->open_s = kl_now_s() - t0;

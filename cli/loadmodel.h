@@ -14,6 +14,7 @@
 #define KL_CLI_LOADMODEL_H
 
 #include "common/err.h"
+#include "engine/backend.h"
 #include "engine/cost.h"
 #include "engine/model.h"
 
@@ -37,10 +38,18 @@ typedef struct kl_cli_load {
                                      load buffers prepared meanwhile) */
     double        upload_s;       /* GPU: seconds to put the weights on the device */
     kl_gpu_load_info gpu_load;    /* GPU: how they came (engine/backend.h) */
+    kl_gpu_prep  *prep;           /* GPU: the device and load buffers being made since
+                                     kl_cli_plan_model (taken by kl_cli_open_model) */
 } kl_cli_load;
 
-/* Reads l->plan and checks it against the available memory (unless ignored); 0 or an error. */
+/* Reads l->plan and checks it against the available memory (unless ignored); 0 or an error.
+ * When the model will stream to the GPU, the device and its load buffers start being made
+ * here, in a thread, while the caller opens its tokenizer and the model (kl_cli_open_model
+ * takes them; kl_cli_load_release frees them on paths that never get there). */
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err);
+
+/* Frees what kl_cli_plan_model started and kl_cli_open_model did not take (safe to repeat). */
+void kl_cli_load_release(kl_cli_load *l);
 /* Loads the model into *m (owned: kl_model_close) with progress, timing it, then moves it to
  * the device l->device names (KL_E_UNSUPPORTED: --device gpu without a GPU or GPU support). */
 int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err);
