@@ -33,7 +33,6 @@ struct kl_http {
     kl_token            stops[KL_CHAT_MAX_STOP];
     size_t              n_stops;
     uint16_t            port;
-    MHD_socket          listen_fd;     /* after kl_http_quiesce: closed after the daemon stops */
     atomic_uint_fast64_t next_id;
     atomic_int          stopping;
 };
@@ -130,8 +129,6 @@ static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *ty
 
 static enum MHD_Result route_health(kl_http *h, struct MHD_Connection *c)
 {
-    if (atomic_load(&h->stopping))
-        return fail(c, 503, "server_error", NULL, NULL, "the server is shutting down");
     const char ok[] = "{\"status\":\"ok\"}";
     return send_text(c, 200, "application/json", ok, sizeof ok - 1);
 }
@@ -429,6 +426,8 @@ static enum MHD_Result route(kl_http *h, struct MHD_Connection *c, const char *u
                              const char *method, const conn *cn)
 {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (atomic_load(&h->stopping))   /* every request from now on: an answer, not a wait */
+        return fail(c, 503, "server_error", NULL, NULL, "the server is shutting down");
     if (!strcmp(url, "/health"))
         return get ? route_health(h, c)
                    : fail(c, 405, "invalid_request_error", NULL, NULL, "use GET on /health");
@@ -552,7 +551,6 @@ int kl_http_start(kl_http **out, kl_engine *e, const kl_tokenizer *tok, const kl
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     h->e = e;
     h->tok = tok;
-    h->listen_fd = MHD_INVALID_SOCKET;
     struct sockaddr_storage sa;
     int v6 = 0;
     int rc = http_init(h, o, err);
@@ -590,7 +588,6 @@ uint16_t kl_http_port(const kl_http *h)
 void kl_http_quiesce(kl_http *h)
 {
     atomic_store(&h->stopping, 1);
-    h->listen_fd = MHD_quiesce_daemon(h->d);
 }
 
 void kl_http_stop(kl_http *h)
@@ -598,7 +595,5 @@ void kl_http_stop(kl_http *h)
     if (!h)
         return;
     MHD_stop_daemon(h->d);
-    if (h->listen_fd != MHD_INVALID_SOCKET)
-        close(h->listen_fd);
     http_free(h);
 }

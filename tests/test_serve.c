@@ -9,7 +9,8 @@
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
  * slot, no queue); a queued stream gets keep-alives, then its reply; slow senders and readers
- * stall only themselves; 8 concurrent clients get what each gets alone; a conversation's second
+ * stall only themselves; a stopping server answers new requests 503 at once (never a wait);
+ * 8 concurrent clients get what each gets alone; a conversation's second
  * turn reuses the first turn's state (usage cached_tokens > 0, whole and streamed) and gets
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
@@ -46,6 +47,7 @@ static pid_t g_pid;
 static int g_port;
 static kl_tokenizer *g_tok;
 static size_t g_run_specials;    /* special ids among the ids of the last `kl run` */
+static time_t g_rcv_timeout_s = 60;   /* receive timeout of the test's connections */
 
 /* ---- the server --------------------------------------------------------------------------- */
 
@@ -139,7 +141,7 @@ static int connect_server(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert(fd >= 0);
-    struct timeval tv = {60, 0};    /* a server that died fails the test, not hangs it */
+    struct timeval tv = {g_rcv_timeout_s, 0};   /* a server that died or hangs fails the test */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -1058,6 +1060,45 @@ START_TEST(test_queued_stream_waits)
 }
 END_TEST
 
+/* A server stopping (SIGTERM) while a stream is in flight answers every new request at once
+ * with 503 and an OpenAI error object, whatever the route, whole or streamed, and never keeps
+ * a client waiting (receive timeout 10 s); once the stream's client is gone it exits 0. */
+START_TEST(test_stopping_answers_503)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "4", &pid);
+    int busy = long_stream();
+    g_rcv_timeout_s = 10;
+    kill(pid, SIGTERM);
+    resp r = http("GET", "/health", NULL, NULL);
+    for (int i = 0; i < 200 && r.status == 200; i++) {
+        resp_free(&r);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        r = http("GET", "/health", NULL, NULL);
+    }
+    check_error(&r, 503, NULL, "service_unavailable");
+    resp_free(&r);
+    for (int stream = 0; stream < 2; stream++) {
+        char *b = chat_body("late", 4, stream);
+        r = http("POST", "/v1/chat/completions", KEY, b);
+        check_error(&r, 503, NULL, "service_unavailable");
+        resp_free(&r);
+        free(b);
+    }
+    r = http("GET", "/v1/models", KEY, NULL);
+    check_error(&r, 503, NULL, "service_unavailable");
+    resp_free(&r);
+    g_rcv_timeout_s = 60;
+    close(busy);
+    int st = 0;
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kl serve ended with status %d", st);
+    g_port = main_port;
+}
+END_TEST
+
 typedef struct conc {
     int   k;
     char *got;
@@ -1279,6 +1320,7 @@ int main(void)
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_queued_stream_waits);
+    tcase_add_test(tc, test_stopping_answers_503);
     tcase_add_test(tc, test_concurrent_equal_alone);
     tcase_add_test(tc, test_second_turn_reuses_state);
     tcase_add_test(tc, test_shared_prefix_concurrent);
