@@ -237,6 +237,40 @@ static int chat_prompt(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t 
     return rc;
 }
 
+/* The ways a "required" reply with several tools may go on (kl_req_tool_choice), as id
+ * sequences for the scheduler's forced choice: *ids and *off (n + 1 offsets), kl_malloc'd;
+ * both NULL when there is no choice to make. */
+static int tool_choices(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t **off,
+                        size_t *n, kl_err *err)
+{
+    *ids = NULL;
+    *off = NULL;
+    *n = kl_req_tool_choices(r);
+    if (!*n)
+        return 0;
+    size_t cap = 0, used = 0;
+    if (!(*off = kl_calloc(*n + 1, sizeof **off)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+    int rc = 0;
+    for (size_t k = 0; k < *n && !rc; k++) {
+        char *text = NULL;
+        kl_token *way = NULL;
+        size_t len = 0;
+        rc = kl_req_tool_choice(r, k, &text, err);
+        if (!rc)
+            rc = kl_tok_encode(h->tok, text, strlen(text), &way, &len, err);
+        if (!rc && kl_grow(ids, &cap, used + len, sizeof **ids))
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+        if (!rc && len)
+            memcpy(*ids + used, way, len * sizeof *way);
+        used += len;
+        (*off)[k + 1] = used;
+        kl_free(text);
+        kl_free(way);
+    }
+    return rc;
+}
+
 /* The job's limits and sampling from the request; a refusal is sent (*sent) and -1 returned. */
 static int job_spec(kl_http *h, struct MHD_Connection *c, const kl_req_chat *r, size_t n_prompt,
                     kl_job_spec *spec, enum MHD_Result *sent)
@@ -365,10 +399,22 @@ static enum MHD_Result gen_run(kl_http *h, struct MHD_Connection *c, const kl_re
         return fail(c, err.code == KL_E_NOMEM ? 500 : 400, "invalid_request_error",
                     r->prompt ? "prompt" : "messages", NULL, "%s", err.msg);
     kl_job_spec spec = {.prompt = prompt, .n_prompt = n_prompt};
+    kl_token *heads = NULL;
+    size_t *head_off = NULL;
+    if (tool_choices(h, r, &heads, &head_off, &spec.n_heads, &err)) {
+        kl_free(prompt);
+        kl_free(heads);
+        kl_free(head_off);
+        return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    spec.head_ids = heads;
+    spec.head_off = head_off;
     kl_job *job = NULL;
     int refused = job_spec(h, c, r, n_prompt, &spec, &sent) ||
                   job_submit(h, c, &spec, &job, &sent);
     kl_free(prompt);
+    kl_free(heads);
+    kl_free(head_off);
     if (refused)
         return sent;
     kl_answer *a;

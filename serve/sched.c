@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "serve/prefix.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct seq {
@@ -25,6 +26,11 @@ typedef struct seq {
     int          running;      /* holds a slot (st) and a sampler */
     int          snapped;      /* the end of its prompt went to the prefix cache */
     kl_prefix_entry *from;     /* the pinned cache entry it started from, until snapped */
+    kl_token    *heads;        /* the forced choice's sequences (req.head_ids, copied) */
+    size_t      *head_off;     /* [n_heads + 1] */
+    uint8_t     *alive;        /* [n_heads] 1: sequence k matches every id so far */
+    size_t       head_pos;     /* ids of the choice sampled; heading: none complete yet */
+    int          heading;
     kl_state     st;
     kl_sampler   samp;
     struct seq  *next;
@@ -67,7 +73,55 @@ static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
         q->req.on_done(q->req.user, why, q->generated, err);
     kl_free(q->prompt);
     kl_free(q->stops);
+    kl_free(q->heads);
+    kl_free(q->head_off);
+    kl_free(q->alive);
     kl_free(q);
+}
+
+/* r's forced choice checked: sequences non-empty, ids in the vocabulary. */
+static int check_heads(const kl_sched_req *r, uint32_t V, kl_err *err)
+{
+    for (size_t k = 0; k < r->n_heads; k++) {
+        if (r->head_off[k + 1] <= r->head_off[k])
+            return kl_fail(err, KL_E_USAGE, "forced sequence %zu is empty", k);
+        for (size_t i = r->head_off[k]; i < r->head_off[k + 1]; i++)
+            if (r->head_ids[i] >= V)
+                return kl_fail(err, KL_E_USAGE, "forced id %u is outside the vocabulary (%u)",
+                               (unsigned)r->head_ids[i], V);
+    }
+    return 0;
+}
+
+/* A request with copies of r's arrays, or NULL. */
+static seq *seq_new(const kl_sched_req *r)
+{
+    seq *q = kl_calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    size_t nh = r->n_heads, n_ids = nh ? r->head_off[nh] : 0;
+    q->prompt = kl_memdup(r->prompt, r->n_prompt * sizeof *q->prompt);
+    q->stops = kl_memdup(r->stop_ids, r->n_stop_ids * sizeof *q->stops);
+    q->heads = kl_memdup(r->head_ids, n_ids * sizeof *q->heads);
+    q->head_off = kl_memdup(r->head_off, (nh ? nh + 1 : 0) * sizeof *q->head_off);
+    q->alive = kl_calloc(nh ? nh : 1, 1);
+    if (!q->prompt || !q->stops || !q->heads || !q->head_off || !q->alive) {
+        kl_free(q->prompt);
+        kl_free(q->stops);
+        kl_free(q->heads);
+        kl_free(q->head_off);
+        kl_free(q->alive);
+        kl_free(q);
+        return NULL;
+    }
+    memset(q->alive, 1, nh);
+    q->heading = nh > 0;
+    q->req = *r;
+    q->req.prompt = q->prompt;
+    q->req.stop_ids = q->stops;
+    q->req.head_ids = q->heads;
+    q->req.head_off = q->head_off;
+    return q;
 }
 
 int kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err *err)
@@ -79,25 +133,12 @@ int kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err
         if (r->prompt[i] >= V)
             return kl_fail(err, KL_E_USAGE, "prompt id %u at %zu is outside the vocabulary "
                            "(%u)", (unsigned)r->prompt[i], i, V);
-    seq *q = kl_calloc(1, sizeof *q);
-    if (q) {
-        q->prompt = kl_malloc(r->n_prompt * sizeof *q->prompt);
-        q->stops = r->n_stop_ids ? kl_malloc(r->n_stop_ids * sizeof *q->stops) : NULL;
-    }
-    if (!q || !q->prompt || (r->n_stop_ids && !q->stops)) {
-        if (q) {
-            kl_free(q->prompt);
-            kl_free(q->stops);
-        }
-        kl_free(q);
+    int rc = check_heads(r, V, err);
+    if (rc)
+        return rc;
+    seq *q = seq_new(r);
+    if (!q)
         return kl_fail(err, KL_E_NOMEM, "out of memory for a request");
-    }
-    memcpy(q->prompt, r->prompt, r->n_prompt * sizeof *q->prompt);
-    if (r->n_stop_ids)
-        memcpy(q->stops, r->stop_ids, r->n_stop_ids * sizeof *q->stops);
-    q->req = *r;
-    q->req.prompt = q->prompt;
-    q->req.stop_ids = q->stops;
     q->handle = ++s->next_handle;
     seq **pp = &s->head;
     while (*pp)
@@ -229,16 +270,68 @@ static int is_stop(const seq *q, kl_token id)
     return 0;
 }
 
+/* The ids that go on a forced sequence still alive, at most max of them (distinct). */
+static size_t head_next_ids(const seq *q, kl_token *ids, size_t max)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < q->req.n_heads && n < max; k++) {
+        if (!q->alive[k])
+            continue;
+        kl_token id = q->heads[q->head_off[k] + q->head_pos];
+        size_t i = 0;
+        while (i < n && ids[i] != id)
+            i++;
+        if (i == n)
+            ids[n++] = id;
+    }
+    return n;
+}
+
+/* While q's forced choice is open: every logit but those of ids going on a live sequence
+ * becomes -inf (in place: the row is the scheduler's). */
+static void mask_heads(const seq *q, float *logits, size_t V)
+{
+    enum { MAX_NEXT = 64 };
+    kl_token next[MAX_NEXT];
+    float keep[MAX_NEXT];
+    size_t n = head_next_ids(q, next, MAX_NEXT);
+    for (size_t i = 0; i < n; i++)
+        keep[i] = logits[next[i]];
+    for (size_t v = 0; v < V; v++)
+        logits[v] = -INFINITY;
+    for (size_t i = 0; i < n; i++)
+        logits[next[i]] = keep[i];
+}
+
+/* id was sampled while the choice was open: the sequences it does not go on die; the choice
+ * closes when a live one is complete. */
+static void advance_heads(seq *q, kl_token id)
+{
+    for (size_t k = 0; k < q->req.n_heads; k++) {
+        if (!q->alive[k])
+            continue;
+        size_t at = q->head_off[k] + q->head_pos;
+        q->alive[k] = q->heads[at] == id;
+        if (q->alive[k] && at + 1 == q->head_off[k + 1])
+            q->heading = 0;
+    }
+    q->head_pos++;
+}
+
 /* The next id of q from its logits row. */
-static void sample(kl_sched *s, seq *q, const float *logits)
+static void sample(kl_sched *s, seq *q, float *logits)
 {
     kl_err e;
     kl_err_clear(&e);
     kl_token id;
+    if (q->heading)
+        mask_heads(q, logits, s->m->cfg.vocab_size);
     if (kl_sampler_sample(&q->samp, logits, &id, &e)) {
         finish(s, q, KL_SCHED_ERROR, &e);
         return;
     }
+    if (q->heading)
+        advance_heads(q, id);
     if (is_stop(q, id)) {
         finish(s, q, KL_SCHED_STOP, NULL);
         return;

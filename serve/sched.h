@@ -16,7 +16,8 @@
  * (engine/backend.h; bit for bit on the CPU), a request's ids do not depend on the others:
  * greedy output served among others equals the same request served alone.
  *
- * Errors: KL_E_USAGE (empty prompt, id outside the vocabulary: refused at submit), KL_E_NOMEM,
+ * Errors: KL_E_USAGE (empty prompt, id outside the vocabulary, an empty forced sequence:
+ * refused at submit), KL_E_NOMEM,
  * the backend's (a failed step ends every running request with the error), and a callback's
  * (ends that request only).  Callbacks must not call the scheduler.  Thread safety: none; one
  * thread drives a scheduler (the server's engine thread) and serialises submit/cancel/step.
@@ -66,6 +67,15 @@ typedef struct kl_sched_req {
     kl_sched_done_fn  on_done;
     kl_sched_cached_fn on_cached;   /* may be NULL */
     void             *user;
+    /* A forced choice (may be absent: n_heads 0): the reply starts with one of n_heads id
+     * sequences, sequence k = head_ids[head_off[k] .. head_off[k + 1]) (non-empty; copied at
+     * submit).  Until one is complete, only ids that go on a sequence matching every id so far
+     * can be sampled: the others' logits are -inf in the row the sampler (and on_logits) sees.
+     * The model still chooses among the sequences by its own probabilities (e.g. which tool a
+     * call forced by tool_choice "required" names). */
+    const kl_token   *head_ids;
+    const size_t     *head_off;     /* [n_heads + 1] */
+    size_t            n_heads;
 } kl_sched_req;
 
 typedef struct kl_sched kl_sched;

@@ -3,7 +3,8 @@
  * synthetic model: six greedy requests of different prompt lengths (one longer than a step),
  * three slots, one submitted while the others run, one with a stop id, one cancelled mid-way;
  * each request's ids equal the same request served alone (kl_forward, token by token), the
- * ends are reported once with the right reason, and bad requests are refused at submit.
+ * ends are reported once with the right reason, and bad requests are refused at submit.  A
+ * forced choice among id sequences gets the model's likelier sequence, then goes on freely.
  *
  * The prefix cache (serve/prefix.h): the longest prefix wins, an entry as long as the prompt is
  * used only within max_len, LRU eviction under a byte budget and a slot limit, pinned entries
@@ -175,6 +176,89 @@ START_TEST(bad_requests_are_refused_and_free_cancels)
     ck_assert_uint_eq(kl_sched_pending(s), 1);
     kl_sched_free(s);   /* ends what is left */
     ck_assert(o.ended && o.why == KL_SCHED_CANCELLED);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* A forced choice (kl_sched_req.head_ids)                                                      */
+
+/* The lowest-logit id of logits[0..V) and the one just above it (neither the argmax). */
+static void two_unlikely(const float *logits, size_t V, kl_token *lo, kl_token *next)
+{
+    *lo = 0;
+    for (size_t v = 1; v < V; v++)
+        if (logits[v] < logits[*lo])
+            *lo = (kl_token)v;
+    *next = *lo ? 0 : 1;
+    for (size_t v = 0; v < V; v++)
+        if (v != *lo && logits[v] < logits[*next])
+            *next = (kl_token)v;
+}
+
+/* Three sequences {x y1 y2}, {x z}, {w} where x and w are the least likely first ids (x the
+ * likelier) and y1, z the least likely after x: greedy must take x (w's logit is lower), then
+ * the likelier of y1 and z, then go on freely; served with another request, its ids equal
+ * that path computed alone.  An empty sequence or an id outside the vocabulary is refused. */
+START_TEST(forced_choice_follows_the_model_among_the_sequences)
+{
+    size_t V = g_m->cfg.vocab_size;
+    kl_token p[64], ids[MAXT];
+    size_t np = prompt_of(2, p);
+    float *lg = kl_malloc(V * sizeof *lg);
+    kl_state st;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(&st, g_m, &err) == 0);
+    ck_assert(kl_forward(g_m, &st, p, np, lg, &err) == 0);
+    kl_token w, x, y1, z;
+    two_unlikely(lg, V, &w, &x);
+    ck_assert(kl_forward(g_m, &st, &x, 1, lg, &err) == 0);
+    two_unlikely(lg, V, &y1, &z);
+    int long_one = lg[y1] > lg[z];   /* {x y1 y2} wins */
+    kl_token y2 = 3;
+    kl_token heads[] = {x, y1, y2, x, z, w};
+    size_t off[] = {0, 3, 5, 6};
+    /* the expected path: x, the winner's rest, then greedy */
+    size_t n = 0;
+    ids[n++] = x;
+    if (long_one) {
+        ids[n++] = y1;
+        ids[n++] = y2;
+    } else {
+        ids[n++] = z;
+    }
+    ck_assert(kl_forward(g_m, &st, ids + 1, n - 1, lg, &err) == 0);
+    for (; n < MAXT; n++) {
+        ids[n] = kl_sample_argmax(lg, (uint32_t)V);
+        ck_assert(kl_forward(g_m, &st, &ids[n], 1, lg, &err) == 0);
+    }
+    kl_state_free(&st);
+    kl_free(lg);
+    kl_sched *s;
+    ck_assert(kl_sched_create(&s, g_m, 2, 16, &err) == 0);
+    out o[2];
+    memset(o, 0, sizeof o);
+    submit(s, 0, &o[0], NULL, 0, NULL);
+    kl_sched_req r = {.prompt = p, .n_prompt = np, .max_tokens = MAXT, .on_token = on_token,
+                      .on_done = on_done, .user = &o[1], .head_ids = heads, .head_off = off,
+                      .n_heads = 3};
+    ck_assert_msg(kl_sched_submit(s, &r, NULL, &err) == 0, "%s", t_fmt_err(&err));
+    size_t steps = 0, nt;
+    while (kl_sched_pending(s) && steps++ < 1000)
+        ck_assert_msg(kl_sched_step(s, &nt, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(o[1].n, MAXT);
+    for (size_t i = 0; i < MAXT; i++)
+        ck_assert_msg(o[1].ids[i] == ids[i], "id %zu: %u, wanted %u (the %s sequence)", i,
+                      (unsigned)o[1].ids[i], (unsigned)ids[i], long_one ? "long" : "short");
+    size_t empty[] = {0, 3, 3};
+    r.head_off = empty;
+    r.n_heads = 2;
+    ck_assert_int_eq(kl_sched_submit(s, &r, NULL, &err), KL_E_USAGE);
+    heads[1] = (kl_token)V;
+    r.head_off = off;
+    r.n_heads = 3;
+    ck_assert_int_eq(kl_sched_submit(s, &r, NULL, &err), KL_E_USAGE);
+    kl_sched_free(s);
 }
 END_TEST
 
@@ -496,6 +580,7 @@ static Suite *sched_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, batched_requests_equal_each_served_alone);
     tcase_add_test(tc, bad_requests_are_refused_and_free_cancels);
+    tcase_add_test(tc, forced_choice_follows_the_model_among_the_sequences);
     tcase_add_test(tc, longest_prefix_and_exact_length);
     tcase_add_test(tc, lru_eviction_keeps_pinned_entries);
     tcase_add_test(tc, second_turn_reuses_the_first_with_cold_logits);

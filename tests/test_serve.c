@@ -15,7 +15,8 @@
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
  * Replies never carry special ids (compared with `kl run`'s ids by that rule); tool_choice
- * none / auto / required / named is enforced; a stop string across two tokens cuts the reply;
+ * none / auto / required / named is enforced, a required call is always well-formed; a stop
+ * string across two tokens cuts the reply;
  * legacy completions' logprobs; a seed reproduces a sampled reply, min_p 1 is greedy; a stream
  * has a usage chunk only when asked.
  */
@@ -662,6 +663,9 @@ END_TEST
 #define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
               "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":" \
               "\"string\"}}}}}]"
+#define TOOLS2 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+               "\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\",\"function\":{" \
+               "\"name\":\"get_time\",\"parameters\":{\"type\":\"object\"}}}]"
 #define NAMED "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
 #define EARLIER_CALL ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":" \
                      "\"functions.get_weather:0\",\"type\":\"function\",\"function\":{" \
@@ -669,18 +673,27 @@ END_TEST
                      "\"tool_call_id\":\"functions.get_weather:0\",\"content\":\"rain\"}," \
                      "{\"role\":\"user\",\"content\":\"and tomorrow?\"}"
 
-/* A greedy chat about the weather: tools (or none), tool_choice (NULL: not given), messages
- * after the first (or ""). */
-static resp weather(int tools, const char *choice, const char *more, int stream)
+/* A chat about the weather (limits and sampling: "" 16 greedy ids, else keys such as
+ * ",\"max_tokens\":64,\"temperature\":1"):
+ * tools (0 none, 1 get_weather, 2 get_weather and get_time), tool_choice (NULL: not given),
+ * messages after the first (or ""). */
+static resp weather_with(int tools, const char *choice, const char *more, int stream,
+                         const char *sampling)
 {
     char b[2048], tc[160] = "";
     if (choice)
         snprintf(tc, sizeof tc, ",\"tool_choice\":%s", choice);
     snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
-             "\"weather please\"}%s]%s%s,\"max_tokens\":16,\"temperature\":0%s}", more,
-             tools ? "," TOOLS : "", tc,
+             "\"weather please\"}%s]%s%s%s%s}", more,
+             tools == 2 ? "," TOOLS2 : tools ? "," TOOLS : "", tc,
+             *sampling ? sampling : ",\"max_tokens\":16,\"temperature\":0",
              stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
     return http("POST", "/v1/chat/completions", KEY, b);
+}
+
+static resp weather(int tools, const char *choice, const char *more, int stream)
+{
+    return weather_with(tools, choice, more, stream, "");
 }
 
 /* usage.prompt_tokens of a whole reply or a stream's usage chunk. */
@@ -767,9 +780,9 @@ static calls weather_calls(int tools, const char *choice, const char *more, int 
     return c;
 }
 
-/* "none" renders no tools (the reply is the one without tools), "required" starts the reply
- * with the section and a call's begin, a named tool with its whole head: a call to it comes
- * back, whole and streamed alike, its index counting the conversation's earlier calls. */
+/* "none" renders no tools (the reply is the one without tools), a named tool (or "required"
+ * with one tool) starts the reply with its whole head: a call to it comes back, whole and
+ * streamed alike, its index counting the conversation's earlier calls. */
 START_TEST(test_tool_choice_is_enforced)
 {
     int plain, none, aut, req, named, named_s, later;
@@ -781,14 +794,13 @@ START_TEST(test_tool_choice_is_enforced)
     weather_calls(1, "\"auto\"", "", 0, &aut);
     ck_assert_int_gt(aut, plain + 20);
     calls cr = weather_calls(1, "\"required\"", "", 0, &req);
-    ck_assert_int_eq(req, aut + 2);       /* <|tool_calls_section_begin|><|tool_call_begin|> */
-    ck_assert_str_eq(cr.content, "");     /* nothing before the section */
     calls w = weather_calls(1, NAMED, "", 0, &named);
     calls st = weather_calls(1, NAMED, "", 1, &named_s);
-    ck_assert_int_gt(named, req + 2);
+    ck_assert_int_gt(named, aut + 2);     /* the section, a call's begin, then its head */
     ck_assert_int_eq(named_s, named);
-    for (int i = 0; i < 2; i++) {
-        const calls *c = i ? &st : &w;
+    ck_assert_int_eq(req, named);         /* "required" with one tool: the same head */
+    for (int i = 0; i < 3; i++) {
+        const calls *c = i == 2 ? &cr : i ? &st : &w;
         ck_assert_msg(c->n == 1, "%s: %d calls", i ? "stream" : "whole", c->n);
         ck_assert_str_eq(c->id, "functions.get_weather:0");
         ck_assert_str_eq(c->name, "get_weather");
@@ -804,6 +816,37 @@ START_TEST(test_tool_choice_is_enforced)
     r = weather(0, "\"required\"", "", 0);
     check_error(&r, 400, "tool_choice", NULL);
     resp_free(&r);
+}
+END_TEST
+
+/* "required" with two tools: the prompt ends with the section and a call's begin, and the
+ * model chooses which call head follows.  The random tiny model would write anything there;
+ * every reply (64 ids: room for the head), greedy or sampled with several seeds, whole or
+ * streamed, still carries a well-formed call functions.NAME:0 to a declared tool, named as its
+ * id says. */
+START_TEST(test_required_call_is_well_formed)
+{
+    int aut, req;
+    weather_calls(2, "\"auto\"", "", 0, &aut);
+    for (int k = 0; k < 8; k++) {
+        char sampling[96] = ",\"max_tokens\":64,\"temperature\":0";
+        if (k >= 2)
+            snprintf(sampling, sizeof sampling, ",\"max_tokens\":64,\"temperature\":1.5,"
+                     "\"seed\":%d", k);
+        resp r = weather_with(2, "\"required\"", "", k & 1, sampling);
+        calls c = k & 1 ? stream_calls(&r) : whole_calls(&r);
+        req = prompt_tokens(&r);
+        resp_free(&r);
+        ck_assert_int_eq(req, aut + 2);   /* <|tool_calls_section_begin|><|tool_call_begin|> */
+        ck_assert_msg(c.n >= 1, "reply %d: no call (content '%s')", k, c.content);
+        ck_assert_msg(!strcmp(c.name, "get_weather") || !strcmp(c.name, "get_time"),
+                      "reply %d: call to '%s'", k, c.name);
+        char want[96];
+        snprintf(want, sizeof want, "functions.%s:0", c.name);
+        ck_assert_str_eq(c.id, want);
+        ck_assert_str_eq(c.content, "");
+        ck_assert_str_eq(c.finish, "tool_calls");
+    }
 }
 END_TEST
 
@@ -1312,6 +1355,7 @@ int main(void)
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_logprobs);
     tcase_add_test(tc, test_tool_choice_is_enforced);
+    tcase_add_test(tc, test_required_call_is_well_formed);
     tcase_add_test(tc, test_stop_across_tokens);
     tcase_add_test(tc, test_slow_clients);
     tcase_add_test(tc, test_completion_logprobs);
