@@ -49,6 +49,9 @@ struct kl_sched {
     uint8_t   *want;           /* [step_tokens] */
     seq      **owner;          /* [max_seqs]: the sequence of each wanted row, in order */
     float     *logits;         /* [max_seqs, vocab] */
+    kl_token  *pick;           /* [max_seqs] each wanted row's sampled id */
+    int       *pick_rc;        /* [max_seqs] its sampler's result */
+    kl_err    *pick_err;       /* [max_seqs] */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -318,16 +321,30 @@ static void advance_heads(seq *q, kl_token id)
     q->head_pos++;
 }
 
-/* The next id of q from its logits row. */
-static void sample(kl_sched *s, seq *q, float *logits)
+/* Pool item r: the id of wanted row r drawn from its logits (masked while a forced choice is
+ * open) by its sequence's own sampler; rows are independent, so any thread may take any. */
+static void pick_row(void *ctx, size_t r)
 {
+    kl_sched *s = ctx;
+    seq *q = s->owner[r];
+    size_t V = s->m->cfg.vocab_size;
+    float *logits = s->logits + r * V;
+    kl_err_clear(&s->pick_err[r]);
+    if (q->heading)
+        mask_heads(q, logits, V);
+    s->pick_rc[r] = kl_sampler_sample(&q->samp, logits, &s->pick[r], &s->pick_err[r]);
+}
+
+/* Row r's id (pick_row) to its sequence: stop, callbacks, limit. */
+static void sample(kl_sched *s, size_t r)
+{
+    seq *q = s->owner[r];
+    const float *logits = s->logits + r * s->m->cfg.vocab_size;
     kl_err e;
     kl_err_clear(&e);
-    kl_token id;
-    if (q->heading)
-        mask_heads(q, logits, s->m->cfg.vocab_size);
-    if (kl_sampler_sample(&q->samp, logits, &id, &e)) {
-        finish(s, q, KL_SCHED_ERROR, &e);
+    kl_token id = s->pick[r];
+    if (s->pick_rc[r]) {
+        finish(s, q, KL_SCHED_ERROR, &s->pick_err[r]);
         return;
     }
     if (q->heading)
@@ -369,9 +386,9 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
         return rc;
     }
     snapshot(s, n_want);
-    size_t V = s->m->cfg.vocab_size;
+    kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
     for (size_t r = 0; r < n_want; r++)
-        sample(s, s->owner[r], s->logits + r * V);
+        sample(s, r);
     if (n_tokens)
         *n_tokens = b.n;
     return 0;
@@ -400,8 +417,12 @@ int kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_
         s->want = kl_malloc(step_tokens);
         s->owner = kl_calloc(max_seqs, sizeof *s->owner);
         s->logits = kl_malloc((size_t)max_seqs * m->cfg.vocab_size * sizeof *s->logits);
+        s->pick = kl_calloc(max_seqs, sizeof *s->pick);
+        s->pick_rc = kl_calloc(max_seqs, sizeof *s->pick_rc);
+        s->pick_err = kl_calloc(max_seqs, sizeof *s->pick_err);
     }
-    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits) {
+    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits || !s->pick ||
+        !s->pick_rc || !s->pick_err) {
         kl_sched_free(s);
         return kl_fail(err, KL_E_NOMEM, "out of memory for a scheduler of %u sequences",
                        max_seqs);
@@ -426,5 +447,8 @@ void kl_sched_free(kl_sched *s)
     kl_free(s->want);
     kl_free(s->owner);
     kl_free(s->logits);
+    kl_free(s->pick);
+    kl_free(s->pick_rc);
+    kl_free(s->pick_err);
     kl_free(s);
 }

@@ -9,7 +9,7 @@
  * sampled id), then prompt pieces of sequences still in prefill, in arrival order, until the
  * step holds step_tokens tokens; the backend returns the logits of each sequence's last token
  * in the batch (a decode token, or the end of a prompt), which its sampler turns into the next
- * id.  The id goes to the request's callback; a stop id (not passed on), the token limit or a
+ * id (the rows' samplers run in parallel over the model's pool; what follows, in row order).  The id goes to the request's callback; a stop id (not passed on), the token limit or a
  * cancel ends the request (its callback gets the end), and its slot is free for the next.
  *
  * Because the backend computes each sequence's values independently of the batch it travels in
