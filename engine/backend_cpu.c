@@ -36,6 +36,7 @@
 #define CHUNK    KL_FORWARD_CHUNK
 #define MAX_TOPK 64   /* larger configs are refused */
 #define KB_ROWS  8    /* rows of W_kb applied to a token's query in one pass */
+#define MLA_PARTS 4   /* token parts per head of the MLA query and output passes, at most */
 #define PIECE    64   /* cache rows whose scores or weights one pass handles */
 
 typedef struct dims {
@@ -47,8 +48,8 @@ typedef struct dims {
     size_t low;                   /* widest low-rank output (KDA gate ranks, MLA kv_a) */
     size_t ffn;                   /* FFN intermediate floats per token: the dense MLP's, or
                                      top_k routed experts' plus the shared experts' */
-    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [KB_ROWS, R] +
-                                     [CHUNK, dv] */
+    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [MLA_PARTS, KB_ROWS,
+                                     R] + [CHUNK, dv] */
 } dims;
 
 typedef struct bufs {
@@ -97,7 +98,7 @@ static void get_dims(const kl_model *m, dims *d)
     d->wide = (size_t)w.wide;
     d->low = (size_t)w.low;
     d->ffn = max2((size_t)w.mlp, d->topk * (size_t)w.routed + (size_t)w.shared);
-    d->head_floats = CHUNK * d->R + KB_ROWS * d->R + CHUNK * d->dv;
+    d->head_floats = CHUNK * d->R + MLA_PARTS * KB_ROWS * d->R + CHUNK * d->dv;
 }
 
 /* Carves p into the chunk buffers; returns the floats they take (p NULL: just the count). */
@@ -420,6 +421,8 @@ typedef struct mla_job {
     uint32_t       l;
     int            split;   /* 1: every token of the chunk has its own row of attention
                                weights, so the attention pass runs one item per (head, run) */
+    size_t         parts;   /* token parts per head of the query and output passes (1 ..
+                               MLA_PARTS): more items than heads when threads outnumber them */
 } mla_job;
 
 /* Cache rows per block of the blocked attention: about 128 KiB, so a block read for the first
@@ -510,32 +513,43 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     }
 }
 
-/* The MLA scratch of head h: ql [T, R] absorbed queries, then contexts; kb [KB_ROWS, R] rows
- * of W_kb; yo [T, dv] the head's output. */
+/* The MLA scratch of head h: ql [T, R] absorbed queries, then contexts; kb [MLA_PARTS,
+ * KB_ROWS, R] rows of W_kb, one block per token part; yo [T, dv] the head's output. */
 static float *mla_head_scratch(const mla_job *j, size_t h, float **kb, float **yo)
 {
     const dims *d = &j->c->d;
     float *ql = j->c->b.heads + h * d->head_floats;
     *kb = ql + CHUNK * d->R;
-    *yo = *kb + KB_ROWS * d->R;
+    *yo = *kb + MLA_PARTS * KB_ROWS * d->R;
     return ql;
 }
 
-/* Pass 1, one head (pool item h): absorbed queries qlat_t = W_kb,hᵀ q_nope,t, rows i in order;
- * each row of W_kb read once per chunk, KB_ROWS of them added to a token's query in one pass. */
-static void mla_query_head(void *ctx, size_t h)
+/* Tokens [*t0, *t1) of the chunk in part k of j->parts (even shares, the first ones larger). */
+static void mla_part(const mla_job *j, size_t k, size_t *t0, size_t *t1)
+{
+    size_t T = j->c->chunk.n, q = T / j->parts, r = T % j->parts;
+    *t0 = k * q + (k < r ? k : r);
+    *t1 = *t0 + q + (k < r);
+}
+
+/* Pass 1, pool item i = (head h, token part k): absorbed queries qlat_t = W_kb,hᵀ q_nope,t of
+ * the part's tokens, rows i in order; each row of W_kb read once per part, KB_ROWS of them
+ * added to a token's query in one pass. */
+static void mla_query_item(void *ctx, size_t i)
 {
     const mla_job *j = ctx;
     const cpu_be *c = j->c;
     const dims *d = &c->d;
-    size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, T = c->chunk.n;
+    size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, h = i / j->parts, t0, t1;
+    mla_part(j, i % j->parts, &t0, &t1);
     float *kb, *yo, *ql = mla_head_scratch(j, h, &kb, &yo);
-    memset(ql, 0, T * R * sizeof *ql);
+    kb += (i % j->parts) * KB_ROWS * R;
+    memset(ql + t0 * R, 0, (t1 - t0) * R * sizeof *ql);
     for (size_t i0 = 0; i0 < dn; i0 += KB_ROWS) {
         size_t g = dn - i0 < KB_ROWS ? dn - i0 : KB_ROWS;
-        for (size_t i = 0; i < g; i++)
-            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + i, kb + i * R);
-        for (size_t t = 0; t < T; t++)
+        for (size_t r = 0; r < g; r++)
+            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + r, kb + r * R);
+        for (size_t t = t0; t < t1; t++)
             kl_vec_axpy_rows(ql + t * R, c->b.q + t * d->nh * qw + h * qw + i0, kb, R, g, R);
     }
 }
@@ -558,19 +572,30 @@ static void mla_attend_item(void *ctx, size_t i)
     }
 }
 
-/* Pass 3, one head (pool item h): out_h = W_vb,h ctx for every token, into o (serial: this is
- * already one pool item). */
-static void mla_out_head(void *ctx, size_t h)
+/* Pass 3, pool item i = (head h, token part k): out_h = W_vb,h ctx for the part's tokens, into
+ * o (serial: this is already one pool item). */
+static void mla_out_item(void *ctx, size_t i)
 {
     const mla_job *j = ctx;
     const cpu_be *c = j->c;
     const dims *d = &c->d;
-    size_t dn = d->dn, dv = d->dv, T = c->chunk.n;
+    size_t dn = d->dn, dv = d->dv, h = i / j->parts, t0, t1;
+    mla_part(j, i % j->parts, &t0, &t1);
     float *kb, *yo, *ql = mla_head_scratch(j, h, &kb, &yo);
     kl_wmat vb = kl_wmat_rows(j->kvb, h * (dn + dv) + dn, dv);
-    kl_wmat_matmul(&vb, ql, T, yo, NULL);
-    for (size_t t = 0; t < T; t++)
+    kl_wmat_matmul(&vb, ql + t0 * d->R, t1 - t0, yo + t0 * dv, NULL);
+    for (size_t t = t0; t < t1; t++)
         memcpy(c->b.o + t * d->nh * dv + h * dv, yo + t * dv, dv * sizeof *yo);
+}
+
+/* Token parts per head for the query and output passes: enough items for the pool's threads,
+ * at most MLA_PARTS and one token each. */
+static size_t mla_parts(const kl_pool *pool, size_t heads, size_t T)
+{
+    size_t threads = pool ? kl_pool_threads(pool) : 1;
+    size_t k = (threads + heads - 1) / heads;
+    k = k > MLA_PARTS ? MLA_PARTS : k;
+    return k > T ? T : k ? k : 1;
 }
 
 static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
@@ -601,12 +626,13 @@ static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
     }
     /* 4-7. absorbed queries, attention, W_vb: three passes, heads (and runs) in parallel, each
      * sequence's tokens in order */
-    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK};
+    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
+                 mla_parts(m->pool, d->nh, T)};
     double proj = (double)d->nh * (double)T * (double)R;
-    run_heads(m->pool, d->nh, mla_query_head, &j, proj * (double)d->dn);
+    run_heads(m->pool, d->nh * j.parts, mla_query_item, &j, proj * (double)d->dn);
     run_heads(m->pool, d->nh * (j.split ? c->n_runs : 1), mla_attend_item, &j,
               (double)d->nh * attend);
-    run_heads(m->pool, d->nh, mla_out_head, &j, proj * (double)d->dv);
+    run_heads(m->pool, d->nh * j.parts, mla_out_item, &j, proj * (double)d->dv);
     /* 8. o_proj */
     kl_wmat_matmul(&L->w[KL_ROLE_MLA_O], b->o, T, b->y, m->pool);
 }
