@@ -300,17 +300,14 @@ static kl_job *job_new(kl_engine *e, const kl_job_spec *spec)
         return NULL;
     j->e = e;
     j->spec = *spec;
+    pthread_cond_init(&j->cv, NULL);
     size_t nh = spec->n_heads, n_head_ids = nh ? spec->head_off[nh] : 0;
     j->prompt = kl_memdup(spec->prompt, spec->n_prompt * sizeof *j->prompt);
     j->stops = kl_memdup(spec->stop_ids, spec->n_stop_ids * sizeof *j->stops);
     j->heads = kl_memdup(spec->head_ids, n_head_ids * sizeof *j->heads);
     j->head_off = kl_memdup(spec->head_off, (nh ? nh + 1 : 0) * sizeof *j->head_off);
     if (!j->prompt || !j->stops || !j->heads || !j->head_off) {
-        kl_free(j->prompt);
-        kl_free(j->stops);
-        kl_free(j->heads);
-        kl_free(j->head_off);
-        kl_free(j);
+        job_free(j);
         return NULL;
     }
     j->spec.prompt = j->prompt;
@@ -319,7 +316,6 @@ static kl_job *job_new(kl_engine *e, const kl_job_spec *spec)
     j->spec.head_off = j->head_off;
     if (j->spec.top_logprobs > KL_JOB_MAX_TOP)
         j->spec.top_logprobs = KL_JOB_MAX_TOP;
-    pthread_cond_init(&j->cv, NULL);
     return j;
 }
 

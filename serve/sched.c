@@ -57,6 +57,17 @@ struct kl_sched {
 /* ------------------------------------------------------------------------------------------ */
 /* Requests                                                                                   */
 
+/* q's copies and q (safe on a half-built one). */
+static void seq_free(seq *q)
+{
+    kl_free(q->prompt);
+    kl_free(q->stops);
+    kl_free(q->heads);
+    kl_free(q->head_off);
+    kl_free(q->alive);
+    kl_free(q);
+}
+
 /* Unlinks q, tells its caller why it ended, releases it. */
 static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
 {
@@ -74,12 +85,7 @@ static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
     }
     if (q->req.on_done)
         q->req.on_done(q->req.user, why, q->generated, err);
-    kl_free(q->prompt);
-    kl_free(q->stops);
-    kl_free(q->heads);
-    kl_free(q->head_off);
-    kl_free(q->alive);
-    kl_free(q);
+    seq_free(q);
 }
 
 /* r's forced choice checked: sequences non-empty, ids in the vocabulary. */
@@ -109,12 +115,7 @@ static seq *seq_new(const kl_sched_req *r)
     q->head_off = kl_memdup(r->head_off, (nh ? nh + 1 : 0) * sizeof *q->head_off);
     q->alive = kl_calloc(nh ? nh : 1, 1);
     if (!q->prompt || !q->stops || !q->heads || !q->head_off || !q->alive) {
-        kl_free(q->prompt);
-        kl_free(q->stops);
-        kl_free(q->heads);
-        kl_free(q->head_off);
-        kl_free(q->alive);
-        kl_free(q);
+        seq_free(q);
         return NULL;
     }
     memset(q->alive, 1, nh);

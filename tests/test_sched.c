@@ -80,18 +80,26 @@ static size_t prompt_of(int k, kl_token *p)
     return len[k];
 }
 
-/* Greedy ids of request k served alone. */
-static void alone(int k, kl_token *ids, size_t n)
+/* A state holding request k's prompt; logits [vocab] of its last id. */
+static void prompt_fed(int k, kl_state *st, float *logits)
 {
     kl_token p[64];
     size_t np = prompt_of(k, p);
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(st, g_m, &err) == 0);
+    ck_assert(kl_forward(g_m, st, p, np, logits, &err) == 0);
+}
+
+/* Greedy ids of request k served alone. */
+static void alone(int k, kl_token *ids, size_t n)
+{
     size_t V = g_m->cfg.vocab_size;
     float *logits = kl_malloc(V * sizeof *logits);
     kl_state st;
     kl_err err;
     kl_err_clear(&err);
-    ck_assert(kl_state_init(&st, g_m, &err) == 0);
-    ck_assert(kl_forward(g_m, &st, p, np, logits, &err) == 0);
+    prompt_fed(k, &st, logits);
     for (size_t i = 0; i < n; i++) {
         ids[i] = kl_sample_argmax(logits, (uint32_t)V);
         ck_assert(kl_forward(g_m, &st, &ids[i], 1, logits, &err) == 0);
@@ -208,8 +216,7 @@ START_TEST(forced_choice_follows_the_model_among_the_sequences)
     kl_state st;
     kl_err err;
     kl_err_clear(&err);
-    ck_assert(kl_state_init(&st, g_m, &err) == 0);
-    ck_assert(kl_forward(g_m, &st, p, np, lg, &err) == 0);
+    prompt_fed(2, &st, lg);
     kl_token w, x, y1, z;
     two_unlikely(lg, V, &w, &x);
     ck_assert(kl_forward(g_m, &st, &x, 1, lg, &err) == 0);
