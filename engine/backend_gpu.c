@@ -51,9 +51,10 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 
 /* Tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX).  The grouped expert products read
  * every expert once per chunk, so larger chunks amortise the weights over more rows: an 8K
- * prompt at 1,942 tok/s in chunks of 256, 3,418 at 1,024 (+5.5 GB of scratch), 4,097 at 4,096
- * (+35 GB, mostly MLA's split scratch); the logits are bit-identical across chunk sizes. */
-#define GPU_CHUNK 1024u
+ * prompt at 1,942 tok/s in chunks of 256, 3,418 at 1,024, 4,097 at 4,096 (session 7, gemm
+ * tiles v1); the logits are bit-identical across chunk sizes.  MLA's scratch is sized for the
+ * kernels that run (kl_gpu_mla_scratch), so 4,096 no longer costs the 35 GB it did. */
+#define GPU_CHUNK 4096u
 #define GPU_CHUNK_MAX 4096u
 /* Sequences held at once: the running ones and the server's state snapshots (serve/prefix.h
  * keeps its entries in the slots kl serve's --max-seqs leaves free).  Each costs its KDA state

@@ -91,9 +91,11 @@
  * 512: 792 blocks, 2 per SM, 216 block-steps per SM x ~1,700: ~185 µs against 608.
  */
 #include "kernels/gemm.h"
+#include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"
 
 #include "kernels/gemm_tile.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/mx_bf16.h"
 
 #include <stdlib.h>
@@ -442,17 +444,6 @@ __global__ static void __launch_bounds__(THREADS, 2)
  * parameter TN: tokens per tile (16 or 64, kl_gt). */
 
 #if GEMM_WMMA
-__device__ static inline void cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Waits until at most N of this thread's copy groups are pending. */
-template <int N> __device__ static inline void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* A warp's sums: FT x FW fragments [token][W row]. */
 template <int TN> struct v2_acc {
     wm::fragment<wm::accumulator, 16, 16, 16, float> f[kl_gt<1, TN>::FT][KL_GT_FW];
@@ -534,14 +525,6 @@ template <int TN> __device__ static inline void v2_store(const v2_acc<TN> &acc, 
                                   acc.f[a][b], kl_gt<1, TN>::C_LD, wm::mem_row_major);
 }
 #else
-__device__ static inline void cp_commit(void)
-{
-}
-
-template <int N> __device__ static inline void cp_wait(void)
-{
-}
-
 /* SIMT: thread t sums token t % TN against rows t / TN + (256 / TN) i. */
 template <int TN> struct v2_acc {
     float f[kl_gt<1, TN>::WROWS * TN / KL_GT_THREADS];
@@ -598,23 +581,23 @@ __device__ static void v2_tile(const kl_gt_rows &b, const kl_gt_src &s, const ui
     __syncthreads();
     for (unsigned k = 0; k + 1 < G::STAGES; k++) {
         kl_gt_issue<MX, TN>(b, s, xsrc, nt, k * KL_GT_KT, sm + k * G::STAGE, t);
-        cp_commit();
+        copy_commit();
     }
     v2_acc<TN> acc;
     v2_zero<TN>(acc);
     const uint32_t steps = b.cols / KL_GT_KT;
     for (uint32_t k = 0; k < steps; k++) {
-        cp_wait<G::STAGES - 2>();
+        copy_wait<G::STAGES - 2>();
         __syncthreads();
         const uint32_t ahead = k + G::STAGES - 1;
         kl_gt_issue<MX, TN>(b, s, xsrc, nt, ahead * KL_GT_KT, sm + (ahead % G::STAGES) * G::STAGE,
                             t);
-        cp_commit();
+        copy_commit();
         kl_gt_decode<MX, SP, TN>(b, k * KL_GT_KT, nt, sm + (k % G::STAGES) * G::STAGE, sm, t);
         __syncthreads();
         v2_mma<TN, SP>(acc, (const uint16_t *)(sm + G::WT), (const uint16_t *)(sm + G::XT), nt);
     }
-    cp_wait<0>();
+    copy_wait<0>();
     __syncthreads(); /* the ring is free: c goes there */
     v2_store<TN>(acc, (float *)sm);
     __syncthreads();
@@ -690,28 +673,38 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
     return 0;
 }
 
-static int tiles_version = 0; /* 0: KL_GPU_GEMM_TILES not read yet; else 1, 2 or 3 */
+static int tiles_version = -1; /* -1: KL_GPU_GEMM_TILES not read yet; 0: the default; 1-4 */
 
 extern "C" int kl_gpu_gemm_tiles(void)
 {
-    if (!tiles_version) {
+    if (tiles_version < 0) {
         const char *v = getenv("KL_GPU_GEMM_TILES");
-        tiles_version = v && !strcmp(v, "v2") ? 2 : v && !strcmp(v, "v3") ? 3 : 1;
+        tiles_version = v && v[0] == 'v' && v[1] >= '1' && v[1] <= '4' && !v[2] ? v[1] - '0' : 0;
     }
     return tiles_version;
 }
 
 extern "C" void kl_gpu_gemm_tiles_set(int version)
 {
-    tiles_version = version == 2 || version == 3 ? version : 1;
+    tiles_version = version >= 1 && version <= 4 ? version : 0;
 }
 
 /* Whether version 2 (or 3) takes m: selected, K in whole steps, MXFP4 scales 4-byte
  * aligned. */
 static int v2_takes(const kl_gpu_mat *m)
 {
-    return kl_gpu_gemm_tiles() != 1 && m->cols % KL_GT_KT == 0 &&
+    const int v = kl_gpu_gemm_tiles();
+    return (v == 2 || v == 3) && m->cols % KL_GT_KT == 0 &&
            (m->kind != KL_GPU_W_MXFP4 || (uintptr_t)m->scale % 4 == 0);
+}
+
+/* Whether version 4 (kernels/gemm_mma.cu) takes m: selected (by default for the grouped
+ * products only), K in whole steps, CUDA (its stages are more than HIP targets' 64 KiB of
+ * LDS: version 1 there). */
+static int mma_takes(const kl_gpu_mat *m, int grouped)
+{
+    const int v = kl_gpu_gemm_tiles();
+    return GEMM_WMMA && (v == 4 || (v == 0 && grouped)) && m->cols % KL_GPU_MMA_KT == 0;
 }
 
 /* A version 2 kernel and its shared memory; `opted` once its limit has been raised (a
@@ -779,6 +772,8 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
         return rc;
     if (!y || n == 0 || (n + BN - 1) / BN > 65535)
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
+    if (mma_takes(w, 0))
+        return kl_gpu_gemm_mma(w, x, n, y, kl_gpu_gemm_split(), s, err);
     if (v2_takes(w))
         return v2_gemm(w, x, n, y, (hipStream_t)s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
@@ -802,6 +797,8 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return kl_fail(err, KL_E_USAGE, "gemm_grouped: %u experts (1 to 65535)", a->w->n);
     if (a->m_max == 0)
         return 0; /* no rows: nothing to do */
+    if (mma_takes(&a->w->m, 1))
+        return kl_gpu_gemm_mma_grouped(a, kl_gpu_gemm_split(), s, err);
     if (v2_takes(&a->w->m)) {
         v2_kernel<v2_grouped_fn> &k =
             v2_grouped[a->w->m.kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()];

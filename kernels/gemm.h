@@ -34,19 +34,20 @@ extern "C" {
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 
-/* Which kernels run, for both launchers.  Version 1 (the default): loads held in registers,
- * tiles of 64 tokens x 128 rows (gemm.cu's header).  Version 2 (KL_GPU_GEMM_TILES=v2,
- * kernels/gemm_tile.cuh): a ring of 2-4 K steps of raw weights, scales and x rows copied
- * asynchronously (cp.async) into shared memory and decoded / split there, tiles of 16 tokens
- * x 256 rows (grouped, and dense n <= 32) or 64 x 128 (dense), each 16-wide K slice's three
- * products promoted to fp32 (form 2); it takes matrices with cols % 64 == 0 (and 4-byte
- * aligned MXFP4 scales), the others go to version 1.  Version 3 (KL_GPU_GEMM_TILES=v3) is
- * version 2 with dense products in tiles of 16 tokens at any n.  On the H200, full geometry,
- * 8K prompt in chunks of 1,024: version 1 3,405-3,418 tok/s, version 2 3,286-3,293 (same
- * device call, docs/PERFORMANCE.md), both exact (5.2e-6 against the CPU engine), so version
- * 1 stays the default.  Read from the environment at the first call; kl_gpu_gemm_tiles_set
- * overrides it. */
-int  kl_gpu_gemm_tiles(void);            /* 1, 2 or 3 */
+/* Which kernels run.  By default (0) version 4 for the grouped products and version 1 for
+ * the dense ones, which is what measured fastest (session 8, H200, form 2: grouped MXFP4
+ * gate [1024, 2304] over 8,192 rows 901 µs against 1,178; dense products within +-15% of each
+ * other, version 1 ahead at n <= 256).  KL_GPU_GEMM_TILES=v1..v4 forces one version for both.
+ * Version 1: loads held in registers, WMMA tiles of 64 tokens x 128 rows (gemm.cu's
+ * header).  Version 2 (kernels/gemm_tile.cuh): a ring of 2-4 K steps of raw weights, scales
+ * and x rows copied asynchronously (cp.async) into shared memory and decoded / split there,
+ * tiles of 16 tokens x 256 rows (grouped, and dense n <= 32) or 64 x 128 (dense); cols % 64
+ * == 0 (and 4-byte aligned MXFP4 scales), the others go to version 1.  Version 3: version 2
+ * with dense products in tiles of 16 tokens at any n.  Version 4 (kernels/gemm_mma.cu):
+ * mma.sync with ldmatrix, warps of 64 rows x 32 tokens, blocks of 128 x 128 (dense) or 256 x
+ * 64 (grouped); cols % 64 == 0, CUDA only (HIP runs version 1).  All are exact in form 2.
+ * Read from the environment at the first call; kl_gpu_gemm_tiles_set overrides it. */
+int  kl_gpu_gemm_tiles(void);            /* 0 (the default), 1, 2, 3 or 4 */
 void kl_gpu_gemm_tiles_set(int version);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);

@@ -65,6 +65,7 @@
  */
 #include "kernels/gpu.h"
 #include "kernels/mla.h"
+#include "kernels/mma.cuh"
 #include "kernels/tokens.h"
 
 #include <stdlib.h>
@@ -222,10 +223,16 @@ static uint32_t splits2(uint32_t n, uint32_t max_span)
     return splits_for(n, max_span, SPLIT_TILES2);
 }
 
+static int version_for(const kl_gpu_mla_dims *d);
+
+/* The partial contexts take most of it: v1 splits every token's span by its length alone, the
+ * later versions by the launch's blocks (splits2 bounds v2, v3 and v4: one split per token at
+ * n >= 2 MAX_SPLITS), so only a v1 run pays for n x v1's splits (34 GB at 4,096 tokens over
+ * 8K spans). */
 extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
     const size_t v1 = splits_bound(max_span, SPLIT_TILES), v2 = n ? splits2(n, max_span) : 1;
-    const size_t splits = v1 > v2 ? v1 : v2;
+    const size_t splits = version_for(d) == 1 && v1 > v2 ? v1 : v2;
     return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2)) + n;
 }
 
@@ -1447,80 +1454,6 @@ __device__ static inline void split2(float x, float y, uint32_t &hi, uint32_t &l
     lo = bf16_bits(x - bf16_val((uint16_t)hx)) | bf16_bits(y - bf16_val((uint16_t)hy)) << 16;
 #endif
 }
-
-/* The fragments of mma.m16n8k16 (bf16 in, fp32 accumulate; PTX ISA, "Matrix Fragments for
- * mma.m16n8k16 with floating point type"), lane = 4 g + t:
- *   A [16][16] (row-major)  a[i] low, high half: row g + 8 (i % 2), columns 2 t + 8 (i / 2), +1
- *   B [16][8]               b[i] low, high half: rows (k) 2 t + 8 i, +1, column g
- *   C [16][8]               c[i]: row g + 8 (i / 2), column 2 t + i % 2
- * c += A B. */
-#if !defined(__HIPCC__)
-__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* cp.async of 16 bytes from global src to shared dst; bytes 0: dst zero-filled instead */
-__device__ static inline void copy16(float *dst, const float *src, uint32_t bytes)
-{
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes)
-                 : "memory");
-}
-
-__device__ static inline void copy_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Waits until at most N of this thread's committed copy groups are still in flight. */
-template <int N> __device__ static inline void copy_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-#else
-/* The SIMT stand-in: each lane gathers its rows of A and columns of B by shuffles. */
-__device__ static inline uint32_t shfl_idx(uint32_t v, uint32_t src)
-{
-    return __shfl(v, (int)src, KL_GPU_GROUP);
-}
-
-__device__ static inline float half_bf16(uint32_t v, uint32_t high)
-{
-    return bf16_val((uint16_t)(high ? v >> 16 : v & 0xffffu));
-}
-
-__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1)
-{
-    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (uint32_t k = 0; k < 16; k++) { /* held by lane 4 row + k % 8 / 2, half k % 2 */
-        const uint32_t src = k % 8 / 2, hh = k % 2, up = k / 8;
-        const float a0 = half_bf16(shfl_idx(a[2 * up], 4 * g + src), hh);
-        const float a1 = half_bf16(shfl_idx(a[2 * up + 1], 4 * g + src), hh);
-        const uint32_t b = up ? b1 : b0;
-        const float x0 = half_bf16(shfl_idx(b, 8 * t + src), hh);
-        const float x1 = half_bf16(shfl_idx(b, 8 * t + 4 + src), hh);
-        acc[0] += a0 * x0, acc[1] += a0 * x1, acc[2] += a1 * x0, acc[3] += a1 * x1;
-    }
-    for (int i = 0; i < 4; i++)
-        c[i] += acc[i];
-}
-
-__device__ static inline void copy16(float *dst, const float *src, uint32_t bytes)
-{
-    *(float4 *)dst = bytes ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-}
-
-__device__ static inline void copy_commit() {}
-
-template <int N> __device__ static inline void copy_wait() {}
-#endif
 
 /* P V's key order: mma's k (0..15) of a 16-key step is key pv_key(k), for P (A) and V (B)
  * alike, so that the 4 keys a lane reads of one value column (k = 2t, 2t+1, 2t+8, 2t+9: keys

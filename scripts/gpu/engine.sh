@@ -197,17 +197,25 @@ stage_chunks() {
 
 # Nsight Compute's duration of every kernel of a prompt of one token and NCU_FORCED forced
 # tokens (one-token steps, graphs off so each launch is seen), summed per kernel name:
-# where a decode step's time goes, without launch gaps (ncu serialises the kernels)
+# where a decode step's time goes, without launch gaps (ncu serialises the kernels).
+# NCU_PROMPT=N instead profiles a prompt of N random ids (prefill, in chunks of KL_GPU_CHUNK)
+# and prints milliseconds per kernel name over the whole prompt.
 stage_ncu() {
-    local D="$W/full-mxfp4" ncu
+    local D="$W/full-mxfp4" ncu ids steps
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     [ -n "$ncu" ] || { row "ncu: not found"; return; }
-    KL_GPU_GRAPHS=0 timeout 300 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
-        "$KL" run "$D" --device gpu --ids 1 --force-ids ${NCU_FORCED:-2,3} --logits-out "$W/ncu.bin" -q \
+    if [ -n "${NCU_PROMPT:-}" ]; then
+        ids=$(python3 -c "import random,sys; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(int(sys.argv[1]))))" "$NCU_PROMPT")
+        steps=prompt
+    else
+        ids=1; steps=$((1 + $(echo "${NCU_FORCED:-2,3}" | tr ',' '\n' | wc -l)))
+    fi
+    KL_GPU_GRAPHS=0 timeout ${NCU_TIMEOUT:-300} "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
+        "$KL" run "$D" --device gpu --ids "$ids" --force-ids ${NCU_FORCED:-2,3} --logits-out "$W/ncu.bin" -q \
         > "$W/ncu.csv" 2> "$W/ncu.err" || { row "ncu failed: $(tail -3 "$W/ncu.err")"; return; }
-    cp "$W/ncu.csv" "$OUT/" 2>/dev/null
-    python3 - "$W/ncu.csv" "${NCU_FORCED:-2,3}" <<'PY' | tee -a "$TABLE"
+    cp "$W/ncu.csv" "$OUT/ncu-${NCU_PROMPT:-decode}.csv" 2>/dev/null
+    python3 - "$W/ncu.csv" "$steps" <<'PY' | tee -a "$TABLE"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, rows = rows[0], rows[1:]
@@ -218,12 +226,52 @@ for r in rows:
     name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
     per[name] += float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)
     cnt[name] += 1
-steps = 1 + len(sys.argv[2].split(","))
 tot = sum(per.values())
+if sys.argv[2] == "prompt":  # the whole run: load kernels, the prompt's chunks, 3 short steps
+    print("ncu prompt: %d kernels, %.1f ms (sum of kernel durations)" % (sum(cnt.values()), tot / 1e3))
+    for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:30]:
+        print("ncu  %-44s %9.2f ms  %6d launches  %5.1f%%" % (name[:44], us / 1e3, cnt[name], 100 * us / tot))
+    sys.exit(0)
+steps = int(sys.argv[2])
 print("ncu: %d kernels, %.1f us per one-token step (sum of kernel durations, %d steps)" % (sum(cnt.values()), tot / steps, steps))
 for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
     print("ncu  %-40s %8.1f us/step  %5d launches/step  %5.1f%%" % (name[:40], us / steps, cnt[name] // steps, 100 * us / tot))
 PY
+}
+
+# Nsight Compute's sections for a few launches of the kernels NCU_KERNELS (a regex) in a
+# prompt of NCU_PROMPT ids (default 1,024; the configuration's environment applies): what
+# binds them (tensor pipe, issue, shared memory, stalls).  NCU_SKIP launches are skipped first.
+stage_ncukernel() {
+    local D="$W/full-mxfp4" ncu ids
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { row "ncu: not found"; return; }
+    ids=$(python3 -c "import random,sys; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(int(sys.argv[1]))))" "${NCU_PROMPT:-1024}")
+    KL_GPU_GRAPHS=0 timeout ${NCU_TIMEOUT:-300} "$ncu" --clock-control none -k "regex:${NCU_KERNELS:-mt_}" \
+        --launch-skip ${NCU_SKIP:-6} --launch-count ${NCU_COUNT:-2} \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+        "$KL" run "$D" --device gpu --ids "$ids" -n 1 -q > "$W/ncuk.txt" 2> "$W/ncuk.err" ||
+        { row "ncu failed: $(tail -3 "$W/ncuk.err")"; return; }
+    grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More" | cut -c1-150 | tee -a "$TABLE"
+}
+
+# CPU batching (issue 11) on this machine's cores: the server on CPUS_SERVER, the client on
+# the others, small preset with MXFP4 experts, scripts/bench_serve.py at CPU_STREAMS
+stage_cpubatch() {
+    local D="$W/small-mxfp4" pid port srv=${CPUS_SERVER:-0-7} cli=${CPUS_CLIENT:-8-15}
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset small --format mxfp4 --seed 11 -q
+    taskset -c "$srv" "$KL" serve "$D" --device cpu --port 0 --threads ${CPU_THREADS:-8} \
+        --json -q > "$W/serve-cpu.json" 2> "$W/serve-cpu.err" &
+    pid=$!
+    for _ in $(seq 120); do [ -s "$W/serve-cpu.json" ] && break; sleep 1; done
+    port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve-cpu.json") ||
+        { row "cpu serve did not start: $(tail -2 "$W/serve-cpu.err")"; kill $pid; return; }
+    taskset -c "$cli" python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
+        --streams ${CPU_STREAMS:-1,4,16} ${CPU_BENCH_ARGS:-} | tee -a "$TABLE"
+    kill -INT $pid; wait $pid
 }
 
 stage_full() {

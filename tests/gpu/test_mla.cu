@@ -472,9 +472,12 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d
         if (t_put(&d.slot_cache[s], x.cache[s], err))
             return err->code;
     const size_t n_o = (size_t)x.n * x.d.nh * x.d.dv;
+    kl_gpu_mla_select(1); /* v1 needs the most scratch: sized for every version run below */
+    const size_t scratch_floats = kl_gpu_mla_scratch(&x.d, x.n, launch_span);
+    kl_gpu_mla_select(0);
     if (t_put(&q, x.q, err) || t_put(&kva, x.kva, err) || t_put(&kv_norm, x.kv_norm, err) ||
         t_put(&cache, d.slot_cache, err) || t_alloc(&o, n_o, err) ||
-        t_alloc(&scratch, kl_gpu_mla_scratch(&x.d, x.n, launch_span), err) ||
+        t_alloc(&scratch, scratch_floats, err) ||
         t_put(&ts, x.tok_slot, err) || t_put(&tp, x.tok_pos, err) ||
         t_put(&rs, x.run_start, err) || t_put(&rsl, x.run_slot, err) ||
         KL_GPU_CHECK(err, hipMemset(o, 0xff, n_o * sizeof(float)))) /* NaN */

@@ -1,0 +1,27 @@
+/*
+ * kernels/gemm_mma.h — version 4 of the prefill products (kernels/gemm_mma.cu), reached through
+ * kl_gpu_gemm / kl_gpu_gemm_grouped (gemm.h) when KL_GPU_GEMM_TILES says v4 and the matrix
+ * has cols % KL_GPU_MMA_KT == 0.  Internal to kernels/: arguments are checked by gemm.c's
+ * public launchers; split is the form (0, 1 or 2, gemm.h).
+ */
+#ifndef KL_KERNELS_GEMM_MMA_H
+#define KL_KERNELS_GEMM_MMA_H
+
+#include "kernels/gemm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KL_GPU_MMA_KT 64u   /* K per step: version 4 takes cols % 64 == 0 */
+
+int kl_gpu_gemm_mma(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, int split,
+                    kl_gpu_stream s, kl_err *err);
+int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int split, kl_gpu_stream s,
+                            kl_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
