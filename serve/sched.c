@@ -23,6 +23,8 @@ typedef struct seq {
     size_t       generated;    /* ids passed to on_token */
     kl_token     last;         /* the id to feed next while decoding */
     int          decoding;     /* the prompt is fed; last waits to be fed */
+    int          whole;        /* started from a cache entry of its whole prompt: its first id
+                                  comes from the entry's logits (from), not from a forward */
     int          running;      /* holds a slot (st) and a sampler */
     int          snapped;      /* the end of its prompt went to the prefix cache */
     kl_prefix_entry *from;     /* the pinned cache entry it started from, until snapped */
@@ -178,8 +180,9 @@ static void reuse(kl_sched *s, seq *q)
 {
     if (!s->cache)
         return;
-    kl_prefix_entry *e = kl_prefix_find(s->cache, q->prompt, q->req.n_prompt,
-                                        q->req.n_prompt - 1);
+    size_t n = q->req.n_prompt;
+    int whole = kl_prefix_holds_whole(s->cache, q->prompt, n);
+    kl_prefix_entry *e = kl_prefix_find(s->cache, q->prompt, n, whole ? n : n - 1);
     kl_err err;
     kl_err_clear(&err);
     if (!e || kl_state_copy(&q->st, kl_prefix_entry_state(e), &err)) {
@@ -188,6 +191,7 @@ static void reuse(kl_sched *s, seq *q)
     }
     q->from = e;
     q->fed = kl_prefix_entry_len(e);
+    q->whole = q->decoding = q->snapped = q->fed == n;
     if (q->req.on_cached)
         q->req.on_cached(q->req.user, q->fed);
 }
@@ -201,7 +205,8 @@ static void snapshot(kl_sched *s, size_t n_want)
             continue;
         kl_err err;
         kl_err_clear(&err);
-        (void)kl_prefix_put(s->cache, q->prompt, q->req.n_prompt, &q->st, NULL, &err);
+        (void)kl_prefix_put(s->cache, q->prompt, q->req.n_prompt, &q->st,
+                            s->logits + r * s->m->cfg.vocab_size, NULL, &err);
         kl_prefix_unpin(s->cache, q->from);   /* a full cache is no error: nothing stored */
         q->from = NULL;
         q->snapped = 1;
@@ -252,7 +257,7 @@ static size_t build(kl_sched *s, kl_batch *b)
     size_t n_want = 0;
     *b = (kl_batch){0, s->ids, s->slots, s->want};
     for (seq *q = s->head; q; q = q->next)
-        if (q->running && q->decoding)
+        if (q->running && q->decoding && !q->whole)
             add(s, b, &n_want, q, &q->last, 1, 1);
     for (seq *q = s->head; q && b->n < s->step_tokens; q = q->next) {
         if (!q->running || q->decoding)
@@ -322,6 +327,23 @@ static void advance_heads(seq *q, kl_token id)
     q->head_pos++;
 }
 
+/* Rows after the batch's n_want for the sequences that start from a whole cached prompt: each
+ * entry's logits copied in, the entry unpinned; returns the rows. */
+static size_t whole_rows(kl_sched *s, size_t n_want)
+{
+    size_t V = s->m->cfg.vocab_size;
+    for (seq *q = s->head; q; q = q->next) {
+        if (!q->running || !q->whole)
+            continue;
+        memcpy(s->logits + n_want * V, kl_prefix_entry_logits(q->from), V * sizeof *s->logits);
+        s->owner[n_want++] = q;
+        kl_prefix_unpin(s->cache, q->from);
+        q->from = NULL;
+        q->whole = 0;
+    }
+    return n_want;
+}
+
 /* Pool item r: the id of wanted row r drawn from its logits (masked while a forced choice is
  * open) by its sequence's own sampler; rows are independent, so any thread may take any. */
 static void pick_row(void *ctx, size_t r)
@@ -375,9 +397,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
     admit(s);
     kl_batch b;
     size_t n_want = build(s, &b);
-    if (!b.n)
-        return 0;
-    int rc = kl_backend_forward(s->m->be, &b, s->logits, NULL, err);
+    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->logits, NULL, err) : 0;
     if (rc) {   /* the slots' states are unspecified now: every running request ends */
         for (seq *q = s->head, *nx; q; q = nx) {
             nx = q->next;
@@ -387,6 +407,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
         return rc;
     }
     snapshot(s, n_want);
+    n_want = whole_rows(s, n_want);
     kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
     for (size_t r = 0; r < n_want; r++)
         sample(s, r);

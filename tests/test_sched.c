@@ -9,8 +9,9 @@
  * The prefix cache (serve/prefix.h): the longest prefix wins, an entry as long as the prompt is
  * used only within max_len, LRU eviction under a byte budget and a slot limit, pinned entries
  * kept; and through the scheduler: a conversation's second turn (the first prompt, the reply,
- * new ids) reuses the first turn's state and gets bit-identical logits to a cold run, and
- * requests sharing a prefix at once get what each gets alone.
+ * new ids) reuses the first turn's state and gets bit-identical logits to a cold run, a
+ * repeated prompt starts from its whole entry (no forward for its first id) with the same
+ * logits, and requests sharing a prefix at once get what each gets alone.
  */
 #include "common/err.h"
 #include "common/mem.h"
@@ -296,7 +297,8 @@ static void put(kl_prefix *c, const kl_token *p, size_t n, int want_stored)
     kl_err err;
     kl_err_clear(&err);
     int stored = -1;
-    ck_assert_msg(kl_prefix_put(c, p, n, &st, &stored, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_msg(kl_prefix_put(c, p, n, &st, NULL, &stored, &err) == 0, "%s",
+                  t_fmt_err(&err));
     ck_assert_int_eq(stored, want_stored);
     kl_state_free(&st);
 }
@@ -521,12 +523,17 @@ START_TEST(second_turn_reuses_the_first_with_cold_logits)
     ck_assert_uint_eq(b.cached, 24);
     cold(t2, n2, &ref);
     same_as(&b, &ref, "second turn");
-    /* the same prompt again: its own entry, less its last id (which must be fed for logits) */
+    /* the same prompt again: its whole entry, kept with the logits of its last id, so its
+     * first id needs no forward (a step of no tokens) */
     pout again;
     out_init(&again);
     psubmit(s, t2, n2, &again);
+    size_t n_step = 99;
+    ck_assert_msg(kl_sched_step(s, &n_step, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(n_step, 0);
+    ck_assert_uint_eq(again.n, 1);
     drain(s);
-    ck_assert_uint_eq(again.cached, 24);
+    ck_assert_uint_eq(again.cached, n2);
     same_as(&again, &ref, "repeated turn");
     kl_prefix_stats st;
     kl_prefix_get_stats(c, &st);
