@@ -2,7 +2,8 @@
  * common/json.c — the one strict JSON reader of kl (see json.h).
  *
  * Divisions, in order: the lexer (one number scanner, UTF-8 and control bytes); error
- * messages; number literals kept on their nodes; integers; public API in header order.
+ * messages; number literals kept on their nodes; integers; the plain subset (kl_json_scan);
+ * public API in header order.
  *
  * kl_json_parse runs the lexer over the whole text first (so a bad byte is reported as such,
  * with its offset, rather than as whatever cJSON makes of it), then cJSON, then checks that
@@ -220,6 +221,110 @@ static kl_json_int literal_u64(const char *s, uint64_t max, uint64_t *out)
         return KL_JSON_INT_TOO_LARGE;
     *out = v;
     return KL_JSON_INT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The plain subset                                                                           */
+
+static void scan_space(kl_json_scan *s)
+{
+    while (s->p < s->end && is_space((uint8_t)*s->p))
+        s->p++;
+}
+
+int kl_json_scan_char(kl_json_scan *s, char c)
+{
+    scan_space(s);
+    if (s->p == s->end || *s->p != c)
+        return 0;
+    s->p++;
+    return 1;
+}
+
+/* Nonzero when one of the 8 bytes of w is below 0x20 or above 0x7f, a quote or a backslash:
+ * the usual tests for a byte below n (n <= 0x80) and a zero byte, on all 8 at once. */
+static uint64_t word_not_plain(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    return (w & high) | ((w - ones * 0x20) & ~w & high) | ((q - ones) & ~q & high) |
+           ((b - ones) & ~b & high);
+}
+
+int kl_json_scan_str(kl_json_scan *s, const char **at, size_t *len)
+{
+    if (!kl_json_scan_char(s, '"'))
+        return 0;
+    const char *q = s->p;
+    /* printable ASCII (0x20..0x7f) other than the quote and the backslash: 8 bytes a step,
+     * then byte by byte from the word that holds the end */
+    for (uint64_t w; s->end - q >= 8; q += 8) {
+        memcpy(&w, q, 8);
+        if (word_not_plain(w))
+            break;
+    }
+    while (q < s->end && (uint8_t)*q >= 0x20 && (uint8_t)*q < 0x80 && *q != '"' && *q != '\\')
+        q++;
+    if (q == s->end || *q != '"')
+        return 0;
+    *at = s->p;
+    *len = (size_t)(q - s->p);
+    s->p = q + 1;
+    return 1;
+}
+
+int kl_json_scan_u64(kl_json_scan *s, uint64_t max, uint64_t *out)
+{
+    scan_space(s);
+    size_t avail = (size_t)(s->end - s->p), n = avail ? number_len((const uint8_t *)s->p, avail)
+                                                        : 0;
+    if (!n || !is_digit((uint8_t)s->p[0]))
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_digit((uint8_t)s->p[i]))   /* a fraction or an exponent */
+            return 0;
+        uint64_t d = (uint64_t)(s->p[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    if (v > max)
+        return 0;
+    s->p += n;
+    *out = v;
+    return 1;
+}
+
+/* After a member or element: 1 and the ',' consumed when another follows, 0 and close consumed
+ * at the end of the object or array, -1 for anything else. */
+static int scan_next(kl_json_scan *s, char close)
+{
+    scan_space(s);
+    if (s->p < s->end && (*s->p == ',' || *s->p == close))
+        return *s->p++ == ',';
+    return -1;
+}
+
+int kl_json_scan_list(kl_json_scan *s, char open, char close, kl_json_scan_item_fn item,
+                      void *ctx)
+{
+    if (!kl_json_scan_char(s, open))
+        return 0;
+    if (kl_json_scan_char(s, close))
+        return 1;
+    int more;
+    do {
+        if (!item(ctx, s))
+            return 0;
+    } while ((more = scan_next(s, close)) == 1);
+    return more == 0;
+}
+
+int kl_json_scan_at_end(kl_json_scan *s)
+{
+    scan_space(s);
+    return s->p == s->end;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -15,24 +15,21 @@ int kl_cost_plan_read(const char *dir, kl_cost_plan *p, kl_err *err)
 {
     kl_checkpoint ck;
     kl_ckcheck chk;
-    memset(&chk, 0, sizeof chk);
-    int rc = kl_ckpt_open(&ck, dir, err);
-    if (rc)
-        return rc;
     /* the engine's own metadata check (kl_model_open): the same refusal, before loading */
-    if (!(rc = kl_ckcheck_require(&chk, &ck, err))) {
-        memset(p, 0, sizeof *p);
-        for (size_t i = 0; chk.has_schema && i < chk.schema.n; i++)
-            if (chk.bound[i])
-                p->weight_bytes += chk.bound[i]->t->n_bytes;
-        p->max_position = ck.config.max_position;
-        p->vocab_size = ck.config.vocab_size;
+    int rc = kl_ckcheck_open_require(&chk, &ck, dir, err);
+    if (rc) {
+        kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);   /* where not already named */
+        return rc;
     }
+    memset(p, 0, sizeof *p);
+    for (size_t i = 0; chk.has_schema && i < chk.schema.n; i++)
+        if (chk.bound[i])
+            p->weight_bytes += chk.bound[i]->t->n_bytes;
+    p->max_position = ck.config.max_position;
+    p->vocab_size = ck.config.vocab_size;
     kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);
-    if (rc)
-        kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
-    return rc;
+    return 0;
 }
 
 int kl_cost_mem_available(const char *meminfo_path, uint64_t *bytes, kl_err *err)

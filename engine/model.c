@@ -6,11 +6,14 @@
 #include "engine/model.h"
 
 #include "common/cpu.h"
+#include "common/fs.h"
 #include "common/mem.h"
 #include "loader/checkpoint.h"
 #include "loader/ckcheck.h"
 #include "loader/reader.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,8 +62,14 @@ static float *vec_f32(const kl_wmat *w)
     float *v = kl_malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return NULL;
-    for (uint64_t r = 0; r < w->rows; r++)
-        kl_wmat_row_f32(w, r, v + r * w->cols);
+    /* F32 and BF16 rows are contiguous: one row of n (a KDA conv has 4096 rows of 4 taps) */
+    kl_wmat flat = *w;
+    if (w->kind == KL_W_F32 || w->kind == KL_W_BF16) {
+        flat.rows = n ? 1 : 0;
+        flat.cols = n;
+    }
+    for (uint64_t r = 0; r < flat.rows; r++)
+        kl_wmat_row_f32(&flat, r, v + r * flat.cols);
     return v;
 }
 
@@ -81,6 +90,38 @@ static int load_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *d
     if (c->opts && c->opts->progress)
         c->opts->progress(c->opts->progress_user, c->done, c->total);
     return 0;
+}
+
+/* Vectors only (a few MB in a few hundred tensors, the GPU's load): one pread each straight
+ * into its buffer.  The staged reader's ring and threads cost more to set up than these
+ * reads take, and a page-cache check would mincore every page of every shard. */
+static int read_direct(const kl_model *m, const kl_extent *ext, size_t n, load_ctx *lc,
+                       kl_err *err)
+{
+    int *fd = kl_malloc((m->n_shards ? m->n_shards : 1) * sizeof *fd);
+    if (!fd)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        fd[i] = -1;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const char *path = m->shard_paths[ext[i].file];
+        int *f = &fd[ext[i].file];
+        if (*f < 0 && (*f = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+            rc = kl_fail_sys(err, KL_E_IO, errno, "cannot open");
+            kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+            break;
+        }
+        rc = kl_pread_all(*f, lc->dst[i], (size_t)ext[i].len, ext[i].off, path, err);
+        lc->done += ext[i].len;
+        if (!rc && lc->opts && lc->opts->progress)
+            lc->opts->progress(lc->opts->progress_user, lc->done, lc->total);
+    }
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (fd[i] >= 0)
+            close(fd[i]);
+    kl_free(fd);
+    return rc;
 }
 
 /* Fills w from a tensor's metadata and payload for schema entry e. */
@@ -176,13 +217,10 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
     m->n_bufs = s->n;
     if ((rc = note_sources(m, ck, chk, err)))
         goto out;
-    /* all of it: cached files copied from memory (the reader's page-cache check); vectors only
-     * (a few MB, the GPU's load): small buffered reads, without that check (a mincore over
-     * every page of every shard: ~0.3 s for 29 GB) or the 128 MiB ring of whole-file reads */
-    kl_reader_opts small = {.backend = KL_IO_PREAD, .direct = KL_DIRECT_OFF,
-                            .buf_bytes = (size_t)1 << 20, .queue_depth = 8};
+    /* all of it: the staged reader (cached files copied from memory: its page-cache check);
+     * vectors only: read_direct */
     int vec_only = opts && opts->vectors_only;
-    if ((rc = kl_ckpt_open_reader(ck, vec_only ? &small : NULL, &rd, err)))
+    if (!vec_only && (rc = kl_ckpt_open_reader(ck, NULL, &rd, err)))
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
@@ -203,7 +241,9 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
     m->matrices_read = !vec_only;
     load_ctx lc = {dst, opts, 0, read_bytes};
     /* in file order, neighbouring tensors in one read (the schema's order jumps around) */
-    if ((rc = kl_reader_run_gathered(rd, ext, n_ext, KL_GATHER_GAP, load_cb, &lc, err)))
+    rc = vec_only ? read_direct(m, ext, n_ext, &lc, err)
+                  : kl_reader_run_gathered(rd, ext, n_ext, KL_GATHER_GAP, load_cb, &lc, err);
+    if (rc)
         goto out;
     for (size_t i = 0; i < s->n; i++) {
         const kl_schema_entry *e = &s->entries[i];
@@ -248,16 +288,13 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     kl_checkpoint ck;
     kl_ckcheck chk;
     int rc;
-    int ck_open = 0;
     kl_model *m = kl_calloc(1, sizeof *m);
     if (!m)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     memset(&chk, 0, sizeof chk);
-    if ((rc = kl_ckpt_open(&ck, dir, err)))
-        goto fail;
-    ck_open = 1;
+    memset(&ck, 0, sizeof ck);
     /* the metadata check of kl audit: refuse what it refuses, before a byte is read */
-    if ((rc = kl_ckcheck_require(&chk, &ck, err)))
+    if ((rc = kl_ckcheck_open_require(&chk, &ck, dir, err)))
         goto fail;
     m->cfg = ck.config;
     if (!chk.has_schema) {
@@ -297,8 +334,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
 fail:
     kl_err_context(err, dir, NULL, KL_NO_OFFSET, NULL);
     kl_ckcheck_free(&chk);
-    if (ck_open)
-        kl_ckpt_close(&ck);
+    kl_ckpt_close(&ck);
     kl_model_close(m);
     return rc;
 }

@@ -2,10 +2,11 @@
  * engine/model.h — a Kimi-Linear checkpoint bound into host memory for the CPU forward pass.
  *
  * kl_model_open opens the checkpoint directory (loader/checkpoint.h), runs the metadata check of
- * `kl audit` on it (loader/ckcheck.h: headers, index, exact schema match) and refuses what that
- * check reports as an error, then reads every schema tensor the check bound through the staged
- * reader (loader/reader.h, one extent per tensor) into its own kl_malloc'd buffer: no mmap, extra
- * memory beyond the weights bounded by the reader's ring.  Weights stay in their stored dtype (BF16
+ * `kl audit` on it (loader/ckcheck.h: headers, index, exact schema match; kl_ckcheck_open_require
+ * builds the schema while the headers are parsed) and refuses what that check reports as an
+ * error, then reads every schema tensor the check bound through the staged reader
+ * (loader/reader.h, one extent per tensor; vectors_only: one pread per vector) into its own
+ * kl_malloc'd buffer: no mmap, extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored dtype (BF16
  * or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales). Small per-channel
  * vectors (norm weights, conv taps, A_log, dt_bias, router bias) are also copied to fp32.
  * opts->progress, when set, is called with the payload bytes read so far as they arrive (from the

@@ -50,52 +50,16 @@
  * [4096, 2304] x 256 147 µs (33 TFLOPS).  ptxas: 128 registers and 88-516 bytes of spills
  * in form 2 (the two register sets of raw loads, 42 registers, plus 2 x 32 of sums).
  *
- * Version 2 (KL_GPU_GEMM_TILES=v2; the default is version 1 above, see gemm.h): what held the loads
- * moves to shared memory.  Geometry and walk: gemm_tile.cuh (replayed on the host by the
- * test).  A step's raw bytes (codes, one scale word a row, x rows gathered through x_row)
- * are copied by cp.async into a ring of STAGES steps, issued STAGES - 1 steps ahead, with
- * no register held; each step the block decodes W and splits X from the ring into the bf16
- * tiles, then the warps multiply.  Tiles: grouped (and dense n <= 32) 16 tokens x 256 rows,
- * 8 warps of 1 x 2 fragments (segments of ~8 rows waste no warp: v1 left 4 of 8 idle);
- * dense 64 x 128, warps 4 (W) x 2 (tokens) of 2 x 2 fragments.  Form 2 promotes every
- * 16-wide slice (48 products a fragment chain) to the fp32 sums: shorter chains than v1's.
- *
- * Count, grouped MXFP4 gate product (E = 256 [1024, 2304], m = 2048 rows): 4 row tiles x
- * 256 experts = 1024 blocks (segments > 16 rows, ~0.4% of experts at 8 a mean, take two
- * tiles), 36 steps: 36,900 block-steps, 280 per SM at 2 blocks per SM (95 KiB of shared
- * memory each: ring 4 x 13 KiB, W tile 36 KiB, X tiles 7 KiB).  Per block-step (256 rows):
- *   bytes: codes 8 KiB + scale words 1 KiB + x 4 KiB (2 KiB valid at 8 rows);
- *   in flight: 3 steps x 13 KiB x 2 blocks = 78 KiB per SM (v1: ~16), so by Little's law at
- *     ~1 µs, 132 x 78 KiB / µs = 10 TB/s: the weights (348 MB, 85 µs at 4.1 TB/s) no longer
- *     wait on latency;
- *   issue (warp instructions / 4 schedulers): decode 2 units x ~110 + split 1 x ~90 +
- *     copies ~40 + products 4 slices x (5 fragment loads + 12 HMMA + 16 FADD) per thread,
- *     ~550 a thread, 8 warps: ~1,100 clocks;
- *   shared-memory wavefronts: fragment loads 8 warps x 4 x 5 x 4 = 640, W tile stores 256,
- *     ring writes ~104, ring reads ~100, X tile stores 48: ~1,150 clocks;
- *   MMAs: 192 WMMA (384 HMMA), ~600 clocks of the tensor cores.
- * Prediction: 280 x ~1,150 clocks = 160 µs at 1.98 GHz, bound by shared-memory wavefronts
- * and issue together (they overlap across the two blocks), the weights' 85 µs underneath:
- * 160-200 µs against 723 (target 300).  Version 1's own prediction (170-200 µs) missed by
- * 3.5x, and its spills and register-held loads are what version 2 removes; if version 2
- * misses too, the timing of KL_GPU_GEMM_SPLIT=0 (a third of the MMAs and of the X split)
- * tells the tensor cores' share.
- * Measured (H200, session 7, end to end only: test_gemm's per-call timings of version 2 were
- * not taken): an 8K prompt in chunks of 1,024 ran 4% slower with version 2 (3,286-3,293
- * tok/s) than with version 1 (3,405-3,418), so the prediction missed and version 1 stays the
- * default.  Next: the per-call timings (test_gemm prints v1, v2 and v3 in every form).
- * Dense [4096, 2304] x 256 (MXFP4): 32 x 4 = 128 blocks, one per SM, 36 steps.  Per
- * block-step: 384 WMMA (768 HMMA, ~1,200 tensor clocks), X split 4 units x ~90 a thread,
- * fragment loads 8 x 4 x 8 x 4 = 1,024 wavefronts: ~2,500 clocks with no second block to
- * overlap the decode: 36 x 2,500 = 90K clocks, ~45 µs against 147 (3x); [12576, 2304] x
- * 512: 792 blocks, 2 per SM, 216 block-steps per SM x ~1,700: ~185 µs against 608.
+ * Version 4 (kernels/gemm_mma.cu, the default for the grouped products) replaced session 7's
+ * version 2 (a cp.async ring decoded in shared memory, WMMA), which measured slower than
+ * version 1 for the dense products and than version 4 for the grouped ones (session 8,
+ * docs/gpu-logs/2026-12-02-s8-profile-load-cpubatch.log) and was removed.
  */
 #include "kernels/gemm.h"
 #include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"
 
-#include "kernels/gemm_tile.cuh"
-#include "kernels/mma.cuh"
+#include "kernels/gemm_split.cuh"
 #include "kernels/mx_bf16.h"
 
 #include <stdlib.h>
@@ -194,18 +158,8 @@ __device__ static inline void stage_x(const gemm_regs<MX> &g, uint32_t nt, gemm_
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const unsigned p = threadIdx.x + THREADS * i, tok = p / 16;
-        if (tok >= kl_gt_frag_rows(nt))
-            continue;
-        const float v[4] = {g.x[i].x, g.x[i].y, g.x[i].z, g.x[i].w};
-        uint32_t h[4], l[4], l2[4];
-        for (int c = 0; c < 4; c++)
-            h[c] = kl_gt_split(v[c], &l[c], &l2[c]);
-        const unsigned at = tok * LDS + (p % 16) * 4;
-        *(uint2 *)&sh.in.x[at] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
-        if (SP) {
-            *(uint2 *)&sh.in.xl[at] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
-            *(uint2 *)&sh.in.xl2[at] = make_uint2(l2[0] | l2[1] << 16, l2[2] | l2[3] << 16);
-        }
+        if (tok < kl_gt_frag_rows(nt)) /* x, xl, xl2 follow each other in gemm_smem */
+            kl_gt_stage_x4<SP>(g.x[i], sh.in.x, BN * LDS, tok * LDS + (p % 16) * 4);
     }
 }
 
@@ -437,210 +391,6 @@ __global__ static void __launch_bounds__(THREADS, 2)
         gemm_tile<MX, SP>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
 }
 
-/* ---- version 2 (default): a cp.async ring of raw steps, decoded in shared memory --------- */
-
-/* The walk (copies, decode, fragment origins, output) is kernels/gemm_tile.cuh's, which the
- * test replays on the host; here: the ring's waits, the products and the kernels.  Template
- * parameter TN: tokens per tile (16 or 64, kl_gt). */
-
-#if GEMM_WMMA
-/* A warp's sums: FT x FW fragments [token][W row]. */
-template <int TN> struct v2_acc {
-    wm::fragment<wm::accumulator, 16, 16, 16, float> f[kl_gt<1, TN>::FT][KL_GT_FW];
-};
-
-template <int TN> __device__ static inline void v2_zero(v2_acc<TN> &acc)
-{
-#pragma unroll
-    for (unsigned a = 0; a < kl_gt<1, TN>::FT; a++)
-#pragma unroll
-        for (unsigned b = 0; b < KL_GT_FW; b++)
-            wm::fill_fragment(acc.f[a][b], 0.0f);
-}
-
-/* acc += the staged step's products of this warp's fragments (those of tokens >= nt
- * skipped, warp-uniform).  X is matrix_a (row-major [token][k]); W's [row][k] is matrix_b
- * [k][row] column-major.  SP 2: each 16-wide slice's three products (hi, lo2, lo) summed in
- * a fresh fragment, then added to the running sums in fp32 registers, so the MMA's
- * truncating accumulation spans 48 products only; SP 1: into the sums directly; SP 0: hi. */
-template <int TN, int SP>
-__device__ static inline void v2_mma(v2_acc<TN> &acc, const uint16_t *wt, const uint16_t *xt,
-                                     uint32_t nt)
-{
-    const unsigned w = threadIdx.x / 32;
-    const unsigned row0 = kl_gt_warp_row<TN>(w), tok0 = kl_gt_warp_tok<TN>(w);
-    if (tok0 >= nt)
-        return;
-    const __nv_bfloat16 *ws = (const __nv_bfloat16 *)wt, *xs = (const __nv_bfloat16 *)xt;
-    wm::fragment<wm::accumulator, 16, 16, 16, float> zero, part;
-    wm::fill_fragment(zero, 0.0f);
-#pragma unroll
-    for (unsigned kk = 0; kk < KL_GT_KT; kk += 16) {
-        gemm_fb fb[KL_GT_FW];
-#pragma unroll
-        for (unsigned b = 0; b < KL_GT_FW; b++)
-            wm::load_matrix_sync(fb[b], ws + (row0 + 16 * b) * KL_GT_LDS + kk, KL_GT_LDS);
-#pragma unroll
-        for (unsigned a = 0; a < kl_gt<1, TN>::FT; a++) {
-            if (tok0 + 16 * a >= nt)
-                break;
-            const unsigned at = (tok0 + 16 * a) * KL_GT_LDS + kk;
-            gemm_fa hi, lo, lo2;
-            wm::load_matrix_sync(hi, xs + at, KL_GT_LDS);
-            if (SP) {
-                wm::load_matrix_sync(lo, xs + TN * KL_GT_LDS + at, KL_GT_LDS);
-                wm::load_matrix_sync(lo2, xs + 2 * TN * KL_GT_LDS + at, KL_GT_LDS);
-            }
-#pragma unroll
-            for (unsigned b = 0; b < KL_GT_FW; b++) {
-                if (SP != 2) {
-                    wm::mma_sync(acc.f[a][b], hi, fb[b], acc.f[a][b]);
-                    if (SP) {
-                        wm::mma_sync(acc.f[a][b], lo2, fb[b], acc.f[a][b]);
-                        wm::mma_sync(acc.f[a][b], lo, fb[b], acc.f[a][b]);
-                    }
-                    continue;
-                }
-                wm::mma_sync(part, hi, fb[b], zero);
-                wm::mma_sync(part, lo2, fb[b], part);
-                wm::mma_sync(part, lo, fb[b], part);
-#pragma unroll
-                for (int i = 0; i < part.num_elements; i++)
-                    acc.f[a][b].x[i] += part.x[i];
-            }
-        }
-    }
-}
-
-/* The warp's sums into c [token][row] (LDC floats a row). */
-template <int TN> __device__ static inline void v2_store(const v2_acc<TN> &acc, float *c)
-{
-    const unsigned w = threadIdx.x / 32;
-    const unsigned row0 = kl_gt_warp_row<TN>(w), tok0 = kl_gt_warp_tok<TN>(w);
-#pragma unroll
-    for (unsigned a = 0; a < kl_gt<1, TN>::FT; a++)
-#pragma unroll
-        for (unsigned b = 0; b < KL_GT_FW; b++)
-            wm::store_matrix_sync(c + (tok0 + 16 * a) * kl_gt<1, TN>::C_LD + row0 + 16 * b,
-                                  acc.f[a][b], kl_gt<1, TN>::C_LD, wm::mem_row_major);
-}
-#else
-/* SIMT: thread t sums token t % TN against rows t / TN + (256 / TN) i. */
-template <int TN> struct v2_acc {
-    float f[kl_gt<1, TN>::WROWS * TN / KL_GT_THREADS];
-};
-
-template <int TN> __device__ static inline void v2_zero(v2_acc<TN> &acc)
-{
-    for (unsigned i = 0; i < kl_gt<1, TN>::WROWS * TN / KL_GT_THREADS; i++)
-        acc.f[i] = 0.0f;
-}
-
-template <int TN, int SP>
-__device__ static inline void v2_mma(v2_acc<TN> &acc, const uint16_t *wt, const uint16_t *xt,
-                                     uint32_t nt)
-{
-    const unsigned tok = threadIdx.x % TN, r0 = threadIdx.x / TN;
-    if (tok >= nt)
-        return;
-    for (unsigned k = 0; k < KL_GT_KT; k++) {
-        const unsigned at = tok * KL_GT_LDS + k;
-        const float xv = bf16_val(xt[at]) + (SP ? bf16_val(xt[TN * KL_GT_LDS + at]) +
-                                                      bf16_val(xt[2 * TN * KL_GT_LDS + at])
-                                                : 0.0f);
-        for (unsigned i = 0; i < kl_gt<1, TN>::WROWS * TN / KL_GT_THREADS; i++)
-            acc.f[i] = fmaf(xv, bf16_val(wt[(r0 + KL_GT_THREADS / TN * i) * KL_GT_LDS + k]),
-                            acc.f[i]);
-    }
-}
-
-template <int TN> __device__ static inline void v2_store(const v2_acc<TN> &acc, float *c)
-{
-    const unsigned tok = threadIdx.x % TN, r0 = threadIdx.x / TN;
-    for (unsigned i = 0; i < kl_gt<1, TN>::WROWS * TN / KL_GT_THREADS; i++)
-        c[tok * kl_gt<1, TN>::C_LD + r0 + KL_GT_THREADS / TN * i] = acc.f[i];
-}
-#endif
-
-/* y rows t0 .. t0 + nt (packed order), the block's rows of b: every thread of the block calls
- * it (barriers inside).  Step k's copies are issued at step k - (STAGES - 1) (the first
- * STAGES - 1 before the loop) into stage k % STAGES; at step k, the wait leaves at most
- * STAGES - 2 groups pending (steps k + 1 ..), the barrier makes every thread's copies of
- * step k visible and ends step k - 1's decode of the stage the next issue overwrites; the
- * second barrier ends the decode before the products read the tiles (the next step's first
- * barrier ends the products before the tiles are written again). */
-template <int MX, int SP, int TN>
-__device__ static void v2_tile(const kl_gt_rows &b, const kl_gt_src &s, const uint32_t *x_row,
-                               uint32_t t0, uint32_t nt, float *y, uint8_t *sm)
-{
-    typedef kl_gt<MX, TN> G;
-    const unsigned t = threadIdx.x;
-    uint32_t *xsrc = (uint32_t *)(sm + G::XSRC);
-    if (t < nt)
-        xsrc[t] = x_row ? x_row[t0 + t] : t0 + t;
-    __syncthreads();
-    for (unsigned k = 0; k + 1 < G::STAGES; k++) {
-        kl_gt_issue<MX, TN>(b, s, xsrc, nt, k * KL_GT_KT, sm + k * G::STAGE, t);
-        copy_commit();
-    }
-    v2_acc<TN> acc;
-    v2_zero<TN>(acc);
-    const uint32_t steps = b.cols / KL_GT_KT;
-    for (uint32_t k = 0; k < steps; k++) {
-        copy_wait<G::STAGES - 2>();
-        __syncthreads();
-        const uint32_t ahead = k + G::STAGES - 1;
-        kl_gt_issue<MX, TN>(b, s, xsrc, nt, ahead * KL_GT_KT, sm + (ahead % G::STAGES) * G::STAGE,
-                            t);
-        copy_commit();
-        kl_gt_decode<MX, SP, TN>(b, k * KL_GT_KT, nt, sm + (k % G::STAGES) * G::STAGE, sm, t);
-        __syncthreads();
-        v2_mma<TN, SP>(acc, (const uint16_t *)(sm + G::WT), (const uint16_t *)(sm + G::XT), nt);
-    }
-    copy_wait<0>();
-    __syncthreads(); /* the ring is free: c goes there */
-    v2_store<TN>(acc, (float *)sm);
-    __syncthreads();
-    kl_gt_write_y<TN>(b, (const float *)sm, t0, nt, y, t);
-    __syncthreads(); /* sm is written again by the next tile */
-}
-
-__device__ static inline kl_gt_src v2_src(const kl_gpu_mat &m, const float *x)
-{
-    kl_gt_src s;
-    s.w = m.kind == KL_GPU_W_MXFP4 ? m.packed : (const uint8_t *)m.data;
-    s.scale = m.scale;
-    s.x = x;
-    return s;
-}
-
-template <int MX, int SP, int TN>
-__global__ static void __launch_bounds__(KL_GT_THREADS, 2)
-    gemm2_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
-{
-    KL_GPU_GRID_WAIT();
-    extern __shared__ __align__(128) uint8_t gemm2_sm[];
-    const kl_gt_rows b = {m.rows, m.cols, blockIdx.x * kl_gt<MX, TN>::WROWS, 0};
-    const uint32_t t0 = blockIdx.y * TN;
-    v2_tile<MX, SP, TN>(b, v2_src(m, x), NULL, t0, n - t0 < TN ? n - t0 : TN, y, gemm2_sm);
-}
-
-template <int MX, int SP, int TN>
-__global__ static void __launch_bounds__(KL_GT_THREADS, 2)
-    gemm2_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row,
-                         const uint32_t *seg, float *y)
-{
-    KL_GPU_GRID_WAIT();
-    extern __shared__ __align__(128) uint8_t gemm2_sm[];
-    const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
-    if (s1 <= s0)
-        return;
-    const kl_gt_rows b = {m.rows, m.cols, blockIdx.x * kl_gt<MX, TN>::WROWS, (size_t)e * m.rows};
-    const kl_gt_src s = v2_src(m, x);
-    for (uint32_t t0 = s0; t0 < s1; t0 += TN)
-        v2_tile<MX, SP, TN>(b, s, x_row, t0, s1 - t0 < TN ? s1 - t0 : TN, y, gemm2_sm);
-}
-
 static int split_mode = -1; /* -1: KL_GPU_GEMM_SPLIT not read yet; else the form, 0-2 */
 
 extern "C" int kl_gpu_gemm_split(void)
@@ -673,95 +423,39 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
     return 0;
 }
 
-static int tiles_version = -1; /* -1: KL_GPU_GEMM_TILES not read yet; 0: the default; 1-4 */
+/* [dense, grouped]: 0 until read from the environment, then 1, 4 or 5 */
+static int tiles_version[2];
 
-extern "C" int kl_gpu_gemm_tiles(void)
+/* KL_GPU_GEMM_TILES (dense: v1, v4) or KL_GPU_GEMM_GROUPED (v1, v4, v5), else the default. */
+static int tiles_from_env(int grouped)
 {
-    if (tiles_version < 0) {
-        const char *v = getenv("KL_GPU_GEMM_TILES");
-        tiles_version = v && v[0] == 'v' && v[1] >= '1' && v[1] <= '4' && !v[2] ? v[1] - '0' : 0;
-    }
-    return tiles_version;
+    const char *v = getenv(grouped ? "KL_GPU_GEMM_GROUPED" : "KL_GPU_GEMM_TILES");
+    if (v && !strcmp(v, "v1"))
+        return 1;
+    if (v && !strcmp(v, "v4"))
+        return 4;
+    return grouped ? 5 : 1;
 }
 
-extern "C" void kl_gpu_gemm_tiles_set(int version)
+extern "C" int kl_gpu_gemm_tiles(int grouped)
 {
-    tiles_version = version >= 1 && version <= 4 ? version : 0;
+    grouped = grouped != 0;
+    if (!tiles_version[grouped])
+        tiles_version[grouped] = tiles_from_env(grouped);
+    return tiles_version[grouped];
 }
 
-/* Whether version 2 (or 3) takes m: selected, K in whole steps, MXFP4 scales 4-byte
- * aligned. */
-static int v2_takes(const kl_gpu_mat *m)
+extern "C" void kl_gpu_gemm_tiles_set(int dense, int grouped)
 {
-    const int v = kl_gpu_gemm_tiles();
-    return (v == 2 || v == 3) && m->cols % KL_GT_KT == 0 &&
-           (m->kind != KL_GPU_W_MXFP4 || (uintptr_t)m->scale % 4 == 0);
+    tiles_version[0] = dense == 1 || dense == 4 ? dense : 0;
+    tiles_version[1] = grouped == 1 || grouped == 4 || grouped == 5 ? grouped : 0;
 }
 
-/* Whether version 4 (kernels/gemm_mma.cu) takes m: selected (by default for the grouped
- * products only), K in whole steps, CUDA (its stages are more than HIP targets' 64 KiB of
- * LDS: version 1 there). */
+/* Whether version 4 or 5 (kernels/gemm_mma.cu) may take m: selected, K in whole steps, CUDA
+ * (their stages are more than HIP targets' 64 KiB of LDS: version 1 there). */
 static int mma_takes(const kl_gpu_mat *m, int grouped)
 {
-    const int v = kl_gpu_gemm_tiles();
-    return GEMM_WMMA && (v == 4 || (v == 0 && grouped)) && m->cols % KL_GPU_MMA_KT == 0;
-}
-
-/* A version 2 kernel and its shared memory; `opted` once its limit has been raised (a
- * setting of the function, not a stream operation: made at the first launch). */
-template <class F> struct v2_kernel {
-    F        fn;
-    unsigned smem;
-    int      opted;
-};
-
-template <class F> static int v2_opt_in(v2_kernel<F> &k, kl_err *err)
-{
-    if (k.opted)
-        return 0;
-    if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)k.fn,
-                                              hipFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)k.smem)))
-        return err->code;
-    k.opted = 1;
-    return 0;
-}
-
-typedef void (*v2_dense_fn)(kl_gpu_mat, const float *, uint32_t, float *);
-typedef void (*v2_grouped_fn)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
-                              float *);
-
-#define V2_DENSE(mx, tn)                                                                    \
-    {                                                                                       \
-        {gemm2_kernel<mx, 0, tn>, kl_gt<mx, tn>::SMEM, 0},                                  \
-            {gemm2_kernel<mx, 1, tn>, kl_gt<mx, tn>::SMEM, 0},                              \
-            {gemm2_kernel<mx, 2, tn>, kl_gt<mx, tn>::SMEM, 0}                               \
-    }
-
-/* [tiles of 16 tokens, of 64][BF16, MXFP4][form] */
-static v2_kernel<v2_dense_fn> v2_dense[2][2][3] = {{V2_DENSE(0, 16), V2_DENSE(1, 16)},
-                                                   {V2_DENSE(0, 64), V2_DENSE(1, 64)}};
-static v2_kernel<v2_grouped_fn> v2_grouped[2][3] = {
-    {{gemm2_grouped_kernel<0, 0, 16>, kl_gt<0, 16>::SMEM, 0},
-     {gemm2_grouped_kernel<0, 1, 16>, kl_gt<0, 16>::SMEM, 0},
-     {gemm2_grouped_kernel<0, 2, 16>, kl_gt<0, 16>::SMEM, 0}},
-    {{gemm2_grouped_kernel<1, 0, 16>, kl_gt<1, 16>::SMEM, 0},
-     {gemm2_grouped_kernel<1, 1, 16>, kl_gt<1, 16>::SMEM, 0},
-     {gemm2_grouped_kernel<1, 2, 16>, kl_gt<1, 16>::SMEM, 0}}};
-
-/* Dense, version 2: tiles of 16 tokens (256 rows a block) for n <= 32 (version 3: any n),
- * else of 64 (128 rows). */
-static int v2_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, hipStream_t st,
-                   kl_err *err)
-{
-    const int small = n <= 32 || kl_gpu_gemm_tiles() == 3, mx = w->kind == KL_GPU_W_MXFP4;
-    v2_kernel<v2_dense_fn> &k = v2_dense[!small][mx][kl_gpu_gemm_split()];
-    if (v2_opt_in(k, err))
-        return err->code;
-    const unsigned tn = small ? 16 : 64, bm = small ? kl_gt<1, 16>::WROWS : kl_gt<1, 64>::WROWS;
-    const dim3 grid((w->rows + bm - 1) / bm, (n + tn - 1) / tn);
-    k.fn<<<grid, KL_GT_THREADS, k.smem, st>>>(*w, x, n, y);
-    return KL_GPU_CHECK(err, hipGetLastError());
+    return GEMM_WMMA && kl_gpu_gemm_tiles(grouped) >= 4 && m->cols % KL_GPU_MMA_KT == 0;
 }
 
 extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -774,8 +468,6 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
     if (mma_takes(w, 0))
         return kl_gpu_gemm_mma(w, x, n, y, kl_gpu_gemm_split(), s, err);
-    if (v2_takes(w))
-        return v2_gemm(w, x, n, y, (hipStream_t)s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
     static const kernel k[2][3] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>, gemm_kernel<0, 2>},
                                    {gemm_kernel<1, 0>, gemm_kernel<1, 1>, gemm_kernel<1, 2>}};
@@ -783,6 +475,12 @@ extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, floa
     k[w->kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0, (hipStream_t)s>>>(
         *w, x, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_gemm_grouped_uses_parts(const kl_gpu_gemm_grouped_args *a)
+{
+    return a->parts && mma_takes(&a->w->m, 1) && kl_gpu_gemm_tiles(1) == 5 &&
+           kl_gpu_gemm_mma5_takes(&a->w->m);
 }
 
 extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_stream s,
@@ -797,18 +495,12 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return kl_fail(err, KL_E_USAGE, "gemm_grouped: %u experts (1 to 65535)", a->w->n);
     if (a->m_max == 0)
         return 0; /* no rows: nothing to do */
+    if ((uintptr_t)a->parts % 16)
+        return kl_fail(err, KL_E_USAGE, "gemm_grouped: parts not 16-byte aligned");
+    if (kl_gpu_gemm_grouped_uses_parts(a))
+        return kl_gpu_gemm_mma5_grouped(a, kl_gpu_gemm_split(), s, err);
     if (mma_takes(&a->w->m, 1))
         return kl_gpu_gemm_mma_grouped(a, kl_gpu_gemm_split(), s, err);
-    if (v2_takes(&a->w->m)) {
-        v2_kernel<v2_grouped_fn> &k =
-            v2_grouped[a->w->m.kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()];
-        if (v2_opt_in(k, err))
-            return err->code;
-        const dim3 grid((a->w->m.rows + kl_gt<1, 16>::WROWS - 1) / kl_gt<1, 16>::WROWS, a->w->n);
-        k.fn<<<grid, KL_GT_THREADS, k.smem, (hipStream_t)s>>>(a->w->m, a->x, a->x_row, a->seg,
-                                                               a->y);
-        return KL_GPU_CHECK(err, hipGetLastError());
-    }
     typedef void (*kernel)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
                            float *);
     static const kernel k[2][3] = {
@@ -819,4 +511,9 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
                                                               (hipStream_t)s>>>(
         a->w->m, a->x, a->x_row, a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols)
+{
+    return (size_t)m * 3 * cols * sizeof(uint16_t);
 }

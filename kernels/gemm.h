@@ -34,21 +34,21 @@ extern "C" {
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 
-/* Which kernels run.  By default (0) version 4 for the grouped products and version 1 for
- * the dense ones, which is what measured fastest (session 8, H200, form 2: grouped MXFP4
- * gate [1024, 2304] over 8,192 rows 901 µs against 1,178; dense products within +-15% of each
- * other, version 1 ahead at n <= 256).  KL_GPU_GEMM_TILES=v1..v4 forces one version for both.
- * Version 1: loads held in registers, WMMA tiles of 64 tokens x 128 rows (gemm.cu's
- * header).  Version 2 (kernels/gemm_tile.cuh): a ring of 2-4 K steps of raw weights, scales
- * and x rows copied asynchronously (cp.async) into shared memory and decoded / split there,
- * tiles of 16 tokens x 256 rows (grouped, and dense n <= 32) or 64 x 128 (dense); cols % 64
- * == 0 (and 4-byte aligned MXFP4 scales), the others go to version 1.  Version 3: version 2
- * with dense products in tiles of 16 tokens at any n.  Version 4 (kernels/gemm_mma.cu):
- * mma.sync with ldmatrix, warps of 64 rows x 32 tokens, blocks of 128 x 128 (dense) or 256 x
- * 64 (grouped); cols % 64 == 0, CUDA only (HIP runs version 1).  All are exact in form 2.
- * Read from the environment at the first call; kl_gpu_gemm_tiles_set overrides it. */
-int  kl_gpu_gemm_tiles(void);            /* 0 (the default), 1, 2, 3 or 4 */
-void kl_gpu_gemm_tiles_set(int version);
+/* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1).  Dense:
+ * version 1 by default, KL_GPU_GEMM_TILES=v4 for version 4.  Grouped: version 5 by default
+ * (where a->parts is given and the matrix fits, else version 4), KL_GPU_GEMM_GROUPED=v1|v4|v5.
+ * Version 1 (gemm.cu): loads held in registers, WMMA tiles of 64 tokens x 128 rows.
+ * Version 4 (kernels/gemm_mma.cu): mma.sync with ldmatrix, warps of 64 rows x 32 tokens,
+ * blocks of 128 x 128 (dense) or 256 x 64 (grouped), the next K step's loads held in
+ * registers and x split in the loop; cols % 64 == 0, CUDA only (HIP runs version 1).
+ * Version 5 (grouped): version 4's warps and blocks on x split once into bf16 parts
+ * (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in shared
+ * memory).  Measured on the H200 (session 8, form 2): grouped MXFP4 gate [1024, 2304] over
+ * 8,192 rows, version 1 1,178 µs, version 4 901 µs; dense products within +-15% between 1 and
+ * 4 (1 ahead at n <= 256).  All are exact in form 2.  Read from the environment at the first
+ * call; kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
+int  kl_gpu_gemm_tiles(int grouped);     /* 1, 4 or 5 */
+void kl_gpu_gemm_tiles_set(int dense, int grouped);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
  * w->cols a multiple of 32. */
@@ -67,9 +67,27 @@ typedef struct kl_gpu_gemm_grouped_args {
     const uint32_t     *seg;      /* [E + 1] device, seg[0] = 0, non-decreasing */
     uint32_t            m_max;    /* host bound on seg[E] */
     float              *y;        /* [seg[E], rows] out, packed order */
+    uint16_t           *parts;    /* scratch of kl_gpu_gemm_parts_bytes(m_max, cols), 16-byte
+                                     aligned, or NULL (version 5 then does not run) */
+    int                 parts_ready; /* parts already hold these rows of x (x_row applied),
+                                        split by an earlier call with the same x, x_row, cols */
 } kl_gpu_gemm_grouped_args;
 
+/* Bytes of the parts scratch for m rows of cols: [m][3][cols] bf16. */
+size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols);
+
+/* parts row i = the bf16 parts (hi, lo, lo2) of x row x_row[i] (or i), for i < *count (count
+ * a device pointer, NULL: m). */
+int kl_gpu_gemm_split_x(const float *x, const uint32_t *x_row, const uint32_t *count,
+                        uint32_t m, uint32_t cols, uint16_t *parts, kl_gpu_stream s,
+                        kl_err *err);
+
 int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_stream s, kl_err *err);
+
+/* Whether kl_gpu_gemm_grouped(a) runs version 5, i.e. splits x into a->parts (unless
+ * parts_ready) and reads the parts: a caller reusing the parts for a second product of the
+ * same x asks this of both calls before it sets parts_ready. */
+int kl_gpu_gemm_grouped_uses_parts(const kl_gpu_gemm_grouped_args *a);
 
 #ifdef __cplusplus
 }

@@ -31,11 +31,29 @@
  * half the warps multiplying (32 tokens): ~1,500 tensor + ~1,000 decode clocks a step,
  * serialised by the barrier at one block per SM: ~90K clocks per block, 7.8 waves: ~370 µs
  * against version 1's ~1.5 ms.
+ *
+ * Measured (H200, session 8): dense 376.5 µs (version 1: 405.0), grouped gate over 8,192 rows
+ * 901 µs (version 1: 1,178).  The miss: an mma.sync probe reaches 610-640 TFLOPS, so not the
+ * tensor pipe; Nsight Compute on the grouped kernel shows it 12.5% active, one block of 8
+ * warps per SM and no eligible warp in 66% of cycles: latency-bound, the next step's loads
+ * and the in-loop split of x waiting behind the block's barrier.
+ *
+ * Version 5 (grouped; the default there): x is split once per product input into bf16 parts
+ * (m5_split_kernel: [m][3][cols], gathered through x_row; the up product reuses the gate
+ * product's parts), and each K step's parts and weights are copied by cp.async two steps
+ * ahead into a ring of three slots (no loads held in registers, no split in the loop); MXFP4
+ * codes are decoded from the slot into one of two bf16 W tiles, the block rows' scales of the
+ * whole K copied once per tile.  Count (gate over 32,768 rows, chunks of 4,096: 4 x 256 blocks,
+ * ~2 tiles of 64 tokens each, 36 steps): per block-step 1,536 MMAs (~2,600 clocks at the
+ * probe's 1.7) and a decode of 2 code blocks a thread (~400 clocks with the barrier) with the
+ * copies in flight underneath: ~3,000 clocks, 7.8 blocks per SM x 72 steps = 1.7M clocks =
+ * ~0.85 ms, plus the split (755 MB moved, ~0.25 ms, shared with the up product), against
+ * version 4's ~3.5 ms.
  */
 #include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"
 
-#include "kernels/gemm_tile.cuh"
+#include "kernels/gemm_split.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/mx_bf16.h"
 
@@ -149,9 +167,51 @@ __device__ static inline void mt_stage(const mt_regs<MX, RW, TW> &g, uint32_t nt
     }
 }
 
-/* acc[i][j] += W rows (16 i ..) x tokens (8 j ..) of this warp over the staged step. */
+__device__ static inline void mt_zero(float (&acc)[4][4][4])
+{
+#pragma unroll
+    for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+        for (unsigned jn = 0; jn < 4; jn++)
+#pragma unroll
+            for (unsigned e = 0; e < 4; e++)
+                acc[i][jn][e] = 0.0f;
+}
+
+/* Form 2 over one 16-wide slice: each fragment's three products (hi, lo2, lo) summed in a
+ * fresh fragment, then added to acc in fp32.  The products go part by part over all 16
+ * fragments, so consecutive MMAs are independent (a chain of three per fragment, issued one
+ * after another, left the tensor pipe waiting on each MMA's latency). */
+__device__ static inline void mul_promote(float (&acc)[4][4][4], const uint32_t (&a)[4][4],
+                                          const uint32_t (&b)[3][4][2], unsigned ng)
+{
+    float part[4][4][4];
+    mt_zero(part);
+    const unsigned order[3] = {0, 2, 1}; /* hi, lo2, lo */
+#pragma unroll
+    for (unsigned o = 0; o < 3; o++)
+#pragma unroll
+        for (unsigned j = 0; j < 4; j++) {
+            if (j >= ng)
+                continue;
+#pragma unroll
+            for (unsigned i = 0; i < 4; i++)
+                mma16816(part[i][j], a[i], b[order[o]][j][0], b[order[o]][j][1]);
+        }
+#pragma unroll
+    for (unsigned j = 0; j < 4; j++)
+#pragma unroll
+        for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+            for (unsigned e = 0; e < 4; e++)
+                acc[i][j][e] += part[i][j][e];
+}
+
+/* acc[i][j] += W rows (16 i ..) x tokens (8 j ..) of this warp over the staged step: the W
+ * tile wt [BR][MT_LD], the X parts xt [3][BT][MT_LD]. */
 template <int SP, int RW, int TW>
-__device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt, uint32_t nt)
+__device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
+                                     const uint16_t *xt, uint32_t nt)
 {
     typedef mt<RW, TW> T;
     const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -160,8 +220,7 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt, 
         return;
     const unsigned ng = nt - tok0 >= 32 ? 4 : (nt - tok0 + 7) / 8; /* n8 fragments in use */
     const uint16_t *pa = wt + (row0 + lane % 16) * MT_LD + (lane / 16) * 8;
-    const uint16_t *pb = wt + T::W_ELEMS + (tok0 + (lane / 16) * 8 + lane % 8) * MT_LD +
-                         ((lane / 8) % 2) * 8;
+    const uint16_t *pb = xt + (tok0 + (lane / 16) * 8 + lane % 8) * MT_LD + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (unsigned kk = 0; kk < MT_KT; kk += 16) {
         uint32_t a[4][4], b[3][4][2];
@@ -179,29 +238,22 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt, 
                 b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
                 b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
             }
+        if (SP == 2)
+            mul_promote(acc, a, b, ng);
+        else
 #pragma unroll
-        for (unsigned j = 0; j < 4; j++) {
-            if (j >= ng)
-                continue;
+            for (unsigned j = 0; j < 4; j++) {
+                if (j >= ng)
+                    continue;
 #pragma unroll
-            for (unsigned i = 0; i < 4; i++) {
-                if (SP != 2) {
+                for (unsigned i = 0; i < 4; i++) {
                     mma16816(acc[i][j], a[i], b[0][j][0], b[0][j][1]);
                     if (SP) {
                         mma16816(acc[i][j], a[i], b[2][j][0], b[2][j][1]);
                         mma16816(acc[i][j], a[i], b[1][j][0], b[1][j][1]);
                     }
-                    continue;
                 }
-                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma16816(part, a[i], b[0][j][0], b[0][j][1]);
-                mma16816(part, a[i], b[2][j][0], b[2][j][1]);
-                mma16816(part, a[i], b[1][j][0], b[1][j][1]);
-#pragma unroll
-                for (unsigned e = 0; e < 4; e++)
-                    acc[i][j][e] += part[e];
             }
-        }
     }
 }
 
@@ -231,13 +283,7 @@ __device__ static void mt_tile(const mt_job &j, uint32_t t0, uint32_t nt, uint16
 {
     typedef mt<RW, TW> T;
     float acc[4][4][4];
-#pragma unroll
-    for (unsigned i = 0; i < 4; i++)
-#pragma unroll
-        for (unsigned jn = 0; jn < 4; jn++)
-#pragma unroll
-            for (unsigned e = 0; e < 4; e++)
-                acc[i][jn][e] = 0.0f;
+    mt_zero(acc);
     mt_regs<MX, RW, TW> g;
     const uint32_t steps = j.m.cols / MT_KT;
     mt_load<MX, RW, TW>(j, t0, nt, 0, g);
@@ -247,7 +293,7 @@ __device__ static void mt_tile(const mt_job &j, uint32_t t0, uint32_t nt, uint16
         __syncthreads();
         if (k + 1 < steps)
             mt_load<MX, RW, TW>(j, t0, nt, (k + 1) * MT_KT, g);
-        mt_mul<SP, RW, TW>(acc, st, nt);
+        mt_mul<SP, RW, TW>(acc, st, st + T::W_ELEMS, nt);
     }
     mt_store<RW, TW>(acc, j, t0, nt);
     __syncthreads(); /* the next tile stages into stage 0, which the last products may read */
@@ -277,6 +323,175 @@ __global__ static void __launch_bounds__(32 * RW * TW, 1)
     const mt_job j = {m, (size_t)e * m.rows, blockIdx.x * T::BR, x, x_row, y};
     for (uint32_t t0 = s0; t0 < s1; t0 += T::BT)
         mt_tile<MX, SP, RW, TW>(j, t0, s1 - t0 < T::BT ? s1 - t0 : T::BT, (uint16_t *)mt_smem);
+}
+
+/* ---- version 5: X split once into bf16 parts, each step copied by cp.async two ahead ------ */
+
+/* x rows (x_row[i], or i) as their three bf16 parts, row i of parts [m][3][cols], for rows
+ * below *count (NULL: m); a thread per four values. */
+__global__ static void m5_split_kernel(const float *x, const uint32_t *x_row,
+                                       const uint32_t *count, uint32_t m, uint32_t cols,
+                                       uint16_t *parts)
+{
+    KL_GPU_GRID_WAIT();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, q = cols / 4;
+    if (i >= (size_t)m * q || i / q >= (count ? *count : m))
+        return;
+    const size_t row = i / q, c = 4 * (i % q), src = x_row ? x_row[row] : row;
+    kl_gt_stage_x4<1>(*(const float4 *)(x + src * cols + c), parts + row * 3 * cols, cols, c);
+}
+
+#define M5_SLOTS 3 /* ring slots: steps k (read), k + 1 (landed or landing), k + 2 (issued) */
+
+/* Shared memory of a version 5 block, in bytes: M5_SLOTS slots of [X parts 3 x BT x MT_LD
+ * bf16 | W: BF16 the tile BR x MT_LD itself, MXFP4 the raw codes BR x 32 bytes], then for
+ * MXFP4 two decoded W tiles and the block rows' scales of the whole K (BR x cols / 32). */
+template <int MX, int RW, int TW> struct m5 {
+    typedef mt<RW, TW> T;
+    enum : unsigned {
+        X_BYTES = 3 * T::X_ELEMS * 2,
+        W_BYTES = MX ? T::BR * 32 : T::W_ELEMS * 2,
+        SLOT = X_BYTES + W_BYTES,
+        WT = M5_SLOTS * SLOT,                     /* MXFP4: decoded tiles */
+        SC = WT + (MX ? 2 * T::W_ELEMS * 2 : 0),  /* MXFP4: scales */
+    };
+    static unsigned smem(uint32_t cols)
+    {
+        return SC + (MX ? T::BR * (cols / KL_MXFP4_BLOCK) : 0);
+    }
+};
+
+/* What a version 5 block multiplies: W rows [r0, r0 + BR) of the matrix at stored row wrow0,
+ * against rows t0 .. of parts (packed order). */
+struct m5_job {
+    kl_gpu_mat      m;
+    size_t          wrow0;
+    uint32_t        r0;
+    const uint16_t *parts; /* [*][3][cols] */
+    float          *y;
+};
+
+/* Thread t's copies of the step at k0 into a slot (nothing past K, nor for tokens >= nt: the
+ * products of those tokens are not stored).  Rows past the matrix are zero-filled. */
+template <int MX, int SP, int RW, int TW>
+__device__ static inline void m5_issue(const m5_job &j, uint32_t t0, uint32_t nt, uint32_t k0,
+                                       uint8_t *slot)
+{
+    typedef mt<RW, TW> T;
+    const uint32_t cols = j.m.cols;
+    if (k0 >= cols)
+        return;
+    uint16_t *xs = (uint16_t *)slot;
+    const unsigned parts = SP ? 3 : 1;
+    for (unsigned u = threadIdx.x; u < T::BT * parts * 8; u += T::THREADS) {
+        const unsigned tok = u / (parts * 8), p = (u / 8) % parts, c = u % 8;
+        if (tok < nt)
+            copy16(xs + p * T::X_ELEMS + tok * MT_LD + 8 * c,
+                   j.parts + ((size_t)(t0 + tok) * 3 + p) * cols + k0 + 8 * c, 16);
+    }
+    uint8_t *ws = slot + m5<MX, RW, TW>::X_BYTES;
+    if (MX) {
+        for (unsigned u = threadIdx.x; u < T::BR * 2; u += T::THREADS) {
+            const unsigned r = u / 2, h = u % 2;
+            const int ok = j.r0 + r < j.m.rows;
+            const uint8_t *src = j.m.packed + (j.wrow0 + j.r0 + r) * (cols / 2) + k0 / 2 + 16 * h;
+            copy16(ws + 32 * r + 16 * h, ok ? src : j.m.packed, ok ? 16 : 0);
+        }
+        return;
+    }
+    const uint16_t *d = (const uint16_t *)j.m.data;
+    for (unsigned u = threadIdx.x; u < T::BR * 8; u += T::THREADS) {
+        const unsigned r = u / 8, c = u % 8;
+        const int ok = j.r0 + r < j.m.rows;
+        const uint16_t *src = d + (j.wrow0 + j.r0 + r) * cols + k0 + 8 * c;
+        copy16((uint16_t *)ws + r * MT_LD + 8 * c, ok ? src : d, ok ? 16 : 0);
+    }
+}
+
+/* MXFP4: the block rows' scales of the whole K into shared memory (cols % 128 == 0, 4-byte
+ * aligned rows); rows past the matrix are left alone (their products are not stored). */
+template <int RW, int TW>
+__device__ static inline void m5_scales(const m5_job &j, uint8_t *sc)
+{
+    typedef mt<RW, TW> T;
+    const unsigned words = j.m.cols / KL_MXFP4_BLOCK / 4;
+    for (unsigned u = threadIdx.x; u < T::BR * words; u += T::THREADS) {
+        const unsigned r = u / words, w = u % words;
+        if (j.r0 + r < j.m.rows)
+            copy4(sc + 4 * u,
+                  j.m.scale + (j.wrow0 + j.r0 + r) * (j.m.cols / KL_MXFP4_BLOCK) + 4 * w);
+    }
+}
+
+/* MXFP4: a slot's raw codes of the step at k0 into a bf16 W tile (mx_bf16.h, exact). */
+template <int RW, int TW>
+__device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, uint32_t cols,
+                                        uint32_t k0, uint16_t *wt)
+{
+    typedef mt<RW, TW> T;
+    for (unsigned u = threadIdx.x; u < T::BR * 2; u += T::THREADS) {
+        const unsigned r = u / 2, h = u % 2;
+        const uint4 q4 = *(const uint4 *)(raw + 32 * r + 16 * h);
+        const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w};
+        uint32_t out[16];
+        kl_mx_decode32(q, sc[r * (cols / KL_MXFP4_BLOCK) + k0 / KL_MXFP4_BLOCK + h], out);
+        uint4 *dst = (uint4 *)&wt[r * MT_LD + 32 * h];
+#pragma unroll
+        for (unsigned c = 0; c < 4; c++)
+            dst[c] = make_uint4(out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3]);
+    }
+}
+
+/* y rows [t0, t0 + nt) of the block's W rows, every thread of the block.  Step k's copies are
+ * committed as group k (one group per step, empty past K); at step k the wait leaves step
+ * k + 1's in flight, the barrier makes step k's visible and ends every warp's products of
+ * step k - 1, whose slot step k + 2's copies then take.  MXFP4: the decode of step k goes to
+ * tile k % 2 (last read by the products of step k - 2), then a barrier. */
+template <int MX, int SP, int RW, int TW>
+__device__ static void m5_tile(const m5_job &j, uint32_t t0, uint32_t nt, uint8_t *sm)
+{
+    typedef m5<MX, RW, TW> S;
+    float acc[4][4][4];
+    mt_zero(acc);
+    const uint32_t steps = j.m.cols / MT_KT;
+    if (MX)
+        m5_scales<RW, TW>(j, sm + S::SC);
+    for (uint32_t k = 0; k < 2; k++) {
+        m5_issue<MX, SP, RW, TW>(j, t0, nt, k * MT_KT, sm + k * S::SLOT);
+        copy_commit();
+    }
+    for (uint32_t k = 0; k < steps; k++) {
+        copy_wait<1>();
+        __syncthreads();
+        m5_issue<MX, SP, RW, TW>(j, t0, nt, (k + 2) * MT_KT, sm + (k + 2) % M5_SLOTS * S::SLOT);
+        copy_commit();
+        uint8_t *slot = sm + k % M5_SLOTS * S::SLOT;
+        const uint16_t *wt = (const uint16_t *)(slot + S::X_BYTES);
+        if (MX) {
+            uint16_t *dec = (uint16_t *)(sm + S::WT) + (k % 2) * mt<RW, TW>::W_ELEMS;
+            m5_decode<RW, TW>(slot + S::X_BYTES, sm + S::SC, j.m.cols, k * MT_KT, dec);
+            __syncthreads();
+            wt = dec;
+        }
+        mt_mul<SP, RW, TW>(acc, wt, (const uint16_t *)slot, nt);
+    }
+    copy_wait<0>();
+    const mt_job out = {j.m, j.wrow0, j.r0, NULL, NULL, j.y};
+    mt_store<RW, TW>(acc, out, t0, nt);
+    __syncthreads(); /* the next tile's copies take slots 0 and 1 */
+}
+
+template <int MX, int SP, int RW, int TW>
+__global__ static void __launch_bounds__(32 * RW * TW, 1)
+    m5_grouped_kernel(kl_gpu_mat m, const uint16_t *parts, const uint32_t *seg, float *y)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ uint4 mt_smem[];
+    typedef mt<RW, TW> T;
+    const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
+    const m5_job j = {m, (size_t)e * m.rows, blockIdx.x * T::BR, parts, y};
+    for (uint32_t t0 = s0; t0 < s1; t0 += T::BT)
+        m5_tile<MX, SP, RW, TW>(j, t0, s1 - t0 < T::BT ? s1 - t0 : T::BT, (uint8_t *)mt_smem);
 }
 
 /* A kernel, its shared memory, and whether its limit was raised (once, at the first launch:
@@ -340,5 +555,63 @@ extern "C" int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int sp
         return err->code;
     const dim3 grid((a->w->m.rows + T::BR - 1) / T::BR, a->w->n);
     k.fn<<<grid, T::THREADS, k.smem, (hipStream_t)s>>>(a->w->m, a->x, a->x_row, a->seg, a->y);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+/* ---- version 5's launchers ---------------------------------------------------------------- */
+
+#define M5_MAX_COLS 4096u /* MXFP4: the scales of the whole K fit the shared memory */
+#define M5_GROUP_RW 4
+#define M5_GROUP_TW 2
+
+typedef void (*m5_grouped_fn)(kl_gpu_mat, const uint16_t *, const uint32_t *, float *);
+
+#define M5_G(mx, sp) {m5_grouped_kernel<mx, sp, M5_GROUP_RW, M5_GROUP_TW>, \
+                      m5<mx, M5_GROUP_RW, M5_GROUP_TW>::smem(M5_MAX_COLS), 0}
+
+/* [BF16, MXFP4][form] */
+static mt_kernel<m5_grouped_fn> m5_grouped[2][3] = {{M5_G(0, 0), M5_G(0, 1), M5_G(0, 2)},
+                                                    {M5_G(1, 0), M5_G(1, 1), M5_G(1, 2)}};
+
+extern "C" int kl_gpu_gemm_mma5_takes(const kl_gpu_mat *m)
+{
+#if defined(__HIP_PLATFORM_AMD__)
+    return m && 0;
+#else
+    if (m->cols % MT_KT)
+        return 0;
+    return m->kind == KL_GPU_W_BF16 ||
+           (m->cols % 128 == 0 && m->cols <= M5_MAX_COLS && (uintptr_t)m->scale % 4 == 0);
+#endif
+}
+
+extern "C" int kl_gpu_gemm_split_x(const float *x, const uint32_t *x_row, const uint32_t *count,
+                                   uint32_t m, uint32_t cols, uint16_t *parts, kl_gpu_stream s,
+                                   kl_err *err)
+{
+    const size_t n4 = (size_t)m * (cols / 4);
+    if (n4 == 0)
+        return 0;
+    m5_split_kernel<<<(unsigned)((n4 + 255) / 256), 256, 0, (hipStream_t)s>>>(x, x_row, count, m,
+                                                                              cols, parts);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_gemm_mma5_grouped(const kl_gpu_gemm_grouped_args *a, int split,
+                                        kl_gpu_stream s, kl_err *err)
+{
+    const kl_gpu_mat &w = a->w->m;
+    if (!a->parts_ready &&
+        kl_gpu_gemm_split_x(a->x, a->x_row, a->seg + a->w->n, a->m_max, w.cols, a->parts, s, err))
+        return err->code;
+    const int mx = w.kind == KL_GPU_W_MXFP4;
+    mt_kernel<m5_grouped_fn> &k = m5_grouped[mx][split];
+    if (mt_opt_in(k, err))
+        return err->code;
+    const unsigned smem = mx ? m5<1, M5_GROUP_RW, M5_GROUP_TW>::smem(w.cols)
+                             : m5<0, M5_GROUP_RW, M5_GROUP_TW>::smem(w.cols);
+    typedef mt<M5_GROUP_RW, M5_GROUP_TW> T;
+    const dim3 grid((w.rows + T::BR - 1) / T::BR, a->w->n);
+    k.fn<<<grid, T::THREADS, smem, (hipStream_t)s>>>(w, a->parts, a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

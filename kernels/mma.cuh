@@ -46,6 +46,13 @@ __device__ static inline void copy16(void *dst, const void *src, uint32_t bytes)
                  : "memory");
 }
 
+/* cp.async of 4 bytes (4-byte aligned both sides) */
+__device__ static inline void copy4(void *dst, const void *src)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+}
+
 __device__ static inline void copy_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -102,6 +109,11 @@ __device__ static inline void ldsm4(uint32_t (&r)[4], const void *p)
 __device__ static inline void copy16(void *dst, const void *src, uint32_t bytes)
 {
     *(float4 *)dst = bytes ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+__device__ static inline void copy4(void *dst, const void *src)
+{
+    *(uint32_t *)dst = *(const uint32_t *)src;
 }
 
 __device__ static inline void copy_commit() {}

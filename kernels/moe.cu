@@ -628,6 +628,7 @@ extern "C" void kl_gpu_experts_decode_version_set(int version)
 struct grouped_mem {
     float    *gate, *up, *down;
     uint32_t *seg, *x_row, *packed;
+    uint16_t *parts; /* the products' inputs split into bf16 parts (gemm.h), 16-byte aligned */
 };
 
 static grouped_mem grouped_layout(float *s, size_t P, size_t I, size_t H)
@@ -639,6 +640,7 @@ static grouped_mem grouped_layout(float *s, size_t P, size_t I, size_t H)
     g.seg = (uint32_t *)(g.down + P * H);
     g.x_row = g.seg + GROUPED_MAX_E + 1;
     g.packed = g.x_row + P;
+    g.parts = (uint16_t *)(((uintptr_t)(g.packed + P) + 15) & ~(uintptr_t)15);
     return g;
 }
 
@@ -720,13 +722,16 @@ static int experts_grouped(const kl_gpu_experts_args *a, experts_k k, hipStream_
     sort_kernel<<<1, SORT_THREADS, 0, st>>>(k.idx, (uint32_t)P, k.top_k, k.E, g);
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     const kl_gpu_stream s = (kl_gpu_stream)st;
-    kl_gpu_gemm_grouped_args ga = {a->w1, k.x, g.x_row, g.seg, (uint32_t)P, g.gate};
+    kl_gpu_gemm_grouped_args ga = {a->w1, k.x, g.x_row, g.seg, (uint32_t)P, g.gate, g.parts, 0};
     rc = rc ? rc : kl_gpu_gemm_grouped(&ga, s, err);
+    const int gate_split = kl_gpu_gemm_grouped_uses_parts(&ga);
     ga.w = a->w3;
     ga.y = g.up;
+    ga.parts_ready = gate_split && kl_gpu_gemm_grouped_uses_parts(&ga); /* the same x split */
     rc = rc ? rc : kl_gpu_gemm_grouped(&ga, s, err);
     rc = rc ? rc : kl_gpu_silu_mul(g.gate, g.up, P * k.I, s, err);
-    const kl_gpu_gemm_grouped_args gd = {a->w2, g.gate, NULL, g.seg, (uint32_t)P, g.down};
+    const kl_gpu_gemm_grouped_args gd = {a->w2,  g.gate,          NULL, g.seg,
+                                         (uint32_t)P, g.down, g.parts, 0};
     rc = rc ? rc : kl_gpu_gemm_grouped(&gd, s, err);
     if (rc)
         return rc;
@@ -742,7 +747,9 @@ extern "C" size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t in
     const size_t P = (size_t)n * top_k;
     if (n < KL_GPU_GEMM_MIN_N)
         return P * ((size_t)inter + hidden);
-    return P * (2 * (size_t)inter + hidden) + GROUPED_MAX_E + 1 + 2 * P;
+    const size_t cols = inter > hidden ? inter : hidden; /* the widest product input */
+    return P * (2 * (size_t)inter + hidden) + GROUPED_MAX_E + 1 + 2 * P +
+           (kl_gpu_gemm_parts_bytes((uint32_t)P, (uint32_t)cols) + 15) / sizeof(float) + 4;
 }
 
 /* 0, or KL_E_USAGE: the stacks exist, agree on E, I and H, and each can be multiplied. */

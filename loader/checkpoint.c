@@ -5,6 +5,7 @@
  */
 #include "loader/checkpoint.h"
 
+#include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
 
@@ -18,17 +19,25 @@
 #define CONFIG_NAME "config.json"
 #define INDEX_NAME "model.safetensors.index.json"
 #define MAX_META_BYTES (256u << 20)
-#define OPEN_THREADS 8u   /* shard headers parsed at once */
+#define OPEN_THREADS 8u   /* index and shard headers parsed at once */
 
 /* ---- shard list ---------------------------------------------------------------------------- */
 
-static int add_shard(kl_checkpoint *ck, const char *name, kl_err *err)
+/* The directory's *.safetensors files, parsed while the index is (kl_ckpt_open), then taken
+ * into the shard list by name. */
+typedef struct dir_files {
+    size_t         n;
+    char         **names;      /* [n] the listing, name order (owned) */
+    kl_ckpt_shard *f;          /* [n] the file of each name; taken ones: path NULL */
+} dir_files;
+
+/* Fills s for dir/name (not yet parsed: !ok, err clear). */
+static int shard_init(kl_ckpt_shard *s, const char *dir, const char *name, kl_err *err)
 {
-    kl_ckpt_shard *s = &ck->shards[ck->n_shards];
     memset(s, 0, sizeof *s);
     kl_err_clear(&s->err);
     char path[4096];
-    if (kl_path_join(path, sizeof path, ck->dir, name, err))
+    if (kl_path_join(path, sizeof path, dir, name, err))
         return KL_E_USAGE;
     s->name = kl_strdup(name);
     s->path = kl_strdup(path);
@@ -37,13 +46,38 @@ static int add_shard(kl_checkpoint *ck, const char *name, kl_err *err)
         kl_free(s->path);
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     }
-    ck->n_shards++;
     return 0;
+}
+
+static void shard_free(kl_ckpt_shard *s)
+{
+    kl_st_close(&s->st);
+    kl_free(s->name);
+    kl_free(s->path);
 }
 
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Appends the shard name: the directory's parsed file of that name when there is one, else a
+ * fresh entry that open_pending parses. */
+static int add_shard(kl_checkpoint *ck, dir_files *df, const char *name, kl_err *err)
+{
+    kl_ckpt_shard *s = &ck->shards[ck->n_shards];
+    char **at = df->n ? bsearch(&name, df->names, df->n, sizeof *df->names, cmp_str) : NULL;
+    kl_ckpt_shard *f = at ? &df->f[at - df->names] : NULL;
+    if (f && f->path) {
+        *s = *f;
+        memset(f, 0, sizeof *f);   /* taken: name, path and header now belong to s */
+    } else {
+        int rc = shard_init(s, ck->dir, name, err);
+        if (rc)
+            return rc;
+    }
+    ck->n_shards++;
+    return 0;
 }
 
 static int grow_shards(kl_checkpoint *ck, size_t n, kl_err *err)
@@ -58,26 +92,21 @@ static int grow_shards(kl_checkpoint *ck, size_t n, kl_err *err)
 /* Every *.safetensors of the directory that is not already a shard, in name order.  Without an
  * index these are the shards (a single model.safetensors is the usual case); with one they are
  * strays the audit reports, and their tensors are checked like the others. */
-static int add_dir_shards(kl_checkpoint *ck, kl_err *err)
+static int add_dir_shards(kl_checkpoint *ck, dir_files *df, kl_err *err)
 {
-    char **names = NULL;
-    size_t n = 0;
-    int rc = kl_list_files_with_suffix(ck->dir, ".safetensors", &names, &n, err);
-    if (!rc)
-        rc = grow_shards(ck, ck->n_shards + n, err);
-    for (size_t i = 0; !rc && i < n; i++) {
-        if (ck->index_ok && kl_strmap_get(&ck->index.by_shard, names[i], NULL))
-            continue;
-        if (!(rc = add_shard(ck, names[i], err)))
+    int rc = grow_shards(ck, ck->n_shards + df->n, err);
+    for (size_t i = 0; !rc && i < df->n; i++) {
+        if (!df->f[i].path)
+            continue;   /* named by the index, already a shard */
+        if (!(rc = add_shard(ck, df, df->names[i], err)))
             ck->shards[ck->n_shards - 1].in_index = false;
     }
-    kl_free_name_list(names, n);
     return rc;
 }
 
 /* Shards named by the index, in name order (so reports list model-00001 first whatever the
  * weight_map order); index_shard maps the index's shard numbers to ours. */
-static int add_index_shards(kl_checkpoint *ck, kl_err *err)
+static int add_index_shards(kl_checkpoint *ck, dir_files *df, kl_err *err)
 {
     size_t n = ck->index.n_shards;
     const char **names = kl_malloc((n ? n : 1) * sizeof *names);
@@ -90,7 +119,7 @@ static int add_index_shards(kl_checkpoint *ck, kl_err *err)
     qsort(names, n, sizeof *names, cmp_str);
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++)
-        if (!(rc = add_shard(ck, names[i], err)))
+        if (!(rc = add_shard(ck, df, names[i], err)))
             ck->shards[ck->n_shards - 1].in_index = true;
     for (size_t i = 0; !rc && i < n; i++) {
         const char **at = bsearch(&ck->index.shards[i], names, n, sizeof *names, cmp_str);
@@ -100,36 +129,106 @@ static int add_index_shards(kl_checkpoint *ck, kl_err *err)
     return rc;
 }
 
-/* Shard headers, each parsed on its own: a 48B checkpoint's 7 headers describe 40,461 tensors
- * and cost ~60 ms one after another.  The calling thread takes shards too; a thread that
- * cannot start only means fewer at once.  Each shard's result goes into its own slot. */
-typedef struct shard_jobs {
-    kl_checkpoint *ck;
-    atomic_size_t  next;
-} shard_jobs;
-
-static void *open_shards_main(void *arg)
+/* The directory's shard files, listed (not yet parsed). */
+static int list_dir_files(const kl_checkpoint *ck, dir_files *df, kl_err *err)
 {
-    shard_jobs *j = arg;
-    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->ck->n_shards;) {
-        kl_ckpt_shard *s = &j->ck->shards[i];
+    memset(df, 0, sizeof *df);
+    int rc = kl_list_files_with_suffix(ck->dir, ".safetensors", &df->names, &df->n, err);
+    if (rc)
+        return rc;
+    if (!(df->f = kl_calloc(df->n ? df->n : 1, sizeof *df->f)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < df->n; i++)
+        rc = shard_init(&df->f[i], ck->dir, df->names[i], err);
+    return rc;
+}
+
+static void dir_files_free(dir_files *df)
+{
+    for (size_t i = 0; df->f && i < df->n; i++)
+        shard_free(&df->f[i]);
+    kl_free(df->f);
+    kl_free_name_list(df->names, df->n);
+    memset(df, 0, sizeof *df);
+}
+
+/* The index and shard headers, each parsed on its own: a 48B checkpoint's index and 7 headers
+ * describe 40,461 tensors.  The calling thread takes jobs too; a thread that cannot start only
+ * means fewer at once.  Each result goes into its own slot. */
+typedef struct open_jobs {
+    kl_checkpoint  *ck;         /* the index job parses ck->index_path into ck->index */
+    size_t          n_index;    /* 1: that job comes first, 0: none */
+    kl_ckpt_job_fn  extra;      /* the caller's job (NULL: none), after the index job */
+    void           *extra_ctx;
+    kl_ckpt_shard **shard;      /* [n_shard] headers to parse */
+    size_t          n_shard;
+    atomic_size_t   next;
+} open_jobs;
+
+static void *open_jobs_main(void *arg)
+{
+    open_jobs *j = arg;
+    kl_checkpoint *ck = j->ck;
+    size_t n_extra = j->extra != NULL;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n_index + n_extra + j->n_shard;) {
+        if (i < j->n_index) {
+            ck->index_ok = kl_index_open(&ck->index, ck->index_path, &ck->index_err) == 0;
+            continue;
+        }
+        if (i < j->n_index + n_extra) {
+            j->extra(j->extra_ctx, ck);
+            continue;
+        }
+        kl_ckpt_shard *s = j->shard[i - j->n_index - n_extra];
         s->ok = kl_st_open(&s->st, s->path, &s->err) == 0;
     }
     return NULL;
 }
 
-static void open_shards(kl_checkpoint *ck)
+static void run_jobs(open_jobs *j)
 {
-    shard_jobs j = {.ck = ck};
-    atomic_init(&j.next, 0);
+    atomic_init(&j->next, 0);
     pthread_t th[OPEN_THREADS - 1];
-    unsigned started = 0;
-    while (started + 1 < OPEN_THREADS && started + 1 < ck->n_shards &&
-           pthread_create(&th[started], NULL, open_shards_main, &j) == 0)
+    unsigned started = 0, threads = kl_cpu_count(OPEN_THREADS);   /* no more than the CPUs */
+    while (started + 1 < threads &&
+           started + 1 < j->n_index + (j->extra != NULL) + j->n_shard &&
+           pthread_create(&th[started], NULL, open_jobs_main, j) == 0)
         started++;
-    open_shards_main(&j);
+    open_jobs_main(j);
     for (unsigned i = 0; i < started; i++)
         pthread_join(th[i], NULL);
+}
+
+/* The index (parse_index), the caller's job and every file of df at once. */
+static int open_index_and_files(kl_checkpoint *ck, int parse_index, dir_files *df,
+                                kl_ckpt_job_fn job, void *job_ctx, kl_err *err)
+{
+    open_jobs j = {.ck = ck, .n_index = parse_index != 0, .extra = job, .extra_ctx = job_ctx,
+                   .n_shard = df->n};
+    j.shard = kl_malloc((df->n ? df->n : 1) * sizeof *j.shard);
+    if (!j.shard)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < df->n; i++)
+        j.shard[i] = &df->f[i];
+    run_jobs(&j);
+    kl_free(j.shard);
+    return 0;
+}
+
+/* Shards the directory listing did not have (named by the index only): parsed now, which
+ * reports why they cannot be read. */
+static int open_pending(kl_checkpoint *ck, kl_err *err)
+{
+    open_jobs j = {.ck = ck};
+    j.shard = kl_malloc((ck->n_shards ? ck->n_shards : 1) * sizeof *j.shard);
+    if (!j.shard)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ck->n_shards; i++)
+        if (!ck->shards[i].ok && !ck->shards[i].err.code)
+            j.shard[j.n_shard++] = &ck->shards[i];
+    run_jobs(&j);
+    kl_free(j.shard);
+    return 0;
 }
 
 /* ---- tensor table -------------------------------------------------------------------------- */
@@ -152,7 +251,8 @@ static int build_table(kl_checkpoint *ck, kl_err *err)
             t->name = st->tensors[j].name;
             t->shard = (uint32_t)i;
             t->t = &st->tensors[j];
-            int put = kl_strmap_put(&ck->by_name, t->name, (uint32_t)ck->n_tensors, NULL);
+            int put = kl_strmap_put_h(&ck->by_name, t->name, t->t->name_hash,
+                                      (uint32_t)ck->n_tensors, NULL);
             if (put < 0)
                 return kl_fail(err, KL_E_NOMEM, "out of memory");
             if (put == 1)
@@ -178,6 +278,12 @@ static int is_regular_or_missing(const char *path, bool *exists)
 
 int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
 {
+    return kl_ckpt_open_with(ck, dir, NULL, NULL, err);
+}
+
+int kl_ckpt_open_with(kl_checkpoint *ck, const char *dir, kl_ckpt_job_fn job, void *job_ctx,
+                      kl_err *err)
+{
     memset(ck, 0, sizeof *ck);
     kl_err_clear(&ck->config_err);
     kl_err_clear(&ck->index_err);
@@ -191,6 +297,7 @@ int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
     }
     char path[4096];
     int rc = 0;
+    dir_files df = {0};
     if (!(ck->dir = kl_strdup(dir)))
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     if ((rc = kl_path_join(path, sizeof path, dir, CONFIG_NAME, err)))
@@ -209,18 +316,19 @@ int kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err)
     if (is_regular_or_missing(path, &exists) != 0)
         exists = true; /* let the parser report the error */
     ck->has_index = exists;
-    if (exists)
-        ck->index_ok = kl_index_open(&ck->index, path, &ck->index_err) == 0;
-
-    if (ck->index_ok && (rc = add_index_shards(ck, err)))
+    /* the directory's files are parsed while the index is; the index then orders them */
+    if ((rc = list_dir_files(ck, &df, err)) ||
+        (rc = open_index_and_files(ck, exists, &df, job, job_ctx, err)))
         goto fail;
-    if ((rc = add_dir_shards(ck, err)))
+    if (ck->index_ok && (rc = add_index_shards(ck, &df, err)))
         goto fail;
-    open_shards(ck);
-    if ((rc = build_table(ck, err)))
+    if ((rc = add_dir_shards(ck, &df, err)) || (rc = open_pending(ck, err)) ||
+        (rc = build_table(ck, err)))
         goto fail;
+    dir_files_free(&df);
     return 0;
 fail:
+    dir_files_free(&df);
     kl_ckpt_close(ck);
     return rc;
 }
@@ -229,11 +337,8 @@ void kl_ckpt_close(kl_checkpoint *ck)
 {
     if (!ck)
         return;
-    for (size_t i = 0; i < ck->n_shards; i++) {
-        kl_st_close(&ck->shards[i].st);
-        kl_free(ck->shards[i].name);
-        kl_free(ck->shards[i].path);
-    }
+    for (size_t i = 0; i < ck->n_shards; i++)
+        shard_free(&ck->shards[i]);
     kl_free(ck->shards);
     kl_free(ck->index_shard);
     kl_free(ck->tensors);

@@ -10,7 +10,9 @@
  * never opens a file for writing.
  *
  * Shards: those named by the index, in name order, then every other *.safetensors file of the
- * directory in name order (without an index these are the shards; with one, strays).
+ * directory in name order (without an index these are the shards; with one, strays).  The
+ * index and the directory's shard headers are parsed at once (up to 8 threads, no more than the
+ * usable CPUs); a shard the index names but the directory lacks is opened after (its error).
  * Ownership: everything belongs to the kl_checkpoint until kl_ckpt_close.
  */
 #ifndef KL_LOADER_CHECKPOINT_H
@@ -62,6 +64,15 @@ typedef struct kl_checkpoint {
 } kl_checkpoint;
 
 int  kl_ckpt_open(kl_checkpoint *ck, const char *dir, kl_err *err);
+
+/* A job run while the index and the shard headers are parsed, on one of the threads that parse
+ * them: it may read ck->config and config_ok (final by then) and nothing else of ck. */
+typedef void (*kl_ckpt_job_fn)(void *ctx, const kl_checkpoint *ck);
+/* kl_ckpt_open, running job(ctx, ck) alongside the parsing (job NULL: none).  The job runs at
+ * most once and, when this returns, has run or never will (it does not when the open fails
+ * before the parsing starts; the job's own context tells). */
+int  kl_ckpt_open_with(kl_checkpoint *ck, const char *dir, kl_ckpt_job_fn job, void *job_ctx,
+                       kl_err *err);
 void kl_ckpt_close(kl_checkpoint *ck);
 
 /* 0 if config, index (when present) and every shard parsed; else the first problem. */

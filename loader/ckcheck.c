@@ -24,7 +24,16 @@ typedef struct tally {
     size_t      listed, hidden;
 } tally;
 
+/* A schema built ahead (kl_ckcheck_open_require): what kl_schema_build gave for the config. */
+typedef struct schema_ahead {
+    bool      done;      /* built (rc, err, s set) */
+    int       rc;
+    kl_err    err;
+    kl_schema s;         /* valid when done and rc == 0; taken by build_schema */
+} schema_ahead;
+
 typedef struct chk {
+    schema_ahead        *ahead;    /* NULL: build the schema in build_schema */
     const kl_checkpoint *ck;
     kl_ckcheck          *out;
     kl_finding_fn        fn;
@@ -217,10 +226,30 @@ static int check_files(chk *k)
 
 /* ---- index vs headers ---------------------------------------------------------------------- */
 
+/* Whether the index and the headers pair one to one: as many entries as tensors, each tensor
+ * listed under the shard that holds it.  Names are distinct on both sides (IDX-DUPLICATE,
+ * ST-DUPLICATE, no name in two shards), so every entry then has its tensor where it says and
+ * check_index would find nothing: one lookup per tensor instead of two.  The lookups use the
+ * hashes the shard headers computed. */
+static int index_one_to_one(const kl_checkpoint *ck)
+{
+    const kl_index *idx = &ck->index;
+    if (ck->n_tensors != idx->n_entries || ck->n_dup_across_shards)
+        return 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const kl_ckpt_tensor *t = &ck->tensors[i];
+        uint32_t e;
+        if (!kl_strmap_get_h(&idx->by_tensor, t->name, t->t->name_hash, &e) ||
+            ck->index_shard[idx->entries[e].shard] != t->shard)
+            return 0;
+    }
+    return 1;
+}
+
 static int check_index(chk *k)
 {
     const kl_checkpoint *ck = k->ck;
-    if (!ck->index_ok)
+    if (!ck->index_ok || index_one_to_one(ck))
         return 0;
     const kl_index *idx = &ck->index;
     /* Every weight_map entry must sit in exactly the shard it names. */
@@ -327,15 +356,15 @@ static long unreadable_home(const chk *k, const kl_schema_entry *e)
 }
 
 /* Shape and dtype of the tensor bound to e. */
-static int check_bound(chk *k, const kl_schema_entry *e, const kl_ckpt_tensor *t,
-                       const char *desc)
+static int check_bound(chk *k, const kl_schema_entry *e, const kl_ckpt_tensor *t)
 {
-    char want[128], got[128];
+    char want[128], got[128], desc[96];
     const char *path = k->ck->shards[t->shard].path;
     bool shape_ok = t->t->rank == e->rank;
     for (int i = 0; shape_ok && i < e->rank; i++)
         shape_ok = t->t->shape[i] == e->shape[i];
     if (!shape_ok) {
+        kl_schema_describe(e, desc, sizeof desc);
         shape_str(want, sizeof want, e->rank, e->shape);
         shape_str(got, sizeof got, t->t->rank, t->t->shape);
         if (emit(k, KL_SEV_ERROR, "SCHEMA-SHAPE", path, t->name, t->t->file_off,
@@ -345,6 +374,7 @@ static int check_bound(chk *k, const kl_schema_entry *e, const kl_ckpt_tensor *t
     if (e->dtype_mask & KL_DT_BIT(t->t->dtype))
         return 0;
     dtype_list(want, sizeof want, e->dtype_mask);
+    kl_schema_describe(e, desc, sizeof desc);
     return emit(k, KL_SEV_ERROR, "SCHEMA-DTYPE", path, t->name, t->t->file_off,
                 "%s has dtype %s, expected %s", desc, kl_dtype_name(t->t->dtype), want);
 }
@@ -358,19 +388,21 @@ static int match_entry(chk *k, size_t i, size_t *unchecked)
     const kl_ckpt_tensor *t = kl_ckpt_find(ck, e->name);
     const kl_ckpt_tensor *a = e->alias ? kl_ckpt_find(ck, e->alias) : NULL;
     char desc[96];
-    kl_schema_describe(e, desc, sizeof desc);
+    if (t && a)
+        kl_schema_describe(e, desc, sizeof desc);
     if (t && a && emit(k, KL_SEV_ERROR, "SCHEMA-ALIAS-TWICE", ck->shards[a->shard].path,
                        a->name, a->t->file_off, "%s is stored under both %s and %s", desc,
                        e->name, e->alias))
         return k->rc;
     k->out->bound[i] = t = t ? t : a;
     if (t)
-        return check_bound(k, e, t, desc);
+        return check_bound(k, e, t);
     long home = unreadable_home(k, e);
     if (home >= 0) {
         unchecked[home]++;
         return 0;
     }
+    kl_schema_describe(e, desc, sizeof desc);
     return emit(k, KL_SEV_ERROR, "SCHEMA-MISSING", ck->dir, e->name, KL_NO_OFFSET,
                 "%s is missing", desc);
 }
@@ -415,7 +447,16 @@ static int build_schema(chk *k, kl_err *err)
                     "family") ? k->rc : 1;
     kl_err serr;
     kl_err_clear(&serr);
-    int rc = kl_schema_build(&k->out->schema, &ck->config, &serr);
+    int rc;
+    if (k->ahead && k->ahead->done) {   /* the same call, made earlier on the same config */
+        rc = k->ahead->rc;
+        serr = k->ahead->err;
+        k->out->schema = k->ahead->s;
+        memset(&k->ahead->s, 0, sizeof k->ahead->s);
+        k->ahead->done = false;
+    } else {
+        rc = kl_schema_build(&k->out->schema, &ck->config, &serr);
+    }
     if (rc == KL_E_NOMEM)
         return kl_fail(err, KL_E_NOMEM, "out of memory building the schema");
     if (rc)
@@ -426,6 +467,29 @@ static int build_schema(chk *k, kl_err *err)
                                        k->out->schema.n);
 }
 
+/* Binds every entry when the tensors and the schema pair one to one: as many tensors as
+ * entries, each tensor found under an entry's name or alias, no entry found twice.  Then the
+ * full match would report no alias stored twice, nothing missing and nothing unexpected, and
+ * bind the same tensors (names are distinct), so only shapes and dtypes are left to check.  0
+ * (bound[] cleared) when the pairing does not hold: the full match reports exactly. */
+static int bind_one_to_one(chk *k)
+{
+    const kl_checkpoint *ck = k->ck;
+    kl_ckcheck *c = k->out;
+    if (ck->n_tensors != c->schema.n)
+        return 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const kl_ckpt_tensor *t = &ck->tensors[i];
+        uint32_t e;
+        if (!kl_strmap_get_h(&c->schema.by_name, t->name, t->t->name_hash, &e) || c->bound[e]) {
+            memset(c->bound, 0, c->schema.n * sizeof *c->bound);
+            return 0;
+        }
+        c->bound[e] = t;
+    }
+    return 1;
+}
+
 static int check_schema(chk *k, kl_err *err)
 {
     const kl_checkpoint *ck = k->ck;
@@ -434,6 +498,11 @@ static int check_schema(chk *k, kl_err *err)
     int rc = build_schema(k, err);
     if (rc)
         return rc < 0 ? rc : k->rc;
+    if (bind_one_to_one(k)) {
+        for (size_t i = 0; i < k->out->schema.n && !k->rc; i++)
+            check_bound(k, &k->out->schema.entries[i], k->out->bound[i]);
+        return k->rc;
+    }
     size_t *unchecked = kl_calloc(ck->n_shards + 1, sizeof *unchecked);
     if (!unchecked)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -447,14 +516,15 @@ static int check_schema(chk *k, kl_err *err)
 
 /* ---- public API ---------------------------------------------------------------------------- */
 
-int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
-                   kl_err *err)
+/* kl_ckcheck_run with a schema possibly built ahead. */
+static int run_check(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
+                     schema_ahead *ahead, kl_err *err)
 {
     memset(c, 0, sizeof *c);
     chk *k = kl_calloc(1, sizeof *k);
     if (!k)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    *k = (chk){.ck = ck, .out = c, .fn = fn, .ctx = ctx};
+    *k = (chk){.ahead = ahead, .ck = ck, .out = c, .fn = fn, .ctx = ctx};
     int rc = 0;
     if (!check_files(k) && !check_index(k) && !check_duplicates(k) && !check_total_size(k))
         rc = check_schema(k, err);
@@ -464,6 +534,12 @@ int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, voi
         rc = kl_fail(err, k->rc, "the finding callback failed");
     kl_free(k);
     return rc < 0 ? rc : 0;
+}
+
+int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, void *ctx,
+                   kl_err *err)
+{
+    return run_check(c, ck, fn, ctx, NULL, err);
 }
 
 typedef struct first_error {
@@ -483,12 +559,13 @@ static int refuse_at_first_error(void *ctx, const kl_finding *f)
     return 1;
 }
 
-int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
+/* kl_ckcheck_require with a schema possibly built ahead. */
+static int require(kl_ckcheck *c, const kl_checkpoint *ck, schema_ahead *ahead, kl_err *err)
 {
     kl_err first;
     kl_err_clear(&first);
     first_error fe = {&first, ck->dir};
-    int rc = kl_ckcheck_run(c, ck, refuse_at_first_error, &fe, err);
+    int rc = run_check(c, ck, refuse_at_first_error, &fe, ahead, err);
     if (rc)
         return rc;
     if (!c->n_errors)
@@ -496,6 +573,39 @@ int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
     if (err && !err->code)
         *err = first;
     return first.code;
+}
+
+int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err)
+{
+    return require(c, ck, NULL, err);
+}
+
+/* The kl_ckpt_open_with job: the schema check_schema would build, built now (only where
+ * build_schema would call kl_schema_build). */
+static void build_ahead(void *ctx, const kl_checkpoint *ck)
+{
+    schema_ahead *a = ctx;
+    if (!ck->config_ok || ck->config.family == KL_FAMILY_KIMI_K3)
+        return;
+    kl_err_clear(&a->err);
+    a->rc = kl_schema_build(&a->s, &ck->config, &a->err);
+    a->done = true;
+}
+
+int kl_ckcheck_open_require(kl_ckcheck *c, kl_checkpoint *ck, const char *dir, kl_err *err)
+{
+    schema_ahead a = {0};
+    memset(c, 0, sizeof *c);
+    int rc = kl_ckpt_open_with(ck, dir, build_ahead, &a, err);
+    if (!rc)
+        rc = require(c, ck, &a, err);
+    if (a.done && !a.rc)
+        kl_schema_free(&a.s);   /* not taken: the check ended before the schema */
+    if (rc) {
+        kl_ckcheck_free(c);
+        kl_ckpt_close(ck);
+    }
+    return rc;
 }
 
 void kl_ckcheck_free(kl_ckcheck *c)

@@ -84,6 +84,12 @@ int kl_ckcheck_run(kl_ckcheck *c, const kl_checkpoint *ck, kl_finding_fn fn, voi
  * that first error, so the cost stays linear whatever follows.  Free c with kl_ckcheck_free. */
 int kl_ckcheck_require(kl_ckcheck *c, const kl_checkpoint *ck, kl_err *err);
 
+/* kl_ckpt_open(ck, dir) then kl_ckcheck_require(c, ck), with the schema built from the config
+ * while the index and the shard headers are parsed (kl_ckpt_open_with).  Same results and
+ * errors as the two calls; on success the caller frees both (kl_ckcheck_free, kl_ckpt_close),
+ * on failure both are freed and zeroed here. */
+int kl_ckcheck_open_require(kl_ckcheck *c, kl_checkpoint *ck, const char *dir, kl_err *err);
+
 void kl_ckcheck_free(kl_ckcheck *c);
 
 /* The checkpoint tensor bound to the schema entry named name (canonical or alias), NULL when

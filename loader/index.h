@@ -14,6 +14,9 @@
  *   IDX-TOTAL-SIZE  metadata.total_size present but not a non-negative integer as written (once)
  * Also IDX-JSON: "metadata" not an object, "metadata" or "weight_map" twice.  kl_index_open
  * adds KL_E_IO and FILE-NOT-REGULAR / FILE-TOO-LARGE (common/fs.h).
+ * A plain index (ASCII names without escapes, integers, root members metadata and weight_map
+ * only) is read without a JSON tree; anything else goes through the strict reader, with the
+ * same results and messages.
  * Ownership: kl_index owns everything; names are valid until kl_index_free.
  */
 #ifndef KL_LOADER_INDEX_H

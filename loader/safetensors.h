@@ -28,6 +28,9 @@
  * directory, FIFO, device...) and FILE-SHORT (the file shrank while being read).
  * Warnings (not errors) are flags in kl_st_file.warnings.
  *
+ * Headers in the plain subset writers produce (ASCII names without escapes, integers) are read
+ * straight into the tables; anything else goes through the strict JSON reader (common/json.h),
+ * so results and messages are the same either way.
  * Ownership: kl_st_file owns all its memory; tensor names and metadata strings are borrowed
  * pointers valid until kl_st_close.  Thread safety: one file per thread, or read-only sharing
  * after open.
@@ -62,6 +65,7 @@ typedef struct kl_st_tensor {
     uint64_t    begin, end;         /* data_offsets, relative to the data section */
     uint64_t    file_off;           /* absolute: 8 + header_bytes + begin */
     uint64_t    n_bytes;            /* end - begin */
+    uint64_t    name_hash;          /* kl_strmap_hash(name), for lookups in other maps */
 } kl_st_tensor;
 
 typedef struct kl_st_meta {

@@ -210,7 +210,19 @@ static int check_config(const kl_config *c, kl_err *err)
 
 /* ---- 3. name composition and the emitter -------------------------------------------------- */
 
+/* The order by name of one kind of layer (attention kind x MoE or dense): perm[i] is the
+ * position in emission order of the i-th name. */
+typedef struct layer_order {
+    int       kind;
+    size_t    n;
+    uint32_t *perm;               /* [n] owned */
+} layer_order;
+
+#define LAYER_KINDS 4             /* KDA or MLA, MoE or dense */
+
 typedef struct builder {
+    layer_order orders[LAYER_KINDS];
+    size_t      n_orders;
     const kl_config *c;
     uint64_t         dims[D_COUNT];
     uint32_t         group;      /* MXFP4 group size */
@@ -394,9 +406,56 @@ static int emit_moe(builder *b, int32_t layer)
     return rc;
 }
 
-static int cmp_entry_name(const void *a, const void *b)
+/* Positions i, j of the entries ctx points at, by name. */
+static int cmp_pos_name(const void *a, const void *b, void *ctx)
 {
-    return strcmp(((const kl_schema_entry *)a)->name, ((const kl_schema_entry *)b)->name);
+    const kl_schema_entry *e = ctx;
+    return strcmp(e[*(const uint32_t *)a].name, e[*(const uint32_t *)b].name);
+}
+
+/* The order by name of the n entries at e for layers of this kind: found by sorting the first
+ * time, then reused.  Every layer of one kind emits the same names after its own
+ * "model.layers.L." prefix, in the same order, so their order by name is the same (n equal as a
+ * check; a kind that differs anyway is sorted, not reused).  NULL: out of memory. */
+static const uint32_t *layer_order_for(builder *b, int kind, const kl_schema_entry *e, size_t n)
+{
+    for (size_t i = 0; i < b->n_orders; i++)
+        if (b->orders[i].kind == kind && b->orders[i].n == n)
+            return b->orders[i].perm;
+    uint32_t *perm = kl_malloc((n ? n : 1) * sizeof *perm);
+    if (!perm)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        perm[i] = (uint32_t)i;
+    qsort_r(perm, n, sizeof *perm, cmp_pos_name, (void *)e);
+    if (b->n_orders == LAYER_KINDS)
+        kl_free(b->orders[--b->n_orders].perm);
+    b->orders[b->n_orders++] = (layer_order){kind, n, perm};
+    return perm;
+}
+
+/* Sorts the entries [start, b->n) by name (the fill pass). */
+static int sort_layer(builder *b, size_t start, int kind)
+{
+    size_t n = b->n - start;
+    kl_schema_entry *e = b->e + start, *tmp = kl_malloc((n ? n : 1) * sizeof *tmp);
+    const uint32_t *perm = tmp ? layer_order_for(b, kind, e, n) : NULL;
+    if (!perm) {
+        kl_free(tmp);
+        return kl_fail(b->err, KL_E_NOMEM, "out of memory sorting the tensor schema");
+    }
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = e[perm[i]];
+    memcpy(e, tmp, n * sizeof *e);
+    kl_free(tmp);
+    return 0;
+}
+
+static void free_orders(builder *b)
+{
+    for (size_t i = 0; i < b->n_orders; i++)
+        kl_free(b->orders[i].perm);
+    b->n_orders = 0;
 }
 
 /* Norms, attention and MLP of one layer, then (fill pass) sorted by name. */
@@ -405,14 +464,14 @@ static int emit_layer(builder *b, uint32_t layer)
     const kl_config *c = b->c;
     size_t start = b->n;
     int32_t l = (int32_t)layer;
+    int mla = c->layer_attn[layer] == KL_ATTN_MLA, moe = kl_config_is_moe_layer(c, layer);
     int rc = emit_table(b, NORMS, NELEM(NORMS), l);
     if (!rc)
-        rc = c->layer_attn[layer] == KL_ATTN_MLA ? emit_table(b, MLA, NELEM(MLA), l)
-                                                 : emit_table(b, KDA, NELEM(KDA), l);
+        rc = mla ? emit_table(b, MLA, NELEM(MLA), l) : emit_table(b, KDA, NELEM(KDA), l);
     if (!rc)
-        rc = kl_config_is_moe_layer(c, layer) ? emit_moe(b, l) : emit_dense(b, l);
+        rc = moe ? emit_moe(b, l) : emit_dense(b, l);
     if (!rc && b->e)
-        qsort(b->e + start, b->n - start, sizeof *b->e, cmp_entry_name);
+        rc = sort_layer(b, start, 2 * mla + moe);
     return rc;
 }
 
@@ -480,7 +539,9 @@ int kl_schema_build(kl_schema *s, const kl_config *c, kl_err *err)
     b.e = tmp.entries;
     b.str = tmp.strings;
     b.n = b.str_used = b.n_alias = 0;
-    if ((rc = emit_model(&b)))  /* filling pass */
+    rc = emit_model(&b);  /* filling pass */
+    free_orders(&b);
+    if (rc)
         goto fail;
     tmp.n = b.n;
     if ((rc = index_names(&tmp, n_alias, err)))

@@ -313,6 +313,78 @@ START_TEST(clean_checkpoints_bind_every_entry_and_find_nothing)
 }
 END_TEST
 
+/* ---- the schema built while the headers are parsed ----------------------------------------- */
+
+/* kl_ckcheck_open_require(dir) gives what kl_ckpt_open + kl_ckcheck_require give: the same code
+ * and error (every field), and on success the same counts and bound tensors. */
+static void expect_same_as_two_calls(const char *dir)
+{
+    kl_checkpoint ck1, ck2;
+    kl_ckcheck c1, c2;
+    kl_err e1, e2;
+    kl_err_clear(&e1);
+    kl_err_clear(&e2);
+    memset(&c1, 0, sizeof c1);
+    int rc1 = kl_ckpt_open(&ck1, dir, &e1);
+    int opened = rc1 == 0;
+    if (opened)
+        rc1 = kl_ckcheck_require(&c1, &ck1, &e1);
+    int rc2 = kl_ckcheck_open_require(&c2, &ck2, dir, &e2);
+    ck_assert_msg(rc1 == rc2, "%s: two calls %d (%s), one call %d (%s)", dir, rc1,
+                  t_fmt_err(&e1), rc2, t_fmt_err(&e2));
+    ck_assert_msg(!memcmp(&e1, &e2, sizeof e1), "%s: errors differ: '%s' and '%s'", dir,
+                  t_fmt_err(&e1), t_fmt_err(&e2));
+    if (!rc2) {
+        ck_assert(c1.has_schema == c2.has_schema && c1.schema.n == c2.schema.n &&
+                  c1.n_warnings == c2.n_warnings && c1.n_infos == c2.n_infos);
+        for (size_t i = 0; i < c1.schema.n; i++)
+            ck_assert_msg(!strcmp(c1.schema.entries[i].name, c2.schema.entries[i].name) &&
+                          !strcmp(c1.bound[i]->name, c2.bound[i]->name),
+                          "%s: entry %zu bound differently", dir, i);
+        kl_ckcheck_free(&c2);
+        kl_ckpt_close(&ck2);
+    }
+    kl_ckcheck_free(&c1);
+    if (opened)
+        kl_ckpt_close(&ck1);
+}
+
+START_TEST(open_require_gives_what_open_then_require_give)
+{
+    char dir[700], p[1200];
+    expect_same_as_two_calls(g_base);
+    expect_same_as_two_calls("tests/fixtures/golden/multi");
+    /* no config: no schema to build ahead */
+    copy_base("noconfig", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    ck_assert(unlink(p) == 0);
+    expect_same_as_two_calls(dir);
+    /* a shard gone: parsed after the index named it */
+    copy_base("noshard", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/model-00002-of-00004.safetensors", dir);
+    ck_assert(unlink(p) == 0);
+    expect_same_as_two_calls(dir);
+    /* a wider hidden size: the schema built ahead refuses every shape */
+    copy_base("wider", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *t = t_slurp(p, NULL);
+    cJSON *j = cJSON_Parse(t);
+    free(t);
+    ck_assert(j != NULL);
+    cJSON *h = cJSON_GetObjectItem(j, "hidden_size");
+    ck_assert(h != NULL);
+    cJSON_SetNumberValue(h, h->valuedouble * 2);
+    t = cJSON_Print(j);
+    t_write(p, t, strlen(t));
+    free(t);
+    cJSON_Delete(j);
+    expect_same_as_two_calls(dir);
+    /* not a directory */
+    snprintf(p, sizeof p, "%s/missing", g_root);
+    expect_same_as_two_calls(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckcheck");
@@ -325,6 +397,7 @@ int main(void)
     tcase_add_test(tc, engine_refuses_600k_unexpected_tensors_and_audit_lists_only_the_first);
     tcase_add_test(tc, truncated_shard_is_one_error_and_one_grouped_warning);
     tcase_add_test(tc, clean_checkpoints_bind_every_entry_and_find_nothing);
+    tcase_add_test(tc, open_require_gives_what_open_then_require_give);
     suite_add_tcase(s, tc);
     return t_run_suite(s);
 }

@@ -294,6 +294,52 @@ START_TEST(index_many_entries_are_all_found)
 }
 END_TEST
 
+/* Indexes as writers make them (the plain path reads them without a tree), each beside the
+ * same index with one more root member, which only the strict path takes (it ignores it). */
+static const struct paths_row {
+    const char *what;
+    const char *entries;       /* weight_map members */
+    const char *metadata;      /* metadata members, NULL: no metadata */
+} paths_rows[] = {
+    {"three entries over two shards", E("b", SHARD2) "," E("a", SHARD1) "," E("c", SHARD1),
+     "\"total_size\":123"},
+    {"no metadata", E("x.y", SHARD1), NULL},
+    {"metadata with other members", E("a", SHARD1), "\"total_parameters\":7,\"note\":\"n\","
+     "\"total_size\":18446744073709551615"},
+    {"whitespace between every token", " " E("a", SHARD1) " , \n\t" E("b", SHARD2) "\r\n",
+     " \"total_size\" : 0 "},
+    {"an empty weight_map", "", "\"total_size\":0"},
+};
+
+START_TEST(index_plain_and_strict_paths_give_the_same_index)
+{
+    const struct paths_row *r = &paths_rows[_i];
+    char plain[1024], strict[1024], meta[512] = "";
+    if (r->metadata)
+        snprintf(meta, sizeof meta, "\"metadata\":{%s},", r->metadata);
+    snprintf(plain, sizeof plain, "{%s\"weight_map\":{%s}}", meta, r->entries);
+    snprintf(strict, sizeof strict, "{%s\"weight_map\":{%s},\"x\":[null]}", meta, r->entries);
+    kl_index a, b;
+    kl_err ea, eb;
+    int ra = parse(&a, plain, &ea), rb = parse(&b, strict, &eb);
+    ck_assert_msg(ra == 0 && rb == 0, "%s: plain %d (%s), strict %d (%s)", r->what, ra,
+                  t_fmt_err(&ea), rb, t_fmt_err(&eb));
+    ck_assert_msg(a.has_total_size == b.has_total_size && a.total_size == b.total_size &&
+                  a.n_entries == b.n_entries && a.n_shards == b.n_shards,
+                  "%s: the paths differ in size, entries or shards", r->what);
+    for (size_t i = 0; i < a.n_entries; i++) {
+        ck_assert_msg(!strcmp(a.entries[i].tensor, b.entries[i].tensor) &&
+                      a.entries[i].shard == b.entries[i].shard, "%s: entry %zu differs",
+                      r->what, i);
+        ck_assert_int_eq(kl_index_shard_of(&a, b.entries[i].tensor), (int)a.entries[i].shard);
+    }
+    for (size_t i = 0; i < a.n_shards; i++)
+        ck_assert_str_eq(a.shards[i], b.shards[i]);
+    kl_index_free(&a);
+    kl_index_free(&b);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* kl_index_open                                                                              */
 
@@ -371,6 +417,8 @@ static Suite *index_suite(void)
     tcase_add_test(tc, index_extra_keys_and_whitespace_are_accepted);
     tcase_add_test(tc, index_total_size_zero_and_2_pow_53_are_accepted);
     tcase_add_test(tc, index_many_entries_are_all_found);
+    tcase_add_loop_test(tc, index_plain_and_strict_paths_give_the_same_index, 0,
+                        (int)(sizeof paths_rows / sizeof paths_rows[0]));
     suite_add_tcase(s, tc);
 
     tc = tcase_create("open");

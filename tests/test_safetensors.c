@@ -741,6 +741,94 @@ END_TEST
 /* ------------------------------------------------------------------------------------------ */
 /* Suite                                                                                      */
 
+/* ------------------------------------------------------------------------------------------ */
+/* The plain path and the strict path agree                                                   */
+
+/* Headers as writers make them (the plain path reads them without a tree) beside a spelling of
+ * the same header, of the same length, that only the strict path takes (NULL: the plain text
+ * with a space moved from its end to its front).  data: the data section's bytes. */
+static const struct paths_row {
+    const char *what;
+    const char *plain;
+    const char *strict;
+    int64_t     data;
+} paths_rows[] = {
+    {"metadata and three tensors out of order",
+     "{" META_PT "," T("c", "BF16", "[2,2]", "16,24") "," T("a", "F32", "[2]", "0,8") ","
+     T("b", "U8", "[8]", "8,16") "}  ", NULL, 24},
+    {"no metadata, a scalar and an empty tensor",
+     "{" T("s", "F64", "[]", "0,8") "," T("z", "BF16", "[0,4]", "8,8") "} ", NULL, 8},
+    {"whitespace between every token",
+     "{ \n\t\"a\" : { \"shape\" : [ 2 , 3 ] , \"dtype\" : \"BF16\" , \"data_offsets\" : "
+     "[ 0 , 12 ] } \r\n} ", NULL, 12},
+    {"two metadata entries and rank 8",
+     "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"x y\"}," T("r", "U8", "[1,1,1,1,1,1,1,2]",
+     "0,2") "} ", NULL, 2},
+    {"an escaped name equals the plain one",
+     "{" T("a.b", "F32", "[1]", "0,4") "}        ",
+     "{" T("a\\u002eb", "F32", "[1]", "0,4") "}   ", 4},
+    {"an escaped metadata value equals the plain one",
+     "{\"__metadata__\":{\"format\":\"pt\"}," T("a", "F32", "[1]", "0,4") "}     ",
+     "{\"__metadata__\":{\"format\":\"\\u0070t\"}," T("a", "F32", "[1]", "0,4") "}", 4},
+    {"no tensors", "{" META_PT "} ", NULL, 0},
+};
+
+/* The strict spelling of row r: its own, or the plain text's last space moved to the front. */
+static const char *strict_text(const struct paths_row *r, char *buf, size_t n)
+{
+    if (r->strict)
+        return r->strict;
+    size_t len = strlen(r->plain);
+    ck_assert(len + 1 < n && r->plain[len - 1] == ' ');
+    buf[0] = ' ';
+    memcpy(buf + 1, r->plain, len - 1);
+    buf[len] = '\0';
+    return buf;
+}
+
+static void expect_same_tensor(const kl_st_tensor *a, const kl_st_tensor *b, const char *what)
+{
+    ck_assert_msg(!strcmp(a->name, b->name) && a->dtype == b->dtype && a->rank == b->rank &&
+                  a->numel == b->numel && a->begin == b->begin && a->end == b->end &&
+                  a->file_off == b->file_off && a->n_bytes == b->n_bytes &&
+                  a->name_hash == b->name_hash,
+                  "%s: tensor %s differs between the paths", what, a->name);
+    for (int d = 0; d < a->rank; d++)
+        ck_assert_msg(a->shape[d] == b->shape[d], "%s: %s shape[%d] differs", what, a->name, d);
+}
+
+START_TEST(st_plain_and_strict_paths_give_the_same_table)
+{
+    const struct paths_row *r = &paths_rows[_i];
+    char buf[1024];
+    const char *strict = strict_text(r, buf, sizeof buf);
+    ck_assert_uint_eq(strlen(strict), strlen(r->plain));
+    kl_st_file a, b;
+    kl_err ea, eb;
+    int ra = parse_str(&a, r->plain, r->data, &ea);
+    int rb = parse_str(&b, strict, r->data, &eb);
+    ck_assert_msg(ra == 0 && rb == 0, "%s: plain %d (%s), strict %d (%s)", r->what, ra,
+                  t_fmt_err(&ea), rb, t_fmt_err(&eb));
+    ck_assert_msg(a.n_tensors == b.n_tensors && a.n_meta == b.n_meta &&
+                  a.has_metadata == b.has_metadata && a.data_off == b.data_off,
+                  "%s: %zu/%zu tensors, %zu/%zu metadata entries", r->what, a.n_tensors,
+                  b.n_tensors, a.n_meta, b.n_meta);
+    ck_assert_msg((a.warnings | KL_ST_WARN_LEADING_SPACE) ==
+                  (b.warnings | KL_ST_WARN_LEADING_SPACE), "%s: warnings %u and %u", r->what,
+                  a.warnings, b.warnings);
+    for (size_t i = 0; i < a.n_tensors; i++) {
+        expect_same_tensor(&a.tensors[i], &b.tensors[i], r->what);
+        ck_assert(kl_st_find(&a, b.tensors[i].name) == &a.tensors[i]);
+    }
+    for (size_t i = 0; i < a.n_meta; i++)
+        ck_assert_msg(!strcmp(a.meta[i].key, b.meta[i].key) &&
+                      !strcmp(a.meta[i].value, b.meta[i].value),
+                      "%s: metadata entry %zu differs", r->what, i);
+    kl_st_close(&a);
+    kl_st_close(&b);
+}
+END_TEST
+
 static Suite *safetensors_suite(void)
 {
     Suite *s = suite_create("safetensors");
@@ -780,6 +868,8 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, st_trailing_space_padding_is_accepted_silently);
     tcase_add_test(tc, st_utf8_and_escaped_names_are_decoded);
     tcase_add_test(tc, st_header_above_hub_limit_gives_a_warning);
+    tcase_add_loop_test(tc, st_plain_and_strict_paths_give_the_same_table, 0,
+                        (int)(sizeof paths_rows / sizeof paths_rows[0]));
     suite_add_tcase(s, tc);
 
     tc = tcase_create("open");

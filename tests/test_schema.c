@@ -177,6 +177,40 @@ START_TEST(schema_48b_order_is_embed_layers_sorted_then_norm_and_head)
 }
 END_TEST
 
+/* Every layer's entries in name order, and each layer's entries together, for configs whose
+ * layers come in several kinds (KDA or MLA, MoE or dense; the order found for one layer of a
+ * kind is reused for the others). */
+START_TEST(schema_every_layer_is_sorted_whatever_its_kind)
+{
+    kl_config c;
+    if (_i < 2) {
+        kl_config_default_48b(&c);
+        if (_i == 1)
+            kl_config_set_mxfp4(&c);
+    } else {
+        tiny_config(&c);
+        c.moe_layer_freq = 2;
+    }
+    kl_schema s;
+    build_ok(&s, &c);
+    size_t per_layer[64] = {0};
+    for (size_t i = 1; i < s.n; i++) {
+        const kl_schema_entry *a = &s.entries[i - 1], *b = &s.entries[i];
+        if (b->layer >= 0 && b->layer < 64)
+            per_layer[b->layer]++;
+        if (a->layer == b->layer && a->layer >= 0)
+            ck_assert_msg(strcmp(a->name, b->name) < 0, "config %d: %s should follow %s", _i,
+                          b->name, a->name);
+        else if (a->layer >= 0 && b->layer >= 0)
+            ck_assert_msg(b->layer == a->layer + 1, "config %d: layer %d after %d", _i,
+                          b->layer, a->layer);
+    }
+    for (uint32_t l = 0; l < c.num_hidden_layers && l < 64; l++)
+        ck_assert_msg(per_layer[l] > 0, "config %d: layer %u has no entries", _i, l);
+    kl_schema_free(&s);
+}
+END_TEST
+
 START_TEST(schema_dense_layer_accepts_both_spellings)
 {
     kl_config c;
@@ -558,6 +592,7 @@ static Suite *schema_suite(void)
     tcase_add_test(tc, schema_48b_role_counts);
     tcase_add_test(tc, schema_48b_parameter_total_matches_the_reference);
     tcase_add_test(tc, schema_48b_order_is_embed_layers_sorted_then_norm_and_head);
+    tcase_add_loop_test(tc, schema_every_layer_is_sorted_whatever_its_kind, 0, 3);
     tcase_add_test(tc, schema_dense_layer_accepts_both_spellings);
     tcase_add_test(tc, schema_48b_shapes_and_dtypes);
     suite_add_tcase(s, tc);

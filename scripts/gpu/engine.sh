@@ -220,7 +220,7 @@ import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, rows = rows[0], rows[1:]
 ki, ui, vi = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 per, cnt = collections.defaultdict(float), collections.Counter()
 for r in rows:
     name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
