@@ -377,7 +377,8 @@ AVX2_INLINE void micro_rows(const mm_args *a, uint64_t r0, uint64_t r1, size_t t
 #define WIDE_R       2            /* rows of a wide tile */
 #define WIDE_G       4            /* vectors of a wide tile */
 #define WIDE_X_BYTES (16u << 10)  /* the tile's vectors stay in L1 across its four chain passes */
-#define WIDE_MIN_COLS 128         /* shorter rows: the four passes' setup costs more than it saves */
+#define WIDE_MIN_COLS 128         /* shorter rows: the four passes' setup costs more than they
+                                     save */
 
 /* acc[i][g] += w_i · x_g[c .. c+8) for the tile's R rows and WIDE_G vectors; tail: the last,
  * partial chunk of m columns (weights zero-padded, x read with a mask), as fma_tail does. */

@@ -6,7 +6,8 @@
  *
  * Recurrent KDA state cannot be rewound: an entry serves a prompt only when the entry's ids
  * are a prefix of it, and the longest such entry wins; an entry that also holds the logits of
- * its last id serves a prompt of exactly its ids (a repeated request) with no forward.  Entries are bounded by a byte budget
+ * its last id serves a prompt of exactly its ids (a repeated request) with no forward.
+ * Entries are bounded by a byte budget
  * (each entry's state: KDA states and conv windows of every KDA layer, MLA latent caches of
  * its length; engine/forward.h, loader/config.h) and a number of slots; when a new entry does
  * not fit, the least recently used entries that are not pinned go first (an entry is pinned

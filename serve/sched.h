@@ -9,7 +9,8 @@
  * sampled id), then prompt pieces of sequences still in prefill, in arrival order, until the
  * step holds step_tokens tokens; the backend returns the logits of each sequence's last token
  * in the batch (a decode token, or the end of a prompt), which its sampler turns into the next
- * id (the rows' samplers run in parallel over the model's pool; what follows, in row order).  The id goes to the request's callback; a stop id (not passed on), the token limit or a
+ * id (the rows' samplers run in parallel over the model's pool; what follows, in row order).
+ * The id goes to the request's callback; a stop id (not passed on), the token limit or a
  * cancel ends the request (its callback gets the end), and its slot is free for the next.
  *
  * Because the backend computes each sequence's values independently of the batch it travels in
@@ -86,8 +87,10 @@ int  kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step
                      kl_err *err);
 /* Prefix reuse (serve/prefix.h; NULL: none, the default): a request admitted into a slot starts
  * from the cache's longest entry that is a prefix of its prompt (at most n_prompt - 1 ids) and
- * feeds the rest; when its prompt is fed, before its first id is sampled, its state is put in
- * the cache.  The logits equal those of a cold run (kl_state_copy is exact).  The cache must
+ * feeds the rest, or from an entry of its whole prompt kept with its last id's logits (its
+ * first id is then sampled from those, in the next step, with no forward); when its prompt is
+ * fed, before its first id is sampled, its state and those logits are put in the cache.  The
+ * logits equal those of a cold run (kl_state_copy is exact).  The cache must
  * outlive the scheduler's requests; the scheduler does not own it. */
 void kl_sched_set_prefix(kl_sched *s, struct kl_prefix *c);
 /* Queues a request; *handle names it for kl_sched_cancel. */
