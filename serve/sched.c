@@ -297,7 +297,8 @@ static size_t head_next_ids(const seq *q, kl_token *ids, size_t max)
 }
 
 /* While q's forced choice is open: every logit but those of ids going on a live sequence
- * becomes -inf (in place: the row is the scheduler's). */
+ * becomes -inf (in place: the row is the scheduler's).  At most MAX_NEXT distinct ids stay
+ * (the first live sequences'): more alternatives than that at one position are not offered. */
 static void mask_heads(const seq *q, float *logits, size_t V)
 {
     enum { MAX_NEXT = 64 };
