@@ -80,6 +80,14 @@ char *kl_strndup(const char *s, size_t n)
     return d;
 }
 
+void *kl_memdup(const void *p, size_t n)
+{
+    void *d = kl_malloc(n ? n : 1);
+    if (d && n)
+        memcpy(d, p, n);
+    return d;
+}
+
 char *kl_strdup(const char *s)
 {
     return kl_strndup(s, strlen(s));

@@ -19,6 +19,7 @@ void *kl_realloc(void *p, size_t n);         /* like realloc: on failure p stays
 void  kl_free(void *p);
 char *kl_strdup(const char *s);
 char *kl_strndup(const char *s, size_t n);
+void *kl_memdup(const void *p, size_t n);  /* a copy of n bytes (n 0: a non-NULL empty block) */
 
 /* Block aligned to `align` (a power of two >= sizeof(void *)), counted; NULL on failure. */
 void *kl_aligned_alloc(size_t align, size_t n);

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 
 /* How long a worker (or the caller waiting for the workers) spins before it sleeps on a
  * condition variable.  A decode step is hundreds of short runs back to back; waking a
@@ -14,21 +15,31 @@
 #define SPIN_SECONDS 100e-6
 #define SPIN_CHECK_EVERY 64 /* pause loops between clock reads */
 
+typedef void (*item_fn)(void *ctx, size_t i);
+
+/* The run's items are claimed from one 64-bit word, (run << 32) | index, checked against
+ * (run << 32) | n: a claim counts only if it names the current run and an index below n, so a
+ * worker that wakes late (descheduled, asleep, preempted by another thread of the process)
+ * can neither run an item twice nor run one of a finished run.  A claimed item keeps its run
+ * current (the caller waits for every item to be done), so fn and ctx stay valid while it
+ * runs.  The caller waits for the items, not for the workers: a worker that has not woken yet
+ * delays nothing. */
 struct kl_pool {
     pthread_mutex_t mu;
     pthread_cond_t  start_cv, done_cv;
     pthread_t      *th;
     unsigned        n_th;          /* worker threads (threads - 1) */
     atomic_ulong    generation;    /* bumped for every run (under mu) */
-    atomic_uint     busy;          /* workers still inside the current run */
     atomic_int      stop;
     unsigned        sleepers;      /* workers waiting on start_cv (under mu) */
     int             caller_sleeps; /* the caller waits on done_cv (under mu) */
-    /* the current run: written before generation is bumped */
-    size_t          n;
-    atomic_size_t   next;
-    void (*fn)(void *ctx, size_t i);
-    void           *ctx;
+    uint32_t        run;           /* the current run's number (the caller's) */
+    /* the current run: fn and ctx written before limit, limit before next */
+    _Atomic(item_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_uint_fast64_t limit;    /* (run << 32) | n */
+    atomic_uint_fast64_t next;     /* (run << 32) | next index to claim */
+    atomic_size_t   done;          /* items of the current run finished */
 };
 
 static inline void cpu_relax(void)
@@ -56,16 +67,27 @@ static int new_run_or_stop(kl_pool *p, unsigned long seen)
     return atomic_load(&p->stop) || atomic_load(&p->generation) != seen;
 }
 
-static int workers_done(kl_pool *p, unsigned long unused)
+static int items_done(kl_pool *p, unsigned long n)
 {
-    (void)unused;
-    return atomic_load(&p->busy) == 0;
+    return atomic_load(&p->done) == n;
 }
 
+/* Claims and runs items of the current run until none is left; the one who finishes the last
+ * item wakes a sleeping caller. */
 static void drain(kl_pool *p)
 {
-    for (size_t i; (i = atomic_fetch_add(&p->next, 1)) < p->n;)
-        p->fn(p->ctx, i);
+    for (;;) {
+        uint64_t c = atomic_fetch_add(&p->next, 1), lim = atomic_load(&p->limit);
+        if (c >> 32 != lim >> 32 || (c & 0xffffffffu) >= (lim & 0xffffffffu))
+            return;
+        atomic_load(&p->fn)(atomic_load(&p->ctx), (size_t)(c & 0xffffffffu));
+        if (atomic_fetch_add(&p->done, 1) + 1 == (lim & 0xffffffffu)) {
+            pthread_mutex_lock(&p->mu);
+            if (p->caller_sleeps)
+                pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
 }
 
 static void *worker_main(void *arg)
@@ -85,12 +107,6 @@ static void *worker_main(void *arg)
             break;
         seen = atomic_load(&p->generation);
         drain(p);
-        if (atomic_fetch_sub(&p->busy, 1) == 1) { /* the last one out wakes a sleeping caller */
-            pthread_mutex_lock(&p->mu);
-            if (p->caller_sleeps)
-                pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
-        }
     }
     return NULL;
 }
@@ -140,16 +156,17 @@ void kl_pool_run(kl_pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ct
 {
     if (!n)
         return;
-    if (!p->n_th || n == 1) { /* nobody to share with */
+    if (!p->n_th || n == 1 || n > 0xffffffffu) { /* nobody to share with (or too many) */
         for (size_t i = 0; i < n; i++)
             fn(ctx, i);
         return;
     }
-    p->n = n;
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->busy, p->n_th);
+    uint64_t run = (uint64_t)++p->run << 32;
+    atomic_store(&p->fn, fn);
+    atomic_store(&p->ctx, ctx);
+    atomic_store(&p->done, 0);
+    atomic_store(&p->limit, run | n);
+    atomic_store(&p->next, run);
     /* Bumped under mu: a worker checks it under mu before sleeping, so it either sees the
      * new run or is counted in sleepers and woken. */
     pthread_mutex_lock(&p->mu);
@@ -158,10 +175,10 @@ void kl_pool_run(kl_pool *p, size_t n, void (*fn)(void *ctx, size_t i), void *ct
         pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     drain(p);
-    if (!spin_until(p, workers_done, 0)) {
+    if (!spin_until(p, items_done, (unsigned long)n)) {
         pthread_mutex_lock(&p->mu);
         p->caller_sleeps = 1;
-        while (atomic_load(&p->busy))
+        while (atomic_load(&p->done) != n)
             pthread_cond_wait(&p->done_cv, &p->mu);
         p->caller_sleeps = 0;
         pthread_mutex_unlock(&p->mu);

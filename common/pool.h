@@ -3,7 +3,10 @@
  *
  * kl_pool_run(p, n, fn, ctx) calls fn(ctx, i) once for every i in [0, n), spread over the
  * pool's threads and the calling thread, and returns when all calls have finished.  Items are
- * handed out one at a time from an atomic counter, so uneven items balance themselves.
+ * handed out one at a time from an atomic counter, so uneven items balance themselves; the
+ * caller waits for the items only, not for every worker to wake (a worker descheduled by
+ * other threads of the process, e.g. a server's connections, delays nothing it has not
+ * claimed).
  * One kl_pool_run at a time per pool (the pool is not re-entrant); fn must be thread-safe.
  */
 #ifndef KL_COMMON_POOL_H

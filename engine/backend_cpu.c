@@ -36,6 +36,7 @@
 #define CHUNK    KL_FORWARD_CHUNK
 #define MAX_TOPK 64   /* larger configs are refused */
 #define KB_ROWS  8    /* rows of W_kb applied to a token's query in one pass */
+#define MLA_PARTS 4   /* token parts per head of the MLA query and output passes, at most */
 #define PIECE    64   /* cache rows whose scores or weights one pass handles */
 
 typedef struct dims {
@@ -47,8 +48,8 @@ typedef struct dims {
     size_t low;                   /* widest low-rank output (KDA gate ranks, MLA kv_a) */
     size_t ffn;                   /* FFN intermediate floats per token: the dense MLP's, or
                                      top_k routed experts' plus the shared experts' */
-    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [KB_ROWS, R] +
-                                     [CHUNK, dv] */
+    size_t head_floats;           /* MLA scratch per head: [CHUNK, R] + [MLA_PARTS, KB_ROWS,
+                                     R] + [CHUNK, dv] */
 } dims;
 
 typedef struct bufs {
@@ -97,7 +98,7 @@ static void get_dims(const kl_model *m, dims *d)
     d->wide = (size_t)w.wide;
     d->low = (size_t)w.low;
     d->ffn = max2((size_t)w.mlp, d->topk * (size_t)w.routed + (size_t)w.shared);
-    d->head_floats = CHUNK * d->R + KB_ROWS * d->R + CHUNK * d->dv;
+    d->head_floats = CHUNK * d->R + MLA_PARTS * KB_ROWS * d->R + CHUNK * d->dv;
 }
 
 /* Carves p into the chunk buffers; returns the floats they take (p NULL: just the count). */
@@ -262,15 +263,17 @@ static void add_into(float *x, const float *y, size_t n)
 /* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
-/* Causal depthwise conv over T tokens x [T, D], in place, updating the window: each channel
- * goes through its tokens in order, exactly as one token at a time would (SiLU follows). */
-static void short_conv(float *x, const float *w, float *win, size_t D, size_t W, size_t T)
+/* Causal depthwise conv of n channels over T tokens (row t of x at x + t * ld), in place,
+ * updating their windows: each channel goes through its tokens in order, exactly as one token
+ * at a time would (SiLU follows). */
+static void short_conv(float *x, size_t ld, const float *w, float *win, size_t n, size_t W,
+                       size_t T)
 {
-    for (size_t c = 0; c < D; c++) {
+    for (size_t c = 0; c < n; c++) {
         const float *wc = w + c * W;
         float *st = win + c * (W - 1);
         for (size_t t = 0; t < T; t++) {
-            float in = x[t * D + c];
+            float in = x[t * ld + c];
             float a = wc[W - 1] * in;                 /* tap W-1: the current token */
             for (size_t j = 0; j + 1 < W; j++)
                 a += wc[j] * st[j];
@@ -278,7 +281,7 @@ static void short_conv(float *x, const float *w, float *win, size_t D, size_t W,
                 st[j] = st[j + 1];
             if (W > 1)
                 st[W - 2] = in;
-            x[t * D + c] = a;
+            x[t * ld + c] = a;
         }
     }
 }
@@ -340,40 +343,41 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
         o[c] = o[c] * inv * onorm[c] * gate[c];
 }
 
-/* One head over the chunk's tokens (pool item h): each run's tokens in order on its slot's
- * state, each token's forget gate first. */
-static void kda_head(void *ctx, size_t h)
+/* Step 2 for head h's channels of run ru: its rows of q, k, v through its slot's conv windows,
+ * then SiLU. */
+static void kda_conv_head(const kda_job *j, const run *ru, size_t h)
 {
-    const kda_job *j = ctx;
-    size_t K = j->d->kd;
-    float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
-    const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
-    for (size_t r = 0; r < j->c->n_runs; r++) {
-        const run *ru = &j->c->runs[r];
-        float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
-        for (size_t t = ru->start; t < ru->start + ru->len; t++) {
-            size_t off = t * j->d->kD + h * K;
-            /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
-            kl_vec_exp_softplus(j->b->f + off, dt, na, K);
-            kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
-        }
+    static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
+    float *x[3] = {j->b->q, j->b->k, j->b->v};
+    size_t K = j->d->kd, D = j->d->kD, W = j->d->kw;
+    kda_state *ks = &j->c->slots[ru->slot].kda[j->l];
+    for (int k = 0; k < 3; k++) {
+        float *xh = x[k] + ru->start * D + h * K;
+        short_conv(xh, D, j->L->vec[taps[k]] + h * K * W, ks->conv[k] + h * K * (W - 1), K, W,
+                   ru->len);
+        for (size_t t = 0; t < ru->len; t++)
+            kl_vec_silu(xh + t * D, K);
     }
 }
 
-/* Step 2 for every run: its rows of q, k, v through its slot's conv windows, then SiLU. */
-static void kda_convs(const cpu_be *c, const kl_layer *L, uint32_t l)
+/* One head of one run (pool item i = run * heads + h): the conv, then the run's tokens in order
+ * on its slot's state, each token's forget gate first.  Runs are distinct slots and heads
+ * distinct channels, so items share nothing. */
+static void kda_run_head(void *ctx, size_t i)
 {
-    static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
-    float *x[3] = {c->b.q, c->b.k, c->b.v};
-    size_t D = c->d.kD, W = c->d.kw;
-    for (size_t r = 0; r < c->n_runs; r++) {
-        const run *ru = &c->runs[r];
-        kda_state *ks = &c->slots[ru->slot].kda[l];
-        for (int k = 0; k < 3; k++)
-            short_conv(x[k] + ru->start * D, L->vec[taps[k]], ks->conv[k], D, W, ru->len);
+    const kda_job *j = ctx;
+    size_t K = j->d->kd, h = i % j->d->kh;
+    const run *ru = &j->c->runs[i / j->d->kh];
+    float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
+    const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
+    float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
+    kda_conv_head(j, ru, h);
+    for (size_t t = ru->start; t < ru->start + ru->len; t++) {
+        size_t off = t * j->d->kD + h * K;
+        /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
+        kl_vec_exp_softplus(j->b->f + off, dt, na, K);
+        kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
     }
-    for (int k = 0; k < 3; k++)
-        kl_vec_silu(x[k], c->chunk.n * D);
 }
 
 static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
@@ -394,18 +398,16 @@ static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
     mm_add(&mm, wb, b->xn, T, b->beta);
     mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
     mm_flush(&mm);
-    /* 2. short causal conv + SiLU */
-    kda_convs(c, L, l);
     /* 3b, 7b. up-projections of the low-rank forget and output gates */
     mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
     mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
     mm_flush(&mm);
     /* 4b. beta per head */
     kl_vec_sigmoid(b->beta, T * wb->rows);
-    /* 3c, 5-7b. forget gate, recurrence and gated norm: heads in parallel, each head's tokens
-     * in order */
+    /* 2, 3c, 5-7b. short conv, forget gate, recurrence and gated norm: every (run, head) in
+     * parallel, each one's tokens in order */
     kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps};
-    run_heads(m->pool, d->kh, kda_head, &j, 4.0 * (double)T * (double)(D * d->kd));
+    run_heads(m->pool, c->n_runs * d->kh, kda_run_head, &j, 4.0 * (double)T * (double)(D * d->kd));
     /* 8. o_proj */
     kl_wmat_matmul(&L->w[KL_ROLE_KDA_O], b->o, T, b->y, m->pool);
 }
@@ -417,6 +419,10 @@ typedef struct mla_job {
     const cpu_be  *c;
     const kl_wmat *kvb;
     uint32_t       l;
+    int            split;   /* 1: every token of the chunk has its own row of attention
+                               weights, so the attention pass runs one item per (head, run) */
+    size_t         parts;   /* token parts per head of the query and output passes (1 ..
+                               MLA_PARTS): more items than heads when threads outnumber them */
 } mla_job;
 
 /* Cache rows per block of the blocked attention: about 128 KiB, so a block read for the first
@@ -472,7 +478,8 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     size_t base = run_base(c, ru) + (t0 - ru->start);   /* cache rows before token t0 */
     size_t n_max = base + G;                             /* the last token's span */
     float scale = 1.0f / sqrtf((float)qw);
-    float *sc0 = c->scores + h * c->scores_rows * c->scores_cap, sum[KL_FORWARD_CHUNK];
+    float *sc0 = c->scores + (h * c->scores_rows + (j->split ? t0 : 0)) * c->scores_cap;
+    float sum[KL_FORWARD_CHUNK];
     /* scores (latent part + shared rope part) */
     for (size_t u0 = 0; u0 < n_max; u0 += blk) {
         for (size_t g = 0; g < G; g++) {
@@ -506,38 +513,89 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     }
 }
 
-/* One head for the whole chunk (pool item h): absorbed queries, attention run by run, W_vb. */
-static void mla_head(void *ctx, size_t h)
+/* The MLA scratch of head h: ql [T, R] absorbed queries, then contexts; kb [MLA_PARTS,
+ * KB_ROWS, R] rows of W_kb, one block per token part; yo [T, dv] the head's output. */
+static float *mla_head_scratch(const mla_job *j, size_t h, float **kb, float **yo)
+{
+    const dims *d = &j->c->d;
+    float *ql = j->c->b.heads + h * d->head_floats;
+    *kb = ql + CHUNK * d->R;
+    *yo = *kb + MLA_PARTS * KB_ROWS * d->R;
+    return ql;
+}
+
+/* Tokens [*t0, *t1) of the chunk in part k of j->parts (even shares, the first ones larger). */
+static void mla_part(const mla_job *j, size_t k, size_t *t0, size_t *t1)
+{
+    size_t T = j->c->chunk.n, q = T / j->parts, r = T % j->parts;
+    *t0 = k * q + (k < r ? k : r);
+    *t1 = *t0 + q + (k < r);
+}
+
+/* Pass 1, pool item i = (head h, token part k): absorbed queries qlat_t = W_kb,hᵀ q_nope,t of
+ * the part's tokens, rows i in order; each row of W_kb read once per part, KB_ROWS of them
+ * added to a token's query in one pass. */
+static void mla_query_item(void *ctx, size_t i)
 {
     const mla_job *j = ctx;
     const cpu_be *c = j->c;
     const dims *d = &c->d;
-    size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, T = c->chunk.n;
-    size_t rows = c->scores_rows;
-    float *ql = c->b.heads + h * d->head_floats;   /* [T, R] queries, then contexts */
-    float *kb = ql + CHUNK * R;                    /* [KB_ROWS, R] rows of W_kb */
-    float *yo = kb + KB_ROWS * R;                  /* [T, dv] this head's output */
-    /* absorbed query: qlat_t = W_kb,hᵀ q_nope,t, rows i in order; each row of W_kb read once
-     * per chunk, KB_ROWS of them added to a token's query in one pass */
-    memset(ql, 0, T * R * sizeof *ql);
+    size_t R = d->R, dn = d->dn, dv = d->dv, qw = dn + d->dr, h = i / j->parts, t0, t1;
+    mla_part(j, i % j->parts, &t0, &t1);
+    float *kb, *yo, *ql = mla_head_scratch(j, h, &kb, &yo);
+    kb += (i % j->parts) * KB_ROWS * R;
+    memset(ql + t0 * R, 0, (t1 - t0) * R * sizeof *ql);
     for (size_t i0 = 0; i0 < dn; i0 += KB_ROWS) {
         size_t g = dn - i0 < KB_ROWS ? dn - i0 : KB_ROWS;
-        for (size_t i = 0; i < g; i++)
-            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + i, kb + i * R);
-        for (size_t t = 0; t < T; t++)
+        for (size_t r = 0; r < g; r++)
+            kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + r, kb + r * R);
+        for (size_t t = t0; t < t1; t++)
             kl_vec_axpy_rows(ql + t * R, c->b.q + t * d->nh * qw + h * qw + i0, kb, R, g, R);
     }
-    for (size_t r = 0; r < c->n_runs; r++) {
+}
+
+/* Pass 2 (pool item i): attention of head i / runs over run i % runs (split), or of head i over
+ * every run, each run's tokens in groups of scores_rows. */
+static void mla_attend_item(void *ctx, size_t i)
+{
+    const mla_job *j = ctx;
+    const cpu_be *c = j->c;
+    size_t per = j->split ? c->n_runs : 1, h = i / per;
+    size_t r0 = j->split ? i % per : 0, r1 = j->split ? r0 + 1 : c->n_runs;
+    float *kb, *yo, *ql = mla_head_scratch(j, h, &kb, &yo);
+    for (size_t r = r0; r < r1; r++) {
         const run *ru = &c->runs[r];
         size_t end = ru->start + ru->len;
-        for (size_t t0 = ru->start; t0 < end; t0 += rows)
-            mla_attend_group(j, h, ru, t0, end - t0 < rows ? end - t0 : rows, ql);
+        for (size_t t0 = ru->start; t0 < end; t0 += c->scores_rows)
+            mla_attend_group(j, h, ru, t0, end - t0 < c->scores_rows ? end - t0 : c->scores_rows,
+                             ql);
     }
-    /* out_h = W_vb,h ctx for every token (serial: this is already one pool item) */
+}
+
+/* Pass 3, pool item i = (head h, token part k): out_h = W_vb,h ctx for the part's tokens, into
+ * o (serial: this is already one pool item). */
+static void mla_out_item(void *ctx, size_t i)
+{
+    const mla_job *j = ctx;
+    const cpu_be *c = j->c;
+    const dims *d = &c->d;
+    size_t dn = d->dn, dv = d->dv, h = i / j->parts, t0, t1;
+    mla_part(j, i % j->parts, &t0, &t1);
+    float *kb, *yo, *ql = mla_head_scratch(j, h, &kb, &yo);
     kl_wmat vb = kl_wmat_rows(j->kvb, h * (dn + dv) + dn, dv);
-    kl_wmat_matmul(&vb, ql, T, yo, NULL);
-    for (size_t t = 0; t < T; t++)
+    kl_wmat_matmul(&vb, ql + t0 * d->R, t1 - t0, yo + t0 * dv, NULL);
+    for (size_t t = t0; t < t1; t++)
         memcpy(c->b.o + t * d->nh * dv + h * dv, yo + t * dv, dv * sizeof *yo);
+}
+
+/* Token parts per head for the query and output passes: enough items for the pool's threads,
+ * at most MLA_PARTS and one token each. */
+static size_t mla_parts(const kl_pool *pool, size_t heads, size_t T)
+{
+    size_t threads = pool ? kl_pool_threads(pool) : 1;
+    size_t k = (threads + heads - 1) / heads;
+    k = k > MLA_PARTS ? MLA_PARTS : k;
+    return k > T ? T : k ? k : 1;
 }
 
 static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
@@ -553,8 +611,8 @@ static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
     mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], b->xn, T, b->lr);
     mm_flush(&mm);
     /* 3. latent c (normed, eps 1e-6) and shared k_r (not normed) appended to each run's cache;
-     * work estimate for the heads' pass */
-    double per_head = 0.0;
+     * work estimate for the attention pass */
+    double attend = 0.0;
     for (size_t r = 0; r < c->n_runs; r++) {
         const run *ru = &c->runs[r];
         float *cache = c->slots[ru->slot].mla[l].c + run_base(c, ru) * cw;
@@ -564,11 +622,17 @@ static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
             memcpy(cache + i * cw + R, src + R, dr * sizeof *cache);
         }
         double span = (double)(run_base(c, ru) + ru->len);
-        per_head += (double)ru->len * ((double)(d->dn + d->dv) * (double)R + 2.0 * span * cw);
+        attend += (double)ru->len * 2.0 * span * (double)cw;
     }
-    /* 4-7. heads in parallel, each head's tokens in order */
-    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l};
-    run_heads(m->pool, d->nh, mla_head, &j, (double)d->nh * per_head);
+    /* 4-7. absorbed queries, attention, W_vb: three passes, heads (and runs) in parallel, each
+     * sequence's tokens in order */
+    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
+                 mla_parts(m->pool, d->nh, T)};
+    double proj = (double)d->nh * (double)T * (double)R;
+    run_heads(m->pool, d->nh * j.parts, mla_query_item, &j, proj * (double)d->dn);
+    run_heads(m->pool, d->nh * (j.split ? c->n_runs : 1), mla_attend_item, &j,
+              (double)d->nh * attend);
+    run_heads(m->pool, d->nh * j.parts, mla_out_item, &j, proj * (double)d->dv);
     /* 8. o_proj */
     kl_wmat_matmul(&L->w[KL_ROLE_MLA_O], b->o, T, b->y, m->pool);
 }

@@ -372,11 +372,97 @@ AVX2_INLINE void micro_rows(const mm_args *a, uint64_t r0, uint64_t r1, size_t t
         micro_dense(a, r0, r, t, G, kind);
 }
 
-/* Tokens in tiles of 3 (12 accumulators and 4 weights in the 16 ymm registers; x read from
- * memory by the FMAs). */
+/* ---- dense rows, wide tiles: 2 rows x 4 vectors, one chain at a time ---- */
+
+#define WIDE_R       2            /* rows of a wide tile */
+#define WIDE_G       4            /* vectors of a wide tile */
+#define WIDE_X_BYTES (16u << 10)  /* the tile's vectors stay in L1 across its four chain passes */
+#define WIDE_MIN_COLS 128         /* shorter rows: the four passes' setup costs more than they
+                                     save */
+
+/* acc[i][g] += w_i · x_g[c .. c+8) for the tile's R rows and WIDE_G vectors; tail: the last,
+ * partial chunk of m columns (weights zero-padded, x read with a mask), as fma_tail does. */
+AVX2_INLINE void wide_chunk(__m256 acc[][WIDE_G], const void *const *row, const float *x,
+                            uint64_t cols, uint64_t c, uint64_t m, int R, kl_wkind kind)
+{
+    __m256 w[WIDE_R], xv[WIDE_G];
+    __m256i mask = tail_mask(m);
+    UNROLL
+    for (int i = 0; i < R; i++)
+        w[i] = m ? load_tail_dense(kind, row[i], c, m) : load8_dense(kind, row[i], c);
+    UNROLL
+    for (int g = 0; g < WIDE_G; g++) {
+        xv[g] = m ? _mm256_maskload_ps(x + (size_t)g * cols + c, mask)
+                  : _mm256_loadu_ps(x + (size_t)g * cols + c);
+        __asm__("" : "+x"(xv[g]));   /* one load per chunk: keep it in a register, not folded
+                                        into (and repeated by) each row's FMA */
+    }
+    UNROLL
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int g = 0; g < WIDE_G; g++)
+            acc[i][g] = _mm256_fmadd_ps(w[i], xv[g], acc[i][g]);
+}
+
+/* Rows r .. r+R (R <= WIDE_R) against vectors t .. t+WIDE_G.  Chain k of every (row, vector)
+ * takes the chunks micro_dense gives chain k, in the same order (whole chunks c = 4q + k, then
+ * the one after the last group of four if k < rest, or the partial one if k == rest), and the
+ * chains are summed as there: each value is micro_dense's, bit for bit.  Running one chain at a
+ * time keeps R x WIDE_G accumulators in registers, so a weight chunk is converted once for
+ * four vectors and a vector chunk loaded once for two rows. */
+AVX2_INLINE void wide_tile(const mm_args *a, uint64_t r0, uint64_t r, size_t t, int R,
+                           kl_wkind kind)
+{
+    const kl_wmat *w = a->w;
+    uint64_t cols = w->cols, nc = cols / 8, nq = nc / CHAINS, rest = nc % CHAINS, m = cols % 8;
+    const void *row[WIDE_R];
+    const float *x = a->x + t * cols;
+    __m256 part[CHAINS][WIDE_R][WIDE_G];
+    UNROLL
+    for (int i = 0; i < R; i++)
+        row[i] = dense_row(w, r + (uint64_t)i);
+    for (int k = 0; k < CHAINS; k++) {
+        __m256 acc[WIDE_R][WIDE_G];
+        UNROLL
+        for (int i = 0; i < R; i++)
+            UNROLL
+            for (int g = 0; g < WIDE_G; g++)
+                acc[i][g] = _mm256_setzero_ps();
+        for (uint64_t q = 0; q < nq; q++)
+            wide_chunk(acc, row, x, cols, q * CHAINS * 8 + 8 * (uint64_t)k, 0, R, kind);
+        uint64_t c = nq * CHAINS * 8 + 8 * (uint64_t)k;
+        if ((uint64_t)k < rest)
+            wide_chunk(acc, row, x, cols, c, 0, R, kind);
+        else if ((uint64_t)k == rest && m)
+            wide_chunk(acc, row, x, cols, c, m, R, kind);
+        memcpy(part[k], acc, sizeof acc);
+    }
+    for (int i = 0; i < R; i++)
+        for (int g = 0; g < WIDE_G; g++) {
+            __m256 s = _mm256_add_ps(_mm256_add_ps(part[0][i][g], part[1][i][g]),
+                                     _mm256_add_ps(part[2][i][g], part[3][i][g]));
+            a->y[(t + (size_t)g) * a->ldy + (r + (uint64_t)i - r0)] = hsum8(s);
+        }
+}
+
+/* Rows [r0, r1) against vectors t .. t+WIDE_G in wide tiles (an odd last row alone). */
+AVX2_INLINE void wide_rows(const mm_args *a, uint64_t r0, uint64_t r1, size_t t, kl_wkind kind)
+{
+    uint64_t r = r0;
+    for (; r + WIDE_R <= r1; r += WIDE_R)
+        wide_tile(a, r0, r, t, WIDE_R, kind);
+    if (r < r1)
+        wide_tile(a, r0, r, t, 1, kind);
+}
+
+/* Tokens in wide tiles of 4 while their vectors fit in L1, the rest in tiles of 3 (12
+ * accumulators and 4 weights in the 16 ymm registers; x read from memory by the FMAs). */
 AVX2_INLINE void rows_dense(const mm_args *a, uint64_t r0, uint64_t r1, kl_wkind kind)
 {
     size_t t = 0;
+    if (a->w->cols >= WIDE_MIN_COLS && a->w->cols * WIDE_G * sizeof(float) <= WIDE_X_BYTES)
+        for (; t + WIDE_G <= a->n; t += WIDE_G)
+            wide_rows(a, r0, r1, t, kind);
     for (; t + MICRO <= a->n; t += MICRO)
         micro_rows(a, r0, r1, t, MICRO, kind);
     switch (a->n - t) {

@@ -26,7 +26,8 @@ const double kl_engine_buckets[KL_ENGINE_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05,
 struct kl_job {
     kl_engine      *e;
     kl_job_spec     spec;          /* prompt and stop_ids point at the copies below */
-    kl_token       *prompt, *stops;
+    kl_token       *prompt, *stops, *heads;
+    size_t         *head_off;
     kl_token       *ids;           /* generated so far */
     size_t          n_ids, cap_ids, n_read, cached;
     kl_job_lp      *lps;           /* spec.logprobs: [n_lps] (n_ids, or one ahead) */
@@ -175,6 +176,8 @@ static void job_free(kl_job *j)
     pthread_cond_destroy(&j->cv);
     kl_free(j->prompt);
     kl_free(j->stops);
+    kl_free(j->heads);
+    kl_free(j->head_off);
     kl_free(j->ids);
     kl_free(j->lps);
     kl_free(j);
@@ -188,7 +191,9 @@ static void job_submit(kl_engine *e, kl_job *j)
                       .stop_ids = j->spec.stop_ids, .n_stop_ids = j->spec.n_stop_ids,
                       .on_token = on_token, .on_done = on_done, .on_cached = on_cached,
                       .user = j,
-                      .on_logits = j->spec.logprobs ? on_logits : NULL};
+                      .on_logits = j->spec.logprobs ? on_logits : NULL,
+                      .head_ids = j->spec.head_ids, .head_off = j->spec.head_off,
+                      .n_heads = j->spec.n_heads};
     kl_err err;
     kl_err_clear(&err);
     j->submitted = 1;
@@ -295,23 +300,22 @@ static kl_job *job_new(kl_engine *e, const kl_job_spec *spec)
         return NULL;
     j->e = e;
     j->spec = *spec;
-    j->prompt = kl_malloc((spec->n_prompt ? spec->n_prompt : 1) * sizeof *j->prompt);
-    j->stops = kl_malloc((spec->n_stop_ids ? spec->n_stop_ids : 1) * sizeof *j->stops);
-    if (!j->prompt || !j->stops) {
-        kl_free(j->prompt);
-        kl_free(j->stops);
-        kl_free(j);
+    pthread_cond_init(&j->cv, NULL);
+    size_t nh = spec->n_heads, n_head_ids = nh ? spec->head_off[nh] : 0;
+    j->prompt = kl_memdup(spec->prompt, spec->n_prompt * sizeof *j->prompt);
+    j->stops = kl_memdup(spec->stop_ids, spec->n_stop_ids * sizeof *j->stops);
+    j->heads = kl_memdup(spec->head_ids, n_head_ids * sizeof *j->heads);
+    j->head_off = kl_memdup(spec->head_off, (nh ? nh + 1 : 0) * sizeof *j->head_off);
+    if (!j->prompt || !j->stops || !j->heads || !j->head_off) {
+        job_free(j);
         return NULL;
     }
-    if (spec->n_prompt)
-        memcpy(j->prompt, spec->prompt, spec->n_prompt * sizeof *j->prompt);
-    if (spec->n_stop_ids)
-        memcpy(j->stops, spec->stop_ids, spec->n_stop_ids * sizeof *j->stops);
     j->spec.prompt = j->prompt;
     j->spec.stop_ids = j->stops;
+    j->spec.head_ids = j->heads;
+    j->spec.head_off = j->head_off;
     if (j->spec.top_logprobs > KL_JOB_MAX_TOP)
         j->spec.top_logprobs = KL_JOB_MAX_TOP;
-    pthread_cond_init(&j->cv, NULL);
     return j;
 }
 

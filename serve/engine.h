@@ -42,6 +42,10 @@ typedef struct kl_job_spec {
     size_t           n_stop_ids;
     int              logprobs;     /* 1: a kl_job_lp per id */
     uint32_t         top_logprobs; /* 0..KL_JOB_MAX_TOP alternatives each */
+    const kl_token  *head_ids;     /* a forced choice of the reply's first ids (serve/sched.h's
+                                      kl_sched_req): n_heads sequences, head_off [n_heads + 1] */
+    const size_t    *head_off;
+    size_t           n_heads;
 } kl_job_spec;
 
 /* The log-probabilities of one generated id under the model's distribution (log-softmax of the

@@ -33,7 +33,6 @@ struct kl_http {
     kl_token            stops[KL_CHAT_MAX_STOP];
     size_t              n_stops;
     uint16_t            port;
-    MHD_socket          listen_fd;     /* after kl_http_quiesce: closed after the daemon stops */
     atomic_uint_fast64_t next_id;
     atomic_int          stopping;
 };
@@ -130,8 +129,6 @@ static enum MHD_Result fail(struct MHD_Connection *c, int status, const char *ty
 
 static enum MHD_Result route_health(kl_http *h, struct MHD_Connection *c)
 {
-    if (atomic_load(&h->stopping))
-        return fail(c, 503, "server_error", NULL, NULL, "the server is shutting down");
     const char ok[] = "{\"status\":\"ok\"}";
     return send_text(c, 200, "application/json", ok, sizeof ok - 1);
 }
@@ -237,6 +234,40 @@ static int chat_prompt(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t 
     kl_free(text);
     kl_free(head);
     kl_free(all);
+    return rc;
+}
+
+/* The ways a "required" reply with several tools may go on (kl_req_tool_choice), as id
+ * sequences for the scheduler's forced choice: *ids and *off (n + 1 offsets), kl_malloc'd;
+ * both NULL when there is no choice to make. */
+static int tool_choices(kl_http *h, const kl_req_chat *r, kl_token **ids, size_t **off,
+                        size_t *n, kl_err *err)
+{
+    *ids = NULL;
+    *off = NULL;
+    *n = kl_req_tool_choices(r);
+    if (!*n)
+        return 0;
+    size_t cap = 0, used = 0;
+    if (!(*off = kl_calloc(*n + 1, sizeof **off)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+    int rc = 0;
+    for (size_t k = 0; k < *n && !rc; k++) {
+        char *text = NULL;
+        kl_token *way = NULL;
+        size_t len = 0;
+        rc = kl_req_tool_choice(r, k, &text, err);
+        if (!rc)
+            rc = kl_tok_encode(h->tok, text, strlen(text), &way, &len, err);
+        if (!rc && kl_grow(ids, &cap, used + len, sizeof **ids))
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+        if (!rc && len)
+            memcpy(*ids + used, way, len * sizeof *way);
+        used += len;
+        (*off)[k + 1] = used;
+        kl_free(text);
+        kl_free(way);
+    }
     return rc;
 }
 
@@ -368,10 +399,22 @@ static enum MHD_Result gen_run(kl_http *h, struct MHD_Connection *c, const kl_re
         return fail(c, err.code == KL_E_NOMEM ? 500 : 400, "invalid_request_error",
                     r->prompt ? "prompt" : "messages", NULL, "%s", err.msg);
     kl_job_spec spec = {.prompt = prompt, .n_prompt = n_prompt};
+    kl_token *heads = NULL;
+    size_t *head_off = NULL;
+    if (tool_choices(h, r, &heads, &head_off, &spec.n_heads, &err)) {
+        kl_free(prompt);
+        kl_free(heads);
+        kl_free(head_off);
+        return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    spec.head_ids = heads;
+    spec.head_off = head_off;
     kl_job *job = NULL;
     int refused = job_spec(h, c, r, n_prompt, &spec, &sent) ||
                   job_submit(h, c, &spec, &job, &sent);
     kl_free(prompt);
+    kl_free(heads);
+    kl_free(head_off);
     if (refused)
         return sent;
     kl_answer *a;
@@ -429,6 +472,8 @@ static enum MHD_Result route(kl_http *h, struct MHD_Connection *c, const char *u
                              const char *method, const conn *cn)
 {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (atomic_load(&h->stopping))   /* every request from now on: an answer, not a wait */
+        return fail(c, 503, "server_error", NULL, NULL, "the server is shutting down");
     if (!strcmp(url, "/health"))
         return get ? route_health(h, c)
                    : fail(c, 405, "invalid_request_error", NULL, NULL, "use GET on /health");
@@ -552,7 +597,6 @@ int kl_http_start(kl_http **out, kl_engine *e, const kl_tokenizer *tok, const kl
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     h->e = e;
     h->tok = tok;
-    h->listen_fd = MHD_INVALID_SOCKET;
     struct sockaddr_storage sa;
     int v6 = 0;
     int rc = http_init(h, o, err);
@@ -590,7 +634,6 @@ uint16_t kl_http_port(const kl_http *h)
 void kl_http_quiesce(kl_http *h)
 {
     atomic_store(&h->stopping, 1);
-    h->listen_fd = MHD_quiesce_daemon(h->d);
 }
 
 void kl_http_stop(kl_http *h)
@@ -598,7 +641,5 @@ void kl_http_stop(kl_http *h)
     if (!h)
         return;
     MHD_stop_daemon(h->d);
-    if (h->listen_fd != MHD_INVALID_SOCKET)
-        close(h->listen_fd);
     http_free(h);
 }

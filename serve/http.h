@@ -7,11 +7,12 @@
  * suspend/resume dance), cost nothing but a stack while the engine thread does the compute, and
  * a slow client stalls only its own thread.  Connections are capped (max_conns).
  *
- * Routes: GET /health (no key needed; 503 while stopping), GET /v1/models, POST
+ * Routes: GET /health (no key needed), GET /v1/models, POST
  * /v1/chat/completions (serve/request.h; stream or not), GET /metrics (Prometheus text).  Every
  * /v1 route wants "Authorization: Bearer KEY" when a key is set (401 otherwise).  Errors are
  * OpenAI error objects {"error": {"message", "type", "param", "code"}}: 400 bad request, 401,
- * 404 unknown route or model, 405, 413 body over max_body, 429 queue full, 503 stopping, 500.
+ * 404 unknown route or model, 405, 413 body over max_body, 429 queue full, 500; once stopping
+ * (kl_http_quiesce), 503 to every new request on any route.
  * Streams are server-sent events written as the engine produces ids (no whole-reply buffer);
  * while none comes for a second an SSE comment line goes out, so a client that went away is
  * noticed and its job cancelled (its slot freed) within about a second; a client waiting for
@@ -46,7 +47,9 @@ typedef struct kl_http kl_http;
 int      kl_http_start(kl_http **out, kl_engine *e, const kl_tokenizer *tok,
                        const kl_http_opts *o, kl_err *err);
 uint16_t kl_http_port(const kl_http *h);
-/* Refuses new connections (the listening socket closes); in-flight requests go on. */
+/* Refuses new requests: from now on each one is answered 503 (an OpenAI error object) at once;
+ * the port stays open until kl_http_stop, so a client that connects while in-flight requests
+ * finish gets that answer, not a wait in the listen queue.  In-flight requests go on. */
 void     kl_http_quiesce(kl_http *h);
 /* Stops serving (waits for the connection threads) and frees h.  NULL ok. */
 void     kl_http_stop(kl_http *h);

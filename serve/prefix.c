@@ -14,6 +14,7 @@ struct kl_prefix_entry {
     uint64_t         used;     /* tick of the last use */
     uint32_t         pins;
     kl_state         st;
+    float           *logits;   /* [vocab] of ids[n - 1], or NULL */
     kl_prefix_entry *next;
 };
 
@@ -54,6 +55,7 @@ static void entry_free(kl_prefix *c, kl_prefix_entry *e)
     c->st.entries--;
     c->st.bytes -= e->bytes;
     kl_state_free(&e->st);
+    kl_free(e->logits);
     kl_free(e->ids);
     kl_free(e);
 }
@@ -135,7 +137,7 @@ static int make_room(kl_prefix *c, size_t bytes)
 }
 
 /* The entry holding exactly ids[0..n), or NULL. */
-static kl_prefix_entry *same(kl_prefix *c, const kl_token *ids, size_t n)
+static kl_prefix_entry *same(const kl_prefix *c, const kl_token *ids, size_t n)
 {
     for (kl_prefix_entry *e = c->head; e; e = e->next)
         if (e->n == n && is_prefix(e, ids, n))
@@ -143,8 +145,33 @@ static kl_prefix_entry *same(kl_prefix *c, const kl_token *ids, size_t n)
     return NULL;
 }
 
+int kl_prefix_holds_whole(const kl_prefix *c, const kl_token *ids, size_t n)
+{
+    const kl_prefix_entry *e = same(c, ids, n);
+    return e && e->logits;
+}
+
+const float *kl_prefix_entry_logits(const kl_prefix_entry *e)
+{
+    return e->logits;
+}
+
+/* A copy of logits [vocab] for e (nothing when logits is NULL or e has some); the bytes are
+ * counted. */
+static int keep_logits(kl_prefix *c, kl_prefix_entry *e, const float *logits, kl_err *err)
+{
+    size_t bytes = (size_t)c->m->cfg.vocab_size * sizeof *logits;
+    if (!logits || e->logits)
+        return 0;
+    if (!(e->logits = kl_memdup(logits, bytes)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory for a prefix cache entry's logits");
+    e->bytes += bytes;
+    c->st.bytes += bytes;
+    return 0;
+}
+
 int kl_prefix_put(kl_prefix *c, const kl_token *ids, size_t n, const kl_state *st,
-                  int *stored, kl_err *err)
+                  const float *logits, int *stored, kl_err *err)
 {
     if (stored)
         *stored = 0;
@@ -153,9 +180,10 @@ int kl_prefix_put(kl_prefix *c, const kl_token *ids, size_t n, const kl_state *s
         old->used = ++c->tick;
         if (stored)
             *stored = 1;
-        return 0;
+        return keep_logits(c, old, logits, err);
     }
-    size_t bytes = kl_prefix_state_bytes(c->m, n);
+    size_t bytes = kl_prefix_state_bytes(c->m, n) +
+                   (logits ? (size_t)c->m->cfg.vocab_size * sizeof *logits : 0);
     if (!n || !make_room(c, bytes))
         return 0;
     kl_prefix_entry *e = kl_calloc(1, sizeof *e);
@@ -164,11 +192,12 @@ int kl_prefix_put(kl_prefix *c, const kl_token *ids, size_t n, const kl_state *s
         return kl_fail(err, KL_E_NOMEM, "out of memory for a prefix cache entry");
     }
     int rc = kl_state_init(&e->st, c->m, err);
-    if (rc || (rc = kl_state_copy(&e->st, st, err))) {
+    if (rc || (rc = kl_state_copy(&e->st, st, err)) ||
+        (logits && !(e->logits = kl_memdup(logits, bytes - kl_prefix_state_bytes(c->m, n))))) {
         kl_state_free(&e->st);
         kl_free(e->ids);
         kl_free(e);
-        return rc;
+        return rc ? rc : kl_fail(err, KL_E_NOMEM, "out of memory for a prefix cache entry");
     }
     memcpy(e->ids, ids, n * sizeof *ids);
     e->n = n;

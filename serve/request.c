@@ -262,6 +262,15 @@ static int tools(kl_req_chat *r, const cJSON *ts, kl_api_error *e)
     r->n_tools = i;
     if (!i)
         return 0;
+    if (!(r->tool_names = kl_calloc(i, sizeof *r->tool_names)))
+        return nomem(e);
+    i = 0;
+    cJSON_ArrayForEach(t, ts) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (!(r->tool_names[i++] = own_str(r, nm->valuestring)))
+            return nomem(e);
+    }
     char *text = cJSON_PrintUnformatted(ts);
     r->tools_json = text ? own_str(r, text) : NULL;
     cJSON_free(text);
@@ -591,6 +600,7 @@ void kl_req_chat_free(kl_req_chat *r)
     kl_free(r->strings);
     kl_free(r->msgs);
     kl_free(r->calls);
+    kl_free(r->tool_names);
     memset(r, 0, sizeof *r);
 }
 
@@ -599,25 +609,50 @@ int kl_req_tools_on(const kl_req_chat *r)
     return !r->prompt && r->n_tools && r->tool_choice != KL_TOOL_NONE;
 }
 
+/* Calls in the conversation's messages: the IDX of the reply's first call. */
+static size_t earlier_calls(const kl_req_chat *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_msgs; i++)
+        n += r->msgs[i].n_tool_calls;
+    return n;
+}
+
+/* section (the calls section's and a call's begin markers, or "") then the head of a call to
+ * name up to its arguments, kl_malloc'd into *out. */
+static int call_head(const kl_req_chat *r, const char *section, const char *name, char **out,
+                     kl_err *err)
+{
+    size_t cap = strlen(section) + strlen(name) + 64;
+    if (!(*out = kl_malloc(cap)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
+    snprintf(*out, cap, "%sfunctions.%s:%zu<|tool_call_argument_begin|>", section, name,
+             earlier_calls(r));
+    return 0;
+}
+
 int kl_req_tool_prefix(const kl_req_chat *r, char **out, kl_err *err)
 {
     *out = NULL;
-    int named = r->tool_choice == KL_TOOL_NAMED;
-    if (!kl_req_tools_on(r) || (!named && r->tool_choice != KL_TOOL_REQUIRED))
+    int required = r->tool_choice == KL_TOOL_REQUIRED;
+    if (!kl_req_tools_on(r) || (!required && r->tool_choice != KL_TOOL_NAMED))
         return 0;
-    static const char head[] = "<|tool_calls_section_begin|><|tool_call_begin|>";
-    size_t n_calls = 0;
-    for (size_t i = 0; i < r->n_msgs; i++)
-        n_calls += r->msgs[i].n_tool_calls;
-    size_t cap = sizeof head + (named ? strlen(r->tool_choice_name) + 64 : 0);
-    char *s = kl_malloc(cap);
-    if (!s)
+    static const char section[] = "<|tool_calls_section_begin|><|tool_call_begin|>";
+    if (!required || r->n_tools == 1)
+        return call_head(r, section, required ? r->tool_names[0] : r->tool_choice_name, out,
+                         err);
+    if (!(*out = kl_strdup(section)))
         return kl_fail(err, KL_E_NOMEM, "out of memory for the forced tool call");
-    if (named)
-        snprintf(s, cap, "%sfunctions.%s:%zu<|tool_call_argument_begin|>", head,
-                 r->tool_choice_name, n_calls);
-    else
-        memcpy(s, head, sizeof head);
-    *out = s;
     return 0;
+}
+
+size_t kl_req_tool_choices(const kl_req_chat *r)
+{
+    return kl_req_tools_on(r) && r->tool_choice == KL_TOOL_REQUIRED && r->n_tools > 1
+               ? r->n_tools : 0;
+}
+
+int kl_req_tool_choice(const kl_req_chat *r, size_t k, char **out, kl_err *err)
+{
+    return call_head(r, "", r->tool_names[k], out, err);
 }

@@ -23,8 +23,9 @@
  *
  * tool_choice is enforced, not advisory: "none" renders no tools (and the reply carries no
  * calls), "auto" lets the model choose, "required" starts the assistant's reply with the calls
- * section and a call's begin marker, a named function with the whole call head up to its
- * arguments (kl_req_tool_prefix): the model can then only write a call.
+ * section and a call's begin marker and makes the model choose one of the tools' call heads
+ * (kl_req_tool_choice), a named function (or "required" with one tool) forces the whole call
+ * head up to its arguments (kl_req_tool_prefix): the model can then only write a call.
  *
  * Ownership: *out owns everything it points to (kl_req_chat_free; safe on a zeroed struct).
  */
@@ -61,6 +62,7 @@ typedef struct kl_req_chat {
     size_t            n_msgs;
     char             *tools_json;      /* the tools array as JSON text, NULL without tools */
     size_t            n_tools;
+    char            **tool_names;      /* [n_tools] the tools' names, in order */
     kl_tool_choice    tool_choice;
     char             *tool_choice_name;
     uint64_t          max_tokens;      /* 0: not given (up to the context) */
@@ -93,11 +95,19 @@ void kl_req_chat_free(kl_req_chat *r);
  * request with tools whose tool_choice is not "none". */
 int  kl_req_tools_on(const kl_req_chat *r);
 /* The start of the assistant's reply that tool_choice forces, appended to the prompt after the
- * generation prompt: "required" -> <|tool_calls_section_begin|><|tool_call_begin|>; a named
- * function -> that and functions.NAME:IDX<|tool_call_argument_begin|>, IDX counting the
- * conversation's earlier calls as the chat template does.  *out is kl_malloc'd (caller frees)
- * or NULL when nothing is forced.  0 or KL_E_NOMEM. */
+ * generation prompt: "required" with several tools -> <|tool_calls_section_begin|>
+ * <|tool_call_begin|> (the call's head then comes from kl_req_tool_choice); a named function,
+ * or "required" with one tool -> that and functions.NAME:IDX<|tool_call_argument_begin|>, IDX
+ * counting the conversation's earlier calls as the chat template does.  *out is kl_malloc'd
+ * (caller frees) or NULL when nothing is forced.  0 or KL_E_NOMEM. */
 int  kl_req_tool_prefix(const kl_req_chat *r, char **out, kl_err *err);
+/* "required" with several tools: how the reply must go on after its prefix, one way per tool
+ * (n_tools; 0 otherwise).  Way k is functions.NAME_k:IDX<|tool_call_argument_begin|>: the
+ * server makes the model choose among them (serve/sched.h's forced choice), so a forced call
+ * always carries a well-formed id and a declared name, whatever the model would write. */
+size_t kl_req_tool_choices(const kl_req_chat *r);
+/* Way k (< kl_req_tool_choices) as text into *out (kl_malloc'd, caller frees); KL_E_NOMEM. */
+int  kl_req_tool_choice(const kl_req_chat *r, size_t k, char **out, kl_err *err);
 
 /* Fills e (status, type, param, printf message); returns KL_E_USAGE, or KL_E_NOMEM for 500. */
 int  kl_api_fail(kl_api_error *e, int status, const char *type, const char *param,

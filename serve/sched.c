@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "serve/prefix.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct seq {
@@ -22,9 +23,16 @@ typedef struct seq {
     size_t       generated;    /* ids passed to on_token */
     kl_token     last;         /* the id to feed next while decoding */
     int          decoding;     /* the prompt is fed; last waits to be fed */
+    int          whole;        /* started from a cache entry of its whole prompt: its first id
+                                  comes from the entry's logits (from), not from a forward */
     int          running;      /* holds a slot (st) and a sampler */
     int          snapped;      /* the end of its prompt went to the prefix cache */
     kl_prefix_entry *from;     /* the pinned cache entry it started from, until snapped */
+    kl_token    *heads;        /* the forced choice's sequences (req.head_ids, copied) */
+    size_t      *head_off;     /* [n_heads + 1] */
+    uint8_t     *alive;        /* [n_heads] 1: sequence k matches every id so far */
+    size_t       head_pos;     /* ids of the choice sampled; heading: none complete yet */
+    int          heading;
     kl_state     st;
     kl_sampler   samp;
     struct seq  *next;
@@ -43,10 +51,24 @@ struct kl_sched {
     uint8_t   *want;           /* [step_tokens] */
     seq      **owner;          /* [max_seqs]: the sequence of each wanted row, in order */
     float     *logits;         /* [max_seqs, vocab] */
+    kl_token  *pick;           /* [max_seqs] each wanted row's sampled id */
+    int       *pick_rc;        /* [max_seqs] its sampler's result */
+    kl_err    *pick_err;       /* [max_seqs] */
 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* Requests                                                                                   */
+
+/* q's copies and q (safe on a half-built one). */
+static void seq_free(seq *q)
+{
+    kl_free(q->prompt);
+    kl_free(q->stops);
+    kl_free(q->heads);
+    kl_free(q->head_off);
+    kl_free(q->alive);
+    kl_free(q);
+}
 
 /* Unlinks q, tells its caller why it ended, releases it. */
 static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
@@ -65,9 +87,47 @@ static void finish(kl_sched *s, seq *q, kl_sched_end why, const kl_err *err)
     }
     if (q->req.on_done)
         q->req.on_done(q->req.user, why, q->generated, err);
-    kl_free(q->prompt);
-    kl_free(q->stops);
-    kl_free(q);
+    seq_free(q);
+}
+
+/* r's forced choice checked: sequences non-empty, ids in the vocabulary. */
+static int check_heads(const kl_sched_req *r, uint32_t V, kl_err *err)
+{
+    for (size_t k = 0; k < r->n_heads; k++) {
+        if (r->head_off[k + 1] <= r->head_off[k])
+            return kl_fail(err, KL_E_USAGE, "forced sequence %zu is empty", k);
+        for (size_t i = r->head_off[k]; i < r->head_off[k + 1]; i++)
+            if (r->head_ids[i] >= V)
+                return kl_fail(err, KL_E_USAGE, "forced id %u is outside the vocabulary (%u)",
+                               (unsigned)r->head_ids[i], V);
+    }
+    return 0;
+}
+
+/* A request with copies of r's arrays, or NULL. */
+static seq *seq_new(const kl_sched_req *r)
+{
+    seq *q = kl_calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    size_t nh = r->n_heads, n_ids = nh ? r->head_off[nh] : 0;
+    q->prompt = kl_memdup(r->prompt, r->n_prompt * sizeof *q->prompt);
+    q->stops = kl_memdup(r->stop_ids, r->n_stop_ids * sizeof *q->stops);
+    q->heads = kl_memdup(r->head_ids, n_ids * sizeof *q->heads);
+    q->head_off = kl_memdup(r->head_off, (nh ? nh + 1 : 0) * sizeof *q->head_off);
+    q->alive = kl_calloc(nh ? nh : 1, 1);
+    if (!q->prompt || !q->stops || !q->heads || !q->head_off || !q->alive) {
+        seq_free(q);
+        return NULL;
+    }
+    memset(q->alive, 1, nh);
+    q->heading = nh > 0;
+    q->req = *r;
+    q->req.prompt = q->prompt;
+    q->req.stop_ids = q->stops;
+    q->req.head_ids = q->heads;
+    q->req.head_off = q->head_off;
+    return q;
 }
 
 int kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err *err)
@@ -79,25 +139,12 @@ int kl_sched_submit(kl_sched *s, const kl_sched_req *r, uint64_t *handle, kl_err
         if (r->prompt[i] >= V)
             return kl_fail(err, KL_E_USAGE, "prompt id %u at %zu is outside the vocabulary "
                            "(%u)", (unsigned)r->prompt[i], i, V);
-    seq *q = kl_calloc(1, sizeof *q);
-    if (q) {
-        q->prompt = kl_malloc(r->n_prompt * sizeof *q->prompt);
-        q->stops = r->n_stop_ids ? kl_malloc(r->n_stop_ids * sizeof *q->stops) : NULL;
-    }
-    if (!q || !q->prompt || (r->n_stop_ids && !q->stops)) {
-        if (q) {
-            kl_free(q->prompt);
-            kl_free(q->stops);
-        }
-        kl_free(q);
+    int rc = check_heads(r, V, err);
+    if (rc)
+        return rc;
+    seq *q = seq_new(r);
+    if (!q)
         return kl_fail(err, KL_E_NOMEM, "out of memory for a request");
-    }
-    memcpy(q->prompt, r->prompt, r->n_prompt * sizeof *q->prompt);
-    if (r->n_stop_ids)
-        memcpy(q->stops, r->stop_ids, r->n_stop_ids * sizeof *q->stops);
-    q->req = *r;
-    q->req.prompt = q->prompt;
-    q->req.stop_ids = q->stops;
     q->handle = ++s->next_handle;
     seq **pp = &s->head;
     while (*pp)
@@ -133,8 +180,9 @@ static void reuse(kl_sched *s, seq *q)
 {
     if (!s->cache)
         return;
-    kl_prefix_entry *e = kl_prefix_find(s->cache, q->prompt, q->req.n_prompt,
-                                        q->req.n_prompt - 1);
+    size_t n = q->req.n_prompt;
+    int whole = kl_prefix_holds_whole(s->cache, q->prompt, n);
+    kl_prefix_entry *e = kl_prefix_find(s->cache, q->prompt, n, whole ? n : n - 1);
     kl_err err;
     kl_err_clear(&err);
     if (!e || kl_state_copy(&q->st, kl_prefix_entry_state(e), &err)) {
@@ -143,6 +191,7 @@ static void reuse(kl_sched *s, seq *q)
     }
     q->from = e;
     q->fed = kl_prefix_entry_len(e);
+    q->whole = q->decoding = q->snapped = q->fed == n;
     if (q->req.on_cached)
         q->req.on_cached(q->req.user, q->fed);
 }
@@ -156,7 +205,8 @@ static void snapshot(kl_sched *s, size_t n_want)
             continue;
         kl_err err;
         kl_err_clear(&err);
-        (void)kl_prefix_put(s->cache, q->prompt, q->req.n_prompt, &q->st, NULL, &err);
+        (void)kl_prefix_put(s->cache, q->prompt, q->req.n_prompt, &q->st,
+                            s->logits + r * s->m->cfg.vocab_size, NULL, &err);
         kl_prefix_unpin(s->cache, q->from);   /* a full cache is no error: nothing stored */
         q->from = NULL;
         q->snapped = 1;
@@ -207,7 +257,7 @@ static size_t build(kl_sched *s, kl_batch *b)
     size_t n_want = 0;
     *b = (kl_batch){0, s->ids, s->slots, s->want};
     for (seq *q = s->head; q; q = q->next)
-        if (q->running && q->decoding)
+        if (q->running && q->decoding && !q->whole)
             add(s, b, &n_want, q, &q->last, 1, 1);
     for (seq *q = s->head; q && b->n < s->step_tokens; q = q->next) {
         if (!q->running || q->decoding)
@@ -229,16 +279,100 @@ static int is_stop(const seq *q, kl_token id)
     return 0;
 }
 
-/* The next id of q from its logits row. */
-static void sample(kl_sched *s, seq *q, const float *logits)
+/* The ids that go on a forced sequence still alive, at most max of them (distinct). */
+static size_t head_next_ids(const seq *q, kl_token *ids, size_t max)
 {
+    size_t n = 0;
+    for (size_t k = 0; k < q->req.n_heads && n < max; k++) {
+        if (!q->alive[k])
+            continue;
+        kl_token id = q->heads[q->head_off[k] + q->head_pos];
+        size_t i = 0;
+        while (i < n && ids[i] != id)
+            i++;
+        if (i == n)
+            ids[n++] = id;
+    }
+    return n;
+}
+
+/* While q's forced choice is open: every logit but those of ids going on a live sequence
+ * becomes -inf (in place: the row is the scheduler's).  At most MAX_NEXT distinct ids stay
+ * (the first live sequences'): more alternatives than that at one position are not offered. */
+static void mask_heads(const seq *q, float *logits, size_t V)
+{
+    enum { MAX_NEXT = 64 };
+    kl_token next[MAX_NEXT];
+    float keep[MAX_NEXT];
+    size_t n = head_next_ids(q, next, MAX_NEXT);
+    for (size_t i = 0; i < n; i++)
+        keep[i] = logits[next[i]];
+    for (size_t v = 0; v < V; v++)
+        logits[v] = -INFINITY;
+    for (size_t i = 0; i < n; i++)
+        logits[next[i]] = keep[i];
+}
+
+/* id was sampled while the choice was open: the sequences it does not go on die; the choice
+ * closes when a live one is complete. */
+static void advance_heads(seq *q, kl_token id)
+{
+    for (size_t k = 0; k < q->req.n_heads; k++) {
+        if (!q->alive[k])
+            continue;
+        size_t at = q->head_off[k] + q->head_pos;
+        q->alive[k] = q->heads[at] == id;
+        if (q->alive[k] && at + 1 == q->head_off[k + 1])
+            q->heading = 0;
+    }
+    q->head_pos++;
+}
+
+/* Rows after the batch's n_want for the sequences that start from a whole cached prompt: each
+ * entry's logits copied in, the entry unpinned; returns the rows. */
+static size_t whole_rows(kl_sched *s, size_t n_want)
+{
+    size_t V = s->m->cfg.vocab_size;
+    for (seq *q = s->head; q; q = q->next) {
+        if (!q->running || !q->whole)
+            continue;
+        memcpy(s->logits + n_want * V, kl_prefix_entry_logits(q->from), V * sizeof *s->logits);
+        s->owner[n_want++] = q;
+        kl_prefix_unpin(s->cache, q->from);
+        q->from = NULL;
+        q->whole = 0;
+    }
+    return n_want;
+}
+
+/* Pool item r: the id of wanted row r drawn from its logits (masked while a forced choice is
+ * open) by its sequence's own sampler; rows are independent, so any thread may take any. */
+static void pick_row(void *ctx, size_t r)
+{
+    kl_sched *s = ctx;
+    seq *q = s->owner[r];
+    size_t V = s->m->cfg.vocab_size;
+    float *logits = s->logits + r * V;
+    kl_err_clear(&s->pick_err[r]);
+    if (q->heading)
+        mask_heads(q, logits, V);
+    s->pick_rc[r] = kl_sampler_sample(&q->samp, logits, &s->pick[r], &s->pick_err[r]);
+}
+
+/* Row r's id (pick_row) to its sequence: stop, callbacks, limit. */
+static void sample(kl_sched *s, size_t r)
+{
+    seq *q = s->owner[r];
+    const float *logits = s->logits + r * s->m->cfg.vocab_size;
     kl_err e;
     kl_err_clear(&e);
-    kl_token id;
-    if (kl_sampler_sample(&q->samp, logits, &id, &e)) {
-        finish(s, q, KL_SCHED_ERROR, &e);
+    kl_token id = s->pick[r];
+    if (s->pick_rc[r]) {
+        finish(s, q, KL_SCHED_ERROR, &s->pick_err[r]);
         return;
     }
+    if (q->heading)
+        advance_heads(q, id);
     if (is_stop(q, id)) {
         finish(s, q, KL_SCHED_STOP, NULL);
         return;
@@ -264,9 +398,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
     admit(s);
     kl_batch b;
     size_t n_want = build(s, &b);
-    if (!b.n)
-        return 0;
-    int rc = kl_backend_forward(s->m->be, &b, s->logits, NULL, err);
+    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->logits, NULL, err) : 0;
     if (rc) {   /* the slots' states are unspecified now: every running request ends */
         for (seq *q = s->head, *nx; q; q = nx) {
             nx = q->next;
@@ -276,9 +408,10 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
         return rc;
     }
     snapshot(s, n_want);
-    size_t V = s->m->cfg.vocab_size;
+    n_want = whole_rows(s, n_want);
+    kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
     for (size_t r = 0; r < n_want; r++)
-        sample(s, s->owner[r], s->logits + r * V);
+        sample(s, r);
     if (n_tokens)
         *n_tokens = b.n;
     return 0;
@@ -307,8 +440,12 @@ int kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_
         s->want = kl_malloc(step_tokens);
         s->owner = kl_calloc(max_seqs, sizeof *s->owner);
         s->logits = kl_malloc((size_t)max_seqs * m->cfg.vocab_size * sizeof *s->logits);
+        s->pick = kl_calloc(max_seqs, sizeof *s->pick);
+        s->pick_rc = kl_calloc(max_seqs, sizeof *s->pick_rc);
+        s->pick_err = kl_calloc(max_seqs, sizeof *s->pick_err);
     }
-    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits) {
+    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits || !s->pick ||
+        !s->pick_rc || !s->pick_err) {
         kl_sched_free(s);
         return kl_fail(err, KL_E_NOMEM, "out of memory for a scheduler of %u sequences",
                        max_seqs);
@@ -333,5 +470,8 @@ void kl_sched_free(kl_sched *s)
     kl_free(s->want);
     kl_free(s->owner);
     kl_free(s->logits);
+    kl_free(s->pick);
+    kl_free(s->pick_rc);
+    kl_free(s->pick_err);
     kl_free(s);
 }

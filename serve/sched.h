@@ -9,14 +9,16 @@
  * sampled id), then prompt pieces of sequences still in prefill, in arrival order, until the
  * step holds step_tokens tokens; the backend returns the logits of each sequence's last token
  * in the batch (a decode token, or the end of a prompt), which its sampler turns into the next
- * id.  The id goes to the request's callback; a stop id (not passed on), the token limit or a
+ * id (the rows' samplers run in parallel over the model's pool; what follows, in row order).
+ * The id goes to the request's callback; a stop id (not passed on), the token limit or a
  * cancel ends the request (its callback gets the end), and its slot is free for the next.
  *
  * Because the backend computes each sequence's values independently of the batch it travels in
  * (engine/backend.h; bit for bit on the CPU), a request's ids do not depend on the others:
  * greedy output served among others equals the same request served alone.
  *
- * Errors: KL_E_USAGE (empty prompt, id outside the vocabulary: refused at submit), KL_E_NOMEM,
+ * Errors: KL_E_USAGE (empty prompt, id outside the vocabulary, an empty forced sequence:
+ * refused at submit), KL_E_NOMEM,
  * the backend's (a failed step ends every running request with the error), and a callback's
  * (ends that request only).  Callbacks must not call the scheduler.  Thread safety: none; one
  * thread drives a scheduler (the server's engine thread) and serialises submit/cancel/step.
@@ -66,6 +68,15 @@ typedef struct kl_sched_req {
     kl_sched_done_fn  on_done;
     kl_sched_cached_fn on_cached;   /* may be NULL */
     void             *user;
+    /* A forced choice (may be absent: n_heads 0): the reply starts with one of n_heads id
+     * sequences, sequence k = head_ids[head_off[k] .. head_off[k + 1]) (non-empty; copied at
+     * submit).  Until one is complete, only ids that go on a sequence matching every id so far
+     * can be sampled: the others' logits are -inf in the row the sampler (and on_logits) sees.
+     * The model still chooses among the sequences by its own probabilities (e.g. which tool a
+     * call forced by tool_choice "required" names). */
+    const kl_token   *head_ids;
+    const size_t     *head_off;     /* [n_heads + 1] */
+    size_t            n_heads;
 } kl_sched_req;
 
 typedef struct kl_sched kl_sched;
@@ -76,8 +87,10 @@ int  kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step
                      kl_err *err);
 /* Prefix reuse (serve/prefix.h; NULL: none, the default): a request admitted into a slot starts
  * from the cache's longest entry that is a prefix of its prompt (at most n_prompt - 1 ids) and
- * feeds the rest; when its prompt is fed, before its first id is sampled, its state is put in
- * the cache.  The logits equal those of a cold run (kl_state_copy is exact).  The cache must
+ * feeds the rest, or from an entry of its whole prompt kept with its last id's logits (its
+ * first id is then sampled from those, in the next step, with no forward); when its prompt is
+ * fed, before its first id is sampled, its state and those logits are put in the cache.  The
+ * logits equal those of a cold run (kl_state_copy is exact).  The cache must
  * outlive the scheduler's requests; the scheduler does not own it. */
 void kl_sched_set_prefix(kl_sched *s, struct kl_prefix *c);
 /* Queues a request; *handle names it for kl_sched_cancel. */

@@ -236,6 +236,10 @@ START_TEST(matmul_of_any_token_count_equals_one_dot_per_token)
         check_matmul_equals_dots(KL_W_F32, 45);
         check_matmul_equals_dots(KL_W_BF16, 77);
         check_matmul_equals_dots(KL_W_BF16, 256);
+        /* wide tiles (>= 128 columns) with a partial last chunk in chain 1, 2 and 3 */
+        check_matmul_equals_dots(KL_W_BF16, 203);
+        check_matmul_equals_dots(KL_W_F32, 150);
+        check_matmul_equals_dots(KL_W_BF16, 187);
         check_matmul_equals_dots(KL_W_MXFP4, 96);
     }
 }

@@ -161,16 +161,20 @@ START_TEST(every_rule_is_a_400_naming_the_parameter)
 }
 END_TEST
 
-/* The tool-call head tool_choice forces (NULL: none) and whether tools are on. */
-static char *head_of(const char *choice, int *tools_on)
+#define TOOL_F "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"
+#define TOOL_T "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"
+
+/* The tool-call head tool_choice forces (NULL: none) with tools (JSON array items), whether
+ * tools are on, and the choices of call heads after it, joined by '|' into choices. */
+static char *head_with(const char *tools, const char *choice, int *tools_on, char *choices,
+                       size_t cap)
 {
     char body[1024];
     snprintf(body, sizeof body,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":"
              "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},{\"role\":"
-             "\"tool\",\"tool_call_id\":\"functions.f:0\",\"content\":\"ok\"}],\"tools\":[{"
-             "\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\","
-             "\"function\":{\"name\":\"get_time\"}}],\"tool_choice\":%s}", choice);
+             "\"tool\",\"tool_call_id\":\"functions.f:0\",\"content\":\"ok\"}],\"tools\":[%s],"
+             "\"tool_choice\":%s}", tools, choice);
     kl_req_chat r;
     kl_api_error e;
     ck_assert_msg(parse(body, &r, &e) == 0, "%s: %s", choice, e.message);
@@ -178,8 +182,21 @@ static char *head_of(const char *choice, int *tools_on)
     kl_err err;
     ck_assert(kl_req_tool_prefix(&r, &head, &err) == 0);
     *tools_on = kl_req_tools_on(&r);
+    choices[0] = 0;
+    for (size_t k = 0; k < kl_req_tool_choices(&r); k++) {
+        char *way = NULL;
+        ck_assert(kl_req_tool_choice(&r, k, &way, &err) == 0);
+        snprintf(choices + strlen(choices), cap - strlen(choices), "%s%s", k ? "|" : "", way);
+        kl_free(way);
+    }
     kl_req_chat_free(&r);
     return head;
+}
+
+static char *head_of(const char *choice, int *tools_on)
+{
+    char choices[512];
+    return head_with(TOOL_F "," TOOL_T, choice, tools_on, choices, sizeof choices);
 }
 
 START_TEST(tool_choice_forces_the_reply_head)
@@ -187,10 +204,22 @@ START_TEST(tool_choice_forces_the_reply_head)
     int on = -1;
     ck_assert(head_of("\"none\"", &on) == NULL && on == 0);
     ck_assert(head_of("\"auto\"", &on) == NULL && on == 1);
-    char *h = head_of("\"required\"", &on);
+    /* "required" with two tools: the section, then the model chooses one of the call heads */
+    char choices[512];
+    char *h = head_with(TOOL_F "," TOOL_T, "\"required\"", &on, choices, sizeof choices);
     ck_assert(on == 1);
     ck_assert_str_eq(h, "<|tool_calls_section_begin|><|tool_call_begin|>");
+    ck_assert_str_eq(choices, "functions.f:1<|tool_call_argument_begin|>|"
+                              "functions.get_time:1<|tool_call_argument_begin|>");
     kl_free(h);
+    /* with one tool, its whole head, and no choice left */
+    h = head_with(TOOL_T, "\"required\"", &on, choices, sizeof choices);
+    ck_assert_str_eq(h, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:1"
+                        "<|tool_call_argument_begin|>");
+    ck_assert_str_eq(choices, "");
+    kl_free(h);
+    h = head_with(TOOL_F "," TOOL_T, "\"auto\"", &on, choices, sizeof choices);
+    ck_assert(h == NULL && !strcmp(choices, ""));
     /* the index counts the conversation's one earlier call */
     h = head_of("{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}", &on);
     ck_assert_str_eq(h, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:1"

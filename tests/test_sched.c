@@ -3,13 +3,15 @@
  * synthetic model: six greedy requests of different prompt lengths (one longer than a step),
  * three slots, one submitted while the others run, one with a stop id, one cancelled mid-way;
  * each request's ids equal the same request served alone (kl_forward, token by token), the
- * ends are reported once with the right reason, and bad requests are refused at submit.
+ * ends are reported once with the right reason, and bad requests are refused at submit.  A
+ * forced choice among id sequences gets the model's likelier sequence, then goes on freely.
  *
  * The prefix cache (serve/prefix.h): the longest prefix wins, an entry as long as the prompt is
  * used only within max_len, LRU eviction under a byte budget and a slot limit, pinned entries
  * kept; and through the scheduler: a conversation's second turn (the first prompt, the reply,
- * new ids) reuses the first turn's state and gets bit-identical logits to a cold run, and
- * requests sharing a prefix at once get what each gets alone.
+ * new ids) reuses the first turn's state and gets bit-identical logits to a cold run, a
+ * repeated prompt starts from its whole entry (no forward for its first id) with the same
+ * logits, and requests sharing a prefix at once get what each gets alone.
  */
 #include "common/err.h"
 #include "common/mem.h"
@@ -79,18 +81,26 @@ static size_t prompt_of(int k, kl_token *p)
     return len[k];
 }
 
-/* Greedy ids of request k served alone. */
-static void alone(int k, kl_token *ids, size_t n)
+/* A state holding request k's prompt; logits [vocab] of its last id. */
+static void prompt_fed(int k, kl_state *st, float *logits)
 {
     kl_token p[64];
     size_t np = prompt_of(k, p);
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_state_init(st, g_m, &err) == 0);
+    ck_assert(kl_forward(g_m, st, p, np, logits, &err) == 0);
+}
+
+/* Greedy ids of request k served alone. */
+static void alone(int k, kl_token *ids, size_t n)
+{
     size_t V = g_m->cfg.vocab_size;
     float *logits = kl_malloc(V * sizeof *logits);
     kl_state st;
     kl_err err;
     kl_err_clear(&err);
-    ck_assert(kl_state_init(&st, g_m, &err) == 0);
-    ck_assert(kl_forward(g_m, &st, p, np, logits, &err) == 0);
+    prompt_fed(k, &st, logits);
     for (size_t i = 0; i < n; i++) {
         ids[i] = kl_sample_argmax(logits, (uint32_t)V);
         ck_assert(kl_forward(g_m, &st, &ids[i], 1, logits, &err) == 0);
@@ -179,6 +189,88 @@ START_TEST(bad_requests_are_refused_and_free_cancels)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* A forced choice (kl_sched_req.head_ids)                                                      */
+
+/* The lowest-logit id of logits[0..V) and the one just above it (neither the argmax). */
+static void two_unlikely(const float *logits, size_t V, kl_token *lo, kl_token *next)
+{
+    *lo = 0;
+    for (size_t v = 1; v < V; v++)
+        if (logits[v] < logits[*lo])
+            *lo = (kl_token)v;
+    *next = *lo ? 0 : 1;
+    for (size_t v = 0; v < V; v++)
+        if (v != *lo && logits[v] < logits[*next])
+            *next = (kl_token)v;
+}
+
+/* Three sequences {x y1 y2}, {x z}, {w} where x and w are the least likely first ids (x the
+ * likelier) and y1, z the least likely after x: greedy must take x (w's logit is lower), then
+ * the likelier of y1 and z, then go on freely; served with another request, its ids equal
+ * that path computed alone.  An empty sequence or an id outside the vocabulary is refused. */
+START_TEST(forced_choice_follows_the_model_among_the_sequences)
+{
+    size_t V = g_m->cfg.vocab_size;
+    kl_token p[64], ids[MAXT];
+    size_t np = prompt_of(2, p);
+    float *lg = kl_malloc(V * sizeof *lg);
+    kl_state st;
+    kl_err err;
+    kl_err_clear(&err);
+    prompt_fed(2, &st, lg);
+    kl_token w, x, y1, z;
+    two_unlikely(lg, V, &w, &x);
+    ck_assert(kl_forward(g_m, &st, &x, 1, lg, &err) == 0);
+    two_unlikely(lg, V, &y1, &z);
+    int long_one = lg[y1] > lg[z];   /* {x y1 y2} wins */
+    kl_token y2 = 3;
+    kl_token heads[] = {x, y1, y2, x, z, w};
+    size_t off[] = {0, 3, 5, 6};
+    /* the expected path: x, the winner's rest, then greedy */
+    size_t n = 0;
+    ids[n++] = x;
+    if (long_one) {
+        ids[n++] = y1;
+        ids[n++] = y2;
+    } else {
+        ids[n++] = z;
+    }
+    ck_assert(kl_forward(g_m, &st, ids + 1, n - 1, lg, &err) == 0);
+    for (; n < MAXT; n++) {
+        ids[n] = kl_sample_argmax(lg, (uint32_t)V);
+        ck_assert(kl_forward(g_m, &st, &ids[n], 1, lg, &err) == 0);
+    }
+    kl_state_free(&st);
+    kl_free(lg);
+    kl_sched *s;
+    ck_assert(kl_sched_create(&s, g_m, 2, 16, &err) == 0);
+    out o[2];
+    memset(o, 0, sizeof o);
+    submit(s, 0, &o[0], NULL, 0, NULL);
+    kl_sched_req r = {.prompt = p, .n_prompt = np, .max_tokens = MAXT, .on_token = on_token,
+                      .on_done = on_done, .user = &o[1], .head_ids = heads, .head_off = off,
+                      .n_heads = 3};
+    ck_assert_msg(kl_sched_submit(s, &r, NULL, &err) == 0, "%s", t_fmt_err(&err));
+    size_t steps = 0, nt;
+    while (kl_sched_pending(s) && steps++ < 1000)
+        ck_assert_msg(kl_sched_step(s, &nt, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(o[1].n, MAXT);
+    for (size_t i = 0; i < MAXT; i++)
+        ck_assert_msg(o[1].ids[i] == ids[i], "id %zu: %u, wanted %u (the %s sequence)", i,
+                      (unsigned)o[1].ids[i], (unsigned)ids[i], long_one ? "long" : "short");
+    size_t empty[] = {0, 3, 3};
+    r.head_off = empty;
+    r.n_heads = 2;
+    ck_assert_int_eq(kl_sched_submit(s, &r, NULL, &err), KL_E_USAGE);
+    heads[1] = (kl_token)V;
+    r.head_off = off;
+    r.n_heads = 3;
+    ck_assert_int_eq(kl_sched_submit(s, &r, NULL, &err), KL_E_USAGE);
+    kl_sched_free(s);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 /* The prefix cache (serve/prefix.h)                                                           */
 
 #define PMAXT 6
@@ -205,7 +297,8 @@ static void put(kl_prefix *c, const kl_token *p, size_t n, int want_stored)
     kl_err err;
     kl_err_clear(&err);
     int stored = -1;
-    ck_assert_msg(kl_prefix_put(c, p, n, &st, &stored, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_msg(kl_prefix_put(c, p, n, &st, NULL, &stored, &err) == 0, "%s",
+                  t_fmt_err(&err));
     ck_assert_int_eq(stored, want_stored);
     kl_state_free(&st);
 }
@@ -430,12 +523,17 @@ START_TEST(second_turn_reuses_the_first_with_cold_logits)
     ck_assert_uint_eq(b.cached, 24);
     cold(t2, n2, &ref);
     same_as(&b, &ref, "second turn");
-    /* the same prompt again: its own entry, less its last id (which must be fed for logits) */
+    /* the same prompt again: its whole entry, kept with the logits of its last id, so its
+     * first id needs no forward (a step of no tokens) */
     pout again;
     out_init(&again);
     psubmit(s, t2, n2, &again);
+    size_t n_step = 99;
+    ck_assert_msg(kl_sched_step(s, &n_step, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(n_step, 0);
+    ck_assert_uint_eq(again.n, 1);
     drain(s);
-    ck_assert_uint_eq(again.cached, 24);
+    ck_assert_uint_eq(again.cached, n2);
     same_as(&again, &ref, "repeated turn");
     kl_prefix_stats st;
     kl_prefix_get_stats(c, &st);
@@ -496,6 +594,7 @@ static Suite *sched_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, batched_requests_equal_each_served_alone);
     tcase_add_test(tc, bad_requests_are_refused_and_free_cancels);
+    tcase_add_test(tc, forced_choice_follows_the_model_among_the_sequences);
     tcase_add_test(tc, longest_prefix_and_exact_length);
     tcase_add_test(tc, lru_eviction_keeps_pinned_entries);
     tcase_add_test(tc, second_turn_reuses_the_first_with_cold_logits);

@@ -9,12 +9,14 @@
  * objects with their status; a client that disconnects mid-stream frees its slot (the running
  * gauge drops to 0, the next request runs); a full queue answers 429 (a second server, one
  * slot, no queue); a queued stream gets keep-alives, then its reply; slow senders and readers
- * stall only themselves; 8 concurrent clients get what each gets alone; a conversation's second
+ * stall only themselves; a stopping server answers new requests 503 at once (never a wait);
+ * 8 concurrent clients get what each gets alone; a conversation's second
  * turn reuses the first turn's state (usage cached_tokens > 0, whole and streamed) and gets
  * the text and logprobs of a server without the cache (--cache-mb 0); clients sharing a long
  * system prompt at once get what each gets alone; SIGTERM stops the servers with exit 0.
  * Replies never carry special ids (compared with `kl run`'s ids by that rule); tool_choice
- * none / auto / required / named is enforced; a stop string across two tokens cuts the reply;
+ * none / auto / required / named is enforced, a required call is always well-formed; a stop
+ * string across two tokens cuts the reply;
  * legacy completions' logprobs; a seed reproduces a sampled reply, min_p 1 is greedy; a stream
  * has a usage chunk only when asked.
  */
@@ -46,6 +48,7 @@ static pid_t g_pid;
 static int g_port;
 static kl_tokenizer *g_tok;
 static size_t g_run_specials;    /* special ids among the ids of the last `kl run` */
+static time_t g_rcv_timeout_s = 60;   /* receive timeout of the test's connections */
 
 /* ---- the server --------------------------------------------------------------------------- */
 
@@ -139,7 +142,7 @@ static int connect_server(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert(fd >= 0);
-    struct timeval tv = {60, 0};    /* a server that died fails the test, not hangs it */
+    struct timeval tv = {g_rcv_timeout_s, 0};   /* a server that died or hangs fails the test */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -660,6 +663,9 @@ END_TEST
 #define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
               "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":" \
               "\"string\"}}}}}]"
+#define TOOLS2 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+               "\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\",\"function\":{" \
+               "\"name\":\"get_time\",\"parameters\":{\"type\":\"object\"}}}]"
 #define NAMED "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
 #define EARLIER_CALL ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":" \
                      "\"functions.get_weather:0\",\"type\":\"function\",\"function\":{" \
@@ -667,18 +673,27 @@ END_TEST
                      "\"tool_call_id\":\"functions.get_weather:0\",\"content\":\"rain\"}," \
                      "{\"role\":\"user\",\"content\":\"and tomorrow?\"}"
 
-/* A greedy chat about the weather: tools (or none), tool_choice (NULL: not given), messages
- * after the first (or ""). */
-static resp weather(int tools, const char *choice, const char *more, int stream)
+/* A chat about the weather (limits and sampling: "" 16 greedy ids, else keys such as
+ * ",\"max_tokens\":64,\"temperature\":1"):
+ * tools (0 none, 1 get_weather, 2 get_weather and get_time), tool_choice (NULL: not given),
+ * messages after the first (or ""). */
+static resp weather_with(int tools, const char *choice, const char *more, int stream,
+                         const char *sampling)
 {
     char b[2048], tc[160] = "";
     if (choice)
         snprintf(tc, sizeof tc, ",\"tool_choice\":%s", choice);
     snprintf(b, sizeof b, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
-             "\"weather please\"}%s]%s%s,\"max_tokens\":16,\"temperature\":0%s}", more,
-             tools ? "," TOOLS : "", tc,
+             "\"weather please\"}%s]%s%s%s%s}", more,
+             tools == 2 ? "," TOOLS2 : tools ? "," TOOLS : "", tc,
+             *sampling ? sampling : ",\"max_tokens\":16,\"temperature\":0",
              stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
     return http("POST", "/v1/chat/completions", KEY, b);
+}
+
+static resp weather(int tools, const char *choice, const char *more, int stream)
+{
+    return weather_with(tools, choice, more, stream, "");
 }
 
 /* usage.prompt_tokens of a whole reply or a stream's usage chunk. */
@@ -765,9 +780,9 @@ static calls weather_calls(int tools, const char *choice, const char *more, int 
     return c;
 }
 
-/* "none" renders no tools (the reply is the one without tools), "required" starts the reply
- * with the section and a call's begin, a named tool with its whole head: a call to it comes
- * back, whole and streamed alike, its index counting the conversation's earlier calls. */
+/* "none" renders no tools (the reply is the one without tools), a named tool (or "required"
+ * with one tool) starts the reply with its whole head: a call to it comes back, whole and
+ * streamed alike, its index counting the conversation's earlier calls. */
 START_TEST(test_tool_choice_is_enforced)
 {
     int plain, none, aut, req, named, named_s, later;
@@ -779,14 +794,13 @@ START_TEST(test_tool_choice_is_enforced)
     weather_calls(1, "\"auto\"", "", 0, &aut);
     ck_assert_int_gt(aut, plain + 20);
     calls cr = weather_calls(1, "\"required\"", "", 0, &req);
-    ck_assert_int_eq(req, aut + 2);       /* <|tool_calls_section_begin|><|tool_call_begin|> */
-    ck_assert_str_eq(cr.content, "");     /* nothing before the section */
     calls w = weather_calls(1, NAMED, "", 0, &named);
     calls st = weather_calls(1, NAMED, "", 1, &named_s);
-    ck_assert_int_gt(named, req + 2);
+    ck_assert_int_gt(named, aut + 2);     /* the section, a call's begin, then its head */
     ck_assert_int_eq(named_s, named);
-    for (int i = 0; i < 2; i++) {
-        const calls *c = i ? &st : &w;
+    ck_assert_int_eq(req, named);         /* "required" with one tool: the same head */
+    for (int i = 0; i < 3; i++) {
+        const calls *c = i == 2 ? &cr : i ? &st : &w;
         ck_assert_msg(c->n == 1, "%s: %d calls", i ? "stream" : "whole", c->n);
         ck_assert_str_eq(c->id, "functions.get_weather:0");
         ck_assert_str_eq(c->name, "get_weather");
@@ -802,6 +816,37 @@ START_TEST(test_tool_choice_is_enforced)
     r = weather(0, "\"required\"", "", 0);
     check_error(&r, 400, "tool_choice", NULL);
     resp_free(&r);
+}
+END_TEST
+
+/* "required" with two tools: the prompt ends with the section and a call's begin, and the
+ * model chooses which call head follows.  The random tiny model would write anything there;
+ * every reply (64 ids: room for the head), greedy or sampled with several seeds, whole or
+ * streamed, still carries a well-formed call functions.NAME:0 to a declared tool, named as its
+ * id says. */
+START_TEST(test_required_call_is_well_formed)
+{
+    int aut, req;
+    weather_calls(2, "\"auto\"", "", 0, &aut);
+    for (int k = 0; k < 8; k++) {
+        char sampling[96] = ",\"max_tokens\":64,\"temperature\":0";
+        if (k >= 2)
+            snprintf(sampling, sizeof sampling, ",\"max_tokens\":64,\"temperature\":1.5,"
+                     "\"seed\":%d", k);
+        resp r = weather_with(2, "\"required\"", "", k & 1, sampling);
+        calls c = k & 1 ? stream_calls(&r) : whole_calls(&r);
+        req = prompt_tokens(&r);
+        resp_free(&r);
+        ck_assert_int_eq(req, aut + 2);   /* <|tool_calls_section_begin|><|tool_call_begin|> */
+        ck_assert_msg(c.n >= 1, "reply %d: no call (content '%s')", k, c.content);
+        ck_assert_msg(!strcmp(c.name, "get_weather") || !strcmp(c.name, "get_time"),
+                      "reply %d: call to '%s'", k, c.name);
+        char want[96];
+        snprintf(want, sizeof want, "functions.%s:0", c.name);
+        ck_assert_str_eq(c.id, want);
+        ck_assert_str_eq(c.content, "");
+        ck_assert_str_eq(c.finish, "tool_calls");
+    }
 }
 END_TEST
 
@@ -1058,6 +1103,45 @@ START_TEST(test_queued_stream_waits)
 }
 END_TEST
 
+/* A server stopping (SIGTERM) while a stream is in flight answers every new request at once
+ * with 503 and an OpenAI error object, whatever the route, whole or streamed, and never keeps
+ * a client waiting (receive timeout 10 s); once the stream's client is gone it exits 0. */
+START_TEST(test_stopping_answers_503)
+{
+    int main_port = g_port;
+    pid_t pid;
+    g_port = start_server_with("1", "4", &pid);
+    int busy = long_stream();
+    g_rcv_timeout_s = 10;
+    kill(pid, SIGTERM);
+    resp r = http("GET", "/health", NULL, NULL);
+    for (int i = 0; i < 200 && r.status == 200; i++) {
+        resp_free(&r);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        r = http("GET", "/health", NULL, NULL);
+    }
+    check_error(&r, 503, NULL, "service_unavailable");
+    resp_free(&r);
+    for (int stream = 0; stream < 2; stream++) {
+        char *b = chat_body("late", 4, stream);
+        r = http("POST", "/v1/chat/completions", KEY, b);
+        check_error(&r, 503, NULL, "service_unavailable");
+        resp_free(&r);
+        free(b);
+    }
+    r = http("GET", "/v1/models", KEY, NULL);
+    check_error(&r, 503, NULL, "service_unavailable");
+    resp_free(&r);
+    g_rcv_timeout_s = 60;
+    close(busy);
+    int st = 0;
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kl serve ended with status %d", st);
+    g_port = main_port;
+}
+END_TEST
+
 typedef struct conc {
     int   k;
     char *got;
@@ -1271,6 +1355,7 @@ int main(void)
     tcase_add_test(tc, test_stop_strings);
     tcase_add_test(tc, test_logprobs);
     tcase_add_test(tc, test_tool_choice_is_enforced);
+    tcase_add_test(tc, test_required_call_is_well_formed);
     tcase_add_test(tc, test_stop_across_tokens);
     tcase_add_test(tc, test_slow_clients);
     tcase_add_test(tc, test_completion_logprobs);
@@ -1279,6 +1364,7 @@ int main(void)
     tcase_add_test(tc, test_disconnect_frees_slot);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_queued_stream_waits);
+    tcase_add_test(tc, test_stopping_answers_503);
     tcase_add_test(tc, test_concurrent_equal_alone);
     tcase_add_test(tc, test_second_turn_reuses_state);
     tcase_add_test(tc, test_shared_prefix_concurrent);
