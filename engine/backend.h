@@ -117,8 +117,7 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:
  * ring (default: N load threads pread the files into N + 4 pinned buffers, each copied as it
- * fills), ring-direct (the same with O_DIRECT where allowed), ring-mmap (the same, the threads
- * copying from a read-only mapping of each file instead of pread), mapped (windows of the file
+ * fills), ring-direct (the same with O_DIRECT where allowed), mapped (windows of the file
  * mapped and page-locked), read (the staged reader, buffered), direct (the staged reader,
  * O_DIRECT where allowed); host is the CLI's (the whole model read into memory first).
  * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
@@ -172,9 +171,9 @@ typedef struct kl_gpu_ceilings {
 } kl_gpu_ceilings;
 int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
 
-/* How a GPU backend's weights came: how ("ring", "ring-direct", "ring-mmap", "mapped", "read",
- * "direct", "host": every byte from the host model), bytes copied, mapped windows or ring
- * buffers filled and how many of them were page-locked (the others were copied at the pageable rate); the
+/* How a GPU backend's weights came: how ("ring", "ring-direct", "mapped", "read", "direct",
+ * "host": every byte from the host model), bytes copied, mapped windows or ring buffers filled
+ * and how many of them were page-locked (the others were copied at the pageable rate); the
  * ring's threads and buffers; and where the creation's time went, in seconds: device (context,
  * stream, events) and buffers (the ring's pinned memory) on the preparing thread, wait (the
  * creating thread waiting for it; 0 when not overlapped), plan, alloc (the weights' device

@@ -269,8 +269,7 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 static const char *fill_options(const char *how, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
-    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct") ||
-               !strcmp(how, "ring-mmap");
+    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0 && atoi(win) <= 1024)
         o->window_bytes = (size_t)atoi(win) << 20;
@@ -280,8 +279,7 @@ static const char *fill_options(const char *how, kl_fill_opts *o)
         o->windows = env_count("KL_GPU_LOAD_BUFFERS", KL_FILL_MAX_SLOTS, nb);
         o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)16 << 20;
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
-        o->copy_mapped = how && !strcmp(how, "ring-mmap"); /* memcpy from mapped shards */
-        return o->direct == KL_DIRECT_ON ? "ring-direct" : o->copy_mapped ? "ring-mmap" : "ring";
+        return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
     }
     /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest mapped
      * case of test_load on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */

@@ -365,9 +365,6 @@ typedef struct filler {
     int               *fd;         /* [n_fd] one per shard, -1 when unused */
     uint32_t           n_fd;
     int                oflags;     /* RING: O_DIRECT when asked */
-    int                copy_mapped; /* RING: memcpy from map instead of pread */
-    const uint8_t    **map;        /* copy_mapped: [n_fd] each shard mapped whole */
-    uint64_t          *map_len;
     const char *const *paths;
     /* RING */
     ring_buf          *rb;
@@ -470,16 +467,6 @@ static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, k
         return rc;
     }
     *size = (uint64_t)sb.st_size;
-    if (f->map && !f->map[s] && sb.st_size > 0) {   /* RING copy_mapped: the whole shard */
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, f->fd[s], 0);
-        if (m == MAP_FAILED) {
-            int rc = kl_fail_sys(err, KL_E_IO, errno, "mapping a checkpoint shard");
-            kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
-            return rc;
-        }
-        f->map[s] = m;
-        f->map_len[s] = (uint64_t)sb.st_size;
-    }
     return 0;
 }
 
@@ -670,24 +657,14 @@ static int spans_begin(filler *f, const char *const *paths, uint64_t align, kl_e
     for (uint32_t i = 0; !rc && i < n_fd; i++)
         f->fd[i] = -1;
     f->n_fd = rc ? 0 : n_fd;
-    if (!rc && f->copy_mapped) {
-        f->map = kl_calloc(n_fd, sizeof *f->map);
-        f->map_len = kl_calloc(n_fd, sizeof *f->map_len);
-        rc = f->map && f->map_len ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
-    }
     return rc ? rc : walk_windows(f, paths, align, err);
 }
 
 static void spans_end(filler *f)
 {
-    for (uint32_t i = 0; i < f->n_fd; i++) {
-        if (f->map && f->map[i])
-            munmap((void *)f->map[i], (size_t)f->map_len[i]);
+    for (uint32_t i = 0; i < f->n_fd; i++)
         if (f->fd[i] >= 0)
             close(f->fd[i]);
-    }
-    kl_free(f->map);
-    kl_free(f->map_len);
     kl_free(f->fd);
     kl_free(f->spans);
 }
@@ -712,10 +689,6 @@ static int read_span(filler *f, size_t k, uint8_t *mem, kl_err *err)
     const wspan *sp = &f->spans[k];
     size_t want = (size_t)(sp->we - sp->ws), got = 0;
     size_t len = (want + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
-    if (f->map) {   /* copy_mapped: walk_windows checked the span against the file's size */
-        memcpy(mem, f->map[sp->shard] + sp->ws, want);
-        return 0;
-    }
     while (got < want) {
         ssize_t n = pread(f->fd[sp->shard], mem + got, len - got, (off_t)(sp->ws + got));
         if (n < 0 && errno == EINTR)
@@ -950,7 +923,6 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     f.n_win = ring && !o.windows && f.n_win > most ? most : f.n_win;
     f.n_rb = ring ? f.n_win : 0;
     f.oflags = ring && o.direct == KL_DIRECT_ON ? O_DIRECT : 0;
-    f.copy_mapped = ring && o.copy_mapped && !f.oflags;
     if (f.n_win > most || threads > most)
         return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
                        ring ? "load buffers" : "windows in flight");

@@ -146,8 +146,6 @@ typedef struct kl_fill_opts {
                                            aligned), pinned: used instead of host_alloc and
                                            left to the caller, every copy from them waited
                                            for when the fill returns */
-    int            copy_mapped;         /* RING: the readers copy from a read-only mapping
-                                           of each shard (memcpy) instead of pread */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {

@@ -603,8 +603,7 @@ END_TEST
 
 /* The ring of buffers: byte-identical to the staged reader's fill (which check_filled also
  * holds it to), with 1, 3 and 8 threads, buffers from 4 KiB (pieces split) to the default,
- * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT, read with
- * pread or copied from mapped shards (copy_mapped). */
+ * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT. */
 START_TEST(test_fill_ring)
 {
     kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
@@ -619,8 +618,6 @@ START_TEST(test_fill_ring)
                                   .threads = threads[t], .direct = KL_DIRECT_OFF};
                 fill_and_check(m, full, &o, 1);
                 fill_and_check(m, full, &o, 0);
-                o.copy_mapped = 1;   /* memcpy from the mapped shards instead of pread */
-                fill_and_check(m, full, &o, nb == 0);
             }
         }
     }
