@@ -258,13 +258,14 @@ stage_ncukernel() {
     grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More" | cut -c1-150 | tee -a "$TABLE"
 }
 
-# CPU batching (issue 11) on this machine's cores: the server on CPUS_SERVER, the client on
-# the others, small preset with MXFP4 experts, scripts/bench_serve.py at CPU_STREAMS
+# CPU batching (issue 11) on this machine's cores: the server on CPUS_SERVER (with
+# CPU_SERVE_ARGS, e.g. --cache-mb 0), the client on the others, small preset with MXFP4
+# experts, scripts/bench_serve.py at CPU_STREAMS
 stage_cpubatch() {
     local D="$W/small-mxfp4" pid port srv=${CPUS_SERVER:-0-7} cli=${CPUS_CLIENT:-8-15}
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset small --format mxfp4 --seed 11 -q
     taskset -c "$srv" "$KL" serve "$D" --device cpu --port 0 --threads ${CPU_THREADS:-8} \
-        --json -q > "$W/serve-cpu.json" 2> "$W/serve-cpu.err" &
+        ${CPU_SERVE_ARGS:-} --json -q > "$W/serve-cpu.json" 2> "$W/serve-cpu.err" &
     pid=$!
     for _ in $(seq 120); do [ -s "$W/serve-cpu.json" ] && break; sleep 1; done
     port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve-cpu.json") ||
