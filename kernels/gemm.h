@@ -44,8 +44,9 @@ void kl_gpu_gemm_split_set(int form);
  * Version 5 (grouped): version 4's warps and blocks on x split once into bf16 parts
  * (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in shared
  * memory).  Measured on the H200 (session 8, form 2): grouped MXFP4 gate [1024, 2304] over
- * 8,192 rows, version 1 1,178 µs, version 4 901 µs; dense products within +-15% between 1 and
- * 4 (1 ahead at n <= 256).  All are exact in form 2.  Read from the environment at the first
+ * 8,192 rows, version 1 1,201 µs, version 4 924, version 5 887; an 8K prompt 4,706-4,716
+ * tok/s with the defaults; dense products within +-20% between 1 and 4 (1 ahead at n <= 256
+ * and on [2304, 4096]).  All are exact in form 2.  Read from the environment at the first
  * call; kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
 int  kl_gpu_gemm_tiles(int grouped);     /* 1, 4 or 5 */
 void kl_gpu_gemm_tiles_set(int dense, int grouped);

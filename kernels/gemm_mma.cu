@@ -180,8 +180,9 @@ __device__ static inline void mt_zero(float (&acc)[4][4][4])
 
 /* Form 2 over one 16-wide slice: each fragment's three products (hi, lo2, lo) summed in a
  * fresh fragment, then added to acc in fp32.  The products go part by part over all 16
- * fragments, so consecutive MMAs are independent (a chain of three per fragment, issued one
- * after another, left the tensor pipe waiting on each MMA's latency). */
+ * fragments, so consecutive MMAs are independent (255 registers, a few bytes of spills).
+ * Against a chain of three per fragment (H200, session 8): grouped version 5 906 → 887 µs,
+ * version 4 908 → 924, dense version 4 mixed (-5% to +15%). */
 __device__ static inline void mul_promote(float (&acc)[4][4][4], const uint32_t (&a)[4][4],
                                           const uint32_t (&b)[3][4][2], unsigned ng)
 {
