@@ -6,8 +6,9 @@
  * builds the schema while the headers are parsed) and refuses what that check reports as an
  * error, then reads every schema tensor the check bound through the staged reader
  * (loader/reader.h, one extent per tensor; vectors_only: one pread per vector) into its own
- * kl_malloc'd buffer: no mmap, extra memory beyond the weights bounded by the reader's ring.  Weights stay in their stored dtype (BF16
- * or F32; routed experts of an MXFP4 checkpoint as packed codes + E8M0 scales). Small per-channel
+ * kl_malloc'd buffer: no mmap, extra memory beyond the weights bounded by the reader's ring.
+ * Weights stay in their stored dtype (BF16 or F32; routed experts of an MXFP4 checkpoint as
+ * packed codes + E8M0 scales). Small per-channel
  * vectors (norm weights, conv taps, A_log, dt_bias, router bias) are also copied to fp32.
  * opts->progress, when set, is called with the payload bytes read so far as they arrive (from the
  * reading thread, in order).  Tensors are bound by schema role / layer / expert; the dense MLP is
