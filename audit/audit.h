@@ -111,7 +111,8 @@ void kl_audit_report_free(kl_audit_report *r);
 int kl_audit_has_problems(const kl_audit_report *r);
 
 /* Memory plan from a config alone.  KL_E_USAGE (rule MEM-TP) when o->tp does not divide the
- * MLA heads, KDA heads, routed experts or MLP widths (the message lists the valid sizes), or
+ * MLA heads, KDA heads, routed experts, MLP widths or MXFP4 experts' scale blocks along the
+ * intermediate width (the message lists the valid sizes), or
  * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
  * when a figure overflows 64 bits. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,

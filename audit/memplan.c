@@ -1,42 +1,27 @@
 /*
  * audit/memplan.c — memory per GPU for a tensor-parallel size and a context length.
  *
- * Weights: every tensor's bytes in its stored dtype (BF16, or MXFP4 packed + scales) divided
- * by the TP size, except the tensors every rank holds whole: norms, the router and its bias,
- * MLA's kv_a projection and kv_a norm (the latent is shared by all heads) and KDA's low-rank
- * f_a / g_a projections and o_norm.  Embedding and lm_head are split by vocabulary.
+ * Weights: every tensor's bytes in its stored dtype (BF16, or MXFP4 packed + scales) as
+ * loader/tp_split.h cuts it for rank 0: divided by the TP size, except the tensors every rank
+ * holds whole (norms, the router and its bias, MLA's kv_a projection and kv_a norm, KDA's
+ * low-rank f_a / g_a projections and o_norm).  Embedding and lm_head are split by vocabulary.
  * MLA cache: per sequence, kl_config_mla_token_bytes per token per MLA layer at the asked
  * element size (bf16 in the audit), replicated on every rank.  KDA state: per sequence,
  * kl_config_kda_state_bytes for heads/TP heads per KDA layer (fp32).
- * Valid TP sizes: those dividing the MLA heads, the KDA heads, the routed experts and both MLP
- * widths (every split of the plan then gives whole heads, experts and rows per rank).
+ * Valid TP sizes: those dividing the MLA heads, the KDA heads, the routed experts, both MLP
+ * widths and, for MXFP4 experts, their scale blocks along the intermediate width (every split
+ * of the plan then gives whole heads, experts, rows and scale blocks per rank).
  */
 #include "audit/audit.h"
 
 #include "common/checked.h"
 #include "loader/schema.h"
+#include "loader/tp_split.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 
 #include <string.h>
-
-static int replicated_role(kl_role role)
-{
-    switch (role) {
-    case KL_ROLE_FINAL_NORM:
-    case KL_ROLE_INPUT_NORM:
-    case KL_ROLE_POST_ATTN_NORM:
-    case KL_ROLE_ROUTER:
-    case KL_ROLE_ROUTER_BIAS:
-    case KL_ROLE_MLA_KV_A:
-    case KL_ROLE_MLA_KV_A_NORM:
-    case KL_ROLE_KDA_F_A:
-    case KL_ROLE_KDA_G_A:
-    case KL_ROLE_KDA_O_NORM: return 1;
-    default: return 0;
-    }
-}
 
 /* ---- valid sizes ---------------------------------------------------------------------------- */
 
@@ -50,12 +35,20 @@ static uint64_t gcd_u64(uint64_t a, uint64_t b)
     return a;
 }
 
+/* MXFP4 experts: the 32-value scale blocks along the intermediate width, which w2's cut along
+ * its input (loader/tp_split.h) must keep whole on a rank; 0 (no constraint) for BF16. */
+static uint32_t mxfp4_expert_blocks(const kl_config *c)
+{
+    return c->quant_format[0] ? c->moe_intermediate_size / 32 : 0;
+}
+
 /* Greatest common divisor of the dimensions a TP size splits (absent ones, 0, are skipped);
  * 0 when the config names none of them (any size is then accepted). */
 static uint64_t split_gcd(const kl_config *c)
 {
     const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
-                             c->num_experts, c->intermediate_size, c->moe_intermediate_size};
+                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
+                             mxfp4_expert_blocks(c)};
     uint64_t g = 0;
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         g = gcd_u64(g, dims[i]);
@@ -88,9 +81,10 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
             k += (size_t)snprintf(list + k, sizeof list - k, "%s%u", i ? ", " : "", sizes[i]);
         return kl_fail_rule(err, KL_E_USAGE, "MEM-TP",
                             "TP size %u does not split the model evenly (MLA heads %u, KDA heads "
-                            "%u, experts %u, MLP widths %u/%u); valid sizes: %s",
-                            o->tp, c->num_attention_heads, c->kda_num_heads, c->num_experts,
-                            c->intermediate_size, c->moe_intermediate_size, list);
+                            "%u, experts %u, MLP widths %u/%u, MXFP4 expert blocks %u); valid "
+                            "sizes: %s", o->tp, c->num_attention_heads, c->kda_num_heads,
+                            c->num_experts, c->intermediate_size, c->moe_intermediate_size,
+                            mxfp4_expert_blocks(c), list);
     }
     if (c->max_position && o->context > c->max_position)
         return kl_fail_rule(err, KL_E_USAGE, "MEM-CONTEXT",
@@ -104,7 +98,8 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 
 /* ---- plan ------------------------------------------------------------------------------------ */
 
-/* Weights per GPU: split tensors divided by TP, replicated ones whole. */
+/* Weights per GPU: rank 0's part of every tensor (loader/tp_split.h; the valid sizes give
+ * every rank the same), the tensors every rank holds whole counted apart too. */
 static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, kl_err *err)
 {
     kl_schema s;
@@ -113,13 +108,11 @@ static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, kl_err *
         return rc;
     for (size_t i = 0; i < s.n; i++) {
         const kl_schema_entry *e = &s.entries[i];
-        uint64_t bytes = e->numel * kl_dtype_bits(e->synth_dtype) / 8;
-        if (replicated_role(e->role)) {
-            m->weights_bytes += bytes;
-            m->replicated_bytes += bytes;
-        } else {
-            m->weights_bytes += (bytes + tp - 1) / tp;
-        }
+        const kl_tp_split sp = kl_tp_split_of(e->role, 0);
+        const uint64_t bits = kl_dtype_bits(e->synth_dtype);
+        m->weights_bytes += kl_tp_rank_numel(e, sp, tp, 0, c->num_experts) * bits / 8;
+        if (sp.kind == KL_TP_WHOLE)
+            m->replicated_bytes += e->numel * bits / 8;
     }
     kl_schema_free(&s);
     return 0;
