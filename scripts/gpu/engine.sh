@@ -12,7 +12,9 @@
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
 #   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
-#   kernel of one-token steps.  RAWREAD=0 skips reading the shards once with cat (they are
+#   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt); STAGES=ncukernel: its
+#   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
+#   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
 #   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
 #   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
