@@ -325,7 +325,8 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
         goto fail;
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)) ||
-        (m->matrices_read && (rc = kl_backend_cpu_create(&m->be, m, err))))
+        (m->matrices_read &&
+         (rc = kl_backend_cpu_create_tp(&m->be, m, opts ? opts->tp : 1, err))))
         goto fail;
     kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);
