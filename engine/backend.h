@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 struct kl_model;
+struct kl_config;
 
 /* Tokens of one forward call (host memory, borrowed for the call). */
 typedef struct kl_batch {
@@ -121,6 +122,8 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * (o_proj, down projections) are copied per rank: tp > 1 holds about a third of the weights
  * twice.  KL_E_USAGE naming the valid sizes unless tp is one of kl_memplan_tp_sizes. */
 int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, kl_err *err);
+/* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
+int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:

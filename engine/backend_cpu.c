@@ -1397,7 +1397,7 @@ static const kl_backend_ops cpu_ops = {
 };
 
 /* KL_E_USAGE unless tp is one of the memory plan's valid sizes for the config. */
-static int check_tp(const kl_config *cfg, unsigned tp, kl_err *err)
+int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, kl_err *err)
 {
     unsigned sizes[64];
     size_t n = kl_memplan_tp_sizes(cfg, sizes, sizeof sizes / sizeof *sizes);
@@ -1419,7 +1419,7 @@ int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
 
 int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, kl_err *err)
 {
-    int rc = check_tp(&m->cfg, tp ? tp : 1, err);
+    int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, err);
     if (rc)
         return rc;
     cpu_be *c = kl_calloc(1, sizeof *c);

@@ -303,6 +303,8 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
         goto fail;
     }
     m->route_weights = opts ? opts->route_weights : KL_ROUTE_UNBIASED;
+    if (opts && opts->tp > 1 && (rc = kl_backend_cpu_tp_check(&m->cfg, opts->tp, err)))
+        goto fail;
     m->layers = kl_calloc(m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");

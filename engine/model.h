@@ -72,7 +72,8 @@ typedef struct kl_model_opts {
     void            *progress_user;       /* passed to progress */
     int              vectors_only;        /* read only the fp32 vectors: see kl_model_open */
     unsigned         tp;                  /* CPU backend: tensor-parallel shards (0, 1: none;
-                                             kl_backend_cpu_create_tp) */
+                                             kl_backend_cpu_create_tp); an invalid size is
+                                             refused before anything is read */
 } kl_model_opts;
 
 typedef struct kl_model {
