@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 struct kl_model;
+struct kl_config;
 
 /* Tokens of one forward call (host memory, borrowed for the call). */
 typedef struct kl_batch {
@@ -113,6 +114,16 @@ int  kl_backend_forward(kl_backend *be, const kl_batch *b, float *logits, kl_tok
 /* The CPU backend over m's host weights (engine/backend_cpu.c): bit-identical to the golden
  * fixtures, any chunk split of a sequence giving the same logits. */
 int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
+/* The same with every block run as tp tensor-parallel shards in this process (issue 12's CPU
+ * path): rank r computes its cut of each block as loader/tp_split.h cuts the weights (heads,
+ * intermediate widths, each routed expert's intermediate width, vocabulary rows), the partial
+ * block outputs are summed in rank order and lm_head's vocabulary parts concatenated; within
+ * fp32 rounding of tp 1 (tp 0 or 1: kl_backend_cpu_create, bit for bit).  IN-cut matrices
+ * (o_proj, down projections) are copied per rank: tp > 1 holds about a third of the weights
+ * twice.  KL_E_USAGE naming the valid sizes unless tp is one of kl_memplan_tp_sizes. */
+int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, kl_err *err);
+/* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
+int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:

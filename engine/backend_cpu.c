@@ -21,13 +21,17 @@
  */
 #include "engine/backend.h"
 
+#include "audit/audit.h"
 #include "common/grow.h"
+#include "common/mxfp4_format.h"
 #include "common/mem.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "loader/tp_split.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------ */
@@ -63,6 +67,7 @@ typedef struct bufs {
     float *xe;                    /* [T * topk, hidden] routed tokens in list order */
     float *eo;                    /* [T * topk, hidden] routed expert outputs, list order */
     float *ys;                    /* [T, hidden] shared experts' output */
+    float *yp;                    /* [T, hidden] a tensor-parallel shard's partial output */
     float *router;                /* [T, E] router logits, then sigmoid scores */
     float *sel;                   /* [E] one token's selection scores */
     float *wt;                    /* [T, topk] routing weights */
@@ -111,7 +116,7 @@ static size_t carve(float *p, const dims *d, bufs *b)
         {&b->f, T * d->wide}, {&b->g, T * d->wide}, {&b->o, T * d->wide},
         {&b->lr, T * d->low}, {&b->lr2, T * d->low}, {&b->beta, T * d->kh},
         {&b->heads, d->nh * d->head_floats}, {&b->h1, T * d->ffn}, {&b->h2, T * d->ffn},
-        {&b->xe, T * d->topk * H}, {&b->eo, T * d->topk * H}, {&b->ys, T * H},
+        {&b->xe, T * d->topk * H}, {&b->eo, T * d->topk * H}, {&b->ys, T * H}, {&b->yp, T * H},
         {&b->router, T * d->E}, {&b->sel, d->E}, {&b->wt, T * d->topk},
     };
     size_t total = 0;
@@ -162,6 +167,16 @@ typedef struct run {
     size_t   start, len;
 } run;
 
+/* Rank r's cut of one layer (loader/tp_split.h, the default split: experts by intermediate
+ * width): OUT matrices as row ranges of the model's, IN matrices as copies of their column range,
+ * WHOLE ones and vectors as they are (one rank: the model's own matrices); h0, hn: the rank's
+ * attention heads (KDA or MLA). */
+typedef struct shard_layer {
+    kl_wmat  w[KL_ROLE_COUNT];
+    kl_wmat *experts[3];      /* [num_experts] w1, w2, w3 as kl_layer.experts */
+    size_t   h0, hn;
+} shard_layer;
+
 /* The backend: the public part first, so a kl_backend * is also a cpu_be *. */
 typedef struct cpu_be {
     kl_backend  be;
@@ -175,6 +190,10 @@ typedef struct cpu_be {
     size_t      scores_rows;  /* tokens of a chunk that attend together (1..KL_FORWARD_CHUNK) */
     float      *row_logits;   /* [vocab] one token's logits when only its argmax is wanted */
     cpu_slot   *slots;        /* [max_slots] (open ones: be.slot_used) */
+    unsigned    tp;           /* tensor-parallel shards every block runs as (1: none) */
+    shard_layer *shards;      /* [num_hidden_layers * tp] each rank's cut of each layer */
+    void       **owned;       /* the IN cuts' column copies (tp > 1) */
+    size_t      n_owned;
     /* the chunk between begin and end */
     kl_batch    chunk;        /* borrowed from the caller */
     run        *runs;         /* [KL_FORWARD_CHUNK] */
@@ -261,6 +280,139 @@ static void add_into(float *x, const float *y, size_t n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Tensor parallelism: each rank's cut of the weights, the all-reduce in memory               */
+
+/* Part r of n units cut in tp (the first n % tp parts one larger, as kl_tp_rank_numel). */
+static void tp_part(size_t n, unsigned tp, unsigned r, size_t *start, size_t *len)
+{
+    size_t q = n / tp, rem = n % tp;
+    *start = r * q + (r < rem ? r : rem);
+    *len = q + (r < rem);
+}
+
+static const shard_layer *shard_of(const cpu_be *c, uint32_t l, unsigned r)
+{
+    return &c->shards[(size_t)l * c->tp + r];
+}
+
+/* Columns [c0, c0 + n) of w (n > 0) as a matrix of its own, its payload in *buf (the caller's):
+ * 0, -1 (MXFP4 columns that are not whole 32-value blocks) or KL_E_NOMEM. */
+static int wmat_cols_copy(const kl_wmat *w, uint64_t c0, uint64_t n, kl_wmat *out, void **buf)
+{
+    const uint64_t B = KL_MXFP4_BLOCK, rows = w->rows;
+    *out = *w;
+    out->cols = n;
+    if (w->kind == KL_W_MXFP4) {
+        if (c0 % B || n % B)
+            return -1;
+        uint8_t *p = kl_malloc(rows * (n / 2 + n / B));
+        if (!(*buf = p))
+            return KL_E_NOMEM;
+        for (uint64_t r = 0; r < rows; r++) {
+            memcpy(p + r * (n / 2), w->packed + r * (w->cols / 2) + c0 / 2, n / 2);
+            memcpy(p + rows * (n / 2) + r * (n / B), w->scale + r * (w->cols / B) + c0 / B, n / B);
+        }
+        out->packed = p;
+        out->scale = p + rows * (n / 2);
+        return 0;
+    }
+    size_t es = w->kind == KL_W_F32 ? 4 : 2;
+    uint8_t *p = kl_malloc(rows * n * es);
+    if (!(*buf = p))
+        return KL_E_NOMEM;
+    for (uint64_t r = 0; r < rows; r++)
+        memcpy(p + r * n * es, (const uint8_t *)w->data + (r * w->cols + c0) * es, n * es);
+    out->data = p;
+    return 0;
+}
+
+/* Rank r's cut of matrix w under split s (tp_split.h: OUT cuts rows, IN columns). */
+static int cut(cpu_be *c, const kl_wmat *w, kl_tp_split s, unsigned r, kl_wmat *out, kl_err *err)
+{
+    size_t start, len;
+    *out = *w;
+    if (w->kind == KL_W_NONE || c->tp == 1 || s.kind == KL_TP_WHOLE)
+        return 0;
+    if (s.kind == KL_TP_OUT) {
+        tp_part(w->rows, c->tp, r, &start, &len);
+        *out = kl_wmat_rows(w, start, len);
+        return 0;
+    }
+    tp_part(w->cols, c->tp, r, &start, &len);
+    int rc = wmat_cols_copy(w, start, len, out, &c->owned[c->n_owned]);
+    if (rc < 0)
+        return kl_fail(err, KL_E_UNSUPPORTED, "an MXFP4 matrix of %llu columns does not cut "
+                       "into %u parts of whole 32-value blocks", (unsigned long long)w->cols,
+                       c->tp);
+    if (rc)
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
+    c->n_owned++;
+    return 0;
+}
+
+static const kl_role expert_roles[3] = {KL_ROLE_EXPERT_W1, KL_ROLE_EXPERT_W2, KL_ROLE_EXPERT_W3};
+
+/* Rank r's cut of layer l. */
+static int shard_build(cpu_be *c, uint32_t l, unsigned r, kl_err *err)
+{
+    const kl_layer *L = &c->be.m->layers[l];
+    shard_layer *s = &c->shards[(size_t)l * c->tp + r];
+    int rc = 0;
+    for (int k = 0; k < KL_ROLE_COUNT && !rc; k++)
+        rc = L->vec[k] ? (s->w[k] = L->w[k], 0)
+                       : cut(c, &L->w[k], kl_tp_split_of((kl_role)k, 0), r, &s->w[k], err);
+    tp_part(L->attn == KL_ATTN_KDA ? c->d.kh : c->d.nh, c->tp, r, &s->h0, &s->hn);
+    for (int k = 0; k < 3 && L->moe && !rc; k++) {
+        if (!(s->experts[k] = kl_calloc(c->d.E ? c->d.E : 1, sizeof(kl_wmat))))
+            return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
+        for (size_t e = 0; e < c->d.E && !rc; e++)
+            rc = cut(c, &L->experts[k][e], kl_tp_split_of(expert_roles[k], 0), r,
+                     &s->experts[k][e], err);
+    }
+    return rc;
+}
+
+/* Every rank's cut of every layer. */
+static int shards_build(cpu_be *c, kl_err *err)
+{
+    size_t nl = c->be.m->cfg.num_hidden_layers, n = nl * c->tp;
+    c->shards = kl_calloc(n ? n : 1, sizeof *c->shards);
+    c->owned = kl_calloc(n * (KL_ROLE_COUNT + 3 * c->d.E) + 1, sizeof *c->owned);
+    if (!c->shards || !c->owned)
+        return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
+    int rc = 0;
+    for (uint32_t l = 0; l < nl && !rc; l++)
+        for (unsigned r = 0; r < c->tp && !rc; r++)
+            rc = shard_build(c, l, r, err);
+    return rc;
+}
+
+static void shards_free(cpu_be *c)
+{
+    size_t n = (size_t)c->be.m->cfg.num_hidden_layers * c->tp;
+    for (size_t i = 0; c->shards && i < n; i++)
+        for (int k = 0; k < 3; k++)
+            kl_free(c->shards[i].experts[k]);
+    for (size_t i = 0; i < c->n_owned; i++)
+        kl_free(c->owned[i]);
+    kl_free(c->owned);
+    kl_free(c->shards);
+}
+
+/* Where rank r writes its partial block output: rank 0 into y, the others into yp, which
+ * shard_reduce then adds to y: the all-reduce, in rank order ((y0 + y1) + y2) + ... */
+static float *shard_out(const cpu_be *c, unsigned r)
+{
+    return r ? c->b.yp : c->b.y;
+}
+
+static void shard_reduce(const cpu_be *c, unsigned r, size_t T)
+{
+    if (r)
+        add_into(c->b.y, c->b.yp, T * c->d.hidden);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
 /* Causal depthwise conv of n channels over T tokens (row t of x at x + t * ld), in place,
@@ -293,6 +445,8 @@ typedef struct kda_job {
     const dims     *d;
     const bufs     *b;
     float           eps;
+    size_t          h0, hn;   /* the rank's heads: q, k, v, f, g, o are [T, hn * K], beta
+                                 [T, hn], local head i being head h0 + i */
 } kda_job;
 
 /* q̂ = q / sqrt(Σq² + 1e-6) · qscale and k̂ = k / sqrt(Σk² + 1e-6), eps inside the sqrt */
@@ -343,16 +497,16 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
         o[c] = o[c] * inv * onorm[c] * gate[c];
 }
 
-/* Step 2 for head h's channels of run ru: its rows of q, k, v through its slot's conv windows,
- * then SiLU. */
-static void kda_conv_head(const kda_job *j, const run *ru, size_t h)
+/* Step 2 for head h's channels of run ru (local head hl of the rank's buffers): its rows of q,
+ * k, v through its slot's conv windows, then SiLU. */
+static void kda_conv_head(const kda_job *j, const run *ru, size_t h, size_t hl)
 {
     static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
     float *x[3] = {j->b->q, j->b->k, j->b->v};
-    size_t K = j->d->kd, D = j->d->kD, W = j->d->kw;
+    size_t K = j->d->kd, D = j->hn * K, W = j->d->kw;
     kda_state *ks = &j->c->slots[ru->slot].kda[j->l];
     for (int k = 0; k < 3; k++) {
-        float *xh = x[k] + ru->start * D + h * K;
+        float *xh = x[k] + ru->start * D + hl * K;
         short_conv(xh, D, j->L->vec[taps[k]] + h * K * W, ks->conv[k] + h * K * (W - 1), K, W,
                    ru->len);
         for (size_t t = 0; t < ru->len; t++)
@@ -360,56 +514,68 @@ static void kda_conv_head(const kda_job *j, const run *ru, size_t h)
     }
 }
 
-/* One head of one run (pool item i = run * heads + h): the conv, then the run's tokens in order
- * on its slot's state, each token's forget gate first.  Runs are distinct slots and heads
- * distinct channels, so items share nothing. */
+/* One head of one run (pool item i = run * the rank's heads + local head): the conv, then the
+ * run's tokens in order on its slot's state, each token's forget gate first.  Runs are distinct
+ * slots and heads distinct channels, so items share nothing. */
 static void kda_run_head(void *ctx, size_t i)
 {
     const kda_job *j = ctx;
-    size_t K = j->d->kd, h = i % j->d->kh;
-    const run *ru = &j->c->runs[i / j->d->kh];
+    size_t K = j->d->kd, hl = i % j->hn, h = j->h0 + hl;
+    const run *ru = &j->c->runs[i / j->hn];
     float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
     const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
     float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
-    kda_conv_head(j, ru, h);
+    kda_conv_head(j, ru, h, hl);
     for (size_t t = ru->start; t < ru->start + ru->len; t++) {
-        size_t off = t * j->d->kD + h * K;
+        size_t off = t * j->hn * K + hl * K;
         /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
         kl_vec_exp_softplus(j->b->f + off, dt, na, K);
-        kda_head_token(j, S, off, j->b->beta[t * j->d->kh + h]);
+        kda_head_token(j, S, off, j->b->beta[t * j->hn + hl]);
     }
+}
+
+/* Rank r's part of the KDA block: its heads' projections (f_a and g_a, whole, with rank 0's),
+ * conv, recurrence and gated norm, then its columns of o_proj: a partial output into y. */
+static void kda_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *y)
+{
+    const kl_layer *L = &m->layers[l];
+    const shard_layer *s = shard_of(c, l, r);
+    const dims *d = &c->d;
+    bufs *b = &c->b;
+    size_t T = c->chunk.n, D = s->hn * d->kd;
+    mm_list mm = {.pool = m->pool};
+
+    /* 1, 3a, 4a, 7a. every projection of x for the whole chunk, one pass over the pool (the
+     * low-rank encoders are whole on every rank: computed once) */
+    mm_add(&mm, &s->w[KL_ROLE_KDA_Q], b->xn, T, b->q);
+    mm_add(&mm, &s->w[KL_ROLE_KDA_K], b->xn, T, b->k);
+    mm_add(&mm, &s->w[KL_ROLE_KDA_V], b->xn, T, b->v);
+    if (!r)
+        mm_add(&mm, &L->w[KL_ROLE_KDA_F_A], b->xn, T, b->lr);
+    mm_add(&mm, &s->w[KL_ROLE_KDA_B], b->xn, T, b->beta);
+    if (!r)
+        mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
+    mm_flush(&mm);
+    /* 3b, 7b. up-projections of the low-rank forget and output gates */
+    mm_add(&mm, &s->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
+    mm_add(&mm, &s->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
+    mm_flush(&mm);
+    /* 4b. beta per head */
+    kl_vec_sigmoid(b->beta, T * s->hn);
+    /* 2, 3c, 5-7b. short conv, forget gate, recurrence and gated norm: every (run, head) in
+     * parallel, each one's tokens in order */
+    kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps, s->h0, s->hn};
+    run_heads(m->pool, c->n_runs * s->hn, kda_run_head, &j, 4.0 * (double)T * (double)(D * d->kd));
+    /* 8. o_proj (the rank's columns) */
+    kl_wmat_matmul(&s->w[KL_ROLE_KDA_O], b->o, T, y, m->pool);
 }
 
 static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
 {
-    const kl_layer *L = &m->layers[l];
-    const dims *d = &c->d;
-    bufs *b = &c->b;
-    size_t T = c->chunk.n, D = d->kD;
-
-    const kl_wmat *wb = &L->w[KL_ROLE_KDA_B];
-    mm_list mm = {.pool = m->pool};
-
-    /* 1, 3a, 4a, 7a. every projection of x for the whole chunk, one pass over the pool */
-    mm_add(&mm, &L->w[KL_ROLE_KDA_Q], b->xn, T, b->q);
-    mm_add(&mm, &L->w[KL_ROLE_KDA_K], b->xn, T, b->k);
-    mm_add(&mm, &L->w[KL_ROLE_KDA_V], b->xn, T, b->v);
-    mm_add(&mm, &L->w[KL_ROLE_KDA_F_A], b->xn, T, b->lr);
-    mm_add(&mm, wb, b->xn, T, b->beta);
-    mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
-    mm_flush(&mm);
-    /* 3b, 7b. up-projections of the low-rank forget and output gates */
-    mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
-    mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
-    mm_flush(&mm);
-    /* 4b. beta per head */
-    kl_vec_sigmoid(b->beta, T * wb->rows);
-    /* 2, 3c, 5-7b. short conv, forget gate, recurrence and gated norm: every (run, head) in
-     * parallel, each one's tokens in order */
-    kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps};
-    run_heads(m->pool, c->n_runs * d->kh, kda_run_head, &j, 4.0 * (double)T * (double)(D * d->kd));
-    /* 8. o_proj */
-    kl_wmat_matmul(&L->w[KL_ROLE_KDA_O], b->o, T, b->y, m->pool);
+    for (unsigned r = 0; r < c->tp; r++) {
+        kda_shard(m, c, l, r, shard_out(c, r));
+        shard_reduce(c, r, c->chunk.n);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -423,6 +589,8 @@ typedef struct mla_job {
                                weights, so the attention pass runs one item per (head, run) */
     size_t         parts;   /* token parts per head of the query and output passes (1 ..
                                MLA_PARTS): more items than heads when threads outnumber them */
+    size_t         h0, hn;  /* the rank's heads: q [T, hn, dn + dr], o [T, hn, dv] and kvb
+                               (its rows) by local head h, head h0 + h of the model */
 } mla_job;
 
 /* Cache rows per block of the blocked attention: about 128 KiB, so a block read for the first
@@ -478,13 +646,13 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     size_t base = run_base(c, ru) + (t0 - ru->start);   /* cache rows before token t0 */
     size_t n_max = base + G;                             /* the last token's span */
     float scale = 1.0f / sqrtf((float)qw);
-    float *sc0 = c->scores + (h * c->scores_rows + (j->split ? t0 : 0)) * c->scores_cap;
+    float *sc0 = c->scores + ((j->h0 + h) * c->scores_rows + (j->split ? t0 : 0)) * c->scores_cap;
     float sum[KL_FORWARD_CHUNK];
     /* scores (latent part + shared rope part) */
     for (size_t u0 = 0; u0 < n_max; u0 += blk) {
         for (size_t g = 0; g < G; g++) {
             size_t t = t0 + g, n = base + g + 1, u1 = u0 + blk < n ? u0 + blk : n;
-            const float *q = ql + t * R, *qr = c->b.q + t * d->nh * qw + h * qw + d->dn;
+            const float *q = ql + t * R, *qr = c->b.q + t * j->hn * qw + h * qw + d->dn;
             if (u1 > u0)
                 mla_scores(q, qr, cache, d, u0, u1, scale, sc0 + g * c->scores_cap);
         }
@@ -513,12 +681,12 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     }
 }
 
-/* The MLA scratch of head h: ql [T, R] absorbed queries, then contexts; kb [MLA_PARTS,
+/* The MLA scratch of local head h: ql [T, R] absorbed queries, then contexts; kb [MLA_PARTS,
  * KB_ROWS, R] rows of W_kb, one block per token part; yo [T, dv] the head's output. */
 static float *mla_head_scratch(const mla_job *j, size_t h, float **kb, float **yo)
 {
     const dims *d = &j->c->d;
-    float *ql = j->c->b.heads + h * d->head_floats;
+    float *ql = j->c->b.heads + (j->h0 + h) * d->head_floats;
     *kb = ql + CHUNK * d->R;
     *yo = *kb + MLA_PARTS * KB_ROWS * d->R;
     return ql;
@@ -550,7 +718,7 @@ static void mla_query_item(void *ctx, size_t i)
         for (size_t r = 0; r < g; r++)
             kl_wmat_row_f32(j->kvb, h * (dn + dv) + i0 + r, kb + r * R);
         for (size_t t = t0; t < t1; t++)
-            kl_vec_axpy_rows(ql + t * R, c->b.q + t * d->nh * qw + h * qw + i0, kb, R, g, R);
+            kl_vec_axpy_rows(ql + t * R, c->b.q + t * j->hn * qw + h * qw + i0, kb, R, g, R);
     }
 }
 
@@ -585,7 +753,7 @@ static void mla_out_item(void *ctx, size_t i)
     kl_wmat vb = kl_wmat_rows(j->kvb, h * (dn + dv) + dn, dv);
     kl_wmat_matmul(&vb, ql + t0 * d->R, t1 - t0, yo + t0 * dv, NULL);
     for (size_t t = t0; t < t1; t++)
-        memcpy(c->b.o + t * d->nh * dv + h * dv, yo + t * dv, dv * sizeof *yo);
+        memcpy(c->b.o + t * j->hn * dv + h * dv, yo + t * dv, dv * sizeof *yo);
 }
 
 /* Token parts per head for the query and output passes: enough items for the pool's threads,
@@ -598,43 +766,64 @@ static size_t mla_parts(const kl_pool *pool, size_t heads, size_t T)
     return k > T ? T : k ? k : 1;
 }
 
-static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
+/* Step 3: latent c (normed, eps 1e-6) and shared k_r (not normed) of kv_a's output (lr)
+ * appended to each run's cache; returns the work estimate of the attention pass per head. */
+static double mla_append(const kl_layer *L, cpu_be *c, uint32_t l)
 {
-    const kl_layer *L = &m->layers[l];
     const dims *d = &c->d;
-    bufs *b = &c->b;
-    size_t T = c->chunk.n, R = d->R, dr = d->dr, cw = R + dr;
-
-    /* 1-2. q = W_q x [T, nh, dn+dr] and ckv = W_kva x [T, R+dr], one pass over the pool */
-    mm_list mm = {.pool = m->pool};
-    mm_add(&mm, &L->w[KL_ROLE_MLA_Q], b->xn, T, b->q);
-    mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], b->xn, T, b->lr);
-    mm_flush(&mm);
-    /* 3. latent c (normed, eps 1e-6) and shared k_r (not normed) appended to each run's cache;
-     * work estimate for the attention pass */
+    size_t R = d->R, dr = d->dr, cw = R + dr;
     double attend = 0.0;
     for (size_t r = 0; r < c->n_runs; r++) {
         const run *ru = &c->runs[r];
         float *cache = c->slots[ru->slot].mla[l].c + run_base(c, ru) * cw;
         for (size_t i = 0; i < ru->len; i++) {
-            const float *src = b->lr + (ru->start + i) * cw;
+            const float *src = c->b.lr + (ru->start + i) * cw;
             rmsnorm(cache + i * cw, src, L->vec[KL_ROLE_MLA_KV_A_NORM], R, 1e-6f);
             memcpy(cache + i * cw + R, src + R, dr * sizeof *cache);
         }
         double span = (double)(run_base(c, ru) + ru->len);
         attend += (double)ru->len * 2.0 * span * (double)cw;
     }
+    return attend;
+}
+
+/* Rank r's part of the MLA block: its heads' queries (kv_a and the latent, whole, with rank
+ * 0's: every rank's cache would hold the same rows), attention and W_vb, then its columns of
+ * o_proj: a partial output into y.  *attend: the attention estimate rank 0 computed. */
+static void mla_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *y, double *attend)
+{
+    const kl_layer *L = &m->layers[l];
+    const shard_layer *s = shard_of(c, l, r);
+    size_t T = c->chunk.n, R = c->d.R, hn = s->hn;
+
+    /* 1-2. q = W_q x [T, hn, dn+dr] and ckv = W_kva x [T, R+dr], one pass over the pool */
+    mm_list mm = {.pool = m->pool};
+    mm_add(&mm, &s->w[KL_ROLE_MLA_Q], c->b.xn, T, c->b.q);
+    if (!r)
+        mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], c->b.xn, T, c->b.lr);
+    mm_flush(&mm);
+    if (!r)
+        *attend = mla_append(L, c, l);
     /* 4-7. absorbed queries, attention, W_vb: three passes, heads (and runs) in parallel, each
      * sequence's tokens in order */
-    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
-                 mla_parts(m->pool, d->nh, T)};
-    double proj = (double)d->nh * (double)T * (double)R;
-    run_heads(m->pool, d->nh * j.parts, mla_query_item, &j, proj * (double)d->dn);
-    run_heads(m->pool, d->nh * (j.split ? c->n_runs : 1), mla_attend_item, &j,
-              (double)d->nh * attend);
-    run_heads(m->pool, d->nh * j.parts, mla_out_item, &j, proj * (double)d->dv);
-    /* 8. o_proj */
-    kl_wmat_matmul(&L->w[KL_ROLE_MLA_O], b->o, T, b->y, m->pool);
+    mla_job j = {c, &s->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
+                 mla_parts(m->pool, hn, T), s->h0, hn};
+    double proj = (double)hn * (double)T * (double)R;
+    run_heads(m->pool, hn * j.parts, mla_query_item, &j, proj * (double)c->d.dn);
+    run_heads(m->pool, hn * (j.split ? c->n_runs : 1), mla_attend_item, &j,
+              (double)hn * *attend);
+    run_heads(m->pool, hn * j.parts, mla_out_item, &j, proj * (double)c->d.dv);
+    /* 8. o_proj (the rank's columns) */
+    kl_wmat_matmul(&s->w[KL_ROLE_MLA_O], c->b.o, T, y, m->pool);
+}
+
+static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
+{
+    double attend = 0.0;
+    for (unsigned r = 0; r < c->tp; r++) {
+        mla_shard(m, c, l, r, shard_out(c, r), &attend);
+        shard_reduce(c, r, c->chunk.n);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -706,10 +895,11 @@ static void group_by_expert(const int32_t *idx, size_t n, size_t E, bufs *b)
         b->inv[list[p]] = (int32_t)p;
 }
 
-/* Step 5: every chosen expert once for the chunk (its weights read once, on all the tokens that
- * chose it), and the shared experts, as two passes over the pool: gate and up, then down.
- * Routed outputs land in b->eo in list order, the shared experts' in b->ys. */
-static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, size_t T)
+/* Step 5 with rank s's cut of the experts: every chosen expert once for the chunk (its weights
+ * read once, on all the tokens that chose it), and the shared experts, as two passes over the
+ * pool: gate and up, then down.  Routed outputs land in b->eo in list order, the shared
+ * experts' in b->ys. */
+static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *b, size_t T)
 {
     size_t H = d->hidden, n = T * d->topk, I = (size_t)L->experts[0][0].rows;
     const kl_wmat *sg = &L->w[KL_ROLE_SHARED_GATE];
@@ -742,22 +932,18 @@ static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, 
     mm_flush(&mm);
 }
 
-static void moe_chunk(kl_model *m, uint32_t l, const dims *d, bufs *b, size_t T)
+/* Steps 5-8 of rank r: its cut of the routed and shared experts, combined into y. */
+static void moe_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *out)
 {
-    const kl_layer *L = &m->layers[l];
-    size_t E = d->E, topk = d->topk, H = d->hidden;
-
-    /* 1-4. fp32 router for the chunk, then each token's top-k and weights */
-    kl_wmat_matmul(&L->w[KL_ROLE_ROUTER], b->xn, T, b->router, m->pool);
-    for (size_t t = 0; t < T; t++)
-        route_token(m, L->vec[KL_ROLE_ROUTER_BIAS], b->router + t * E, b->sel, b->idx + t * topk,
-                    b->wt + t * topk);
+    const shard_layer *s = shard_of(c, l, r);
+    const dims *d = &c->d;
+    bufs *b = &c->b;
+    size_t T = c->chunk.n, topk = d->topk, H = d->hidden;
     /* 5, 7. routed and shared experts */
-    group_by_expert(b->idx, T * topk, E, b);
-    run_experts(m, L, d, b, T);
+    run_experts(m, s, d, b, T);
     /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order */
     for (size_t t = 0; t < T; t++) {
-        float *y = b->y + t * H;
+        float *y = out + t * H;
         memset(y, 0, H * sizeof *y);
         for (size_t k = 0; k < topk; k++) {
             const float *ek = b->eo + (size_t)b->inv[t * topk + k] * H;
@@ -767,8 +953,28 @@ static void moe_chunk(kl_model *m, uint32_t l, const dims *d, bufs *b, size_t T)
         }
     }
     /* 8. plus the shared experts, unscaled */
-    if (L->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE)
-        add_into(b->y, b->ys, T * H);
+    if (s->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE)
+        add_into(out, b->ys, T * H);
+}
+
+static void moe_chunk(kl_model *m, cpu_be *c, uint32_t l)
+{
+    const kl_layer *L = &m->layers[l];
+    const dims *d = &c->d;
+    bufs *b = &c->b;
+    size_t E = d->E, topk = d->topk, T = c->chunk.n;
+
+    /* 1-4. fp32 router for the chunk, then each token's top-k and weights (whole on every
+     * rank: computed once) */
+    kl_wmat_matmul(&L->w[KL_ROLE_ROUTER], b->xn, T, b->router, m->pool);
+    for (size_t t = 0; t < T; t++)
+        route_token(m, L->vec[KL_ROLE_ROUTER_BIAS], b->router + t * E, b->sel, b->idx + t * topk,
+                    b->wt + t * topk);
+    group_by_expert(b->idx, T * topk, E, b);
+    for (unsigned r = 0; r < c->tp; r++) {
+        moe_shard(m, c, l, r, shard_out(c, r));
+        shard_reduce(c, r, T);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -964,6 +1170,21 @@ static int wanted(const kl_batch *b, size_t t)
     return b->want ? b->want[t] != 0 : t + 1 == b->n;
 }
 
+/* The embedding row of id: with tensor parallelism, from the rank holding it (its vocabulary
+ * part; the others' rows of the all-reduce are zero, so their sum is that row). */
+static void embed_row(const cpu_be *c, kl_token id, float *x)
+{
+    const kl_wmat *e = &c->be.m->embed;
+    size_t v0 = 0, vn = (size_t)e->rows;
+    for (unsigned r = 0; c->tp > 1 && r < c->tp; r++) {
+        tp_part((size_t)e->rows, c->tp, r, &v0, &vn);
+        if (id < v0 + vn)
+            break;
+    }
+    kl_wmat part = kl_wmat_rows(e, v0, vn);
+    kl_wmat_row_f32(&part, (uint64_t)id - v0, x);
+}
+
 static int cpu_begin(kl_backend *be, const kl_batch *chunk, kl_err *err)
 {
     cpu_be *c = cpu(be);
@@ -995,7 +1216,7 @@ static int cpu_begin(kl_backend *be, const kl_batch *chunk, kl_err *err)
         c->n_want += (size_t)wanted(chunk, t);
     /* embedding: no scaling, no positions */
     for (size_t t = 0; t < chunk->n; t++)
-        kl_wmat_row_f32(&m->embed, (uint64_t)chunk->ids[t], c->b.x + t * c->d.hidden);
+        embed_row(c, chunk->ids[t], c->b.x + t * c->d.hidden);
     return 0;
 }
 
@@ -1066,8 +1287,7 @@ static int cpu_moe(kl_backend *be, uint32_t l, kl_err *err)
 {
     if (l >= be->m->cfg.num_hidden_layers || !be->m->layers[l].moe)
         return wrong_layer(be->m, l, "MoE", err);
-    cpu_be *c = cpu(be);
-    moe_chunk(be->m, l, &c->d, &c->b, c->chunk.n);
+    moe_chunk(be->m, cpu(be), l);
     return 0;
 }
 
@@ -1076,10 +1296,31 @@ static int cpu_mlp(kl_backend *be, uint32_t l, kl_err *err)
     if (l >= be->m->cfg.num_hidden_layers || be->m->layers[l].moe)
         return wrong_layer(be->m, l, "dense MLP", err);
     cpu_be *c = cpu(be);
-    const kl_layer *L = &be->m->layers[l];
-    glu(be->m, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN], c->b.xn,
-        c->chunk.n, c->b.y, &c->b);
+    for (unsigned r = 0; r < c->tp; r++) {
+        const shard_layer *s = shard_of(c, l, r);
+        glu(be->m, &s->w[KL_ROLE_MLP_GATE], &s->w[KL_ROLE_MLP_UP], &s->w[KL_ROLE_MLP_DOWN],
+            c->b.xn, c->chunk.n, shard_out(c, r), &c->b);
+        shard_reduce(c, r, c->chunk.n);
+    }
     return 0;
+}
+
+/* lm_head split by vocabulary: rank r's rows into its part of each wanted token's row of
+ * logits (or of row_logits), the parts concatenated; the argmax then over the whole row. */
+static void head_tp(cpu_be *c, float *logits, kl_token *argmax)
+{
+    kl_model *m = c->be.m;
+    size_t nw = c->n_want, H = c->d.hidden, V = m->cfg.vocab_size, v0, vn;
+    for (size_t k = 0; k < nw; k++) {
+        float *row = logits ? logits + k * V : c->row_logits;
+        for (unsigned r = 0; r < c->tp; r++) {
+            tp_part(V, c->tp, r, &v0, &vn);
+            kl_wmat part = kl_wmat_rows(&m->lm_head, v0, vn);
+            kl_wmat_matvec(&part, c->b.xn + k * H, row + v0, m->pool);
+        }
+        if (argmax)
+            argmax[k] = kl_sample_argmax(row, (uint32_t)V);
+    }
 }
 
 /* lm_head of the wanted rows of xn: all at once into the caller's logits, else one row at a
@@ -1091,6 +1332,10 @@ static int cpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
     kl_model *m = be->m;
     size_t nw = c->n_want, H = c->d.hidden;
     uint32_t V = m->cfg.vocab_size;
+    if (c->tp > 1) {
+        head_tp(c, logits, argmax);
+        return 0;
+    }
     if (logits)
         kl_wmat_matmul(&m->lm_head, c->b.xn, nw, logits, m->pool);
     for (size_t k = 0; argmax && k < nw; k++) {
@@ -1129,6 +1374,7 @@ static void cpu_destroy(kl_backend *be)
     kl_free(c->scores);
     kl_free(c->row_logits);
     kl_free(c->runs);
+    shards_free(c);
     kl_free(c);
 }
 
@@ -1150,14 +1396,39 @@ static const kl_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
+/* KL_E_USAGE unless tp is one of the memory plan's valid sizes for the config. */
+int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, kl_err *err)
+{
+    unsigned sizes[64];
+    size_t n = kl_memplan_tp_sizes(cfg, sizes, sizeof sizes / sizeof *sizes);
+    char list[256] = "";
+    for (size_t i = 0, k = 0; i < n; i++) {
+        if (sizes[i] == tp)
+            return 0;
+        if (k < sizeof list)
+            k += (size_t)snprintf(list + k, sizeof list - k, "%s%u", i ? ", " : "", sizes[i]);
+    }
+    return kl_fail(err, KL_E_USAGE, "tensor-parallel size %u does not split this model into "
+                   "whole heads, experts, rows and MXFP4 blocks; valid sizes: %s", tp, list);
+}
+
 int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
+    return kl_backend_cpu_create_tp(out, m, 1, err);
+}
+
+int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, kl_err *err)
+{
+    int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, err);
+    if (rc)
+        return rc;
     cpu_be *c = kl_calloc(1, sizeof *c);
     if (!c)
         return kl_fail(err, KL_E_NOMEM, "out of memory for the cpu backend");
     kl_backend *be = &c->be;
     *be = (kl_backend){.ops = &cpu_ops, .name = "cpu", .m = m, .max_tokens = CHUNK,
                        .max_slots = CPU_SLOTS, .impl = c};
+    c->tp = tp ? tp : 1;
     get_dims(m, &c->d);
     c->scratch = kl_calloc(carve(NULL, &c->d, &c->b), sizeof(float));
     c->route = kl_calloc(route_ints(&c->d), sizeof *c->route);
@@ -1173,6 +1444,10 @@ int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
     }
     carve(c->scratch, &c->d, &c->b);
     carve_ints(c->route, &c->d, &c->b);
+    if ((rc = shards_build(c, err))) {
+        cpu_destroy(be);
+        return rc;
+    }
     *out = be;
     return 0;
 }

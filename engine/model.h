@@ -71,6 +71,9 @@ typedef struct kl_model_opts {
     kl_model_progress_fn progress;        /* NULL: none */
     void            *progress_user;       /* passed to progress */
     int              vectors_only;        /* read only the fp32 vectors: see kl_model_open */
+    unsigned         tp;                  /* CPU backend: tensor-parallel shards (0, 1: none;
+                                             kl_backend_cpu_create_tp); an invalid size is
+                                             refused before anything is read */
 } kl_model_opts;
 
 typedef struct kl_model {

@@ -8,9 +8,15 @@
  * one at a time; every step must be within relative L2 error 1e-3 of the reference, and its
  * argmax must agree wherever the reference's top-2 margin exceeds 1e-2 (issue 4's acceptance).
  * The MXFP4 case converts the tiny fixture with kl_convert first, as the fixture was made.
+ *
+ * Tensor parallelism (issue 12's CPU path, kl_model_opts.tp): every fixture teacher-forced at
+ * TP 2 and TP 4 must give, step by step, logits within relative L2 1e-5 of TP 1's and the same
+ * argmax; a size the model does not split into (kl_memplan_tp_sizes) must be refused with
+ * KL_E_USAGE naming the valid ones.
  */
 #include "common/err.h"
 #include "common/fs.h"
+#include "audit/audit.h"
 #include "common/mem.h"
 #include "convert/converter.h"
 #include "engine/forward.h"
@@ -24,6 +30,7 @@
 #define GOLDEN_DIR "tests/fixtures/golden"
 #define MAX_REL_L2 1e-3
 #define MARGIN_FOR_ARGMAX 1e-2
+#define TP_MAX_REL_L2 1e-5
 
 typedef struct golden_ref {
     cJSON   *root;
@@ -135,6 +142,36 @@ static double check_step(const golden_ref *r, size_t step, const float *got, con
     return err;
 }
 
+/* Opens dir at threads and TP size tp (the golden route mode route). */
+static int open_model(kl_model **m, const char *dir, kl_route_weights route, unsigned threads,
+                      unsigned tp, kl_err *err)
+{
+    kl_err_clear(err);
+    kl_model_opts mo = {.threads = threads, .route_weights = route, .tp = tp};
+    return kl_model_open(m, dir, &mo, err);
+}
+
+/* The reference's prompt in one call, then its greedy ids one at a time: the logits of every
+ * step, [n_steps, vocab] (caller frees). */
+static float *teacher_force(kl_model *m, const golden_ref *r, const char *tag)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_uint_eq(m->cfg.vocab_size, r->vocab);
+    kl_state st;
+    ck_assert_int_eq(kl_state_init(&st, m, &err), 0);
+    float *rows = calloc(r->n_steps * r->vocab, sizeof *rows);
+    ck_assert_ptr_nonnull(rows);
+    int rc = kl_forward(m, &st, r->prompt, r->n_prompt, rows, &err);
+    ck_assert_msg(rc == 0, "%s prompt: %s", tag, t_fmt_err(&err));
+    for (size_t i = 0; i < r->n_greedy; i++) {
+        rc = kl_forward(m, &st, &r->greedy[i], 1, rows + (i + 1) * r->vocab, &err);
+        ck_assert_msg(rc == 0, "%s step %zu: %s", tag, i + 1, t_fmt_err(&err));
+    }
+    kl_state_free(&st);
+    return rows;
+}
+
 /* Runs the model in dir against the reference of `ref_name` in route mode `route`. */
 static void check_golden(const char *dir, const char *ref_name, kl_route_weights route)
 {
@@ -147,32 +184,86 @@ static void check_golden(const char *dir, const char *ref_name, kl_route_weights
     ck_assert_msg(r.n_prompt >= 100, "%s: prompt of %zu tokens, want >= 100", path, r.n_prompt);
 
     kl_err err;
-    kl_err_clear(&err);
     kl_model *m = NULL;
-    kl_model_opts mo = {.threads = 2, .route_weights = route};
-    int rc = kl_model_open(&m, dir, &mo, &err);
+    int rc = open_model(&m, dir, route, 2, 1, &err);
     ck_assert_msg(rc == 0, "kl_model_open(%s): %s", dir, t_fmt_err(&err));
-    ck_assert_uint_eq(m->cfg.vocab_size, r.vocab);
-    kl_state st;
-    ck_assert_int_eq(kl_state_init(&st, m, &err), 0);
-    float *logits = calloc(r.vocab, sizeof *logits);
-    ck_assert_ptr_nonnull(logits);
-
-    rc = kl_forward(m, &st, r.prompt, r.n_prompt, logits, &err);
-    ck_assert_msg(rc == 0, "%s prompt: %s", tag, t_fmt_err(&err));
-    double worst = check_step(&r, 0, logits, tag);
-    for (size_t i = 0; i < r.n_greedy; i++) {
-        rc = kl_forward(m, &st, &r.greedy[i], 1, logits, &err);
-        ck_assert_msg(rc == 0, "%s step %zu: %s", tag, i + 1, t_fmt_err(&err));
-        worst = fmax(worst, check_step(&r, i + 1, logits, tag));
-    }
+    float *rows = teacher_force(m, &r, tag);
+    double worst = 0.0;
+    for (size_t i = 0; i < r.n_steps; i++)
+        worst = fmax(worst, check_step(&r, i, rows + i * r.vocab, tag));
     printf("golden %-24s %zu prompt tokens, %zu steps: max relative L2 %.3g\n", tag, r.n_prompt,
            r.n_steps, worst);
 
-    free(logits);
-    kl_state_free(&st);
+    free(rows);
     kl_model_close(m);
     ref_free(&r);
+}
+
+static int tp_valid(const kl_config *c, unsigned tp)
+{
+    unsigned sizes[64];
+    size_t n = kl_memplan_tp_sizes(c, sizes, 64);
+    for (size_t i = 0; i < n; i++)
+        if (sizes[i] == tp)
+            return 1;
+    return 0;
+}
+
+/* Every step of `got` within TP_MAX_REL_L2 of `want` (TP 1) with the same argmax; returns the
+ * largest error. */
+static double compare_tp(const golden_ref *r, const float *got, const float *want,
+                         const char *tag)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < r->n_steps; i++) {
+        const float *g = got + i * r->vocab, *w = want + i * r->vocab;
+        double e = t_rel_l2(g, w, r->vocab);
+        ck_assert_msg(e <= TP_MAX_REL_L2, "%s step %zu: relative L2 %.3g vs TP 1 > %.0e", tag, i,
+                      e, TP_MAX_REL_L2);
+        ck_assert_msg(argmax(g, r->vocab) == argmax(w, r->vocab), "%s step %zu: argmax %u, TP 1 "
+                      "%u", tag, i, argmax(g, r->vocab), argmax(w, r->vocab));
+        worst = fmax(worst, e);
+    }
+    return worst;
+}
+
+/* The model in dir (called label) at TP 2 and 4 against TP 1, teacher-forced on the reference
+ * of ref_name; returns how many of the two sizes were valid for it (the others must be
+ * refused). */
+static int check_tp(const char *dir, const char *ref_name, const char *label)
+{
+    char path[512], tag[160];
+    snprintf(path, sizeof path, GOLDEN_DIR "/%s-unbiased.json", ref_name);
+    golden_ref r = {0};
+    ref_load(&r, path);
+    kl_err err;
+    kl_model *m1 = NULL;
+    ck_assert_msg(open_model(&m1, dir, KL_ROUTE_UNBIASED, 2, 1, &err) == 0, "%s: %s", dir,
+                  t_fmt_err(&err));
+    float *base = teacher_force(m1, &r, label);
+    int valid = 0;
+    for (unsigned tp = 2; tp <= 4; tp *= 2) {
+        snprintf(tag, sizeof tag, "%s TP %u", label, tp);
+        kl_model *m = NULL;
+        int rc = open_model(&m, dir, KL_ROUTE_UNBIASED, 2, tp, &err);
+        if (!tp_valid(&m1->cfg, tp)) {
+            ck_assert_msg(rc == KL_E_USAGE && strstr(err.msg, "valid sizes: 1"), "%s: an "
+                          "invalid size gave %d (%s)", tag, rc, t_fmt_err(&err));
+            printf("golden %-24s refused: %s\n", tag, err.msg);
+            continue;
+        }
+        ck_assert_msg(rc == 0, "%s: %s", tag, t_fmt_err(&err));
+        float *rows = teacher_force(m, &r, tag);
+        printf("golden %-24s %zu steps: max relative L2 vs TP 1 %.3g\n", tag, r.n_steps,
+               compare_tp(&r, rows, base, tag));
+        valid++;
+        free(rows);
+        kl_model_close(m);
+    }
+    free(base);
+    kl_model_close(m1);
+    ref_free(&r);
+    return valid;
 }
 
 START_TEST(tiny_matches_transformers)
@@ -213,6 +304,56 @@ START_TEST(converted_mxfp4_matches_transformers)
 }
 END_TEST
 
+START_TEST(tensor_parallel_matches_tp1)
+{
+    /* tiny and multi split at 2 and 4; small4 (2 KDA heads) only at 2; the MXFP4 tiny (one
+     * 32-value block of expert width) at neither: refused; small4 in MXFP4 (two blocks) at 2,
+     * cutting its routed experts' down projections between blocks */
+    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny"), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi"), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4"), 1);
+    const char *src[2] = {"tests/fixtures/ref_tiny", GOLDEN_DIR "/small4"};
+    const char *ref[2] = {"tiny-mxfp4", "small4"}, *label[2] = {"tiny-mxfp4", "small4-mxfp4"};
+    for (int i = 0; i < 2; i++) {
+        char tmp[256], dst[300];
+        t_mkdtemp(tmp, sizeof tmp);
+        snprintf(dst, sizeof dst, "%s/mxfp4", tmp);
+        kl_err err;
+        kl_err_clear(&err);
+        kl_convert_opts o = {.src = src[i], .dst = dst, .threads = 2};
+        ck_assert_msg(kl_convert(&o, &err) == 0, "kl_convert: %s", t_fmt_err(&err));
+        ck_assert_int_eq(check_tp(dst, ref[i], label[i]), i);
+        t_rmrf(tmp);
+    }
+}
+END_TEST
+
+/* TP 2's logits do not depend on the thread count; TP 3 is refused, naming the valid sizes. */
+START_TEST(tensor_parallel_threads_and_refusal)
+{
+    golden_ref r = {0};
+    ref_load(&r, GOLDEN_DIR "/multi-unbiased.json");
+    kl_err err;
+    kl_model *a = NULL, *b = NULL, *c = NULL;
+    ck_assert_int_eq(open_model(&a, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 2, &err), 0);
+    ck_assert_int_eq(open_model(&b, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 3, 2, &err), 0);
+    float *ra = teacher_force(a, &r, "multi TP 2, 1 thread");
+    float *rb = teacher_force(b, &r, "multi TP 2, 3 threads");
+    ck_assert_msg(memcmp(ra, rb, r.n_steps * r.vocab * sizeof *ra) == 0,
+                  "TP 2 logits depend on the thread count");
+    int rc = open_model(&c, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 3, &err);
+    ck_assert_int_eq(rc, KL_E_USAGE);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(err.msg, "tensor-parallel size 3") && strstr(err.msg,
+                  "valid sizes: 1, 2, 4"), "refusal: %s", err.msg);
+    free(ra);
+    free(rb);
+    kl_model_close(a);
+    kl_model_close(b);
+    ref_free(&r);
+}
+END_TEST
+
 /* The two route-weight modes must give visibly different references, or checking both would
  * prove nothing. */
 START_TEST(route_modes_are_distinguishable)
@@ -238,6 +379,8 @@ static Suite *golden_suite(void)
     tcase_add_test(tc, multi_mla_shared_dense_matches_transformers);
     tcase_add_test(tc, converted_mxfp4_matches_transformers);
     tcase_add_test(tc, route_modes_are_distinguishable);
+    tcase_add_test(tc, tensor_parallel_matches_tp1);
+    tcase_add_test(tc, tensor_parallel_threads_and_refusal);
     suite_add_tcase(s, tc);
     return s;
 }
