@@ -117,10 +117,7 @@ int kl_audit_has_problems(const kl_audit_report *r);
  * when a figure overflows 64 bits. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                        kl_err *err);
-/* The TP sizes kl_memplan_compute accepts for c, ascending, at most cap of them, up to
- * KL_MEMPLAN_MAX_TP; returns how many were written. */
-size_t kl_memplan_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
-#define KL_MEMPLAN_MAX_TP 4096
+/* The TP sizes kl_memplan_compute accepts: loader/tp_split.h's kl_tp_sizes. */
 /* The context the plan uses when none is asked for: 131072 tokens, or the model's maximum
  * when that is smaller. */
 uint64_t kl_memplan_default_context(const kl_config *c);

@@ -23,48 +23,6 @@
 
 #include <string.h>
 
-/* ---- valid sizes ---------------------------------------------------------------------------- */
-
-static uint64_t gcd_u64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* MXFP4 experts: the 32-value scale blocks along the intermediate width, which w2's cut along
- * its input (loader/tp_split.h) must keep whole on a rank; 0 (no constraint) for BF16. */
-static uint32_t mxfp4_expert_blocks(const kl_config *c)
-{
-    return c->quant_format[0] ? c->moe_intermediate_size / 32 : 0;
-}
-
-/* Greatest common divisor of the dimensions a TP size splits (absent ones, 0, are skipped);
- * 0 when the config names none of them (any size is then accepted). */
-static uint64_t split_gcd(const kl_config *c)
-{
-    const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
-                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                             mxfp4_expert_blocks(c)};
-    uint64_t g = 0;
-    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
-        g = gcd_u64(g, dims[i]);
-    return g;
-}
-
-size_t kl_memplan_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap)
-{
-    uint64_t g = split_gcd(c);
-    size_t n = 0;
-    for (unsigned tp = 1; tp <= KL_MEMPLAN_MAX_TP && n < cap; tp++)
-        if (!g || g % tp == 0)
-            sizes[n++] = tp;
-    return n;
-}
-
 uint64_t kl_memplan_default_context(const kl_config *c)
 {
     return c->max_position && c->max_position < 131072 ? c->max_position : 131072;
@@ -72,19 +30,15 @@ uint64_t kl_memplan_default_context(const kl_config *c)
 
 static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 {
-    uint64_t g = split_gcd(c);
-    if (!o->tp || o->tp > KL_MEMPLAN_MAX_TP || (g && g % o->tp)) {
-        char list[512] = "";
-        unsigned sizes[64];
-        size_t n = kl_memplan_tp_sizes(c, sizes, sizeof sizes / sizeof *sizes);
-        for (size_t i = 0, k = 0; i < n && k < sizeof list; i++)
-            k += (size_t)snprintf(list + k, sizeof list - k, "%s%u", i ? ", " : "", sizes[i]);
+    if (!kl_tp_size_ok(c, o->tp)) {
+        char list[512];
+        kl_tp_sizes_text(c, list, sizeof list);
         return kl_fail_rule(err, KL_E_USAGE, "MEM-TP",
                             "TP size %u does not split the model evenly (MLA heads %u, KDA heads "
                             "%u, experts %u, MLP widths %u/%u, MXFP4 expert blocks %u); valid "
                             "sizes: %s", o->tp, c->num_attention_heads, c->kda_num_heads,
                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                            mxfp4_expert_blocks(c), list);
+                            c->quant_format[0] ? c->moe_intermediate_size / 32 : 0, list);
     }
     if (c->max_position && o->context > c->max_position)
         return kl_fail_rule(err, KL_E_USAGE, "MEM-CONTEXT",

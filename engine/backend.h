@@ -120,7 +120,7 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * block outputs are summed in rank order and lm_head's vocabulary parts concatenated; within
  * fp32 rounding of tp 1 (tp 0 or 1: kl_backend_cpu_create, bit for bit).  IN-cut matrices
  * (o_proj, down projections) are copied per rank: tp > 1 holds about a third of the weights
- * twice.  KL_E_USAGE naming the valid sizes unless tp is one of kl_memplan_tp_sizes. */
+ * twice.  KL_E_USAGE naming the valid sizes unless tp is one of kl_tp_sizes. */
 int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, kl_err *err);
 /* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
 int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, kl_err *err);

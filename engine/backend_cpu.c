@@ -21,7 +21,6 @@
  */
 #include "engine/backend.h"
 
-#include "audit/audit.h"
 #include "common/grow.h"
 #include "common/mxfp4_format.h"
 #include "common/mem.h"
@@ -1396,18 +1395,13 @@ static const kl_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-/* KL_E_USAGE unless tp is one of the memory plan's valid sizes for the config. */
+/* KL_E_USAGE unless tp is one of the valid sizes for the config (loader/tp_split.h). */
 int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, kl_err *err)
 {
-    unsigned sizes[64];
-    size_t n = kl_memplan_tp_sizes(cfg, sizes, sizeof sizes / sizeof *sizes);
-    char list[256] = "";
-    for (size_t i = 0, k = 0; i < n; i++) {
-        if (sizes[i] == tp)
-            return 0;
-        if (k < sizeof list)
-            k += (size_t)snprintf(list + k, sizeof list - k, "%s%u", i ? ", " : "", sizes[i]);
-    }
+    if (kl_tp_size_ok(cfg, tp))
+        return 0;
+    char list[256];
+    kl_tp_sizes_text(cfg, list, sizeof list);
     return kl_fail(err, KL_E_USAGE, "tensor-parallel size %u does not split this model into "
                    "whole heads, experts, rows and MXFP4 blocks; valid sizes: %s", tp, list);
 }

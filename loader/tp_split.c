@@ -1,6 +1,8 @@
 /* loader/tp_split.c — the tensor-parallel cut of each role (see tp_split.h). */
 #include "loader/tp_split.h"
 
+#include <stdio.h>
+
 kl_tp_split kl_tp_split_of(kl_role role, int expert_parallel)
 {
     kl_tp_split s = {KL_TP_OUT, 0};
@@ -53,4 +55,61 @@ uint64_t kl_tp_rank_numel(const kl_schema_entry *e, kl_tp_split s, unsigned tp, 
     const uint64_t d = e->shape[s.dim], rest = e->numel / d;
     const uint64_t part = d / tp + (rank < d % tp);
     return part * rest;
+}
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* MXFP4 experts: the 32-value scale blocks along the intermediate width, which w2's cut along
+ * its input (loader/tp_split.h) must keep whole on a rank; 0 (no constraint) for BF16. */
+static uint32_t mxfp4_expert_blocks(const kl_config *c)
+{
+    return c->quant_format[0] ? c->moe_intermediate_size / 32 : 0;
+}
+
+/* Greatest common divisor of the dimensions a TP size splits (absent ones, 0, are skipped);
+ * 0 when the config names none of them (any size is then accepted). */
+static uint64_t split_gcd(const kl_config *c)
+{
+    const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
+                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
+                             mxfp4_expert_blocks(c)};
+    uint64_t g = 0;
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        g = gcd_u64(g, dims[i]);
+    return g;
+}
+
+size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap)
+{
+    uint64_t g = split_gcd(c);
+    size_t n = 0;
+    for (unsigned tp = 1; tp <= KL_TP_MAX && n < cap; tp++)
+        if (!g || g % tp == 0)
+            sizes[n++] = tp;
+    return n;
+}
+
+int kl_tp_size_ok(const kl_config *c, unsigned tp)
+{
+    const uint64_t g = split_gcd(c);
+    return tp && tp <= KL_TP_MAX && (!g || g % tp == 0);
+}
+
+void kl_tp_sizes_text(const kl_config *c, char *buf, size_t cap)
+{
+    unsigned sizes[64];
+    const size_t n = kl_tp_sizes(c, sizes, sizeof sizes / sizeof *sizes);
+    size_t k = 0;
+    if (cap)
+        buf[0] = 0;
+    for (size_t i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%u", i ? ", " : "", sizes[i]);
 }

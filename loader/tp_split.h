@@ -14,9 +14,21 @@
 #ifndef KL_LOADER_TP_SPLIT_H
 #define KL_LOADER_TP_SPLIT_H
 
+#include "loader/config.h"
 #include "loader/schema.h"
 
+#include <stddef.h>
 #include <stdint.h>
+
+#define KL_TP_MAX 4096 /* the largest TP size considered */
+
+/* The TP sizes that split c into whole heads, experts, rows and (MXFP4) expert scale blocks:
+ * those dividing the MLA and KDA heads, the routed experts, both MLP widths and the experts'
+ * 32-value blocks along their intermediate width.  kl_tp_sizes writes them ascending, at most
+ * cap, and returns how many; kl_tp_sizes_text as "1, 2, 4" (truncated to cap). */
+size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
+int    kl_tp_size_ok(const kl_config *c, unsigned tp);
+void   kl_tp_sizes_text(const kl_config *c, char *buf, size_t cap);
 
 typedef enum kl_tp_kind {
     KL_TP_WHOLE = 0, /* every rank holds all of it */

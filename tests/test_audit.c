@@ -7,6 +7,7 @@
  * called directly where findings are checked, the binary where exit statuses are.
  */
 #include "audit/audit.h"
+#include "loader/tp_split.h"
 #include "cli/cli.h"
 #include "tests/testutil.h"
 
@@ -258,7 +259,7 @@ START_TEST(tp_sizes_of_the_48b_model_divide_every_split)
     kl_config c;
     kl_config_default_48b(&c);
     unsigned sizes[64];
-    size_t n = kl_memplan_tp_sizes(&c, sizes, 64);
+    size_t n = kl_tp_sizes(&c, sizes, 64);
     static const unsigned want[] = {1, 2, 4, 8, 16, 32};
     ck_assert_msg(n == 6, "expected 6 valid sizes, got %zu", n);
     for (size_t i = 0; i < n; i++)

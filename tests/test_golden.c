@@ -11,12 +11,12 @@
  *
  * Tensor parallelism (issue 12's CPU path, kl_model_opts.tp): every fixture teacher-forced at
  * TP 2 and TP 4 must give, step by step, logits within relative L2 1e-5 of TP 1's and the same
- * argmax; a size the model does not split into (kl_memplan_tp_sizes) must be refused with
+ * argmax; a size the model does not split into (kl_tp_sizes) must be refused with
  * KL_E_USAGE naming the valid ones.
  */
 #include "common/err.h"
 #include "common/fs.h"
-#include "audit/audit.h"
+#include "loader/tp_split.h"
 #include "common/mem.h"
 #include "convert/converter.h"
 #include "engine/forward.h"
@@ -202,7 +202,7 @@ static void check_golden(const char *dir, const char *ref_name, kl_route_weights
 static int tp_valid(const kl_config *c, unsigned tp)
 {
     unsigned sizes[64];
-    size_t n = kl_memplan_tp_sizes(c, sizes, 64);
+    size_t n = kl_tp_sizes(c, sizes, 64);
     for (size_t i = 0; i < n; i++)
         if (sizes[i] == tp)
             return 1;

@@ -6,7 +6,6 @@
  */
 #include "loader/tp_split.h"
 
-#include "audit/audit.h"
 #include "synth/synth.h"
 #include "testutil.h"
 
@@ -58,7 +57,7 @@ START_TEST(tp_split_conserves_every_tensor)
         kl_schema s;
         preset_schema(presets[_i], f ? KL_SYNTH_MXFP4 : KL_SYNTH_BF16, &c, &s);
         unsigned sizes[64];
-        size_t n = kl_memplan_tp_sizes(&c, sizes, 64);
+        size_t n = kl_tp_sizes(&c, sizes, 64);
         ck_assert_uint_ge(n, 1);
         for (size_t k = 0; k < n && sizes[k] <= 8; k++)
             for (int ep = 0; ep < 2; ep++)
