@@ -27,8 +27,9 @@
  * (decode/split ~3,200 warp instructions, 1,536 MMAs, 2,048 FADDs).  So ~3,000 clocks a step;
  * one block per SM (144 KiB of stages), two waves: 216K clocks = 113 µs at 1.9 GHz, 171 TFLOPS
  * of the product (513 of tensor work), against version 1's ~800 µs (47 TFLOPS at n = 512).
- * Grouped MXFP4 gate [1024, 2304] over 8,192 rows (chunk of 1,024 tokens): 4 x 256 blocks of ~1 tile, 36 steps,
- * half the warps multiplying (32 tokens): ~1,500 tensor + ~1,000 decode clocks a step,
+ * Grouped MXFP4 gate [1024, 2304] over 8,192 rows (chunk of 1,024 tokens): 4 x 256 blocks of
+ * ~1 tile, 36 steps, half the warps multiplying (32 tokens): ~1,500 tensor + ~1,000 decode
+ * clocks a step,
  * serialised by the barrier at one block per SM: ~90K clocks per block, 7.8 waves: ~370 µs
  * against version 1's ~1.5 ms.
  *

@@ -6,7 +6,8 @@
  * scale byte decoded exactly; a matrix x chunk product equal bit for bit to one dot per token
  * (any chunk size) and to itself over any thread count; row views; the vector primitives; the
  * KL_CPU_KERNELS switch; the row forms of the vector primitives equal one call per row bit
- * for bit; the AVX2 activations (polynomial exp and log) near libm's.  AVX2 cases pass trivially (with a note) on a CPU without AVX2.
+ * for bit; the AVX2 activations (polynomial exp and log) near libm's.  AVX2 cases pass
+ * trivially (with a note) on a CPU without AVX2.
  */
 #include "common/err.h"
 #include "common/mem.h"
