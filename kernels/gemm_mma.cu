@@ -29,9 +29,8 @@
  * of the product (513 of tensor work), against version 1's ~800 µs (47 TFLOPS at n = 512).
  * Grouped MXFP4 gate [1024, 2304] over 8,192 rows (chunk of 1,024 tokens): 4 x 256 blocks of
  * ~1 tile, 36 steps, half the warps multiplying (32 tokens): ~1,500 tensor + ~1,000 decode
- * clocks a step,
- * serialised by the barrier at one block per SM: ~90K clocks per block, 7.8 waves: ~370 µs
- * against version 1's ~1.5 ms.
+ * clocks a step, serialised by the barrier at one block per SM: ~90K clocks per block, 7.8
+ * waves: ~370 µs against version 1's ~1.5 ms.
  *
  * Measured (H200, session 8): dense 376.5 µs (version 1: 405.0), grouped gate over 8,192 rows
  * 901 µs (version 1: 1,178).  The miss: an mma.sync probe reaches 610-640 TFLOPS, so not the
