@@ -192,7 +192,7 @@ static int bench_rules(int argc, char **argv)
 
 typedef struct decode_args {
     const char        *model;
-    unsigned long long threads, prompt_tokens, tokens, context;
+    unsigned long long threads, prompt_tokens, tokens, context, tp;
     const char        *at;                        /* --decode-at LIST */
     size_t             n_at;
     unsigned long long at_ctx[MAX_CONTEXTS];
@@ -559,12 +559,13 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         KL_FLAG("--ignore-memory-check", 0, &a->ignore_memory,
                 "load even when the model is larger than the available memory"),
         KL_DEVICE_ROW(&a->device),
+        KL_TP_ROW(&a->tp),
         {0}};
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
                     "                       [--context N] [--decode-at LIST] [--prefill-at LIST]\n"
-                    "                       [--json] [-q] [--ignore-memory-check] [--device D]\n",
+                    "                       [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
@@ -577,7 +578,8 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     if (rc == KL_ARGS_RUN && a->pf && parse_counts(a->pf, 1, a->pf_len, &a->n_pf))
         return kl_cli_usage("--prefill-at wants up to %d counts separated by commas, each 1 to "
                             "16777216 (e.g. 512,8192,65536)", MAX_CONTEXTS);
-    return rc;
+    const char *tp_problem = kl_cli_tp_problem(a->tp, a->device);
+    return rc == KL_ARGS_RUN && tp_problem ? kl_cli_usage("%s", tp_problem) : rc;
 }
 
 static int bench_decode(int argc, char **argv)
@@ -595,7 +597,8 @@ static int bench_decode(int argc, char **argv)
     kl_model *m = NULL;
     kl_cli_load l = {.cmd = "bench decode",
                      .model = a.model,
-                     .opts = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED},
+                     .opts = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED,
+                              .tp = (unsigned)a.tp},
                      .quiet = a.quiet,
                      .ignore_memory = a.ignore_memory,
                      .device = a.device};

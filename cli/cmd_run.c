@@ -58,7 +58,6 @@ typedef struct run_args {
     const char *force_ids;  /* --force-ids */
     const char *logits_out; /* --logits-out */
     kl_gen_flags gen;       /* -n, sampling, --threads, --route-weights */
-    unsigned long long tp;  /* --tp */
     int json;
 } run_args;
 
@@ -91,12 +90,6 @@ static int parse_args(int argc, char **argv, run_args *a)
                  "the prompt, then after each fed token (forced ids: len+1 rows;\n"
                  "generation: one row per sampled token, at least one); written to a\n"
                  "temporary file and renamed when complete; never inside MODEL"),
-        KL_VALUE("--tp", 0, KL_OPT_U64, &a->tp, "N",
-                 "tensor-parallel shards on the CPU (default 1): every block runs as N\n"
-                 "shards in this process, partial sums added in rank order; N must\n"
-                 "split the model (kl audit --tp; an error lists the valid sizes);\n"
-                 "N > 1 needs --device cpu",
-                 .lo = 1, .hi = 64),
     };
     memcpy(opts + 3 + KL_GEN_FLAG_ROWS, tail, sizeof tail);
     const kl_cmd_spec spec = {"run", run_synopsis, run_about, opts, run_footer, 1, 1, "MODEL"};
@@ -109,8 +102,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         return kl_cli_usage("--force-ids needs --logits-out");
     if (a->logits_out && !*a->logits_out)
         return kl_cli_usage("--logits-out wants a file");
-    if (a->tp > 1 && a->gen.device != KL_DEVICE_CPU)
-        return kl_cli_usage("--tp above 1 runs on the CPU backend only: add --device cpu");
+    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.device);
+    if (tp_problem)
+        return kl_cli_usage("%s", tp_problem);
     return KL_ARGS_RUN;
 }
 
@@ -300,7 +294,7 @@ static int prepare(const run_args *a, run_ctx *c, kl_err *err)
     c->load = (kl_cli_load){.cmd = "run",
                             .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route,
-                                     .tp = (unsigned)a->tp},
+                                     .tp = (unsigned)a->gen.tp},
                             .quiet = a->gen.quiet,
                             .ignore_memory = a->gen.ignore_memory,
                             .device = a->gen.device};

@@ -93,6 +93,14 @@ void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows)
         KL_FLAG("--ignore-memory-check", 0, &f->ignore_memory,
                 "load even when the model is larger than the available memory"),
         KL_DEVICE_ROW(&f->device),
+        KL_TP_ROW(&f->tp),
     };
     memcpy(rows, r, sizeof r);
+}
+
+const char *kl_cli_tp_problem(unsigned long long tp, kl_cli_device d)
+{
+    return tp > 1 && d != KL_DEVICE_CPU
+               ? "--tp above 1 runs on the CPU backend only: add --device cpu"
+               : NULL;
 }

@@ -1,7 +1,8 @@
 /*
  * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-k,
- * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, --device, as
- * rows of their option tables (--device also in kl bench decode: KL_DEVICE_ROW).
+ * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, --device,
+ * --tp, as rows of their option tables (kl serve takes them from --threads on; --device and
+ * --tp also in kl bench decode: KL_DEVICE_ROW, KL_TP_ROW).
  */
 #ifndef KL_CLI_GENFLAGS_H
 #define KL_CLI_GENFLAGS_H
@@ -19,9 +20,10 @@ typedef struct kl_gen_flags {
     int quiet;         /* -q: errors only on stderr (no progress, load line or timings) */
     int ignore_memory; /* --ignore-memory-check */
     kl_cli_device device; /* --device */
+    unsigned long long tp; /* --tp: CPU tensor-parallel shards (0 or 1: none) */
 } kl_gen_flags;
 
-#define KL_GEN_FLAG_ROWS 11
+#define KL_GEN_FLAG_ROWS 12
 
 /* --device auto|cpu|gpu into a kl_cli_device (an option-table parser: 0 or -1). */
 int kl_cli_parse_device(void *target, const char *v);
@@ -29,6 +31,16 @@ int kl_cli_parse_device(void *target, const char *v);
     KL_VALUE("--device", 0, KL_OPT_FN, (tgt), "D",                                               \
              "where to run: auto (default: the GPU if there is one), cpu or gpu",               \
              .fn = kl_cli_parse_device, .wants = "auto, cpu or gpu")
+
+#define KL_TP_ROW(tgt)                                                                           \
+    KL_VALUE("--tp", 0, KL_OPT_U64, (tgt), "N",                                                  \
+             "tensor-parallel shards on the CPU (default 1): every block runs as N\n"            \
+             "shards in this process, partial sums added in rank order; N must\n"                \
+             "split the model (kl audit --tp; an error lists the valid sizes);\n"                \
+             "N > 1 needs --device cpu", .lo = 1, .hi = 64)
+
+/* NULL, or why --tp tp cannot run on device d (N > 1 runs on the CPU backend only). */
+const char *kl_cli_tp_problem(unsigned long long tp, kl_cli_device d);
 
 /* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help
  * is the help of -n (its default differs between run and chat). */
