@@ -38,7 +38,7 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
                             "%u, experts %u, MLP widths %u/%u, MXFP4 expert blocks %u); valid "
                             "sizes: %s", o->tp, c->num_attention_heads, c->kda_num_heads,
                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                            c->quant_format[0] ? c->moe_intermediate_size / 32 : 0, list);
+                            kl_tp_expert_blocks(c), list);
     }
     if (c->max_position && o->context > c->max_position)
         return kl_fail_rule(err, KL_E_USAGE, "MEM-CONTEXT",

@@ -258,13 +258,14 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
     }
 }
 
-/* The warp's sums into y rows t0 + token (packed order), masked to the matrix and tile. */
+/* The warp's sums into y [*, R] rows t0 + token (packed order), columns from the block's
+ * first W row r0, masked to the matrix (R rows) and tile. */
 template <int RW, int TW>
-__device__ static inline void mt_store(const float (&acc)[4][4][4], const mt_job &j, uint32_t t0,
-                                       uint32_t nt)
+__device__ static inline void mt_store(const float (&acc)[4][4][4], uint32_t R, uint32_t r0,
+                                       float *y, uint32_t t0, uint32_t nt)
 {
     const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, q = lane % 4;
-    const uint32_t row0 = j.r0 + 64 * (w % RW), tok0 = 32 * (w / RW), R = j.m.rows;
+    const uint32_t row0 = r0 + 64 * (w % RW), tok0 = 32 * (w / RW);
 #pragma unroll
     for (unsigned i = 0; i < 4; i++)
 #pragma unroll
@@ -274,7 +275,7 @@ __device__ static inline void mt_store(const float (&acc)[4][4][4], const mt_job
                 const uint32_t row = row0 + 16 * i + g + 8 * (e / 2);
                 const uint32_t tok = tok0 + 8 * jn + 2 * q + e % 2;
                 if (row < R && tok < nt)
-                    j.y[(size_t)(t0 + tok) * R + row] = acc[i][jn][e];
+                    y[(size_t)(t0 + tok) * R + row] = acc[i][jn][e];
             }
 }
 
@@ -296,7 +297,7 @@ __device__ static void mt_tile(const mt_job &j, uint32_t t0, uint32_t nt, uint16
             mt_load<MX, RW, TW>(j, t0, nt, (k + 1) * MT_KT, g);
         mt_mul<SP, RW, TW>(acc, st, st + T::W_ELEMS, nt);
     }
-    mt_store<RW, TW>(acc, j, t0, nt);
+    mt_store<RW, TW>(acc, j.m.rows, j.r0, j.y, t0, nt);
     __syncthreads(); /* the next tile stages into stage 0, which the last products may read */
 }
 
@@ -477,8 +478,7 @@ __device__ static void m5_tile(const m5_job &j, uint32_t t0, uint32_t nt, uint8_
         mt_mul<SP, RW, TW>(acc, wt, (const uint16_t *)slot, nt);
     }
     copy_wait<0>();
-    const mt_job out = {j.m, j.wrow0, j.r0, NULL, NULL, j.y};
-    mt_store<RW, TW>(acc, out, t0, nt);
+    mt_store<RW, TW>(acc, j.m.rows, j.r0, j.y, t0, nt);
     __syncthreads(); /* the next tile's copies take slots 0 and 1 */
 }
 

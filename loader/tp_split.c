@@ -67,9 +67,7 @@ static uint64_t gcd_u64(uint64_t a, uint64_t b)
     return a;
 }
 
-/* MXFP4 experts: the 32-value scale blocks along the intermediate width, which w2's cut along
- * its input (loader/tp_split.h) must keep whole on a rank; 0 (no constraint) for BF16. */
-static uint32_t mxfp4_expert_blocks(const kl_config *c)
+uint32_t kl_tp_expert_blocks(const kl_config *c)
 {
     return c->quant_format[0] ? c->moe_intermediate_size / 32 : 0;
 }
@@ -80,7 +78,7 @@ static uint64_t split_gcd(const kl_config *c)
 {
     const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
                              c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                             mxfp4_expert_blocks(c)};
+                             kl_tp_expert_blocks(c)};
     uint64_t g = 0;
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         g = gcd_u64(g, dims[i]);

@@ -30,6 +30,10 @@ size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
 int    kl_tp_size_ok(const kl_config *c, unsigned tp);
 void   kl_tp_sizes_text(const kl_config *c, char *buf, size_t cap);
 
+/* MXFP4 experts: their 32-value scale blocks along the intermediate width, which w2's IN cut
+ * must keep whole on a rank; 0 (no constraint) for BF16 checkpoints. */
+uint32_t kl_tp_expert_blocks(const kl_config *c);
+
 typedef enum kl_tp_kind {
     KL_TP_WHOLE = 0, /* every rank holds all of it */
     KL_TP_OUT,       /* dimension dim cut in tp equal parts: rank r holds part r */
