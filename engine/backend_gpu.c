@@ -124,6 +124,7 @@ typedef struct gpu_be {
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
     float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch, *kda_scratch;
     float *fz;                                /* [fused rows]: a fused product's outputs */
+    uint16_t *parts;                          /* a product's input as bf16 parts (gemm.h) */
     int32_t  *idx;
     uint32_t *amax;
     size_t    mla_scratch_floats;
@@ -648,6 +649,9 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
     int rc = 0;
     for (size_t i = 0; !rc && i < sizeof t / sizeof *t; i++)
         rc = dev_floats(g, t[i].p, t[i].n ? t[i].n : 1, err);
+    const uint32_t widest = max2u(max2u(d->hidden, d->wide), d->ffn);
+    if (!rc)
+        rc = dev_alloc(g, (void **)&g->parts, kl_gpu_gemm_parts_bytes((uint32_t)T, widest), err);
     if (!rc)
         rc = dev_alloc(g, (void **)&g->idx, T * max2u(d->topk, 1) * sizeof *g->idx, err);
     if (!rc)
@@ -998,21 +1002,34 @@ static int gpu_add_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_
     return norm_op(be, which, layer, 1, err);
 }
 
-/* y [n, rows] = x [n, cols] Wᵀ: tensor cores for many rows (kernels/gemm.h), the fp32
- * kernels of kernels/dense.h otherwise or with $KL_GPU_GEMM=0. */
-static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
-                   kl_err *err)
+/* Whether a product by w of n rows runs on the tensor cores (kernels/gemm.h): many rows,
+ * unless $KL_GPU_GEMM=0; else the fp32 kernels of kernels/dense.h. */
+static int on_tensor_cores(const gpu_be *g, const kl_gpu_mat *w, uint32_t n)
 {
     int tc = w->kind == KL_GPU_W_BF16 || w->kind == KL_GPU_W_MXFP4;
-    if (g->gemm_on && tc && n >= KL_GPU_GEMM_MIN_N && w->cols % 32 == 0)
-        return kl_gpu_gemm(w, x, n, y, g->st, err);
+    return g->gemm_on && tc && n >= KL_GPU_GEMM_MIN_N && w->cols % 32 == 0;
+}
+
+/* y [n, rows] = x [n, cols] Wᵀ; split_done: x's parts are in g->parts already (an earlier
+ * product of the same x split them). */
+static int product(gpu_be *g, const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                   int split_done, kl_err *err)
+{
+    if (on_tensor_cores(g, w, n))
+        return kl_gpu_gemm_p(w, x, n, y, g->parts, split_done, g->st, err);
     return kl_gpu_matmul(w, x, n, y, g->st, err);
 }
 
 /* y [n, rows] = x [n, cols] Wᵀ for the chunk's tokens */
 static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
 {
-    return product(g, w, x, g->tok.n, y, err);
+    return product(g, w, x, g->tok.n, y, 0, err);
+}
+
+/* Whether mm(w) splits its input into g->parts. */
+static int splits(const gpu_be *g, const kl_gpu_mat *w)
+{
+    return on_tensor_cores(g, w, g->tok.n) && kl_gpu_gemm_uses_parts(w, g->parts);
 }
 
 /* Whether the chunk runs group grp's products as one (a one-token chunk, the group fused). */
@@ -1035,10 +1052,14 @@ static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x
         }
         return mm(g, &L->fused[grp], x, g->fz, err);
     }
-    int rc = 0;
-    for (int i = 0; !rc && fuse_roles[grp][i] != KL_ROLE_COUNT; i++)
-        if (L->w[fuse_roles[grp][i]].kind != KL_GPU_W_NONE)
-            rc = mm(g, &L->w[fuse_roles[grp][i]], x, out[i], err);
+    int rc = 0, split_done = 0;   /* the members share one split of x */
+    for (int i = 0; !rc && fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
+        const kl_gpu_mat *w = &L->w[fuse_roles[grp][i]];
+        if (w->kind == KL_GPU_W_NONE)
+            continue;
+        rc = product(g, w, x, g->tok.n, out[i], split_done && splits(g, w), err);
+        split_done |= splits(g, w);
+    }
     return rc;
 }
 
@@ -1177,7 +1198,7 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
         rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
                         err);
     if (!rc)
-        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, err);
+        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, 0, err);
     if (!rc && argmax)
         rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
     if (!rc && logits)

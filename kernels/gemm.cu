@@ -426,7 +426,7 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
 /* [dense, grouped]: 0 until read from the environment, then 1, 4 or 5 */
 static int tiles_version[2];
 
-/* KL_GPU_GEMM_TILES (dense: v1, v4) or KL_GPU_GEMM_GROUPED (v1, v4, v5), else the default. */
+/* KL_GPU_GEMM_TILES (dense) or KL_GPU_GEMM_GROUPED: v1, v4 or v5, else the default (5). */
 static int tiles_from_env(int grouped)
 {
     const char *v = getenv(grouped ? "KL_GPU_GEMM_GROUPED" : "KL_GPU_GEMM_TILES");
@@ -434,7 +434,7 @@ static int tiles_from_env(int grouped)
         return 1;
     if (v && !strcmp(v, "v4"))
         return 4;
-    return grouped ? 5 : 1;
+    return 5;
 }
 
 extern "C" int kl_gpu_gemm_tiles(int grouped)
@@ -447,7 +447,7 @@ extern "C" int kl_gpu_gemm_tiles(int grouped)
 
 extern "C" void kl_gpu_gemm_tiles_set(int dense, int grouped)
 {
-    tiles_version[0] = dense == 1 || dense == 4 ? dense : 0;
+    tiles_version[0] = dense == 1 || dense == 4 || dense == 5 ? dense : 0;
     tiles_version[1] = grouped == 1 || grouped == 4 || grouped == 5 ? grouped : 0;
 }
 
@@ -458,14 +458,33 @@ static int mma_takes(const kl_gpu_mat *m, int grouped)
     return GEMM_WMMA && kl_gpu_gemm_tiles(grouped) >= 4 && m->cols % KL_GPU_MMA_KT == 0;
 }
 
+extern "C" int kl_gpu_gemm_uses_parts(const kl_gpu_mat *w, const uint16_t *parts)
+{
+    return parts && mma_takes(w, 0) && kl_gpu_gemm_tiles(0) == 5 && kl_gpu_gemm_mma5_takes(w);
+}
+
 extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
                            kl_gpu_stream s, kl_err *err)
+{
+    return kl_gpu_gemm_p(w, x, n, y, NULL, 0, s, err);
+}
+
+extern "C" int kl_gpu_gemm_p(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                             uint16_t *parts, int parts_ready, kl_gpu_stream s, kl_err *err)
 {
     int rc = gemm_mat_check(w, x, "gemm", err);
     if (rc)
         return rc;
     if (!y || n == 0 || (n + BN - 1) / BN > 65535)
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
+    if ((uintptr_t)parts % 16)
+        return kl_fail(err, KL_E_USAGE, "gemm: parts not 16-byte aligned");
+    if (kl_gpu_gemm_uses_parts(w, parts)) {
+        if (!parts_ready &&
+            kl_gpu_gemm_split_x(x, NULL, NULL, n, w->cols, parts, s, err))
+            return err->code;
+        return kl_gpu_gemm_mma5(w, parts, n, y, kl_gpu_gemm_split(), s, err);
+    }
     if (mma_takes(w, 0))
         return kl_gpu_gemm_mma(w, x, n, y, kl_gpu_gemm_split(), s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);

@@ -34,16 +34,16 @@ extern "C" {
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 
-/* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1).  Dense:
- * version 1 by default, KL_GPU_GEMM_TILES=v4 for version 4.  Grouped: version 5 by default
- * (where a->parts is given and the matrix fits, else version 4), KL_GPU_GEMM_GROUPED=v1|v4|v5.
+/* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1), version 5
+ * by default (where parts are given and the matrix fits, else version 4);
+ * KL_GPU_GEMM_TILES=v1|v4|v5 (dense) and KL_GPU_GEMM_GROUPED=v1|v4|v5 choose.
  * Version 1 (gemm.cu): loads held in registers, WMMA tiles of 64 tokens x 128 rows.
  * Version 4 (kernels/gemm_mma.cu): mma.sync with ldmatrix, warps of 64 rows x 32 tokens,
  * blocks of 128 x 128 (dense) or 256 x 64 (grouped), the next K step's loads held in
  * registers and x split in the loop; cols % 64 == 0, CUDA only (HIP runs version 1).
- * Version 5 (grouped): version 4's warps and blocks on x split once into bf16 parts
- * (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in shared
- * memory).  Measured on the H200 (session 8, form 2): grouped MXFP4 gate [1024, 2304] over
+ * Version 5: version 4's warps in blocks of 256 rows x 64 tokens on x split once into bf16
+ * parts (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in
+ * shared memory).  Measured on the H200 (session 8, form 2): grouped MXFP4 gate [1024, 2304] over
  * 8,192 rows, version 1 1,201 µs, version 4 924, version 5 887; an 8K prompt 4,706-4,716
  * tok/s with the defaults; dense products within +-20% between 1 and 4 (1 ahead at n <= 256
  * and on [2304, 4096]).  All are exact in form 2.  Read from the environment at the first
@@ -52,9 +52,18 @@ int  kl_gpu_gemm_tiles(int grouped);     /* 1, 4 or 5 */
 void kl_gpu_gemm_tiles_set(int dense, int grouped);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
- * w->cols a multiple of 32. */
+ * w->cols a multiple of 32.  Without parts, version 5 is not available (version 4 runs). */
 int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                 kl_err *err);
+
+/* kl_gpu_gemm with a scratch for x's bf16 parts (kl_gpu_gemm_parts_bytes(n, w->cols), 16-byte
+ * aligned): version 5 splits x into it, unless parts_ready (an earlier call split this x, the
+ * same n and cols: products of one input share one split), and multiplies from it. */
+int kl_gpu_gemm_p(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, uint16_t *parts,
+                  int parts_ready, kl_gpu_stream s, kl_err *err);
+
+/* Whether kl_gpu_gemm_p(w, .., parts, ..) splits x into parts and reads them. */
+int kl_gpu_gemm_uses_parts(const kl_gpu_mat *w, const uint16_t *parts);
 
 /* The products of a layer's routed experts for rows grouped by expert ("packed" rows):
  *     y[i] = x[x_row[i]] W_eᵀ   for i in [seg[e], seg[e+1]), every expert e < w->n

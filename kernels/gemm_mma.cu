@@ -178,38 +178,29 @@ __device__ static inline void mt_zero(float (&acc)[4][4][4])
                 acc[i][jn][e] = 0.0f;
 }
 
-/* Form 2 over one 16-wide slice: each fragment's three products (hi, lo2, lo) summed in a
- * fresh fragment, then added to acc in fp32.  The products go part by part over all 16
- * fragments, so consecutive MMAs are independent (255 registers, a few bytes of spills).
- * Against a chain of three per fragment (H200, session 8): grouped version 5 906 → 887 µs,
- * version 4 908 → 924, dense version 4 mixed (-5% to +15%). */
-__device__ static inline void mul_promote(float (&acc)[4][4][4], const uint32_t (&a)[4][4],
-                                          const uint32_t (&b)[3][4][2], unsigned ng)
+/* One 16-wide slice's products into s, part by part (hi, lo2, lo; SP 0: hi only) over all
+ * the fragments in use, so consecutive MMAs are independent. */
+template <int SP>
+__device__ static inline void mul_slice(float (&s)[4][4][4], const uint32_t (&a)[4][4],
+                                        const uint32_t (&b)[3][4][2], unsigned ng)
 {
-    float part[4][4][4];
-    mt_zero(part);
     const unsigned order[3] = {0, 2, 1}; /* hi, lo2, lo */
 #pragma unroll
-    for (unsigned o = 0; o < 3; o++)
+    for (unsigned o = 0; o < (SP ? 3u : 1u); o++)
 #pragma unroll
         for (unsigned j = 0; j < 4; j++) {
             if (j >= ng)
                 continue;
 #pragma unroll
             for (unsigned i = 0; i < 4; i++)
-                mma16816(part[i][j], a[i], b[order[o]][j][0], b[order[o]][j][1]);
+                mma16816(s[i][j], a[i], b[order[o]][j][0], b[order[o]][j][1]);
         }
-#pragma unroll
-    for (unsigned j = 0; j < 4; j++)
-#pragma unroll
-        for (unsigned i = 0; i < 4; i++)
-#pragma unroll
-            for (unsigned e = 0; e < 4; e++)
-                acc[i][j][e] += part[i][j][e];
 }
 
 /* acc[i][j] += W rows (16 i ..) x tokens (8 j ..) of this warp over the staged step: the W
- * tile wt [BR][MT_LD], the X parts xt [3][BT][MT_LD]. */
+ * tile wt [BR][MT_LD], the X parts xt [3][BT][MT_LD].  Form 2 (SP 2) sums the step's 12
+ * products of a fragment in a fresh one and adds it to acc in fp32 once per step of 64, as
+ * version 1 does (session 8 added it every 16-wide slice: 4x the additions). */
 template <int SP, int RW, int TW>
 __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
                                      const uint16_t *xt, uint32_t nt)
@@ -222,6 +213,9 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
     const unsigned ng = nt - tok0 >= 32 ? 4 : (nt - tok0 + 7) / 8; /* n8 fragments in use */
     const uint16_t *pa = wt + (row0 + lane % 16) * MT_LD + (lane / 16) * 8;
     const uint16_t *pb = xt + (tok0 + (lane / 16) * 8 + lane % 8) * MT_LD + ((lane / 8) % 2) * 8;
+    float part[4][4][4];
+    if (SP == 2)
+        mt_zero(part);
 #pragma unroll
     for (unsigned kk = 0; kk < MT_KT; kk += 16) {
         uint32_t a[4][4], b[3][4][2];
@@ -240,22 +234,18 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
                 b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
             }
         if (SP == 2)
-            mul_promote(acc, a, b, ng);
+            mul_slice<SP>(part, a, b, ng);
         else
-#pragma unroll
-            for (unsigned j = 0; j < 4; j++) {
-                if (j >= ng)
-                    continue;
-#pragma unroll
-                for (unsigned i = 0; i < 4; i++) {
-                    mma16816(acc[i][j], a[i], b[0][j][0], b[0][j][1]);
-                    if (SP) {
-                        mma16816(acc[i][j], a[i], b[2][j][0], b[2][j][1]);
-                        mma16816(acc[i][j], a[i], b[1][j][0], b[1][j][1]);
-                    }
-                }
-            }
+            mul_slice<SP>(acc, a, b, ng);
     }
+    if (SP == 2)
+#pragma unroll
+        for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+            for (unsigned j = 0; j < 4; j++)
+#pragma unroll
+                for (unsigned e = 0; e < 4; e++)
+                    acc[i][j][e] += part[i][j][e];
 }
 
 /* The warp's sums into y [*, R] rows t0 + token (packed order), columns from the block's
@@ -495,6 +485,18 @@ __global__ static void __launch_bounds__(32 * RW * TW, 1)
         m5_tile<MX, SP, RW, TW>(j, t0, s1 - t0 < T::BT ? s1 - t0 : T::BT, (uint8_t *)mt_smem);
 }
 
+template <int MX, int SP, int RW, int TW>
+__global__ static void __launch_bounds__(32 * RW * TW, 1)
+    m5_dense_kernel(kl_gpu_mat m, const uint16_t *parts, uint32_t n, float *y)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ uint4 mt_smem[];
+    typedef mt<RW, TW> T;
+    const m5_job j = {m, 0, blockIdx.x * T::BR, parts, y};
+    const uint32_t t0 = blockIdx.y * T::BT;
+    m5_tile<MX, SP, RW, TW>(j, t0, n - t0 < T::BT ? n - t0 : T::BT, (uint8_t *)mt_smem);
+}
+
 /* A kernel, its shared memory, and whether its limit was raised (once, at the first launch:
  * a setting of the function, not a stream operation). */
 template <class F> struct mt_kernel {
@@ -562,17 +564,29 @@ extern "C" int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int sp
 /* ---- version 5's launchers ---------------------------------------------------------------- */
 
 #define M5_MAX_COLS 4096u /* MXFP4: the scales of the whole K fit the shared memory */
-#define M5_GROUP_RW 4
-#define M5_GROUP_TW 2
+#define M5_RW 4            /* blocks of 4 x 2 warps, 256 rows x 64 tokens, dense and grouped */
+#define M5_TW 2
 
 typedef void (*m5_grouped_fn)(kl_gpu_mat, const uint16_t *, const uint32_t *, float *);
+typedef void (*m5_dense_fn)(kl_gpu_mat, const uint16_t *, uint32_t, float *);
 
-#define M5_G(mx, sp) {m5_grouped_kernel<mx, sp, M5_GROUP_RW, M5_GROUP_TW>, \
-                      m5<mx, M5_GROUP_RW, M5_GROUP_TW>::smem(M5_MAX_COLS), 0}
+#define M5_G(mx, sp) {m5_grouped_kernel<mx, sp, M5_RW, M5_TW>, \
+                      m5<mx, M5_RW, M5_TW>::smem(M5_MAX_COLS), 0}
+#define M5_D(mx, sp) {m5_dense_kernel<mx, sp, M5_RW, M5_TW>, \
+                      m5<mx, M5_RW, M5_TW>::smem(M5_MAX_COLS), 0}
 
 /* [BF16, MXFP4][form] */
 static mt_kernel<m5_grouped_fn> m5_grouped[2][3] = {{M5_G(0, 0), M5_G(0, 1), M5_G(0, 2)},
                                                     {M5_G(1, 0), M5_G(1, 1), M5_G(1, 2)}};
+static mt_kernel<m5_dense_fn> m5_dense[2][3] = {{M5_D(0, 0), M5_D(0, 1), M5_D(0, 2)},
+                                                {M5_D(1, 0), M5_D(1, 1), M5_D(1, 2)}};
+
+/* Shared memory of a version 5 launch over w. */
+static unsigned m5_smem(const kl_gpu_mat &w)
+{
+    return w.kind == KL_GPU_W_MXFP4 ? m5<1, M5_RW, M5_TW>::smem(w.cols)
+                                    : m5<0, M5_RW, M5_TW>::smem(w.cols);
+}
 
 extern "C" int kl_gpu_gemm_mma5_takes(const kl_gpu_mat *m)
 {
@@ -605,14 +619,23 @@ extern "C" int kl_gpu_gemm_mma5_grouped(const kl_gpu_gemm_grouped_args *a, int s
     if (!a->parts_ready &&
         kl_gpu_gemm_split_x(a->x, a->x_row, a->seg + a->w->n, a->m_max, w.cols, a->parts, s, err))
         return err->code;
-    const int mx = w.kind == KL_GPU_W_MXFP4;
-    mt_kernel<m5_grouped_fn> &k = m5_grouped[mx][split];
+    mt_kernel<m5_grouped_fn> &k = m5_grouped[w.kind == KL_GPU_W_MXFP4][split];
     if (mt_opt_in(k, err))
         return err->code;
-    const unsigned smem = mx ? m5<1, M5_GROUP_RW, M5_GROUP_TW>::smem(w.cols)
-                             : m5<0, M5_GROUP_RW, M5_GROUP_TW>::smem(w.cols);
-    typedef mt<M5_GROUP_RW, M5_GROUP_TW> T;
+    typedef mt<M5_RW, M5_TW> T;
     const dim3 grid((w.rows + T::BR - 1) / T::BR, a->w->n);
-    k.fn<<<grid, T::THREADS, smem, (hipStream_t)s>>>(w, a->parts, a->seg, a->y);
+    k.fn<<<grid, T::THREADS, m5_smem(w), (hipStream_t)s>>>(w, a->parts, a->seg, a->y);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const uint16_t *parts, uint32_t n,
+                                float *y, int split, kl_gpu_stream s, kl_err *err)
+{
+    mt_kernel<m5_dense_fn> &k = m5_dense[w->kind == KL_GPU_W_MXFP4][split];
+    if (mt_opt_in(k, err))
+        return err->code;
+    typedef mt<M5_RW, M5_TW> T;
+    const dim3 grid((w->rows + T::BR - 1) / T::BR, (n + T::BT - 1) / T::BT);
+    k.fn<<<grid, T::THREADS, m5_smem(*w), (hipStream_t)s>>>(*w, parts, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -20,13 +20,16 @@ int kl_gpu_gemm_mma(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, i
 int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int split, kl_gpu_stream s,
                             kl_err *err);
 
-/* Version 5 (grouped only): x split once into bf16 parts (kl_gpu_gemm_split_x, unless
+/* Version 5: x split once into bf16 parts (kl_gpu_gemm_split_x, unless
  * a->parts_ready), then gemm_mma.cu's m5 kernels; needs a->parts.  kl_gpu_gemm_mma5_takes:
  * whether the matrix fits it (K in whole steps; MXFP4: cols % 128 == 0, <= 4096, 4-byte
  * aligned scales; CUDA). */
 int kl_gpu_gemm_mma5_takes(const kl_gpu_mat *m);
 int kl_gpu_gemm_mma5_grouped(const kl_gpu_gemm_grouped_args *a, int split, kl_gpu_stream s,
                              kl_err *err);
+/* Version 5 of a dense product from x already split into parts [n][3][w->cols]. */
+int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const uint16_t *parts, uint32_t n, float *y,
+                     int split, kl_gpu_stream s, kl_err *err);
 
 #ifdef __cplusplus
 }

@@ -249,15 +249,21 @@ stage_ncukernel() {
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     [ -n "$ncu" ] || { row "ncu: not found"; return; }
+    # why warps wait: cycles stalled per issued instruction, by reason
+    local r NCU_STALLS=""
+    for r in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait \
+        not_selected dispatch_stall lg_throttle no_instruction branch_resolving; do
+        NCU_STALLS+=",smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+    done
     ids=$(python3 -c "import random,sys; r=random.Random(7); print(','.join(str(r.randrange(1, 160000)) for _ in range(int(sys.argv[1]))))" "${NCU_PROMPT:-1024}")
     KL_GPU_GRAPHS=0 timeout ${NCU_TIMEOUT:-300} "$ncu" --clock-control none -k "regex:${NCU_KERNELS:-mt_}" \
         --launch-skip ${NCU_SKIP:-6} --launch-count ${NCU_COUNT:-2} \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
-        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$NCU_STALLS \
         "$KL" run "$D" --device gpu --ids "$ids" -n 1 -q > "$W/ncuk.txt" 2> "$W/ncuk.err" ||
         { row "ncu failed: $(tail -3 "$W/ncuk.err")"; return; }
-    grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More" | cut -c1-150 | tee -a "$TABLE"
+    grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More|issue_stalled" | cut -c1-150 | tee -a "$TABLE"
 }
 
 # CPU batching (issue 11) on this machine's cores: the server on CPUS_SERVER (with
