@@ -55,7 +55,7 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
  * tiles v1); the logits are bit-identical across chunk sizes.  MLA's scratch is sized for the
  * kernels that run (kl_gpu_mla_scratch), so 4,096 no longer costs the 35 GB it did. */
 #define GPU_CHUNK 4096u
-#define GPU_CHUNK_MAX 4096u
+#define GPU_CHUNK_MAX 8192u
 /* Sequences held at once: the running ones and the server's state snapshots (serve/prefix.h
  * keeps its entries in the slots kl serve's --max-seqs leaves free).  Each costs its KDA state
  * up front (~42 MB at the full geometry: 2.7 GB for 64); MLA caches grow with use. */

@@ -415,7 +415,8 @@ __device__ static inline void m5_scales(const m5_job &j, uint8_t *sc)
     }
 }
 
-/* MXFP4: a slot's raw codes of the step at k0 into a bf16 W tile (mx_bf16.h, exact). */
+/* MXFP4: a slot's raw codes of the step at k0 into a bf16 W tile (mx_bf16.h, exact).  Each
+ * thread takes the 16-byte units m5_issue gave it to copy, so its own wait suffices. */
 template <int RW, int TW>
 __device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, uint32_t cols,
                                         uint32_t k0, uint16_t *wt)
@@ -435,10 +436,14 @@ __device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, u
 }
 
 /* y rows [t0, t0 + nt) of the block's W rows, every thread of the block.  Step k's copies are
- * committed as group k (one group per step, empty past K); at step k the wait leaves step
- * k + 1's in flight, the barrier makes step k's visible and ends every warp's products of
- * step k - 1, whose slot step k + 2's copies then take.  MXFP4: the decode of step k goes to
- * tile k % 2 (last read by the products of step k - 2), then a barrier. */
+ * committed as group k (one group per step, empty past K).  At step k a thread waits for its
+ * own copies of step k (step k + 1's stay in flight), MXFP4: decodes the codes it copied
+ * itself into tile k % 2 (last read by the products of step k - 2, before the previous
+ * barrier), then the one barrier of the step makes step k visible to every warp and ends
+ * their products of step k - 1, whose slot step k + 2's copies then take.  So a warp done
+ * with its products decodes the next step while the others still multiply (with a barrier
+ * between the decode and the products the tensor cores idled through every decode).  The
+ * scales are read by other threads than copied them: one barrier before the first decode. */
 template <int MX, int SP, int RW, int TW>
 __device__ static void m5_tile(const m5_job &j, uint32_t t0, uint32_t nt, uint8_t *sm)
 {
@@ -454,17 +459,18 @@ __device__ static void m5_tile(const m5_job &j, uint32_t t0, uint32_t nt, uint8_
     }
     for (uint32_t k = 0; k < steps; k++) {
         copy_wait<1>();
-        __syncthreads();
-        m5_issue<MX, SP, RW, TW>(j, t0, nt, (k + 2) * MT_KT, sm + (k + 2) % M5_SLOTS * S::SLOT);
-        copy_commit();
         uint8_t *slot = sm + k % M5_SLOTS * S::SLOT;
         const uint16_t *wt = (const uint16_t *)(slot + S::X_BYTES);
         if (MX) {
+            if (k == 0)
+                __syncthreads(); /* every thread's scales */
             uint16_t *dec = (uint16_t *)(sm + S::WT) + (k % 2) * mt<RW, TW>::W_ELEMS;
             m5_decode<RW, TW>(slot + S::X_BYTES, sm + S::SC, j.m.cols, k * MT_KT, dec);
-            __syncthreads();
             wt = dec;
         }
+        __syncthreads();
+        m5_issue<MX, SP, RW, TW>(j, t0, nt, (k + 2) * MT_KT, sm + (k + 2) % M5_SLOTS * S::SLOT);
+        copy_commit();
         mt_mul<SP, RW, TW>(acc, wt, (const uint16_t *)slot, nt);
     }
     copy_wait<0>();
