@@ -139,7 +139,7 @@ int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, kl_err *e
  * ($KL_GPU_LOAD_MAPPED_PERCENT of the bytes, default 35; $KL_GPU_LOAD_MAPPED_THREADS, default
  * 4): the ring's copies through pinned buffers cost host memory bandwidth, the mapped windows'
  * page-locking costs driver time; both feed one stream.
- * $KL_GPU_CHUNK=N (16-8192, default 4096): tokens per forward chunk (max_tokens);
+ * $KL_GPU_CHUNK=N (16-8192, default 8192): tokens per forward chunk (max_tokens);
  * chunks of 16+ tokens run their products and routed experts on tensor cores (kernels/gemm.h,
  * ~5e-7 of fp32 a product); $KL_GPU_GEMM=0: on the fp32 kernels (half the prefill rate);
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In

@@ -52,9 +52,10 @@ const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", 
 /* Tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX).  The grouped expert products read
  * every expert once per chunk, so larger chunks amortise the weights over more rows: an 8K
  * prompt at 1,942 tok/s in chunks of 256, 3,418 at 1,024, 4,097 at 4,096 (session 7, gemm
- * tiles v1); the logits are bit-identical across chunk sizes.  MLA's scratch is sized for the
- * kernels that run (kl_gpu_mla_scratch), so 4,096 no longer costs the 35 GB it did. */
-#define GPU_CHUNK 4096u
+ * tiles v1); 5,392-5,411 at 4,096 and 5,583-5,602 at 8,192 (session 9, version 5; GPU memory
+ * 40.9 against 47.1 GB); the logits are bit-identical across chunk sizes.  MLA's scratch is
+ * sized for the kernels that run (kl_gpu_mla_scratch). */
+#define GPU_CHUNK 8192u
 #define GPU_CHUNK_MAX 8192u
 /* Sequences held at once: the running ones and the server's state snapshots (serve/prefix.h
  * keeps its entries in the slots kl serve's --max-seqs leaves free).  Each costs its KDA state
