@@ -18,8 +18,12 @@
 extern "C" {
 #endif
 
-/* The smallest n the backend should send here rather than to kl_gpu_matmul. */
-#define KL_GPU_GEMM_MIN_N 16u
+/* The smallest n the backend should send here rather than to kl_gpu_matmul: below it the
+ * tensor-core products' fixed cost (a block walks all of K in ~3 us steps, and few blocks fill
+ * the GPU) exceeds kl_gpu_matmul's, which reads the weights once per 8 tokens (H200, full
+ * geometry, session 9: prompts of 16 tokens 806 tok/s on kl_gpu_matmul throughout against
+ * 551 with the dense products here; 32 tokens 905 against 886; 64 tokens 976 against 1,160). */
+#define KL_GPU_GEMM_MIN_N 32u
 
 /* How X enters the tensor cores, for both launchers.  Split stages x = hi + lo + lo2,
  * hi = bf16(x), lo = bf16(x - hi), lo2 = bf16(x - hi - lo), and runs the three products (W

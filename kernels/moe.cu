@@ -53,10 +53,10 @@
  *   (4 digits: ~2^-25 of the block's largest x), exact int32 sums, then the digits and the
  *   scale in fp32: ~2 operations a code.
  *
- * Chunks (n >= KL_GPU_GEMM_MIN_N, version 3): a one-block stable counting sort of the slots by
- * expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate, up and down
- * (each expert's weight tile read once per chunk for all its rows), SiLU · up, and the same
- * combine reading each slot's packed row.
+ * Chunks (n >= kl_gpu_experts_grouped_min(), version 3): a one-block stable counting sort of
+ * the slots by expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate,
+ * up and down (each expert's weight tile read once per chunk for all its rows), SiLU · up,
+ * and the same combine reading each slot's packed row.
  */
 #include "kernels/moe.h"
 #include "kernels/dense.h" /* kl_gpu_version, kl_gpu_silu_mul */
@@ -586,7 +586,7 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
     k.y[i] = k.add_to_y ? k.y[i] + s : s;
 }
 
-/* ---- chunks (n >= KL_GPU_GEMM_MIN_N): the slots sorted by expert, grouped products ------- */
+/* ---- chunks (n >= kl_gpu_experts_grouped_min()): slots sorted by expert, grouped products - */
 
 #define SORT_THREADS  1024
 #define GROUPED_MAX_E 1024 /* seg [E + 1] has this bound in the scratch (moe.h's size) */
@@ -611,6 +611,22 @@ extern "C" int kl_gpu_experts_version(void)
 extern "C" void kl_gpu_experts_version_set(int version)
 {
     experts_ver = version == 2 ? 2 : 3;
+}
+
+static uint32_t grouped_min; /* 0 until read from the environment */
+
+extern "C" uint32_t kl_gpu_experts_grouped_min(void)
+{
+    if (!grouped_min) {
+        const char *v = getenv("KL_GPU_MOE_GROUPED_MIN");
+        grouped_min = v && atoi(v) >= 1 ? (uint32_t)atoi(v) : KL_GPU_EXPERTS_GROUPED_MIN_N;
+    }
+    return grouped_min;
+}
+
+extern "C" void kl_gpu_experts_grouped_min_set(uint32_t n)
+{
+    grouped_min = n;
 }
 
 extern "C" int kl_gpu_experts_decode_version(void)
@@ -707,7 +723,7 @@ static int grouped_kind_ok(const kl_gpu_mat &m)
 static int grouped_ok(const kl_gpu_experts_args *a, const experts_k &k)
 {
     const int kinds = grouped_kind_ok(k.w1) && grouped_kind_ok(k.w2) && grouped_kind_ok(k.w3);
-    return kl_gpu_experts_version() == 3 && a->n >= KL_GPU_GEMM_MIN_N && kinds &&
+    return kl_gpu_experts_version() == 3 && a->n >= kl_gpu_experts_grouped_min() && kinds &&
            k.E <= GROUPED_MAX_E && k.I % 32 == 0 && k.H % 32 == 0 &&
            (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->scratch % 16 == 0;
 }
@@ -745,7 +761,7 @@ extern "C" size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t in
                                          uint32_t hidden)
 {
     const size_t P = (size_t)n * top_k;
-    if (n < KL_GPU_GEMM_MIN_N)
+    if (n < kl_gpu_experts_grouped_min())
         return P * ((size_t)inter + hidden);
     const size_t cols = inter > hidden ? inter : hidden; /* the widest product input */
     return P * (2 * (size_t)inter + hidden) + GROUPED_MAX_E + 1 + 2 * P +

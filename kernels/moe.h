@@ -47,12 +47,22 @@ typedef struct kl_gpu_experts_args {
     int            add_to_y;
 } kl_gpu_experts_args;
 
-/* Floats of scratch kl_gpu_experts needs for n tokens (n >= KL_GPU_GEMM_MIN_N: room for the
- * grouped path, which needs at most 1024 experts). */
+/* Floats of scratch kl_gpu_experts needs for n tokens (n >= kl_gpu_experts_grouped_min(): room
+ * for the grouped path, which needs at most 1024 experts). */
 size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t inter, uint32_t hidden);
 int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err);
 
-/* The path of chunks of n >= KL_GPU_GEMM_MIN_N tokens (kernels/gemm.h): 3 (the default) sorts
+/* Chunks of fewer tokens run the per-slot kernels below: each grouped product costs a block
+ * ~36 K steps of ~3 us whatever its rows, so reading each slot's expert rows wins for short
+ * chunks (H200, full geometry, session 9: prompts of 64 tokens 1,160 tok/s per slot against
+ * 918 grouped, 128 tokens 1,638 against 1,610, 256 tokens 2,077 against 2,870).
+ * $KL_GPU_MOE_GROUPED_MIN=N (read at the first use) or kl_gpu_experts_grouped_min_set (0: the
+ * environment again) overrides it, before the scratch is sized. */
+#define KL_GPU_EXPERTS_GROUPED_MIN_N 128u
+uint32_t kl_gpu_experts_grouped_min(void);
+void     kl_gpu_experts_grouped_min_set(uint32_t n);
+
+/* The path of chunks of n >= kl_gpu_experts_grouped_min() tokens (kernels/gemm.h): 3 (the default) sorts
  * the (token, k) slots by expert and runs grouped tensor-core products, each expert's tile
  * read once for all its rows (BF16 or MXFP4 stacks, I and H multiples of 32, E <= 1024;
  * otherwise the per-slot kernels); 2 (KL_GPU_MOE=v2, read once) keeps the per-slot kernels of
@@ -60,7 +70,7 @@ int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err
 int  kl_gpu_experts_version(void);
 void kl_gpu_experts_version_set(int version);
 
-/* The per-slot path with MXFP4 stacks (n < KL_GPU_GEMM_MIN_N: decode): 3 (the default) runs
+/* The per-slot path with MXFP4 stacks (n < kl_gpu_experts_grouped_min()): 3 (the default) runs
  * gate/up with each lane's whole row in flight, then the down product and the k-order
  * weighted sum in one launch that requests its weights before its grid wait (two launches,
  * no part buffer); 2 (KL_GPU_MOE_DECODE=v2, read once) the three launches of before

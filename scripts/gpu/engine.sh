@@ -170,16 +170,16 @@ PY
 # the full geometry, GPU against CPU on a 64-token prompt once per configuration of
 # FULL_CONFIGS (as GOLDEN_CONFIGS), with the relative L2 of every step
 stage_fullcmp() {
-    local D="$W/full-mxfp4" p f IFS=';' cfg i=0
+    local D="$W/full-mxfp4" p f IFS=';' cfg i=0 np=${FULL_PROMPT:-64}
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
-    p=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1, 160000)) for _ in range(64)))")
+    p=$(python3 -c "import random,sys; r=random.Random(5); print(','.join(str(r.randrange(1, 160000)) for _ in range(int(sys.argv[1]))))" $np)
     f=$(python3 -c "import random; r=random.Random(6); print(','.join(str(r.randrange(1, 160000)) for _ in range(8)))")
     IFS=' ' forced "$D" cpu unbiased "$p" "$f" "$W/full-cpu.bin"
     for cfg in ${FULL_CONFIGS:-" "}; do
         i=$((i + 1))
         with_config "$cfg" forced "$D" gpu unbiased "$p" "$f" "$W/full-gpu-$i.bin"
         IFS=' ' python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab 163840 "$W/full-cpu.bin" "$W/full-gpu-$i.bin" > "$W/fullcmp-$i.json"
-        row "full-64 [${cfg# }] $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('max %.3g' % d['max_rel_l2'], 'PASS' if d['pass'] else 'FAIL', 'steps:', ' '.join('%.2g' % s['rel_l2'] for s in d['per_step']))" "$W/fullcmp-$i.json")"
+        row "full-$np [${cfg# }] $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('max %.3g' % d['max_rel_l2'], 'PASS' if d['pass'] else 'FAIL', 'steps:', ' '.join('%.2g' % s['rel_l2'] for s in d['per_step']))" "$W/fullcmp-$i.json")"
     done
 }
 

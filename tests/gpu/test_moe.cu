@@ -14,7 +14,7 @@
  * and one that moves the experts' 30.1 MB).  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
-#include "kernels/gemm.h" /* KL_GPU_GEMM_MIN_N */
+#include "kernels/gemm.h"  /* kl_gpu_gemm_split */
 #include "kernels/moe.h"
 #include "kernels/runtime.h" /* graphs with programmatic edges */
 #include "tests/gpu/gpu_testutil.h"
@@ -286,7 +286,7 @@ static void stacks_free(stacks &s)
 /* Whether kl_gpu_experts takes the grouped path of chunks for c (moe.h). */
 static int grouped(const experts_case &c)
 {
-    return kl_gpu_experts_version() == 3 && c.n >= KL_GPU_GEMM_MIN_N &&
+    return kl_gpu_experts_version() == 3 && c.n >= kl_gpu_experts_grouped_min() &&
            c.kind != KL_GPU_W_F32 && c.I % 32 == 0 && c.H % 32 == 0;
 }
 
@@ -576,9 +576,11 @@ static void time_copy_same(double copy_gbps)
     hipFree(dst);
 }
 
-/* Chunks (n >= 16): the grouped path (default) and, inside check_experts, the per-slot one. */
+/* Chunks: the grouped path and, inside check_experts, the per-slot one; from 16 tokens on (the
+ * default takes 128 and more), so the small shapes reach the grouped kernels' tails. */
 static void check_grouped_cases(void)
 {
+    kl_gpu_experts_grouped_min_set(16);
     static const uint32_t small_n[] = {16, 37}, real_n[] = {64, 256};
     kl_gpu_version_set(KL_GPU_K_MX, 2);
     check_experts({KL_GPU_W_BF16, 5, 64, 96, 3, 1, 0}, small_n, 2);
@@ -587,6 +589,8 @@ static void check_grouped_cases(void)
     check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
     check_bad_id(KL_GPU_W_MXFP4, 16);
     check_bad_id(KL_GPU_W_BF16, 16);
+    kl_gpu_experts_grouped_min_set(0);
+    check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 1); /* 64: per slot now */
 }
 
 /* n tokens at the real shapes through path version (3 grouped, 2 per-slot): median of 7
@@ -650,9 +654,11 @@ int main(void)
     for (const auto &p : paths)
         time_experts(copy, p);
     time_copy_same(copy);
+    kl_gpu_experts_grouped_min_set(16); /* time the grouped path at 64 too */
     for (uint32_t n : {64u, 256u}) {
         time_chunk(copy, n, 3);
         time_chunk(copy, n, 2);
     }
+    kl_gpu_experts_grouped_min_set(0);
     return t_report("moe", copy);
 }
