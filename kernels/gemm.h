@@ -47,11 +47,11 @@ void kl_gpu_gemm_split_set(int form);
  * registers and x split in the loop; cols % 64 == 0, CUDA only (HIP runs version 1).
  * Version 5: version 4's warps in blocks of 256 rows x 64 tokens on x split once into bf16
  * parts (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in
- * shared memory).  Measured on the H200 (session 8, form 2): grouped MXFP4 gate [1024, 2304] over
- * 8,192 rows, version 1 1,201 µs, version 4 924, version 5 887; an 8K prompt 4,706-4,716
- * tok/s with the defaults; dense products within +-20% between 1 and 4 (1 ahead at n <= 256
- * and on [2304, 4096]).  All are exact in form 2.  Read from the environment at the first
- * call; kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
+ * shared memory).  Measured on the H200 (session 9, form 2, versions 1 / 4 / 5): dense BF16
+ * [4096, 2304] x 4,096 tokens 1,474 / 1,229 / 829 µs; grouped MXFP4 gate [1024, 2304] over
+ * 32,768 rows 3,565 / 2,728 / 2,375 µs; an 8K prompt 5,583-5,602 tok/s with the defaults.  All
+ * are exact in form 2.  Read from the environment at the first call;
+ * kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
 int  kl_gpu_gemm_tiles(int grouped);     /* 1, 4 or 5 */
 void kl_gpu_gemm_tiles_set(int dense, int grouped);
 

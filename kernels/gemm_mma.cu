@@ -1,5 +1,5 @@
 /*
- * kernels/gemm_mma.cu — version 4 of the prefill products (KL_GPU_GEMM_TILES=v4; gemm.h):
+ * kernels/gemm_mma.cu — versions 4 and 5 of the prefill products (gemm.h):
  * Y = X Wᵀ on mma.sync.m16n8k16 with ldmatrix fragment loads, the split form of gemm.h
  * (x = hi + lo + lo2, three bf16 products per K slice, each 16-wide slice's products summed
  * in a fresh fragment and added to the running sums in fp32: form 2).
@@ -38,17 +38,21 @@
  * warps per SM and no eligible warp in 66% of cycles: latency-bound, the next step's loads
  * and the in-loop split of x waiting behind the block's barrier.
  *
- * Version 5 (grouped; the default there): x is split once per product input into bf16 parts
- * (m5_split_kernel: [m][3][cols], gathered through x_row; the up product reuses the gate
- * product's parts), and each K step's parts and weights are copied by cp.async two steps
- * ahead into a ring of three slots (no loads held in registers, no split in the loop); MXFP4
- * codes are decoded from the slot into one of two bf16 W tiles, the block rows' scales of the
- * whole K copied once per tile.  Count (gate over 32,768 rows, chunks of 4,096: 4 x 256 blocks,
+ * Version 5 (the default, dense and grouped, blocks of 4 x 2 warps): x is split once per
+ * product input into bf16 parts (m5_split_kernel: [m][3][cols], gathered through x_row; the
+ * up product reuses the gate product's parts, a dense group's products share one split), and
+ * each K step's parts and weights are copied by cp.async two steps ahead into a ring of three
+ * slots (no loads held in registers, no split in the loop); MXFP4 codes are decoded from the
+ * slot into one of two bf16 W tiles, the block rows' scales of the whole K copied once per
+ * tile.  Count (gate over 32,768 rows, chunks of 4,096: 4 x 256 blocks,
  * ~2 tiles of 64 tokens each, 36 steps): per block-step 1,536 MMAs (~2,600 clocks at the
  * probe's 1.7) and a decode of 2 code blocks a thread (~400 clocks with the barrier) with the
  * copies in flight underneath: ~3,000 clocks, 7.8 blocks per SM x 72 steps = 1.7M clocks =
  * ~0.85 ms, plus the split (755 MB moved, ~0.25 ms, shared with the up product), against
- * version 4's ~3.5 ms.
+ * version 4's ~3.5 ms.  Measured (session 9): 2,375 µs (65 TFLOPS of product; version 4
+ * 2,728), the dense [4096, 2304] x 4,096 829 µs (93 TFLOPS; version 1 1,474): a block-step
+ * takes ~3 µs (~5,900 clocks) against ~2,600 clocks of MMAs at the probe's rate, and the
+ * grouped tiles are ~80% full (segments of ~128 rows in tiles of 64).
  */
 #include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"

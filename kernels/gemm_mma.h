@@ -1,8 +1,9 @@
 /*
- * kernels/gemm_mma.h — version 4 of the prefill products (kernels/gemm_mma.cu), reached through
- * kl_gpu_gemm / kl_gpu_gemm_grouped (gemm.h) when KL_GPU_GEMM_TILES says v4 and the matrix
- * has cols % KL_GPU_MMA_KT == 0.  Internal to kernels/: arguments are checked by gemm.c's
- * public launchers; split is the form (0, 1 or 2, gemm.h).
+ * kernels/gemm_mma.h — versions 4 and 5 of the prefill products (kernels/gemm_mma.cu), reached
+ * through kl_gpu_gemm_p / kl_gpu_gemm_grouped (gemm.h) when KL_GPU_GEMM_TILES or
+ * KL_GPU_GEMM_GROUPED selects them and the matrix has cols % KL_GPU_MMA_KT == 0.  Internal to
+ * kernels/: arguments are checked by gemm.cu's public launchers; split is the form (0, 1 or
+ * 2, gemm.h).
  */
 #ifndef KL_KERNELS_GEMM_MMA_H
 #define KL_KERNELS_GEMM_MMA_H

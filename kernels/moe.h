@@ -62,11 +62,12 @@ int    kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_err *err
 uint32_t kl_gpu_experts_grouped_min(void);
 void     kl_gpu_experts_grouped_min_set(uint32_t n);
 
-/* The path of chunks of n >= kl_gpu_experts_grouped_min() tokens (kernels/gemm.h): 3 (the default) sorts
- * the (token, k) slots by expert and runs grouped tensor-core products, each expert's tile
- * read once for all its rows (BF16 or MXFP4 stacks, I and H multiples of 32, E <= 1024;
- * otherwise the per-slot kernels); 2 (KL_GPU_MOE=v2, read once) keeps the per-slot kernels of
- * n < 16 for every n.  kl_gpu_experts_version_set (2 or 3) overrides the environment. */
+/* The path of chunks of n >= kl_gpu_experts_grouped_min() tokens (kernels/gemm.h): 3 (the
+ * default) sorts the (token, k) slots by expert and runs grouped tensor-core products, each
+ * expert's tile read once for all its rows (BF16 or MXFP4 stacks, I and H multiples of 32,
+ * E <= 1024; otherwise the per-slot kernels); 2 (KL_GPU_MOE=v2, read once) keeps the per-slot
+ * kernels of shorter chunks for every n.  kl_gpu_experts_version_set (2 or 3) overrides the
+ * environment. */
 int  kl_gpu_experts_version(void);
 void kl_gpu_experts_version_set(int version);
 

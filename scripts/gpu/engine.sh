@@ -4,7 +4,8 @@
 # fp32) and against the CPU engine teacher-forced, then the full 48B geometry with synthetic
 # MXFP4 experts: GPU vs CPU on a 64-token prompt and kl bench decode.  Ends with a short table.
 #   STAGES="tests golden full" (default all three); W: work folder; KEEP=1 keeps the full model;
-#   PROMPT_TOKENS (8192) and AT (0,8192,65536) shape the benchmark; NOGRAPHS=1 adds a run
+#   PROMPT_TOKENS (8192) and AT (0,8192,65536) shape the benchmark; FULL_PROMPT (64) the
+#   full-geometry comparison (STAGES=fullcmp) with the CPU engine; NOGRAPHS=1 adds a run
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
@@ -167,7 +168,7 @@ PY
     cp "$W/bench-serve.json" "$OUT/" 2>/dev/null
 }
 
-# the full geometry, GPU against CPU on a 64-token prompt once per configuration of
+# the full geometry, GPU against CPU on a FULL_PROMPT-token prompt (64) once per configuration of
 # FULL_CONFIGS (as GOLDEN_CONFIGS), with the relative L2 of every step
 stage_fullcmp() {
     local D="$W/full-mxfp4" p f IFS=';' cfg i=0 np=${FULL_PROMPT:-64}
