@@ -55,8 +55,8 @@ static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audi
     if (!planned)
         return rc;
     /* The plan assumes a bf16 MLA cache, as serving engines keep it (the CPU engine: fp32). */
-    kl_memplan_opts mo = {.tp = o->tp, .context = o->context, .cache_elem_bytes = 2,
-                          .state_elem_bytes = 4};
+    kl_memplan_opts mo = {.tp = o->tp, .expert_parallel = o->expert_parallel,
+                          .context = o->context, .cache_elem_bytes = 2, .state_elem_bytes = 4};
     if (!mo.context)
         mo.context = kl_memplan_default_context(&ck->config);
     kl_err perr;

@@ -31,6 +31,7 @@ typedef struct kl_audit_opts {
     bool        hash;         /* SHA-256 every shard */
     const char *expect;       /* sha256sum-format file or HF snapshot dir, or NULL */
     unsigned    tp;           /* tensor-parallel size for the memory plan (default 1) */
+    bool        expert_parallel; /* the plan's routed experts whole, on one rank each */
     uint64_t    context;      /* tokens of context for the memory plan (0: default, see
                                * kl_memplan_default_context) */
     unsigned    threads;      /* hashing threads (default: usable CPUs) */
@@ -53,6 +54,7 @@ typedef struct kl_expert_region {
 
 typedef struct kl_memplan_opts {
     unsigned tp;                     /* tensor-parallel size: must divide every split dimension */
+    bool     expert_parallel;        /* routed experts whole on their owner (tp_split.h) */
     uint64_t context;                /* tokens; at most the config's max_position when known */
     size_t   cache_elem_bytes;       /* MLA latent cache element (the audit: 2, bf16) */
     size_t   state_elem_bytes;       /* KDA recurrent and conv state element (4, fp32) */
@@ -60,6 +62,7 @@ typedef struct kl_memplan_opts {
 
 typedef struct kl_memplan {
     unsigned tp;
+    bool     expert_parallel;
     uint64_t context;
     size_t   cache_elem_bytes;       /* as asked: element size the MLA cache figure assumes */
     size_t   state_elem_bytes;       /* as asked: element size of the KDA state figure */
@@ -112,7 +115,8 @@ int kl_audit_has_problems(const kl_audit_report *r);
 
 /* Memory plan from a config alone.  KL_E_USAGE (rule MEM-TP) when o->tp does not divide the
  * MLA heads, KDA heads, routed experts, MLP widths or MXFP4 experts' scale blocks along the
- * intermediate width (the message lists the valid sizes), or
+ * intermediate width (expert parallel: the shared experts' width instead of the last two; the
+ * message lists the valid sizes), or
  * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
  * when a figure overflows 64 bits. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,

@@ -10,7 +10,9 @@
  * kl_config_kda_state_bytes for heads/TP heads per KDA layer (fp32).
  * Valid TP sizes: those dividing the MLA heads, the KDA heads, the routed experts, both MLP
  * widths and, for MXFP4 experts, their scale blocks along the intermediate width (every split
- * of the plan then gives whole heads, experts, rows and scale blocks per rank).
+ * of the plan then gives whole heads, experts, rows and scale blocks per rank).  Expert
+ * parallel: routed experts whole on their owner (rank 0 holds the first experts / TP), so
+ * their width and blocks do not count, the shared experts' width does.
  */
 #include "audit/audit.h"
 
@@ -30,15 +32,17 @@ uint64_t kl_memplan_default_context(const kl_config *c)
 
 static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 {
-    if (!kl_tp_size_ok(c, o->tp)) {
+    if (!kl_tp_size_ok(c, o->expert_parallel, o->tp)) {
         char list[512];
-        kl_tp_sizes_text(c, list, sizeof list);
+        kl_tp_sizes_text(c, o->expert_parallel, list, sizeof list);
         return kl_fail_rule(err, KL_E_USAGE, "MEM-TP",
                             "TP size %u does not split the model evenly (MLA heads %u, KDA heads "
-                            "%u, experts %u, MLP widths %u/%u, MXFP4 expert blocks %u); valid "
-                            "sizes: %s", o->tp, c->num_attention_heads, c->kda_num_heads,
+                            "%u, experts %u, MLP widths %u/%u, MXFP4 expert blocks %u%s); valid "
+                            "sizes%s: %s", o->tp, c->num_attention_heads, c->kda_num_heads,
                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                            kl_tp_expert_blocks(c), list);
+                            kl_tp_expert_blocks(c),
+                            o->expert_parallel ? ", routed experts whole" : "",
+                            o->expert_parallel ? " (expert parallel)" : "", list);
     }
     if (c->max_position && o->context > c->max_position)
         return kl_fail_rule(err, KL_E_USAGE, "MEM-CONTEXT",
@@ -54,7 +58,7 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 
 /* Weights per GPU: rank 0's part of every tensor (loader/tp_split.h; the valid sizes give
  * every rank the same), the tensors every rank holds whole counted apart too. */
-static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, kl_err *err)
+static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, int ep, kl_err *err)
 {
     kl_schema s;
     int rc = kl_schema_build(&s, c, err);
@@ -62,7 +66,7 @@ static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, kl_err *
         return rc;
     for (size_t i = 0; i < s.n; i++) {
         const kl_schema_entry *e = &s.entries[i];
-        const kl_tp_split sp = kl_tp_split_of(e->role, 0);
+        const kl_tp_split sp = kl_tp_split_of(e->role, ep);
         const uint64_t bits = kl_dtype_bits(e->synth_dtype);
         m->weights_bytes += kl_tp_rank_numel(e, sp, tp, 0, c->num_experts) * bits / 8;
         if (sp.kind == KL_TP_WHOLE)
@@ -77,9 +81,10 @@ int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts 
 {
     memset(m, 0, sizeof *m);
     int rc = check_opts(c, o, err);
-    if (rc || (rc = plan_weights(m, c, o->tp, err)))
+    if (rc || (rc = plan_weights(m, c, o->tp, o->expert_parallel, err)))
         return rc;
     m->tp = o->tp;
+    m->expert_parallel = o->expert_parallel;
     m->context = o->context;
     m->cache_elem_bytes = o->cache_elem_bytes;
     m->state_elem_bytes = o->state_elem_bytes;

@@ -130,9 +130,9 @@ static const char *elem_name(size_t bytes)
 static void print_memplan(const kl_memplan *m, FILE *out)
 {
     char w[32], mla[32], kda[32], tot[32];
-    fprintf(out, "  memory/GPU   TP %u, context %" PRIu64 ": weights %s + MLA cache %s (%s) + KDA "
-                 "state %s (%s) = %s per GPU (one sequence)\n",
-            m->tp, m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
+    fprintf(out, "  memory/GPU   TP %u%s, context %" PRIu64 ": weights %s + MLA cache %s (%s) + "
+                 "KDA state %s (%s) = %s per GPU (one sequence)\n",
+            m->tp, m->expert_parallel ? " (expert parallel)" : "", m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
             kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), elem_name(m->cache_elem_bytes),
             kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), elem_name(m->state_elem_bytes),
             kl_fmt_bytes(tot, sizeof tot, m->total_bytes));
@@ -270,6 +270,7 @@ static int add_memplan(const kl_memplan *m, cJSON *root)
     if (!o)
         return KL_E_NOMEM;
     cJSON_AddNumberToObject(o, "tp", m->tp);
+    cJSON_AddBoolToObject(o, "expert_parallel", m->expert_parallel);
     kl_json_add_u64(o, "context_tokens", m->context);
     kl_json_add_u64(o, "weights_bytes_per_gpu", m->weights_bytes);
     kl_json_add_u64(o, "replicated_weights_bytes", m->replicated_bytes);

@@ -5,6 +5,7 @@
 
 #include "audit/audit.h"
 #include "audit/report.h"
+#include "cli/genflags.h" /* KL_EP_ROW */
 #include "cli/progress.h"
 #include "common/log.h"
 #include "loader/locate.h"
@@ -14,8 +15,8 @@
 #include <string.h>
 
 static const char synopsis[] =
-    "usage: kl audit MODEL [--json] [--hash [--expect FILE|SNAPSHOT]] [--tp N] [--context N]\n"
-    "                [--threads N] [-v] [-q]\n";
+    "usage: kl audit MODEL [--json] [--hash [--expect FILE|SNAPSHOT]] [--tp N]\n"
+    "                [--expert-parallel] [--context N] [--threads N] [-v] [-q]\n";
 
 static const char about[] =
     "Checks a checkpoint directory without writing to it: every safetensors header rule, the\n"
@@ -29,7 +30,7 @@ static const char footer[] =
     "Example: kl audit ~/models/Kimi-Linear-48B-A3B-Instruct --tp 2 --context 1048576\n";
 
 typedef struct audit_args {
-    int json, verbose, quiet, hash;
+    int json, verbose, quiet, hash, expert_parallel;
     const char *expect;
     unsigned long long tp, context, threads;
 } audit_args;
@@ -49,6 +50,7 @@ static int parse_args(int argc, char **argv, audit_args *a, kl_audit_opts *o, co
                  "tensor-parallel size for the memory plan (default 1); must divide the\n"
                  "heads, experts and MLP widths (an error lists the valid sizes)",
                  .lo = 1, .hi = 4096),
+        KL_EP_ROW(&a->expert_parallel),
         KL_VALUE("--context", 0, KL_OPT_TOKENS, &a->context, "N",
                  "context length in tokens for the memory plan, at most the model's\n"
                  "maximum; K, M, G are powers of 1024: 128K, 1M (default 131072)",
@@ -65,6 +67,7 @@ static int parse_args(int argc, char **argv, audit_args *a, kl_audit_opts *o, co
     o->hash = a->hash || a->expect;
     o->expect = a->expect;
     o->tp = (unsigned)a->tp;
+    o->expert_parallel = a->expert_parallel;
     o->context = a->context;
     o->threads = (unsigned)a->threads;
     return KL_ARGS_RUN;

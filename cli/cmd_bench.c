@@ -193,6 +193,7 @@ static int bench_rules(int argc, char **argv)
 typedef struct decode_args {
     const char        *model;
     unsigned long long threads, prompt_tokens, tokens, context, tp;
+    int expert_parallel;
     const char        *at;                        /* --decode-at LIST */
     size_t             n_at;
     unsigned long long at_ctx[MAX_CONTEXTS];
@@ -560,12 +561,14 @@ static int parse_decode(int argc, char **argv, decode_args *a)
                 "load even when the model is larger than the available memory"),
         KL_DEVICE_ROW(&a->device),
         KL_TP_ROW(&a->tp),
+        KL_EP_ROW(&a->expert_parallel),
         {0}};
     const kl_cmd_spec spec = {
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
                     "                       [--context N] [--decode-at LIST] [--prefill-at LIST]\n"
-                    "                       [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n",
+                    "                       [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n"
+                    "                       [--expert-parallel]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,
@@ -578,7 +581,7 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     if (rc == KL_ARGS_RUN && a->pf && parse_counts(a->pf, 1, a->pf_len, &a->n_pf))
         return kl_cli_usage("--prefill-at wants up to %d counts separated by commas, each 1 to "
                             "16777216 (e.g. 512,8192,65536)", MAX_CONTEXTS);
-    const char *tp_problem = kl_cli_tp_problem(a->tp, a->device);
+    const char *tp_problem = kl_cli_tp_problem(a->tp, a->expert_parallel, a->device);
     return rc == KL_ARGS_RUN && tp_problem ? kl_cli_usage("%s", tp_problem) : rc;
 }
 
@@ -598,7 +601,7 @@ static int bench_decode(int argc, char **argv)
     kl_cli_load l = {.cmd = "bench decode",
                      .model = a.model,
                      .opts = {.threads = (unsigned)a.threads, .route_weights = KL_ROUTE_UNBIASED,
-                              .tp = (unsigned)a.tp},
+                              .tp = (unsigned)a.tp, .expert_parallel = a.expert_parallel},
                      .quiet = a.quiet,
                      .ignore_memory = a.ignore_memory,
                      .device = a.device};

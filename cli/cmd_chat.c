@@ -43,7 +43,8 @@
 static const char chat_synopsis[] =
     "usage: kl chat MODEL [--system TEXT] [-n N] [--temp T] [--top-p P] [--top-k K]\n"
     "               [--min-p M] [--seed S] [--threads N] [--route-weights unbiased|biased]\n"
-    "               [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n";
+    "               [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n"
+    "               [--expert-parallel]\n";
 
 static const char chat_about[] =
     "Interactive chat with the checkpoint in MODEL on the CPU: each line of standard input is a\n"
@@ -84,7 +85,7 @@ static int parse_args(int argc, char **argv, chat_args *a)
     const kl_cmd_spec spec = {"chat", chat_synopsis, chat_about, opts, chat_footer, 1, 1,
                               "MODEL"};
     int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
-    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.device);
+    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.expert_parallel, a->gen.device);
     return rc == KL_ARGS_RUN && tp_problem ? kl_cli_usage("%s", tp_problem) : rc;
 }
 
@@ -320,7 +321,8 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
     c->load = (kl_cli_load){.cmd = "chat",
                             .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route,
-                                     .tp = (unsigned)a->gen.tp},
+                                     .tp = (unsigned)a->gen.tp,
+                                     .expert_parallel = a->gen.expert_parallel},
                             .quiet = a->gen.quiet,
                             .ignore_memory = a->gen.ignore_memory,
                             .device = a->gen.device};

@@ -38,7 +38,7 @@ static const char run_synopsis[] =
     "usage: kl run MODEL (-p TEXT | --chat TEXT | --ids 1,2,3) [-n N] [--temp T] [--top-p P]\n"
     "              [--top-k K] [--min-p M] [--seed S] [--device cpu|gpu|auto] [--threads N]\n"
     "              [--route-weights unbiased|biased] [--json] [-q] [--ignore-memory-check]\n"
-    "              [--force-ids 4,5,6 --logits-out FILE] [--tp N]\n";
+    "              [--force-ids 4,5,6 --logits-out FILE] [--tp N [--expert-parallel]]\n";
 
 static const char run_about[] =
     "Feeds a prompt to the checkpoint in MODEL on the CPU and generates up to N tokens, stopping\n"
@@ -102,7 +102,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         return kl_cli_usage("--force-ids needs --logits-out");
     if (a->logits_out && !*a->logits_out)
         return kl_cli_usage("--logits-out wants a file");
-    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.device);
+    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.expert_parallel, a->gen.device);
     if (tp_problem)
         return kl_cli_usage("%s", tp_problem);
     return KL_ARGS_RUN;
@@ -294,7 +294,8 @@ static int prepare(const run_args *a, run_ctx *c, kl_err *err)
     c->load = (kl_cli_load){.cmd = "run",
                             .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route,
-                                     .tp = (unsigned)a->gen.tp},
+                                     .tp = (unsigned)a->gen.tp,
+                                     .expert_parallel = a->gen.expert_parallel},
                             .quiet = a->gen.quiet,
                             .ignore_memory = a->gen.ignore_memory,
                             .device = a->gen.device};

@@ -27,7 +27,8 @@
 static const char serve_synopsis[] =
     "usage: kl serve MODEL [--host 127.0.0.1] [--port 8000] [--device cpu|gpu|auto]\n"
     "                [--api-key KEY] [--max-seqs N] [--max-queue N] [--cache-mb N]\n"
-    "                [--ctx N] [--served-model-name NAME] [--threads N] [--tp N] [--json] [-q]\n";
+    "                [--ctx N] [--served-model-name NAME] [--threads N] [--tp N]\n"
+    "                [--expert-parallel] [--json] [-q]\n";
 
 static const char serve_about[] =
     "Serves the checkpoint in MODEL over an OpenAI-compatible HTTP API: POST\n"
@@ -92,7 +93,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
     int rc = kl_args_parse_into(&spec, argc, argv, &a->model, 1);
     if (rc == KL_ARGS_RUN && a->name && !*a->name)
         return kl_cli_usage("--served-model-name wants a name");
-    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.device);
+    const char *tp_problem = kl_cli_tp_problem(a->gen.tp, a->gen.expert_parallel, a->gen.device);
     return rc == KL_ARGS_RUN && tp_problem ? kl_cli_usage("%s", tp_problem) : rc;
 }
 
@@ -194,7 +195,8 @@ static int serve(const serve_args *a, serve_ctx *c, kl_err *err)
 {
     c->load = (kl_cli_load){.cmd = "serve", .model = a->model,
                             .opts = {.threads = a->gen.threads, .route_weights = a->gen.route,
-                                     .tp = (unsigned)a->gen.tp},
+                                     .tp = (unsigned)a->gen.tp,
+                                     .expert_parallel = a->gen.expert_parallel},
                             .quiet = a->gen.quiet, .ignore_memory = a->gen.ignore_memory,
                             .device = a->gen.device};
     int rc;

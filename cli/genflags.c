@@ -94,12 +94,15 @@ void kl_gen_flag_rows(kl_gen_flags *f, const char *n_help, kl_opt *rows)
                 "load even when the model is larger than the available memory"),
         KL_DEVICE_ROW(&f->device),
         KL_TP_ROW(&f->tp),
+        KL_EP_ROW(&f->expert_parallel),
     };
     memcpy(rows, r, sizeof r);
 }
 
-const char *kl_cli_tp_problem(unsigned long long tp, kl_cli_device d)
+const char *kl_cli_tp_problem(unsigned long long tp, int ep, kl_cli_device d)
 {
+    if (ep && tp <= 1)
+        return "--expert-parallel places experts on --tp ranks: add --tp 2 or more";
     return tp > 1 && d != KL_DEVICE_CPU
                ? "--tp above 1 runs on the CPU backend only: add --device cpu"
                : NULL;

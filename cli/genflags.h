@@ -1,8 +1,9 @@
 /*
  * cli/genflags.h — the generation flags `kl run` and `kl chat` share: -n, --temp, --top-k,
  * --top-p, --min-p, --seed, --threads, --route-weights, -q, --ignore-memory-check, --device,
- * --tp, as rows of their option tables (kl serve takes them from --threads on; --device and
- * --tp also in kl bench decode: KL_DEVICE_ROW, KL_TP_ROW).
+ * --tp, --expert-parallel, as rows of their option tables (kl serve takes them from --threads
+ * on; --device, --tp and --expert-parallel also in kl bench decode: KL_DEVICE_ROW, KL_TP_ROW,
+ * KL_EP_ROW).
  */
 #ifndef KL_CLI_GENFLAGS_H
 #define KL_CLI_GENFLAGS_H
@@ -21,9 +22,10 @@ typedef struct kl_gen_flags {
     int ignore_memory; /* --ignore-memory-check */
     kl_cli_device device; /* --device */
     unsigned long long tp; /* --tp: CPU tensor-parallel shards (0 or 1: none) */
+    int expert_parallel;   /* --expert-parallel */
 } kl_gen_flags;
 
-#define KL_GEN_FLAG_ROWS 12
+#define KL_GEN_FLAG_ROWS 13
 
 /* --device auto|cpu|gpu into a kl_cli_device (an option-table parser: 0 or -1). */
 int kl_cli_parse_device(void *target, const char *v);
@@ -39,8 +41,14 @@ int kl_cli_parse_device(void *target, const char *v);
              "split the model (kl audit --tp; an error lists the valid sizes);\n"                \
              "N > 1 needs --device cpu", .lo = 1, .hi = 64)
 
-/* NULL, or why --tp tp cannot run on device d (N > 1 runs on the CPU backend only). */
-const char *kl_cli_tp_problem(unsigned long long tp, kl_cli_device d);
+#define KL_EP_ROW(tgt)                                                                           \
+    KL_FLAG("--expert-parallel", 0, (tgt),                                                       \
+            "with --tp: each routed expert whole on one rank (expert parallel)\n"                \
+            "instead of cut by its intermediate width on every rank")
+
+/* NULL, or why --tp tp (with --expert-parallel: ep) cannot run on device d: N > 1 runs on the
+ * CPU backend only, and expert parallelism needs N > 1. */
+const char *kl_cli_tp_problem(unsigned long long tp, int ep, kl_cli_device d);
 
 /* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help
  * is the help of -n (its default differs between run and chat). */

@@ -120,10 +120,13 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * block outputs are summed in rank order and lm_head's vocabulary parts concatenated; within
  * fp32 rounding of tp 1 (tp 0 or 1: kl_backend_cpu_create, bit for bit).  IN-cut matrices
  * (o_proj, down projections) are copied per rank: tp > 1 holds about a third of the weights
- * twice.  KL_E_USAGE naming the valid sizes unless tp is one of kl_tp_sizes. */
-int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, kl_err *err);
+ * twice.  Expert parallel (ep): each routed expert whole on one rank (kl_tp_expert_owner),
+ * which runs it for the tokens that chose it; the routed partial sums then add per rank.
+ * KL_E_USAGE naming the valid sizes unless tp is one of kl_tp_sizes(cfg, ep). */
+int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, int ep,
+                              kl_err *err);
 /* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
-int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, kl_err *err);
+int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:

@@ -166,10 +166,11 @@ typedef struct run {
     size_t   start, len;
 } run;
 
-/* Rank r's cut of one layer (loader/tp_split.h, the default split: experts by intermediate
- * width): OUT matrices as row ranges of the model's, IN matrices as copies of their column range,
- * WHOLE ones and vectors as they are (one rank: the model's own matrices); h0, hn: the rank's
- * attention heads (KDA or MLA). */
+/* Rank r's cut of one layer (loader/tp_split.h; routed experts by intermediate width, or
+ * expert parallel whole on their owner and KL_W_NONE on the other ranks): OUT matrices as row
+ * ranges of the model's, IN matrices as copies of their column range, WHOLE ones and vectors
+ * as they are (one rank: the model's own matrices); h0, hn: the rank's attention heads (KDA
+ * or MLA). */
 typedef struct shard_layer {
     kl_wmat  w[KL_ROLE_COUNT];
     kl_wmat *experts[3];      /* [num_experts] w1, w2, w3 as kl_layer.experts */
@@ -190,6 +191,7 @@ typedef struct cpu_be {
     float      *row_logits;   /* [vocab] one token's logits when only its argmax is wanted */
     cpu_slot   *slots;        /* [max_slots] (open ones: be.slot_used) */
     unsigned    tp;           /* tensor-parallel shards every block runs as (1: none) */
+    int         ep;           /* expert parallel: each routed expert whole on one rank */
     shard_layer *shards;      /* [num_hidden_layers * tp] each rank's cut of each layer */
     void       **owned;       /* the IN cuts' column copies (tp > 1) */
     size_t      n_owned;
@@ -325,13 +327,20 @@ static int wmat_cols_copy(const kl_wmat *w, uint64_t c0, uint64_t n, kl_wmat *ou
     return 0;
 }
 
-/* Rank r's cut of matrix w under split s (tp_split.h: OUT cuts rows, IN columns). */
-static int cut(cpu_be *c, const kl_wmat *w, kl_tp_split s, unsigned r, kl_wmat *out, kl_err *err)
+/* Rank r's cut of matrix w under split s (tp_split.h: OUT cuts rows, IN columns; OWNER keeps
+ * routed expert `expert` whole on its owner). */
+static int cut(cpu_be *c, const kl_wmat *w, kl_tp_split s, unsigned r, uint32_t expert,
+               kl_wmat *out, kl_err *err)
 {
     size_t start, len;
     *out = *w;
     if (w->kind == KL_W_NONE || c->tp == 1 || s.kind == KL_TP_WHOLE)
         return 0;
+    if (s.kind == KL_TP_OWNER) {
+        if (kl_tp_expert_owner(expert, c->d.E, c->tp) != r)
+            *out = (kl_wmat){.kind = KL_W_NONE};
+        return 0;
+    }
     if (s.kind == KL_TP_OUT) {
         tp_part(w->rows, c->tp, r, &start, &len);
         *out = kl_wmat_rows(w, start, len);
@@ -359,14 +368,14 @@ static int shard_build(cpu_be *c, uint32_t l, unsigned r, kl_err *err)
     int rc = 0;
     for (int k = 0; k < KL_ROLE_COUNT && !rc; k++)
         rc = L->vec[k] ? (s->w[k] = L->w[k], 0)
-                       : cut(c, &L->w[k], kl_tp_split_of((kl_role)k, 0), r, &s->w[k], err);
+                       : cut(c, &L->w[k], kl_tp_split_of((kl_role)k, 0), r, 0, &s->w[k], err);
     tp_part(L->attn == KL_ATTN_KDA ? c->d.kh : c->d.nh, c->tp, r, &s->h0, &s->hn);
     for (int k = 0; k < 3 && L->moe && !rc; k++) {
         if (!(s->experts[k] = kl_calloc(c->d.E ? c->d.E : 1, sizeof(kl_wmat))))
             return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
         for (size_t e = 0; e < c->d.E && !rc; e++)
-            rc = cut(c, &L->experts[k][e], kl_tp_split_of(expert_roles[k], 0), r,
-                     &s->experts[k][e], err);
+            rc = cut(c, &L->experts[k][e], kl_tp_split_of(expert_roles[k], c->ep), r,
+                     (uint32_t)e, &s->experts[k][e], err);
     }
     return rc;
 }
@@ -894,13 +903,23 @@ static void group_by_expert(const int32_t *idx, size_t n, size_t E, bufs *b)
         b->inv[list[p]] = (int32_t)p;
 }
 
-/* Step 5 with rank s's cut of the experts: every chosen expert once for the chunk (its weights
- * read once, on all the tokens that chose it), and the shared experts, as two passes over the
- * pool: gate and up, then down.  Routed outputs land in b->eo in list order, the shared
- * experts' in b->ys. */
+/* Rows of L's routed experts' gate (their intermediate width, or the rank's cut of it); 0
+ * when the rank holds none (expert parallel). */
+static size_t expert_rows(const shard_layer *L, const dims *d)
+{
+    for (size_t e = 0; e < d->E; e++)
+        if (L->experts[0][e].kind != KL_W_NONE)
+            return (size_t)L->experts[0][e].rows;
+    return 0;
+}
+
+/* Step 5 with rank s's cut of the experts: every chosen expert it holds once for the chunk
+ * (its weights read once, on all the tokens that chose it), and the shared experts, as two
+ * passes over the pool: gate and up, then down.  Routed outputs land in b->eo in list order
+ * (rows of experts the rank does not hold are left alone), the shared experts' in b->ys. */
 static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *b, size_t T)
 {
-    size_t H = d->hidden, n = T * d->topk, I = (size_t)L->experts[0][0].rows;
+    size_t H = d->hidden, n = T * d->topk, I = expert_rows(L, d);
     const kl_wmat *sg = &L->w[KL_ROLE_SHARED_GATE];
     int shared = sg->kind != KL_W_NONE;
     float *hs1 = b->h1 + n * I, *hs2 = b->h2 + n * I;   /* the shared experts' rows */
@@ -910,7 +929,7 @@ static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *
     mm_list mm = {.pool = m->pool};
     for (size_t e = 0; e < d->E; e++) {
         size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
-        if (!ne)
+        if (!ne || L->experts[0][e].kind == KL_W_NONE)
             continue;
         mm_add(&mm, &L->experts[0][e], b->xe + s0 * H, ne, b->h1 + s0 * I);
         mm_add(&mm, &L->experts[2][e], b->xe + s0 * H, ne, b->h2 + s0 * I);
@@ -923,7 +942,7 @@ static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *
     kl_vec_silu_mul(b->h1, b->h2, n * I + (shared ? T * (size_t)sg->rows : 0));
     for (size_t e = 0; e < d->E; e++) {
         size_t s0 = (size_t)b->start[e], ne = (size_t)b->start[e + 1] - s0;
-        if (ne)
+        if (ne && L->experts[1][e].kind != KL_W_NONE)
             mm_add(&mm, &L->experts[1][e], b->h1 + s0 * I, ne, b->eo + s0 * H);
     }
     if (shared)
@@ -940,11 +959,14 @@ static void moe_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *out
     size_t T = c->chunk.n, topk = d->topk, H = d->hidden;
     /* 5, 7. routed and shared experts */
     run_experts(m, s, d, b, T);
-    /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order */
+    /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order (the experts
+     * this rank holds) */
     for (size_t t = 0; t < T; t++) {
         float *y = out + t * H;
         memset(y, 0, H * sizeof *y);
         for (size_t k = 0; k < topk; k++) {
+            if (s->experts[0][b->idx[t * topk + k]].kind == KL_W_NONE)
+                continue;
             const float *ek = b->eo + (size_t)b->inv[t * topk + k] * H;
             float w = b->wt[t * topk + k];
             for (size_t i = 0; i < H; i++)
@@ -1396,24 +1418,25 @@ static const kl_backend_ops cpu_ops = {
 };
 
 /* KL_E_USAGE unless tp is one of the valid sizes for the config (loader/tp_split.h). */
-int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, kl_err *err)
+int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, int ep, kl_err *err)
 {
-    if (kl_tp_size_ok(cfg, tp))
+    if (kl_tp_size_ok(cfg, ep, tp))
         return 0;
     char list[256];
-    kl_tp_sizes_text(cfg, list, sizeof list);
+    kl_tp_sizes_text(cfg, ep, list, sizeof list);
     return kl_fail(err, KL_E_USAGE, "tensor-parallel size %u does not split this model into "
-                   "whole heads, experts, rows and MXFP4 blocks; valid sizes: %s", tp, list);
+                   "whole heads, experts, rows and MXFP4 blocks; valid sizes%s: %s", tp,
+                   ep ? " (expert parallel)" : "", list);
 }
 
 int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
-    return kl_backend_cpu_create_tp(out, m, 1, err);
+    return kl_backend_cpu_create_tp(out, m, 1, 0, err);
 }
 
-int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, kl_err *err)
+int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, int ep, kl_err *err)
 {
-    int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, err);
+    int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, ep, err);
     if (rc)
         return rc;
     cpu_be *c = kl_calloc(1, sizeof *c);
@@ -1423,6 +1446,7 @@ int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, kl_err 
     *be = (kl_backend){.ops = &cpu_ops, .name = "cpu", .m = m, .max_tokens = CHUNK,
                        .max_slots = CPU_SLOTS, .impl = c};
     c->tp = tp ? tp : 1;
+    c->ep = ep && c->tp > 1;
     get_dims(m, &c->d);
     c->scratch = kl_calloc(carve(NULL, &c->d, &c->b), sizeof(float));
     c->route = kl_calloc(route_ints(&c->d), sizeof *c->route);

@@ -303,7 +303,8 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
         goto fail;
     }
     m->route_weights = opts ? opts->route_weights : KL_ROUTE_UNBIASED;
-    if (opts && opts->tp > 1 && (rc = kl_backend_cpu_tp_check(&m->cfg, opts->tp, err)))
+    if (opts && opts->tp > 1 &&
+        (rc = kl_backend_cpu_tp_check(&m->cfg, opts->tp, opts->expert_parallel, err)))
         goto fail;
     m->layers = kl_calloc(m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {
@@ -328,7 +329,8 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     unsigned threads = opts && opts->threads ? opts->threads : kl_cpu_count(64);
     if ((rc = kl_pool_create(&m->pool, threads, err)) ||
         (m->matrices_read &&
-         (rc = kl_backend_cpu_create_tp(&m->be, m, opts ? opts->tp : 1, err))))
+         (rc = kl_backend_cpu_create_tp(&m->be, m, opts ? opts->tp : 1,
+                                        opts && opts->expert_parallel, err))))
         goto fail;
     kl_ckcheck_free(&chk);
     kl_ckpt_close(&ck);

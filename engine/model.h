@@ -74,6 +74,8 @@ typedef struct kl_model_opts {
     unsigned         tp;                  /* CPU backend: tensor-parallel shards (0, 1: none;
                                              kl_backend_cpu_create_tp); an invalid size is
                                              refused before anything is read */
+    int              expert_parallel;     /* with tp > 1: each routed expert whole on one
+                                             rank (loader/tp_split.h) */
 } kl_model_opts;
 
 typedef struct kl_model {

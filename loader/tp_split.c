@@ -74,20 +74,22 @@ uint32_t kl_tp_expert_blocks(const kl_config *c)
 
 /* Greatest common divisor of the dimensions a TP size splits (absent ones, 0, are skipped);
  * 0 when the config names none of them (any size is then accepted). */
-static uint64_t split_gcd(const kl_config *c)
+static uint64_t split_gcd(const kl_config *c, int ep)
 {
+    const uint32_t shared = c->moe_intermediate_size * c->num_shared_experts;
     const uint32_t dims[] = {c->num_attention_heads, c->num_key_value_heads, c->kda_num_heads,
-                             c->num_experts, c->intermediate_size, c->moe_intermediate_size,
-                             kl_tp_expert_blocks(c)};
+                             c->num_experts, c->intermediate_size,
+                             ep ? shared : c->moe_intermediate_size,
+                             ep ? 0 : kl_tp_expert_blocks(c)};
     uint64_t g = 0;
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         g = gcd_u64(g, dims[i]);
     return g;
 }
 
-size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap)
+size_t kl_tp_sizes(const kl_config *c, int ep, unsigned *sizes, size_t cap)
 {
-    uint64_t g = split_gcd(c);
+    uint64_t g = split_gcd(c, ep);
     size_t n = 0;
     for (unsigned tp = 1; tp <= KL_TP_MAX && n < cap; tp++)
         if (!g || g % tp == 0)
@@ -95,16 +97,16 @@ size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap)
     return n;
 }
 
-int kl_tp_size_ok(const kl_config *c, unsigned tp)
+int kl_tp_size_ok(const kl_config *c, int ep, unsigned tp)
 {
-    const uint64_t g = split_gcd(c);
+    const uint64_t g = split_gcd(c, ep);
     return tp && tp <= KL_TP_MAX && (!g || g % tp == 0);
 }
 
-void kl_tp_sizes_text(const kl_config *c, char *buf, size_t cap)
+void kl_tp_sizes_text(const kl_config *c, int ep, char *buf, size_t cap)
 {
     unsigned sizes[64];
-    const size_t n = kl_tp_sizes(c, sizes, sizeof sizes / sizeof *sizes);
+    const size_t n = kl_tp_sizes(c, ep, sizes, sizeof sizes / sizeof *sizes);
     size_t k = 0;
     if (cap)
         buf[0] = 0;

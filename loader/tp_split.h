@@ -24,11 +24,13 @@
 
 /* The TP sizes that split c into whole heads, experts, rows and (MXFP4) expert scale blocks:
  * those dividing the MLA and KDA heads, the routed experts, both MLP widths and the experts'
- * 32-value blocks along their intermediate width.  kl_tp_sizes writes them ascending, at most
- * cap, and returns how many; kl_tp_sizes_text as "1, 2, 4" (truncated to cap). */
-size_t kl_tp_sizes(const kl_config *c, unsigned *sizes, size_t cap);
-int    kl_tp_size_ok(const kl_config *c, unsigned tp);
-void   kl_tp_sizes_text(const kl_config *c, char *buf, size_t cap);
+ * 32-value blocks along their intermediate width; expert parallel (ep), the routed experts
+ * stay whole, so their width and blocks do not count but the shared experts' width does.
+ * kl_tp_sizes writes them ascending, at most cap, and returns how many; kl_tp_sizes_text as
+ * "1, 2, 4" (truncated to cap). */
+size_t kl_tp_sizes(const kl_config *c, int ep, unsigned *sizes, size_t cap);
+int    kl_tp_size_ok(const kl_config *c, int ep, unsigned tp);
+void   kl_tp_sizes_text(const kl_config *c, int ep, char *buf, size_t cap);
 
 /* MXFP4 experts: their 32-value scale blocks along the intermediate width, which w2's IN cut
  * must keep whole on a rank; 0 (no constraint) for BF16 checkpoints. */

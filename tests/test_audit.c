@@ -259,7 +259,7 @@ START_TEST(tp_sizes_of_the_48b_model_divide_every_split)
     kl_config c;
     kl_config_default_48b(&c);
     unsigned sizes[64];
-    size_t n = kl_tp_sizes(&c, sizes, 64);
+    size_t n = kl_tp_sizes(&c, 0, sizes, 64);
     static const unsigned want[] = {1, 2, 4, 8, 16, 32};
     ck_assert_msg(n == 6, "expected 6 valid sizes, got %zu", n);
     for (size_t i = 0; i < n; i++)
@@ -328,6 +328,45 @@ START_TEST(mla_cache_of_the_plan_uses_the_shared_size_at_the_asked_element)
         ck_assert_uint_eq(m.kda_state_bytes, kda * kl_config_count_attn(&c, KL_ATTN_KDA));
         ck_assert_uint_eq(kda, (8 * 128 * 128 + 3 * 8 * 128 * 3) * 4);
     }
+}
+END_TEST
+
+/* Expert parallel: the 48B model's plan holds the same bytes per GPU (every rank owns as many
+ * whole experts as it held cuts of all), and a checkpoint whose experts are one MXFP4 block
+ * wide splits only that way. */
+START_TEST(expert_parallel_plan_owns_whole_experts)
+{
+    kl_config c;
+    kl_config_default_48b(&c);
+    for (unsigned tp = 2; tp <= 8; tp *= 2) {
+        kl_memplan cut, ep;
+        kl_memplan_opts o = {.tp = tp, .context = 1024, .cache_elem_bytes = 2,
+                             .state_elem_bytes = 4};
+        kl_err err;
+        kl_err_clear(&err);
+        ck_assert_int_eq(kl_memplan_compute(&cut, &c, &o, &err), 0);
+        o.expert_parallel = true;
+        ck_assert_int_eq(kl_memplan_compute(&ep, &c, &o, &err), 0);
+        ck_assert(ep.expert_parallel && !cut.expert_parallel);
+        ck_assert_uint_eq(ep.weights_bytes, cut.weights_bytes);
+        ck_assert_uint_eq(ep.total_bytes, cut.total_bytes);
+    }
+    c.moe_intermediate_size = 32; /* MXFP4 experts one scale block wide */
+    c.num_shared_experts = 2;
+    snprintf(c.quant_format, sizeof c.quant_format, "mxfp4-pack-quantized");
+    kl_memplan m;
+    kl_memplan_opts o = {.tp = 2, .context = 1024, .cache_elem_bytes = 2, .state_elem_bytes = 4};
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_memplan_compute(&m, &c, &o, &err), KL_E_USAGE);
+    ck_assert_str_eq(err.rule, "MEM-TP");
+    o.expert_parallel = true;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_memplan_compute(&m, &c, &o, &err) == 0, "%s", t_fmt_err(&err));
+    o.tp = 64; /* the shared experts' width (64) divides, the 32 heads do not */
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_memplan_compute(&m, &c, &o, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "valid sizes (expert parallel)"), "%s", err.msg);
 }
 END_TEST
 
@@ -454,6 +493,7 @@ int main(void)
     tcase_add_test(mp, context_above_the_model_maximum_is_a_usage_error);
     tcase_add_test(mp, mla_cache_of_the_plan_uses_the_shared_size_at_the_asked_element);
     tcase_add_test(mp, token_counts_take_binary_suffixes);
+    tcase_add_test(mp, expert_parallel_plan_owns_whole_experts);
     suite_add_tcase(s, mp);
     return t_run_suite(s);
 }

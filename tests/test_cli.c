@@ -270,6 +270,9 @@ START_TEST(options_parse_one_way_in_every_command)
         {"serve T --tp 2 --device gpu", 2, "--tp above 1 runs on the CPU backend only"},
         {"bench decode T --tp 4", 2, "--tp above 1 runs on the CPU backend only"},
         {"run T --ids 1 --tp 0 --device cpu", 2, "--tp wants an integer from 1 to 64"},
+        {"run T --ids 1 --expert-parallel --device cpu", 2, "add --tp 2 or more"},
+        {"bench decode T --expert-parallel", 2, "add --tp 2 or more"},
+        {"audit T --tp 2 --expert-parallel --json", 0, NULL},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         char *out, *err;

@@ -10,9 +10,9 @@
  * The MXFP4 case converts the tiny fixture with kl_convert first, as the fixture was made.
  *
  * Tensor parallelism (issue 12's CPU path, kl_model_opts.tp): every fixture teacher-forced at
- * TP 2 and TP 4 must give, step by step, logits within relative L2 1e-5 of TP 1's and the same
- * argmax; a size the model does not split into (kl_tp_sizes) must be refused with
- * KL_E_USAGE naming the valid ones.
+ * TP 2 and TP 4, the routed experts cut by their width and expert parallel, must give, step by
+ * step, logits within relative L2 1e-5 of TP 1's and the same argmax; a size the model does
+ * not split into (kl_tp_sizes) must be refused with KL_E_USAGE naming the valid ones.
  */
 #include "common/err.h"
 #include "common/fs.h"
@@ -142,12 +142,13 @@ static double check_step(const golden_ref *r, size_t step, const float *got, con
     return err;
 }
 
-/* Opens dir at threads and TP size tp (the golden route mode route). */
+/* Opens dir at threads and TP size tp, expert parallel or not (the golden route mode route). */
 static int open_model(kl_model **m, const char *dir, kl_route_weights route, unsigned threads,
-                      unsigned tp, kl_err *err)
+                      unsigned tp, int ep, kl_err *err)
 {
     kl_err_clear(err);
-    kl_model_opts mo = {.threads = threads, .route_weights = route, .tp = tp};
+    kl_model_opts mo = {.threads = threads, .route_weights = route, .tp = tp,
+                        .expert_parallel = ep};
     return kl_model_open(m, dir, &mo, err);
 }
 
@@ -185,7 +186,7 @@ static void check_golden(const char *dir, const char *ref_name, kl_route_weights
 
     kl_err err;
     kl_model *m = NULL;
-    int rc = open_model(&m, dir, route, 2, 1, &err);
+    int rc = open_model(&m, dir, route, 2, 1, 0, &err);
     ck_assert_msg(rc == 0, "kl_model_open(%s): %s", dir, t_fmt_err(&err));
     float *rows = teacher_force(m, &r, tag);
     double worst = 0.0;
@@ -199,10 +200,10 @@ static void check_golden(const char *dir, const char *ref_name, kl_route_weights
     ref_free(&r);
 }
 
-static int tp_valid(const kl_config *c, unsigned tp)
+static int tp_valid(const kl_config *c, unsigned tp, int ep)
 {
     unsigned sizes[64];
-    size_t n = kl_tp_sizes(c, sizes, 64);
+    size_t n = kl_tp_sizes(c, ep, sizes, 64);
     for (size_t i = 0; i < n; i++)
         if (sizes[i] == tp)
             return 1;
@@ -227,10 +228,10 @@ static double compare_tp(const golden_ref *r, const float *got, const float *wan
     return worst;
 }
 
-/* The model in dir (called label) at TP 2 and 4 against TP 1, teacher-forced on the reference
- * of ref_name; returns how many of the two sizes were valid for it (the others must be
- * refused). */
-static int check_tp(const char *dir, const char *ref_name, const char *label)
+/* The model in dir (called label) at TP 2 and 4 (expert parallel: ep) against TP 1,
+ * teacher-forced on the reference of ref_name; returns how many of the two sizes were valid
+ * for it (the others must be refused). */
+static int check_tp(const char *dir, const char *ref_name, const char *label, int ep)
 {
     char path[512], tag[160];
     snprintf(path, sizeof path, GOLDEN_DIR "/%s-unbiased.json", ref_name);
@@ -238,17 +239,18 @@ static int check_tp(const char *dir, const char *ref_name, const char *label)
     ref_load(&r, path);
     kl_err err;
     kl_model *m1 = NULL;
-    ck_assert_msg(open_model(&m1, dir, KL_ROUTE_UNBIASED, 2, 1, &err) == 0, "%s: %s", dir,
+    ck_assert_msg(open_model(&m1, dir, KL_ROUTE_UNBIASED, 2, 1, 0, &err) == 0, "%s: %s", dir,
                   t_fmt_err(&err));
     float *base = teacher_force(m1, &r, label);
     int valid = 0;
     for (unsigned tp = 2; tp <= 4; tp *= 2) {
-        snprintf(tag, sizeof tag, "%s TP %u", label, tp);
+        snprintf(tag, sizeof tag, "%s TP %u%s", label, tp, ep ? " EP" : "");
         kl_model *m = NULL;
-        int rc = open_model(&m, dir, KL_ROUTE_UNBIASED, 2, tp, &err);
-        if (!tp_valid(&m1->cfg, tp)) {
-            ck_assert_msg(rc == KL_E_USAGE && strstr(err.msg, "valid sizes: 1"), "%s: an "
-                          "invalid size gave %d (%s)", tag, rc, t_fmt_err(&err));
+        int rc = open_model(&m, dir, KL_ROUTE_UNBIASED, 2, tp, ep, &err);
+        if (!tp_valid(&m1->cfg, tp, ep)) {
+            ck_assert_msg(rc == KL_E_USAGE && strstr(err.msg, "valid sizes") &&
+                              strstr(err.msg, ": 1"), "%s: an invalid size gave %d (%s)", tag,
+                          rc, t_fmt_err(&err));
             printf("golden %-24s refused: %s\n", tag, err.msg);
             continue;
         }
@@ -304,16 +306,20 @@ START_TEST(converted_mxfp4_matches_transformers)
 }
 END_TEST
 
+/* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0) or expert
+ * parallel (_i = 1).  Cut: tiny and multi split at 2 and 4; small4 (2 KDA heads) only at 2;
+ * the MXFP4 tiny (one 32-value block of expert width) at neither: refused; small4 in MXFP4
+ * (two blocks) at 2, cutting its routed experts' down projections between blocks.  Expert
+ * parallel: the same, except that the MXFP4 tiny splits at 2 and 4 (its experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
 {
-    /* tiny and multi split at 2 and 4; small4 (2 KDA heads) only at 2; the MXFP4 tiny (one
-     * 32-value block of expert width) at neither: refused; small4 in MXFP4 (two blocks) at 2,
-     * cutting its routed experts' down projections between blocks */
-    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny"), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi"), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4"), 1);
+    const int ep = _i;
+    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", ep), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", ep), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", ep), 1);
     const char *src[2] = {"tests/fixtures/ref_tiny", GOLDEN_DIR "/small4"};
     const char *ref[2] = {"tiny-mxfp4", "small4"}, *label[2] = {"tiny-mxfp4", "small4-mxfp4"};
+    const int want[2][2] = {{0, 1}, {2, 1}}; /* [ep][fixture] */
     for (int i = 0; i < 2; i++) {
         char tmp[256], dst[300];
         t_mkdtemp(tmp, sizeof tmp);
@@ -322,7 +328,7 @@ START_TEST(tensor_parallel_matches_tp1)
         kl_err_clear(&err);
         kl_convert_opts o = {.src = src[i], .dst = dst, .threads = 2};
         ck_assert_msg(kl_convert(&o, &err) == 0, "kl_convert: %s", t_fmt_err(&err));
-        ck_assert_int_eq(check_tp(dst, ref[i], label[i]), i);
+        ck_assert_int_eq(check_tp(dst, ref[i], label[i], ep), want[ep][i]);
         t_rmrf(tmp);
     }
 }
@@ -335,13 +341,13 @@ START_TEST(tensor_parallel_threads_and_refusal)
     ref_load(&r, GOLDEN_DIR "/multi-unbiased.json");
     kl_err err;
     kl_model *a = NULL, *b = NULL, *c = NULL;
-    ck_assert_int_eq(open_model(&a, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 2, &err), 0);
-    ck_assert_int_eq(open_model(&b, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 3, 2, &err), 0);
+    ck_assert_int_eq(open_model(&a, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 2, 0, &err), 0);
+    ck_assert_int_eq(open_model(&b, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 3, 2, 0, &err), 0);
     float *ra = teacher_force(a, &r, "multi TP 2, 1 thread");
     float *rb = teacher_force(b, &r, "multi TP 2, 3 threads");
     ck_assert_msg(memcmp(ra, rb, r.n_steps * r.vocab * sizeof *ra) == 0,
                   "TP 2 logits depend on the thread count");
-    int rc = open_model(&c, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 3, &err);
+    int rc = open_model(&c, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 1, 3, 0, &err);
     ck_assert_int_eq(rc, KL_E_USAGE);
     ck_assert_ptr_null(c);
     ck_assert_msg(strstr(err.msg, "tensor-parallel size 3") && strstr(err.msg,
@@ -379,7 +385,7 @@ static Suite *golden_suite(void)
     tcase_add_test(tc, multi_mla_shared_dense_matches_transformers);
     tcase_add_test(tc, converted_mxfp4_matches_transformers);
     tcase_add_test(tc, route_modes_are_distinguishable);
-    tcase_add_test(tc, tensor_parallel_matches_tp1);
+    tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, 2);
     tcase_add_test(tc, tensor_parallel_threads_and_refusal);
     suite_add_tcase(s, tc);
     return s;

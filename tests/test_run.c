@@ -313,8 +313,9 @@ START_TEST(run_bad_flags_exit_2)
 }
 END_TEST
 
-/* --tp 2 --device cpu: the forced rows within relative L2 1e-5 of --tp 1's; --tp 3 (not a size
- * the model splits into) and --tp 2 off the CPU exit 2 saying why. */
+/* --tp 2 --device cpu, and with --expert-parallel: the forced rows within relative L2 1e-5 of
+ * --tp 1's; --tp 3 (not a size the model splits into) and --tp 2 off the CPU exit 2 saying
+ * why. */
 START_TEST(run_tp_matches_tp1_and_bad_sizes_exit_2)
 {
     char args[1024], p1[700], p2[700], path[700];
@@ -322,19 +323,22 @@ START_TEST(run_tp_matches_tp1_and_bad_sizes_exit_2)
     snprintf(p2, sizeof p2, "%s/tp2.bin", g_root);
     snprintf(args, sizeof args, "--ids 1,2,3 --force-ids 4,5,6 --logits-out '%s'", p1);
     ck_assert_int_eq(kl_run(args), 0);
-    snprintf(args, sizeof args, "--ids 1,2,3 --force-ids 4,5,6 --logits-out '%s' --tp 2 "
-             "--device cpu", p2);
-    ck_assert_int_eq(kl_run(args), 0);
-    size_t n1, n2;
-    float *a = read_logits(p1, &n1), *b = read_logits(p2, &n2);
-    ck_assert_uint_eq(n1, 4 * VOCAB);
-    ck_assert_uint_eq(n2, n1);
-    for (size_t r = 0; r < 4; r++) {
-        double e = t_rel_l2(b + r * VOCAB, a + r * VOCAB, VOCAB);
-        ck_assert_msg(e <= 1e-5, "row %zu: --tp 2 vs --tp 1 relative L2 %.3g", r, e);
+    for (int ep = 0; ep < 2; ep++) {
+        snprintf(args, sizeof args, "--ids 1,2,3 --force-ids 4,5,6 --logits-out '%s' --tp 2 "
+                 "--device cpu%s", p2, ep ? " --expert-parallel" : "");
+        ck_assert_int_eq(kl_run(args), 0);
+        size_t n1, n2;
+        float *a = read_logits(p1, &n1), *b = read_logits(p2, &n2);
+        ck_assert_uint_eq(n1, 4 * VOCAB);
+        ck_assert_uint_eq(n2, n1);
+        for (size_t r = 0; r < 4; r++) {
+            double e = t_rel_l2(b + r * VOCAB, a + r * VOCAB, VOCAB);
+            ck_assert_msg(e <= 1e-5, "row %zu: --tp 2 (ep %d) vs --tp 1 relative L2 %.3g", r,
+                          ep, e);
+        }
+        free(a);
+        free(b);
     }
-    free(a);
-    free(b);
     snprintf(path, sizeof path, "%s/err", g_root);
     const char *bad[2][2] = {
         {"--ids 1,2 --force-ids 5 --logits-out '%s' --tp 3 --device cpu", "valid sizes: 1, 2"},

@@ -56,12 +56,13 @@ START_TEST(tp_split_conserves_every_tensor)
         kl_config c;
         kl_schema s;
         preset_schema(presets[_i], f ? KL_SYNTH_MXFP4 : KL_SYNTH_BF16, &c, &s);
-        unsigned sizes[64];
-        size_t n = kl_tp_sizes(&c, sizes, 64);
-        ck_assert_uint_ge(n, 1);
-        for (size_t k = 0; k < n && sizes[k] <= 8; k++)
-            for (int ep = 0; ep < 2; ep++)
+        for (int ep = 0; ep < 2; ep++) {
+            unsigned sizes[64];
+            size_t n = kl_tp_sizes(&c, ep, sizes, 64);
+            ck_assert_uint_ge(n, 1);
+            for (size_t k = 0; k < n && sizes[k] <= 8; k++)
                 check_conservation(&s, &c, sizes[k], ep);
+        }
         kl_schema_free(&s);
     }
 }
@@ -110,6 +111,34 @@ START_TEST(tp_split_expert_owners_are_even_blocks)
 }
 END_TEST
 
+/* Expert parallel leaves the routed experts whole: their one 32-value block (tiny, MXFP4)
+ * no longer bounds the sizes, the shared experts' width does. */
+START_TEST(tp_split_expert_parallel_sizes)
+{
+    kl_config c;
+    kl_schema s;
+    preset_schema("tiny", KL_SYNTH_MXFP4, &c, &s);
+    kl_schema_free(&s);
+    ck_assert_uint_eq(kl_tp_expert_blocks(&c), c.moe_intermediate_size / 32);
+    unsigned split[64], ep[64];
+    size_t ns = kl_tp_sizes(&c, 0, split, 64), ne = kl_tp_sizes(&c, 1, ep, 64);
+    for (size_t i = 0; i < ns; i++)
+        ck_assert(kl_tp_size_ok(&c, 1, split[i])); /* every split size also holds under EP */
+    ck_assert_uint_ge(ne, ns);
+    for (size_t i = 0; i < ne; i++) {
+        ck_assert_uint_eq(c.num_experts % ep[i], 0);
+        ck_assert_uint_eq((c.moe_intermediate_size * c.num_shared_experts) % ep[i], 0);
+    }
+    /* the tiny preset: 4 heads of each kind, 8 experts, widths 96 and 32 (one block) */
+    ck_assert_uint_eq(kl_tp_expert_blocks(&c), 1);
+    char text[64];
+    kl_tp_sizes_text(&c, 0, text, sizeof text);
+    ck_assert_str_eq(text, "1");
+    kl_tp_sizes_text(&c, 1, text, sizeof text);
+    ck_assert_str_eq(text, "1, 2, 4");
+}
+END_TEST
+
 /* MXFP4 experts cut along K (w2 under TP) keep whole 32-value scale blocks on a rank. */
 START_TEST(tp_split_keeps_mxfp4_blocks_whole)
 {
@@ -138,6 +167,7 @@ static Suite *tp_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, tp_split_conserves_every_tensor, 0, 3);
     tcase_add_test(tc, tp_split_cuts_the_blocks_as_megatron_does);
+    tcase_add_test(tc, tp_split_expert_parallel_sizes);
     tcase_add_test(tc, tp_split_expert_owners_are_even_blocks);
     tcase_add_test(tc, tp_split_keeps_mxfp4_blocks_whole);
     suite_add_tcase(s, tc);
