@@ -50,10 +50,9 @@
  * [4096, 2304] x 256 147 µs (33 TFLOPS).  ptxas: 128 registers and 88-516 bytes of spills
  * in form 2 (the two register sets of raw loads, 42 registers, plus 2 x 32 of sums).
  *
- * Version 4 (kernels/gemm_mma.cu, the default for the grouped products) replaced session 7's
- * version 2 (a cp.async ring decoded in shared memory, WMMA), which measured slower than
- * version 1 for the dense products and than version 4 for the grouped ones (session 8,
- * docs/gpu-logs/2026-12-02-s8-profile-load-cpubatch.log) and was removed.
+ * Version 5 (kernels/gemm_mma.cu, the default) is the tensor-core path on CUDA; session 7's
+ * versions 2 and 3 (a cp.async ring decoded in shared memory, WMMA) and session 8's version 4
+ * (mma.sync with loads held in registers) measured slower and were removed.
  */
 #include "kernels/gemm.h"
 #include "kernels/gemm_mma.h"
@@ -423,18 +422,14 @@ static int gemm_mat_check(const kl_gpu_mat *m, const float *x, const char *what,
     return 0;
 }
 
-/* [dense, grouped]: 0 until read from the environment, then 1, 4 or 5 */
+/* [dense, grouped]: 0 until read from the environment, then 1 or 5 */
 static int tiles_version[2];
 
-/* KL_GPU_GEMM_TILES (dense) or KL_GPU_GEMM_GROUPED: v1, v4 or v5, else the default (5). */
+/* KL_GPU_GEMM_TILES (dense) or KL_GPU_GEMM_GROUPED: v1, else the default (5). */
 static int tiles_from_env(int grouped)
 {
     const char *v = getenv(grouped ? "KL_GPU_GEMM_GROUPED" : "KL_GPU_GEMM_TILES");
-    if (v && !strcmp(v, "v1"))
-        return 1;
-    if (v && !strcmp(v, "v4"))
-        return 4;
-    return 5;
+    return v && !strcmp(v, "v1") ? 1 : 5;
 }
 
 extern "C" int kl_gpu_gemm_tiles(int grouped)
@@ -447,20 +442,21 @@ extern "C" int kl_gpu_gemm_tiles(int grouped)
 
 extern "C" void kl_gpu_gemm_tiles_set(int dense, int grouped)
 {
-    tiles_version[0] = dense == 1 || dense == 4 || dense == 5 ? dense : 0;
-    tiles_version[1] = grouped == 1 || grouped == 4 || grouped == 5 ? grouped : 0;
+    tiles_version[0] = dense == 1 || dense == 5 ? dense : 0;
+    tiles_version[1] = grouped == 1 || grouped == 5 ? grouped : 0;
 }
 
-/* Whether version 4 or 5 (kernels/gemm_mma.cu) may take m: selected, K in whole steps, CUDA
- * (their stages are more than HIP targets' 64 KiB of LDS: version 1 there). */
-static int mma_takes(const kl_gpu_mat *m, int grouped)
+/* Whether version 5 (kernels/gemm_mma.cu) takes m: selected, parts given, K in whole steps,
+ * CUDA (its stages are more than HIP targets' 64 KiB of LDS: version 1 there). */
+static int v5_takes(const kl_gpu_mat *m, const uint16_t *parts, int grouped)
 {
-    return GEMM_WMMA && kl_gpu_gemm_tiles(grouped) >= 4 && m->cols % KL_GPU_MMA_KT == 0;
+    return GEMM_WMMA && parts && kl_gpu_gemm_tiles(grouped) == 5 &&
+           m->cols % KL_GPU_MMA_KT == 0 && kl_gpu_gemm_mma5_takes(m);
 }
 
 extern "C" int kl_gpu_gemm_uses_parts(const kl_gpu_mat *w, const uint16_t *parts)
 {
-    return parts && mma_takes(w, 0) && kl_gpu_gemm_tiles(0) == 5 && kl_gpu_gemm_mma5_takes(w);
+    return v5_takes(w, parts, 0);
 }
 
 extern "C" int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -485,8 +481,6 @@ extern "C" int kl_gpu_gemm_p(const kl_gpu_mat *w, const float *x, uint32_t n, fl
             return err->code;
         return kl_gpu_gemm_mma5(w, parts, n, y, kl_gpu_gemm_split(), s, err);
     }
-    if (mma_takes(w, 0))
-        return kl_gpu_gemm_mma(w, x, n, y, kl_gpu_gemm_split(), s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
     static const kernel k[2][3] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>, gemm_kernel<0, 2>},
                                    {gemm_kernel<1, 0>, gemm_kernel<1, 1>, gemm_kernel<1, 2>}};
@@ -498,8 +492,7 @@ extern "C" int kl_gpu_gemm_p(const kl_gpu_mat *w, const float *x, uint32_t n, fl
 
 extern "C" int kl_gpu_gemm_grouped_uses_parts(const kl_gpu_gemm_grouped_args *a)
 {
-    return a->parts && mma_takes(&a->w->m, 1) && kl_gpu_gemm_tiles(1) == 5 &&
-           kl_gpu_gemm_mma5_takes(&a->w->m);
+    return v5_takes(&a->w->m, a->parts, 1);
 }
 
 extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_stream s,
@@ -518,8 +511,6 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         return kl_fail(err, KL_E_USAGE, "gemm_grouped: parts not 16-byte aligned");
     if (kl_gpu_gemm_grouped_uses_parts(a))
         return kl_gpu_gemm_mma5_grouped(a, kl_gpu_gemm_split(), s, err);
-    if (mma_takes(&a->w->m, 1))
-        return kl_gpu_gemm_mma_grouped(a, kl_gpu_gemm_split(), s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
                            float *);
     static const kernel k[2][3] = {

@@ -38,25 +38,24 @@ extern "C" {
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
 
-/* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1), version 5
- * by default (where parts are given and the matrix fits, else version 4);
- * KL_GPU_GEMM_TILES=v1|v4|v5 (dense) and KL_GPU_GEMM_GROUPED=v1|v4|v5 choose.
- * Version 1 (gemm.cu): loads held in registers, WMMA tiles of 64 tokens x 128 rows.
- * Version 4 (kernels/gemm_mma.cu): mma.sync with ldmatrix, warps of 64 rows x 32 tokens,
- * blocks of 128 x 128 (dense) or 256 x 64 (grouped), the next K step's loads held in
- * registers and x split in the loop; cols % 64 == 0, CUDA only (HIP runs version 1).
- * Version 5: version 4's warps in blocks of 256 rows x 64 tokens on x split once into bf16
- * parts (kl_gpu_gemm_split_x) and steps copied by cp.async two ahead (MXFP4 codes decoded in
- * shared memory).  Measured on the H200 (session 9, form 2, versions 1 / 4 / 5): dense BF16
- * [4096, 2304] x 4,096 tokens 1,474 / 1,229 / 829 µs; grouped MXFP4 gate [1024, 2304] over
- * 32,768 rows 3,565 / 2,728 / 2,375 µs; an 8K prompt 5,583-5,602 tok/s with the defaults.  All
- * are exact in form 2.  Read from the environment at the first call;
- * kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
-int  kl_gpu_gemm_tiles(int grouped);     /* 1, 4 or 5 */
+/* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1): version 5
+ * by default where parts are given and the matrix fits (CUDA; K in steps of 64; MXFP4 K a
+ * multiple of 128 up to 4,096), else version 1; KL_GPU_GEMM_TILES=v1 (dense) and
+ * KL_GPU_GEMM_GROUPED=v1 choose version 1.
+ * Version 1 (gemm.cu): loads held in registers, WMMA tiles of 64 tokens x 128 rows; HIP runs
+ * it as a SIMT loop.
+ * Version 5 (kernels/gemm_mma.cu): mma.sync with ldmatrix, warps of 64 rows x 32 tokens in
+ * blocks of 256 rows x 64 tokens, x split once into bf16 parts (kl_gpu_gemm_split_x) and steps
+ * copied by cp.async two ahead (MXFP4 codes decoded in shared memory).  Measured on the H200
+ * (session 9, form 2, versions 1 / 5): dense BF16 [4096, 2304] x 4,096 tokens 1,474 / 829 µs;
+ * grouped MXFP4 gate [1024, 2304] over 32,768 rows 3,565 / 2,375 µs; an 8K prompt 5,583-5,602
+ * tok/s with the defaults.  Both are exact in form 2.  Read from the environment at the first
+ * call; kl_gpu_gemm_tiles_set(dense, grouped) overrides both (0: the defaults). */
+int  kl_gpu_gemm_tiles(int grouped);     /* 1 or 5 */
 void kl_gpu_gemm_tiles_set(int dense, int grouped);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ; w BF16 or MXFP4 (KL_E_USAGE for other kinds);
- * w->cols a multiple of 32.  Without parts, version 5 is not available (version 4 runs). */
+ * w->cols a multiple of 32.  Without parts version 5 cannot run: version 1 does. */
 int kl_gpu_gemm(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                 kl_err *err);
 

@@ -1,58 +1,35 @@
 /*
- * kernels/gemm_mma.cu — versions 4 and 5 of the prefill products (gemm.h):
- * Y = X Wᵀ on mma.sync.m16n8k16 with ldmatrix fragment loads, the split form of gemm.h
- * (x = hi + lo + lo2, three bf16 products per K slice, each 16-wide slice's products summed
- * in a fresh fragment and added to the running sums in fp32: form 2).
+ * kernels/gemm_mma.cu — version 5 of the prefill products (gemm.h): Y = X Wᵀ on
+ * mma.sync.m16n8k16 with ldmatrix fragment loads, in the split form of gemm.h (x = hi + lo +
+ * lo2, three bf16 products per K slice; form 2 sums a fragment's products of each K step of
+ * 64 in a fresh fragment and adds it to the running sums in fp32).
  *
- * Block: RW x TW warps; warp (w % RW, w / RW) owns W rows 64 (w % RW) .. +64 (A: four m16
- * fragments) and tokens 32 (w / RW) .. +32 (B: four n8 fragments) of the block's tile, so per
- * 16-wide K slice it loads 4 A fragments and 2 x 3 B pairs (10 ldmatrix.x4) for 48 MMAs (16
- * with bf16 X), and keeps 64 fp32 sums.  Dense products take 2 x 4 warps (128 rows x 128
- * tokens), grouped ones 4 x 2 (256 rows x 64 tokens: segments are ~32 rows at chunks of
- * 1,024 tokens).  Warps whose tokens are all past the tile's skip the products; n8 fragments
- * past the last token are skipped too.
+ * x is split once per product input into bf16 parts (m5_split_kernel: [m][3][cols], gathered
+ * through x_row; a dense group's products share one split, the routed experts' up product
+ * reuses the gate product's).  Block: 4 x 2 warps; warp (w % 4, w / 4) owns W rows 64 (w % 4)
+ * .. +64 (A: four m16 fragments) and tokens 32 (w / 4) .. +32 (B: four n8 fragments) of the
+ * block's tile of 256 rows x 64 tokens, so per 16-wide K slice it loads 4 A fragments and
+ * 2 x 3 B pairs (10 ldmatrix.x4) for 48 MMAs, and keeps 64 fp32 sums (and 64 of the step).
+ * Warps whose tokens are all past the tile's skip the products; n8 fragments past the last
+ * token are skipped too.  Dense products: a block per (256 rows, 64 tokens); grouped: a block
+ * per (256 rows, expert) walks its segment in tiles of 64.
  *
- * K walks in steps of 64: each thread loads its share of the next step into registers (W: BF16
- * 16-byte pieces or MXFP4 32-code blocks with their scale; X: float4) while the warps multiply
- * the current one, then decodes / splits it into the other of two shared-memory stages (rows
- * of 72 bf16 = 144 bytes: the 8 rows of an ldmatrix land on distinct banks, and so do the
- * stores).  One barrier per step: a stage is written only after every warp has passed the
- * barrier that follows its last read.  Rows and tokens past the matrix or segment are never
- * stored; unstaged token rows only feed sums that are not stored (a B column is one token).
+ * Each K step's parts and weights are copied by cp.async two steps ahead into a ring of three
+ * slots (rows of 72 bf16 = 144 bytes: the 8 rows of an ldmatrix land on distinct banks); MXFP4
+ * codes are decoded from the slot into one of two bf16 W tiles by the threads that copied
+ * them, the block rows' scales of the whole K copied once per tile.  One barrier per step.
  *
- * Count (dense BF16 [4096, 2304] x 1024 tokens, form 2): 32 x 8 = 256 blocks, 36 steps each.
- * Per block-step: 8 warps x 4 slices x 48 = 1,536 MMAs of 2,048 multiply-adds, about 3,000
- * tensor clocks if mma.sync sustains ~2 clocks per m16n8k16 per SM; ldmatrix 320 x 4
- * wavefronts and stores ~500 wavefronts (< 1,900 clocks of shared memory); issue ~1,200 clocks
- * (decode/split ~3,200 warp instructions, 1,536 MMAs, 2,048 FADDs).  So ~3,000 clocks a step;
- * one block per SM (144 KiB of stages), two waves: 216K clocks = 113 µs at 1.9 GHz, 171 TFLOPS
- * of the product (513 of tensor work), against version 1's ~800 µs (47 TFLOPS at n = 512).
- * Grouped MXFP4 gate [1024, 2304] over 8,192 rows (chunk of 1,024 tokens): 4 x 256 blocks of
- * ~1 tile, 36 steps, half the warps multiplying (32 tokens): ~1,500 tensor + ~1,000 decode
- * clocks a step, serialised by the barrier at one block per SM: ~90K clocks per block, 7.8
- * waves: ~370 µs against version 1's ~1.5 ms.
- *
- * Measured (H200, session 8): dense 376.5 µs (version 1: 405.0), grouped gate over 8,192 rows
- * 901 µs (version 1: 1,178).  The miss: an mma.sync probe reaches 610-640 TFLOPS, so not the
- * tensor pipe; Nsight Compute on the grouped kernel shows it 12.5% active, one block of 8
- * warps per SM and no eligible warp in 66% of cycles: latency-bound, the next step's loads
- * and the in-loop split of x waiting behind the block's barrier.
- *
- * Version 5 (the default, dense and grouped, blocks of 4 x 2 warps): x is split once per
- * product input into bf16 parts (m5_split_kernel: [m][3][cols], gathered through x_row; the
- * up product reuses the gate product's parts, a dense group's products share one split), and
- * each K step's parts and weights are copied by cp.async two steps ahead into a ring of three
- * slots (no loads held in registers, no split in the loop); MXFP4 codes are decoded from the
- * slot into one of two bf16 W tiles, the block rows' scales of the whole K copied once per
- * tile.  Count (gate over 32,768 rows, chunks of 4,096: 4 x 256 blocks,
+ * Count (grouped MXFP4 gate [1024, 2304] over 32,768 rows, chunks of 4,096: 4 x 256 blocks,
  * ~2 tiles of 64 tokens each, 36 steps): per block-step 1,536 MMAs (~2,600 clocks at the
- * probe's 1.7) and a decode of 2 code blocks a thread (~400 clocks with the barrier) with the
- * copies in flight underneath: ~3,000 clocks, 7.8 blocks per SM x 72 steps = 1.7M clocks =
- * ~0.85 ms, plus the split (755 MB moved, ~0.25 ms, shared with the up product), against
- * version 4's ~3.5 ms.  Measured (session 9): 2,375 µs (65 TFLOPS of product; version 4
- * 2,728), the dense [4096, 2304] x 4,096 829 µs (93 TFLOPS; version 1 1,474): a block-step
- * takes ~3 µs (~5,900 clocks) against ~2,600 clocks of MMAs at the probe's rate, and the
- * grouped tiles are ~80% full (segments of ~128 rows in tiles of 64).
+ * mma.sync probe's 1.7 per MMA per SM) and a decode of 2 code blocks a thread with the copies
+ * in flight underneath: ~3,000 clocks, 7.8 blocks per SM x 72 steps = 1.7M clocks = ~0.85 ms,
+ * plus the split (755 MB moved, ~0.25 ms, shared with the up product).  Measured (H200,
+ * session 9): 2,375 µs (65 TFLOPS of product), the dense [4096, 2304] x 4,096 829 µs (93
+ * TFLOPS): a block-step takes ~3 µs (~5,900 clocks), one block of 8 warps per SM (232
+ * registers, ~190 KiB of shared memory) hides little latency, and the grouped tiles are ~80%
+ * full (segments of ~128 rows in tiles of 64).  Version 4 (the same warps with the next step's
+ * loads held in registers and x split in the loop, session 8) measured slower at every shape
+ * (2,728 and 1,229 µs) and was removed.
  */
 #include "kernels/gemm_mma.h"
 #include "kernels/gpu.h"
@@ -64,7 +41,7 @@
 #define MT_KT KL_GPU_MMA_KT
 #define MT_LD (MT_KT + 8) /* bf16 per staged row */
 
-/* A block of RW x TW warps: its tile, shared memory and per-thread load shares. */
+/* A block of RW x TW warps: its tile and staged sizes. */
 template <int RW, int TW> struct mt {
     enum : unsigned {
         THREADS = 32 * RW * TW,
@@ -72,104 +49,8 @@ template <int RW, int TW> struct mt {
         BT = 32 * TW,                           /* tokens */
         W_ELEMS = BR * MT_LD,                   /* bf16 of the W tile */
         X_ELEMS = BT * MT_LD,                   /* bf16 of one X part */
-        STAGE = W_ELEMS + 3 * X_ELEMS,          /* bf16 of a stage */
-        SMEM = 2 * STAGE * 2,                   /* bytes: two stages */
-        U_BF16 = BR * (MT_KT / 8) / THREADS,    /* BF16 W: 16-byte pieces a thread */
-        U_MX = BR * (MT_KT / 32) / THREADS,     /* MXFP4 W: 32-code blocks a thread */
-        U_X = BT * (MT_KT / 4) / THREADS,       /* X: float4 a thread */
     };
 };
-
-/* What a block multiplies: W rows [r0, r0 + BR) of the matrix at stored row wrow0. */
-struct mt_job {
-    kl_gpu_mat      m;
-    size_t          wrow0;
-    uint32_t        r0;
-    const float    *x;
-    const uint32_t *x_row; /* NULL: identity */
-    float          *y;
-};
-
-/* One step's raw loads of one thread. */
-template <int MX, int RW, int TW> struct mt_regs {
-    uint4   w[MX ? mt<RW, TW>::U_MX : mt<RW, TW>::U_BF16];
-    uint8_t s[MX ? mt<RW, TW>::U_MX : 1];
-    float4  x[mt<RW, TW>::U_X];
-};
-
-/* W pieces: MXFP4 unit u = row u / 2, codes 32 (u % 2) ..; BF16 unit u = row u / 8, columns
- * 8 (u % 8) ..; X unit u = token u / 16, columns 4 (u % 16) .. (tokens >= nt not loaded). */
-template <int MX, int RW, int TW>
-__device__ static inline void mt_load(const mt_job &j, uint32_t t0, uint32_t nt, uint32_t k0,
-                                      mt_regs<MX, RW, TW> &g)
-{
-    typedef mt<RW, TW> T;
-    const unsigned t = threadIdx.x;
-    const uint32_t cols = j.m.cols;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    if (MX) {
-#pragma unroll
-        for (unsigned i = 0; i < T::U_MX; i++) {
-            const unsigned u = t + T::THREADS * i, r = u / 2, h = u % 2;
-            const int ok = j.r0 + r < j.m.rows;
-            const size_t row = j.wrow0 + j.r0 + r;
-            g.w[i] = ok ? *(const uint4 *)(j.m.packed + row * (cols / 2) + k0 / 2 + 16 * h) : zero;
-            g.s[i] = ok ? j.m.scale[row * (cols / KL_MXFP4_BLOCK) + k0 / KL_MXFP4_BLOCK + h] : 0;
-        }
-    } else {
-        const uint16_t *d = (const uint16_t *)j.m.data;
-#pragma unroll
-        for (unsigned i = 0; i < T::U_BF16; i++) {
-            const unsigned u = t + T::THREADS * i, r = u / 8;
-            const int ok = j.r0 + r < j.m.rows;
-            g.w[i] = ok ? *(const uint4 *)(d + (j.wrow0 + j.r0 + r) * cols + k0 + 8 * (u % 8))
-                        : zero;
-        }
-    }
-#pragma unroll
-    for (unsigned i = 0; i < T::U_X; i++) {
-        const unsigned u = t + T::THREADS * i, tok = u / 16;
-        if (tok < nt) {
-            const size_t src = j.x_row ? j.x_row[t0 + tok] : t0 + tok;
-            g.x[i] = *(const float4 *)(j.x + src * cols + k0 + 4 * (u % 16));
-        }
-    }
-}
-
-/* The registers into a stage: W decoded to bf16 (MXFP4: exact, mx_bf16.h), X split into its
- * parts (SP 0: hi only; kl_gt_stage_x4). */
-template <int MX, int SP, int RW, int TW>
-__device__ static inline void mt_stage(const mt_regs<MX, RW, TW> &g, uint32_t nt, uint16_t *wt)
-{
-    typedef mt<RW, TW> T;
-    const unsigned t = threadIdx.x;
-    if (MX) {
-#pragma unroll
-        for (unsigned i = 0; i < T::U_MX; i++) {
-            const unsigned u = t + T::THREADS * i;
-            const uint32_t q[4] = {g.w[i].x, g.w[i].y, g.w[i].z, g.w[i].w};
-            uint32_t out[16];
-            kl_mx_decode32(q, g.s[i], out);
-            uint4 *dst = (uint4 *)&wt[(u / 2) * MT_LD + 32 * (u % 2)];
-#pragma unroll
-            for (unsigned c = 0; c < 4; c++)
-                dst[c] = make_uint4(out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3]);
-        }
-    } else {
-#pragma unroll
-        for (unsigned i = 0; i < T::U_BF16; i++) {
-            const unsigned u = t + T::THREADS * i;
-            *(uint4 *)&wt[(u / 8) * MT_LD + 8 * (u % 8)] = g.w[i];
-        }
-    }
-    uint16_t *xt = wt + T::W_ELEMS;
-#pragma unroll
-    for (unsigned i = 0; i < T::U_X; i++) {
-        const unsigned u = t + T::THREADS * i, tok = u / 16;
-        if (tok < nt)
-            kl_gt_stage_x4<SP != 0>(g.x[i], xt, T::X_ELEMS, tok * MT_LD + 4 * (u % 16));
-    }
-}
 
 __device__ static inline void mt_zero(float (&acc)[4][4][4])
 {
@@ -271,54 +152,6 @@ __device__ static inline void mt_store(const float (&acc)[4][4][4], uint32_t R, 
                 if (row < R && tok < nt)
                     y[(size_t)(t0 + tok) * R + row] = acc[i][jn][e];
             }
-}
-
-/* y rows [t0, t0 + nt) of the block's W rows: every thread of the block calls it. */
-template <int MX, int SP, int RW, int TW>
-__device__ static void mt_tile(const mt_job &j, uint32_t t0, uint32_t nt, uint16_t *sm)
-{
-    typedef mt<RW, TW> T;
-    float acc[4][4][4];
-    mt_zero(acc);
-    mt_regs<MX, RW, TW> g;
-    const uint32_t steps = j.m.cols / MT_KT;
-    mt_load<MX, RW, TW>(j, t0, nt, 0, g);
-    for (uint32_t k = 0; k < steps; k++) {
-        uint16_t *st = sm + (k % 2) * T::STAGE;
-        mt_stage<MX, SP, RW, TW>(g, nt, st);
-        __syncthreads();
-        if (k + 1 < steps)
-            mt_load<MX, RW, TW>(j, t0, nt, (k + 1) * MT_KT, g);
-        mt_mul<SP, RW, TW>(acc, st, st + T::W_ELEMS, nt);
-    }
-    mt_store<RW, TW>(acc, j.m.rows, j.r0, j.y, t0, nt);
-    __syncthreads(); /* the next tile stages into stage 0, which the last products may read */
-}
-
-template <int MX, int SP, int RW, int TW>
-__global__ static void __launch_bounds__(32 * RW * TW, 1)
-    mt_dense_kernel(kl_gpu_mat m, const float *x, uint32_t n, float *y)
-{
-    KL_GPU_GRID_WAIT();
-    extern __shared__ uint4 mt_smem[];
-    typedef mt<RW, TW> T;
-    const mt_job j = {m, 0, blockIdx.x * T::BR, x, NULL, y};
-    const uint32_t t0 = blockIdx.y * T::BT;
-    mt_tile<MX, SP, RW, TW>(j, t0, n - t0 < T::BT ? n - t0 : T::BT, (uint16_t *)mt_smem);
-}
-
-template <int MX, int SP, int RW, int TW>
-__global__ static void __launch_bounds__(32 * RW * TW, 1)
-    mt_grouped_kernel(kl_gpu_mat m, const float *x, const uint32_t *x_row, const uint32_t *seg,
-                      float *y)
-{
-    KL_GPU_GRID_WAIT();
-    extern __shared__ uint4 mt_smem[];
-    typedef mt<RW, TW> T;
-    const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
-    const mt_job j = {m, (size_t)e * m.rows, blockIdx.x * T::BR, x, x_row, y};
-    for (uint32_t t0 = s0; t0 < s1; t0 += T::BT)
-        mt_tile<MX, SP, RW, TW>(j, t0, s1 - t0 < T::BT ? s1 - t0 : T::BT, (uint16_t *)mt_smem);
 }
 
 /* ---- version 5: X split once into bf16 parts, each step copied by cp.async two ahead ------ */
@@ -525,50 +358,6 @@ template <class F> static int mt_opt_in(mt_kernel<F> &k, kl_err *err)
         return err->code;
     k.opted = 1;
     return 0;
-}
-
-#define MT_DENSE_RW  2
-#define MT_DENSE_TW  4
-#define MT_GROUP_RW  4
-#define MT_GROUP_TW  2
-
-typedef void (*mt_dense_fn)(kl_gpu_mat, const float *, uint32_t, float *);
-typedef void (*mt_grouped_fn)(kl_gpu_mat, const float *, const uint32_t *, const uint32_t *,
-                              float *);
-
-#define MT_D(mx, sp) {mt_dense_kernel<mx, sp, MT_DENSE_RW, MT_DENSE_TW>, \
-                      mt<MT_DENSE_RW, MT_DENSE_TW>::SMEM, 0}
-#define MT_G(mx, sp) {mt_grouped_kernel<mx, sp, MT_GROUP_RW, MT_GROUP_TW>, \
-                      mt<MT_GROUP_RW, MT_GROUP_TW>::SMEM, 0}
-
-/* [BF16, MXFP4][form] */
-static mt_kernel<mt_dense_fn> mt_dense[2][3] = {{MT_D(0, 0), MT_D(0, 1), MT_D(0, 2)},
-                                                {MT_D(1, 0), MT_D(1, 1), MT_D(1, 2)}};
-static mt_kernel<mt_grouped_fn> mt_grouped[2][3] = {{MT_G(0, 0), MT_G(0, 1), MT_G(0, 2)},
-                                                    {MT_G(1, 0), MT_G(1, 1), MT_G(1, 2)}};
-
-extern "C" int kl_gpu_gemm_mma(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
-                               int split, kl_gpu_stream s, kl_err *err)
-{
-    typedef mt<MT_DENSE_RW, MT_DENSE_TW> T;
-    mt_kernel<mt_dense_fn> &k = mt_dense[w->kind == KL_GPU_W_MXFP4][split];
-    if (mt_opt_in(k, err))
-        return err->code;
-    const dim3 grid((w->rows + T::BR - 1) / T::BR, (n + T::BT - 1) / T::BT);
-    k.fn<<<grid, T::THREADS, k.smem, (hipStream_t)s>>>(*w, x, n, y);
-    return KL_GPU_CHECK(err, hipGetLastError());
-}
-
-extern "C" int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int split,
-                                       kl_gpu_stream s, kl_err *err)
-{
-    typedef mt<MT_GROUP_RW, MT_GROUP_TW> T;
-    mt_kernel<mt_grouped_fn> &k = mt_grouped[a->w->m.kind == KL_GPU_W_MXFP4][split];
-    if (mt_opt_in(k, err))
-        return err->code;
-    const dim3 grid((a->w->m.rows + T::BR - 1) / T::BR, a->w->n);
-    k.fn<<<grid, T::THREADS, k.smem, (hipStream_t)s>>>(a->w->m, a->x, a->x_row, a->seg, a->y);
-    return KL_GPU_CHECK(err, hipGetLastError());
 }
 
 /* ---- version 5's launchers ---------------------------------------------------------------- */

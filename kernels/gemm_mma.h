@@ -1,9 +1,8 @@
 /*
- * kernels/gemm_mma.h — versions 4 and 5 of the prefill products (kernels/gemm_mma.cu), reached
+ * kernels/gemm_mma.h — version 5 of the prefill products (kernels/gemm_mma.cu), reached
  * through kl_gpu_gemm_p / kl_gpu_gemm_grouped (gemm.h) when KL_GPU_GEMM_TILES or
- * KL_GPU_GEMM_GROUPED selects them and the matrix has cols % KL_GPU_MMA_KT == 0.  Internal to
- * kernels/: arguments are checked by gemm.cu's public launchers; split is the form (0, 1 or
- * 2, gemm.h).
+ * KL_GPU_GEMM_GROUPED selects it, parts are given and the matrix fits.  Internal to kernels/:
+ * arguments are checked by gemm.cu's public launchers; split is the form (0, 1 or 2, gemm.h).
  */
 #ifndef KL_KERNELS_GEMM_MMA_H
 #define KL_KERNELS_GEMM_MMA_H
@@ -14,12 +13,7 @@
 extern "C" {
 #endif
 
-#define KL_GPU_MMA_KT 64u   /* K per step: version 4 takes cols % 64 == 0 */
-
-int kl_gpu_gemm_mma(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, int split,
-                    kl_gpu_stream s, kl_err *err);
-int kl_gpu_gemm_mma_grouped(const kl_gpu_gemm_grouped_args *a, int split, kl_gpu_stream s,
-                            kl_err *err);
+#define KL_GPU_MMA_KT 64u   /* K per step: version 5 takes cols % 64 == 0 */
 
 /* Version 5: x split once into bf16 parts (kl_gpu_gemm_split_x, unless
  * a->parts_ready), then gemm_mma.cu's m5 kernels; needs a->parts.  kl_gpu_gemm_mma5_takes:
