@@ -222,6 +222,8 @@ typedef struct decode_result {
     double         pf_tok_s[MAX_CONTEXTS];   /* --prefill-at */
     kl_gpu_profile prof_prefill, prof_decode;   /* GPU: graph size, $KL_GPU_PROFILE times */
     double         disk_gbps;     /* GPU: raw read of the last shard (O_DIRECT), 0: unknown */
+    kl_membench_result host_copy; /* GPU: host memcpy with the load's threads (its fill copies
+                                     cached file bytes into pinned buffers) */
 } decode_result;
 
 /* The bandwidth the decode rate is bound by: HBM on the GPU, host memory read on the CPU. */
@@ -441,6 +443,8 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
         cJSON_AddNumberToObject(j, "disk_read_gbps", r->disk_gbps);
+        cJSON_AddNumberToObject(j, "host_copy_gbps", r->host_copy.read_gbps);
+        cJSON_AddNumberToObject(j, "host_copy_threads", r->host_copy.threads);
         cJSON_AddNumberToObject(j, "gpu_memory_used_bytes", (double)r->gpu.mem_used);
         cJSON_AddNumberToObject(j, "launches_per_decode_step", (double)r->prof_decode.graph_nodes);
         if (r->prof_decode.on) {   /* $KL_GPU_PROFILE=1: shares of the time per operation */
@@ -489,9 +493,11 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     if (r->on_gpu)
         printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s, raw "
-               "disk read %.2f GB/s\n           open %.3f s, device %.3f s, buffers %.3f s, "
-               "waited %.3f s, plan %.3f s, alloc %.3f s, fill %.3f s, finish %.3f s\n",
+               "disk read %.2f GB/s, host memcpy %.2f GB/s (%u threads)\n           open "
+               "%.3f s, device %.3f s, buffers %.3f s, waited %.3f s, plan %.3f s, alloc "
+               "%.3f s, fill %.3f s, finish %.3f s\n",
                l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps, r->disk_gbps,
+               r->host_copy.read_gbps, r->host_copy.threads,
                l->open_s, l->gpu_load.device_s, l->gpu_load.buffers_s, l->gpu_load.wait_s,
                l->gpu_load.plan_s, l->gpu_load.alloc_s, l->gpu_load.fill_s,
                l->gpu_load.finish_s);
@@ -620,8 +626,13 @@ static int bench_decode(int argc, char **argv)
     }
     kl_cost_token_bytes(m, &res.bytes);
     res.on_gpu = !strcmp(l.device_used, "gpu");
-    if (res.on_gpu)
+    if (res.on_gpu) {
         res.disk_gbps = raw_disk_gbps(m);
+        /* what the fill's copies from the page cache can reach on this host, at most */
+        unsigned threads = l.gpu_load.threads ? l.gpu_load.threads : 1;
+        if (kl_membench_copy((size_t)1 << 30, threads, 3, &res.host_copy, &err))
+            fprintf(stderr, "kl bench decode: no host copy ceiling: %s\n", err.msg);
+    }
     /* the ceiling measured after the model is loaded (CPU: as many threads as the engine) */
     if (res.on_gpu ? kl_backend_gpu_ceilings(&res.gpu, &err)
                    : kl_membench_read((size_t)1 << 30, kl_pool_threads(m->pool), 3, &res.ceiling,

@@ -26,6 +26,9 @@ struct kl_membench {
     const v2u64      *buf;
     void             *map;         /* the mapping holding buf */
     size_t            map_len;
+    v2u64            *dst;         /* a copy bench: where pieces of buf are copied; else NULL */
+    void             *dst_map;
+    size_t            dst_map_len;
     size_t            n_vec;       /* 16-byte vectors in buf */
     size_t            buf_chunks;  /* CHUNK_VECS pieces in buf */
     size_t            pass_chunks; /* pieces in the current pass (wrapping around buf) */
@@ -95,7 +98,11 @@ static void *worker_main(void *arg)
         if (b->quit)
             return NULL;
         for (size_t i; (i = atomic_fetch_add(&b->next, 1)) < b->pass_chunks;) {
-            b->sink[w.idx] += sum_range(b->buf + i % b->buf_chunks * CHUNK_VECS, CHUNK_VECS);
+            const size_t at = i % b->buf_chunks * CHUNK_VECS;
+            if (b->dst)
+                memcpy(b->dst + at, b->buf + at, CHUNK_VECS * sizeof(v2u64));
+            else
+                b->sink[w.idx] += sum_range(b->buf + at, CHUNK_VECS);
         }
         pthread_barrier_wait(&b->done);
     }
@@ -120,23 +127,44 @@ static uint64_t huge_bytes_at(const void *addr)
     return inside ? (uint64_t)kb * 1024 : 0;
 }
 
-/* The buffer (bytes rounded up to whole 2 MiB pieces) is asked for on 2 MiB pages (transparent huge pages, where the kernel allows
- * them): on 4 KiB pages a pass also measures TLB misses (costly under nested paging), and a
- * reader of 2 MiB-mapped page cache could beat such a "ceiling". */
-static int alloc_buffer(kl_membench *b, size_t bytes)
+/* bytes (a whole number of 2 MiB pieces) asked for on 2 MiB pages (transparent huge pages,
+ * where the kernel allows them) and touched: on 4 KiB pages a pass also measures TLB misses
+ * (costly under nested paging), and a reader of 2 MiB-mapped page cache could beat such a
+ * "ceiling".  NULL if the mapping fails; *map and *map_len say what to unmap. */
+static uint8_t *map_huge(size_t bytes, int fill, void **map, size_t *map_len)
 {
-    bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-    b->map_len = bytes + HUGE_PAGE;
-    b->map = mmap(NULL, b->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (b->map == MAP_FAILED) {
-        b->map = NULL;
-        return -1;
+    *map_len = bytes + HUGE_PAGE;
+    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED) {
+        *map = NULL;
+        return NULL;
     }
-    uint8_t *p = (uint8_t *)(((uintptr_t)b->map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    uint8_t *p = (uint8_t *)(((uintptr_t)*map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes, MADV_HUGEPAGE);
 #endif
-    memset(p, 0x5a, bytes); /* first touch: fault every page in before timing */
+    memset(p, fill, bytes); /* first touch: fault every page in before timing */
+    return p;
+}
+
+static void unmap_buffers(kl_membench *b)
+{
+    if (b->map)
+        munmap(b->map, b->map_len);
+    if (b->dst_map)
+        munmap(b->dst_map, b->dst_map_len);
+}
+
+/* The buffer (bytes rounded up to whole 2 MiB pieces), and for a copy bench the destination
+ * of the same size. */
+static int alloc_buffer(kl_membench *b, size_t bytes, int copy)
+{
+    bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    uint8_t *p = map_huge(bytes, 0x5a, &b->map, &b->map_len);
+    if (!p)
+        return -1;
+    if (copy && !(b->dst = (v2u64 *)map_huge(bytes, 0, &b->dst_map, &b->dst_map_len)))
+        return -1;
     b->buf = (const v2u64 *)p;
     b->n_vec = bytes / sizeof(v2u64);
     b->buf_chunks = b->n_vec / CHUNK_VECS;
@@ -179,7 +207,9 @@ static int start_threads(kl_membench *b)
     return 0;
 }
 
-int kl_membench_open(size_t bytes, unsigned threads, kl_membench **out, kl_err *err)
+/* kl_membench_open, or with copy set a bench whose passes copy the pieces into a second
+ * buffer. */
+static int bench_open(size_t bytes, unsigned threads, int copy, kl_membench **out, kl_err *err)
 {
     *out = NULL;
     if (threads < 1 || threads > MAX_THREADS || bytes < 4096)
@@ -188,9 +218,11 @@ int kl_membench_open(size_t bytes, unsigned threads, kl_membench **out, kl_err *
     if (!b)
         return kl_fail(err, KL_E_NOMEM, "membench: out of memory");
     b->threads = threads;
-    if (bytes > SIZE_MAX - 2 * HUGE_PAGE || alloc_buffer(b, bytes)) {
+    if (bytes > SIZE_MAX - 2 * HUGE_PAGE || alloc_buffer(b, bytes, copy)) {
+        unmap_buffers(b);
         kl_free(b);
-        return kl_fail(err, KL_E_NOMEM, "membench: cannot allocate %zu bytes", bytes);
+        return kl_fail(err, KL_E_NOMEM, "membench: cannot allocate %zu bytes%s", bytes,
+                       copy ? " twice" : "");
     }
     if (start_threads(b)) {
         kl_membench_close(b);
@@ -198,6 +230,11 @@ int kl_membench_open(size_t bytes, unsigned threads, kl_membench **out, kl_err *
     }
     *out = b;
     return 0;
+}
+
+int kl_membench_open(size_t bytes, unsigned threads, kl_membench **out, kl_err *err)
+{
+    return bench_open(bytes, threads, 0, out, err);
 }
 
 double kl_membench_pass(kl_membench *b, uint64_t bytes, uint64_t *bytes_read)
@@ -232,20 +269,20 @@ void kl_membench_close(kl_membench *b)
     }
     pthread_cond_destroy(&b->gate_cv);
     pthread_mutex_destroy(&b->gate_mu);
-    if (b->map)
-        munmap(b->map, b->map_len);
+    unmap_buffers(b);
     kl_free(b);
 }
 
 #define MAX_PASSES 64
 
-int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
-                     kl_err *err)
+/* Open (a copy bench with copy set), `passes` passes over the buffer, close. */
+static int bench_passes(size_t bytes, unsigned threads, unsigned passes, int copy,
+                        kl_membench_result *res, kl_err *err)
 {
     if (!passes || passes > MAX_PASSES)
         return kl_fail(err, KL_E_USAGE, "membench: need 1..%d passes", MAX_PASSES);
     kl_membench *b;
-    int rc = kl_membench_open(bytes, threads, &b, err);
+    int rc = bench_open(bytes, threads, copy, &b, err);
     if (rc)
         return rc;
     uint64_t n = kl_membench_buffer_bytes(b);
@@ -261,4 +298,16 @@ int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membenc
     kl_membench_close(b);
     res->median_gbps = (double)n / kl_median(pass_s, passes) / 1e9;
     return 0;
+}
+
+int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
+                     kl_err *err)
+{
+    return bench_passes(bytes, threads, passes, 0, res, err);
+}
+
+int kl_membench_copy(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
+                     kl_err *err)
+{
+    return bench_passes(bytes, threads, passes, 1, res, err);
 }

@@ -50,4 +50,10 @@ void     kl_membench_close(kl_membench *b); /* NULL is fine */
 int kl_membench_read(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
                      kl_err *err);
 
+/* The same with each pass copying the buffer's pieces (memcpy) into a second buffer of its
+ * size: the host copy ceiling of a loader that copies cached file bytes into its own buffers
+ * (read_gbps is then the bytes copied per second, each read once and written once). */
+int kl_membench_copy(size_t bytes, unsigned threads, unsigned passes, kl_membench_result *res,
+                     kl_err *err);
+
 #endif

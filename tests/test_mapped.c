@@ -164,6 +164,13 @@ START_TEST(membench_passes_wrap_around_the_buffer_in_whole_pieces)
     ck_assert_int_eq(kl_membench_read(4 * mib, 2, 3, &r, &err), 0);
     ck_assert_uint_eq(r.bytes, 4 * mib);
     ck_assert(r.read_gbps > 0 && r.median_gbps > 0 && r.read_gbps >= r.median_gbps);
+    /* the copy ceiling: the same passes, each piece copied into a second buffer */
+    kl_membench_result c;
+    ck_assert_int_eq(kl_membench_copy(4 * mib, 2, 3, &c, &err), 0);
+    ck_assert_uint_eq(c.bytes, 4 * mib);
+    ck_assert_uint_eq(c.threads, 2);
+    ck_assert(c.read_gbps > 0 && c.read_gbps >= c.median_gbps);
+    ck_assert_int_eq(kl_membench_copy(4 * mib, 2, 0, &c, &err), KL_E_USAGE);
 }
 END_TEST
 

@@ -102,10 +102,10 @@ bench_one() {  # model, json out
     python3 - "$2" <<'PY' | tee -a "$TABLE"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
+print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load %.2f s %.1f GB/s (%s, %d/%d windows pinned; upload %.2f s; pinned h2d %.1f GB/s; raw disk %.2f GB/s; host memcpy %.1f GB/s); host rss %.2f GB; gpu mem %.1f GB; hbm %.0f GB/s"
       % (d["prompt_tokens"], d["prefill_tok_s"], d["time_to_first_token_s"], d["load_s"], d["load_gbps"],
          d.get("load_how", ""), d.get("load_windows_pinned", 0), d.get("load_windows", 0), d["upload_s"],
-         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
+         d["pinned_h2d_gbps"], d.get("disk_read_gbps", 0), d.get("host_copy_gbps", 0), d["peak_host_rss_bytes"] / 1e9, d["gpu_memory_used_bytes"] / 1e9, d["hbm_copy_gbps"]))
 print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
 for a in d.get("prefill_at", []):
     print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
@@ -350,8 +350,9 @@ d = json.load(open(path))
 ph = d.get("load_phases", {})
 pin = d.get("pinned_h2d_gbps", 0) or 1
 fd = d.get("load_fill_detail", {})
-print("loadsweep %-10s [%s] load %.3f s %.1f GB/s ratio %.2f (pinned %.1f) | %s | fill %.1f GB/s (%s) | %s %dx%dMiB %s threads %d | rss %.2f GB | ttft %.2f s"
+print("loadsweep %-10s [%s] load %.3f s %.1f GB/s ratio %.2f (pinned %.1f, host memcpy %.1f) | %s | fill %.1f GB/s (%s) | %s %dx%dMiB %s threads %d | rss %.2f GB | ttft %.2f s"
       % (where, cfg.strip() or "defaults", d["load_s"], d["load_gbps"], d["load_gbps"] / pin, d.get("pinned_h2d_gbps", 0),
+         d.get("host_copy_gbps", 0),
          " ".join("%s %.3f" % kv for kv in ph.items()), d.get("load_fill_gbps", 0),
          " ".join("%s %.2f" % kv for kv in fd.items()), d.get("load_how", ""),
          d.get("load_buffers", 0), d.get("load_buffer_bytes", 0) >> 20, d.get("load_buffer_mem", ""),
