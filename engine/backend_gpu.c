@@ -1058,8 +1058,9 @@ static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x
         const kl_gpu_mat *w = &L->w[fuse_roles[grp][i]];
         if (w->kind == KL_GPU_W_NONE)
             continue;
-        rc = product(g, w, x, g->tok.n, out[i], split_done && splits(g, w), err);
-        split_done |= splits(g, w);
+        const int split = splits(g, w);
+        rc = product(g, w, x, g->tok.n, out[i], split_done && split, err);
+        split_done |= split;
     }
     return rc;
 }
