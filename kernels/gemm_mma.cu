@@ -150,12 +150,12 @@ __device__ static inline void mt_mul16(float (&acc)[4][4][4], const uint16_t *wt
     const unsigned ng = nt - tok0 >= 32 ? 4 : (nt - tok0 + 7) / 8; /* n8 fragments in use */
     const uint16_t *pa = wt + (row0 + lane % 16) * MT_LD + (lane / 16) * 8;
     const uint16_t *pb = xt + (tok0 + (lane / 16) * 8 + lane % 8) * MT_LD + ((lane / 8) % 2) * 8;
-#pragma unroll
     for (unsigned blk = 0; blk < MT_KT / KL_MXFP4_BLOCK; blk++) {
         float part[4][4][4];
         mt_zero(part);
 #pragma unroll
-        for (unsigned kk = KL_MXFP4_BLOCK * blk; kk < KL_MXFP4_BLOCK * (blk + 1); kk += 16) {
+        for (unsigned half = 0; half < 2; half++) {
+            const unsigned kk = KL_MXFP4_BLOCK * blk + 16 * half;
             uint32_t a[4][4], b[2][4][2];
 #pragma unroll
             for (unsigned i = 0; i < 4; i++)
@@ -369,7 +369,6 @@ __device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, u
         uint32_t out[16];
         if (F16) {
             const kl_mx_tab t = kl_mx_tab_f16();
-#pragma unroll
             for (unsigned i = 0; i < 4; i++)
                 kl_mx_decode8(q[i], &t, out + 4 * i);
         } else {
