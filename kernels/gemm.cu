@@ -390,20 +390,29 @@ __global__ static void __launch_bounds__(THREADS, 2)
         gemm_tile<MX, SP>(j, t0, s1 - t0 < BN ? s1 - t0 : BN, sh);
 }
 
-static int split_mode = -1; /* -1: KL_GPU_GEMM_SPLIT not read yet; else the form, 0-2 */
+static int split_mode = -1; /* -1: KL_GPU_GEMM_SPLIT not read yet; else the form, 0-3 */
 
 extern "C" int kl_gpu_gemm_split(void)
 {
     if (split_mode < 0) {
         const char *v = getenv("KL_GPU_GEMM_SPLIT");
-        split_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
+        split_mode = v && !strcmp(v, "0")   ? 0
+                     : v && !strcmp(v, "1") ? 1
+                     : v && !strcmp(v, "3") ? 3
+                                            : 2;
     }
     return split_mode;
 }
 
 extern "C" void kl_gpu_gemm_split_set(int form)
 {
-    split_mode = form < 0 ? 0 : form > 2 ? 2 : form;
+    split_mode = form < 0 ? 0 : form > 3 ? 2 : form;
+}
+
+/* The form version 1 runs: form 3 (version 5's fp16 operands) as form 2. */
+static int v1_form(void)
+{
+    return kl_gpu_gemm_split() == 3 ? 2 : kl_gpu_gemm_split();
 }
 
 /* 0, or KL_E_USAGE: m is BF16 or MXFP4 with cols % 32 == 0 and 16-byte aligned payloads. */
@@ -475,17 +484,13 @@ extern "C" int kl_gpu_gemm_p(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         return kl_fail(err, KL_E_USAGE, "gemm: y is NULL, or n (%u) is 0 or too large", n);
     if ((uintptr_t)parts % 16)
         return kl_fail(err, KL_E_USAGE, "gemm: parts not 16-byte aligned");
-    if (kl_gpu_gemm_uses_parts(w, parts)) {
-        if (!parts_ready &&
-            kl_gpu_gemm_split_x(x, NULL, NULL, n, w->cols, parts, s, err))
-            return err->code;
-        return kl_gpu_gemm_mma5(w, parts, n, y, kl_gpu_gemm_split(), s, err);
-    }
+    if (kl_gpu_gemm_uses_parts(w, parts))
+        return kl_gpu_gemm_mma5(w, x, parts, parts_ready, n, y, kl_gpu_gemm_split(), s, err);
     typedef void (*kernel)(kl_gpu_mat, const float *, uint32_t, float *);
     static const kernel k[2][3] = {{gemm_kernel<0, 0>, gemm_kernel<0, 1>, gemm_kernel<0, 2>},
                                    {gemm_kernel<1, 0>, gemm_kernel<1, 1>, gemm_kernel<1, 2>}};
     const dim3 grid((w->rows + BM - 1) / BM, (n + BN - 1) / BN);
-    k[w->kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0, (hipStream_t)s>>>(
+    k[w->kind == KL_GPU_W_MXFP4][v1_form()]<<<grid, THREADS, 0, (hipStream_t)s>>>(
         *w, x, n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
@@ -517,7 +522,7 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
         {gemm_grouped_kernel<0, 0>, gemm_grouped_kernel<0, 1>, gemm_grouped_kernel<0, 2>},
         {gemm_grouped_kernel<1, 0>, gemm_grouped_kernel<1, 1>, gemm_grouped_kernel<1, 2>}};
     const dim3 grid((a->w->m.rows + BM - 1) / BM, a->w->n);
-    k[a->w->m.kind == KL_GPU_W_MXFP4][kl_gpu_gemm_split()]<<<grid, THREADS, 0,
+    k[a->w->m.kind == KL_GPU_W_MXFP4][v1_form()]<<<grid, THREADS, 0,
                                                               (hipStream_t)s>>>(
         a->w->m, a->x, a->x_row, a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
@@ -525,5 +530,5 @@ extern "C" int kl_gpu_gemm_grouped(const kl_gpu_gemm_grouped_args *a, kl_gpu_str
 
 extern "C" size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols)
 {
-    return (size_t)m * 3 * cols * sizeof(uint16_t);
+    return (size_t)m * 3 * cols * sizeof(uint16_t) + (size_t)m * sizeof(float);
 }

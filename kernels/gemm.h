@@ -34,6 +34,11 @@ extern "C" {
  * the whole K: Hopper's MMA adds into its accumulator without fp32 rounding (it truncates), a
  * bias that grows with K to ~1e-5 and flipped expert choices of the random full geometry.
  * Form 0 (KL_GPU_GEMM_SPLIT=0) stages bf16(x) only: ~2e-3, a third of the tensor-core work.
+ * Form 3 (KL_GPU_GEMM_SPLIT=3, version 5 with MXFP4 weights; form 2 elsewhere): each row of x
+ * scaled by a power of two that puts its largest |x| in [2^13, 2^14) and split into two fp16
+ * parts, the MXFP4 codes as fp16 (exact) and each 32-wide block's sums times its scale in
+ * fp32, the row's factor undone at the store: two products a slice instead of three, as exact
+ * as form 2 in the host model (scripts/split_forms.c: 1.89e-7 against 1.85e-7).
  * The environment is read at the first call; kl_gpu_gemm_split_set overrides it. */
 int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
 void kl_gpu_gemm_split_set(int form);
@@ -86,7 +91,8 @@ typedef struct kl_gpu_gemm_grouped_args {
                                         split by an earlier call with the same x, x_row, cols */
 } kl_gpu_gemm_grouped_args;
 
-/* Bytes of the parts scratch for m rows of cols: [m][3][cols] bf16. */
+/* Bytes of the parts scratch for m rows of cols: [m][3][cols] bf16, then form 3's m row
+ * factors (fp32). */
 size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols);
 
 /* parts row i = the bf16 parts (hi, lo, lo2) of x row x_row[i] (or i), for i < *count (count

@@ -133,11 +133,76 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
                     acc[i][j][e] += part[i][j][e];
 }
 
+/* Form 3 (gemm.h: fp16 operands, MXFP4 weights): acc[i][j] += the step's products, the two
+ * parts (hi, lo) of x against the unscaled codes of each 32-wide scale block summed in a fresh
+ * fragment, added times the block's scale of each row (sc: the block rows' E8M0 scales,
+ * sc_stride a row, blk0 the step's first block). */
+template <int RW, int TW>
+__device__ static inline void mt_mul16(float (&acc)[4][4][4], const uint16_t *wt,
+                                       const uint16_t *xt, uint32_t nt, const uint8_t *sc,
+                                       uint32_t sc_stride, uint32_t blk0)
+{
+    typedef mt<RW, TW> T;
+    const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4;
+    const unsigned row0 = 64 * (w % RW), tok0 = 32 * (w / RW);
+    if (tok0 >= nt)
+        return;
+    const unsigned ng = nt - tok0 >= 32 ? 4 : (nt - tok0 + 7) / 8; /* n8 fragments in use */
+    const uint16_t *pa = wt + (row0 + lane % 16) * MT_LD + (lane / 16) * 8;
+    const uint16_t *pb = xt + (tok0 + (lane / 16) * 8 + lane % 8) * MT_LD + ((lane / 8) % 2) * 8;
+    for (unsigned blk = 0; blk < MT_KT / KL_MXFP4_BLOCK; blk++) {
+        float part[4][4][4];
+        mt_zero(part);
+#pragma unroll
+        for (unsigned half = 0; half < 2; half++) {
+            const unsigned kk = KL_MXFP4_BLOCK * blk + 16 * half;
+            uint32_t a[4][4], b[2][4][2];
+#pragma unroll
+            for (unsigned i = 0; i < 4; i++)
+                ldsm4(a[i], pa + 16 * i * MT_LD + kk);
+#pragma unroll
+            for (unsigned p = 0; p < 2; p++)
+#pragma unroll
+                for (unsigned jj = 0; jj < 2; jj++) {
+                    if (2 * jj >= ng)
+                        continue;
+                    uint32_t r[4];
+                    ldsm4(r, pb + p * T::X_ELEMS + 16 * jj * MT_LD + kk);
+                    b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
+                    b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
+                }
+#pragma unroll
+            for (unsigned p = 0; p < 2; p++)
+#pragma unroll
+                for (unsigned j = 0; j < 4; j++) {
+                    if (j >= ng)
+                        continue;
+#pragma unroll
+                    for (unsigned i = 0; i < 4; i++)
+                        mma16816_f16(part[i][j], a[i], b[p][j][0], b[p][j][1]);
+                }
+        }
+#pragma unroll
+        for (unsigned i = 0; i < 4; i++)
+#pragma unroll
+            for (unsigned h = 0; h < 2; h++) {
+                const unsigned r = row0 + 16 * i + g + 8 * h;
+                const float s = kl_e8m0_value(sc[r * sc_stride + blk0 + blk]);
+#pragma unroll
+                for (unsigned j = 0; j < 4; j++) {
+                    acc[i][j][2 * h] += part[i][j][2 * h] * s;
+                    acc[i][j][2 * h + 1] += part[i][j][2 * h + 1] * s;
+                }
+            }
+    }
+}
+
 /* The warp's sums into y [*, R] rows t0 + token (packed order), columns from the block's
- * first W row r0, masked to the matrix (R rows) and tile. */
+ * first W row r0, masked to the matrix (R rows) and tile; xs (form 3, else NULL): each packed
+ * row's factor undoing its scaling. */
 template <int RW, int TW>
 __device__ static inline void mt_store(const float (&acc)[4][4][4], uint32_t R, uint32_t r0,
-                                       float *y, uint32_t t0, uint32_t nt)
+                                       float *y, uint32_t t0, uint32_t nt, const float *xs)
 {
     const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, q = lane % 4;
     const uint32_t row0 = r0 + 64 * (w % RW), tok0 = 32 * (w / RW);
@@ -150,7 +215,8 @@ __device__ static inline void mt_store(const float (&acc)[4][4][4], uint32_t R, 
                 const uint32_t row = row0 + 16 * i + g + 8 * (e / 2);
                 const uint32_t tok = tok0 + 8 * jn + 2 * q + e % 2;
                 if (row < R && tok < nt)
-                    y[(size_t)(t0 + tok) * R + row] = acc[i][jn][e];
+                    y[(size_t)(t0 + tok) * R + row] = xs ? acc[i][jn][e] * xs[t0 + tok]
+                                                         : acc[i][jn][e];
             }
 }
 
@@ -168,6 +234,41 @@ __global__ static void m5_split_kernel(const float *x, const uint32_t *x_row,
         return;
     const size_t row = i / q, c = 4 * (i % q), src = x_row ? x_row[row] : row;
     kl_gt_stage_x4<1>(*(const float4 *)(x + src * cols + c), parts + row * 3 * cols, cols, c);
+}
+
+/* Form 3: x rows (x_row[i], or i) scaled by a power of two s_i that puts their largest |x| in
+ * [2^13, 2^14), as two fp16 parts hi = fp16(s x), lo = fp16(s x - hi) in parts [m][3][cols]
+ * (the third part unused), 1 / s_i in xs[i]; rows below *count (NULL: m); a group of 32 lanes
+ * per row (cols % 4 == 0). */
+__global__ static void m5_split16_kernel(const float *x, const uint32_t *x_row,
+                                         const uint32_t *count, uint32_t m, uint32_t cols,
+                                         uint16_t *parts, float *xs)
+{
+    KL_GPU_GRID_WAIT();
+    const uint32_t row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= m || row >= (count ? *count : m))
+        return;
+    const float *xr = x + (size_t)(x_row ? x_row[row] : row) * cols;
+    float most = 0.0f;
+    for (uint32_t c = 4 * lane; c < cols; c += 128) {
+        const float4 v = *(const float4 *)(xr + c);
+        most = fmaxf(most, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    for (int o = 16; o > 0; o /= 2)
+        most = fmaxf(most, kl_gpu_shfl_xor(most, o));
+    int e = 0;
+    frexpf(most, &e); /* most = f 2^e, f in [0.5, 1) */
+    const int sh = most > 0.0f ? (14 - e < 126 ? 14 - e : 126) : 0;
+    const float s = ldexpf(1.0f, sh);
+    __half *hi = (__half *)(parts + (size_t)row * 3 * cols), *lo = hi + cols;
+    for (uint32_t c = lane; c < cols; c += 32) {
+        const float v = xr[c] * s;
+        const __half h = __float2half_rn(v);
+        hi[c] = h;
+        lo[c] = __float2half_rn(v - __half2float(h));
+    }
+    if (lane == 0)
+        xs[row] = ldexpf(1.0f, -sh);
 }
 
 #define M5_SLOTS 3 /* ring slots: steps k (read), k + 1 (landed or landing), k + 2 (issued) */
@@ -198,6 +299,7 @@ struct m5_job {
     uint32_t        r0;
     const uint16_t *parts; /* [*][3][cols] */
     float          *y;
+    const float    *xs;    /* form 3: each packed row's 1 / scale (else NULL) */
 };
 
 /* Thread t's copies of the step at k0 into a slot (nothing past K, nor for tokens >= nt: the
@@ -211,7 +313,7 @@ __device__ static inline void m5_issue(const m5_job &j, uint32_t t0, uint32_t nt
     if (k0 >= cols)
         return;
     uint16_t *xs = (uint16_t *)slot;
-    const unsigned parts = SP ? 3 : 1;
+    const unsigned parts = SP == 3 ? 2 : SP ? 3 : 1;
     for (unsigned u = threadIdx.x; u < T::BT * parts * 8; u += T::THREADS) {
         const unsigned tok = u / (parts * 8), p = (u / 8) % parts, c = u % 8;
         if (tok < nt)
@@ -252,9 +354,10 @@ __device__ static inline void m5_scales(const m5_job &j, uint8_t *sc)
     }
 }
 
-/* MXFP4: a slot's raw codes of the step at k0 into a bf16 W tile (mx_bf16.h, exact).  Each
- * thread takes the 16-byte units m5_issue gave it to copy, so its own wait suffices. */
-template <int RW, int TW>
+/* MXFP4: a slot's raw codes of the step at k0 into a bf16 W tile (mx_bf16.h, exact; F16: fp16
+ * without the scale, form 3).  Each thread takes the 16-byte units m5_issue gave it to copy,
+ * so its own wait suffices. */
+template <int RW, int TW, int F16>
 __device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, uint32_t cols,
                                         uint32_t k0, uint16_t *wt)
 {
@@ -264,7 +367,13 @@ __device__ static inline void m5_decode(const uint8_t *raw, const uint8_t *sc, u
         const uint4 q4 = *(const uint4 *)(raw + 32 * r + 16 * h);
         const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w};
         uint32_t out[16];
-        kl_mx_decode32(q, sc[r * (cols / KL_MXFP4_BLOCK) + k0 / KL_MXFP4_BLOCK + h], out);
+        if (F16) {
+            const kl_mx_tab t = kl_mx_tab_f16();
+            for (unsigned i = 0; i < 4; i++)
+                kl_mx_decode8(q[i], &t, out + 4 * i);
+        } else {
+            kl_mx_decode32(q, sc[r * (cols / KL_MXFP4_BLOCK) + k0 / KL_MXFP4_BLOCK + h], out);
+        }
         uint4 *dst = (uint4 *)&wt[r * MT_LD + 32 * h];
 #pragma unroll
         for (unsigned c = 0; c < 4; c++)
@@ -302,40 +411,46 @@ __device__ static void m5_tile(const m5_job &j, uint32_t t0, uint32_t nt, uint8_
             if (k == 0)
                 __syncthreads(); /* every thread's scales */
             uint16_t *dec = (uint16_t *)(sm + S::WT) + (k % 2) * mt<RW, TW>::W_ELEMS;
-            m5_decode<RW, TW>(slot + S::X_BYTES, sm + S::SC, j.m.cols, k * MT_KT, dec);
+            m5_decode<RW, TW, SP == 3>(slot + S::X_BYTES, sm + S::SC, j.m.cols, k * MT_KT,
+                                       dec);
             wt = dec;
         }
         __syncthreads();
         m5_issue<MX, SP, RW, TW>(j, t0, nt, (k + 2) * MT_KT, sm + (k + 2) % M5_SLOTS * S::SLOT);
         copy_commit();
-        mt_mul<SP, RW, TW>(acc, wt, (const uint16_t *)slot, nt);
+        if (SP == 3 && MX)
+            mt_mul16<RW, TW>(acc, wt, (const uint16_t *)slot, nt, sm + S::SC,
+                             j.m.cols / KL_MXFP4_BLOCK, k * (MT_KT / KL_MXFP4_BLOCK));
+        else
+            mt_mul<SP == 3 ? 2 : SP, RW, TW>(acc, wt, (const uint16_t *)slot, nt);
     }
     copy_wait<0>();
-    mt_store<RW, TW>(acc, j.m.rows, j.r0, j.y, t0, nt);
+    mt_store<RW, TW>(acc, j.m.rows, j.r0, j.y, t0, nt, SP == 3 ? j.xs : NULL);
     __syncthreads(); /* the next tile's copies take slots 0 and 1 */
 }
 
 template <int MX, int SP, int RW, int TW>
 __global__ static void __launch_bounds__(32 * RW * TW, 1)
-    m5_grouped_kernel(kl_gpu_mat m, const uint16_t *parts, const uint32_t *seg, float *y)
+    m5_grouped_kernel(kl_gpu_mat m, const uint16_t *parts, const float *xs, const uint32_t *seg,
+                      float *y)
 {
     KL_GPU_GRID_WAIT();
     extern __shared__ uint4 mt_smem[];
     typedef mt<RW, TW> T;
     const uint32_t e = blockIdx.y, s0 = seg[e], s1 = seg[e + 1];
-    const m5_job j = {m, (size_t)e * m.rows, blockIdx.x * T::BR, parts, y};
+    const m5_job j = {m, (size_t)e * m.rows, blockIdx.x * T::BR, parts, y, xs};
     for (uint32_t t0 = s0; t0 < s1; t0 += T::BT)
         m5_tile<MX, SP, RW, TW>(j, t0, s1 - t0 < T::BT ? s1 - t0 : T::BT, (uint8_t *)mt_smem);
 }
 
 template <int MX, int SP, int RW, int TW>
 __global__ static void __launch_bounds__(32 * RW * TW, 1)
-    m5_dense_kernel(kl_gpu_mat m, const uint16_t *parts, uint32_t n, float *y)
+    m5_dense_kernel(kl_gpu_mat m, const uint16_t *parts, const float *xs, uint32_t n, float *y)
 {
     KL_GPU_GRID_WAIT();
     extern __shared__ uint4 mt_smem[];
     typedef mt<RW, TW> T;
-    const m5_job j = {m, 0, blockIdx.x * T::BR, parts, y};
+    const m5_job j = {m, 0, blockIdx.x * T::BR, parts, y, xs};
     const uint32_t t0 = blockIdx.y * T::BT;
     m5_tile<MX, SP, RW, TW>(j, t0, n - t0 < T::BT ? n - t0 : T::BT, (uint8_t *)mt_smem);
 }
@@ -366,25 +481,40 @@ template <class F> static int mt_opt_in(mt_kernel<F> &k, kl_err *err)
 #define M5_RW 4            /* blocks of 4 x 2 warps, 256 rows x 64 tokens, dense and grouped */
 #define M5_TW 2
 
-typedef void (*m5_grouped_fn)(kl_gpu_mat, const uint16_t *, const uint32_t *, float *);
-typedef void (*m5_dense_fn)(kl_gpu_mat, const uint16_t *, uint32_t, float *);
+typedef void (*m5_grouped_fn)(kl_gpu_mat, const uint16_t *, const float *, const uint32_t *,
+                              float *);
+typedef void (*m5_dense_fn)(kl_gpu_mat, const uint16_t *, const float *, uint32_t, float *);
 
 #define M5_G(mx, sp) {m5_grouped_kernel<mx, sp, M5_RW, M5_TW>, \
                       m5<mx, M5_RW, M5_TW>::smem(M5_MAX_COLS), 0}
 #define M5_D(mx, sp) {m5_dense_kernel<mx, sp, M5_RW, M5_TW>, \
                       m5<mx, M5_RW, M5_TW>::smem(M5_MAX_COLS), 0}
 
-/* [BF16, MXFP4][form] */
-static mt_kernel<m5_grouped_fn> m5_grouped[2][3] = {{M5_G(0, 0), M5_G(0, 1), M5_G(0, 2)},
-                                                    {M5_G(1, 0), M5_G(1, 1), M5_G(1, 2)}};
-static mt_kernel<m5_dense_fn> m5_dense[2][3] = {{M5_D(0, 0), M5_D(0, 1), M5_D(0, 2)},
-                                                {M5_D(1, 0), M5_D(1, 1), M5_D(1, 2)}};
+/* [BF16, MXFP4][form]; form 3 runs only on MXFP4 (BF16 weights take form 2: m5_form) */
+static mt_kernel<m5_grouped_fn> m5_grouped[2][4] = {
+    {M5_G(0, 0), M5_G(0, 1), M5_G(0, 2), M5_G(0, 2)},
+    {M5_G(1, 0), M5_G(1, 1), M5_G(1, 2), M5_G(1, 3)}};
+static mt_kernel<m5_dense_fn> m5_dense[2][4] = {
+    {M5_D(0, 0), M5_D(0, 1), M5_D(0, 2), M5_D(0, 2)},
+    {M5_D(1, 0), M5_D(1, 1), M5_D(1, 2), M5_D(1, 3)}};
 
 /* Shared memory of a version 5 launch over w. */
 static unsigned m5_smem(const kl_gpu_mat &w)
 {
     return w.kind == KL_GPU_W_MXFP4 ? m5<1, M5_RW, M5_TW>::smem(w.cols)
                                     : m5<0, M5_RW, M5_TW>::smem(w.cols);
+}
+
+/* The form version 5 runs for w when asked for `split`: form 3 needs MXFP4 weights. */
+static int m5_form(const kl_gpu_mat &w, int split)
+{
+    return split == 3 && w.kind != KL_GPU_W_MXFP4 ? 2 : split;
+}
+
+/* Form 3's factors after the parts of m rows of cols (gemm.h: kl_gpu_gemm_parts_bytes). */
+static float *m5_row_factors(uint16_t *parts, uint32_t m, uint32_t cols)
+{
+    return (float *)(parts + (size_t)m * 3 * cols);
 }
 
 extern "C" int kl_gpu_gemm_mma5_takes(const kl_gpu_mat *m)
@@ -411,30 +541,51 @@ extern "C" int kl_gpu_gemm_split_x(const float *x, const uint32_t *x_row, const 
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
+/* x split for version 5 in form `form` (3: fp16 parts and row factors, else bf16 parts). */
+static int m5_split(const float *x, const uint32_t *x_row, const uint32_t *count, uint32_t m,
+                    uint32_t cols, uint16_t *parts, int form, hipStream_t s, kl_err *err)
+{
+    if (form != 3)
+        return kl_gpu_gemm_split_x(x, x_row, count, m, cols, parts, (kl_gpu_stream)s, err);
+    if (m == 0)
+        return 0;
+    m5_split16_kernel<<<(m + 7) / 8, 256, 0, s>>>(x, x_row, count, m, cols, parts,
+                                                 m5_row_factors(parts, m, cols));
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 extern "C" int kl_gpu_gemm_mma5_grouped(const kl_gpu_gemm_grouped_args *a, int split,
                                         kl_gpu_stream s, kl_err *err)
 {
     const kl_gpu_mat &w = a->w->m;
-    if (!a->parts_ready &&
-        kl_gpu_gemm_split_x(a->x, a->x_row, a->seg + a->w->n, a->m_max, w.cols, a->parts, s, err))
+    const int form = m5_form(w, split);
+    if (!a->parts_ready && m5_split(a->x, a->x_row, a->seg + a->w->n, a->m_max, w.cols,
+                                    a->parts, form, (hipStream_t)s, err))
         return err->code;
-    mt_kernel<m5_grouped_fn> &k = m5_grouped[w.kind == KL_GPU_W_MXFP4][split];
+    mt_kernel<m5_grouped_fn> &k = m5_grouped[w.kind == KL_GPU_W_MXFP4][form];
     if (mt_opt_in(k, err))
         return err->code;
     typedef mt<M5_RW, M5_TW> T;
     const dim3 grid((w.rows + T::BR - 1) / T::BR, a->w->n);
-    k.fn<<<grid, T::THREADS, m5_smem(w), (hipStream_t)s>>>(w, a->parts, a->seg, a->y);
+    k.fn<<<grid, T::THREADS, m5_smem(w), (hipStream_t)s>>>(
+        w, a->parts, m5_row_factors(a->parts, a->m_max, w.cols), a->seg, a->y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-extern "C" int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const uint16_t *parts, uint32_t n,
-                                float *y, int split, kl_gpu_stream s, kl_err *err)
+extern "C" int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const float *x, uint16_t *parts,
+                                int parts_ready, uint32_t n, float *y, int split,
+                                kl_gpu_stream s, kl_err *err)
 {
-    mt_kernel<m5_dense_fn> &k = m5_dense[w->kind == KL_GPU_W_MXFP4][split];
+    const int form = m5_form(*w, split);
+    if (!parts_ready &&
+        m5_split(x, NULL, NULL, n, w->cols, parts, form, (hipStream_t)s, err))
+        return err->code;
+    mt_kernel<m5_dense_fn> &k = m5_dense[w->kind == KL_GPU_W_MXFP4][form];
     if (mt_opt_in(k, err))
         return err->code;
     typedef mt<M5_RW, M5_TW> T;
     const dim3 grid((w->rows + T::BR - 1) / T::BR, (n + T::BT - 1) / T::BT);
-    k.fn<<<grid, T::THREADS, m5_smem(*w), (hipStream_t)s>>>(*w, parts, n, y);
+    k.fn<<<grid, T::THREADS, m5_smem(*w), (hipStream_t)s>>>(
+        *w, parts, m5_row_factors(parts, n, w->cols), n, y);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -22,9 +22,9 @@ extern "C" {
 int kl_gpu_gemm_mma5_takes(const kl_gpu_mat *m);
 int kl_gpu_gemm_mma5_grouped(const kl_gpu_gemm_grouped_args *a, int split, kl_gpu_stream s,
                              kl_err *err);
-/* Version 5 of a dense product from x already split into parts [n][3][w->cols]. */
-int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const uint16_t *parts, uint32_t n, float *y,
-                     int split, kl_gpu_stream s, kl_err *err);
+/* Version 5 of a dense product: x split into parts (unless parts_ready), then the products. */
+int kl_gpu_gemm_mma5(const kl_gpu_mat *w, const float *x, uint16_t *parts, int parts_ready,
+                     uint32_t n, float *y, int split, kl_gpu_stream s, kl_err *err);
 
 #ifdef __cplusplus
 }

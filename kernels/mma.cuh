@@ -4,8 +4,8 @@
  * group of KL_GPU_GROUP lanes that gives every lane the same registers (slower, same sums up
  * to rounding order).  Include after kernels/gpu.h.
  *
- * The fragments of mma.m16n8k16 (bf16 in, fp32 accumulate; PTX ISA, "Matrix Fragments for
- * mma.m16n8k16 with floating point type"), lane = 4 g + t:
+ * The fragments of mma.m16n8k16 (bf16 or fp16 in, fp32 accumulate; PTX ISA, "Matrix
+ * Fragments for mma.m16n8k16 with floating point type"), lane = 4 g + t:
  *   A [16][16] (row-major)  a[i] low, high half: row g + 8 (i % 2), columns 2 t + 8 (i / 2), +1
  *   B [16][8]               b[i] low, high half: rows (k) 2 t + 8 i, +1, column g
  *   C [16][8]               c[i]: row g + 8 (i / 2), column 2 t + i % 2
@@ -23,6 +23,16 @@ __device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], ui
                                        uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* c += A B with fp16 operands (the same fragments, fp16 pairs instead of bf16). */
+__device__ static inline void mma16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -69,29 +79,45 @@ __device__ static inline uint32_t mma_shfl(uint32_t v, uint32_t src)
     return __shfl(v, (int)src, KL_GPU_GROUP);
 }
 
-/* The low (high = 0) or high half of a bf16 pair as a float. */
-__device__ static inline float mma_half(uint32_t v, uint32_t high)
+/* The low (high = 0) or high half of a bf16 pair (F16: fp16 pair) as a float. */
+template <int F16 = 0> __device__ static inline float mma_half(uint32_t v, uint32_t high)
 {
-    return __uint_as_float((high ? v >> 16 : v & 0xffffu) << 16);
+    const uint32_t h = high ? v >> 16 : v & 0xffffu;
+    if (F16)
+        return __half2float(__ushort_as_half((unsigned short)h));
+    return __uint_as_float(h << 16);
 }
 
-/* Each lane gathers its rows of A and columns of B by shuffles. */
-__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1)
+/* Each lane gathers its rows of A and columns of B by shuffles (F16: fp16 operands). */
+template <int F16 = 0>
+__device__ static inline void mma16816_any(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1)
 {
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (uint32_t k = 0; k < 16; k++) { /* held by lane 4 row + k % 8 / 2, half k % 2 */
         const uint32_t src = k % 8 / 2, hh = k % 2, up = k / 8;
-        const float a0 = mma_half(mma_shfl(a[2 * up], 4 * g + src), hh);
-        const float a1 = mma_half(mma_shfl(a[2 * up + 1], 4 * g + src), hh);
+        const float a0 = mma_half<F16>(mma_shfl(a[2 * up], 4 * g + src), hh);
+        const float a1 = mma_half<F16>(mma_shfl(a[2 * up + 1], 4 * g + src), hh);
         const uint32_t b = up ? b1 : b0;
-        const float x0 = mma_half(mma_shfl(b, 8 * t + src), hh);
-        const float x1 = mma_half(mma_shfl(b, 8 * t + 4 + src), hh);
+        const float x0 = mma_half<F16>(mma_shfl(b, 8 * t + src), hh);
+        const float x1 = mma_half<F16>(mma_shfl(b, 8 * t + 4 + src), hh);
         acc[0] += a0 * x0, acc[1] += a0 * x1, acc[2] += a1 * x0, acc[3] += a1 * x1;
     }
     for (int i = 0; i < 4; i++)
         c[i] += acc[i];
+}
+
+__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+    mma16816_any<0>(c, a, b0, b1);
+}
+
+__device__ static inline void mma16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1)
+{
+    mma16816_any<1>(c, a, b0, b1);
 }
 
 /* Lane 4 g + t reads word t of the row whose address lane 8 m + g holds, for each m. */

@@ -75,6 +75,21 @@ KL_HD static inline kl_mx_tab kl_mx_tab_make(uint8_t s)
     return t;
 }
 
+/* The table of the unscaled magnitudes as fp16 bits (0.5 .. 6 = 0x3800, 0x3c00, 0x3e00, 0x4000,
+ * 0x4200, 0x4400, 0x4600): with kl_mx_decode8, codes to fp16 pairs, exact (the scale is then
+ * applied to the products' sums: gemm.h form 3). */
+KL_HD static inline kl_mx_tab kl_mx_tab_f16(void)
+{
+    const uint32_t a01 = 0x3800u << 16, a23 = 0x3e003c00u, a45 = 0x42004000u;
+    const uint32_t a67 = 0x46004400u;
+    kl_mx_tab t;
+    t.lo0 = kl_mx_prmt(a01, a23, 0x6420u);
+    t.hi0 = kl_mx_prmt(a01, a23, 0x7531u);
+    t.lo1 = kl_mx_prmt(a45, a67, 0x6420u);
+    t.hi1 = kl_mx_prmt(a45, a67, 0x7531u);
+    return t;
+}
+
 /* The sign bits of codes 2k, 2k + 1 of q at bits 15, 31 (k < 4). */
 KL_HD static inline uint32_t kl_mx_signs(uint32_t q, unsigned k)
 {

@@ -30,13 +30,15 @@
                             at m = 8,192: 2.6e-6 .. 4.1e-6 across versions) */
 
 /* The runs of every call, in order: versions 1 and 5 of the kernels (kl_gpu_gemm_tiles_set;
- * 5 is the default), each in three forms: split X, split X with the sums promoted to fp32
- * registers (the default), X rounded to bf16. */
-#define FORMS    3
+ * 5 is the default), each in four forms: split X, split X with the sums promoted to fp32
+ * registers (the default), X rounded to bf16, and form 3 (two fp16 parts of row-scaled x
+ * against MXFP4 codes, each scale block's sums scaled in fp32; BF16 weights and version 1
+ * run form 2 there), checked against fp32 X as form 2 is. */
+#define FORMS    4
 #define VERSIONS 2
 #define RUNS     (VERSIONS * FORMS)
-static const int form_split[FORMS] = {1, 2, 0};
-static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
+static const int form_split[FORMS] = {1, 2, 0, 3};
+static const char *const form_name[FORMS] = {"split", "promote", "bf16x", "fp16x2"};
 static const int run_version[VERSIONS] = {1, 5};
 #define RUN_V5_PROMOTE (FORMS * 1 + 1) /* the run of version 5 in form 2 */
 
@@ -116,6 +118,8 @@ static void check_forms(const char *what, const double e[RUNS][2])
         t_check(buf, ev[2][0], TOL_BF16);
         snprintf(buf, sizeof buf, "%s v%d bf16x (x f32)", what, n);
         t_check(buf, ev[2][1], TOL_F32);
+        snprintf(buf, sizeof buf, "%s v%d fp16x2 (x f32)", what, n);
+        t_check(buf, ev[3][1], TOL_PROMOTE);
     }
 }
 
