@@ -62,6 +62,28 @@
  * tiles per SM), against 36 us for the 151 MB of cache at 4.2 TB/s: each below the bytes.
  * Splits: one wave of blocks (1 per multiprocessor over the tokens), >= 2 tiles each, cut on
  * the device from the token's real span (a graph's launch is sized for the capacity).
+ *
+ * MHA form (the default for the prefill of one prompt, see mla.h; KL_GPU_MLA_PREFILL=latent
+ * keeps v3): the run's latent rows copied out [span][R] (mha_rows_kernel), expanded by
+ * kl_gpu_gemm_p into keys and values [span][nh (dn + dv)] fp32, then mha_kernel: a block of 4
+ * groups per (64 query tokens, head), the longest tiles first and a head's tiles together (its
+ * keys and values, 8 MB at 8K, stay in L2); each group's 16 queries (dn + dr = 192 columns)
+ * split once into hi + lo A fragments in registers (96); key tiles of 32 rows ([k_nope from
+ * the expansion, k_rope from the cache row], [32][200] fp32) and value tiles ([32][132]) stream
+ * by cp.async into two stages (85 KiB: 2 blocks per SM, 250 registers, no spills) and are
+ * split as fragments are loaded; scores: each 16-column step's hi hi + hi lo + lo hi in a fresh
+ * fragment, added in fp32 (Hopper's MMA accumulation truncates); online softmax per group in
+ * fp32 (rows: 4 lanes, shuffles), its weights P kept in registers as P V's A fragments (the
+ * C layout of the scores is the A layout of P); P V per 16-key step in fresh fragments, added
+ * to o = alpha o in fp32 registers (64).  Conflict-free shared loads: key rows 8 mod 32
+ * words, value rows 4 mod 32.
+ * Prediction (H200, 8K prompt in one chunk, a layer): per (block, tile) 960 MMAs of 16x8x16
+ * (3.9 MFLOP: ~1,450 clocks at ~2/3 of the 4,096 bf16 FLOP per clock per SM of wgmma) and
+ * ~1,600 shared wavefronts (fragment loads 1,280, cp.async 320); 528K (block, tile) pairs
+ * (32 heads x 128 query tiles x 64 key tiles on average + the diagonal): 1,600-2,500 clocks
+ * each over 132 SMs = 3.6-5.7 ms, L2 reads 21.6 GB (~2.5 ms, overlapped); the expansion
+ * (206 GFLOP with the three-part split, ~280 TFLOP/s as kl_gpu_gemm_p reaches) ~0.75 ms:
+ * ~4.5-6.5 ms against attend3s's ~40 ms.  To be measured on the H200 (tests/gpu/test_mla.cu).
  */
 #include "kernels/gpu.h"
 #include "kernels/gemm.h"
@@ -1978,8 +2000,9 @@ __device__ static inline void mha_store(const kl_gpu_mla_dims &d, uint32_t n, ui
     }
 }
 
-/* grid (nh, query tiles of MHA_ROWS tokens, the last first): the prefill of one run (slot
- * run_slot[0]), head blockIdx.x; group w: tokens t0 = MHA_ROWS tile + 16 w .. +16, queries in
+/* grid (query tiles of MHA_ROWS tokens, the last first; nh): the prefill of one run (slot
+ * run_slot[0]), head blockIdx.y (a head's tiles run together: its keys and values stay in L2);
+ * group w: tokens t0 = MHA_ROWS tile + 16 w .. +16, queries in
  * registers (split once), against key tiles 0 .. the block's largest position, each in flight
  * (cp.async, two stages) while the one before is computed: scores (mha_scores), online softmax
  * (mha_softmax, the weights kept in registers as P V's A fragments), context (mha_context). */
@@ -1989,7 +2012,7 @@ mha_kernel(kl_gpu_mla_attend_args a, const float *kv, kl_gpu_tokens tk)
     KL_GPU_GRID_WAIT();
     extern __shared__ float4 shared4[];
     const kl_gpu_mla_dims d = a.d;
-    const uint32_t h = blockIdx.x, n = tk.n, tile0 = (gridDim.y - 1 - blockIdx.y) * MHA_ROWS;
+    const uint32_t h = blockIdx.y, n = tk.n, tile0 = (gridDim.x - 1 - blockIdx.x) * MHA_ROWS;
     const uint32_t w = threadIdx.x / KL_GPU_GROUP, g = threadIdx.x % KL_GPU_GROUP / 4;
     const uint32_t ldk = mha_ldk(d), ldv = mha_ldv(d), stage = MHA_KEYS * (ldk + ldv);
     float *st = (float *)shared4;
@@ -2216,7 +2239,7 @@ static int attend_mha(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, h
     if (KL_GPU_CHECK(err, hipGetLastError()) ||
         kl_gpu_gemm_p(a->kv_b, sc.rows, span, sc.kv, sc.parts, 0, (kl_gpu_stream)st, err))
         return err->code;
-    const dim3 grid(d->nh, (t->n + MHA_ROWS - 1) / MHA_ROWS);
+    const dim3 grid((t->n + MHA_ROWS - 1) / MHA_ROWS, d->nh);
     mha_kernel<<<grid, MHA_THREADS, shared, st>>>(*a, sc.kv, *t);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
