@@ -1866,6 +1866,25 @@ __device__ static inline void mha_load_q(const float *q, const kl_gpu_mla_dims &
         }
 }
 
+/* Group: acc += A B, A = ah + al, B's registers (x0, x1) and (x2, x3) split into hi + lo:
+ * hi hi + hi lo + lo hi in a fresh fragment (the MMA's accumulation truncates), added in
+ * fp32. */
+__device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
+                                       const uint32_t (&al)[4], float x0, float x1, float x2,
+                                       float x3)
+{
+    uint32_t bh0, bl0, bh1, bl1;
+    split2(x0, x1, bh0, bl0);
+    split2(x2, x3, bh1, bl1);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16816(c, ah, bh0, bh1);
+    mma16816(c, ah, bl0, bl1);
+    mma16816(c, al, bh0, bh1);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++)
+        acc[e] += c[e];
+}
+
 /* Group: s[nb] (keys 8 nb .. +8 of the tile kt) = Q Kᵀ over the steps < ns, each step's
  * hi hi + hi lo + lo hi in a fresh fragment, added in fp32. */
 __device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
@@ -1886,16 +1905,7 @@ __device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
         for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++) {
             const float *krow = kt + (size_t)(8 * nb + g) * ldk + 16 * i + 2 * t; /* key 8nb+g */
             const float2 k0 = *(const float2 *)krow, k1 = *(const float2 *)(krow + 8);
-            uint32_t bh0, bl0, bh1, bl1;
-            split2(k0.x, k0.y, bh0, bl0);
-            split2(k1.x, k1.y, bh1, bl1);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816(c, qh[i], bh0, bh1);
-            mma16816(c, qh[i], bl0, bl1);
-            mma16816(c, ql[i], bh0, bh1);
-#pragma unroll
-            for (uint32_t e = 0; e < 4; e++)
-                s[nb][e] += c[e];
+            mma3_add(s[nb], qh[i], ql[i], k0.x, k0.y, k1.x, k1.y);
         }
     }
 }
@@ -1959,17 +1969,9 @@ __device__ static inline void mha_context(const uint32_t (&ph)[MHA_KEYS / 16][4]
             o[nb][e] *= alpha[e / 2];
 #pragma unroll
         for (uint32_t kk = 0; kk < MHA_KEYS / 16; kk++) {
-            const float *v = vt + (size_t)(16 * kk + 2 * t) * ldv + 8 * nb + g; /* column 8nb+g */
-            uint32_t bh0, bl0, bh1, bl1; /* b[i]: keys 2t + 8i, +1 */
-            split2(v[0], v[ldv], bh0, bl0);
-            split2(v[8 * ldv], v[9 * ldv], bh1, bl1);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816(c, ph[kk], bh0, bh1);
-            mma16816(c, ph[kk], bl0, bl1);
-            mma16816(c, pl[kk], bh0, bh1);
-#pragma unroll
-            for (uint32_t e = 0; e < 4; e++)
-                o[nb][e] += c[e];
+            /* B: column 8 nb + g, its registers keys 2t, 2t + 1 and 2t + 8, 2t + 9 */
+            const float *v = vt + (size_t)(16 * kk + 2 * t) * ldv + 8 * nb + g;
+            mma3_add(o[nb], ph[kk], pl[kk], v[0], v[ldv], v[8 * ldv], v[9 * ldv]);
         }
     }
 }
