@@ -17,8 +17,8 @@ P="$P(split_rows|bf16_bits|bf16_val|row_max8|row_update8)\\("
 awk -v p="$P" '$0 ~ p {f = 1} f {print} f && /^}/ {f = 0}' kernels/mla.cu > "$T/mla_lanes_deps.inc"
 awk '/MHA form for the prefill of one prompt/ {f = 0} /Attend, v4:/ {f = 1; print prev} f {print}
      {prev = $0}' kernels/mla.cu > "$T/mla_lanes_v4.inc"
-awk '/^static int check_attend/ {f = 0} /MHA form for the prefill of one prompt/ {f = 1} f {print}' \
-    kernels/mla.cu > "$T/mla_lanes_mha.inc"
+awk '/^static int check_attend/ {f = 0} /MHA form for the prefill of one prompt/ {f = 1}
+     f {print}' kernels/mla.cu > "$T/mla_lanes_mha.inc"
 ${CXX:-g++} -std=c++17 -O2 -w -I. -I"$T" -o "$T/mla_lanes" tests/gpu/mla_lanes.cpp -lpthread
 if [ $# -gt 0 ]; then
     "$T/mla_lanes" "$@"
