@@ -1762,6 +1762,10 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 #define MHA_QSTEPS   12     /* 16-column steps of a query at most: dn + dr <= 192 */
 #define MHA_VNB      16     /* 8-column blocks of a value at most: dv <= 128 */
 #define MHA_MAX_SPAN 16384u /* the expanded keys and values [span][nh (dn + dv)] fp32 at most */
+/* Tokens of a chunk at least: the expansion costs span nh (dn + dv) R products (x3) however
+ * few tokens attend, the latent form ~3.4x the MHA form's attention per (token, key); below
+ * ~64 tokens over a long span (a short follow-up prompt) the expansion outweighs the gain. */
+#define MHA_MIN_N    64u
 
 static_assert(MHA_ROWS == 16 * MHA_WARPS && MHA_KEYS % 16 == 0, "16 query rows per group");
 
@@ -2277,12 +2281,12 @@ static bool mha_fits(const kl_gpu_mla_dims *d)
 #endif
 }
 
-/* Whether a chunk runs in MHA form: the prefill of one prompt (one run of several tokens) over
- * a span of MHA_MAX_SPAN at most, kv_b BF16, the MHA form chosen and the shape within its
+/* Whether a chunk runs in MHA form: the prefill of one prompt (one run of MHA_MIN_N tokens at
+ * least) over a span of MHA_MAX_SPAN at most, kv_b BF16, the MHA form chosen and the shape within its
  * limits; n and max_span as kl_gpu_mla_scratch sees them. */
 static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
-    return n >= 2 && max_span <= MHA_MAX_SPAN && prefill_mha() && mha_fits(d);
+    return n >= MHA_MIN_N && max_span <= MHA_MAX_SPAN && prefill_mha() && mha_fits(d);
 }
 
 static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */
