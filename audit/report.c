@@ -132,7 +132,8 @@ static void print_memplan(const kl_memplan *m, FILE *out)
     char w[32], mla[32], kda[32], tot[32];
     fprintf(out, "  memory/GPU   TP %u%s, context %" PRIu64 ": weights %s + MLA cache %s (%s) + "
                  "KDA state %s (%s) = %s per GPU (one sequence)\n",
-            m->tp, m->expert_parallel ? " (expert parallel)" : "", m->context, kl_fmt_bytes(w, sizeof w, m->weights_bytes),
+            m->tp, m->expert_parallel ? " (expert parallel)" : "", m->context,
+            kl_fmt_bytes(w, sizeof w, m->weights_bytes),
             kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), elem_name(m->cache_elem_bytes),
             kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), elem_name(m->state_elem_bytes),
             kl_fmt_bytes(tot, sizeof tot, m->total_bytes));

@@ -573,8 +573,8 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
                     "                       [--context N] [--decode-at LIST] [--prefill-at LIST]\n"
-                    "                       [--json] [-q] [--ignore-memory-check] [--device D] [--tp N]\n"
-                    "                       [--expert-parallel]\n",
+                    "                       [--json] [-q] [--ignore-memory-check] [--device D]\n"
+                    "                       [--tp N [--expert-parallel]]\n",
         .about = decode_about,
         .opts = opts,
         .min_pos = 1,

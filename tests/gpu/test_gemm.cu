@@ -38,6 +38,7 @@
 static const int form_split[FORMS] = {1, 2, 0};
 static const char *const form_name[FORMS] = {"split", "promote", "bf16x"};
 static const int run_version[VERSIONS] = {1, 5};
+#define RUN_V5_PROMOTE (FORMS * 1 + 1) /* the run of version 5 in form 2 */
 
 /* Version v for both kinds of products. */
 static void set_version(int v)
@@ -211,8 +212,6 @@ static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint3
         char what[96];
         snprintf(what, sizeof what, "gemm %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
         check_forms(what, e);
-        if (k == 0)
-            check_parts_ready(d, dx, n, dy, parts, y[FORMS * 1 + 1], what);
         if (timed && n >= 256) {
             auto call = [&](int, kl_gpu_stream st) {
                 kl_gpu_gemm_p(&d, dx, n, dy, parts, 0, st, &err);
@@ -220,6 +219,8 @@ static void check_dense(kl_gpu_wkind kind, size_t rows, size_t cols, const uint3
             const double bytes = (double)t_mat_bytes(m) + 4.0 * n * (rows + cols);
             time_forms(what, call, 2.0 * n * rows * cols, bytes, 0);
         }
+        if (k == 0) /* last: it poisons dx */
+            check_parts_ready(d, dx, n, dy, parts, y[RUN_V5_PROMOTE], what);
         hipFree(dx);
         hipFree(dy);
         hipFree(parts);
