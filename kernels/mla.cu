@@ -2282,11 +2282,12 @@ static bool mha_fits(const kl_gpu_mla_dims *d)
 }
 
 /* Whether a chunk runs in MHA form: the prefill of one prompt (one run of MHA_MIN_N tokens at
- * least) over a span of MHA_MAX_SPAN at most, kv_b BF16, the MHA form chosen and the shape within its
- * limits; n and max_span as kl_gpu_mla_scratch sees them. */
+ * least) over a span of MHA_MAX_SPAN at most, kv_b BF16, under v4 with the MHA form chosen and
+ * the shape within its limits; n and max_span as kl_gpu_mla_scratch sees them. */
 static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
-    return n >= MHA_MIN_N && max_span <= MHA_MAX_SPAN && prefill_mha() && mha_fits(d);
+    return n >= MHA_MIN_N && max_span <= MHA_MAX_SPAN && version_for(d) == 5 && prefill_mha() &&
+           mha_fits(d);
 }
 
 static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */

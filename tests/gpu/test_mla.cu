@@ -590,9 +590,11 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, m
         if (t_put(&d.slot_cache[s], x.cache[s], err))
             return err->code;
     const size_t n_o = (size_t)x.n * x.d.nh * x.d.dv;
-    kl_gpu_mla_select(v1 ? 1 : 3); /* v1 needs the most scratch: for every version run below */
-    kl_gpu_mla_prefill_set(1);     /* the MHA form's counted too */
-    const size_t scratch_floats = kl_gpu_mla_scratch(&x.d, x.n, launch_span);
+    kl_gpu_mla_select(v1 ? 1 : 3); /* v1 needs the most scratch of the latent forms */
+    const size_t latent = kl_gpu_mla_scratch(&x.d, x.n, launch_span);
+    kl_gpu_mla_select(5);          /* the MHA form's (v4 with it) */
+    kl_gpu_mla_prefill_set(1);
+    const size_t scratch_floats = std::max(latent, kl_gpu_mla_scratch(&x.d, x.n, launch_span));
     kl_gpu_mla_select(0);
     kl_gpu_mla_prefill_set(0);
     if (t_put(&q, x.q, err) || t_put(&kva, x.kva, err) || t_put(&kv_norm, x.kv_norm, err) ||
