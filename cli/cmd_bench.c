@@ -200,6 +200,9 @@ typedef struct decode_args {
     const char        *pf;                        /* --prefill-at LIST */
     size_t             n_pf;
     unsigned long long pf_len[MAX_CONTEXTS];
+    const char        *bt;                        /* --batch-at LIST */
+    size_t             n_bt;
+    unsigned long long bt_seqs[MAX_CONTEXTS];
     int                json, quiet, ignore_memory;
     kl_cli_device      device;
 } decode_args;
@@ -220,6 +223,7 @@ typedef struct decode_result {
     int            on_gpu;
     decode_at      at[MAX_CONTEXTS];
     double         pf_tok_s[MAX_CONTEXTS];   /* --prefill-at */
+    double         bt_tok_s[MAX_CONTEXTS];   /* --batch-at: output tok/s of all sequences */
     kl_gpu_profile prof_prefill, prof_decode;   /* GPU: graph size, $KL_GPU_PROFILE times */
     double         disk_gbps;     /* GPU: raw read of the last shard (O_DIRECT), 0: unknown */
     kl_membench_result host_copy; /* GPU: host memcpy with the load's threads (its fill copies
@@ -322,6 +326,41 @@ static int time_decode_at(kl_model *m, const decode_args *a, size_t ctx, decode_
                        (double)kl_config_count_attn(&m->cfg, KL_ATTN_MLA);
     kl_state_free(&st);
     kl_free(logits);
+    return rc;
+}
+
+/* Output tok/s of n sequences decoding together (--batch-at): each step one batch of n tokens,
+ * one per sequence (as kl serve's scheduler packs them), greedy from their argmax, after a
+ * first step that opens them. */
+static int time_batch_at(kl_model *m, const decode_args *a, size_t n, double *tok_s,
+                         kl_err *err)
+{
+    kl_state *st = kl_calloc(n, sizeof *st);
+    kl_token *ids = kl_calloc(n, sizeof *ids);
+    uint32_t *slot = kl_calloc(n, sizeof *slot);
+    uint8_t *want = kl_malloc(n);
+    int rc = st && ids && slot && want ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    size_t open = 0;
+    for (; !rc && open < n; open++) {
+        rc = kl_state_init(&st[open], m, err);
+        slot[open] = st[open].slot;
+        ids[open] = (kl_token)(1 + open % 100);
+    }
+    if (want)
+        memset(want, 1, n);
+    kl_batch b = {.n = n, .ids = ids, .slot = slot, .want = want};
+    if (!rc)
+        rc = kl_backend_forward(m->be, &b, NULL, ids, err);
+    double t0 = kl_now_s();
+    for (size_t i = 0; i < a->tokens && !rc; i++)
+        rc = kl_backend_forward(m->be, &b, NULL, ids, err);
+    *tok_s = per_s((double)(a->tokens * n), kl_now_s() - t0);
+    for (size_t i = 0; st && i < open; i++)
+        kl_state_free(&st[i]);
+    kl_free(st);
+    kl_free(ids);
+    kl_free(slot);
+    kl_free(want);
     return rc;
 }
 
@@ -475,6 +514,15 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(o, "prefill_tok_s", r->pf_tok_s[i]);
         cJSON_AddItemToArray(pf, o);
     }
+    cJSON *bt = cJSON_AddArrayToObject(j, "batch_at");
+    for (size_t i = 0; i < a->n_bt; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "sequences", (double)a->bt_seqs[i]);
+        cJSON_AddNumberToObject(o, "decode_tok_s", r->bt_tok_s[i]);
+        cJSON_AddNumberToObject(o, "ms_per_step", r->bt_tok_s[i] > 0
+                                ? 1e3 * (double)a->bt_seqs[i] / r->bt_tok_s[i] : 0);
+        cJSON_AddItemToArray(bt, o);
+    }
     return kl_cli_print_json(j);
 }
 
@@ -517,6 +565,10 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
     }
     for (size_t i = 0; i < a->n_pf; i++)
         printf("  prefill of %llu tokens: %.1f tok/s\n", a->pf_len[i], r->pf_tok_s[i]);
+    for (size_t i = 0; i < a->n_bt; i++)
+        printf("  batch of %llu sequences: %.1f tok/s in all, %.3f ms per step\n",
+               a->bt_seqs[i], r->bt_tok_s[i],
+               r->bt_tok_s[i] > 0 ? 1e3 * (double)a->bt_seqs[i] / r->bt_tok_s[i] : 0);
 }
 
 /* A list like "0,8192,65536" into v[0 .. *n) (at most MAX_CONTEXTS counts, each in
@@ -557,6 +609,9 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         KL_VALUE("--prefill-at", 0, KL_OPT_STR, &a->pf, "LIST",
                  "also time the prefill of these prompt lengths, each on a fresh state\n"
                  "(up to 8, e.g. 512,8192,65536)"),
+        KL_VALUE("--batch-at", 0, KL_OPT_STR, &a->bt, "LIST",
+                 "also decode these numbers of sequences together, --tokens steps of\n"
+                 "one token each (up to 8 counts, e.g. 1,4,16,64: continuous batching)"),
         KL_VALUE("--context", 0, KL_OPT_U64, &a->context, "N",
                  "synthetic positions before the prompt (zero state, zero cache rows):\n"
                  "prefill and decode timed at context N without feeding N tokens (default 0)",
@@ -573,6 +628,7 @@ static int parse_decode(int argc, char **argv, decode_args *a)
         .name = "bench decode",
         .synopsis = "usage: kl bench decode MODEL [--threads N] [--prompt-tokens N] [--tokens N]\n"
                     "                       [--context N] [--decode-at LIST] [--prefill-at LIST]\n"
+                    "                       [--batch-at LIST]\n"
                     "                       [--json] [-q] [--ignore-memory-check] [--device D]\n"
                     "                       [--tp N [--expert-parallel]]\n",
         .about = decode_about,
@@ -587,6 +643,9 @@ static int parse_decode(int argc, char **argv, decode_args *a)
     if (rc == KL_ARGS_RUN && a->pf && parse_counts(a->pf, 1, a->pf_len, &a->n_pf))
         return kl_cli_usage("--prefill-at wants up to %d counts separated by commas, each 1 to "
                             "16777216 (e.g. 512,8192,65536)", MAX_CONTEXTS);
+    if (rc == KL_ARGS_RUN && a->bt && parse_counts(a->bt, 1, a->bt_seqs, &a->n_bt))
+        return kl_cli_usage("--batch-at wants up to %d counts separated by commas, each at "
+                            "least 1 (e.g. 1,4,16,64)", MAX_CONTEXTS);
     const char *tp_problem = kl_cli_tp_problem(a->tp, a->expert_parallel, a->device);
     return rc == KL_ARGS_RUN && tp_problem ? kl_cli_usage("%s", tp_problem) : rc;
 }
@@ -619,6 +678,8 @@ static int bench_decode(int argc, char **argv)
         failed = time_decode_at(m, &a, (size_t)a.at_ctx[i], &res.at[i], &err);
     for (size_t i = 0; !failed && i < a.n_pf; i++)
         failed = time_prefill_at(m, (size_t)a.pf_len[i], &res.pf_tok_s[i], &err);
+    for (size_t i = 0; !failed && i < a.n_bt; i++)
+        failed = time_batch_at(m, &a, (size_t)a.bt_seqs[i], &res.bt_tok_s[i], &err);
     if (failed) {
         kl_model_close(m);
         kl_cli_load_release(&l);

@@ -410,6 +410,31 @@ START_TEST(bench_decode_at_lists_each_context)
 }
 END_TEST
 
+/* bench decode --batch-at: one row per number of sequences decoding together; a malformed
+ * list is a usage error. */
+START_TEST(bench_decode_batch_at_lists_each_batch)
+{
+    char *out, *err;
+    int rc = kl_capture("bench decode T --prompt-tokens 2 --tokens 3 --batch-at 1,3 --json -q",
+                        &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    cJSON *j = one_object("bench decode --batch-at", out);
+    cJSON *bt = cJSON_GetObjectItem(j, "batch_at");
+    ck_assert_msg(cJSON_GetArraySize(bt) == 2, "batch_at: %s", out);
+    cJSON *second = cJSON_GetArrayItem(bt, 1);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(second, "sequences")->valuedouble, 3);
+    ck_assert(cJSON_GetObjectItem(second, "decode_tok_s")->valuedouble > 0);
+    ck_assert(cJSON_GetObjectItem(second, "ms_per_step")->valuedouble > 0);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kl_capture("bench decode T --batch-at 0", &out, &err), 2);
+    ck_assert_msg(strstr(err, "--batch-at wants"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *cli_suite(void)
@@ -427,6 +452,7 @@ static Suite *cli_suite(void)
     tcase_add_test(tc, tokenize_json_prints_one_object_for_all_inputs);
     tcase_add_test(tc, tokenize_file_that_is_not_a_regular_file_exits_2);
     tcase_add_test(tc, device_choice_is_checked_and_gpu_refused_clearly_without_support);
+    tcase_add_test(tc, bench_decode_batch_at_lists_each_batch);
     tcase_add_test(tc, bench_decode_at_lists_each_context);
     suite_add_tcase(s, tc);
     return s;

@@ -8,7 +8,8 @@
 #   full-geometry comparison (STAGES=fullcmp) with the CPU engine; NOGRAPHS=1 adds a run
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
-#   PF (512,8192): prefill lengths timed; PROFILE=1: a run with per-operation times;
+#   PF (512,8192): prefill lengths timed; BT: numbers of sequences decoded together
+#   (--batch-at, e.g. 1,4,16,64); PROFILE=1: a run with per-operation times;
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
@@ -97,7 +98,8 @@ PY
 
 bench_one() {  # model, json out
     "$KL" bench decode "$1" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
-        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} --json -q > "$2" ||
+        --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} ${BT:+--batch-at $BT} \
+        --json -q > "$2" ||
         { row "bench failed (rc $?)"; return 1; }
     python3 - "$2" <<'PY' | tee -a "$TABLE"
 import json, sys
@@ -109,6 +111,8 @@ print("bench prefill %d tokens: %.0f tok/s; ttft %.2f s from process start; load
 print("bench decode after the prefill: %.1f tok/s; %d launches per decode step" % (d["decode_tok_s"], d.get("launches_per_decode_step", 0)))
 for a in d.get("prefill_at", []):
     print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
+for a in d.get("batch_at", []):
+    print("bench batch of %d sequences: %.1f tok/s in all, %.2f ms per step" % (a["sequences"], a["decode_tok_s"], a["ms_per_step"]))
 for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
