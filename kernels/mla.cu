@@ -62,8 +62,31 @@
  * tiles per SM), against 36 us for the 151 MB of cache at 4.2 TB/s: each below the bytes.
  * Splits: one wave of blocks (1 per multiprocessor over the tokens), >= 2 tiles each, cut on
  * the device from the token's real span (a graph's launch is sized for the capacity).
+ *
+ * MHA form (the default for the prefill of one prompt, see mla.h; KL_GPU_MLA_PREFILL=latent
+ * keeps v3): the run's latent rows copied out [span][R] (mha_rows_kernel), expanded by
+ * kl_gpu_gemm_p into keys and values [span][nh (dn + dv)] fp32, then mha_kernel: a block of 4
+ * groups per (64 query tokens, head), the longest tiles first and a head's tiles together (its
+ * keys and values, 8 MB at 8K, stay in L2); each group's 16 queries (dn + dr = 192 columns)
+ * split once into hi + lo A fragments in registers (96); key tiles of 32 rows ([k_nope from
+ * the expansion, k_rope from the cache row], [32][200] fp32) and value tiles ([32][132]) stream
+ * by cp.async into two stages (85 KiB: 2 blocks per SM, 250 registers, no spills) and are
+ * split as fragments are loaded; scores: each 16-column step's hi hi + hi lo + lo hi in a fresh
+ * fragment, added in fp32 (Hopper's MMA accumulation truncates); online softmax per group in
+ * fp32 (rows: 4 lanes, shuffles), its weights P kept in registers as P V's A fragments (the
+ * C layout of the scores is the A layout of P); P V per 16-key step in fresh fragments, added
+ * to o = alpha o in fp32 registers (64).  Conflict-free shared loads: key rows 8 mod 32
+ * words, value rows 4 mod 32.
+ * Prediction (H200, 8K prompt in one chunk, a layer): per (block, tile) 960 MMAs of 16x8x16
+ * (3.9 MFLOP: ~1,450 clocks at ~2/3 of the 4,096 bf16 FLOP per clock per SM of wgmma) and
+ * ~1,600 shared wavefronts (fragment loads 1,280, cp.async 320); 528K (block, tile) pairs
+ * (32 heads x 128 query tiles x 64 key tiles on average + the diagonal): 1,600-2,500 clocks
+ * each over 132 SMs = 3.6-5.7 ms, L2 reads 21.6 GB (~2.5 ms, overlapped); the expansion
+ * (206 GFLOP with the three-part split, ~280 TFLOP/s as kl_gpu_gemm_p reaches) ~0.75 ms:
+ * ~4.5-6.5 ms against attend3s's ~40 ms.  To be measured on the H200 (tests/gpu/test_mla.cu).
  */
 #include "kernels/gpu.h"
+#include "kernels/gemm.h"
 #include "kernels/mla.h"
 #include "kernels/mma.cuh"
 #include "kernels/tokens.h"
@@ -224,6 +247,9 @@ static uint32_t splits2(uint32_t n, uint32_t max_span)
 }
 
 static int version_for(const kl_gpu_mla_dims *d);
+static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span);
+static size_t mha_floats(const kl_gpu_mla_dims *d, uint32_t span, struct mha_scratch *s,
+                         float *p);
 
 /* The partial contexts take most of it: v1 splits every token's span by its length alone, the
  * later versions by the launch's blocks (splits2 bounds v2, v3 and v4: one split per token at
@@ -233,7 +259,9 @@ extern "C" size_t kl_gpu_mla_scratch(const kl_gpu_mla_dims *d, uint32_t n, uint3
 {
     const size_t v1 = splits_bound(max_span, SPLIT_TILES), v2 = n ? splits2(n, max_span) : 1;
     const size_t splits = version_for(d) == 1 && v1 > v2 ? v1 : v2;
-    return (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2)) + n;
+    const size_t latent = (size_t)n * d->nh * (2 * (size_t)d->R + d->dr + splits * (d->R + 2)) + n;
+    const size_t mha = mha_applies(d, n, max_span) ? mha_floats(d, max_span, NULL, NULL) : 0;
+    return latent > mha ? latent : mha;
 }
 
 /* grid (R / (ABS_COLS * VEC), nh, token groups): columns of head h's absorbed queries.  Thread
@@ -1724,6 +1752,312 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
     store4(x, (size_t)t * gridDim.x + blockIdx.x, nh, d.R, mx, sm, o);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* MHA form for the prefill of one prompt (KL_GPU_MLA_PREFILL=mha, the default where it fits)  */
+
+#define MHA_ROWS     64     /* query tokens per block: 16 per group */
+#define MHA_WARPS    4
+#define MHA_THREADS  (MHA_WARPS * KL_GPU_GROUP)
+#define MHA_KEYS     32     /* keys per tile */
+#define MHA_QSTEPS   12     /* 16-column steps of a query at most: dn + dr <= 192 */
+#define MHA_VNB      16     /* 8-column blocks of a value at most: dv <= 128 */
+#define MHA_MAX_SPAN 16384u /* the expanded keys and values [span][nh (dn + dv)] fp32 at most */
+/* Tokens of a chunk at least: the expansion costs span nh (dn + dv) R products (x3) however
+ * few tokens attend, the latent form ~3.4x the MHA form's attention per (token, key); below
+ * ~64 tokens over a long span (a short follow-up prompt) the expansion outweighs the gain. */
+#define MHA_MIN_N    64u
+
+static_assert(MHA_ROWS == 16 * MHA_WARPS && MHA_KEYS % 16 == 0, "16 query rows per group");
+
+/* Row strides (floats) of a staged tile: keys 8 mod 32 words (the score B fragments' 8-byte
+ * loads of a half group, 8 keys x 4 column pairs, fall in distinct banks), values 4 mod 32
+ * (the P V B fragments' loads, 4 keys 2 apart x 8 columns, likewise). */
+__host__ __device__ static inline uint32_t mha_ldk(const kl_gpu_mla_dims &d)
+{
+    return (d.dn + d.dr + 31) / 32 * 32 + 8;
+}
+
+__host__ __device__ static inline uint32_t mha_ldv(const kl_gpu_mla_dims &d)
+{
+    return (d.dv + 31) / 32 * 32 + 4;
+}
+
+/* Bytes of mha_kernel's shared memory: two stages of a key tile and a value tile, and the
+ * block's key count. */
+static size_t mha_shared(const kl_gpu_mla_dims *d)
+{
+    return (2 * (size_t)MHA_KEYS * (mha_ldk(*d) + mha_ldv(*d)) + 4) * sizeof(float);
+}
+
+/* Floats from 16-byte boundary to 16-byte boundary */
+static size_t round4(size_t floats)
+{
+    return (floats + 3) / 4 * 4;
+}
+
+/* The MHA scratch for a span: the latent rows [span][R], the expanded [span][nh (dn + dv)]
+ * (row u: head h's key at h (dn + dv), its value dn further, as kv_b's rows), the rows' bf16
+ * parts for kl_gpu_gemm_p. */
+typedef struct mha_scratch {
+    float *rows, *kv;
+    uint16_t *parts;
+} mha_scratch;
+
+static size_t mha_floats(const kl_gpu_mla_dims *d, uint32_t span, mha_scratch *s, float *p)
+{
+    const size_t rows = round4((size_t)span * d->R);
+    const size_t kv = round4((size_t)span * d->nh * (d->dn + d->dv));
+    const size_t parts = (kl_gpu_gemm_parts_bytes(span, d->R) + 15) / 16 * 4;
+    if (s) {
+        const mha_scratch r = {p, p + rows, (uint16_t *)(p + rows + kv)};
+        *s = r;
+    }
+    return rows + kv + parts;
+}
+
+/* grid (span, 1): rows[u] = the first R floats of cache row u of the run's slot (a lane group
+ * per row, float4) */
+__global__ static void mha_rows_kernel(const float *const *cache, const uint32_t *run_slot,
+                                       uint32_t R, uint32_t cw, float *rows)
+{
+    KL_GPU_GRID_WAIT();
+    const size_t u = blockIdx.x;
+    const float4 *src = (const float4 *)(cache[run_slot[0]] + u * cw);
+    float4 *dst = (float4 *)(rows + u * R);
+    for (uint32_t k = threadIdx.x; k < R / 4; k += KL_GPU_GROUP)
+        dst[k] = src[k];
+}
+
+/* Block: keys [u0, u0 + MHA_KEYS) of head h into a stage by cp.async, one committed group:
+ * kt [MHA_KEYS][ldk] = [k_nope (kv), k_rope (the cache row's last dr)], vt [MHA_KEYS][ldv]
+ * (kv, dn further); keys >= u_end zero. */
+__device__ static inline void mha_fetch(const kl_gpu_mla_dims &d, const float *kv,
+                                        const float *cache, uint32_t h, uint32_t u0,
+                                        uint32_t u_end, float *kt, float *vt)
+{
+    const uint32_t n4 = d.dn / 4, r4 = d.dr / 4, v4 = d.dv / 4, per = n4 + r4 + v4;
+    const uint32_t ldk = mha_ldk(d), ldv = mha_ldv(d), kvw = d.nh * (d.dn + d.dv);
+    const uint32_t cw = d.R + d.dr;
+    for (uint32_t e = threadIdx.x; e < MHA_KEYS * per; e += MHA_THREADS) {
+        const uint32_t r = e / per, c = e % per, u = u0 + r < u_end ? u0 + r : 0;
+        const float *kr = kv + (size_t)u * kvw + h * (d.dn + d.dv);
+        const float *src = c < n4        ? kr + 4 * c
+                           : c < n4 + r4 ? cache + (size_t)u * cw + d.R + 4 * (c - n4)
+                                         : kr + d.dn + 4 * (c - n4 - r4);
+        float *dst = c < n4 + r4 ? kt + r * ldk + 4 * c : vt + r * ldv + 4 * (c - n4 - r4);
+        copy16(dst, src, u0 + r < u_end ? 16 : 0);
+    }
+    copy_commit();
+}
+
+/* Group: its 16 query rows (tokens t0 + g and t0 + g + 8, clamped to n - 1) of head h as A
+ * fragments, split: [step][register], steps < qw / 16 (the rest zero). */
+__device__ static inline void mha_load_q(const float *q, const kl_gpu_mla_dims &d, uint32_t n,
+                                         uint32_t t0, uint32_t h, uint32_t (&qh)[MHA_QSTEPS][4],
+                                         uint32_t (&ql)[MHA_QSTEPS][4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+    const uint32_t qw = d.dn + d.dr;
+#pragma unroll
+    for (uint32_t i = 0; i < MHA_QSTEPS; i++)
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) {
+            const uint32_t row = t0 + g + 8 * (j % 2), col = 16 * i + 2 * t + 8 * (j / 2);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (16 * i < qw)
+                v = *(const float2 *)(q + ((size_t)(row < n ? row : n - 1) * d.nh + h) * qw + col);
+            split2(v.x, v.y, qh[i][j], ql[i][j]);
+        }
+}
+
+/* Group: acc += A B, A = ah + al, B's registers (x0, x1) and (x2, x3) split into hi + lo:
+ * hi hi + hi lo + lo hi in a fresh fragment (the MMA's accumulation truncates), added in
+ * fp32. */
+__device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
+                                       const uint32_t (&al)[4], float x0, float x1, float x2,
+                                       float x3)
+{
+    uint32_t bh0, bl0, bh1, bl1;
+    split2(x0, x1, bh0, bl0);
+    split2(x2, x3, bh1, bl1);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16816(c, ah, bh0, bh1);
+    mma16816(c, ah, bl0, bl1);
+    mma16816(c, al, bh0, bh1);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++)
+        acc[e] += c[e];
+}
+
+/* Group: s[nb] (keys 8 nb .. +8 of the tile kt) = Q Kᵀ over the steps < ns, each step's
+ * hi hi + hi lo + lo hi in a fresh fragment, added in fp32. */
+__device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
+                                         const uint32_t (&ql)[MHA_QSTEPS][4], const float *kt,
+                                         uint32_t ldk, uint32_t ns, float (&s)[MHA_KEYS / 8][4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++)
+            s[nb][e] = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < MHA_QSTEPS; i++) {
+        if (i >= ns)
+            continue;
+#pragma unroll
+        for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++) {
+            const float *krow = kt + (size_t)(8 * nb + g) * ldk + 16 * i + 2 * t; /* key 8nb+g */
+            const float2 k0 = *(const float2 *)krow, k1 = *(const float2 *)(krow + 8);
+            mma3_add(s[nb], qh[i], ql[i], k0.x, k0.y, k1.x, k1.y);
+        }
+    }
+}
+
+/* Group: the online softmax of its rows (g: e < 2, g + 8: e >= 2; positions pos[0], pos[1])
+ * over the tile's keys u0 + 8 nb + 2 t + e % 2 (those past a row's position dropped): m, l
+ * (this lane's share of the sum, the weights counted as split) take in the tile, alpha the
+ * factor of the old context; the weights as P V's A fragments, split: [16-key step][reg]. */
+__device__ static inline void mha_softmax(const float (&s)[MHA_KEYS / 8][4], uint32_t u0,
+                                          const uint32_t (&pos)[2], float scale, float (&m)[2],
+                                          float (&l)[2], float (&alpha)[2],
+                                          uint32_t (&ph)[MHA_KEYS / 16][4],
+                                          uint32_t (&pl)[MHA_KEYS / 16][4])
+{
+    const uint32_t t = threadIdx.x % 4;
+    float v[MHA_KEYS / 8][4], mn[2] = {m[0], m[1]};
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++) {
+            const uint32_t u = u0 + 8 * nb + 2 * t + e % 2;
+            v[nb][e] = u <= pos[e / 2] ? s[nb][e] * scale : -INFINITY;
+            mn[e / 2] = fmaxf(mn[e / 2], v[nb][e]);
+        }
+#pragma unroll
+    for (uint32_t r = 0; r < 2; r++) { /* the 4 lanes of a row: t = lane % 4 */
+        mn[r] = fmaxf(mn[r], kl_gpu_shfl_xor(mn[r], 1));
+        mn[r] = fmaxf(mn[r], kl_gpu_shfl_xor(mn[r], 2));
+        alpha[r] = expf(m[r] - mn[r]); /* finite mn: key 0 lies in the first tile */
+        l[r] *= alpha[r];
+        m[r] = mn[r];
+    }
+#pragma unroll
+    for (uint32_t kk = 0; kk < MHA_KEYS / 16; kk++)
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) { /* a[j]: row g + 8 (j % 2), keys 2t + 8 (j / 2), +1 */
+            const float(&c)[4] = v[2 * kk + j / 2];
+            const uint32_t r = j % 2;
+            const float p0 = c[2 * r] == -INFINITY ? 0.0f : expf(c[2 * r] - mn[r]);
+            const float p1 = c[2 * r + 1] == -INFINITY ? 0.0f : expf(c[2 * r + 1] - mn[r]);
+            split2(p0, p1, ph[kk][j], pl[kk][j]);
+            l[r] += bf16_val((uint16_t)ph[kk][j]) + bf16_val((uint16_t)(ph[kk][j] >> 16)) +
+                    bf16_val((uint16_t)pl[kk][j]) + bf16_val((uint16_t)(pl[kk][j] >> 16));
+        }
+}
+
+/* Group: o = alpha o + P V over the tile vt [MHA_KEYS][ldv], 8-column blocks nb < vnb; each
+ * 16-key step's hi hi + hi lo + lo hi in a fresh fragment, added in fp32. */
+__device__ static inline void mha_context(const uint32_t (&ph)[MHA_KEYS / 16][4],
+                                          const uint32_t (&pl)[MHA_KEYS / 16][4],
+                                          const float (&alpha)[2], const float *vt, uint32_t ldv,
+                                          uint32_t vnb, float (&o)[MHA_VNB][4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_VNB; nb++) {
+        if (nb >= vnb)
+            continue;
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++)
+            o[nb][e] *= alpha[e / 2];
+#pragma unroll
+        for (uint32_t kk = 0; kk < MHA_KEYS / 16; kk++) {
+            /* B: column 8 nb + g, its registers keys 2t, 2t + 1 and 2t + 8, 2t + 9 */
+            const float *v = vt + (size_t)(16 * kk + 2 * t) * ldv + 8 * nb + g;
+            mma3_add(o[nb], ph[kk], pl[kk], v[0], v[ldv], v[8 * ldv], v[9 * ldv]);
+        }
+    }
+}
+
+/* Group: its rows < n of o [n][nh dv], head h: the context over the row's sum (l summed over
+ * the row's 4 lanes). */
+__device__ static inline void mha_store(const kl_gpu_mla_dims &d, uint32_t n, uint32_t t0,
+                                        uint32_t h, float (&l)[2], const float (&o)[MHA_VNB][4],
+                                        float *out)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; r++) {
+        l[r] += kl_gpu_shfl_xor(l[r], 1);
+        l[r] += kl_gpu_shfl_xor(l[r], 2);
+    }
+#pragma unroll
+    for (uint32_t r = 0; r < 2; r++) {
+        const uint32_t row = t0 + g + 8 * r;
+        if (row >= n)
+            continue;
+        float *dst = out + ((size_t)row * d.nh + h) * d.dv + 2 * t;
+#pragma unroll
+        for (uint32_t nb = 0; nb < MHA_VNB; nb++)
+            if (8 * nb < d.dv)
+                *(float2 *)(dst + 8 * nb) =
+                    make_float2(o[nb][2 * r] / l[r], o[nb][2 * r + 1] / l[r]);
+    }
+}
+
+/* grid (query tiles of MHA_ROWS tokens, the last first; nh): the prefill of one run (slot
+ * run_slot[0]), head blockIdx.y (a head's tiles run together: its keys and values stay in L2);
+ * group w: tokens t0 = MHA_ROWS tile + 16 w .. +16, queries in
+ * registers (split once), against key tiles 0 .. the block's largest position, each in flight
+ * (cp.async, two stages) while the one before is computed: scores (mha_scores), online softmax
+ * (mha_softmax, the weights kept in registers as P V's A fragments), context (mha_context). */
+__global__ static void __launch_bounds__(MHA_THREADS, 2)
+mha_kernel(kl_gpu_mla_attend_args a, const float *kv, kl_gpu_tokens tk)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ float4 shared4[];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t h = blockIdx.y, n = tk.n, tile0 = (gridDim.x - 1 - blockIdx.x) * MHA_ROWS;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, g = threadIdx.x % KL_GPU_GROUP / 4;
+    const uint32_t ldk = mha_ldk(d), ldv = mha_ldv(d), stage = MHA_KEYS * (ldk + ldv);
+    float *st = (float *)shared4;
+    uint32_t *kend = (uint32_t *)(st + 2 * stage);
+    if (threadIdx.x == 0)
+        *kend = 0;
+    __syncthreads();
+    if (threadIdx.x < MHA_ROWS && tile0 + threadIdx.x < n)
+        atomicMax(kend, tk.tok_pos[tile0 + threadIdx.x] + 1);
+    __syncthreads();
+    const uint32_t u_end = *kend, t0 = tile0 + 16 * w;
+    const float *cache = a.cache[tk.run_slot[0]];
+    mha_fetch(d, kv, cache, h, 0, u_end, st, st + MHA_KEYS * ldk);
+    uint32_t qh[MHA_QSTEPS][4], ql[MHA_QSTEPS][4];
+    mha_load_q(a.q, d, n, t0, h, qh, ql);
+    const uint32_t pos[2] = {tk.tok_pos[t0 + g < n ? t0 + g : n - 1],
+                             tk.tok_pos[t0 + g + 8 < n ? t0 + g + 8 : n - 1]};
+    const float scale = 1.0f / sqrtf((float)(d.dn + d.dr));
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[MHA_VNB][4] = {};
+    for (uint32_t u0 = 0, k = 0; u0 < u_end; u0 += MHA_KEYS, k++) {
+        const float *kt = st + (k % 2) * stage, *vt = kt + MHA_KEYS * ldk;
+        if (u_end - u0 > MHA_KEYS) { /* the other stage is free since the last barrier */
+            float *nx = st + (k + 1) % 2 * stage;
+            mha_fetch(d, kv, cache, h, u0 + MHA_KEYS, u_end, nx, nx + MHA_KEYS * ldk);
+            copy_wait<1>();
+        } else {
+            copy_wait<0>();
+        }
+        __syncthreads(); /* every thread's copies of this tile have landed */
+        float s[MHA_KEYS / 8][4], alpha[2];
+        uint32_t ph[MHA_KEYS / 16][4], pl[MHA_KEYS / 16][4];
+        mha_scores(qh, ql, kt, ldk, (d.dn + d.dr) / 16, s);
+        mha_softmax(s, u0, pos, scale, m, l, alpha, ph, pl);
+        mha_context(ph, pl, alpha, vt, ldv, d.dv / 8, o);
+        __syncthreads(); /* the stage is rewritten next */
+    }
+    mha_store(d, n, t0, h, l, o, a.o);
+}
+
 static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, kl_err *err)
 {
     if (!a || !a->q || !a->kv_b || !a->kv_b->data || !a->cache || !a->scratch || !a->o)
@@ -1893,6 +2227,69 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
+/* The MHA form: the run's latent rows copied out, expanded to keys and values by
+ * kl_gpu_gemm_p (exact to ~5e-7), attended by mha_kernel. */
+static int attend_mha(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                      kl_err *err)
+{
+    const kl_gpu_mla_dims *d = &a->d;
+    const uint32_t span = t->max_span;
+    mha_scratch sc;
+    mha_floats(d, span, &sc, a->scratch);
+    static size_t shared_set;
+    const size_t shared = mha_shared(d);
+    if (allow_shared((const void *)mha_kernel, &shared_set, shared, err))
+        return err->code;
+    mha_rows_kernel<<<span, KL_GPU_GROUP, 0, st>>>(a->cache, t->run_slot, d->R, d->R + d->dr,
+                                                   sc.rows);
+    if (KL_GPU_CHECK(err, hipGetLastError()) ||
+        kl_gpu_gemm_p(a->kv_b, sc.rows, span, sc.kv, sc.parts, 0, (kl_gpu_stream)st, err))
+        return err->code;
+    const dim3 grid((t->n + MHA_ROWS - 1) / MHA_ROWS, d->nh);
+    mha_kernel<<<grid, MHA_THREADS, shared, st>>>(*a, sc.kv, *t);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+static int mla_prefill; /* 0: not chosen yet; 1 MHA form, 2 latent (v3) */
+
+extern "C" void kl_gpu_mla_prefill_set(int mode)
+{
+    mla_prefill = mode == 1 || mode == 2 ? mode : 0;
+}
+
+/* KL_GPU_MLA_PREFILL=latent in the environment (read at the first call) or the setter's 2:
+ * prompts stay in latent space; else the MHA form where it fits. */
+static bool prefill_mha(void)
+{
+    if (!mla_prefill) {
+        const char *e = getenv("KL_GPU_MLA_PREFILL");
+        mla_prefill = e && !strcmp(e, "latent") ? 2 : 1;
+    }
+    return mla_prefill == 1;
+}
+
+/* The MHA form's limits on the shape (CUDA only: HIP keeps the latent kernels). */
+static bool mha_fits(const kl_gpu_mla_dims *d)
+{
+#if defined(__HIPCC__)
+    (void)d;
+    return false;
+#else
+    const uint32_t qw = d->dn + d->dr;
+    return qw % 16 == 0 && qw <= 16 * MHA_QSTEPS && d->dv % 8 == 0 && d->dv <= 8 * MHA_VNB &&
+           d->dn % 4 == 0 && d->R % 32 == 0 && mha_shared(d) <= MAX_SHARED;
+#endif
+}
+
+/* Whether a chunk runs in MHA form: the prefill of one prompt (one run of MHA_MIN_N tokens at
+ * least) over a span of MHA_MAX_SPAN at most, kv_b BF16, under v4 with the MHA form chosen and
+ * the shape within its limits; n and max_span as kl_gpu_mla_scratch sees them. */
+static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
+{
+    return n >= MHA_MIN_N && max_span <= MHA_MAX_SPAN && version_for(d) == 5 && prefill_mha() &&
+           mha_fits(d);
+}
+
 static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */
 
 extern "C" void kl_gpu_mla_select(int version)
@@ -1948,8 +2345,12 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     if (t->n == 0)
         return 0;
     int v = version_for(&a->d);
-    if (v == 5 && t->max_run > 1) /* chunks of a prompt: v3's causal kernel, else v2 */
+    if (v == 5 && t->max_run > 1) { /* chunks of a prompt: the MHA form, else v3, else v2 */
+        if (t->n_runs == 1 && a->kv_b->kind == KL_GPU_W_BF16 &&
+            mha_applies(&a->d, t->n, t->max_span))
+            return attend_mha(a, t, (hipStream_t)s, err);
         v = v3_fits(&a->d, true) ? 3 : 2;
+    }
     if (v >= 3 && t->max_run == 1 && t->max_span < V3_MIN_SPAN)
         v = 2; /* one token per run over a short span: v3's fixed costs outweigh its gain */
     return v == 5 ? attend_v4(a, t, (hipStream_t)s, err)

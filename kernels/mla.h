@@ -68,6 +68,20 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
  * device tests and benchmarks that compare them. */
 void   kl_gpu_mla_select(int version);
 
+/* The prefill of one prompt (a chunk of one run of 64 tokens or more) in MHA form, by default
+ * where it applies (CUDA; kv_b BF16; span <= 16,384; dn + dr a multiple of 16 up to 192, dv of
+ * 8 up to 128, R of 32), whatever the decode kernels' version unless KL_GPU_MLA picks one
+ * other than v4: the keys and values expanded per head, k_nope[u,h] = W_kb,h c_u and v[u,h] =
+ * W_vb,h c_u (kl_gpu_gemm_p, exact to ~5e-7), then a causal flash attention per head with
+ * 192-wide scores and 128-wide values (exact as v3: hi + lo operands, three products):
+ *   score_u = (q_nope[t,h] · k_nope[u,h] + q_rope[t,h] · kr_u) / sqrt(dn + dr),
+ *   o[t][h*dv .. +dv] = Σ_u softmax(score)_u v[u,h]   (the absorbed form up to rounding).
+ * Its scratch (counted by kl_gpu_mla_scratch for n >= 64 and max_span within the limit): the
+ * rows [span, R], keys and values [span, nh*(dn+dv)] fp32 and the rows' bf16 parts.
+ * KL_GPU_MLA_PREFILL=latent (read once) keeps prompts on v3; kl_gpu_mla_prefill_set(1) MHA,
+ * 2 latent, 0 the environment's choice. */
+void   kl_gpu_mla_prefill_set(int mode);
+
 #ifdef __cplusplus
 }
 #endif

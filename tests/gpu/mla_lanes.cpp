@@ -5,7 +5,8 @@
  * SPLITS SPAN... (dn = dv = 16: attend4 reads the absorbed queries, filled here at random);
  * one token per span, each in its own slot whose rows past the span are NaN, shared memory
  * NaN-filled before each block.  Prints the worst rel. L2 of the combined context against
- * double; exit 0 when below 3e-5.
+ * double; exit 0 when below 3e-5.  "mha NH DN DR DV R POS0 N": mha_kernel (the prefill in MHA
+ * form, 128 threads a block) likewise, its output against double (run_mha).
  */
 #define __HIPCC__ 1 /* the SIMT stand-ins (no PTX) */
 #include "kernels/mla.h"
@@ -79,10 +80,53 @@ template <class T> static T kl_gpu_shfl_xor(T v, int o)
     return r;
 }
 
+/* p = max(p, v) as one step (shared memory's integer atomic) */
+static uint32_t atomicMax(uint32_t *p, uint32_t v)
+{
+    uint32_t old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old < v &&
+           !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        ;
+    return old;
+}
+
+/* the MHA form's scratch layout asks for it (kernels/gemm.h) */
+static size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols)
+{
+    return (size_t)m * 3 * cols * 2;
+}
+
 float4 shared4[60000]; /* the block's dynamic shared memory */
 
+#include "kernels/mma.cuh"
 #include "mla_lanes_deps.inc"
 #include "mla_lanes_v4.inc"
+#include "mla_lanes_mha.inc"
+
+/* Runs kernel() as the blocks of grid, `threads` threads each (shared memory NaN first). */
+template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
+{
+    gridDim = grid, blockDim = {threads, 1, 1};
+    pthread_barrier_init(&block_bar, NULL, threads);
+    for (unsigned g = 0; g < threads / 32; g++)
+        pthread_barrier_init(&group_bar[g], NULL, 32);
+    for (uint32_t y = 0; y < grid.y; y++)
+        for (uint32_t x = 0; x < grid.x; x++) {
+            blockIdx = {x, y, 0};
+            memset(shared4, 0xff, sizeof shared4); /* NaN */
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < threads; i++)
+                th.emplace_back([&, i] {
+                    threadIdx = {i, 0, 0};
+                    kernel();
+                });
+            for (std::thread &h : th)
+                h.join();
+        }
+    pthread_barrier_destroy(&block_bar);
+    for (unsigned g = 0; g < threads / 32; g++)
+        pthread_barrier_destroy(&group_bar[g]);
+}
 
 /* The worst rel. L2 over (token, head) of the context combined from the splits' partials. */
 static double check(const std::vector<std::vector<float>> &cache, const std::vector<float> &ql,
@@ -129,8 +173,77 @@ static double check(const std::vector<std::vector<float>> &cache, const std::vec
     return worst;
 }
 
+/* mha NH DN DR DV R POS0 N: one prompt of N tokens at positions POS0.. in slot 0, the
+ * expanded keys and values [span][nh (dn + dv)] and the cache's rope keys at random (rows past
+ * the span NaN); the worst rel. L2 of o against double. */
+static int run_mha(int argc, char **argv)
+{
+    if (argc < 8) {
+        fprintf(stderr, "usage: mla_lanes mha NH DN DR DV R POS0 N\n");
+        return 2;
+    }
+    const kl_gpu_mla_dims d = {(uint32_t)atoi(argv[1]), (uint32_t)atoi(argv[2]),
+                               (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
+                               (uint32_t)atoi(argv[5])};
+    const uint32_t pos0 = atoi(argv[6]), n = atoi(argv[7]), span = pos0 + n, cw = d.R + d.dr;
+    const uint32_t qw = d.dn + d.dr, kw = d.nh * (d.dn + d.dv);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.5f, 1.5f);
+    std::vector<float> cache((size_t)(span + 40) * cw, NAN), kv((size_t)(span + 40) * kw, NAN);
+    for (size_t i = 0; i < (size_t)span * cw; i++)
+        cache[i] = uni(rng);
+    for (size_t i = 0; i < (size_t)span * kw; i++)
+        kv[i] = 0.3f * uni(rng);
+    std::vector<float> q((size_t)n * d.nh * qw), o((size_t)n * d.nh * d.dv, NAN);
+    for (float &v : q)
+        v = uni(rng);
+    std::vector<uint32_t> tok_pos(n), tok_slot(n, 0), run_start = {0, n}, run_slot = {0};
+    for (uint32_t t = 0; t < n; t++)
+        tok_pos[t] = pos0 + t;
+    const float *slot = cache.data();
+    kl_gpu_mla_attend_args a = {};
+    a.d = d, a.q = q.data(), a.cache = &slot, a.o = o.data();
+    const kl_gpu_tokens tk = {n, 1, n, span, tok_slot.data(), tok_pos.data(), run_start.data(),
+                              run_slot.data()};
+    if (mha_shared(&d) > sizeof shared4)
+        return 2;
+    run_grid({(n + MHA_ROWS - 1) / MHA_ROWS, d.nh, 1}, MHA_THREADS,
+             [&] { mha_kernel(a, kv.data(), tk); });
+    double worst = 0;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < d.nh; h++) {
+            const uint32_t p = tok_pos[t];
+            const float *qq = &q[((size_t)t * d.nh + h) * qw];
+            const float *got = &o[((size_t)t * d.nh + h) * d.dv];
+            std::vector<double> sc(p + 1), ctx(d.dv, 0.0);
+            double mx = -INFINITY, sum = 0, e2 = 0, r2 = 0;
+            for (uint32_t u = 0; u <= p; u++) {
+                const float *k = &kv[(size_t)u * kw + h * (d.dn + d.dv)];
+                double v = 0;
+                for (uint32_t i = 0; i < qw; i++)
+                    v += (double)qq[i] * (i < d.dn ? k[i] : cache[(size_t)u * cw + d.R + i - d.dn]);
+                sc[u] = v / sqrt((double)qw);
+                mx = fmax(mx, sc[u]);
+            }
+            for (uint32_t u = 0; u <= p; u++)
+                sum += (sc[u] = exp(sc[u] - mx));
+            for (uint32_t u = 0; u <= p; u++)
+                for (uint32_t j = 0; j < d.dv; j++)
+                    ctx[j] += sc[u] / sum * kv[(size_t)u * kw + h * (d.dn + d.dv) + d.dn + j];
+            for (uint32_t j = 0; j < d.dv; j++)
+                e2 += (got[j] - ctx[j]) * (got[j] - ctx[j]), r2 += ctx[j] * ctx[j];
+            const double rel = sqrt(e2 / r2);
+            worst = rel <= worst ? worst : rel; /* NaN sticks */
+        }
+    printf("mla_lanes: mha nh %u dn %u dr %u dv %u R %u positions %u..%u: worst rel. L2 %.3e\n",
+           d.nh, d.dn, d.dr, d.dv, d.R, pos0, span - 1, worst);
+    return worst < 3e-5 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "mha"))
+        return run_mha(argc - 1, argv + 1);
     if (argc < 6) {
         fprintf(stderr, "usage: mla_lanes NH DR R SPLITS SPAN...\n");
         return 2;
@@ -166,23 +279,7 @@ int main(int argc, char **argv)
     x.sc.rp = rp.data();
     if (attend4_shared(&d) > sizeof shared4)
         return 2;
-    gridDim = {splits, n, 1}, blockDim = {T4_THREADS, 1, 1};
-    pthread_barrier_init(&block_bar, NULL, T4_THREADS);
-    for (int g = 0; g < 8; g++)
-        pthread_barrier_init(&group_bar[g], NULL, 32);
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t s = 0; s < splits; s++) {
-            blockIdx = {s, t, 0};
-            memset(shared4, 0xff, sizeof shared4); /* NaN */
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < T4_THREADS; i++)
-                th.emplace_back([&, i] {
-                    threadIdx = {i, 0, 0};
-                    attend4_kernel(a, x);
-                });
-            for (std::thread &h : th)
-                h.join();
-        }
+    run_grid({splits, n, 1}, T4_THREADS, [&] { attend4_kernel(a, x); });
     const double worst = check(cache, ql, spans, d, splits, x);
     printf("mla_lanes: nh %u dr %u R %u splits %u: worst rel. L2 %.3e\n", d.nh, d.dr, d.R, splits,
            worst);

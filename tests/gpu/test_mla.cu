@@ -12,8 +12,14 @@
  * mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and v3fast with
  * bf16 ones; all three compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Before
  * the GPU: v3's and v3fast's algorithms emulated and v4's mirrored on the host (splits, fp32
- * partials, softmax and combine).  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
+ * partials, softmax and combine).  The prefill in MHA form ("mha": v4 with
+ * kl_gpu_mla_prefill_set(1); the other columns run with it off) on the prompts of one run: its
+ * blocked algorithm emulated on the host too (expansion, query tiles, key tiles of 32, per-step
+ * sums, online softmax), tiny shapes with tails, and prompts of 1,024 and 4,096 tokens timed
+ * beside v3 alone (MHA-form TFLOPS, the expansion's time and share).  Exit 0 pass, 1 fail, 77
+ * no GPU; one JSON line.
  */
+#include "kernels/gemm.h"
 #include "kernels/mla.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -33,6 +39,7 @@ struct mla_case {
     std::vector<mla_run> runs;
     uint32_t launch_span = 0; /* max_span the launch is sized for (a graph's: the capacity) */
     uint32_t ref_every = 1;   /* the reference (and the check) for every ref_every-th token */
+    uint32_t versions = 0;    /* bit v - 1: run version v (version_name); 0: every one */
 };
 
 /* One case on the host: inputs, and the cache as the reference sees it after the append. */
@@ -452,6 +459,116 @@ static double check_v4_host(const mla_case &c, t_rng &g)
                          });
 }
 
+/* ---- the MHA form's algorithm on the host ------------------------------------------------ */
+
+/* Slot s's rows 0..span-1 as fp32 [span][cw] and, per head, their keys and values as the
+ * expansion writes them (the exact products rounded to fp32): kv [span][nh][dn + dv]. */
+static void expand_host(const mla_host &x, uint32_t s, uint32_t span, std::vector<float> &rows,
+                        std::vector<float> &kv)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    const uint32_t kw = d.nh * (d.dn + d.dv);
+    std::vector<double> row(x.cw);
+    rows.resize((size_t)span * x.cw);
+    kv.resize((size_t)span * kw);
+    for (uint32_t u = 0; u < span; u++) {
+        ref_row(x, s, u, row);
+        for (uint32_t k = 0; k < x.cw; k++)
+            rows[(size_t)u * x.cw + k] = (float)row[k];
+        for (uint32_t j = 0; j < kw; j++) {
+            double v = 0;
+            for (uint32_t k = 0; k < d.R; k++)
+                v += (double)rows[(size_t)u * x.cw + k] * x.kvb[(size_t)j * d.R + k];
+            kv[(size_t)u * kw + j] = (float)v;
+        }
+    }
+}
+
+/* One query row (token t, head h) as mha_kernel computes it, over key tiles of 32 from 0 to
+ * kend (its block's largest position + 1): per tile and 16-column step the hi hi + hi lo +
+ * lo hi products summed, then added in fp32; the online softmax in fp32 with the sum in the 4
+ * lanes' shares (key c of a tile: lane c % 8 / 2), the weights counted as split; per 16-key
+ * step P V's products summed, added in fp32 to the context scaled by alpha. */
+static void emulate_mha_row(const mla_host &x, const std::vector<float> &rows,
+                            const std::vector<float> &kv, uint32_t t, uint32_t h, uint32_t kend,
+                            double *out)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    const uint32_t qw = x.qw, kw = d.nh * (d.dn + d.dv), pos = x.tok_pos[t];
+    const float scale = 1.0f / sqrtf((float)qw);
+    const float *q = &x.q[((size_t)t * d.nh + h) * qw];
+    std::vector<float> o(d.dv, 0.0f), key(32 * qw), val(32 * d.dv);
+    float m = -INFINITY, lp[4] = {0, 0, 0, 0}, p[32];
+    for (uint32_t u0 = 0; u0 < kend; u0 += 32) {
+        std::fill(key.begin(), key.end(), 0.0f);
+        std::fill(val.begin(), val.end(), 0.0f);
+        for (uint32_t c = 0; c < 32 && u0 + c < kend; c++) {
+            const float *e = &kv[(size_t)(u0 + c) * kw + h * (d.dn + d.dv)];
+            for (uint32_t k = 0; k < qw; k++)
+                key[c * qw + k] = k < d.dn ? e[k] : rows[(size_t)(u0 + c) * x.cw + d.R + k - d.dn];
+            for (uint32_t j = 0; j < d.dv; j++)
+                val[c * d.dv + j] = e[d.dn + j];
+        }
+        float v[32], mn = m;
+        for (uint32_t c = 0; c < 32; c++) {
+            float s = 0;
+            for (uint32_t i = 0; i < qw / 16; i++) {
+                double part = 0;
+                for (uint32_t k = 16 * i; k < 16 * i + 16; k++)
+                    part += prod3(q[k], key[c * qw + k], true);
+                s += (float)part;
+            }
+            v[c] = u0 + c <= pos ? s * scale : -INFINITY;
+            mn = std::max(mn, v[c]);
+        }
+        const float alpha = expf(m - mn);
+        for (float &l : lp)
+            l *= alpha;
+        m = mn;
+        for (uint32_t c = 0; c < 32; c++) {
+            p[c] = v[c] == -INFINITY ? 0.0f : expf(v[c] - mn);
+            lp[c % 8 / 2] += (float)weight3(p[c], true);
+        }
+        for (uint32_t j = 0; j < d.dv; j++) {
+            o[j] *= alpha;
+            for (uint32_t kk = 0; kk < 2; kk++) {
+                double part = 0;
+                for (uint32_t c = 16 * kk; c < 16 * kk + 16; c++)
+                    part += prod3(p[c], val[c * d.dv + j], true);
+                o[j] += (float)part;
+            }
+        }
+    }
+    const float l = (lp[0] + lp[1]) + (lp[2] + lp[3]);
+    for (uint32_t j = 0; j < d.dv; j++)
+        out[j] = o[j] / l;
+}
+
+/* o of the checked tokens of a prompt (one run) as the MHA form computes it: query tiles of 64
+ * tokens, each against the keys up to its largest position. */
+static void emulate_mha(const mla_host &x, std::vector<double> &o)
+{
+    const kl_gpu_mla_dims &d = x.d;
+    std::vector<float> rows, kv;
+    expand_host(x, x.run_slot[0], x.max_span, rows, kv);
+    o.assign((size_t)x.n * d.nh * d.dv, 0.0);
+    for (uint32_t t = 0; t < x.n; t++) {
+        if (!x.checked(t))
+            continue;
+        const uint32_t last = std::min(x.n, t / 64 * 64 + 64) - 1;
+        for (uint32_t h = 0; h < d.nh; h++)
+            emulate_mha_row(x, rows, kv, t, h, x.tok_pos[last] + 1,
+                            &o[((size_t)t * d.nh + h) * d.dv]);
+    }
+}
+
+static double check_mha_host(const mla_case &c, t_rng &g)
+{
+    return check_on_host(c, g, {1u}, [](const mla_host &x, uint32_t, std::vector<double> &o) {
+        emulate_mha(x, o);
+    });
+}
+
 /* ---- the device side -------------------------------------------------------------------- */
 
 struct mla_dev {
@@ -462,7 +579,8 @@ struct mla_dev {
     std::vector<float *> slot_cache;
 };
 
-static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d, kl_err *err)
+static int upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, mla_dev &d,
+                  kl_err *err)
 {
     launch_span = std::max(launch_span, x.max_span);
     float *q, *kva, *kv_norm, *scratch, *o, **cache;
@@ -472,9 +590,13 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d
         if (t_put(&d.slot_cache[s], x.cache[s], err))
             return err->code;
     const size_t n_o = (size_t)x.n * x.d.nh * x.d.dv;
-    kl_gpu_mla_select(1); /* v1 needs the most scratch: sized for every version run below */
-    const size_t scratch_floats = kl_gpu_mla_scratch(&x.d, x.n, launch_span);
+    kl_gpu_mla_select(v1 ? 1 : 3); /* v1 needs the most scratch of the latent forms */
+    const size_t latent = kl_gpu_mla_scratch(&x.d, x.n, launch_span);
+    kl_gpu_mla_select(5);          /* the MHA form's (v4 with it) */
+    kl_gpu_mla_prefill_set(1);
+    const size_t scratch_floats = std::max(latent, kl_gpu_mla_scratch(&x.d, x.n, launch_span));
     kl_gpu_mla_select(0);
+    kl_gpu_mla_prefill_set(0);
     if (t_put(&q, x.q, err) || t_put(&kva, x.kva, err) || t_put(&kv_norm, x.kv_norm, err) ||
         t_put(&cache, d.slot_cache, err) || t_alloc(&o, n_o, err) ||
         t_alloc(&scratch, scratch_floats, err) ||
@@ -504,21 +626,50 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, mla_dev &d
     return 0;
 }
 
-#define MLA_VERSIONS 5 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 */
+/* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 (prompts: v3, the prefill
+ * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only) */
+#define MLA_VERSIONS 6
+#define MLA_MHA      6
+#define V3_MHA       (1u << 2 | 1u << (MLA_MHA - 1)) /* a case's versions: v3 and the MHA form */
 
-static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast", "v4"};
+static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast", "v4", "mha"};
 
 /* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30}; /* max rel. L2:
+    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30}; /* rel. L2:
                                                      per appended row, (token, head) */
     double vs_v2[MLA_VERSIONS] = {}; /* v3's, v3fast's and v4's o against v2's, max rel. L2
                                         over every (token, head) */
     double us[MLA_VERSIONS] = {}, gbps[MLA_VERSIONS] = {}, tflops[MLA_VERSIONS] = {};
     size_t bytes = 0;     /* timed: the caches' rows read once and kv_b */
     double flop = 0;      /* timed: scores and contexts, 2 nh span (R + dr + R) per token */
-    std::vector<float> out[MLA_VERSIONS]; /* o of v3, v3fast, v4, kept until v2's is there */
+    std::vector<float> out[MLA_VERSIONS]; /* o of v3 .. mha (those run), until v2's is there */
+    double mha_flop = 0;  /* the MHA form's: 2 nh (pos + 1) (dn + dr + dv) per token */
+    double expand_us = 0; /* the MHA form's expansion alone (kl_gpu_gemm_p) */
+    bool mha_ran = true;  /* the "mha" column's o differs from v3's (no silent fallback) */
 };
+
+/* Whether the case is a prompt the MHA form takes: one run of 64 tokens or more, kv_b BF16. */
+static bool mha_case(const mla_case &c)
+{
+    return c.runs.size() == 1 && c.runs[0].len >= 64 && c.bf16;
+}
+
+/* The MHA form's expansion alone: kl_gpu_gemm_p of the span's rows [span, R] by kv_b. */
+static int time_expand(const mla_host &x, mla_dev &d, mla_result *res, kl_err *err)
+{
+    float *rows, *kv;
+    uint16_t *parts;
+    const uint32_t span = x.max_span;
+    if (t_alloc(&rows, (size_t)span * x.d.R, err) ||
+        t_alloc(&kv, (size_t)span * d.kv_b.rows, err) ||
+        t_alloc(&parts, kl_gpu_gemm_parts_bytes(span, x.d.R) / 2, err) ||
+        KL_GPU_CHECK(err, hipMemset(rows, 0, (size_t)span * x.d.R * sizeof(float))))
+        return err->code;
+    return t_median_us([&](int) {
+        return kl_gpu_gemm_p(&d.kv_b, rows, span, kv, parts, 0, NULL, err);
+    }, 21, &res->expand_us, err);
+}
 
 /* The attention's median time, kv_b rotating over 8 copies (its bytes then come from HBM, as
  * in a decode step where every layer's weights differ). */
@@ -548,7 +699,10 @@ static int time_attend(const mla_host &x, mla_dev &d, int v, mla_result *res, kl
         res->flop += 2.0 * x.d.nh * (x.tok_pos[t] + 1) * (x.cw + x.d.R);
     res->gbps[v - 1] = res->bytes / (res->us[v - 1] * 1e-6) / 1e9;
     res->tflops[v - 1] = res->flop / (res->us[v - 1] * 1e-6) / 1e12;
-    return 0;
+    res->mha_flop = 0;
+    for (uint32_t t = 0; t < x.n; t++)
+        res->mha_flop += 2.0 * x.d.nh * (x.tok_pos[t] + 1) * (x.qw + x.d.dv);
+    return v == MLA_MHA ? time_expand(x, d, res, err) : 0;
 }
 
 /* Attention with kernels v: o against the reference, then the timing of timed cases. */
@@ -556,7 +710,8 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
                           const std::vector<double> &ref_o, int v, mla_result *res, kl_err *err)
 {
     std::vector<float> o(ref_o.size());
-    kl_gpu_mla_select(v);
+    kl_gpu_mla_select(v == MLA_MHA ? 5 : v);
+    kl_gpu_mla_prefill_set(v == MLA_MHA ? 1 : 2);
     if (KL_GPU_CHECK(err, hipMemset(d.attend.o, 0xff, o.size() * sizeof(float))) || /* NaN */
         kl_gpu_mla_attend(&d.attend, &d.tok, NULL, err) || t_get(o, d.attend.o, err))
         return err->code;
@@ -564,12 +719,14 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
     for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
         if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
             res->o[v - 1] = std::max(res->o[v - 1], t_rel_l2(&o[b], &ref_o[b], c.d.dv));
-    if (v >= 3) /* v4, v3fast and v3 run first */
+    if (v >= 3) /* the MHA form, v4, v3fast and v3 run first */
         res->out[v - 1] = o;
+    if (v == 3 && !res->out[MLA_MHA - 1].empty())
+        res->mha_ran = res->out[MLA_MHA - 1] != o;
     if (v == 2) {
         const std::vector<double> o2(o.begin(), o.end());
         for (int w = 3; w <= MLA_VERSIONS; w++)
-            for (size_t b = 0; b < o2.size(); b += c.d.dv)
+            for (size_t b = 0; b < o2.size() && !res->out[w - 1].empty(); b += c.d.dv)
                 res->vs_v2[w - 1] = std::max(res->vs_v2[w - 1],
                                              t_rel_l2(&res->out[w - 1][b], &o2[b], c.d.dv));
     }
@@ -590,7 +747,8 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
     make_host(c, g, x);
     ref_append(x);
     ref_attend(x, ref_o);
-    if (upload(x, c.bf16, c.launch_span, d, err) ||
+    const bool v1 = !c.versions || c.versions & 1u;
+    if (upload(x, c.bf16, c.launch_span, v1, d, err) ||
         kl_gpu_mla_append(&d.append, &d.tok, NULL, err))
         return err->code;
     std::vector<float> row(x.cw);
@@ -603,10 +761,16 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
         res->append = std::max(res->append, t_rel_l2(row.data(), x.ref_rows[t].data(), x.cw));
     }
     fprintf(stderr, "test_mla: %-22s append %.2e", c.name, res->append);
-    for (int v = MLA_VERSIONS; v >= 1; v--)
-        if (attend_version(c, x, d, ref_o, v, res, err))
+    for (int v = MLA_VERSIONS; v >= 1; v--) {
+        const bool run = (!c.versions || c.versions & 1u << (v - 1)) &&
+                         (v != MLA_MHA || mha_case(c));
+        if (!run)
+            res->o[v - 1] = 0;
+        else if (attend_version(c, x, d, ref_o, v, res, err))
             return err->code;
+    }
     kl_gpu_mla_select(0);
+    kl_gpu_mla_prefill_set(0);
     fprintf(stderr, "\n");
     return 0;
 }
@@ -618,7 +782,7 @@ static int refusals(t_rng &g, kl_err *err)
     mla_host x;
     mla_dev d;
     make_host(c, g, x);
-    if (upload(x, false, 0, d, err))
+    if (upload(x, false, 0, true, d, err))
         return -1;
     kl_err e;
     kl_err_clear(&e);
@@ -651,6 +815,9 @@ static int refusals(t_rng &g, kl_err *err)
 /* v4's: v3's products, the scores' and contexts' MMA sums spanning 5 steps of 16 columns, and
  * 1 tile of 32 keys (the rest added in fp32): 3e-5 (the host mirror: ~1e-5) */
 #define V4_TOL     3e-5
+/* the MHA form's: v3's products, each 16-column or 16-key step summed alone (the host
+ * emulation: ~1e-5) */
+#define MHA_TOL    3e-5
 
 /* v3's and v3fast's tiling, splits and combine on the host, with and without a GPU: 0 or 1
  * (wrong). */
@@ -673,9 +840,18 @@ static int v3_on_host(void)
     const mla_case c4f = {"host_v4_full", {32, 128, 64, 128, 512}, true, false, 2,
                           {{0, 16, 1}, {1, 300, 1}}};
     const double e4 = std::max(check_v4_host(c4, g), check_v4_host(c4f, g));
-    fprintf(stderr, "test_mla: emulated on the host: v3 max rel. L2 %.2e, v3fast %.2e, v4 %.2e\n",
-            e, ef, e4);
-    return e < V3_TOL && ef < V3FAST_TOL && e4 < V4_TOL ? 0 : 1;
+    /* the MHA form: prompts with tails (tokens and spans not multiples of 64) */
+    const mla_case cm[] = {
+        {"host_mha_tail", {4, 32, 16, 32, 64}, true, false, 1, {{0, 0, 100}}},
+        {"host_mha_on_37", {4, 32, 16, 32, 64}, true, false, 2, {{1, 37, 70}}},
+        {"host_mha_full", {2, 128, 64, 128, 512}, true, false, 1, {{0, 50, 70}}, 0, 7},
+    };
+    double em = 0;
+    for (const mla_case &c : cm)
+        em = std::max(em, check_mha_host(c, g));
+    fprintf(stderr, "test_mla: emulated on the host: v3 max rel. L2 %.2e, v3fast %.2e, v4 %.2e, "
+            "mha %.2e\n", e, ef, e4, em);
+    return e < V3_TOL && ef < V3FAST_TOL && e4 < V4_TOL && em < MHA_TOL ? 0 : 1;
 }
 
 int main(void)
@@ -721,11 +897,17 @@ int main(void)
         {"prefill_256_on_0", full, true, true, 1, {{0, 0, 256}}, 0, 16},
         {"prefill_64_on_4096", full, true, true, 1, {{0, 4096, 64}}, 0, 8},
         {"prefill_256_on_4096", full, true, true, 1, {{0, 4096, 256}}, 0, 32},
+        /* the MHA form: tails (tokens, spans not multiples of 64); prompts of 1K and 4K */
+        {"mha_tiny_tail", {4, 32, 16, 32, 64}, true, false, 1, {{0, 0, 100}}},
+        {"mha_tiny_on_37", {4, 32, 16, 32, 64}, true, false, 2, {{1, 37, 70}}},
+        {"prefill_1024_on_0", full, true, true, 1, {{0, 0, 1024}}, 0, 128, V3_MHA},
+        {"prefill_4096_on_0", full, true, true, 1, {{0, 0, 4096}}, 0, 512, V3_MHA},
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
-    double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, copy_gbps = 0;
+    double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, worst_mha = 0, copy_gbps = 0;
     int refused = 0;
+    bool mha_ran = true;
     for (size_t i = 0; i < n_cases; i++) {
         if (run_case(cases[i], g, &res[i], &err))
             goto fail;
@@ -733,6 +915,8 @@ int main(void)
         worst3 = std::max({worst3, res[i].o[2], res[i].vs_v2[2]});
         worst3f = std::max({worst3f, res[i].o[3], res[i].vs_v2[3]});
         worst4 = std::max({worst4, res[i].o[4], res[i].vs_v2[4]});
+        worst_mha = std::max({worst_mha, res[i].o[5], res[i].vs_v2[5]});
+        mha_ran = mha_ran && res[i].mha_ran;
         t_free_all();
     }
     refused = refusals(g, &err);
@@ -742,11 +926,12 @@ int main(void)
     t_free_all();
     {
         const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL &&
-                       worst4 < V4_TOL;
+                       worst4 < V4_TOL && worst_mha < MHA_TOL && mha_ran;
         printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
                "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"v4_max_rel_l2\":%.3g,"
-               "\"timed\":[", ok ? "true" : "false", refused ? "true" : "false", worst, worst3,
-               worst3f, worst4);
+               "\"mha_max_rel_l2\":%.3g,\"mha_ran\":%s,\"timed\":[", ok ? "true" : "false",
+               refused ? "true" : "false", worst, worst3, worst3f, worst4, worst_mha,
+               mha_ran ? "true" : "false");
         const char *sep = "";
         for (size_t i = 0; i < n_cases; i++) {
             if (!cases[i].timed)
@@ -764,6 +949,13 @@ int main(void)
                 printf(",\"%s\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
                        "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", version_name[v - 1], r.o[v - 1],
                        r.us[v - 1], r.gbps[v - 1], r.tflops[v - 1], r.gbps[v - 1] / copy_gbps);
+            const double mha_us = r.us[MLA_MHA - 1];
+            if (mha_us > 0) /* the MHA form's FLOPs (dn + dr + dv per key and head), its
+                               expansion's time and share, the speed-up over v3 */
+                printf(",\"mha_form\":{\"gflop\":%.3f,\"tflops\":%.2f,\"expand_us\":%.2f,"
+                       "\"expand_share\":%.3f,\"v3_over_mha\":%.2f}", r.mha_flop / 1e9,
+                       r.mha_flop / (mha_us * 1e-6) / 1e12, r.expand_us, r.expand_us / mha_us,
+                       r.us[2] / mha_us);
             printf("}");
             sep = ",";
         }
