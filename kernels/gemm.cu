@@ -398,15 +398,15 @@ extern "C" int kl_gpu_gemm_split(void)
         const char *v = getenv("KL_GPU_GEMM_SPLIT");
         split_mode = v && !strcmp(v, "0")   ? 0
                      : v && !strcmp(v, "1") ? 1
-                     : v && !strcmp(v, "3") ? 3
-                                            : 2;
+                     : v && !strcmp(v, "2") ? 2
+                                            : 3;
     }
     return split_mode;
 }
 
 extern "C" void kl_gpu_gemm_split_set(int form)
 {
-    split_mode = form < 0 ? 0 : form > 3 ? 2 : form;
+    split_mode = form < 0 ? 0 : form > 3 ? 3 : form;
 }
 
 /* The form version 1 runs: form 3 (version 5's fp16 operands) as form 2. */

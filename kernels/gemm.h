@@ -27,20 +27,21 @@ extern "C" {
 
 /* How X enters the tensor cores, for both launchers.  Split stages x = hi + lo + lo2,
  * hi = bf16(x), lo = bf16(x - hi), lo2 = bf16(x - hi - lo), and runs the three products (W
- * is exact in bf16, so each is exact to ~2^-26 relative).  Form 2 (the default) sums each K
- * step's products in fresh fragments and adds them to the running sums in fp32 registers:
- * 3e-7 .. 7e-7 of fp32 at the model's shapes, and the full 48B geometry matches the CPU
- * engine (docs/CORRECTNESS.md).  Form 1 (KL_GPU_GEMM_SPLIT=1) lets the MMAs accumulate over
- * the whole K: Hopper's MMA adds into its accumulator without fp32 rounding (it truncates), a
- * bias that grows with K to ~1e-5 and flipped expert choices of the random full geometry.
- * Form 0 (KL_GPU_GEMM_SPLIT=0) stages bf16(x) only: ~2e-3, a third of the tensor-core work.
- * Form 3 (KL_GPU_GEMM_SPLIT=3, version 5 with MXFP4 weights; form 2 elsewhere): each row of x
- * scaled by a power of two that puts its largest |x| in [2^13, 2^14) and split into two fp16
- * parts, the MXFP4 codes as fp16 (exact) and each 32-wide block's sums times its scale in
- * fp32, the row's factor undone at the store: two products a slice instead of three, as exact
- * as form 2 in the host model (scripts/split_forms.c: 1.89e-7 against 1.85e-7).
+ * is exact in bf16, so each is exact to ~2^-26 relative).  Form 2 (KL_GPU_GEMM_SPLIT=2) sums
+ * each K step's products in fresh fragments and adds them to the running sums in fp32
+ * registers: 3e-7 .. 7e-7 of fp32 at the model's shapes, and the full 48B geometry matches
+ * the CPU engine (docs/CORRECTNESS.md).  Form 1 (KL_GPU_GEMM_SPLIT=1) lets the MMAs accumulate
+ * over the whole K: Hopper's MMA adds into its accumulator without fp32 rounding (it
+ * truncates), a bias that grows with K to ~1e-5 and flipped expert choices of the random full
+ * geometry.  Form 0 (KL_GPU_GEMM_SPLIT=0) stages bf16(x) only: ~2e-3, a third of the
+ * tensor-core work.  Form 3 (the default; version 5 with MXFP4 weights, form 2 elsewhere):
+ * each row of x scaled by a power of two that puts its largest |x| in [2^13, 2^14) and split
+ * into two fp16 parts, the MXFP4 codes as fp16 (exact) and each 32-wide block's sums times
+ * its scale in fp32, the row's factor undone at the store: two products a slice instead of
+ * three, as exact as form 2 (host model scripts/split_forms.c: 1.89e-7 against 1.85e-7; on
+ * the H200 3.1e-7 .. 3.4e-7 of fp32, test_gemm) and 17% faster on the grouped experts.
  * The environment is read at the first call; kl_gpu_gemm_split_set overrides it. */
-int  kl_gpu_gemm_split(void);            /* the form: 0, 1 or 2 */
+int  kl_gpu_gemm_split(void);            /* the form: 0, 1, 2 or 3 */
 void kl_gpu_gemm_split_set(int form);
 
 /* Which kernels run, for the dense products (grouped = 0) and the grouped ones (1): version 5

@@ -9,7 +9,8 @@
 #   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; BT: numbers of sequences decoded together
-#   (--batch-at, e.g. 1,4,16,64); PROFILE=1: a run with per-operation times;
+#   (--batch-at, e.g. 1,4,16,64); PROFILE=1: a run with per-operation times (a prompt of
+#   PROFILE_PROMPT tokens, default 2048);
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
@@ -310,7 +311,7 @@ stage_full() {
     "$KL" bench decode "$D" --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-ttft.json" &&
         row "bench ttft (64-token prompt, warm page cache) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.2f s; load %.2f s %.1f GB/s (%s; pinned h2d %.1f GB/s, ratio %.2f); raw disk %.2f GB/s' % (d['time_to_first_token_s'], d['load_s'], d['load_gbps'], d['load_how'], d['pinned_h2d_gbps'], d['load_gbps'] / d['pinned_h2d_gbps'], d.get('disk_read_gbps', 0)))" "$W/bench-ttft.json")"
     # per-operation shares (KL_GPU_PROFILE=1: graphs off, a sync per operation)
-    [ -z "${PROFILE:-}" ] || { KL_GPU_PROFILE=1 "$KL" bench decode "$D" --device gpu --prompt-tokens 2048 --tokens 16 --json -q > "$W/bench-profile.json" &&
+    [ -z "${PROFILE:-}" ] || { KL_GPU_PROFILE=1 "$KL" bench decode "$D" --device gpu --prompt-tokens ${PROFILE_PROMPT:-2048} --tokens 16 --json -q > "$W/bench-profile.json" &&
         python3 - "$W/bench-profile.json" <<'PY' | tee -a "$TABLE"; }
 import json, sys
 d = json.load(open(sys.argv[1]))
