@@ -1795,12 +1795,23 @@ static size_t round4(size_t floats)
     return (floats + 3) / 4 * 4;
 }
 
+/* bf16 elements of a plane: keys [nh][span][dn + dr], values [nh][span][dv] */
+__host__ __device__ static inline size_t mha_kplane(const kl_gpu_mla_dims *d, uint32_t span)
+{
+    return (size_t)d->nh * span * (d->dn + d->dr);
+}
+
+__host__ __device__ static inline size_t mha_vplane(const kl_gpu_mla_dims *d, uint32_t span)
+{
+    return (size_t)d->nh * span * d->dv;
+}
+
 /* The MHA scratch for a span: the latent rows [span][R], the expanded [span][nh (dn + dv)]
  * (row u: head h's key at h (dn + dv), its value dn further, as kv_b's rows), the rows' bf16
- * parts for kl_gpu_gemm_p. */
+ * parts for kl_gpu_gemm_p, and v2's bf16 planes (key hi, key lo, value hi, value lo). */
 typedef struct mha_scratch {
     float *rows, *kv;
-    uint16_t *parts;
+    uint16_t *parts, *planes;
 } mha_scratch;
 
 static size_t mha_floats(const kl_gpu_mla_dims *d, uint32_t span, mha_scratch *s, float *p)
@@ -1808,11 +1819,13 @@ static size_t mha_floats(const kl_gpu_mla_dims *d, uint32_t span, mha_scratch *s
     const size_t rows = round4((size_t)span * d->R);
     const size_t kv = round4((size_t)span * d->nh * (d->dn + d->dv));
     const size_t parts = (kl_gpu_gemm_parts_bytes(span, d->R) + 15) / 16 * 4;
+    const size_t planes = round4(mha_kplane(d, span) + mha_vplane(d, span)); /* 2 x 2 bytes */
     if (s) {
-        const mha_scratch r = {p, p + rows, (uint16_t *)(p + rows + kv)};
+        const mha_scratch r = {p, p + rows, (uint16_t *)(p + rows + kv),
+                               (uint16_t *)(p + rows + kv + parts)};
         *s = r;
     }
-    return rows + kv + parts;
+    return rows + kv + parts + planes;
 }
 
 /* grid (span, 1): rows[u] = the first R floats of cache row u of the run's slot (a lane group
@@ -1870,16 +1883,12 @@ __device__ static inline void mha_load_q(const float *q, const kl_gpu_mla_dims &
         }
 }
 
-/* Group: acc += A B, A = ah + al, B's registers (x0, x1) and (x2, x3) split into hi + lo:
- * hi hi + hi lo + lo hi in a fresh fragment (the MMA's accumulation truncates), added in
- * fp32. */
-__device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
-                                       const uint32_t (&al)[4], float x0, float x1, float x2,
-                                       float x3)
+/* Group: acc += A B, A = ah + al, B = (bh0, bh1) + (bl0, bl1): hi hi + hi lo + lo hi in a
+ * fresh fragment (the MMA's accumulation truncates), added in fp32. */
+__device__ static inline void mma3b_add(float (&acc)[4], const uint32_t (&ah)[4],
+                                        const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
+                                        uint32_t bl0, uint32_t bl1)
 {
-    uint32_t bh0, bl0, bh1, bl1;
-    split2(x0, x1, bh0, bl0);
-    split2(x2, x3, bh1, bl1);
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma16816(c, ah, bh0, bh1);
     mma16816(c, ah, bl0, bl1);
@@ -1887,6 +1896,17 @@ __device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
 #pragma unroll
     for (uint32_t e = 0; e < 4; e++)
         acc[e] += c[e];
+}
+
+/* mma3b_add with B's registers (x0, x1) and (x2, x3) split into hi + lo here */
+__device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
+                                       const uint32_t (&al)[4], float x0, float x1, float x2,
+                                       float x3)
+{
+    uint32_t bh0, bl0, bh1, bl1;
+    split2(x0, x1, bh0, bl0);
+    split2(x2, x3, bh1, bl1);
+    mma3b_add(acc, ah, al, bh0, bh1, bl0, bl1);
 }
 
 /* Group: s[nb] (keys 8 nb .. +8 of the tile kt) = Q Kᵀ over the steps < ns, each step's
@@ -1914,13 +1934,21 @@ __device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
     }
 }
 
+/* e^x (E2: 2^x, the scores then scaled by log2(e) / sqrt(dn + dr)) */
+template <bool E2> __device__ static inline float mha_exp(float x)
+{
+    return E2 ? exp2f(x) : expf(x);
+}
+
 /* Group: the online softmax of its rows (g: e < 2, g + 8: e >= 2; positions pos[0], pos[1])
- * over the tile's keys u0 + 8 nb + 2 t + e % 2 (those past a row's position dropped): m, l
- * (this lane's share of the sum, the weights counted as split) take in the tile, alpha the
- * factor of the old context; the weights as P V's A fragments, split: [16-key step][reg]. */
+ * over the tile's keys u0 + 8 nb + 2 t + e % 2 (mask: those past a row's position dropped;
+ * without, the caller knows none is): m, l (this lane's share of the sum, the weights counted
+ * as split) take in the tile, alpha the factor of the old context; the weights as P V's A
+ * fragments, split: [16-key step][reg]. */
+template <bool E2>
 __device__ static inline void mha_softmax(const float (&s)[MHA_KEYS / 8][4], uint32_t u0,
-                                          const uint32_t (&pos)[2], float scale, float (&m)[2],
-                                          float (&l)[2], float (&alpha)[2],
+                                          const uint32_t (&pos)[2], float scale, bool mask,
+                                          float (&m)[2], float (&l)[2], float (&alpha)[2],
                                           uint32_t (&ph)[MHA_KEYS / 16][4],
                                           uint32_t (&pl)[MHA_KEYS / 16][4])
 {
@@ -1931,14 +1959,14 @@ __device__ static inline void mha_softmax(const float (&s)[MHA_KEYS / 8][4], uin
 #pragma unroll
         for (uint32_t e = 0; e < 4; e++) {
             const uint32_t u = u0 + 8 * nb + 2 * t + e % 2;
-            v[nb][e] = u <= pos[e / 2] ? s[nb][e] * scale : -INFINITY;
+            v[nb][e] = !mask || u <= pos[e / 2] ? s[nb][e] * scale : -INFINITY;
             mn[e / 2] = fmaxf(mn[e / 2], v[nb][e]);
         }
 #pragma unroll
     for (uint32_t r = 0; r < 2; r++) { /* the 4 lanes of a row: t = lane % 4 */
         mn[r] = fmaxf(mn[r], kl_gpu_shfl_xor(mn[r], 1));
         mn[r] = fmaxf(mn[r], kl_gpu_shfl_xor(mn[r], 2));
-        alpha[r] = expf(m[r] - mn[r]); /* finite mn: key 0 lies in the first tile */
+        alpha[r] = mha_exp<E2>(m[r] - mn[r]); /* finite mn: key 0 lies in the first tile */
         l[r] *= alpha[r];
         m[r] = mn[r];
     }
@@ -1948,8 +1976,9 @@ __device__ static inline void mha_softmax(const float (&s)[MHA_KEYS / 8][4], uin
         for (uint32_t j = 0; j < 4; j++) { /* a[j]: row g + 8 (j % 2), keys 2t + 8 (j / 2), +1 */
             const float(&c)[4] = v[2 * kk + j / 2];
             const uint32_t r = j % 2;
-            const float p0 = c[2 * r] == -INFINITY ? 0.0f : expf(c[2 * r] - mn[r]);
-            const float p1 = c[2 * r + 1] == -INFINITY ? 0.0f : expf(c[2 * r + 1] - mn[r]);
+            const float p0 = c[2 * r] == -INFINITY ? 0.0f : mha_exp<E2>(c[2 * r] - mn[r]);
+            const float p1 =
+                c[2 * r + 1] == -INFINITY ? 0.0f : mha_exp<E2>(c[2 * r + 1] - mn[r]);
             split2(p0, p1, ph[kk][j], pl[kk][j]);
             l[r] += bf16_val((uint16_t)ph[kk][j]) + bf16_val((uint16_t)(ph[kk][j] >> 16)) +
                     bf16_val((uint16_t)pl[kk][j]) + bf16_val((uint16_t)(pl[kk][j] >> 16));
@@ -2051,9 +2080,205 @@ mha_kernel(kl_gpu_mla_attend_args a, const float *kv, kl_gpu_tokens tk)
         float s[MHA_KEYS / 8][4], alpha[2];
         uint32_t ph[MHA_KEYS / 16][4], pl[MHA_KEYS / 16][4];
         mha_scores(qh, ql, kt, ldk, (d.dn + d.dr) / 16, s);
-        mha_softmax(s, u0, pos, scale, m, l, alpha, ph, pl);
+        mha_softmax<false>(s, u0, pos, scale, true, m, l, alpha, ph, pl);
         mha_context(ph, pl, alpha, vt, ldv, d.dv / 8, o);
         __syncthreads(); /* the stage is rewritten next */
+    }
+    mha_store(d, n, t0, h, l, o, a.o);
+}
+
+/* MHA form v2 (KL_GPU_MLA_MHA=v2, the default; v1: mha_kernel above).  The keys and values
+ * are split into bf16 hi + lo once, per head, by mha_planes_kernel, so the attention stages
+ * bf16 tiles (cp.async, MHA2_STAGES stages) and loads B fragments by ldmatrix, no splitting
+ * in its inner loop; a block of 8 groups holds 128 query tokens (each staged tile serves
+ * twice v1's queries); scores scaled by log2(e) / sqrt(dn + dr) for exp2f; the causal mask
+ * only on a group's diagonal tiles, tiles past a group's last position skipped. */
+#define MHA2_WARPS   8
+#define MHA2_ROWS    (16 * MHA2_WARPS) /* query tokens per block: 16 per group */
+#define MHA2_THREADS (MHA2_WARPS * KL_GPU_GROUP)
+#define MHA2_STAGES  3
+
+/* bf16 elements of a stage: [MHA_KEYS][ldk] key hi, key lo, [MHA_KEYS][ldv] value hi, lo; row
+ * strides width + 8 (16 bytes mod 128 when width / 8 is even: ldmatrix's 8 rows of a matrix
+ * fall in distinct banks) */
+__host__ __device__ static inline uint32_t mha2_stage(const kl_gpu_mla_dims &d)
+{
+    return 2 * MHA_KEYS * (d.dn + d.dr + 8 + d.dv + 8);
+}
+
+/* Bytes of mha2_kernel's shared memory: the stages and the block's key count. */
+static size_t mha2_shared(const kl_gpu_mla_dims *d)
+{
+    return (size_t)MHA2_STAGES * mha2_stage(*d) * 2 + 16;
+}
+
+/* grid (span, 1): key u = blockIdx.x of every head, split into the planes at pl: key hi, key
+ * lo, value hi, value lo (mha_kplane, mha_kplane, mha_vplane, mha_vplane elements); the key
+ * [k_nope from kv, k_rope from the cache row's last dr], the value from kv, 4 floats a thread. */
+__global__ static void mha_planes_kernel(kl_gpu_mla_dims d, const float *kv,
+                                         const float *const *cache, const uint32_t *run_slot,
+                                         uint32_t span, uint16_t *pl)
+{
+    KL_GPU_GRID_WAIT();
+    const uint32_t u = blockIdx.x, qw = d.dn + d.dr, per = (qw + d.dv) / 4;
+    const size_t kp = mha_kplane(&d, span), vp = mha_vplane(&d, span);
+    const float *rope = cache[run_slot[0]] + (size_t)u * (d.R + d.dr) + d.R;
+    for (uint32_t e = threadIdx.x; e < d.nh * per; e += blockDim.x) {
+        const uint32_t h = e / per, c = 4 * (e % per);
+        const float *x = kv + ((size_t)u * d.nh + h) * (d.dn + d.dv);
+        uint16_t *k = pl + ((size_t)h * span + u) * qw + c;
+        uint16_t *v = pl + 2 * kp + ((size_t)h * span + u) * d.dv + c - qw;
+        if (c < qw)
+            put_split4(k, k + kp, *(const float4 *)(c < d.dn ? x + c : rope + c - d.dn));
+        else
+            put_split4(v, v + vp, *(const float4 *)(x + d.dn + c - qw));
+    }
+}
+
+/* Block: keys [u0, u0 + MHA_KEYS) of head h from the planes into stage st by cp.async, one
+ * committed group (empty when u0 >= u_end); keys >= u_end zero. */
+__device__ static inline void mha2_fetch(const kl_gpu_mla_dims &d, const uint16_t *pl,
+                                         uint32_t span, uint32_t h, uint32_t u0, uint32_t u_end,
+                                         uint16_t *st)
+{
+    const uint32_t qw = d.dn + d.dr;
+    const size_t kp = mha_kplane(&d, span), vp = mha_vplane(&d, span);
+    for (uint32_t p = 0; p < 4 && u0 < u_end; p++) { /* key hi, key lo, value hi, value lo */
+        const uint32_t w = p < 2 ? qw : d.dv, ld = w + 8, per = w / 8;
+        const uint16_t *src = pl + (p < 2 ? p * kp : 2 * kp + (p - 2) * vp) + (size_t)h * span * w;
+        uint16_t *dst = st + (p < 2 ? p : 2) * MHA_KEYS * (qw + 8) + (p == 3) * MHA_KEYS * ld;
+        for (uint32_t e = threadIdx.x; e < MHA_KEYS * per; e += MHA2_THREADS) {
+            const uint32_t r = e / per, c = 8 * (e % per), u = u0 + r;
+            copy16(dst + r * ld + c, src + (size_t)(u < u_end ? u : 0) * w + c,
+                   u < u_end ? 16 : 0);
+        }
+    }
+    copy_commit();
+}
+
+/* Group: s[nb] (keys 8 nb .. +8 of the tile) = Q Kᵀ over the steps < ns, K from the staged
+ * bf16 planes kh, kl [MHA_KEYS][ldk] by ldmatrix (matrix m of lane 8 m + r: key
+ * 8 (2 np + m / 2) + r, columns 16 i + 8 (m % 2) .. +8: B's registers of key blocks 2 np,
+ * 2 np + 1), each step's three products in a fresh fragment, added in fp32. */
+__device__ static inline void mha2_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
+                                          const uint32_t (&ql)[MHA_QSTEPS][4],
+                                          const uint16_t *kh, const uint16_t *kl, uint32_t ldk,
+                                          uint32_t ns, float (&s)[MHA_KEYS / 8][4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, m = lane / 8, r = lane % 8;
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++)
+            s[nb][e] = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < MHA_QSTEPS; i++) {
+        if (i >= ns)
+            continue;
+#pragma unroll
+        for (uint32_t np = 0; np < MHA_KEYS / 16; np++) {
+            const uint32_t at = (16 * np + 8 * (m / 2) + r) * ldk + 16 * i + 8 * (m % 2);
+            uint32_t bh[4], bl[4];
+            ldsm4(bh, kh + at);
+            ldsm4(bl, kl + at);
+            mma3b_add(s[2 * np], qh[i], ql[i], bh[0], bh[1], bl[0], bl[1]);
+            mma3b_add(s[2 * np + 1], qh[i], ql[i], bh[2], bh[3], bl[2], bl[3]);
+        }
+    }
+}
+
+/* Group: o = alpha o + P V over the staged value planes vh, vl [MHA_KEYS][ldv], 8-column
+ * blocks nb < vnb (even), B by ldmatrix .trans (matrix m of lane 8 m + r: key
+ * 16 kk + 8 (m % 2) + r, columns 8 (2 np + m / 2) .. +8); each 16-key step's three products
+ * in a fresh fragment, added in fp32. */
+__device__ static inline void mha2_context(const uint32_t (&ph)[MHA_KEYS / 16][4],
+                                           const uint32_t (&pl)[MHA_KEYS / 16][4],
+                                           const float (&alpha)[2], const uint16_t *vh,
+                                           const uint16_t *vl, uint32_t ldv, uint32_t vnb,
+                                           float (&o)[MHA_VNB][4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, m = lane / 8, r = lane % 8;
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_VNB; nb++)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++)
+            o[nb][e] *= alpha[e / 2];
+#pragma unroll
+    for (uint32_t np = 0; np < MHA_VNB / 2; np++) {
+        if (2 * np >= vnb)
+            continue;
+#pragma unroll
+        for (uint32_t kk = 0; kk < MHA_KEYS / 16; kk++) {
+            const uint32_t at = (16 * kk + 8 * (m % 2) + r) * ldv + 8 * (2 * np + m / 2);
+            uint32_t bh[4], bl[4];
+            ldsm4_t(bh, vh + at);
+            ldsm4_t(bl, vl + at);
+            mma3b_add(o[2 * np], ph[kk], pl[kk], bh[0], bh[1], bl[0], bl[1]);
+            mma3b_add(o[2 * np + 1], ph[kk], pl[kk], bh[2], bh[3], bl[2], bl[3]);
+        }
+    }
+}
+
+/* The smallest and the largest of a and b over the group's lanes */
+__device__ static inline void group_min_max(uint32_t a, uint32_t b, uint32_t &lo, uint32_t &hi)
+{
+    lo = a < b ? a : b;
+    hi = a < b ? b : a;
+#pragma unroll
+    for (int o = KL_GPU_GROUP / 2; o > 0; o /= 2) {
+        const uint32_t a = kl_gpu_shfl_xor(lo, o), b = kl_gpu_shfl_xor(hi, o);
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+}
+
+/* grid (query tiles of MHA2_ROWS tokens, the last first; nh), as mha_kernel with the planes
+ * pl of a span of `span` keys: group w, tokens t0 = MHA2_ROWS tile + 16 w .. +16, against the
+ * block's key tiles, MHA2_STAGES - 1 in flight while one is computed (one barrier a tile:
+ * tile k's stage is refilled after the barrier of tile k + 1).  A group computes the tiles up
+ * to its largest position (its later ones would add nothing: weights 0, alpha 1), the causal
+ * mask only where the tile passes its smallest. */
+__global__ static void __launch_bounds__(MHA2_THREADS, 1)
+mha2_kernel(kl_gpu_mla_attend_args a, const uint16_t *pl, uint32_t span, kl_gpu_tokens tk)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ float4 shared4[];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t h = blockIdx.y, n = tk.n, tile0 = (gridDim.x - 1 - blockIdx.x) * MHA2_ROWS;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, g = threadIdx.x % KL_GPU_GROUP / 4;
+    const uint32_t ldk = d.dn + d.dr + 8, ldv = d.dv + 8, stage = mha2_stage(d);
+    uint16_t *st = (uint16_t *)shared4;
+    uint32_t *kend = (uint32_t *)(st + MHA2_STAGES * stage);
+    if (threadIdx.x == 0)
+        *kend = 0;
+    __syncthreads();
+    if (threadIdx.x < MHA2_ROWS && tile0 + threadIdx.x < n)
+        atomicMax(kend, tk.tok_pos[tile0 + threadIdx.x] + 1);
+    __syncthreads();
+    const uint32_t u_end = *kend, t0 = tile0 + 16 * w;
+    for (uint32_t k = 0; k + 1 < MHA2_STAGES; k++)
+        mha2_fetch(d, pl, span, h, k * MHA_KEYS, u_end, st + k * stage);
+    uint32_t qh[MHA_QSTEPS][4], ql[MHA_QSTEPS][4], lo, hi;
+    mha_load_q(a.q, d, n, t0, h, qh, ql);
+    const uint32_t pos[2] = {tk.tok_pos[t0 + g < n ? t0 + g : n - 1],
+                             tk.tok_pos[t0 + g + 8 < n ? t0 + g + 8 : n - 1]};
+    group_min_max(pos[0], pos[1], lo, hi);
+    const float scale = 1.4426950408889634f / sqrtf((float)(d.dn + d.dr));
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[MHA_VNB][4] = {};
+    for (uint32_t u0 = 0, k = 0; u0 < u_end; u0 += MHA_KEYS, k++) {
+        copy_wait<MHA2_STAGES - 2>();
+        __syncthreads(); /* tile k has landed; tile k - 1's stage is free */
+        const uint32_t nk = k + MHA2_STAGES - 1;
+        mha2_fetch(d, pl, span, h, nk * MHA_KEYS, u_end, st + nk % MHA2_STAGES * stage);
+        if (t0 >= n || u0 > hi)
+            continue;
+        const uint16_t *kh = st + k % MHA2_STAGES * stage, *kl = kh + MHA_KEYS * ldk;
+        const uint16_t *vh = kl + MHA_KEYS * ldk, *vl = vh + MHA_KEYS * ldv;
+        float s[MHA_KEYS / 8][4], alpha[2];
+        uint32_t ph[MHA_KEYS / 16][4], pw[MHA_KEYS / 16][4];
+        mha2_scores(qh, ql, kh, kl, ldk, (d.dn + d.dr) / 16, s);
+        mha_softmax<true>(s, u0, pos, scale, u0 + MHA_KEYS - 1 > lo, m, l, alpha, ph, pw);
+        mha2_context(ph, pw, alpha, vh, vl, ldv, d.dv / 8, o);
     }
     mha_store(d, n, t0, h, l, o, a.o);
 }
@@ -2227,8 +2452,27 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
+static int mha_version; /* 0: not chosen yet; 1 mha_kernel, 2 mha2_kernel */
+
+extern "C" void kl_gpu_mla_mha_set(int version)
+{
+    mha_version = version == 1 || version == 2 ? version : 0;
+}
+
+/* Whether the MHA form runs v2: KL_GPU_MLA_MHA=v1 in the environment (read at the first call)
+ * or the setter's 1 keep v1; v2 needs dv a multiple of 16 (pairs of 8-column blocks). */
+static bool mha2_fits(const kl_gpu_mla_dims *d)
+{
+    if (!mha_version) {
+        const char *e = getenv("KL_GPU_MLA_MHA");
+        mha_version = e && !strcmp(e, "v1") ? 1 : 2;
+    }
+    return mha_version == 2 && d->dv % 16 == 0 && mha2_shared(d) <= MAX_SHARED;
+}
+
 /* The MHA form: the run's latent rows copied out, expanded to keys and values by
- * kl_gpu_gemm_p (exact to ~5e-7), attended by mha_kernel. */
+ * kl_gpu_gemm_p (exact to ~5e-7), attended by mha2_kernel (the keys and values split into
+ * bf16 planes first by mha_planes_kernel) or v1's mha_kernel. */
 static int attend_mha(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                       kl_err *err)
 {
@@ -2236,17 +2480,26 @@ static int attend_mha(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, h
     const uint32_t span = t->max_span;
     mha_scratch sc;
     mha_floats(d, span, &sc, a->scratch);
-    static size_t shared_set;
-    const size_t shared = mha_shared(d);
-    if (allow_shared((const void *)mha_kernel, &shared_set, shared, err))
+    static size_t shared_set[2];
+    const bool v2 = mha2_fits(d);
+    const size_t shared = v2 ? mha2_shared(d) : mha_shared(d);
+    if (allow_shared(v2 ? (const void *)mha2_kernel : (const void *)mha_kernel, &shared_set[v2],
+                     shared, err))
         return err->code;
     mha_rows_kernel<<<span, KL_GPU_GROUP, 0, st>>>(a->cache, t->run_slot, d->R, d->R + d->dr,
                                                    sc.rows);
     if (KL_GPU_CHECK(err, hipGetLastError()) ||
         kl_gpu_gemm_p(a->kv_b, sc.rows, span, sc.kv, sc.parts, 0, (kl_gpu_stream)st, err))
         return err->code;
-    const dim3 grid((t->n + MHA_ROWS - 1) / MHA_ROWS, d->nh);
-    mha_kernel<<<grid, MHA_THREADS, shared, st>>>(*a, sc.kv, *t);
+    if (mha2_fits(d)) {
+        mha_planes_kernel<<<span, 4 * KL_GPU_GROUP, 0, st>>>(*d, sc.kv, a->cache, t->run_slot,
+                                                              span, sc.planes);
+        const dim3 grid((t->n + MHA2_ROWS - 1) / MHA2_ROWS, d->nh);
+        mha2_kernel<<<grid, MHA2_THREADS, shared, st>>>(*a, sc.planes, span, *t);
+    } else {
+        const dim3 grid((t->n + MHA_ROWS - 1) / MHA_ROWS, d->nh);
+        mha_kernel<<<grid, MHA_THREADS, shared, st>>>(*a, sc.kv, *t);
+    }
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

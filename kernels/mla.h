@@ -82,6 +82,12 @@ void   kl_gpu_mla_select(int version);
  * 2 latent, 0 the environment's choice. */
 void   kl_gpu_mla_prefill_set(int mode);
 
+/* The MHA form's attention kernel: 2 (the default) v2, the keys and values split into bf16
+ * hi + lo planes once and 128 query tokens a block (needs dv a multiple of 16, else v1); 1 v1,
+ * each key tile split as it is read; 0 the environment's choice (KL_GPU_MLA_MHA=v1|v2, read
+ * once).  For the device tests that compare them. */
+void   kl_gpu_mla_mha_set(int version);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,8 @@
  *   C [16][8]               c[i]: row g + 8 (i / 2), column 2 t + i % 2
  * ldmatrix .x4: lanes 8 m .. 8 m + 7 give the addresses of the 8 rows (16 bytes each) of
  * matrix m; lane 4 g + t receives, in r[m], the bf16 pair at columns 2 t, 2 t + 1 of row g.
+ * With .trans (ldsm4_t) it receives the transposed pair: column g of rows 2 t, 2 t + 1 (low,
+ * high half), i.e. B's fragment of a matrix stored [k][n] row by row.
  */
 #ifndef KL_KERNELS_MMA_CUH
 #define KL_KERNELS_MMA_CUH
@@ -43,6 +45,16 @@ __device__ static inline void ldsm4(uint32_t (&r)[4], const void *p)
 {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+/* ldsm4 transposed (.trans): r[m] = rows 2 t, 2 t + 1 of matrix m at column g. */
+__device__ static inline void ldsm4_t(uint32_t (&r)[4], const void *p)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s)
                  : "memory");
@@ -129,6 +141,22 @@ __device__ static inline void ldsm4(uint32_t (&r)[4], const void *p)
         const uint64_t lo = mma_shfl((uint32_t)mine, 8 * m + g);
         const uint64_t hi = mma_shfl((uint32_t)(mine >> 32), 8 * m + g);
         r[m] = ((const uint32_t *)(uintptr_t)(hi << 32 | lo))[t];
+    }
+}
+
+/* Lane 4 g + t reads half g of the rows whose addresses lanes 8 m + 2 t, 8 m + 2 t + 1 hold. */
+__device__ static inline void ldsm4_t(uint32_t (&r)[4], const void *p)
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
+    const uint64_t mine = (uint64_t)(uintptr_t)p;
+    for (uint32_t m = 0; m < 4; m++) {
+        uint32_t half[2];
+        for (uint32_t j = 0; j < 2; j++) {
+            const uint64_t lo = mma_shfl((uint32_t)mine, 8 * m + 2 * t + j);
+            const uint64_t hi = mma_shfl((uint32_t)(mine >> 32), 8 * m + 2 * t + j);
+            half[j] = ((const uint16_t *)(uintptr_t)(hi << 32 | lo))[g];
+        }
+        r[m] = half[0] | half[1] << 16;
     }
 }
 

@@ -6,7 +6,9 @@
  * one token per span, each in its own slot whose rows past the span are NaN, shared memory
  * NaN-filled before each block.  Prints the worst rel. L2 of the combined context against
  * double; exit 0 when below 3e-5.  "mha NH DN DR DV R POS0 N": mha_kernel (the prefill in MHA
- * form, 128 threads a block) likewise, its output against double (run_mha).
+ * form, 128 threads a block) likewise, its output against double (run_mha); "mha2 ..." the
+ * same with mha_planes_kernel and mha2_kernel (v2, 256 threads a block; ldmatrix and its
+ * .trans by the stand-ins of kernels/mma.cuh).
  */
 #define __HIPCC__ 1 /* the SIMT stand-ins (no PTX) */
 #include "kernels/mla.h"
@@ -37,6 +39,21 @@ struct float2 {
 struct float4 {
     float x, y, z, w;
 };
+struct uint2 {
+    uint32_t x, y;
+};
+static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+/* fp16 for kernels/mma.cuh's stand-in of the fp16 MMA (unused here, compiled) */
+struct __half {
+    unsigned short bits;
+};
+static __half __ushort_as_half(unsigned short b) { return {b}; }
+static float __half2float(__half h)
+{
+    const int e = h.bits >> 10 & 31, f = h.bits & 1023;
+    const float v = e ? ldexpf((float)(f | 1024), e - 25) : ldexpf((float)f, -24);
+    return h.bits >> 15 ? -v : v;
+}
 static float2 make_float2(float a, float b) { return {a, b}; }
 static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
@@ -175,8 +192,9 @@ static double check(const std::vector<std::vector<float>> &cache, const std::vec
 
 /* mha NH DN DR DV R POS0 N: one prompt of N tokens at positions POS0.. in slot 0, the
  * expanded keys and values [span][nh (dn + dv)] and the cache's rope keys at random (rows past
- * the span NaN); the worst rel. L2 of o against double. */
-static int run_mha(int argc, char **argv)
+ * the span NaN); the worst rel. L2 of o against double.  v2 (mha2): mha_planes_kernel and
+ * mha2_kernel, else mha_kernel. */
+static int run_mha(int argc, char **argv, bool v2)
 {
     if (argc < 8) {
         fprintf(stderr, "usage: mla_lanes mha NH DN DR DV R POS0 N\n");
@@ -205,10 +223,21 @@ static int run_mha(int argc, char **argv)
     a.d = d, a.q = q.data(), a.cache = &slot, a.o = o.data();
     const kl_gpu_tokens tk = {n, 1, n, span, tok_slot.data(), tok_pos.data(), run_start.data(),
                               run_slot.data()};
-    if (mha_shared(&d) > sizeof shared4)
-        return 2;
-    run_grid({(n + MHA_ROWS - 1) / MHA_ROWS, d.nh, 1}, MHA_THREADS,
-             [&] { mha_kernel(a, kv.data(), tk); });
+    if (v2) { /* the planes (NaN past them), then mha2_kernel */
+        std::vector<uint16_t> pl(2 * (mha_kplane(&d, span) + mha_vplane(&d, span)) + 64, 0xffff);
+        if (mha2_shared(&d) > sizeof shared4)
+            return 2;
+        run_grid({span, 1, 1}, 32, [&] {
+            mha_planes_kernel(d, kv.data(), a.cache, run_slot.data(), span, pl.data());
+        });
+        run_grid({(n + MHA2_ROWS - 1) / MHA2_ROWS, d.nh, 1}, MHA2_THREADS,
+                 [&] { mha2_kernel(a, pl.data(), span, tk); });
+    } else {
+        if (mha_shared(&d) > sizeof shared4)
+            return 2;
+        run_grid({(n + MHA_ROWS - 1) / MHA_ROWS, d.nh, 1}, MHA_THREADS,
+                 [&] { mha_kernel(a, kv.data(), tk); });
+    }
     double worst = 0;
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t h = 0; h < d.nh; h++) {
@@ -235,15 +264,15 @@ static int run_mha(int argc, char **argv)
             const double rel = sqrt(e2 / r2);
             worst = rel <= worst ? worst : rel; /* NaN sticks */
         }
-    printf("mla_lanes: mha nh %u dn %u dr %u dv %u R %u positions %u..%u: worst rel. L2 %.3e\n",
-           d.nh, d.dn, d.dr, d.dv, d.R, pos0, span - 1, worst);
+    printf("mla_lanes: %s nh %u dn %u dr %u dv %u R %u positions %u..%u: worst rel. L2 %.3e\n",
+           v2 ? "mha2" : "mha", d.nh, d.dn, d.dr, d.dv, d.R, pos0, span - 1, worst);
     return worst < 3e-5 ? 0 : 1;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "mha"))
-        return run_mha(argc - 1, argv + 1);
+    if (argc > 1 && (!strcmp(argv[1], "mha") || !strcmp(argv[1], "mha2")))
+        return run_mha(argc - 1, argv + 1, !strcmp(argv[1], "mha2"));
     if (argc < 6) {
         fprintf(stderr, "usage: mla_lanes NH DR R SPLITS SPAN...\n");
         return 2;

@@ -15,9 +15,10 @@
  * partials, softmax and combine).  The prefill in MHA form ("mha": v4 with
  * kl_gpu_mla_prefill_set(1); the other columns run with it off) on the prompts of one run: its
  * blocked algorithm emulated on the host too (expansion, query tiles, key tiles of 32, per-step
- * sums, online softmax), tiny shapes with tails, and prompts of 1,024 and 4,096 tokens timed
- * beside v3 alone (MHA-form TFLOPS, the expansion's time and share).  Exit 0 pass, 1 fail, 77
- * no GPU; one JSON line.
+ * sums, online softmax), tiny shapes with tails, and prompts of 1,024, 4,096 and 8,192 tokens
+ * timed beside v3 alone (MHA-form TFLOPS, the expansion's time and share); "mha" runs its v2
+ * kernel (bf16 planes, 128 query tokens a block), "mha_v1" the first (kl_gpu_mla_mha_set).
+ * Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/gemm.h"
 #include "kernels/mla.h"
@@ -488,14 +489,17 @@ static void expand_host(const mla_host &x, uint32_t s, uint32_t span, std::vecto
  * kend (its block's largest position + 1): per tile and 16-column step the hi hi + hi lo +
  * lo hi products summed, then added in fp32; the online softmax in fp32 with the sum in the 4
  * lanes' shares (key c of a tile: lane c % 8 / 2), the weights counted as split; per 16-key
- * step P V's products summed, added in fp32 to the context scaled by alpha. */
+ * step P V's products summed, added in fp32 to the context scaled by alpha.  e2: as
+ * mha2_kernel, 2^x with the scores scaled by log2(e) / sqrt(qw) (its skipped tiles, past the
+ * group's last position, change nothing: weights 0, alpha 1). */
 static void emulate_mha_row(const mla_host &x, const std::vector<float> &rows,
                             const std::vector<float> &kv, uint32_t t, uint32_t h, uint32_t kend,
-                            double *out)
+                            bool e2, double *out)
 {
     const kl_gpu_mla_dims &d = x.d;
     const uint32_t qw = x.qw, kw = d.nh * (d.dn + d.dv), pos = x.tok_pos[t];
-    const float scale = 1.0f / sqrtf((float)qw);
+    const float scale = (e2 ? 1.4426950408889634f : 1.0f) / sqrtf((float)qw);
+    auto ex = [e2](float v) { return e2 ? exp2f(v) : expf(v); };
     const float *q = &x.q[((size_t)t * d.nh + h) * qw];
     std::vector<float> o(d.dv, 0.0f), key(32 * qw), val(32 * d.dv);
     float m = -INFINITY, lp[4] = {0, 0, 0, 0}, p[32];
@@ -521,12 +525,12 @@ static void emulate_mha_row(const mla_host &x, const std::vector<float> &rows,
             v[c] = u0 + c <= pos ? s * scale : -INFINITY;
             mn = std::max(mn, v[c]);
         }
-        const float alpha = expf(m - mn);
+        const float alpha = ex(m - mn);
         for (float &l : lp)
             l *= alpha;
         m = mn;
         for (uint32_t c = 0; c < 32; c++) {
-            p[c] = v[c] == -INFINITY ? 0.0f : expf(v[c] - mn);
+            p[c] = v[c] == -INFINITY ? 0.0f : ex(v[c] - mn);
             lp[c % 8 / 2] += (float)weight3(p[c], true);
         }
         for (uint32_t j = 0; j < d.dv; j++) {
@@ -545,9 +549,10 @@ static void emulate_mha_row(const mla_host &x, const std::vector<float> &rows,
 }
 
 /* o of the checked tokens of a prompt (one run) as the MHA form computes it: query tiles of 64
- * tokens, each against the keys up to its largest position. */
-static void emulate_mha(const mla_host &x, std::vector<double> &o)
+ * tokens (v2: 128), each against the keys up to its largest position. */
+static void emulate_mha(const mla_host &x, bool v2, std::vector<double> &o)
 {
+    const uint32_t tile = v2 ? 128 : 64;
     const kl_gpu_mla_dims &d = x.d;
     std::vector<float> rows, kv;
     expand_host(x, x.run_slot[0], x.max_span, rows, kv);
@@ -555,17 +560,18 @@ static void emulate_mha(const mla_host &x, std::vector<double> &o)
     for (uint32_t t = 0; t < x.n; t++) {
         if (!x.checked(t))
             continue;
-        const uint32_t last = std::min(x.n, t / 64 * 64 + 64) - 1;
+        const uint32_t last = std::min(x.n, t / tile * tile + tile) - 1;
         for (uint32_t h = 0; h < d.nh; h++)
-            emulate_mha_row(x, rows, kv, t, h, x.tok_pos[last] + 1,
+            emulate_mha_row(x, rows, kv, t, h, x.tok_pos[last] + 1, v2,
                             &o[((size_t)t * d.nh + h) * d.dv]);
     }
 }
 
+/* v1 (1) and v2 (2) */
 static double check_mha_host(const mla_case &c, t_rng &g)
 {
-    return check_on_host(c, g, {1u}, [](const mla_host &x, uint32_t, std::vector<double> &o) {
-        emulate_mha(x, o);
+    return check_on_host(c, g, {1u, 2u}, [](const mla_host &x, uint32_t v, std::vector<double> &o) {
+        emulate_mha(x, v == 2, o);
     });
 }
 
@@ -627,17 +633,21 @@ static int upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, m
 }
 
 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 (prompts: v3, the prefill
- * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only) */
-#define MLA_VERSIONS 6
+ * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only; its v2
+ * kernel, kl_gpu_mla_mha_set(2)), 7 the same with the MHA form's v1 kernel */
+#define MLA_VERSIONS 7
 #define MLA_MHA      6
-#define V3_MHA       (1u << 2 | 1u << (MLA_MHA - 1)) /* a case's versions: v3 and the MHA form */
+#define MLA_MHA_V1   7
+#define V3_MHA       (1u << 2 | 1u << (MLA_MHA - 1) | 1u << (MLA_MHA_V1 - 1)) /* a case's
+                                                       versions: v3 and the MHA form's two */
 
-static const char *const version_name[MLA_VERSIONS] = {"v1", "v2", "v3", "v3fast", "v4", "mha"};
+static const char *const version_name[MLA_VERSIONS] = {"v1",     "v2", "v3",    "v3fast",
+                                                       "v4",     "mha", "mha_v1"};
 
 /* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30}; /* rel. L2:
-                                                     per appended row, (token, head) */
+    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30}; /* rel.
+                                               L2: per appended row, (token, head) */
     double vs_v2[MLA_VERSIONS] = {}; /* v3's, v3fast's and v4's o against v2's, max rel. L2
                                         over every (token, head) */
     double us[MLA_VERSIONS] = {}, gbps[MLA_VERSIONS] = {}, tflops[MLA_VERSIONS] = {};
@@ -646,7 +656,8 @@ struct mla_result {
     std::vector<float> out[MLA_VERSIONS]; /* o of v3 .. mha (those run), until v2's is there */
     double mha_flop = 0;  /* the MHA form's: 2 nh (pos + 1) (dn + dr + dv) per token */
     double expand_us = 0; /* the MHA form's expansion alone (kl_gpu_gemm_p) */
-    bool mha_ran = true;  /* the "mha" column's o differs from v3's (no silent fallback) */
+    bool mha_ran = true;  /* the "mha" columns' o differ from v3's, "mha"'s from "mha_v1"'s
+                             (no silent fallback) */
 };
 
 /* Whether the case is a prompt the MHA form takes: one run of 64 tokens or more, kv_b BF16. */
@@ -710,8 +721,9 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
                           const std::vector<double> &ref_o, int v, mla_result *res, kl_err *err)
 {
     std::vector<float> o(ref_o.size());
-    kl_gpu_mla_select(v == MLA_MHA ? 5 : v);
-    kl_gpu_mla_prefill_set(v == MLA_MHA ? 1 : 2);
+    kl_gpu_mla_select(v >= MLA_MHA ? 5 : v);
+    kl_gpu_mla_prefill_set(v >= MLA_MHA ? 1 : 2);
+    kl_gpu_mla_mha_set(v == MLA_MHA_V1 ? 1 : 2);
     if (KL_GPU_CHECK(err, hipMemset(d.attend.o, 0xff, o.size() * sizeof(float))) || /* NaN */
         kl_gpu_mla_attend(&d.attend, &d.tok, NULL, err) || t_get(o, d.attend.o, err))
         return err->code;
@@ -719,10 +731,13 @@ static int attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
     for (size_t b = 0; b < ref_o.size(); b += c.d.dv)
         if (x.checked((uint32_t)(b / ((size_t)c.d.nh * c.d.dv))))
             res->o[v - 1] = std::max(res->o[v - 1], t_rel_l2(&o[b], &ref_o[b], c.d.dv));
-    if (v >= 3) /* the MHA form, v4, v3fast and v3 run first */
+    if (v >= 3) /* the MHA form's, v4, v3fast and v3 run first */
         res->out[v - 1] = o;
-    if (v == 3 && !res->out[MLA_MHA - 1].empty())
-        res->mha_ran = res->out[MLA_MHA - 1] != o;
+    if (v == MLA_MHA && !res->out[MLA_MHA_V1 - 1].empty()) /* v2 ran, not v1 */
+        res->mha_ran = res->mha_ran && res->out[MLA_MHA_V1 - 1] != o;
+    for (int w = MLA_MHA; v == 3 && w <= MLA_MHA_V1; w++)
+        if (!res->out[w - 1].empty())
+            res->mha_ran = res->mha_ran && res->out[w - 1] != o;
     if (v == 2) {
         const std::vector<double> o2(o.begin(), o.end());
         for (int w = 3; w <= MLA_VERSIONS; w++)
@@ -763,7 +778,7 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
     fprintf(stderr, "test_mla: %-22s append %.2e", c.name, res->append);
     for (int v = MLA_VERSIONS; v >= 1; v--) {
         const bool run = (!c.versions || c.versions & 1u << (v - 1)) &&
-                         (v != MLA_MHA || mha_case(c));
+                         (v < MLA_MHA || mha_case(c));
         if (!run)
             res->o[v - 1] = 0;
         else if (attend_version(c, x, d, ref_o, v, res, err))
@@ -771,6 +786,7 @@ static int run_case(const mla_case &c, t_rng &g, mla_result *res, kl_err *err)
     }
     kl_gpu_mla_select(0);
     kl_gpu_mla_prefill_set(0);
+    kl_gpu_mla_mha_set(0);
     fprintf(stderr, "\n");
     return 0;
 }
@@ -897,15 +913,19 @@ int main(void)
         {"prefill_256_on_0", full, true, true, 1, {{0, 0, 256}}, 0, 16},
         {"prefill_64_on_4096", full, true, true, 1, {{0, 4096, 64}}, 0, 8},
         {"prefill_256_on_4096", full, true, true, 1, {{0, 4096, 256}}, 0, 32},
-        /* the MHA form: tails (tokens, spans not multiples of 64); prompts of 1K and 4K */
+        /* the MHA form: tails (tokens, spans not multiples of 64 or 128); prompts of 1K, 4K
+         * and 8K (its reference on every 1,024th token) */
         {"mha_tiny_tail", {4, 32, 16, 32, 64}, true, false, 1, {{0, 0, 100}}},
         {"mha_tiny_on_37", {4, 32, 16, 32, 64}, true, false, 2, {{1, 37, 70}}},
+        {"mha_tiny_on_37_170", {4, 32, 16, 32, 64}, true, false, 2, {{1, 37, 170}}},
         {"prefill_1024_on_0", full, true, true, 1, {{0, 0, 1024}}, 0, 128, V3_MHA},
         {"prefill_4096_on_0", full, true, true, 1, {{0, 0, 4096}}, 0, 512, V3_MHA},
+        {"prefill_8192_on_0", full, true, true, 1, {{0, 0, 8192}}, 0, 1024, V3_MHA},
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
-    double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, worst_mha = 0, copy_gbps = 0;
+    double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, worst_mha = 0, worst_mha1 = 0;
+    double copy_gbps = 0;
     int refused = 0;
     bool mha_ran = true;
     for (size_t i = 0; i < n_cases; i++) {
@@ -916,6 +936,7 @@ int main(void)
         worst3f = std::max({worst3f, res[i].o[3], res[i].vs_v2[3]});
         worst4 = std::max({worst4, res[i].o[4], res[i].vs_v2[4]});
         worst_mha = std::max({worst_mha, res[i].o[5], res[i].vs_v2[5]});
+        worst_mha1 = std::max({worst_mha1, res[i].o[6], res[i].vs_v2[6]});
         mha_ran = mha_ran && res[i].mha_ran;
         t_free_all();
     }
@@ -926,12 +947,12 @@ int main(void)
     t_free_all();
     {
         const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL &&
-                       worst4 < V4_TOL && worst_mha < MHA_TOL && mha_ran;
+                       worst4 < V4_TOL && worst_mha < MHA_TOL && worst_mha1 < MHA_TOL && mha_ran;
         printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
                "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"v4_max_rel_l2\":%.3g,"
-               "\"mha_max_rel_l2\":%.3g,\"mha_ran\":%s,\"timed\":[", ok ? "true" : "false",
-               refused ? "true" : "false", worst, worst3, worst3f, worst4, worst_mha,
-               mha_ran ? "true" : "false");
+               "\"mha_max_rel_l2\":%.3g,\"mha_v1_max_rel_l2\":%.3g,\"mha_ran\":%s,"
+               "\"timed\":[", ok ? "true" : "false", refused ? "true" : "false", worst, worst3,
+               worst3f, worst4, worst_mha, worst_mha1, mha_ran ? "true" : "false");
         const char *sep = "";
         for (size_t i = 0; i < n_cases; i++) {
             if (!cases[i].timed)
@@ -949,13 +970,16 @@ int main(void)
                 printf(",\"%s\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
                        "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", version_name[v - 1], r.o[v - 1],
                        r.us[v - 1], r.gbps[v - 1], r.tflops[v - 1], r.gbps[v - 1] / copy_gbps);
-            const double mha_us = r.us[MLA_MHA - 1];
+            const double mha_us = r.us[MLA_MHA - 1], mha1_us = r.us[MLA_MHA_V1 - 1];
             if (mha_us > 0) /* the MHA form's FLOPs (dn + dr + dv per key and head), its
-                               expansion's time and share, the speed-up over v3 */
-                printf(",\"mha_form\":{\"gflop\":%.3f,\"tflops\":%.2f,\"expand_us\":%.2f,"
-                       "\"expand_share\":%.3f,\"v3_over_mha\":%.2f}", r.mha_flop / 1e9,
-                       r.mha_flop / (mha_us * 1e-6) / 1e12, r.expand_us, r.expand_us / mha_us,
-                       r.us[2] / mha_us);
+                               expansion's time and share, the speed-up over v3 and over the
+                               MHA form's v1 kernel; the expansion included in both */
+                printf(",\"mha_form\":{\"gflop\":%.3f,\"tflops\":%.2f,\"v1_tflops\":%.2f,"
+                       "\"expand_us\":%.2f,\"expand_share\":%.3f,\"v3_over_mha\":%.2f,"
+                       "\"mha_v1_over_mha\":%.2f}", r.mha_flop / 1e9,
+                       r.mha_flop / (mha_us * 1e-6) / 1e12,
+                       mha1_us > 0 ? r.mha_flop / (mha1_us * 1e-6) / 1e12 : 0.0, r.expand_us,
+                       r.expand_us / mha_us, r.us[2] / mha_us, mha1_us / mha_us);
             printf("}");
             sep = ",";
         }
