@@ -84,6 +84,12 @@
  * each over 132 SMs = 3.6-5.7 ms, L2 reads 21.6 GB (~2.5 ms, overlapped); the expansion
  * (206 GFLOP with the three-part split, ~280 TFLOP/s as kl_gpu_gemm_p reaches) ~0.75 ms:
  * ~4.5-6.5 ms against attend3s's ~40 ms.  To be measured on the H200 (tests/gpu/test_mla.cu).
+ * Measured: 5.2 ms at a 4K prompt (32 useful TFLOPS; ALU-bound: every group split each K and
+ * V operand from fp32).  v2 (the default; KL_GPU_MLA_MHA=v1 keeps mha_kernel): the keys and
+ * values split once into bf16 hi + lo planes (mha_planes_kernel), mha2_kernel stages bf16
+ * tiles and loads fragments by ldmatrix, 128 query tokens a block; see its section.
+ * Prediction at a 4K prompt: 127M MMAs (519 GFLOP issued), 21.6 GB of ldmatrix reads, 2.9 GB
+ * staged from L2: ~1.5 ms at ~55% of mma.sync's peak, ~2.0 ms with the expansion.
  */
 #include "kernels/gpu.h"
 #include "kernels/gemm.h"
@@ -1909,6 +1915,16 @@ __device__ static inline void mma3_add(float (&acc)[4], const uint32_t (&ah)[4],
     mma3b_add(acc, ah, al, bh0, bh1, bl0, bl1);
 }
 
+/* s = 0 (a group's score fragments) */
+__device__ static inline void mha_zero(float (&s)[MHA_KEYS / 8][4])
+{
+#pragma unroll
+    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e++)
+            s[nb][e] = 0.0f;
+}
+
 /* Group: s[nb] (keys 8 nb .. +8 of the tile kt) = Q Kᵀ over the steps < ns, each step's
  * hi hi + hi lo + lo hi in a fresh fragment, added in fp32. */
 __device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
@@ -1916,11 +1932,7 @@ __device__ static inline void mha_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
                                          uint32_t ldk, uint32_t ns, float (&s)[MHA_KEYS / 8][4])
 {
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
-#pragma unroll
-        for (uint32_t e = 0; e < 4; e++)
-            s[nb][e] = 0.0f;
+    mha_zero(s);
 #pragma unroll
     for (uint32_t i = 0; i < MHA_QSTEPS; i++) {
         if (i >= ns)
@@ -2035,6 +2047,20 @@ __device__ static inline void mha_store(const kl_gpu_mla_dims &d, uint32_t n, ui
     }
 }
 
+/* Block: the largest position + 1 of the query tokens tile0 .. tile0 + rows (< n), through
+ * the shared word kend. */
+__device__ static inline uint32_t mha_key_end(uint32_t *kend, const kl_gpu_tokens &tk,
+                                              uint32_t tile0, uint32_t rows)
+{
+    if (threadIdx.x == 0)
+        *kend = 0;
+    __syncthreads();
+    if (threadIdx.x < rows && tile0 + threadIdx.x < tk.n)
+        atomicMax(kend, tk.tok_pos[tile0 + threadIdx.x] + 1);
+    __syncthreads();
+    return *kend;
+}
+
 /* grid (query tiles of MHA_ROWS tokens, the last first; nh): the prefill of one run (slot
  * run_slot[0]), head blockIdx.y (a head's tiles run together: its keys and values stay in L2);
  * group w: tokens t0 = MHA_ROWS tile + 16 w .. +16, queries in
@@ -2051,14 +2077,8 @@ mha_kernel(kl_gpu_mla_attend_args a, const float *kv, kl_gpu_tokens tk)
     const uint32_t w = threadIdx.x / KL_GPU_GROUP, g = threadIdx.x % KL_GPU_GROUP / 4;
     const uint32_t ldk = mha_ldk(d), ldv = mha_ldv(d), stage = MHA_KEYS * (ldk + ldv);
     float *st = (float *)shared4;
-    uint32_t *kend = (uint32_t *)(st + 2 * stage);
-    if (threadIdx.x == 0)
-        *kend = 0;
-    __syncthreads();
-    if (threadIdx.x < MHA_ROWS && tile0 + threadIdx.x < n)
-        atomicMax(kend, tk.tok_pos[tile0 + threadIdx.x] + 1);
-    __syncthreads();
-    const uint32_t u_end = *kend, t0 = tile0 + 16 * w;
+    const uint32_t u_end = mha_key_end((uint32_t *)(st + 2 * stage), tk, tile0, MHA_ROWS);
+    const uint32_t t0 = tile0 + 16 * w;
     const float *cache = a.cache[tk.run_slot[0]];
     mha_fetch(d, kv, cache, h, 0, u_end, st, st + MHA_KEYS * ldk);
     uint32_t qh[MHA_QSTEPS][4], ql[MHA_QSTEPS][4];
@@ -2166,18 +2186,13 @@ __device__ static inline void mha2_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
                                           uint32_t ns, float (&s)[MHA_KEYS / 8][4])
 {
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP, m = lane / 8, r = lane % 8;
+    mha_zero(s);
 #pragma unroll
-    for (uint32_t nb = 0; nb < MHA_KEYS / 8; nb++)
+    for (uint32_t np = 0; np < MHA_KEYS / 16; np++) {
+        const uint32_t row = (16 * np + 8 * (m / 2) + r) * ldk + 8 * (m % 2);
 #pragma unroll
-        for (uint32_t e = 0; e < 4; e++)
-            s[nb][e] = 0.0f;
-#pragma unroll
-    for (uint32_t i = 0; i < MHA_QSTEPS; i++) {
-        if (i >= ns)
-            continue;
-#pragma unroll
-        for (uint32_t np = 0; np < MHA_KEYS / 16; np++) {
-            const uint32_t at = (16 * np + 8 * (m / 2) + r) * ldk + 16 * i + 8 * (m % 2);
+        for (uint32_t i = 0; i < MHA_QSTEPS && i < ns; i++) {
+            const uint32_t at = row + 16 * i;
             uint32_t bh[4], bl[4];
             ldsm4(bh, kh + at);
             ldsm4(bl, kl + at);
@@ -2248,14 +2263,9 @@ mha2_kernel(kl_gpu_mla_attend_args a, const uint16_t *pl, uint32_t span, kl_gpu_
     const uint32_t w = threadIdx.x / KL_GPU_GROUP, g = threadIdx.x % KL_GPU_GROUP / 4;
     const uint32_t ldk = d.dn + d.dr + 8, ldv = d.dv + 8, stage = mha2_stage(d);
     uint16_t *st = (uint16_t *)shared4;
-    uint32_t *kend = (uint32_t *)(st + MHA2_STAGES * stage);
-    if (threadIdx.x == 0)
-        *kend = 0;
-    __syncthreads();
-    if (threadIdx.x < MHA2_ROWS && tile0 + threadIdx.x < n)
-        atomicMax(kend, tk.tok_pos[tile0 + threadIdx.x] + 1);
-    __syncthreads();
-    const uint32_t u_end = *kend, t0 = tile0 + 16 * w;
+    const uint32_t u_end =
+        mha_key_end((uint32_t *)(st + MHA2_STAGES * stage), tk, tile0, MHA2_ROWS);
+    const uint32_t t0 = tile0 + 16 * w;
     for (uint32_t k = 0; k + 1 < MHA2_STAGES; k++)
         mha2_fetch(d, pl, span, h, k * MHA_KEYS, u_end, st + k * stage);
     uint32_t qh[MHA_QSTEPS][4], ql[MHA_QSTEPS][4], lo, hi;

@@ -77,7 +77,8 @@ void   kl_gpu_mla_select(int version);
  *   score_u = (q_nope[t,h] · k_nope[u,h] + q_rope[t,h] · kr_u) / sqrt(dn + dr),
  *   o[t][h*dv .. +dv] = Σ_u softmax(score)_u v[u,h]   (the absorbed form up to rounding).
  * Its scratch (counted by kl_gpu_mla_scratch for n >= 64 and max_span within the limit): the
- * rows [span, R], keys and values [span, nh*(dn+dv)] fp32 and the rows' bf16 parts.
+ * rows [span, R], keys and values [span, nh*(dn+dv)] fp32, the rows' bf16 parts and the
+ * keys' and values' bf16 hi + lo planes [nh, span, dn+dr+dv] x 2.
  * KL_GPU_MLA_PREFILL=latent (read once) keeps prompts on v3; kl_gpu_mla_prefill_set(1) MHA,
  * 2 latent, 0 the environment's choice. */
 void   kl_gpu_mla_prefill_set(int mode);
