@@ -415,6 +415,10 @@ static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, dou
     cJSON *o = cJSON_AddObjectToObject(j, name);
     for (int k = 0; k < KL_GPU_OPS; k++)
         cJSON_AddNumberToObject(o, kl_gpu_op_names[k], per > 0 ? p->op_s[k] * 1e3 / per : 0);
+    cJSON *parts = cJSON_AddObjectToObject(o, "parts");
+    for (int k = 0; k < KL_GPU_PARTS; k++)
+        cJSON_AddNumberToObject(parts, kl_gpu_part_names[k],
+                                per > 0 ? p->part_s[k] * 1e3 / per : 0);
 }
 
 /* Where the GPU load's time went (engine/backend.h kl_gpu_load_info; open: kl_model_open)

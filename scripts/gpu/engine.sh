@@ -316,7 +316,9 @@ stage_full() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 for k in ("profile_prefill_ms", "profile_decode_ms_per_token"):
-    print("profile %s: %s" % (k, ", ".join("%s %.3f" % kv for kv in d[k].items())))
+    ops = {a: b for a, b in d[k].items() if not isinstance(b, dict)}
+    print("profile %s: %s" % (k, ", ".join("%s %.3f" % kv for kv in ops.items())))
+    print("profile %s parts: %s" % (k, ", ".join("%s %.3f" % kv for kv in d[k].get("parts", {}).items())))
 PY
     # tmpfs (SHM=1): the model copied to /dev/shm and loaded from there
     [ -z "${SHM:-}" ] || { rm -rf /dev/shm/klm; cp -r "$D" /dev/shm/klm && "$KL" bench decode /dev/shm/klm --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-shm.json" &&
