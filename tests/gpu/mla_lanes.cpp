@@ -115,6 +115,40 @@ static size_t kl_gpu_gemm_parts_bytes(uint32_t m, uint32_t cols)
 
 float4 shared4[60000]; /* the block's dynamic shared memory */
 
+/* cp.async as late as it may land: a thread's copies (their sources read at the issue) are
+ * written when a copy_wait lets their group complete, so a tile read before its wait and
+ * barrier, or a stage refilled while still read, shows in the results. */
+#define KL_MMA_DEFERRED_COPIES 1
+struct pending_copy {
+    void *dst;
+    unsigned char bytes[16];
+    uint32_t n;
+};
+static thread_local std::vector<std::vector<pending_copy>> copy_groups;
+static thread_local std::vector<pending_copy> copy_open;
+static void copy_issue(void *dst, const void *src, uint32_t n, bool zero)
+{
+    pending_copy c = {dst, {}, n};
+    if (!zero)
+        memcpy(c.bytes, src, n);
+    copy_open.push_back(c);
+}
+static void copy16(void *dst, const void *src, uint32_t bytes) { copy_issue(dst, src, 16, !bytes); }
+static void copy4(void *dst, const void *src) { copy_issue(dst, src, 4, false); }
+static void copy_commit()
+{
+    copy_groups.push_back(copy_open);
+    copy_open.clear();
+}
+template <int N> static void copy_wait()
+{
+    while (copy_groups.size() > (size_t)N) {
+        for (const pending_copy &c : copy_groups.front())
+            memcpy(c.dst, c.bytes, c.n);
+        copy_groups.erase(copy_groups.begin());
+    }
+}
+
 #include "kernels/mma.cuh"
 #include "mla_lanes_deps.inc"
 #include "mla_lanes_v4.inc"

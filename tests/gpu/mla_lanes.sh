@@ -3,7 +3,9 @@
 # its device code (the HIP stand-in path: the mma.m16n8k16 fragments gathered by shuffles) is
 # cut out of mla.cu verbatim and compiled with tests/gpu/mla_lanes.cpp, which runs each block
 # as 256 threads (barriers for __syncthreads, shuffles and the MMA's gathers) and checks the
-# combined split results against an attention in double.  No GPU; minutes at the full shape.
+# combined split results against an attention in double; cp.async copies land only at the
+# cp.async wait that completes their group (a read before it shows).  No GPU; minutes at the
+# full shape.
 # With "mha" first: mha_kernel (the prefill in MHA form) over a prompt of N tokens at
 # positions POS0.. (its expanded keys and values filled at random), against double; "mha2":
 # its v2 (mha_planes_kernel, mha2_kernel).
