@@ -2191,7 +2191,9 @@ __device__ static inline void mha2_scores(const uint32_t (&qh)[MHA_QSTEPS][4],
     for (uint32_t np = 0; np < MHA_KEYS / 16; np++) {
         const uint32_t row = (16 * np + 8 * (m / 2) + r) * ldk + 8 * (m % 2);
 #pragma unroll
-        for (uint32_t i = 0; i < MHA_QSTEPS && i < ns; i++) {
+        for (uint32_t i = 0; i < MHA_QSTEPS; i++) {
+            if (i >= ns)
+                continue;
             const uint32_t at = row + 16 * i;
             uint32_t bh[4], bl[4];
             ldsm4(bh, kh + at);
