@@ -2146,12 +2146,13 @@ __global__ static void mha_planes_kernel(kl_gpu_mla_dims d, const float *kv,
     for (uint32_t e = threadIdx.x; e < d.nh * per; e += blockDim.x) {
         const uint32_t h = e / per, c = 4 * (e % per);
         const float *x = kv + ((size_t)u * d.nh + h) * (d.dn + d.dv);
-        uint16_t *k = pl + ((size_t)h * span + u) * qw + c;
-        uint16_t *v = pl + 2 * kp + ((size_t)h * span + u) * d.dv + c - qw;
-        if (c < qw)
+        if (c < qw) {
+            uint16_t *k = pl + ((size_t)h * span + u) * qw + c;
             put_split4(k, k + kp, *(const float4 *)(c < d.dn ? x + c : rope + c - d.dn));
-        else
-            put_split4(v, v + vp, *(const float4 *)(x + d.dn + c - qw));
+        } else {
+            uint16_t *v = pl + 2 * kp + ((size_t)h * span + u) * d.dv + (c - qw);
+            put_split4(v, v + vp, *(const float4 *)(x + d.dn + (c - qw)));
+        }
     }
 }
 
