@@ -29,8 +29,8 @@
  * per (token, head).  chunk_apply_kernel, a block per (run, head, 32 value columns), walks the
  * run's chunks in order with the state slice in shared memory: u = Y − X S, o = Qg S + M u,
  * S ← diag(e^{G_last}) S + Kgᵀ u.  fp32 throughout (SIMT); then kda_norm_kernel as in v2.
- * chunk_apply2_kernel (the default; KL_GPU_KDA_APPLY=v1 or kl_gpu_kda_apply_select(1) runs
- * chunk_apply_kernel) does the same arithmetic in the same order, bitwise the same results,
+ * chunk_apply_kernel<2> (the default; KL_GPU_KDA_APPLY=v1 or kl_gpu_kda_apply_select(1) runs
+ * <1>, round 1's) does the same arithmetic in the same order, bitwise the same results,
  * with the next chunk's records copied by cp.async (16 bytes a copy, no index division) into
  * a second buffer while the current one computes, two barriers a chunk instead of three.
  */
@@ -739,7 +739,15 @@ __device__ static void slice_out(float *S, const apply_smem *p, uint32_t K, uint
  * run blockIdx.z, chunk after chunk: u = Y − X S, o = Qg S + M u (before the norm),
  * S ← diag(dec) S + Kgᵀ u, with the state slice [K][32] in shared memory (group w, lane:
  * tokens w + C_GROUPS m of the products, rows C_ROWS w .. of the update); K % 4 == 0.
- * v1 (KL_GPU_KDA_APPLY=v1): each chunk's records loaded, then computed, three barriers. */
+ * V 1 (KL_GPU_KDA_APPLY=v1): each chunk's records loaded into b[0], then computed, three
+ * barriers a chunk.  V 2, the default, the same arithmetic (bitwise the same results): chunk
+ * k's records sit in b[k % 2]; their copies were issued at chunk k - 1 (the first chunk's
+ * before the loop) and are waited for at the top of chunk k, then one barrier (every thread's
+ * copies landed; every thread is done with chunk k - 1, the reader of b[(k + 1) % 2] and
+ * writer of S), then chunk k + 1's copies into b[(k + 1) % 2] go out while chunk k computes;
+ * the second barrier between the products (U written, S read) and the readout and update
+ * (U read, S written). */
+template <int V>
 __global__ static void __launch_bounds__(C_THREADS)
 chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
@@ -749,50 +757,21 @@ chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uin
     const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K, j0 = blockIdx.y * KL_GPU_GROUP;
     const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
     float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
-    slice_in(S, p, K, j0 + lane, w, lane);
     const uint32_t t1 = run_start[r + 1];
-    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C) {
-        const uint32_t L = min(t1 - t0, (uint32_t)KDA_C);
-        apply_load(a, t0, L, h, j0, &p->b[0]);
-        __syncthreads();
-        float oq[C_TOKENS];
-        apply_products(p, &p->b[0], w, lane, K, L, oq);
-        __syncthreads();
-        apply_readout(a, p, &p->b[0], oq, t0, L, h, w, lane, j0 + lane);
-        state_update(p, &p->b[0], C_ROWS * w, lane, K, L);
-        __syncthreads(); /* the next chunk's loads overwrite X, Qg, Kg, M, Y */
-    }
-    slice_out(S, p, K, j0 + lane, w, lane);
-}
-
-/* The same grid and arithmetic (bitwise the same results), v2, the default: chunk k's records
- * sit in b[k % 2]; its copies were issued at chunk k - 1 (the first chunk's before the loop)
- * and are waited for at the top of chunk k, then one barrier (every thread's copies landed;
- * every thread is done with chunk k - 1, the reader of b[(k + 1) % 2] and writer of S), then
- * chunk k + 1's copies into b[(k + 1) % 2] go out while chunk k computes; a second barrier
- * between the products (U written, S read) and the readout and update (U read, S written). */
-__global__ static void __launch_bounds__(C_THREADS)
-chunk_apply2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start,
-                    const uint32_t *run_slot)
-{
-    KL_GPU_GRID_WAIT();
-    extern __shared__ float4 chunk_sh[];
-    apply_smem *p = (apply_smem *)chunk_sh;
-    const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K, j0 = blockIdx.y * KL_GPU_GROUP;
-    const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
-    const uint32_t t1 = run_start[r + 1];
-    if (run_start[r] < t1)
+    if (V == 2 && run_start[r] < t1)
         apply_fetch(a, run_start[r], min(t1 - run_start[r], (uint32_t)KDA_C), h, j0, w, lane,
                     &p->b[0]);
     slice_in(S, p, K, j0 + lane, w, lane);
-    unsigned cur = 0; /* the buffer of chunk t0 */
-    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C, cur ^= 1) {
+    unsigned cur = 0; /* the buffer of chunk t0 (V 1: always 0) */
+    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C, cur ^= V - 1) {
         const uint32_t L = min(t1 - t0, (uint32_t)KDA_C);
         const chunk_buf *b = &p->b[cur];
-        copy_wait<0>();
+        if (V == 1)
+            apply_load(a, t0, L, h, j0, &p->b[0]);
+        else
+            copy_wait<0>();
         __syncthreads();
-        if (t1 - t0 > KDA_C)
+        if (V == 2 && t1 - t0 > KDA_C)
             apply_fetch(a, t0 + KDA_C, min(t1 - t0 - KDA_C, (uint32_t)KDA_C), h, j0, w, lane,
                         &p->b[cur ^ 1]);
         float oq[C_TOKENS];
@@ -800,8 +779,11 @@ chunk_apply2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start,
         __syncthreads();
         apply_readout(a, p, b, oq, t0, L, h, w, lane, j0 + lane);
         state_update(p, b, C_ROWS * w, lane, K, L);
+        if (V == 1)
+            __syncthreads(); /* the next chunk's loads overwrite b[0] */
     }
-    __syncthreads(); /* the write-back reads rows the other groups updated */
+    if (V == 2)
+        __syncthreads(); /* the write-back reads rows the other groups updated */
     slice_out(S, p, K, j0 + lane, w, lane);
 }
 
@@ -843,10 +825,10 @@ static int recur_v3(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, hipS
         if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_prep_kernel,
                                                   hipFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)sizeof(prep_smem))) ||
-            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel,
+            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel<1>,
                                                   hipFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)APPLY1_SMEM)) ||
-            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply2_kernel,
+            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel<2>,
                                                   hipFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)sizeof(apply_smem))))
             return err->code;
@@ -856,11 +838,11 @@ static int recur_v3(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, hipS
     chunk_prep_kernel<<<prep, C_THREADS, sizeof(prep_smem), st>>>(*a, t->run_start);
     const dim3 apply(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
     if (apply_chosen() == 1)
-        chunk_apply_kernel<<<apply, C_THREADS, APPLY1_SMEM, st>>>(*a, t->run_start,
-                                                                  t->run_slot);
+        chunk_apply_kernel<1><<<apply, C_THREADS, APPLY1_SMEM, st>>>(*a, t->run_start,
+                                                                     t->run_slot);
     else
-        chunk_apply2_kernel<<<apply, C_THREADS, sizeof(apply_smem), st>>>(*a, t->run_start,
-                                                                          t->run_slot);
+        chunk_apply_kernel<2><<<apply, C_THREADS, sizeof(apply_smem), st>>>(*a, t->run_start,
+                                                                            t->run_slot);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
