@@ -221,11 +221,21 @@ typedef enum kl_gpu_op {
 } kl_gpu_op;
 extern const char *const kl_gpu_op_names[KL_GPU_OPS];   /* "embed", "norm", "kda", ... */
 
+/* The steps inside the operations, timed the same way (the stream drained after each) */
+typedef enum kl_gpu_part {
+    KL_GPU_PART_KDA_PROJ, KL_GPU_PART_KDA_CONV, KL_GPU_PART_KDA_GATES, KL_GPU_PART_KDA_RECUR,
+    KL_GPU_PART_KDA_OUT, KL_GPU_PART_MLA_PROJ, KL_GPU_PART_MLA_APPEND, KL_GPU_PART_MLA_ATTEND,
+    KL_GPU_PART_MLA_OUT, KL_GPU_PART_MOE_PROJ, KL_GPU_PART_MOE_ROUTE, KL_GPU_PART_MOE_SHARED,
+    KL_GPU_PART_MOE_EXPERTS, KL_GPU_PARTS
+} kl_gpu_part;
+extern const char *const kl_gpu_part_names[KL_GPU_PARTS];   /* "kda_proj", ... */
+
 typedef struct kl_gpu_profile {
     int      on;                  /* $KL_GPU_PROFILE=1 */
     uint64_t graph_nodes;
     double   op_s[KL_GPU_OPS];    /* seconds per kind */
     uint64_t op_n[KL_GPU_OPS];    /* calls per kind */
+    double   part_s[KL_GPU_PARTS];   /* seconds per step of kda, mla and moe */
 } kl_gpu_profile;
 /* Copies the profile out (out may be NULL) and, when reset, zeroes the timings. */
 void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset);

@@ -35,6 +35,9 @@
 
 const char *const kl_gpu_op_names[KL_GPU_OPS] = {"embed", "norm", "kda", "mla", "moe", "mlp",
                                                  "head"};
+const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
+    "kda_proj", "kda_conv",   "kda_gates",  "kda_recur", "kda_out",    "mla_proj",   "mla_append",
+    "mla_attend", "mla_out", "moe_proj",   "moe_route", "moe_shared", "moe_experts"};
 
 #ifdef KL_GPU
 
@@ -141,6 +144,7 @@ typedef struct gpu_be {
     kl_gpu_load_info load;                    /* how the weights came */
     kl_gpu_profile   prof;                    /* graph size; per-operation times */
     double           prof_t0;                 /* start of the operation being timed */
+    double           prof_tp;                 /* end of its last step timed (part_done) */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
 } gpu_be;
 
@@ -899,7 +903,20 @@ static int op_start(gpu_be *g, kl_err *err)
     if (!g->prof.on)
         return 0;
     int rc = kl_gpu_stream_sync(g->st, err);
-    g->prof_t0 = kl_now_s();
+    g->prof_t0 = g->prof_tp = kl_now_s();
+    return rc;
+}
+
+/* The end of a step inside an operation: profiling, the time since the step before (or the
+ * operation's start) once the stream has drained. */
+static int part_done(gpu_be *g, kl_gpu_part part, int rc, kl_err *err)
+{
+    if (rc || !g->prof.on)
+        return rc;
+    rc = kl_gpu_stream_sync(g->st, err);
+    const double now = kl_now_s();
+    g->prof.part_s[part] += now - g->prof_tp;
+    g->prof_tp = now;
     return rc;
 }
 
@@ -1076,7 +1093,8 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
     float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
     int rc = op_start(g, err);
     if (!rc)
-        rc = group_products(g, L, FUSE_KDA, g->xn, o6, err);
+        rc = part_done(g, KL_GPU_PART_KDA_PROJ, group_products(g, L, FUSE_KDA, g->xn, o6, err),
+                       err);
     float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
     if (!rc) {
         kl_gpu_kda_conv_args ca = {
@@ -1084,7 +1102,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .taps = {L->vec[KL_ROLE_KDA_Q_CONV], L->vec[KL_ROLE_KDA_K_CONV],
                      L->vec[KL_ROLE_KDA_V_CONV]},
             .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
-        rc = kl_gpu_kda_conv(&ca, &g->tok, g->st, err);
+        rc = part_done(g, KL_GPU_PART_KDA_CONV, kl_gpu_kda_conv(&ca, &g->tok, g->st, err), err);
     }
     if (!rc && g->tok.n == 1 && g->fuse_small)   /* the two low-rank expansions, one launch */
         rc = kl_gpu_matmul_pair(&L->w[KL_ROLE_KDA_F_B], fa, g->f, &L->w[KL_ROLE_KDA_G_B], ga,
@@ -1093,6 +1111,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
         if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
     }
+    rc = part_done(g, KL_GPU_PART_KDA_GATES, rc, err);
     if (!rc) {
         kl_gpu_kda_recur_args ra = {
             .q = q, .k = k, .v = v, .f = g->f, .beta_logit = beta, .gate = g->g,
@@ -1100,9 +1119,11 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
             .o_norm = L->vec[KL_ROLE_KDA_O_NORM], .eps = (float)be->m->cfg.rms_norm_eps,
             .H = d->kh, .K = d->kd, .state = L->state, .state_stride = g->state_stride,
             .o = g->o, .scratch = g->kda_scratch};
-        rc = kl_gpu_kda_recur(&ra, &g->tok, g->st, err);
+        rc = part_done(g, KL_GPU_PART_KDA_RECUR, kl_gpu_kda_recur(&ra, &g->tok, g->st, err),
+                       err);
     }
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err);
+    if (!rc) rc = part_done(g, KL_GPU_PART_KDA_OUT, mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err),
+                            err);
     return op_done(g, KL_GPU_OP_KDA, rc, err);
 }
 
@@ -1116,17 +1137,21 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
     int rc = op_start(g, err);
     if (!rc)
-        rc = group_products(g, L, FUSE_MLA, g->xn, o2, err);
+        rc = part_done(g, KL_GPU_PART_MLA_PROJ, group_products(g, L, FUSE_MLA, g->xn, o2, err),
+                       err);
     if (!rc) {
         kl_gpu_mla_append_args aa = {md, o2[1], L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
-        rc = kl_gpu_mla_append(&aa, &g->tok, g->st, err);
+        rc = part_done(g, KL_GPU_PART_MLA_APPEND, kl_gpu_mla_append(&aa, &g->tok, g->st, err),
+                       err);
     }
     if (!rc) {
         kl_gpu_mla_attend_args at = {md, o2[0], &L->w[KL_ROLE_MLA_KV_B],
                                      (const float *const *)L->cache_d, g->mla_scratch, g->o};
-        rc = kl_gpu_mla_attend(&at, &g->tok, g->st, err);
+        rc = part_done(g, KL_GPU_PART_MLA_ATTEND, kl_gpu_mla_attend(&at, &g->tok, g->st, err),
+                       err);
     }
-    if (!rc) rc = mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err);
+    if (!rc) rc = part_done(g, KL_GPU_PART_MLA_OUT, mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err),
+                            err);
     return op_done(g, KL_GPU_OP_MLA, rc, err);
 }
 
@@ -1166,7 +1191,8 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     float *o3[3] = {g->h1, g->h2, g->router};   /* shared gate, shared up, router */
     int rc = op_start(g, err);
     if (!rc)
-        rc = group_products(g, L, FUSE_MOE, g->xn, o3, err);
+        rc = part_done(g, KL_GPU_PART_MOE_PROJ, group_products(g, L, FUSE_MOE, g->xn, o3, err),
+                       err);
     if (!rc) {
         kl_gpu_route_args ra = {
             .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
@@ -1174,16 +1200,17 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
             .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
             .idx = g->idx, .wt = g->wt};
-        rc = kl_gpu_route(&ra, g->st, err);
+        rc = part_done(g, KL_GPU_PART_MOE_ROUTE, kl_gpu_route(&ra, g->st, err), err);
     }
     if (!rc && shared)
-        rc = glu_down(g, o3[0], o3[1], &L->w[KL_ROLE_SHARED_DOWN], err);
+        rc = part_done(g, KL_GPU_PART_MOE_SHARED,
+                       glu_down(g, o3[0], o3[1], &L->w[KL_ROLE_SHARED_DOWN], err), err);
     if (!rc) {
         kl_gpu_experts_args ea = {
             .w1 = &L->ex[0], .w2 = &L->ex[1], .w3 = &L->ex[2], .x = g->xn, .n = g->tok.n,
             .top_k = g->d.topk, .idx = g->idx, .wt = g->wt, .scratch = g->ex_scratch, .y = g->y,
             .add_to_y = shared};
-        rc = kl_gpu_experts(&ea, g->st, err);
+        rc = part_done(g, KL_GPU_PART_MOE_EXPERTS, kl_gpu_experts(&ea, g->st, err), err);
     }
     return op_done(g, KL_GPU_OP_MOE, rc, err);
 }
@@ -1434,6 +1461,7 @@ void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
     if (p && reset) {
         memset(p->op_s, 0, sizeof p->op_s);
         memset(p->op_n, 0, sizeof p->op_n);
+        memset(p->part_s, 0, sizeof p->part_s);
     }
 }
 

@@ -640,10 +640,11 @@ extern "C" void kl_gpu_experts_decode_version_set(int version)
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],
- * then seg [GROUPED_MAX_E + 1], x_row [P], packed [P] as uint32 (P = n · top_k slots). */
+ * then seg [GROUPED_MAX_E + 1], cnt [GROUPED_MAX_E], x_row [P], packed [P] as uint32 (P =
+ * n · top_k slots). */
 struct grouped_mem {
     float    *gate, *up, *down;
-    uint32_t *seg, *x_row, *packed;
+    uint32_t *seg, *cnt, *x_row, *packed;
     uint16_t *parts; /* the products' inputs split into bf16 parts (gemm.h), 16-byte aligned */
 };
 
@@ -654,58 +655,85 @@ static grouped_mem grouped_layout(float *s, size_t P, size_t I, size_t H)
     g.up = s + P * I;
     g.down = g.up + P * I;
     g.seg = (uint32_t *)(g.down + P * H);
-    g.x_row = g.seg + GROUPED_MAX_E + 1;
+    g.cnt = g.seg + GROUPED_MAX_E + 1;
+    g.x_row = g.cnt + GROUPED_MAX_E;
     g.packed = g.x_row + P;
     g.parts = (uint16_t *)(((uintptr_t)(g.packed + P) + 15) & ~(uintptr_t)15);
     return g;
 }
 
-/* Stable counting sort of the P slots by expert, one block: thread (q, e) (Q = 1024 / E
- * slices of the slots, in order) counts expert e in slice q, the counts become offsets (per
- * expert over q, then a scan over experts: seg), and the same thread places its slice's slots
- * of e in order: x_row[pos] = token, packed[slot] = pos.  Slots with an id outside [0, E):
- * packed = UINT32_MAX, no row. */
+/* Stable counting sort of the P slots by expert, in two launches of a block per expert e, each
+ * thread of it taking one segment of consecutive slots (segments in slot order):
+ * sort_count_kernel counts e's slots into cnt[e] (and marks the slots whose id lies outside
+ * [0, E): packed = UINT32_MAX, no row); sort_place_kernel takes e's offset (the counts of the
+ * experts before it: seg[e]), the threads' exclusive prefix of their segments' counts, and
+ * places its slots in order: x_row[pos] = token, packed[slot] = pos.  Every expert's rows come
+ * out in slot order, as one block scanning them all would place them. */
+__device__ static inline void sort_segment(uint32_t P, uint32_t *p0, uint32_t *p1)
+{
+    const uint32_t per = (P + SORT_THREADS - 1) / SORT_THREADS;
+    *p0 = min(threadIdx.x * per, P);
+    *p1 = min(*p0 + per, P);
+}
+
+/* grid (E), SORT_THREADS */
 __global__ static void __launch_bounds__(SORT_THREADS)
-    sort_kernel(const int32_t *idx, uint32_t P, uint32_t top_k, uint32_t E, grouped_mem g)
+    sort_count_kernel(const int32_t *idx, uint32_t P, uint32_t E, grouped_mem g)
 {
     KL_GPU_GRID_WAIT();
-    __shared__ uint32_t cnt[SORT_THREADS], tot[SORT_THREADS], base[SORT_THREADS];
-    const uint32_t tid = threadIdx.x, Q = SORT_THREADS / E, e = tid % E, q = tid / E;
-    const uint32_t p0 = (uint32_t)((uint64_t)P * q / Q), p1 = (uint32_t)((uint64_t)P * (q + 1) / Q);
-    for (uint32_t p = tid; p < P; p += SORT_THREADS)
+    __shared__ uint32_t total;
+    const uint32_t e = blockIdx.x;
+    if (threadIdx.x == 0)
+        total = 0;
+    for (uint32_t p = e * SORT_THREADS + threadIdx.x; p < P; p += E * SORT_THREADS)
         if (idx[p] < 0 || (uint32_t)idx[p] >= E)
             g.packed[p] = UINT32_MAX;
-    uint32_t c = 0;
-    for (uint32_t p = p0; q < Q && p < p1; p++)
+    __syncthreads();
+    uint32_t p0, p1, c = 0;
+    sort_segment(P, &p0, &p1);
+    for (uint32_t p = p0; p < p1; p++)
         c += idx[p] == (int32_t)e;
-    if (q < Q)
-        cnt[q * E + e] = c;
+    if (c)
+        atomicAdd(&total, c);
     __syncthreads();
-    uint32_t mine = 0; /* thread e < E: expert e's slots; its slices' counts become offsets */
-    for (uint32_t j = 0; tid < E && j < Q; j++) {
-        const uint32_t v = cnt[j * E + tid];
-        cnt[j * E + tid] = mine;
-        mine += v;
-    }
-    if (tid < E)
-        tot[tid] = mine;
-    __syncthreads();
-    for (uint32_t off = 1; off < E; off *= 2) { /* inclusive scan of tot (Hillis-Steele) */
-        const uint32_t v = tid < E && tid >= off ? tot[tid - off] : 0;
-        __syncthreads();
-        if (tid < E)
-            tot[tid] += v;
-        __syncthreads();
-    }
-    if (tid < E) {
-        base[tid] = tot[tid] - mine;
-        g.seg[tid + 1] = tot[tid];
-    }
+    if (threadIdx.x == 0)
+        g.cnt[e] = total;
+}
+
+/* grid (E), SORT_THREADS, after sort_count_kernel */
+__global__ static void __launch_bounds__(SORT_THREADS)
+    sort_place_kernel(const int32_t *idx, uint32_t P, uint32_t top_k, uint32_t E, grouped_mem g)
+{
+    KL_GPU_GRID_WAIT();
+    __shared__ uint32_t scan[SORT_THREADS], base;
+    const uint32_t e = blockIdx.x, tid = threadIdx.x;
     if (tid == 0)
-        g.seg[0] = 0;
+        base = 0;
     __syncthreads();
-    uint32_t pos = q < Q ? base[e] + cnt[q * E + e] : 0;
-    for (uint32_t p = p0; q < Q && p < p1; p++) {
+    uint32_t before = 0; /* the experts before e */
+    for (uint32_t j = tid; j < e; j += SORT_THREADS)
+        before += g.cnt[j];
+    if (before)
+        atomicAdd(&base, before);
+    uint32_t p0, p1, c = 0;
+    sort_segment(P, &p0, &p1);
+    for (uint32_t p = p0; p < p1; p++)
+        c += idx[p] == (int32_t)e;
+    scan[tid] = c;
+    __syncthreads();
+    for (uint32_t off = 1; off < SORT_THREADS; off *= 2) { /* inclusive scan (Hillis-Steele) */
+        const uint32_t v = tid >= off ? scan[tid - off] : 0;
+        __syncthreads();
+        scan[tid] += v;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        g.seg[e] = base;
+        if (e == E - 1)
+            g.seg[E] = base + scan[SORT_THREADS - 1];
+    }
+    uint32_t pos = base + scan[tid] - c;
+    for (uint32_t p = p0; c && p < p1; p++) {
         if (idx[p] == (int32_t)e) {
             g.x_row[pos] = p / top_k;
             g.packed[p] = pos++;
@@ -735,7 +763,8 @@ static int experts_grouped(const kl_gpu_experts_args *a, experts_k k, hipStream_
 {
     const size_t P = k.n_slots;
     const grouped_mem g = grouped_layout(a->scratch, P, k.I, k.H);
-    sort_kernel<<<1, SORT_THREADS, 0, st>>>(k.idx, (uint32_t)P, k.top_k, k.E, g);
+    sort_count_kernel<<<k.E, SORT_THREADS, 0, st>>>(k.idx, (uint32_t)P, k.E, g);
+    sort_place_kernel<<<k.E, SORT_THREADS, 0, st>>>(k.idx, (uint32_t)P, k.top_k, k.E, g);
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     const kl_gpu_stream s = (kl_gpu_stream)st;
     kl_gpu_gemm_grouped_args ga = {a->w1, k.x, g.x_row, g.seg, (uint32_t)P, g.gate, g.parts, 0};
@@ -764,7 +793,7 @@ extern "C" size_t kl_gpu_experts_scratch(uint32_t n, uint32_t top_k, uint32_t in
     if (n < kl_gpu_experts_grouped_min())
         return P * ((size_t)inter + hidden);
     const size_t cols = inter > hidden ? inter : hidden; /* the widest product input */
-    return P * (2 * (size_t)inter + hidden) + GROUPED_MAX_E + 1 + 2 * P +
+    return P * (2 * (size_t)inter + hidden) + 2 * GROUPED_MAX_E + 1 + 2 * P +
            (kl_gpu_gemm_parts_bytes((uint32_t)P, (uint32_t)cols) + 15) / sizeof(float) + 4;
 }
 

@@ -114,6 +114,10 @@ for a in d.get("prefill_at", []):
     print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
 for a in d.get("batch_at", []):
     print("bench batch of %d sequences: %.1f tok/s in all, %.2f ms per step" % (a["sequences"], a["decode_tok_s"], a["ms_per_step"]))
+    p = a.get("profile_ms_per_step")
+    if p:
+        print("  profile ms per step: %s" % ", ".join("%s %.3f" % kv for kv in p.items() if not isinstance(kv[1], dict)))
+        print("  parts: %s" % ", ".join("%s %.3f" % kv for kv in p["parts"].items()))
 for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
@@ -316,7 +320,9 @@ stage_full() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 for k in ("profile_prefill_ms", "profile_decode_ms_per_token"):
-    print("profile %s: %s" % (k, ", ".join("%s %.3f" % kv for kv in d[k].items())))
+    ops = {a: b for a, b in d[k].items() if not isinstance(b, dict)}
+    print("profile %s: %s" % (k, ", ".join("%s %.3f" % kv for kv in ops.items())))
+    print("profile %s parts: %s" % (k, ", ".join("%s %.3f" % kv for kv in d[k].get("parts", {}).items())))
 PY
     # tmpfs (SHM=1): the model copied to /dev/shm and loaded from there
     [ -z "${SHM:-}" ] || { rm -rf /dev/shm/klm; cp -r "$D" /dev/shm/klm && "$KL" bench decode /dev/shm/klm --device gpu --prompt-tokens 64 --tokens 8 --json -q > "$W/bench-shm.json" &&
