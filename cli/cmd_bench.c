@@ -224,6 +224,7 @@ typedef struct decode_result {
     decode_at      at[MAX_CONTEXTS];
     double         pf_tok_s[MAX_CONTEXTS];   /* --prefill-at */
     double         bt_tok_s[MAX_CONTEXTS];   /* --batch-at: output tok/s of all sequences */
+    kl_gpu_profile bt_prof[MAX_CONTEXTS];    /* --batch-at: $KL_GPU_PROFILE times */
     kl_gpu_profile prof_prefill, prof_decode;   /* GPU: graph size, $KL_GPU_PROFILE times */
     double         disk_gbps;     /* GPU: raw read of the last shard (O_DIRECT), 0: unknown */
     kl_membench_result host_copy; /* GPU: host memcpy with the load's threads (its fill copies
@@ -333,7 +334,7 @@ static int time_decode_at(kl_model *m, const decode_args *a, size_t ctx, decode_
  * one per sequence (as kl serve's scheduler packs them), greedy from their argmax, after a
  * first step that opens them. */
 static int time_batch_at(kl_model *m, const decode_args *a, size_t n, double *tok_s,
-                         kl_err *err)
+                         kl_gpu_profile *prof, kl_err *err)
 {
     kl_state *st = kl_calloc(n, sizeof *st);
     kl_token *ids = kl_calloc(n, sizeof *ids);
@@ -351,10 +352,12 @@ static int time_batch_at(kl_model *m, const decode_args *a, size_t n, double *to
     kl_batch b = {.n = n, .ids = ids, .slot = slot, .want = want};
     if (!rc)
         rc = kl_backend_forward(m->be, &b, NULL, ids, err);
+    kl_backend_gpu_profile(m->be, NULL, 1);
     double t0 = kl_now_s();
     for (size_t i = 0; i < a->tokens && !rc; i++)
         rc = kl_backend_forward(m->be, &b, NULL, ids, err);
     *tok_s = per_s((double)(a->tokens * n), kl_now_s() - t0);
+    kl_backend_gpu_profile(m->be, prof, 1);
     for (size_t i = 0; st && i < open; i++)
         kl_state_free(&st[i]);
     kl_free(st);
@@ -525,6 +528,8 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(o, "decode_tok_s", r->bt_tok_s[i]);
         cJSON_AddNumberToObject(o, "ms_per_step", r->bt_tok_s[i] > 0
                                 ? 1e3 * (double)a->bt_seqs[i] / r->bt_tok_s[i] : 0);
+        if (r->bt_prof[i].on)   /* $KL_GPU_PROFILE=1: where a step's time goes */
+            add_profile(o, "profile_ms_per_step", &r->bt_prof[i], (double)a->tokens);
         cJSON_AddItemToArray(bt, o);
     }
     return kl_cli_print_json(j);
@@ -683,7 +688,8 @@ static int bench_decode(int argc, char **argv)
     for (size_t i = 0; !failed && i < a.n_pf; i++)
         failed = time_prefill_at(m, (size_t)a.pf_len[i], &res.pf_tok_s[i], &err);
     for (size_t i = 0; !failed && i < a.n_bt; i++)
-        failed = time_batch_at(m, &a, (size_t)a.bt_seqs[i], &res.bt_tok_s[i], &err);
+        failed = time_batch_at(m, &a, (size_t)a.bt_seqs[i], &res.bt_tok_s[i], &res.bt_prof[i],
+                               &err);
     if (failed) {
         kl_model_close(m);
         kl_cli_load_release(&l);

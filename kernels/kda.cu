@@ -29,9 +29,14 @@
  * per (token, head).  chunk_apply_kernel, a block per (run, head, 32 value columns), walks the
  * run's chunks in order with the state slice in shared memory: u = Y − X S, o = Qg S + M u,
  * S ← diag(e^{G_last}) S + Kgᵀ u.  fp32 throughout (SIMT); then kda_norm_kernel as in v2.
+ * chunk_apply_kernel<2> (the default; KL_GPU_KDA_APPLY=v1 or kl_gpu_kda_apply_select(1) runs
+ * <1>, round 1's) does the same arithmetic in the same order, bitwise the same results,
+ * with the next chunk's records copied by cp.async (16 bytes a copy, no index division) into
+ * a second buffer while the current one computes, two barriers a chunk instead of three.
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
+#include "kernels/mma.cuh"
 #include "kernels/tokens.h"
 
 #include <stdlib.h>
@@ -448,13 +453,22 @@ struct prep_smem {
     float A[KDA_C][KDA_C + 1], beta[KDA_C];
 };
 
-/* Apply's shared memory: the state slice [K][32], the chunk's records, u (rows of 16 bytes:
- * X, Qg and Kg are read four floats at a time). */
-struct alignas(16) apply_smem {
-    float S[MAX_K][KL_GPU_GROUP];
-    float X[KDA_C][MAX_K], Qg[KDA_C][MAX_K], Kg[KDA_C][MAX_K], M[KDA_C][KDA_C + 1];
-    float Y[KDA_C][KL_GPU_GROUP], U[KDA_C][KL_GPU_GROUP], dec[MAX_K];
+/* One chunk's records in shared memory (rows of 16 bytes: X, Qg, Kg, M and Y are copied and
+ * read four floats at a time): X, Qg, Kg [t][c], M [t][s], Y [t][value column of the block's
+ * slice], the chunk's decay. */
+struct chunk_buf {
+    float X[KDA_C][MAX_K], Qg[KDA_C][MAX_K], Kg[KDA_C][MAX_K], M[KDA_C][KDA_C];
+    float Y[KDA_C][KL_GPU_GROUP], dec[MAX_K];
 };
+
+/* Apply's shared memory: the state slice [K][32], u, the records of two chunks (apply v1 uses
+ * b[0] only; v2 copies the next chunk's into one while it computes on the other). */
+struct alignas(16) apply_smem {
+    float S[MAX_K][KL_GPU_GROUP], U[KDA_C][KL_GPU_GROUP];
+    chunk_buf b[2];
+};
+
+#define APPLY1_SMEM (sizeof(apply_smem) - sizeof(chunk_buf)) /* v1: b[0] only */
 
 /* The scratch record of token t, head h: X [K], Y [K], Qg [K], Kg [K], M [KDA_C], and at the
  * first token of a chunk its decay e^{G_last} [K] (kda.h: kl_gpu_kda_scratch). */
@@ -575,10 +589,10 @@ chunk_prep_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start)
     }
 }
 
-/* Apply: the chunk's records of head h (tokens t0.., L of them; value columns j0..) into
- * shared memory. */
+/* Apply v1: the chunk's records of head h (tokens t0.., L of them; value columns j0..) into
+ * shared memory, a float at a time. */
 __device__ static void apply_load(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
-                                  uint32_t h, uint32_t j0, apply_smem *p)
+                                  uint32_t h, uint32_t j0, chunk_buf *p)
 {
     const uint32_t K = a.K;
     for (uint32_t x = threadIdx.x; x < L * K; x += C_THREADS) {
@@ -598,20 +612,99 @@ __device__ static void apply_load(const kl_gpu_kda_recur_args &a, uint32_t t0, u
         p->dec[c] = chunk_rec(a, t0, h)[4 * K + KDA_C + c];
 }
 
+/* Apply v2, thread (group w, lane): the same records by cp.async, 16 bytes a copy, one
+ * committed group; no division: group w copies the records of tokens w + C_GROUPS m, lane the
+ * 16 bytes at 4 lane of each row of K (K / 4 <= 32 units: one a lane), lanes 0..7 M's row
+ * and lanes 8..15 Y's (zeros past column K); the last group also the decay.  The records are
+ * 16-byte aligned (scratch is, K % 4 == 0: every field starts at a multiple of 4 floats). */
+__device__ static void apply_fetch(const kl_gpu_kda_recur_args &a, uint32_t t0, uint32_t L,
+                                   uint32_t h, uint32_t j0, unsigned w, unsigned lane,
+                                   chunk_buf *p)
+{
+    const uint32_t K = a.K, c = 4 * lane;
+    for (uint32_t t = w; t < L; t += C_GROUPS) {
+        const float *r = chunk_rec(a, t0 + t, h);
+        if (c < K) {
+            copy16(&p->X[t][c], r + c, 16);
+            copy16(&p->Qg[t][c], r + 2 * K + c, 16);
+            copy16(&p->Kg[t][c], r + 3 * K + c, 16);
+        }
+        if (c < KDA_C) {
+            copy16(&p->M[t][c], r + 4 * K + c, 16);
+        } else if (c < KDA_C + KL_GPU_GROUP) {
+            const uint32_t l = c - KDA_C; /* the slice's columns l .. l + 3, all or none < K */
+            const bool in = j0 + l < K;
+            copy16(&p->Y[t][l], r + K + (in ? j0 + l : 0), in ? 16 : 0);
+        }
+    }
+    if (w == C_GROUPS - 1 && c < K)
+        copy16(&p->dec[c], chunk_rec(a, t0, h) + 4 * K + KDA_C + c, 16);
+    copy_commit();
+}
+
+/* Apply, thread (group w, lane), after the chunk's records in b are in place: the state
+ * products over tokens t = w + C_GROUPS m (< L) of column lane, u = Y − X S into U, and the
+ * readout's first term oq[m] = (Qg S)[t]. */
+__device__ static void apply_products(apply_smem *p, const chunk_buf *b, unsigned w,
+                                      unsigned lane, uint32_t K, uint32_t L,
+                                      float (&oq)[C_TOKENS])
+{
+    float ox[C_TOKENS];
+#pragma unroll
+    for (int m = 0; m < C_TOKENS; m++)
+        ox[m] = oq[m] = 0.0f;
+    for (uint32_t i = 0; i < K; i += 4) { /* K % 4 == 0 */
+        const float s0 = p->S[i][lane], s1 = p->S[i + 1][lane], s2 = p->S[i + 2][lane],
+                    s3 = p->S[i + 3][lane];
+#pragma unroll
+        for (int m = 0; m < C_TOKENS; m++)
+            if (w + C_GROUPS * m < L) { /* the same for the whole group */
+                const float4 x = *(const float4 *)&b->X[w + C_GROUPS * m][i];
+                const float4 q = *(const float4 *)&b->Qg[w + C_GROUPS * m][i];
+                ox[m] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
+                oq[m] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+            }
+    }
+#pragma unroll
+    for (int m = 0; m < C_TOKENS; m++)
+        if (w + C_GROUPS * m < L)
+            p->U[w + C_GROUPS * m][lane] = b->Y[w + C_GROUPS * m][lane] - ox[m];
+}
+
+/* Apply, after U is complete: o = oq + M u for tokens t = w + C_GROUPS m of column j (before
+ * the norm), tokens from t0 of head h. */
+__device__ static void apply_readout(const kl_gpu_kda_recur_args &a, const apply_smem *p,
+                                     const chunk_buf *b, const float (&oq)[C_TOKENS],
+                                     uint32_t t0, uint32_t L, uint32_t h, unsigned w,
+                                     unsigned lane, uint32_t j)
+{
+    const uint32_t K = a.K;
+#pragma unroll
+    for (int m = 0; m < C_TOKENS; m++) {
+        const uint32_t t = w + C_GROUPS * m;
+        if (t >= L || j >= K)
+            continue;
+        float y = oq[m];
+        for (uint32_t s = 0; s <= t; s++)
+            y += b->M[t][s] * p->U[s][lane];
+        a.o[(size_t)(t0 + t) * a.H * K + (size_t)h * K + j] = y;
+    }
+}
+
 /* Apply, thread (group w, lane): rows i0 .. i0 + C_ROWS - 1 of the state slice's column lane,
  * S ← diag(dec) S + Kgᵀ u (rows >= K stay 0). */
-__device__ static void state_update(apply_smem *p, uint32_t i0, unsigned lane, uint32_t K,
-                                    uint32_t L)
+__device__ static void state_update(apply_smem *p, const chunk_buf *b, uint32_t i0,
+                                    unsigned lane, uint32_t K, uint32_t L)
 {
     float y[C_ROWS];
 #pragma unroll
     for (int e = 0; e < C_ROWS; e++)
-        y[e] = p->dec[i0 + e] * p->S[i0 + e][lane];
+        y[e] = b->dec[i0 + e] * p->S[i0 + e][lane];
     for (uint32_t t = 0; t < L; t++) {
         const float u = p->U[t][lane];
 #pragma unroll
         for (int e = 0; e < C_ROWS; e += 4) {
-            const float4 k = *(const float4 *)&p->Kg[t][i0 + e];
+            const float4 k = *(const float4 *)&b->Kg[t][i0 + e];
             y[e] += k.x * u;
             y[e + 1] += k.y * u;
             y[e + 2] += k.z * u;
@@ -624,10 +717,37 @@ __device__ static void state_update(apply_smem *p, uint32_t i0, unsigned lane, u
             p->S[i0 + e][lane] = y[e];
 }
 
+/* The block's state slice (column j = j0 + lane of the head's S) into shared memory, thread
+ * (group w, lane): rows w, w + C_GROUPS, ..; rows or columns >= K as 0. */
+__device__ static void slice_in(const float *S, apply_smem *p, uint32_t K, uint32_t j,
+                                unsigned w, unsigned lane)
+{
+    for (uint32_t i = w; i < MAX_K; i += C_GROUPS)
+        p->S[i][lane] = i < K && j < K ? S[(size_t)i * K + j] : 0.0f;
+}
+
+/* The slice back, the same rows of each thread. */
+__device__ static void slice_out(float *S, const apply_smem *p, uint32_t K, uint32_t j,
+                                 unsigned w, unsigned lane)
+{
+    for (uint32_t i = w; i < K; i += C_GROUPS)
+        if (j < K)
+            S[(size_t)i * K + j] = p->S[i][lane];
+}
+
 /* grid (H, ceil(K / 32), runs): value columns j = 32 blockIdx.y + lane of head blockIdx.x over
  * run blockIdx.z, chunk after chunk: u = Y − X S, o = Qg S + M u (before the norm),
  * S ← diag(dec) S + Kgᵀ u, with the state slice [K][32] in shared memory (group w, lane:
- * tokens w + C_GROUPS m of the products, rows C_ROWS w .. of the update); K % 4 == 0. */
+ * tokens w + C_GROUPS m of the products, rows C_ROWS w .. of the update); K % 4 == 0.
+ * V 1 (KL_GPU_KDA_APPLY=v1): each chunk's records loaded into b[0], then computed, three
+ * barriers a chunk.  V 2, the default, the same arithmetic (bitwise the same results): chunk
+ * k's records sit in b[k % 2]; their copies were issued at chunk k - 1 (the first chunk's
+ * before the loop) and are waited for at the top of chunk k, then one barrier (every thread's
+ * copies landed; every thread is done with chunk k - 1, the reader of b[(k + 1) % 2] and
+ * writer of S), then chunk k + 1's copies into b[(k + 1) % 2] go out while chunk k computes;
+ * the second barrier between the products (U written, S read) and the readout and update
+ * (U read, S written). */
+template <int V>
 __global__ static void __launch_bounds__(C_THREADS)
 chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
@@ -636,57 +756,63 @@ chunk_apply_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uin
     apply_smem *p = (apply_smem *)chunk_sh;
     const uint32_t h = blockIdx.x, r = blockIdx.z, K = a.K, j0 = blockIdx.y * KL_GPU_GROUP;
     const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    const uint32_t j = j0 + lane;
     float *S = a.state + run_slot[r] * a.state_stride + (size_t)h * K * K;
-    for (uint32_t i = w; i < MAX_K; i += C_GROUPS)
-        p->S[i][lane] = i < K && j < K ? S[(size_t)i * K + j] : 0.0f;
     const uint32_t t1 = run_start[r + 1];
-    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C) {
+    if (V == 2 && run_start[r] < t1)
+        apply_fetch(a, run_start[r], min(t1 - run_start[r], (uint32_t)KDA_C), h, j0, w, lane,
+                    &p->b[0]);
+    slice_in(S, p, K, j0 + lane, w, lane);
+    unsigned cur = 0; /* the buffer of chunk t0 (V 1: always 0) */
+    for (uint32_t t0 = run_start[r]; t0 < t1; t0 += KDA_C, cur ^= V - 1) {
         const uint32_t L = min(t1 - t0, (uint32_t)KDA_C);
-        apply_load(a, t0, L, h, j0, p);
+        const chunk_buf *b = &p->b[cur];
+        if (V == 1)
+            apply_load(a, t0, L, h, j0, &p->b[0]);
+        else
+            copy_wait<0>();
         __syncthreads();
-        float ox[C_TOKENS], oq[C_TOKENS];
-#pragma unroll
-        for (int m = 0; m < C_TOKENS; m++)
-            ox[m] = oq[m] = 0.0f;
-        for (uint32_t i = 0; i < K; i += 4) { /* K % 4 == 0 */
-            const float s0 = p->S[i][lane], s1 = p->S[i + 1][lane], s2 = p->S[i + 2][lane],
-                        s3 = p->S[i + 3][lane];
-#pragma unroll
-            for (int m = 0; m < C_TOKENS; m++)
-                if (w + C_GROUPS * m < L) { /* the same for the whole group */
-                    const float4 x = *(const float4 *)&p->X[w + C_GROUPS * m][i];
-                    const float4 q = *(const float4 *)&p->Qg[w + C_GROUPS * m][i];
-                    ox[m] += x.x * s0 + x.y * s1 + x.z * s2 + x.w * s3;
-                    oq[m] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
-                }
-        }
-#pragma unroll
-        for (int m = 0; m < C_TOKENS; m++)
-            if (w + C_GROUPS * m < L)
-                p->U[w + C_GROUPS * m][lane] = p->Y[w + C_GROUPS * m][lane] - ox[m];
+        if (V == 2 && t1 - t0 > KDA_C)
+            apply_fetch(a, t0 + KDA_C, min(t1 - t0 - KDA_C, (uint32_t)KDA_C), h, j0, w, lane,
+                        &p->b[cur ^ 1]);
+        float oq[C_TOKENS];
+        apply_products(p, b, w, lane, K, L, oq);
         __syncthreads();
-#pragma unroll
-        for (int m = 0; m < C_TOKENS; m++) {
-            const uint32_t t = w + C_GROUPS * m;
-            if (t >= L || j >= K)
-                continue;
-            float y = oq[m];
-            for (uint32_t s = 0; s <= t; s++)
-                y += p->M[t][s] * p->U[s][lane];
-            a.o[(size_t)(t0 + t) * a.H * K + (size_t)h * K + j] = y;
-        }
-        state_update(p, C_ROWS * w, lane, K, L);
-        __syncthreads(); /* the next chunk's loads overwrite X, Qg, Kg, M, Y */
+        apply_readout(a, p, b, oq, t0, L, h, w, lane, j0 + lane);
+        state_update(p, b, C_ROWS * w, lane, K, L);
+        if (V == 1)
+            __syncthreads(); /* the next chunk's loads overwrite b[0] */
     }
-    for (uint32_t i = w; i < K; i += C_GROUPS)
-        if (j < K)
-            S[(size_t)i * K + j] = p->S[i][lane];
+    if (V == 2)
+        __syncthreads(); /* the write-back reads rows the other groups updated */
+    slice_out(S, p, K, j0 + lane, w, lane);
 }
 
 extern "C" size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K)
 {
     return (size_t)n * H * (5 * (size_t)K + KDA_C);
+}
+
+/* N (1 <= N <= max) when the environment variable `name` is "vN", else 0. */
+static int env_version(const char *name, int max)
+{
+    const char *e = getenv(name);
+    return e && e[0] == 'v' && e[1] >= '1' && e[1] <= '0' + max && !e[2] ? e[1] - '0' : 0;
+}
+
+static int apply_version; /* 0: not chosen yet; else 1 or 2 */
+
+extern "C" void kl_gpu_kda_apply_select(int version)
+{
+    apply_version = version == 1 || version == 2 ? version : 0;
+}
+
+/* 2 unless KL_GPU_KDA_APPLY=v1 (read at the first call) or kl_gpu_kda_apply_select said
+ * otherwise. */
+static int apply_chosen(void)
+{
+    if (!apply_version)
+        apply_version = env_version("KL_GPU_KDA_APPLY", 2) == 1 ? 1 : 2;
+    return apply_version;
 }
 
 /* v3's two launches and the norm; the shared-memory opt-in made once (a setting of the
@@ -699,7 +825,10 @@ static int recur_v3(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, hipS
         if (KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_prep_kernel,
                                                   hipFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)sizeof(prep_smem))) ||
-            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel,
+            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel<1>,
+                                                  hipFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)APPLY1_SMEM)) ||
+            KL_GPU_CHECK(err, hipFuncSetAttribute((const void *)chunk_apply_kernel<2>,
                                                   hipFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)sizeof(apply_smem))))
             return err->code;
@@ -708,8 +837,12 @@ static int recur_v3(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, hipS
     const dim3 prep((t->max_run + KDA_C - 1) / KDA_C, a->H, t->n_runs);
     chunk_prep_kernel<<<prep, C_THREADS, sizeof(prep_smem), st>>>(*a, t->run_start);
     const dim3 apply(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
-    chunk_apply_kernel<<<apply, C_THREADS, sizeof(apply_smem), st>>>(*a, t->run_start,
+    if (apply_chosen() == 1)
+        chunk_apply_kernel<1><<<apply, C_THREADS, APPLY1_SMEM, st>>>(*a, t->run_start,
                                                                      t->run_slot);
+    else
+        chunk_apply_kernel<2><<<apply, C_THREADS, sizeof(apply_smem), st>>>(*a, t->run_start,
+                                                                            t->run_slot);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -720,7 +853,7 @@ extern "C" void kl_gpu_kda_select(int version)
     kda_version = version >= 1 && version <= 3 ? version : 0;
 }
 
-/* v3's shared memory (70 and 77 KiB a block) is more than AMD CDNA's 64 KiB: v2 there unless
+/* v3's shared memory (70 and 133 KiB a block) is more than AMD CDNA's 64 KiB: v2 there unless
  * asked for. */
 #if defined(__HIP_PLATFORM_AMD__)
 #define KDA_DEFAULT 2
@@ -733,9 +866,8 @@ extern "C" void kl_gpu_kda_select(int version)
 static int kda_chosen(void)
 {
     if (!kda_version) {
-        const char *e = getenv("KL_GPU_KDA");
-        kda_version = e && e[0] == 'v' && e[1] >= '1' && e[1] <= '3' && !e[2] ? e[1] - '0'
-                                                                              : KDA_DEFAULT;
+        const int e = env_version("KL_GPU_KDA", 3);
+        kda_version = e ? e : KDA_DEFAULT;
     }
     return kda_version;
 }
@@ -752,6 +884,8 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
     if (a->state_stride < (size_t)a->H * a->K * a->K)
         return kl_fail(err, KL_E_USAGE, "kda recur: state stride %zu < H * K * K",
                        a->state_stride);
+    if ((uintptr_t)a->scratch % 16)
+        return kl_fail(err, KL_E_USAGE, "kda recur: scratch not 16-byte aligned");
     if (kl_gpu_tokens_check("kda recur", t, 0, err))
         return err->code;
     if (t->n_runs == 0)

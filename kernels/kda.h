@@ -53,7 +53,8 @@ typedef struct kl_gpu_kda_recur_args {
     float       *state;       /* state pool: slot s at state + s * state_stride */
     size_t       state_stride;   /* floats per slot, >= H * K * K */
     float       *o;           /* [n, H*K] out */
-    float       *scratch;     /* v3: kl_gpu_kda_scratch(n, H, K) floats, or NULL (v2 runs) */
+    float       *scratch;     /* v3: kl_gpu_kda_scratch(n, H, K) floats, 16-byte aligned, or
+                                 NULL (v2 runs) */
 } kl_gpu_kda_recur_args;
 
 int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t, kl_gpu_stream s,
@@ -73,6 +74,11 @@ size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K);
  * (read once), else 3 (2 on AMD, where v3's shared memory does not fit).  For the device tests
  * and benchmarks that compare them. */
 void kl_gpu_kda_select(int version);
+
+/* Which chunk_apply kernel v3 runs: 1 round 1's (each chunk's records loaded, then computed),
+ * 2 the next chunk's records copied (cp.async) while one computes, bitwise the same results;
+ * 0 the default: KL_GPU_KDA_APPLY=v1 from the environment (read once), else 2. */
+void kl_gpu_kda_apply_select(int version);
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,10 @@ for a in d.get("prefill_at", []):
     print("bench prefill of %d tokens: %.0f tok/s" % (a["tokens"], a["prefill_tok_s"]))
 for a in d.get("batch_at", []):
     print("bench batch of %d sequences: %.1f tok/s in all, %.2f ms per step" % (a["sequences"], a["decode_tok_s"], a["ms_per_step"]))
+    p = a.get("profile_ms_per_step")
+    if p:
+        print("  profile ms per step: %s" % ", ".join("%s %.3f" % kv for kv in p.items() if not isinstance(kv[1], dict)))
+        print("  parts: %s" % ", ".join("%s %.3f" % kv for kv in p["parts"].items()))
 for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))

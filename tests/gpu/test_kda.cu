@@ -7,8 +7,11 @@
  * moved / time beside a device-to-device copy.  The recurrence is checked in three versions
  * (v3 the chunked form for runs of >= 16 tokens, v2, round 1's v1; kl_gpu_kda_select), v3
  * also against v2 and in two calls that carry the state; v1 and v2 timed at n = 1, v2 and v3
- * on prefill runs of 256, 1024 and 8192 tokens.  Exit 0 pass, 1 fail, 77 no GPU; one JSON
- * line.
+ * on prefill runs of 256, 1024 and 8192 tokens.  v3's two chunk_apply kernels
+ * (kl_gpu_kda_apply_select: 2 the default, the next chunk's records copied while one
+ * computes; 1 round 1's) must give bitwise the same o and final state: on every case and on
+ * full-shape runs of up to 8,192 tokens (several runs with tails, two calls) without the
+ * reference; both timed at 8,192.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_test.h"
@@ -211,8 +214,14 @@ static double max_block_err(const std::vector<float> &got, const std::vector<dou
 
 struct kda_errs {
     double conv = 1e30, win = 1e30, o = 1e30, state = 1e30;
-    std::vector<float> out;   /* o as the device wrote it */
+    std::vector<float> out, state_out;   /* o and the state pool as the device wrote them */
 };
+
+/* 1 when a and b hold the same bits (sizes included). */
+static bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+    return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(float));
+}
 
 /* The recurrence of the case: one call, or (c.split, one run) two calls of split and n - split
  * tokens, the state carried from the first to the second. */
@@ -238,16 +247,19 @@ static int recur_calls(const kda_case &c, const kda_host &x, const kda_dev &d, k
     return 0;
 }
 
-/* The case on the device with recurrence kernels v (kl_gpu_kda_select): its errors into e. */
-static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v,
+/* The case on the device with recurrence kernels v (kl_gpu_kda_select) and v3's apply kernel
+ * `apply` (kl_gpu_kda_apply_select): its errors into e. */
+static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v, int apply,
                        kda_errs *e, kl_err *err)
 {
     kda_dev d;
     kl_gpu_kda_select(v);
+    kl_gpu_kda_apply_select(apply);
     if (upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err) ||
         recur_calls(c, x, d, err))
         return err->code;
-    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), state(x.state.size());
+    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), &state = e->state_out;
+    state.resize(x.state.size());
     e->out.resize(r.o.size());
     e->conv = 0;
     for (int w = 0; w < 3; w++) {
@@ -266,32 +278,72 @@ static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, i
             size_t b = s * x.state_stride + (size_t)h * x.K * x.K;
             e->state = std::max(e->state, t_rel_l2(&state[b], &r.state[b], (size_t)x.K * x.K));
         }
-    fprintf(stderr, "test_kda: %-16s v%d conv %.2e win %.2e o %.2e state %.2e\n", c.name, v,
-            e->conv, e->win, e->o, e->state);
+    fprintf(stderr, "test_kda: %-16s v%d apply %d conv %.2e win %.2e o %.2e state %.2e\n",
+            c.name, v, apply, e->conv, e->win, e->o, e->state);
     t_free_all();
     return 0;
 }
 
-/* The case with the three versions: e[v - 1]; *v3_v2: v3's o against v2's (max over the
- * (token, head) blocks of the relative L2 error). */
-static int run_case(const kda_case &c, t_rng &g, kda_errs e[3], double *v3_v2, kl_err *err)
+/* The case with the three versions: e[v - 1] (v3 with the default apply kernel); *v3_v2:
+ * v3's o against v2's (max over the (token, head) blocks of the relative L2 error);
+ * *apply_same: v3 with apply kernel 1 gave bitwise the same o and state. */
+static int run_case(const kda_case &c, t_rng &g, kda_errs e[3], double *v3_v2,
+                    bool *apply_same, kl_err *err)
 {
     kda_host x;
     kda_ref r;
+    kda_errs e31;
     make_host(c, g, x);
     ref_conv(x, r);
     ref_recur(x, r);
-    int rc = run_version(c, x, r, 3, &e[2], err) || run_version(c, x, r, 2, &e[1], err) ||
-             run_version(c, x, r, 1, &e[0], err);
+    int rc = run_version(c, x, r, 3, 2, &e[2], err) || run_version(c, x, r, 3, 1, &e31, err) ||
+             run_version(c, x, r, 2, 0, &e[1], err) || run_version(c, x, r, 1, 0, &e[0], err);
     kl_gpu_kda_select(0);
+    kl_gpu_kda_apply_select(0);
     if (rc)
         return err->code;
     const std::vector<double> o2(e[1].out.begin(), e[1].out.end());
     *v3_v2 = max_block_err(e[2].out, o2, x.K);
+    *apply_same = same_bits(e[2].out, e31.out) && same_bits(e[2].state_out, e31.state_out);
     return 0;
 }
 
-/* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens. */
+/* ---- v3's apply kernels, bitwise, at full shapes (no reference: the runs are long) --------- */
+
+/* The case's recurrence (after the conv, once) with v3 and each apply kernel, from the same
+ * state: *same when o and the state pool agree bit for bit. */
+static int apply_ab(const kda_case &c, t_rng &g, bool *same, kl_err *err)
+{
+    kda_host x;
+    kda_dev d;
+    make_host(c, g, x);
+    std::vector<float> o[2], st[2];
+    int rc = upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err);
+    kl_gpu_kda_select(3);
+    for (int i = 0; i < 2 && !rc; i++) {
+        kl_gpu_kda_apply_select(i + 1);
+        o[i].resize((size_t)x.n * x.D);
+        st[i].resize(x.state.size());
+        rc = KL_GPU_CHECK(err, hipMemcpy(d.recur.state, x.state.data(),
+                                         x.state.size() * sizeof(float),
+                                         hipMemcpyHostToDevice)) ||
+             KL_GPU_CHECK(err, hipMemset(d.recur.o, 0xff, o[i].size() * sizeof(float))) ||
+             recur_calls(c, x, d, err) || t_get(o[i], d.recur.o, err) ||
+             t_get(st[i], d.recur.state, err);
+    }
+    kl_gpu_kda_select(0);
+    kl_gpu_kda_apply_select(0);
+    t_free_all();
+    if (rc)
+        return err->code ? err->code : 1;
+    *same = same_bits(o[0], o[1]) && same_bits(st[0], st[1]);
+    fprintf(stderr, "test_kda: %-16s apply 1 and 2 %s\n", c.name,
+            *same ? "bitwise equal" : "DIFFER");
+    return 0;
+}
+
+/* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens,
+ * scratch not 16-byte aligned. */
 static int refusals(t_rng &g, kl_err *err)
 {
     kda_case c = {"refusals", 2, 16, 4, 1, {{0, 2}}};
@@ -302,8 +354,9 @@ static int refusals(t_rng &g, kl_err *err)
         return -1;
     kl_err e;
     kl_err_clear(&e);
-    kl_gpu_kda_recur_args rk = d.recur;
+    kl_gpu_kda_recur_args rk = d.recur, rs = d.recur;
     rk.K = 129;
+    rs.scratch += 1;
     kl_gpu_kda_conv_args cw = d.conv, cn = d.conv;
     cw.W = 9;
     cn.qkv[1] = nullptr;
@@ -312,7 +365,8 @@ static int refusals(t_rng &g, kl_err *err)
     int ok = kl_gpu_kda_recur(&rk, &d.tok, NULL, &e) == KL_E_USAGE &&
              kl_gpu_kda_conv(&cw, &d.tok, NULL, &e) == KL_E_USAGE &&
              kl_gpu_kda_conv(&cn, &d.tok, NULL, &e) == KL_E_USAGE &&
-             kl_gpu_kda_recur(&d.recur, &bad, NULL, &e) == KL_E_USAGE;
+             kl_gpu_kda_recur(&d.recur, &bad, NULL, &e) == KL_E_USAGE &&
+             kl_gpu_kda_recur(&rs, &d.tok, NULL, &e) == KL_E_USAGE;
     return ok;
 }
 
@@ -373,7 +427,7 @@ static int time_full(t_rng &g, kda_times *tm, kl_err *err)
 
 struct prefill_time {
     uint32_t n = 0;
-    double us[2] = {0, 0};   /* v2, v3 (recurrence and norm, one call) */
+    double us[3] = {0, 0, 0};   /* v2, v3, v3 with apply kernel 1 (recurrence and norm) */
     double v3_flop = 0;      /* v3's arithmetic, for its GFLOP/s */
 };
 
@@ -398,13 +452,15 @@ static int time_prefill(t_rng &g, uint32_t n, prefill_time *pt, kl_err *err)
         return err->code;
     pt->n = n;
     pt->v3_flop = v3_flop(n);
-    for (int v = 2; v <= 3; v++) {
-        kl_gpu_kda_select(v);
+    for (int i = 0; i < 3; i++) { /* v2; v3 with apply kernel 2, then 1 */
+        kl_gpu_kda_select(i ? 3 : 2);
+        kl_gpu_kda_apply_select(i == 2 ? 1 : 2);
         if (t_median_us([&](int) { return kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err); },
-                        v == 2 ? 5 : 11, &pt->us[v - 2], err))
+                        i ? 11 : 5, &pt->us[i], err))
             return err->code;
     }
     kl_gpu_kda_select(0);
+    kl_gpu_kda_apply_select(0);
     t_free_all();
     return 0;
 }
@@ -412,9 +468,11 @@ static int time_prefill(t_rng &g, uint32_t n, prefill_time *pt, kl_err *err)
 static void print_prefill(const prefill_time &p, bool last)
 {
     printf("{\"n\":%u,\"v2_us\":%.1f,\"v2_us_per_token\":%.3f,\"v3_us\":%.1f,"
-           "\"v3_us_per_token\":%.3f,\"v3_tok_s\":%.0f,\"v3_gflops\":%.1f,\"speedup\":%.2f}%s",
+           "\"v3_us_per_token\":%.3f,\"v3_tok_s\":%.0f,\"v3_gflops\":%.1f,\"speedup\":%.2f,"
+           "\"v3_apply1_us\":%.1f,\"apply2_saves_us\":%.1f}%s",
            p.n, p.us[0], p.us[0] / p.n, p.us[1], p.us[1] / p.n, p.n / (p.us[1] * 1e-6),
-           p.v3_flop / (p.us[1] * 1e-6) / 1e9, p.us[0] / p.us[1], last ? "" : ",");
+           p.v3_flop / (p.us[1] * 1e-6) / 1e9, p.us[0] / p.us[1], p.us[2], p.us[2] - p.us[1],
+           last ? "" : ",");
 }
 
 /* ---- main -------------------------------------------------------------------------------- */
@@ -452,11 +510,16 @@ int main(void)
     const size_t nc = sizeof cases / sizeof cases[0];
     double worst[3] = {0, 0, 0}, worst_v3_v2 = 0;
     std::vector<double> case_err[3], case_v3_v2;
+    std::vector<int> case_same; /* v3's apply kernels bitwise equal */
+    bool all_same = true;
     for (const kda_case &c : cases) {
         kda_errs e[3];
         double d32 = 1e30;
-        if (run_case(c, g, e, &d32, &err))
+        bool same = false;
+        if (run_case(c, g, e, &d32, &same, &err))
             goto fail;
+        case_same.push_back(same);
+        all_same = all_same && same;
         for (int v = 0; v < 3; v++) {
             const double m = std::max({e[v].conv, e[v].win, e[v].o, e[v].state});
             worst[v] = std::max(worst[v], m);
@@ -471,6 +534,22 @@ int main(void)
         t_free_all();
         if (refused < 0)
             goto fail;
+        /* full shapes (and K 40, 64): one run of 8,192; runs with tails of 25, 13, 26 tokens;
+         * two calls, the first ending mid-chunk; strong decay */
+        const kda_case ab[] = {
+            {"ab_8192", 32, 128, 4, 1, {{0, 8192}}},
+            {"ab_runs_tails", 32, 128, 4, 3, {{0, 3001}, {2, 45}, {1, 4090}}},
+            {"ab_calls_4100", 32, 128, 4, 2, {{1, 8192}}, 4100},
+            {"ab_K40_strong", 3, 40, 2, 2, {{1, 999}, {0, 77}}, 0, 3.0f},
+            {"ab_K64", 8, 64, 4, 1, {{0, 517}}},
+        };
+        const size_t nab = sizeof ab / sizeof ab[0];
+        bool ab_same[nab];
+        for (size_t i = 0; i < nab; i++) {
+            if (apply_ab(ab[i], g, &ab_same[i], &err))
+                goto fail;
+            all_same = all_same && ab_same[i];
+        }
         kda_times tm;
         prefill_time pf[3];
         const uint32_t pn[3] = {256, 1024, 8192};
@@ -481,14 +560,19 @@ int main(void)
             if (time_prefill(g, pn[i], &pf[i], &err))
                 goto fail;
         const double all = std::max({worst[0], worst[1], worst[2], worst_v3_v2});
-        const int ok = refused && all < 1e-4;
+        const int ok = refused && all < 1e-4 && all_same;
         printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
-               "\"max_v3_vs_v2\":%.3g,\"cases\":[", ok ? "true" : "false",
-               refused ? "true" : "false", all, worst_v3_v2);
+               "\"max_v3_vs_v2\":%.3g,\"apply_bitwise\":%s,\"cases\":[", ok ? "true" : "false",
+               refused ? "true" : "false", all, worst_v3_v2, all_same ? "true" : "false");
         for (size_t i = 0; i < nc; i++) /* per case: max of o and state errors per version */
-            printf("{\"case\":\"%s\",\"v3\":%.3g,\"v2\":%.3g,\"v1\":%.3g,\"v3_vs_v2\":%.3g}%s",
-                   cases[i].name, case_err[2][i], case_err[1][i], case_err[0][i],
-                   case_v3_v2[i], i + 1 < nc ? "," : "],");
+            printf("{\"case\":\"%s\",\"v3\":%.3g,\"v2\":%.3g,\"v1\":%.3g,\"v3_vs_v2\":%.3g,"
+                   "\"apply_same\":%s}%s", cases[i].name, case_err[2][i], case_err[1][i],
+                   case_err[0][i], case_v3_v2[i], case_same[i] ? "true" : "false",
+                   i + 1 < nc ? "," : "],");
+        printf("\"apply_ab\":[");
+        for (size_t i = 0; i < nab; i++)
+            printf("{\"case\":\"%s\",\"same\":%s}%s", ab[i].name,
+                   ab_same[i] ? "true" : "false", i + 1 < nab ? "," : "],");
         for (int v = 3; v >= 1; v--)
             printf("\"%s_max_rel_l2\":%.3g,", version_name[v - 1], worst[v - 1]);
         for (int v = 2; v >= 1; v--) {
