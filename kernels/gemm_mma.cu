@@ -82,6 +82,30 @@ __device__ static inline void mul_slice(float (&s)[4][4][4], const uint32_t (&a)
         }
 }
 
+/* The warp's A fragments (W rows 16 i .. of its 64) and the B fragments of X parts p < np
+ * (tokens 8 j .., n8 fragments j < ng) at column kk of the staged step, by ldmatrix. */
+template <int RW, int TW, unsigned P>
+__device__ static inline void mt_frags(uint32_t (&a)[4][4], uint32_t (&b)[P][4][2],
+                                       const uint16_t *pa, const uint16_t *pb, unsigned kk,
+                                       unsigned np, unsigned ng)
+{
+    typedef mt<RW, TW> T;
+#pragma unroll
+    for (unsigned i = 0; i < 4; i++)
+        ldsm4(a[i], pa + 16 * i * MT_LD + kk);
+#pragma unroll
+    for (unsigned p = 0; p < P; p++)
+#pragma unroll
+        for (unsigned jj = 0; jj < 2; jj++) {
+            if (p >= np || 2 * jj >= ng)
+                continue;
+            uint32_t r[4];
+            ldsm4(r, pb + p * T::X_ELEMS + 16 * jj * MT_LD + kk);
+            b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
+            b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
+        }
+}
+
 /* acc[i][j] += W rows (16 i ..) x tokens (8 j ..) of this warp over the staged step: the W
  * tile wt [BR][MT_LD], the X parts xt [3][BT][MT_LD].  Form 2 (SP 2) sums the step's 12
  * products of a fragment in a fresh one and adds it to acc in fp32 once per step of 64, as
@@ -90,7 +114,6 @@ template <int SP, int RW, int TW>
 __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
                                      const uint16_t *xt, uint32_t nt)
 {
-    typedef mt<RW, TW> T;
     const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const unsigned row0 = 64 * (w % RW), tok0 = 32 * (w / RW);
     if (tok0 >= nt)
@@ -104,20 +127,7 @@ __device__ static inline void mt_mul(float (&acc)[4][4][4], const uint16_t *wt,
 #pragma unroll
     for (unsigned kk = 0; kk < MT_KT; kk += 16) {
         uint32_t a[4][4], b[3][4][2];
-#pragma unroll
-        for (unsigned i = 0; i < 4; i++)
-            ldsm4(a[i], pa + 16 * i * MT_LD + kk);
-#pragma unroll
-        for (unsigned p = 0; p < (SP ? 3u : 1u); p++)
-#pragma unroll
-            for (unsigned jj = 0; jj < 2; jj++) {
-                if (2 * jj >= ng)
-                    continue;
-                uint32_t r[4];
-                ldsm4(r, pb + p * T::X_ELEMS + 16 * jj * MT_LD + kk);
-                b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
-                b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
-            }
+        mt_frags<RW, TW>(a, b, pa, pb, kk, SP ? 3u : 1u, ng);
         if (SP == 2)
             mul_slice<SP>(part, a, b, ng);
         else
@@ -142,7 +152,6 @@ __device__ static inline void mt_mul16(float (&acc)[4][4][4], const uint16_t *wt
                                        const uint16_t *xt, uint32_t nt, const uint8_t *sc,
                                        uint32_t sc_stride, uint32_t blk0)
 {
-    typedef mt<RW, TW> T;
     const unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4;
     const unsigned row0 = 64 * (w % RW), tok0 = 32 * (w / RW);
     if (tok0 >= nt)
@@ -157,20 +166,7 @@ __device__ static inline void mt_mul16(float (&acc)[4][4][4], const uint16_t *wt
         for (unsigned half = 0; half < 2; half++) {
             const unsigned kk = KL_MXFP4_BLOCK * blk + 16 * half;
             uint32_t a[4][4], b[2][4][2];
-#pragma unroll
-            for (unsigned i = 0; i < 4; i++)
-                ldsm4(a[i], pa + 16 * i * MT_LD + kk);
-#pragma unroll
-            for (unsigned p = 0; p < 2; p++)
-#pragma unroll
-                for (unsigned jj = 0; jj < 2; jj++) {
-                    if (2 * jj >= ng)
-                        continue;
-                    uint32_t r[4];
-                    ldsm4(r, pb + p * T::X_ELEMS + 16 * jj * MT_LD + kk);
-                    b[p][2 * jj][0] = r[0], b[p][2 * jj][1] = r[1];
-                    b[p][2 * jj + 1][0] = r[2], b[p][2 * jj + 1][1] = r[3];
-                }
+            mt_frags<RW, TW>(a, b, pa, pb, kk, 2u, ng);
 #pragma unroll
             for (unsigned p = 0; p < 2; p++)
 #pragma unroll

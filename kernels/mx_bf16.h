@@ -60,13 +60,11 @@ KL_HD static inline int kl_mx_tab_ok(uint8_t s)
     return s >= 2 && s <= 252;
 }
 
-/* The table of scale s (kl_mx_tab_ok(s)).  Pairs of entries as bf16 pairs: magnitudes 1..7
- * are 0.5, 1, 1.5, 2, 3, 4, 6 = 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0. */
-KL_HD static inline kl_mx_tab kl_mx_tab_make(uint8_t s)
+/* A table from the magnitudes' pairs as 16-bit pairs (a01 holds magnitude 1 in its high half,
+ * its low half 0 for code 0), split into the byte permutes' operands. */
+KL_HD static inline kl_mx_tab kl_mx_tab_pairs(uint32_t a01, uint32_t a23, uint32_t a45,
+                                              uint32_t a67)
 {
-    const uint32_t d = (uint32_t)((int)s - 127) * 128u; /* added to each exponent field */
-    const uint32_t a01 = (0x3f00u + d) << 16, dd = d * 0x10001u;
-    const uint32_t a23 = 0x3fc03f80u + dd, a45 = 0x40404000u + dd, a67 = 0x40c04080u + dd;
     kl_mx_tab t;
     t.lo0 = kl_mx_prmt(a01, a23, 0x6420u);
     t.hi0 = kl_mx_prmt(a01, a23, 0x7531u);
@@ -75,19 +73,21 @@ KL_HD static inline kl_mx_tab kl_mx_tab_make(uint8_t s)
     return t;
 }
 
+/* The table of scale s (kl_mx_tab_ok(s)).  Pairs of entries as bf16 pairs: magnitudes 1..7
+ * are 0.5, 1, 1.5, 2, 3, 4, 6 = 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0. */
+KL_HD static inline kl_mx_tab kl_mx_tab_make(uint8_t s)
+{
+    const uint32_t d = (uint32_t)((int)s - 127) * 128u; /* added to each exponent field */
+    const uint32_t a01 = (0x3f00u + d) << 16, dd = d * 0x10001u;
+    return kl_mx_tab_pairs(a01, 0x3fc03f80u + dd, 0x40404000u + dd, 0x40c04080u + dd);
+}
+
 /* The table of the unscaled magnitudes as fp16 bits (0.5 .. 6 = 0x3800, 0x3c00, 0x3e00, 0x4000,
  * 0x4200, 0x4400, 0x4600): with kl_mx_decode8, codes to fp16 pairs, exact (the scale is then
  * applied to the products' sums: gemm.h form 3). */
 KL_HD static inline kl_mx_tab kl_mx_tab_f16(void)
 {
-    const uint32_t a01 = 0x3800u << 16, a23 = 0x3e003c00u, a45 = 0x42004000u;
-    const uint32_t a67 = 0x46004400u;
-    kl_mx_tab t;
-    t.lo0 = kl_mx_prmt(a01, a23, 0x6420u);
-    t.hi0 = kl_mx_prmt(a01, a23, 0x7531u);
-    t.lo1 = kl_mx_prmt(a45, a67, 0x6420u);
-    t.hi1 = kl_mx_prmt(a45, a67, 0x7531u);
-    return t;
+    return kl_mx_tab_pairs(0x3800u << 16, 0x3e003c00u, 0x42004000u, 0x46004400u);
 }
 
 /* The sign bits of codes 2k, 2k + 1 of q at bits 15, 31 (k < 4). */
