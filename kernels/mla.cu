@@ -1767,7 +1767,10 @@ attend4_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 #define MHA_KEYS     32     /* keys per tile */
 #define MHA_QSTEPS   12     /* 16-column steps of a query at most: dn + dr <= 192 */
 #define MHA_VNB      16     /* 8-column blocks of a value at most: dv <= 128 */
-#define MHA_MAX_SPAN 16384u /* the expanded keys and values [span][nh (dn + dv)] fp32 at most */
+#define MHA_MAX_SPAN 16384u /* spans in MHA form at most by default (kl_gpu_mla_mha_span) */
+#define MHA_SPAN_CAP 65536u /* ... and at most when set (the scratch at the model's shape:
+                               ~5.2 GB at 65,536, mostly the expanded keys and values and
+                               their bf16 planes) */
 /* Tokens of a chunk at least: the expansion costs span nh (dn + dv) R products (x3) however
  * few tokens attend, the latent form ~3.4x the MHA form's attention per (token, key); below
  * ~64 tokens over a long span (a short follow-up prompt) the expansion outweighs the gain. */
@@ -2547,13 +2550,34 @@ static bool mha_fits(const kl_gpu_mla_dims *d)
 #endif
 }
 
+static uint32_t mha_span; /* 0: not read yet; else the longest span in MHA form */
+
+extern "C" void kl_gpu_mla_mha_span_set(uint32_t span)
+{
+    mha_span = span ? (span < MHA_MIN_N ? MHA_MIN_N : span > MHA_SPAN_CAP ? MHA_SPAN_CAP : span)
+                    : 0;
+}
+
+/* The longest span a chunk runs in MHA form over: KL_GPU_MLA_MHA_SPAN (read at the first
+ * call) or the setter's, within [MHA_MIN_N, MHA_SPAN_CAP]; MHA_MAX_SPAN by default. */
+static uint32_t mha_span_max(void)
+{
+    if (!mha_span) {
+        const char *e = getenv("KL_GPU_MLA_MHA_SPAN");
+        const unsigned long v = e ? strtoul(e, NULL, 10) : 0;
+        kl_gpu_mla_mha_span_set(v ? (uint32_t)(v < MHA_SPAN_CAP ? v : MHA_SPAN_CAP)
+                                  : MHA_MAX_SPAN);
+    }
+    return mha_span;
+}
+
 /* Whether a chunk runs in MHA form: the prefill of one prompt (one run of MHA_MIN_N tokens at
- * least) over a span of MHA_MAX_SPAN at most, kv_b BF16, under v4 with the MHA form chosen and
- * the shape within its limits; n and max_span as kl_gpu_mla_scratch sees them. */
+ * least) over a span of mha_span_max() at most, kv_b BF16, under v4 with the MHA form chosen
+ * and the shape within its limits; n and max_span as kl_gpu_mla_scratch sees them. */
 static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
-    return n >= MHA_MIN_N && max_span <= MHA_MAX_SPAN && version_for(d) == 5 && prefill_mha() &&
-           mha_fits(d);
+    return n >= MHA_MIN_N && max_span <= mha_span_max() && version_for(d) == 5 &&
+           prefill_mha() && mha_fits(d);
 }
 
 static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */
