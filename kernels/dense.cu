@@ -7,10 +7,13 @@
  * 4 or 8 (the smallest that holds n, 8 above), one token group per grid row, so for n <= 8
  * each weight row is read once; every lane keeps NT partial sums.  MXFP4 at n = 1 with at
  * most 4096 columns takes the register kernel instead (x held in registers).  The bytes moved
- * are the weights' (x and y are small and cached).
+ * are the weights' (x and y are small and cached).  2 <= n < KL_GPU_GEMM_MIN_N go to the
+ * tensor-core kernel of skinny.h where it applies (KL_GPU_SKINNY=off: the kernels here).
  */
 #include "kernels/dense.h"
+#include "kernels/gemm.h"
 #include "kernels/row_dot.cuh"
+#include "kernels/skinny.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -336,6 +339,8 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
     if (w->kind == KL_GPU_W_MXFP4 && !vec)
         return kl_fail(err, KL_E_USAGE, "matmul: MXFP4 needs x 16-byte aligned");
     hipStream_t st = (hipStream_t)s;
+    if (n >= 2 && n < KL_GPU_GEMM_MIN_N && kl_gpu_skinny_takes(w, x, n))
+        return kl_gpu_skinny(w, x, n, y, s, err);
     if (w->kind == KL_GPU_W_MXFP4 && n == 1 && matmul_mx2_ok(w)) {
         matmul_mx2(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());

@@ -16,7 +16,8 @@
 extern "C" {
 #endif
 
-/* y [n, w->rows] = x [n, w->cols] Wᵀ (row-major, leading dimensions cols and rows). */
+/* y [n, w->rows] = x [n, w->cols] Wᵀ (row-major, leading dimensions cols and rows); for
+ * 2 <= n < KL_GPU_GEMM_MIN_N by kl_gpu_skinny (skinny.h) where kl_gpu_skinny_takes. */
 int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 

@@ -75,6 +75,7 @@
 #define hipMemset               cudaMemset
 #define hipFuncSetAttribute     cudaFuncSetAttribute
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
 
 #include "common/err.h"

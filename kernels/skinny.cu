@@ -1,0 +1,431 @@
+/*
+ * kernels/skinny.cu — products of 2 .. 32 tokens on tensor cores, each weight byte read once
+ * (see skinny.h; the operand map: skinny_map.h).
+ *
+ * Grid: (row tiles, K splits).  A block of W = 4 or 8 warps takes 32 W rows and the columns
+ * [k_begin, k_end) of its split; warp w rows 32 w .. + 31 of them (two m16 tiles) against all
+ * tokens (NT n8 tiles: 8, 16 or 32 tokens).  K goes in steps (BF16 64 columns: two 16-byte
+ * loads per row a lane; MXFP4 a granule of 128: one 16-byte load of codes and one scale word
+ * per row), the next step's loads issued before this step's products.  x is staged per stage
+ * of columns (48 KiB: 1024, 512 or 256 columns for 8, 16 or 32 tokens) as three bf16 parts
+ * (gemm_split.cuh), tokens past n as zeros; two barriers a stage.  Each step's MMAs (BF16 2
+ * units x 2 MMAs x 3 parts = 12 per fragment, MXFP4 24) sum in fresh fragments added to the
+ * fp32 sums once a step (gemm.h, form 2).  A block writes its sums to y, or with several
+ * splits to its split's slice of sk_part, which skinny_sum_kernel adds in split order.
+ *
+ * Count (BF16 [4096, 2304], 16 tokens, 2 blocks an SM on the H200's 132): 16 tiles of 256
+ * rows x 9 splits of 256 columns = 144 blocks; weights 18.9 MB (4.5 us at 4.2 TB/s); x read
+ * from L2 once per block row (16 x 147 KB = 2.4 MB) and the partial sums written and read
+ * once (2 x 9 x 16 x 4096 x 4 = 4.7 MB, L2); per warp-step (4 KB of weights) 24 MMAs (1.7
+ * clocks each per SM: ~41 clocks against the ~230 the HBM share of 4 KB takes) and 12
+ * shared-memory reads of 16 bytes a lane (48 clocks).  So the products should run near the
+ * weights' byte rate, plus the second launch and the L2 traffic.
+ */
+#include "kernels/skinny.h"
+#include "kernels/dense.h"
+#include "kernels/gpu.h"
+
+#include "kernels/gemm_split.cuh"
+#include "kernels/mma.cuh"
+#include "kernels/mx_bf16.h"
+#include "kernels/skinny_map.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SK_WARPS       8u          /* warps a block at most */
+#define SK_STAGE_BYTES 49152u      /* x parts a block stages: 48 KiB (no opt-in needed) */
+#define SK_PART_FLOATS (1u << 21)  /* the splits' partial sums: 8 MiB */
+
+static int sk_state = -1;     /* on (1) / off (0); -1: not read from the environment yet */
+static unsigned sk_per_sm;    /* blocks aimed at per SM; 0: the kernel's occupancy */
+
+extern "C" int kl_gpu_skinny_on(void)
+{
+    if (sk_state < 0) {
+        const char *v = getenv("KL_GPU_SKINNY");
+        sk_state = !(v && (!strcmp(v, "off") || !strcmp(v, "0")));
+    }
+    return sk_state;
+}
+
+extern "C" void kl_gpu_skinny_set(int on)
+{
+    sk_state = on != 0;
+}
+
+extern "C" void kl_gpu_skinny_blocks_set(unsigned per_sm)
+{
+    sk_per_sm = per_sm;
+}
+
+/* The shape and alignment the kernel needs. */
+static int sk_fits(const kl_gpu_mat *w, const float *x, uint32_t n)
+{
+    if (n < 2 || n > KL_GPU_SKINNY_MAX_N || w->rows == 0 || w->cols == 0 ||
+        w->cols % KL_SK_GRAN || (uintptr_t)x % 16)
+        return 0;
+    if (w->kind == KL_GPU_W_BF16)
+        return w->data && (uintptr_t)w->data % 16 == 0;
+    return w->kind == KL_GPU_W_MXFP4 && w->packed && w->scale && (uintptr_t)w->packed % 16 == 0 &&
+           (uintptr_t)w->scale % 4 == 0;
+}
+
+extern "C" int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t n)
+{
+#if defined(__HIP_PLATFORM_AMD__)
+    return 0 && w && x && n;
+#else
+    return w && x && kl_gpu_skinny_on() && sk_fits(w, x, n);
+#endif
+}
+
+#if !defined(__HIP_PLATFORM_AMD__)
+
+static __device__ float sk_part[SK_PART_FLOATS];
+static int sk_sms; /* multiprocessors of the device; 0: not asked yet */
+
+/* NT n8 tiles: TOK tokens staged, STAGE columns a stage (3 bf16 parts each), in UNITS units. */
+template <int NT> struct sk {
+    enum : unsigned {
+        TOK = 8 * NT,
+        STAGE = SK_STAGE_BYTES / (6 * TOK),
+        UNITS = STAGE / KL_SK_UNIT,
+    };
+};
+
+/* x [n, cols] columns [k0, k0 + kn) as the three bf16 parts of the map's staged pieces (tokens
+ * n .. TOK - 1 as zeros), every thread of the block. */
+template <int MX, int NT>
+__device__ static void sk_stage(const float *x, uint32_t n, uint32_t cols, uint32_t k0,
+                                uint32_t kn, uint4 *xs)
+{
+    typedef sk<NT> S;
+    const uint32_t pieces = kn / KL_SK_UNIT * S::TOK * 4;
+    const uint32_t part = 8 * kl_sk_stage_at(1, 0, 0, 0, S::UNITS, S::TOK); /* bf16 a part */
+    for (uint32_t u = threadIdx.x; u < pieces; u += blockDim.x) {
+        const uint32_t t = u % 4, tok = u / 4 % S::TOK, U = u / (4 * S::TOK);
+        float4 v0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v1 = v0;
+        if (tok < n) {
+            const float *p = x + (size_t)tok * cols + k0 + kl_sk_col(MX, U, t);
+            v0 = *(const float4 *)p;
+            v1 = *(const float4 *)(p + 4);
+        }
+        const uint32_t at = 8 * kl_sk_stage_at(0, U, tok, t, S::UNITS, S::TOK);
+        kl_gt_stage_x4<1>(v0, (uint16_t *)xs, part, at);
+        kl_gt_stage_x4<1>(v1, (uint16_t *)xs, part, at + 4);
+    }
+}
+
+/* The weights a lane multiplies in one step, as loaded: BF16 [m16 tile][row g, g + 8][unit]
+ * 16-byte pieces; MXFP4 [tile][row] the codes of the lane's scale block and the scale word
+ * of the granule's four blocks (byte t: the lane's). */
+template <int MX> struct sk_a;
+template <> struct sk_a<0> {
+    uint4 q[2][2][2];
+};
+template <> struct sk_a<1> {
+    uint4 q[2][2];
+    uint32_t s[2][2];
+};
+
+/* Lane t's weights of the step at column k of the stored rows r[tile][half]. */
+__device__ static inline void sk_load(sk_a<0> &a, const kl_gpu_mat &w, const size_t (&r)[2][2],
+                                      uint32_t k, uint32_t t)
+{
+    const uint16_t *d = (const uint16_t *)w.data;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (uint32_t u = 0; u < 2; u++)
+                a.q[i][h][u] = *(const uint4 *)(d + r[i][h] * w.cols + k + kl_sk_col(0, u, t));
+}
+
+__device__ static inline void sk_load(sk_a<1> &a, const kl_gpu_mat &w, const size_t (&r)[2][2],
+                                      uint32_t k, uint32_t t)
+{
+    const uint32_t c = k + kl_sk_col(1, 0, t); /* the first column of the lane's block */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            a.q[i][h] = *(const uint4 *)(w.packed + r[i][h] * (w.cols / 2) + c / 2);
+            a.s[i][h] = *(const uint32_t *)(w.scale + r[i][h] * (w.cols / KL_MXFP4_BLOCK) +
+                                            k / KL_MXFP4_BLOCK);
+        }
+}
+
+__device__ static inline void sk_words(const uint4 &v, uint32_t (&o)[4])
+{
+    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+}
+
+__device__ static inline uint32_t sk_word(const uint4 &v, uint32_t i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* MXFP4: the scale bytes of the lane's blocks and their tables (kernels/mx_bf16.h). */
+struct sk_tabs {
+    uint32_t  s[2][2];
+    kl_mx_tab tab[2][2];
+};
+
+__device__ static inline void sk_tables(const sk_a<1> &a, uint32_t t, sk_tabs &tb)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            tb.s[i][h] = a.s[i][h] >> (8 * t) & 0xffu;
+            tb.tab[i][h] = kl_mx_tab_make((uint8_t)tb.s[i][h]);
+        }
+}
+
+/* Unit u's words of rows g (lo) and g + 8 (hi) of each m16 tile. */
+__device__ static inline void sk_unit(const sk_a<0> &a, const sk_tabs *, uint32_t u,
+                                      uint32_t (&lo)[2][4], uint32_t (&hi)[2][4])
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        sk_words(a.q[i][0][u], lo[i]);
+        sk_words(a.q[i][1][u], hi[i]);
+    }
+}
+
+__device__ static inline void sk_unit(const sk_a<1> &a, const sk_tabs *tb, uint32_t u,
+                                      uint32_t (&lo)[2][4], uint32_t (&hi)[2][4])
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t q = sk_word(a.q[i][h], u), s = tb->s[i][h];
+            uint32_t *out = h ? hi[i] : lo[i];
+            if (kl_mx_tab_ok((uint8_t)s))
+                kl_mx_decode8(q, &tb->tab[i][h], out);
+            else
+                kl_mx_decode8_slow(q, (uint8_t)s, out);
+        }
+}
+
+/* acc += the step's products: units U0 .. of the stage (BF16 2, MXFP4 4), each part (hi, lo,
+ * lo2) of x against the unit's weights, summed in fresh fragments first. */
+template <int MX, int NT>
+__device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
+                                     const uint4 *xs, uint32_t U0, uint32_t g, uint32_t t)
+{
+    typedef sk<NT> S;
+    float f[2][NT][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                f[i][j][e] = 0.0f;
+    sk_tabs tb;
+    if constexpr (MX)
+        sk_tables(a, t, tb);
+#pragma unroll
+    for (uint32_t u = 0; u < (MX ? 4u : 2u); u++) {
+        uint32_t lo[2][4], hi[2][4];
+        sk_unit(a, &tb, u, lo, hi);
+#pragma unroll
+        for (uint32_t p = 0; p < 3; p++) {
+            uint32_t xw[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                sk_words(xs[kl_sk_stage_at(p, U0 + u, 8 * j + g, t, S::UNITS, S::TOK)], xw[j]);
+#pragma unroll
+            for (uint32_t h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        uint32_t af[4], bf[2];
+                        kl_sk_frags(lo[i], hi[i], xw[j], h, af, bf);
+                        mma16816(f[i][j], af, bf[0], bf[1]);
+                    }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] += f[i][j][e];
+}
+
+/* y, or split blockIdx.y's slice of sk_part, [n, rows] = the block's sums over its columns. */
+template <int MX, int NT>
+__global__ static void __launch_bounds__(32 * SK_WARPS)
+    skinny_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, uint32_t span)
+{
+    KL_GPU_GRID_WAIT();
+    __shared__ uint4 xs[SK_STAGE_BYTES / 16];
+    constexpr uint32_t STEP = MX ? KL_SK_GRAN : 2 * KL_SK_UNIT, STAGE = sk<NT>::STAGE;
+    const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const size_t row0 = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32;
+    size_t r[2][2]; /* rows past the matrix read its last row; their sums are not stored */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const size_t ri = row0 + 16 * i + 8 * h + g;
+            r[i][h] = ri < w.rows ? ri : w.rows - 1;
+        }
+    const uint32_t k_begin = blockIdx.y * span;
+    const uint32_t k_end = w.cols - k_begin < span ? w.cols : k_begin + span;
+    float acc[2][NT][4] = {};
+    sk_a<MX> cur, nxt = {};
+    sk_load(cur, w, r, k_begin, t);
+    for (uint32_t k = k_begin; k < k_end; k += STEP) {
+        const uint32_t ko = (k - k_begin) % STAGE;
+        if (ko == 0) { /* the same for the whole block */
+            __syncthreads(); /* the last stage's reads are done */
+            sk_stage<MX, NT>(x, n, w.cols, k, k_end - k < STAGE ? k_end - k : STAGE, xs);
+            __syncthreads();
+        }
+        if (k + STEP < k_end)
+            sk_load(nxt, w, r, k + STEP, t);
+        sk_mul<MX, NT>(acc, cur, xs, ko / KL_SK_UNIT, g, t);
+        cur = nxt;
+    }
+    float *out = gridDim.y > 1 ? sk_part + (size_t)blockIdx.y * n * w.rows : y;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+                const size_t row = row0 + 16 * i + kl_sk_c_row(g, e);
+                const uint32_t tok = 8 * j + kl_sk_c_tok(t, e);
+                if (row < w.rows && tok < n)
+                    out[(size_t)tok * w.rows + row] = acc[i][j][e];
+            }
+}
+
+/* y[i] = the splits' partial sums of element i added in split order (count = n x rows). */
+__global__ static void skinny_sum_kernel(uint32_t count, uint32_t splits, float *y)
+{
+    KL_GPU_GRID_WAIT();
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count)
+        return;
+    float s = 0.0f;
+    for (uint32_t p = 0; p < splits; p++)
+        s += sk_part[(size_t)p * count + i];
+    y[i] = s;
+}
+
+/* How a product is cut: warps a block, row tiles, K splits of span columns. */
+struct sk_plan {
+    uint32_t warps, tiles, splits, span;
+};
+
+/* The multiprocessors of the device (asked once). */
+static uint32_t sk_multiprocessors(void)
+{
+    if (!sk_sms) {
+        int dev = 0, v = 0;
+        const int ok = hipGetDevice(&dev) == hipSuccess &&
+                       hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, dev) ==
+                           hipSuccess;
+        sk_sms = ok && v > 0 ? v : 132;
+    }
+    return (uint32_t)sk_sms;
+}
+
+/* Blocks of skinny_kernel<MX, NT> of `warps` warps resident at once on the device: its
+ * occupancy (asked once per kernel and size; sk_per_sm overrides it) times the SMs. */
+template <int MX, int NT> static uint32_t sk_resident(uint32_t warps)
+{
+    static int occ[2]; /* by warps 4, 8; 0: not asked yet */
+    int &o = occ[warps == SK_WARPS];
+    if (!o && (hipOccupancyMaxActiveBlocksPerMultiprocessor(&o, skinny_kernel<MX, NT>,
+                                                            (int)(32 * warps), 0) != hipSuccess ||
+               o < 1))
+        o = 1;
+    return (sk_per_sm ? sk_per_sm : (uint32_t)o) * sk_multiprocessors();
+}
+
+/* Blocks of 8 warps (4 for 32 tokens, whose registers leave room for 8 warps an SM in blocks
+ * of 8 but 12 in blocks of 4, and where 8 give fewer blocks than one wave even at one granule
+ * a split), then K split into whole granules until the grid fills one wave of resident
+ * blocks (the partial sums permitting). */
+template <int MX, int NT> static sk_plan sk_plan_for(uint32_t rows, uint32_t cols, uint32_t n)
+{
+    const uint64_t gran = cols / KL_SK_GRAN;
+    sk_plan p;
+    p.warps = SK_WARPS;
+    if (NT == 4 ||
+        (rows + 32u * SK_WARPS - 1) / (32u * SK_WARPS) * gran < sk_resident<MX, NT>(SK_WARPS))
+        p.warps = SK_WARPS / 2;
+    const uint32_t target = sk_resident<MX, NT>(p.warps);
+    p.tiles = (rows + 32 * p.warps - 1) / (32 * p.warps);
+    uint64_t want = (target + p.tiles - 1) / p.tiles;
+    const uint64_t room = SK_PART_FLOATS / ((uint64_t)n * rows);
+    want = want < gran ? want : gran;
+    want = want < room ? want : room;
+    want = want < 1 ? 1 : want;
+    const uint64_t per = (gran + want - 1) / want; /* granules a split */
+    p.splits = (uint32_t)((gran + per - 1) / per);
+    p.span = (uint32_t)(per * KL_SK_GRAN);
+    return p;
+}
+
+/* The product's kernel launches; its plan in *p. */
+template <int MX, int NT>
+static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
+                      hipStream_t st)
+{
+    *p = sk_plan_for<MX, NT>(w->rows, w->cols, n);
+    skinny_kernel<MX, NT><<<dim3(p->tiles, p->splits), 32 * p->warps, 0, st>>>(*w, x, n, y,
+                                                                              p->span);
+}
+
+template <int MX>
+static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
+                      hipStream_t st)
+{
+    if (n <= 8)
+        sk_launch<MX, 1>(w, x, n, y, p, st);
+    else if (n <= 16)
+        sk_launch<MX, 2>(w, x, n, y, p, st);
+    else
+        sk_launch<MX, 4>(w, x, n, y, p, st);
+}
+
+#endif
+
+extern "C" int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                             kl_gpu_stream s, kl_err *err)
+{
+    if (!w || !x || !y)
+        return kl_fail(err, KL_E_USAGE, "skinny: w, x or y is NULL");
+    if (!sk_fits(w, x, n))
+        return kl_fail(err, KL_E_USAGE,
+                       "skinny: needs 2 <= n <= %u (n is %u), BF16 or MXFP4 weights of whole "
+                       "128-column granules (cols %u) and aligned payloads and x",
+                       KL_GPU_SKINNY_MAX_N, n, w->cols);
+#if defined(__HIP_PLATFORM_AMD__)
+    return kl_gpu_matmul(w, x, n, y, s, err); /* the SIMT kernels (no skinny path on HIP) */
+#else
+    hipStream_t st = (hipStream_t)s;
+    sk_plan p;
+    if (w->kind == KL_GPU_W_MXFP4)
+        sk_launch<1>(w, x, n, y, &p, st);
+    else
+        sk_launch<0>(w, x, n, y, &p, st);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc || p.splits == 1)
+        return rc;
+    const uint32_t count = n * w->rows;
+    skinny_sum_kernel<<<(count + 255) / 256, 256, 0, st>>>(count, p.splits, y);
+    return KL_GPU_CHECK(err, hipGetLastError());
+#endif
+}

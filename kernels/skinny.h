@@ -1,0 +1,53 @@
+/*
+ * kernels/skinny.h — products of a few tokens (2 .. 32) on tensor cores that read each weight
+ * byte once for all the tokens: Y [n, rows] = X [n, cols] Wᵀ, W BF16 or MXFP4, x and y fp32.
+ * Conventions: kernels/gpu_api.h.  kl_gpu_matmul (dense.h) sends 2 <= n < KL_GPU_GEMM_MIN_N
+ * here when kl_gpu_skinny_takes says so; KL_GPU_SKINNY=off keeps its fp32 SIMT kernels.
+ *
+ * As exact as the prefill products' form 2 (gemm.h): x split into three bf16 parts (hi, lo,
+ * lo2), W exact in bf16 (MXFP4 decoded with its scale), each K step's MMAs summed in fresh
+ * fragments and added to fp32 sums.  How (kernels/skinny.cu): warps of 32 weight rows x all
+ * tokens on mma.sync.m16n8k16, weights loaded 16 bytes a lane straight into registers (the
+ * next step's in flight during this one's products; kernels/skinny_map.h), x staged in shared
+ * memory as bf16 parts, K split over the blocks of a column of the grid when the rows alone
+ * give too few blocks; the splits' sums are added in split order by a second kernel
+ * (deterministic).  Their partial sums live in a buffer of skinny.cu: calls on two streams at
+ * once must not both split K (one stream, as the engine runs, is safe).  CUDA only: on HIP
+ * kl_gpu_skinny_takes is 0 (kl_gpu_matmul keeps its SIMT kernels).
+ */
+#ifndef KL_KERNELS_SKINNY_H
+#define KL_KERNELS_SKINNY_H
+
+#include "kernels/gpu_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KL_GPU_SKINNY_MAX_N 32u
+
+/* Whether kl_gpu_matmul takes the skinny kernel where it applies: 1 unless KL_GPU_SKINNY=off
+ * (or 0) in the environment, read at the first call; kl_gpu_skinny_set overrides it. */
+int  kl_gpu_skinny_on(void);
+void kl_gpu_skinny_set(int on);
+
+/* Whether kl_gpu_skinny runs y = x Wᵀ for n tokens and kl_gpu_matmul sends it there: switched
+ * on, CUDA, 2 <= n <= KL_GPU_SKINNY_MAX_N, W BF16 (data 16-byte aligned) or MXFP4 (codes 16-,
+ * scales 4-byte aligned), cols a multiple of 128, x 16-byte aligned. */
+int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t n);
+
+/* y [n, w->rows] = x [n, w->cols] Wᵀ (whether or not switched on; KL_E_USAGE where
+ * kl_gpu_skinny_takes would say no for another reason). */
+int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
+                  kl_err *err);
+
+/* Blocks a product aims at per multiprocessor (0, the default: as many as fit at once, the
+ * kernel's occupancy): K is split until the grid fills one such wave.  For the device test's
+ * sweep. */
+void kl_gpu_skinny_blocks_set(unsigned per_sm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
