@@ -83,7 +83,6 @@ extern "C" int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t
 #if !defined(__HIP_PLATFORM_AMD__)
 
 static __device__ float sk_part[SK_PART_FLOATS];
-static int sk_sms; /* multiprocessors of the device; 0: not asked yet */
 
 /* NT n8 tiles: TOK tokens staged, STAGE columns a stage (3 bf16 parts each), in UNITS units. */
 template <int NT> struct sk {
@@ -327,6 +326,36 @@ struct sk_plan {
     uint32_t warps, tiles, splits, span;
 };
 
+/* Blocks of 8 warps (4 for 32 tokens, whose registers leave room for 8 warps an SM in blocks
+ * of 8 but 12 in blocks of 4, and where 8 give fewer blocks than one wave even at one granule
+ * a split), then K split into whole granules until the grid fills one wave of resident
+ * blocks (res8, res4: blocks of 8 and 4 warps resident at once), the partial sums
+ * permitting. */
+static sk_plan sk_plan_for(uint32_t rows, uint32_t cols, uint32_t n, int nt4, uint32_t res8,
+                           uint32_t res4)
+{
+    const uint64_t gran = cols / KL_SK_GRAN;
+    sk_plan p;
+    p.warps = SK_WARPS;
+    if (nt4 || (rows + 32u * SK_WARPS - 1) / (32u * SK_WARPS) * gran < res8)
+        p.warps = SK_WARPS / 2;
+    const uint64_t target = p.warps == SK_WARPS ? res8 : res4;
+    p.tiles = (rows + 32 * p.warps - 1) / (32 * p.warps);
+    uint64_t want = (target + p.tiles - 1) / p.tiles;
+    const uint64_t room = SK_PART_FLOATS / ((uint64_t)n * rows);
+    want = want < gran ? want : gran;
+    want = want < room ? want : room;
+    want = want < 1 ? 1 : want;
+    const uint64_t per = (gran + want - 1) / want; /* granules a split */
+    p.splits = (uint32_t)((gran + per - 1) / per);
+    p.span = (uint32_t)(per * KL_SK_GRAN);
+    return p;
+}
+
+/* ---- launchers (tests/gpu/skinny_lanes.sh runs the code above on the CPU) ---------------- */
+
+static int sk_sms; /* multiprocessors of the device; 0: not asked yet */
+
 /* The multiprocessors of the device (asked once). */
 static uint32_t sk_multiprocessors(void)
 {
@@ -353,37 +382,13 @@ template <int MX, int NT> static uint32_t sk_resident(uint32_t warps)
     return (sk_per_sm ? sk_per_sm : (uint32_t)o) * sk_multiprocessors();
 }
 
-/* Blocks of 8 warps (4 for 32 tokens, whose registers leave room for 8 warps an SM in blocks
- * of 8 but 12 in blocks of 4, and where 8 give fewer blocks than one wave even at one granule
- * a split), then K split into whole granules until the grid fills one wave of resident
- * blocks (the partial sums permitting). */
-template <int MX, int NT> static sk_plan sk_plan_for(uint32_t rows, uint32_t cols, uint32_t n)
-{
-    const uint64_t gran = cols / KL_SK_GRAN;
-    sk_plan p;
-    p.warps = SK_WARPS;
-    if (NT == 4 ||
-        (rows + 32u * SK_WARPS - 1) / (32u * SK_WARPS) * gran < sk_resident<MX, NT>(SK_WARPS))
-        p.warps = SK_WARPS / 2;
-    const uint32_t target = sk_resident<MX, NT>(p.warps);
-    p.tiles = (rows + 32 * p.warps - 1) / (32 * p.warps);
-    uint64_t want = (target + p.tiles - 1) / p.tiles;
-    const uint64_t room = SK_PART_FLOATS / ((uint64_t)n * rows);
-    want = want < gran ? want : gran;
-    want = want < room ? want : room;
-    want = want < 1 ? 1 : want;
-    const uint64_t per = (gran + want - 1) / want; /* granules a split */
-    p.splits = (uint32_t)((gran + per - 1) / per);
-    p.span = (uint32_t)(per * KL_SK_GRAN);
-    return p;
-}
-
 /* The product's kernel launches; its plan in *p. */
 template <int MX, int NT>
 static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
                       hipStream_t st)
 {
-    *p = sk_plan_for<MX, NT>(w->rows, w->cols, n);
+    *p = sk_plan_for(w->rows, w->cols, n, NT == 4, sk_resident<MX, NT>(SK_WARPS),
+                     sk_resident<MX, NT>(SK_WARPS / 2));
     skinny_kernel<MX, NT><<<dim3(p->tiles, p->splits), 32 * p->warps, 0, st>>>(*w, x, n, y,
                                                                               p->span);
 }

@@ -1,0 +1,222 @@
+/*
+ * tests/gpu/skinny_lanes.cpp — kernels/skinny.cu's kernels and plan on the CPU at lane level
+ * (see skinny_lanes.sh, which cuts their code out of skinny.cu and the split of x out of
+ * gemm_split.cuh): a block is its 128 or 256 threads, __syncthreads a barrier over them, and
+ * mma.m16n8k16 a barrier over the 32 lanes of a warp after which each lane sums its
+ * accumulators from all lanes' fragments as the PTX ISA lays them out (products in double,
+ * added to the fp32 accumulator).  Arguments: KIND (bf16 | mxfp4) ROWS COLS N [RES8 RES4]
+ * (the blocks of 8 and 4 warps resident at once that the plan fills; default 264 396, the
+ * H200's).  Prints the plan and the worst relative L2 error over the n tokens against double;
+ * exit 0 when it is at most 1e-6.
+ */
+#include "kernels/gpu_api.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __host__
+#define __global__
+#define __shared__ static /* one array for the block's threads (blocks run one at a time) */
+#define __launch_bounds__(...)
+#define KL_GPU_GRID_WAIT() ((void)0)
+
+struct dim3 {
+    unsigned x, y, z;
+};
+struct float4 {
+    float x, y, z, w;
+};
+struct uint2 {
+    uint32_t x, y;
+};
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+
+static thread_local dim3 threadIdx;
+static dim3 blockIdx, gridDim, blockDim;
+static pthread_barrier_t block_bar, warp_bar[8];
+
+static void __syncthreads() { pthread_barrier_wait(&block_bar); }
+
+#include "common/mxfp4_format.h"
+#include "kernels/mx_bf16.h"
+#include "kernels/skinny_map.h"
+#include "skinny_lanes_split.inc"
+
+/* ---- mma.m16n8k16 (bf16 in, fp32 accumulators) over the warp's lanes ---------------------- */
+
+struct frag {
+    uint32_t a[4], b[2];
+};
+static frag posted[8][32];
+
+static double bf16_at(uint32_t pair, uint32_t half)
+{
+    const uint32_t u = (half ? pair >> 16 : pair & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A[row][k] is half k % 2 of a[row / 8 + 2 (k / 8)] of lane 4 (row % 8) + (k % 8) / 2; B[k][col]
+ * half k % 2 of b[k / 8] of lane 4 col + (k % 8) / 2; c[i] is C[g + 8 (i / 2)][2 t + i % 2]. */
+static void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    posted[w][l] = {{a[0], a[1], a[2], a[3]}, {b0, b1}};
+    pthread_barrier_wait(&warp_bar[w]);
+    for (unsigned i = 0; i < 4; i++) {
+        const unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        double s = 0;
+        for (unsigned k = 0; k < 16; k++) {
+            const frag &fa = posted[w][4 * (row % 8) + (k % 8) / 2];
+            const frag &fb = posted[w][4 * col + (k % 8) / 2];
+            s += bf16_at(fa.a[row / 8 + 2 * (k / 8)], k % 2) * bf16_at(fb.b[k / 8], k % 2);
+        }
+        c[i] = (float)((double)c[i] + s);
+    }
+    pthread_barrier_wait(&warp_bar[w]);
+}
+
+#include "skinny_lanes_kernel.inc"
+
+/* ---- the grid -------------------------------------------------------------------------------- */
+
+/* Runs kernel() as the blocks of grid, `threads` threads each. */
+template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
+{
+    gridDim = grid, blockDim = {threads, 1, 1};
+    pthread_barrier_init(&block_bar, NULL, threads);
+    for (unsigned w = 0; w < threads / 32; w++)
+        pthread_barrier_init(&warp_bar[w], NULL, 32);
+    for (uint32_t y = 0; y < grid.y; y++)
+        for (uint32_t x = 0; x < grid.x; x++) {
+            blockIdx = {x, y, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < threads; i++)
+                th.emplace_back([&, i] {
+                    threadIdx = {i, 0, 0};
+                    kernel();
+                });
+            for (std::thread &h : th)
+                h.join();
+        }
+    pthread_barrier_destroy(&block_bar);
+    for (unsigned w = 0; w < threads / 32; w++)
+        pthread_barrier_destroy(&warp_bar[w]);
+}
+
+/* The sum kernel needs no barriers: its threads one after another on this one. */
+static void run_sum(uint32_t count, uint32_t splits, float *y)
+{
+    gridDim = {(count + 255) / 256, 1, 1}, blockDim = {256, 1, 1};
+    for (uint32_t b = 0; b < gridDim.x; b++)
+        for (uint32_t i = 0; i < 256; i++) {
+            blockIdx = {b, 0, 0}, threadIdx = {i, 0, 0};
+            skinny_sum_kernel(count, splits, y);
+        }
+}
+
+template <int MX, int NT>
+static void run(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
+{
+    run_grid({p.tiles, p.splits, 1}, 32 * p.warps,
+             [&] { skinny_kernel<MX, NT>(w, x, n, y, p.span); });
+    if (p.splits > 1)
+        run_sum(n * w.rows, p.splits, y);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_u32(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5 && argc != 7) {
+        fprintf(stderr, "usage: skinny_lanes bf16|mxfp4 ROWS COLS N [RES8 RES4]\n");
+        return 2;
+    }
+    const int mx = !strcmp(argv[1], "mxfp4");
+    const uint32_t rows = (uint32_t)atoi(argv[2]), cols = (uint32_t)atoi(argv[3]);
+    const uint32_t n = (uint32_t)atoi(argv[4]);
+    const uint32_t res8 = argc == 7 ? (uint32_t)atoi(argv[5]) : 264;
+    const uint32_t res4 = argc == 7 ? (uint32_t)atoi(argv[6]) : 396;
+    if (n < 2 || n > 32 || rows == 0 || cols == 0 || cols % KL_SK_GRAN) {
+        fprintf(stderr, "skinny_lanes: 2 <= N <= 32, COLS a multiple of 128\n");
+        return 2;
+    }
+    /* W: bf16 in [-1, 1); MXFP4 random codes, scales 2^-8 .. 2^7 and every 13th block 2^-126
+     * (the decode's float path) */
+    std::vector<uint16_t> wb(mx ? 0 : (size_t)rows * cols);
+    std::vector<uint8_t> packed(mx ? (size_t)rows * cols / 2 : 0);
+    std::vector<uint8_t> scale(mx ? (size_t)rows * cols / KL_MXFP4_BLOCK : 0);
+    for (auto &v : wb)
+        v = (uint16_t)((next_u32() & 0x807fu) | (0x3f00u - (next_u32() % 8) * 0x80u));
+    for (auto &v : packed)
+        v = (uint8_t)next_u32();
+    for (size_t i = 0; i < scale.size(); i++)
+        scale[i] = i % 13 == 5 ? 1 : (uint8_t)(119 + next_u32() % 16);
+    std::vector<float> x((size_t)n * cols), y((size_t)n * rows, NAN);
+    for (auto &v : x)
+        v = ldexpf((float)((int32_t)(next_u32() % (1u << 24)) - (1 << 23)), -23 - next_u32() % 6);
+    kl_gpu_mat w;
+    memset(&w, 0, sizeof w);
+    w.kind = mx ? KL_GPU_W_MXFP4 : KL_GPU_W_BF16;
+    w.rows = rows, w.cols = cols;
+    w.data = wb.data(), w.packed = packed.data(), w.scale = scale.data();
+    const uint32_t nt = n <= 8 ? 1 : n <= 16 ? 2 : 4;
+    const sk_plan p = sk_plan_for(rows, cols, n, nt == 4, res8, res4);
+    if (mx)
+        nt == 1 ? run<1, 1>(w, x.data(), n, y.data(), p)
+        : nt == 2 ? run<1, 2>(w, x.data(), n, y.data(), p)
+                  : run<1, 4>(w, x.data(), n, y.data(), p);
+    else
+        nt == 1 ? run<0, 1>(w, x.data(), n, y.data(), p)
+        : nt == 2 ? run<0, 2>(w, x.data(), n, y.data(), p)
+                  : run<0, 4>(w, x.data(), n, y.data(), p);
+    double worst = 0;
+    std::vector<float> row(cols);
+    std::vector<double> ref((size_t)n * rows);
+    for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t c = 0; c < cols; c++) {
+            if (mx) {
+                const uint8_t b = packed[((size_t)r * cols + c) / 2];
+                row[c] = kl_e2m1_value(c % 2 ? b >> 4 : b & 15u) *
+                         kl_e8m0_value(scale[((size_t)r * cols + c) / KL_MXFP4_BLOCK]);
+            } else {
+                row[c] = (float)bf16_at(wb[(size_t)r * cols + c], 0);
+            }
+        }
+        for (uint32_t t = 0; t < n; t++) {
+            double s = 0;
+            for (uint32_t c = 0; c < cols; c++)
+                s += (double)row[c] * x[(size_t)t * cols + c];
+            ref[(size_t)t * rows + r] = s;
+        }
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        double e = 0, m = 0;
+        for (uint32_t r = 0; r < rows; r++) {
+            const double d = y[(size_t)t * rows + r] - ref[(size_t)t * rows + r];
+            e += d * d, m += ref[(size_t)t * rows + r] * ref[(size_t)t * rows + r];
+        }
+        const double rel = sqrt(e) / (m > 0 ? sqrt(m) : 1.0);
+        worst = rel > worst || rel != rel ? rel : worst;
+    }
+    printf("skinny_lanes %s %ux%u n=%u: warps %u, tiles %u, splits %u of %u columns: "
+           "rel L2 %.3g\n",
+           argv[1], rows, cols, n, p.warps, p.tiles, p.splits, p.span, worst);
+    return worst <= 1e-6 ? 0 : 1;
+}
