@@ -46,6 +46,8 @@ TEST_SCRIPTS += tests/install.sh
 TEST_SCRIPTS += tests/readme.sh
 # every GPU kernel starts with KL_GPU_GRID_WAIT() (programmatic launches in decode graphs)
 TEST_SCRIPTS += tests/gpu_wait.sh
+# kernels/skinny.cu's kernels run on the CPU at lane level against double (no GPU needed)
+TEST_SCRIPTS += tests/gpu/skinny_lanes.sh
 
 .PHONY: all test demo fuzz portable install clean deps gpu gpu-kl gpu-compile
 all: $(B)/kl

@@ -259,12 +259,14 @@ __device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
                 acc[i][j][e] += f[i][j][e];
 }
 
-/* y, or split blockIdx.y's slice of sk_part, [n, rows] = the block's sums over its columns. */
+/* y, or split blockIdx.y's slice of sk_part, [n, rows] = the block's sums over its columns.
+ * The first step's weights are loaded before the grid wait (gpu.h: KL_GPU_GRID_WAIT_LATER),
+ * so in a graph with programmatic edges they are in flight while the previous kernel ends. */
 template <int MX, int NT>
 __global__ static void __launch_bounds__(32 * SK_WARPS)
     skinny_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, uint32_t span)
 {
-    KL_GPU_GRID_WAIT();
+    KL_GPU_GRID_WAIT_LATER();
     __shared__ uint4 xs[SK_STAGE_BYTES / 16];
     constexpr uint32_t STEP = MX ? KL_SK_GRAN : 2 * KL_SK_UNIT, STAGE = sk<NT>::STAGE;
     const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -281,7 +283,8 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
     const uint32_t k_end = w.cols - k_begin < span ? w.cols : k_begin + span;
     float acc[2][NT][4] = {};
     sk_a<MX> cur, nxt = {};
-    sk_load(cur, w, r, k_begin, t);
+    sk_load(cur, w, r, k_begin, t); /* weights: written before the step's first kernel */
+    KL_GPU_GRID_WAIT();
     for (uint32_t k = k_begin; k < k_end; k += STEP) {
         const uint32_t ko = (k - k_begin) % STAGE;
         if (ko == 0) { /* the same for the whole block */

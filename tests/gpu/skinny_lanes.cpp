@@ -25,6 +25,7 @@
 #define __shared__ static /* one array for the block's threads (blocks run one at a time) */
 #define __launch_bounds__(...)
 #define KL_GPU_GRID_WAIT() ((void)0)
+#define KL_GPU_GRID_WAIT_LATER() ((void)0)
 
 struct dim3 {
     unsigned x, y, z;
