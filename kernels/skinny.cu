@@ -217,14 +217,7 @@ __device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
                                      const uint4 *xs, uint32_t U0, uint32_t g, uint32_t t)
 {
     typedef sk<NT> S;
-    float f[2][NT][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                f[i][j][e] = 0.0f;
+    float f[2][NT][4] = {};
     sk_tabs tb;
     if constexpr (MX)
         sk_tables(a, t, tb);

@@ -193,6 +193,17 @@ static inline kl_gpu_mat t_mat_replica(const kl_gpu_mat &d, const t_mat &m)
     return c;
 }
 
+/* m on the device and copies of it, >= 512 MB in all (at most 256): weights rotated over them
+ * in timed calls cannot stay in the L2. */
+static inline std::vector<kl_gpu_mat> t_mat_rotation(const t_mat &m)
+{
+    const size_t copies = std::min<size_t>(256, ((size_t)512 << 20) / t_mat_bytes(m) + 1);
+    std::vector<kl_gpu_mat> w(1, t_mat_upload(m));
+    while (w.size() < copies)
+        w.push_back(t_mat_replica(w[0], m));
+    return w;
+}
+
 /* Frees what t_mat_upload or t_mat_replica allocated. */
 static inline void t_mat_free(const kl_gpu_mat &d)
 {

@@ -12,6 +12,7 @@
  */
 #define __HIPCC__ 1 /* the SIMT stand-ins (no PTX) */
 #include "kernels/mla.h"
+#include "tests/gpu/lanes.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -19,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <thread>
 #include <vector>
 
 #define __device__
@@ -165,14 +165,10 @@ template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
         for (uint32_t x = 0; x < grid.x; x++) {
             blockIdx = {x, y, 0};
             memset(shared4, 0xff, sizeof shared4); /* NaN */
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < threads; i++)
-                th.emplace_back([&, i] {
-                    threadIdx = {i, 0, 0};
-                    kernel();
-                });
-            for (std::thread &h : th)
-                h.join();
+            lanes_block(threads, [&](unsigned i) {
+                threadIdx = {i, 0, 0};
+                kernel();
+            });
         }
     pthread_barrier_destroy(&block_bar);
     for (unsigned g = 0; g < threads / 32; g++)

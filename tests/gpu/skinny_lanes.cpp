@@ -10,13 +10,13 @@
  * exit 0 when it is at most 1e-6.
  */
 #include "kernels/gpu_api.h"
+#include "tests/gpu/lanes.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <thread>
 #include <vector>
 
 #define __device__
@@ -102,14 +102,10 @@ template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
     for (uint32_t y = 0; y < grid.y; y++)
         for (uint32_t x = 0; x < grid.x; x++) {
             blockIdx = {x, y, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < threads; i++)
-                th.emplace_back([&, i] {
-                    threadIdx = {i, 0, 0};
-                    kernel();
-                });
-            for (std::thread &h : th)
-                h.join();
+            lanes_block(threads, [&](unsigned i) {
+                threadIdx = {i, 0, 0};
+                kernel();
+            });
         }
     pthread_barrier_destroy(&block_bar);
     for (unsigned w = 0; w < threads / 32; w++)

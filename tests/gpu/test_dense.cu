@@ -82,10 +82,8 @@ static void time_matmul(kl_gpu_wkind kind, size_t rows, size_t cols, uint32_t n,
 {
     const t_mat m = t_mat_random(kind, rows, cols);
     const size_t bytes = t_mat_bytes(m);
-    const size_t copies = std::min<size_t>(256, ((size_t)512 << 20) / bytes + 1);
-    std::vector<kl_gpu_mat> w(1, t_mat_upload(m));
-    while (w.size() < copies)
-        w.push_back(t_mat_replica(w[0], m));
+    const std::vector<kl_gpu_mat> w = t_mat_rotation(m);
+    const size_t copies = w.size();
     float *dx = t_upload(t_vec(n * cols)), *dy = (float *)t_alloc(n * rows * sizeof(float));
     kl_err err;
     kl_err_clear(&err);

@@ -100,10 +100,7 @@ static void check_shape(kl_gpu_wkind kind, size_t rows, size_t cols, size_t step
 {
     const t_mat m = t_mat_random(kind, rows, cols);
     const size_t bytes = t_mat_bytes(m);
-    const size_t copies = std::min<size_t>(256, ((size_t)512 << 20) / bytes + 1);
-    std::vector<kl_gpu_mat> w(1, t_mat_upload(m));
-    while (w.size() < copies)
-        w.push_back(t_mat_replica(w[0], m));
+    const std::vector<kl_gpu_mat> w = t_mat_rotation(m);
     const std::vector<float> x = t_vec(MAX_N * cols);
     const ref_t ref = reference(m, x, step);
     float *dx = t_upload(x), *dy = (float *)t_alloc(MAX_N * rows * sizeof(float));
@@ -197,10 +194,7 @@ static void sweep(size_t rows, size_t cols, uint32_t n, double copy_gbps)
 {
     const t_mat m = t_mat_random(KL_GPU_W_BF16, rows, cols);
     const size_t bytes = t_mat_bytes(m);
-    const size_t copies = std::min<size_t>(256, ((size_t)512 << 20) / bytes + 1);
-    std::vector<kl_gpu_mat> w(1, t_mat_upload(m));
-    while (w.size() < copies)
-        w.push_back(t_mat_replica(w[0], m));
+    const std::vector<kl_gpu_mat> w = t_mat_rotation(m);
     float *dx = t_upload(t_vec(MAX_N * cols)), *dy = (float *)t_alloc(MAX_N * rows * 4);
     for (unsigned per_sm : {0u, 1u, 2u, 3u, 4u, 6u}) {
         kl_gpu_skinny_blocks_set(per_sm);
