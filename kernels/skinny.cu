@@ -16,10 +16,12 @@
  * Count (BF16 [4096, 2304], 16 tokens, 2 blocks an SM on the H200's 132): 16 tiles of 256
  * rows x 9 splits of 256 columns = 144 blocks; weights 18.9 MB (4.5 us at 4.2 TB/s); x read
  * from L2 once per block row (16 x 147 KB = 2.4 MB) and the partial sums written and read
- * once (2 x 9 x 16 x 4096 x 4 = 4.7 MB, L2); per warp-step (4 KB of weights) 24 MMAs (1.7
- * clocks each per SM: ~41 clocks against the ~230 the HBM share of 4 KB takes) and 12
- * shared-memory reads of 16 bytes a lane (48 clocks).  So the products should run near the
- * weights' byte rate, plus the second launch and the L2 traffic.
+ * once (2 x 9 x 16 x 4096 x 4 = 4.7 MB, L2); per warp-step (32 rows x 64 columns, 4 KB of
+ * weights) 48 MMAs (2 tiles x 2 n8 tiles x 12; ~82 clocks at 1.7 each per SM, against the
+ * ~250 the SM's share of HBM takes for 4 KB) and 12 shared-memory reads of 16 bytes a lane
+ * (~48 clocks).  So the products should run near the weights' byte rate, plus the second
+ * launch and the L2 traffic; at 32 tokens the MMAs double (~165 clocks) and 4-warp blocks
+ * (registers: 3 an SM) hide less.
  */
 #include "kernels/skinny.h"
 #include "kernels/dense.h"
