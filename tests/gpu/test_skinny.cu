@@ -6,8 +6,9 @@
  * KL_GPU_SKINNY off, fail above 1e-5), kl_gpu_matmul switched on equal bit for bit to
  * kl_gpu_skinny below KL_GPU_GEMM_MIN_N, odd shapes (partial warps and tiles, one granule,
  * uneven K splits) and the refusals.  Each case is timed both ways (events, median of 20 single
- * calls after warm-up, weights rotated over copies so the L2 cannot hold them) and printed as
- * one JSON line: weight bytes, µs, GB/s of weight bytes, the ratio new/old of the times; then
+ * calls after warm-up, weights rotated over copies so the L2 cannot hold them), from 16 tokens
+ * also the prefill products (kl_gpu_gemm_p, x split each call), and printed as one JSON line:
+ * weight bytes, µs, GB/s of weight bytes, the ratio new/old of the times; then
  * a sweep of the blocks aimed at per SM (kl_gpu_skinny_blocks_set) at n = 8, 16, 32, and the
  * summary line.  Exit 0 pass, 1 fail, 77 no GPU.
  */
@@ -75,18 +76,23 @@ static std::vector<float> product(const kl_gpu_mat &w, const float *dx, uint32_t
     return t_download(dy, (size_t)n * w.rows);
 }
 
-/* Median seconds of one call of the new (skinny 1) or old (0) path over the copies. */
+/* The paths timed: the new kernel, kl_gpu_matmul's SIMT kernels, the prefill products. */
+enum path { NEW, OLD, GEMM };
+
+/* Median seconds of one call of a path over the copies (GEMM: kl_gpu_gemm_p with x split into
+ * parts each call, as the engine's first product of an input). */
 static double time_path(const std::vector<kl_gpu_mat> &w, const float *dx, uint32_t n,
-                        float *dy, int skinny)
+                        float *dy, path how, uint16_t *parts)
 {
     kl_err err;
     kl_err_clear(&err);
-    kl_gpu_skinny_set(skinny);
+    kl_gpu_skinny_set(how != OLD);
     const double s = t_median_s(
         [&](int i, kl_gpu_stream st) {
             const kl_gpu_mat &c = w[(size_t)i % w.size()];
-            t_ok(skinny ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
-                        : kl_gpu_matmul(&c, dx, n, dy, st, &err),
+            t_ok(how == NEW   ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
+                 : how == OLD ? kl_gpu_matmul(&c, dx, n, dy, st, &err)
+                              : kl_gpu_gemm_p(&c, dx, n, dy, parts, 0, st, &err),
                  &err, "timed product");
         },
         20);
@@ -104,6 +110,7 @@ static void check_shape(kl_gpu_wkind kind, size_t rows, size_t cols, size_t step
     const std::vector<float> x = t_vec(MAX_N * cols);
     const ref_t ref = reference(m, x, step);
     float *dx = t_upload(x), *dy = (float *)t_alloc(MAX_N * rows * sizeof(float));
+    uint16_t *parts = (uint16_t *)t_alloc(kl_gpu_gemm_parts_bytes(MAX_N, (uint32_t)cols));
     for (uint32_t n : ns) {
         const std::vector<float> y_new = product(w[0], dx, n, dy, 1);
         const std::vector<float> y_old = product(w[0], dx, n, dy, 0);
@@ -119,19 +126,23 @@ static void check_shape(kl_gpu_wkind kind, size_t rows, size_t cols, size_t step
                      t_kind_name(kind), rows, cols, n);
             t_check(what, memcmp(y_mm.data(), y_new.data(), y_new.size() * 4) != 0, 0);
         }
-        const double s_new = time_path(w, dx, n, dy, 1), s_old = time_path(w, dx, n, dy, 0);
+        const double s_new = time_path(w, dx, n, dy, NEW, parts);
+        const double s_old = time_path(w, dx, n, dy, OLD, parts);
+        /* from 16 tokens also the prefill products (KL_GPU_GEMM_MIN_N: where they take over) */
+        const double s_gemm = n >= 16 ? time_path(w, dx, n, dy, GEMM, parts) : 0.0;
         printf("{\"case\":\"skinny\",\"kind\":\"%s\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
                "\"err_new\":%.3g,\"err_old\":%.3g,\"weight_bytes\":%zu,\"us_new\":%.2f,"
-               "\"us_old\":%.2f,\"gbps_new\":%.1f,\"gbps_old\":%.1f,\"new_to_copy\":%.3f,"
-               "\"time_ratio_new_old\":%.3f}\n",
+               "\"us_old\":%.2f,\"us_gemm\":%.2f,\"gbps_new\":%.1f,\"gbps_old\":%.1f,"
+               "\"new_to_copy\":%.3f,\"time_ratio_new_old\":%.3f}\n",
                t_kind_name(kind), rows, cols, n, e_new, e_old, bytes, s_new * 1e6, s_old * 1e6,
-               bytes / s_new / 1e9, bytes / s_old / 1e9, bytes / s_new / 1e9 / copy_gbps,
-               s_new / s_old);
+               s_gemm * 1e6, bytes / s_new / 1e9, bytes / s_old / 1e9,
+               bytes / s_new / 1e9 / copy_gbps, s_new / s_old);
         fflush(stdout);
     }
     T_CHECK(hipDeviceSynchronize());
     hipFree(dx);
     hipFree(dy);
+    hipFree(parts);
     for (auto &c : w)
         t_mat_free(c);
 }
@@ -198,7 +209,7 @@ static void sweep(size_t rows, size_t cols, uint32_t n, double copy_gbps)
     float *dx = t_upload(t_vec(MAX_N * cols)), *dy = (float *)t_alloc(MAX_N * rows * 4);
     for (unsigned per_sm : {0u, 1u, 2u, 3u, 4u, 6u}) {
         kl_gpu_skinny_blocks_set(per_sm);
-        const double s = time_path(w, dx, n, dy, 1);
+        const double s = time_path(w, dx, n, dy, NEW, NULL);
         printf("{\"case\":\"sweep\",\"kind\":\"bf16\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
                "\"per_sm\":%u,\"us\":%.2f,\"gbps\":%.1f,\"to_copy\":%.3f}\n",
                rows, cols, n, per_sm, s * 1e6, bytes / s / 1e9, bytes / s / 1e9 / copy_gbps);
