@@ -339,7 +339,7 @@ static sk_plan sk_plan_for(uint32_t rows, uint32_t cols, uint32_t n, int nt4, ui
         p.warps = SK_WARPS / 2;
     const uint64_t target = p.warps == SK_WARPS ? res8 : res4;
     p.tiles = (rows + 32 * p.warps - 1) / (32 * p.warps);
-    uint64_t want = (target + p.tiles - 1) / p.tiles;
+    uint64_t want = target / p.tiles; /* at most one wave: a second would double the time */
     const uint64_t room = SK_PART_FLOATS / ((uint64_t)n * rows);
     want = want < gran ? want : gran;
     want = want < room ? want : room;

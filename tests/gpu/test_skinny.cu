@@ -233,7 +233,7 @@ int main(void)
     for (kl_gpu_wkind k : {KL_GPU_W_BF16, KL_GPU_W_MXFP4}) {
         check_odd(k, 37, 128, 0);     /* one granule, one partial warp */
         check_odd(k, 300, 640, 0);    /* partial tiles, 5 granules */
-        check_odd(k, 8192, 1152, 1);  /* per_sm 1 on 132 SMs: splits of 2, 2, 2, 2, 1 granules */
+        check_odd(k, 6144, 1152, 1);  /* per_sm 1 on 132 SMs: splits of 2, 2, 2, 2, 1 granules */
         check_odd(k, 1000, 2304, 64); /* as many splits as granules */
     }
     const double copy = t_copy_gbps();
