@@ -7,8 +7,9 @@
  * kl_gpu_skinny below KL_GPU_GEMM_MIN_N, odd shapes (partial warps and tiles, one granule,
  * uneven K splits) and the refusals.  Each case is timed both ways (events, median of 20 single
  * calls after warm-up, weights rotated over copies so the L2 cannot hold them), from 16 tokens
- * also the prefill products (kl_gpu_gemm_p, x split each call), and printed as one JSON line:
- * weight bytes, µs, GB/s of weight bytes, the ratio new/old of the times; then
+ * also the prefill products (kl_gpu_gemm_p, x split each call), new and old also per call in a
+ * graph of 32, and printed as one JSON line: weight bytes, µs, GB/s of weight bytes, the
+ * ratio new/old of the single-call times; then
  * a sweep of the blocks aimed at per SM (kl_gpu_skinny_blocks_set) at n = 8, 16, 32, and the
  * summary line.  Exit 0 pass, 1 fail, 77 no GPU.
  */
@@ -80,22 +81,24 @@ static std::vector<float> product(const kl_gpu_mat &w, const float *dx, uint32_t
 enum path { NEW, OLD, GEMM };
 
 /* Median seconds of one call of a path over the copies (GEMM: kl_gpu_gemm_p with x split into
- * parts each call, as the engine's first product of an input). */
+ * parts each call, as the engine's first product of an input); *graph_s (unless NULL): per
+ * call when 32 calls replay as one graph (as the engine's decode step runs them). */
 static double time_path(const std::vector<kl_gpu_mat> &w, const float *dx, uint32_t n,
-                        float *dy, path how, uint16_t *parts)
+                        float *dy, path how, uint16_t *parts, double *graph_s)
 {
     kl_err err;
     kl_err_clear(&err);
     kl_gpu_skinny_set(how != OLD);
-    const double s = t_median_s(
-        [&](int i, kl_gpu_stream st) {
-            const kl_gpu_mat &c = w[(size_t)i % w.size()];
-            t_ok(how == NEW   ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
-                 : how == OLD ? kl_gpu_matmul(&c, dx, n, dy, st, &err)
-                              : kl_gpu_gemm_p(&c, dx, n, dy, parts, 0, st, &err),
-                 &err, "timed product");
-        },
-        20);
+    auto call = [&](int i, kl_gpu_stream st) {
+        const kl_gpu_mat &c = w[(size_t)i % w.size()];
+        t_ok(how == NEW   ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
+             : how == OLD ? kl_gpu_matmul(&c, dx, n, dy, st, &err)
+                          : kl_gpu_gemm_p(&c, dx, n, dy, parts, 0, st, &err),
+             &err, "timed product");
+    };
+    const double s = t_median_s(call, 20);
+    if (graph_s)
+        *graph_s = t_graph_s(call, 32);
     kl_gpu_skinny_set(1);
     return s;
 }
@@ -126,16 +129,18 @@ static void check_shape(kl_gpu_wkind kind, size_t rows, size_t cols, size_t step
                      t_kind_name(kind), rows, cols, n);
             t_check(what, memcmp(y_mm.data(), y_new.data(), y_new.size() * 4) != 0, 0);
         }
-        const double s_new = time_path(w, dx, n, dy, NEW, parts);
-        const double s_old = time_path(w, dx, n, dy, OLD, parts);
+        double g_new = 0, g_old = 0;
+        const double s_new = time_path(w, dx, n, dy, NEW, parts, &g_new);
+        const double s_old = time_path(w, dx, n, dy, OLD, parts, &g_old);
         /* from 16 tokens also the prefill products (KL_GPU_GEMM_MIN_N: where they take over) */
-        const double s_gemm = n >= 16 ? time_path(w, dx, n, dy, GEMM, parts) : 0.0;
+        const double s_gemm = n >= 16 ? time_path(w, dx, n, dy, GEMM, parts, NULL) : 0.0;
         printf("{\"case\":\"skinny\",\"kind\":\"%s\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
                "\"err_new\":%.3g,\"err_old\":%.3g,\"weight_bytes\":%zu,\"us_new\":%.2f,"
-               "\"us_old\":%.2f,\"us_gemm\":%.2f,\"gbps_new\":%.1f,\"gbps_old\":%.1f,"
-               "\"new_to_copy\":%.3f,\"time_ratio_new_old\":%.3f}\n",
+               "\"us_old\":%.2f,\"us_gemm\":%.2f,\"graph_us_new\":%.2f,\"graph_us_old\":%.2f,"
+               "\"gbps_new\":%.1f,\"gbps_old\":%.1f,\"new_to_copy\":%.3f,"
+               "\"time_ratio_new_old\":%.3f}\n",
                t_kind_name(kind), rows, cols, n, e_new, e_old, bytes, s_new * 1e6, s_old * 1e6,
-               s_gemm * 1e6, bytes / s_new / 1e9, bytes / s_old / 1e9,
+               s_gemm * 1e6, g_new * 1e6, g_old * 1e6, bytes / s_new / 1e9, bytes / s_old / 1e9,
                bytes / s_new / 1e9 / copy_gbps, s_new / s_old);
         fflush(stdout);
     }
@@ -209,10 +214,12 @@ static void sweep(size_t rows, size_t cols, uint32_t n, double copy_gbps)
     float *dx = t_upload(t_vec(MAX_N * cols)), *dy = (float *)t_alloc(MAX_N * rows * 4);
     for (unsigned per_sm : {0u, 1u, 2u, 3u, 4u, 6u}) {
         kl_gpu_skinny_blocks_set(per_sm);
-        const double s = time_path(w, dx, n, dy, NEW, NULL);
+        double g = 0;
+        const double s = time_path(w, dx, n, dy, NEW, NULL, &g);
         printf("{\"case\":\"sweep\",\"kind\":\"bf16\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
-               "\"per_sm\":%u,\"us\":%.2f,\"gbps\":%.1f,\"to_copy\":%.3f}\n",
-               rows, cols, n, per_sm, s * 1e6, bytes / s / 1e9, bytes / s / 1e9 / copy_gbps);
+               "\"per_sm\":%u,\"us\":%.2f,\"graph_us\":%.2f,\"gbps\":%.1f,\"to_copy\":%.3f}\n",
+               rows, cols, n, per_sm, s * 1e6, g * 1e6, bytes / s / 1e9,
+               bytes / s / 1e9 / copy_gbps);
     }
     kl_gpu_skinny_blocks_set(0);
     fflush(stdout);
