@@ -4,9 +4,10 @@
  *
  * Grid: (row tiles, K splits).  A block of W = 4 or 8 warps takes 32 W rows and the columns
  * [k_begin, k_end) of its split; warp w rows 32 w .. + 31 of them (two m16 tiles) against all
- * tokens (NT n8 tiles: 8, 16 or 32 tokens).  K goes in steps (BF16 64 columns: two 16-byte
- * loads per row a lane; MXFP4 a granule of 128: one 16-byte load of codes and one scale word
- * per row), the next step's loads issued before this step's products.  x is staged per stage
+ * tokens (NT n8 tiles: 8, 16 or 32 tokens).  K goes in steps of U units (BF16 version 1: 64
+ * columns, two 16-byte loads per row a lane; version 2: 128, four; MXFP4 a granule of 128:
+ * one 16-byte load of codes and one scale word per row), the next step's loads issued before
+ * this step's products.  x is staged per stage
  * of columns (48 KiB: 1024, 512 or 256 columns for 8, 16 or 32 tokens) as three bf16 parts
  * (gemm_split.cuh), tokens past n as zeros; two barriers a stage.  Each step's MMAs (BF16 2
  * units x 2 MMAs x 3 parts = 12 per fragment, MXFP4 24) sum in fresh fragments added to the
@@ -39,21 +40,23 @@
 #define SK_STAGE_BYTES 49152u      /* x parts a block stages: 48 KiB (no opt-in needed) */
 #define SK_PART_FLOATS (1u << 21)  /* the splits' partial sums: 8 MiB */
 
-static int sk_state = -1;     /* on (1) / off (0); -1: not read from the environment yet */
+static int sk_version = -1;   /* 0 (off), 1 or 2; -1: not read from the environment yet */
 static unsigned sk_per_sm;    /* blocks aimed at per SM; 0: the kernel's occupancy */
 
-extern "C" int kl_gpu_skinny_on(void)
+extern "C" int kl_gpu_skinny_version(void)
 {
-    if (sk_state < 0) {
+    if (sk_version < 0) {
         const char *v = getenv("KL_GPU_SKINNY");
-        sk_state = !(v && (!strcmp(v, "off") || !strcmp(v, "0")));
+        sk_version = v && (!strcmp(v, "off") || !strcmp(v, "0")) ? 0
+                     : v && !strcmp(v, "v2")                      ? 2
+                                                                  : 1;
     }
-    return sk_state;
+    return sk_version;
 }
 
-extern "C" void kl_gpu_skinny_set(int on)
+extern "C" void kl_gpu_skinny_version_set(int version)
 {
-    sk_state = on != 0;
+    sk_version = version == 0 || version == 2 ? version : 1;
 }
 
 extern "C" void kl_gpu_skinny_blocks_set(unsigned per_sm)
@@ -78,7 +81,7 @@ extern "C" int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t
 #if defined(__HIP_PLATFORM_AMD__)
     return 0 && w && x && n;
 #else
-    return w && x && kl_gpu_skinny_on() && sk_fits(w, x, n);
+    return w && x && kl_gpu_skinny_version() && sk_fits(w, x, n);
 #endif
 }
 
@@ -118,21 +121,22 @@ __device__ static void sk_stage(const float *x, uint32_t n, uint32_t cols, uint3
     }
 }
 
-/* The weights a lane multiplies in one step, as loaded: BF16 [m16 tile][row g, g + 8][unit]
- * 16-byte pieces; MXFP4 [tile][row] the codes of the lane's scale block and the scale word
- * of the granule's four blocks (byte t: the lane's). */
-template <int MX> struct sk_a;
-template <> struct sk_a<0> {
-    uint4 q[2][2][2];
+/* The weights a lane multiplies in one step of U units, as loaded: BF16 [m16 tile][row g,
+ * g + 8][unit] 16-byte pieces; MXFP4 (U = 4: a granule) [tile][row] the codes of the lane's
+ * scale block and the scale word of the granule's four blocks (byte t: the lane's). */
+template <int MX, int U> struct sk_a;
+template <int U> struct sk_a<0, U> {
+    uint4 q[2][2][U];
 };
-template <> struct sk_a<1> {
+template <> struct sk_a<1, 4> {
     uint4 q[2][2];
     uint32_t s[2][2];
 };
 
 /* Lane t's weights of the step at column k of the stored rows r[tile][half]. */
-__device__ static inline void sk_load(sk_a<0> &a, const kl_gpu_mat &w, const size_t (&r)[2][2],
-                                      uint32_t k, uint32_t t)
+template <int U>
+__device__ static inline void sk_load(sk_a<0, U> &a, const kl_gpu_mat &w,
+                                      const size_t (&r)[2][2], uint32_t k, uint32_t t)
 {
     const uint16_t *d = (const uint16_t *)w.data;
 #pragma unroll
@@ -140,12 +144,12 @@ __device__ static inline void sk_load(sk_a<0> &a, const kl_gpu_mat &w, const siz
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (uint32_t u = 0; u < 2; u++)
+            for (uint32_t u = 0; u < U; u++)
                 a.q[i][h][u] = *(const uint4 *)(d + r[i][h] * w.cols + k + kl_sk_col(0, u, t));
 }
 
-__device__ static inline void sk_load(sk_a<1> &a, const kl_gpu_mat &w, const size_t (&r)[2][2],
-                                      uint32_t k, uint32_t t)
+__device__ static inline void sk_load(sk_a<1, 4> &a, const kl_gpu_mat &w,
+                                      const size_t (&r)[2][2], uint32_t k, uint32_t t)
 {
     const uint32_t c = k + kl_sk_col(1, 0, t); /* the first column of the lane's block */
 #pragma unroll
@@ -174,7 +178,7 @@ struct sk_tabs {
     kl_mx_tab tab[2][2];
 };
 
-__device__ static inline void sk_tables(const sk_a<1> &a, uint32_t t, sk_tabs &tb)
+__device__ static inline void sk_tables(const sk_a<1, 4> &a, uint32_t t, sk_tabs &tb)
 {
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -186,7 +190,8 @@ __device__ static inline void sk_tables(const sk_a<1> &a, uint32_t t, sk_tabs &t
 }
 
 /* Unit u's words of rows g (lo) and g + 8 (hi) of each m16 tile. */
-__device__ static inline void sk_unit(const sk_a<0> &a, const sk_tabs *, uint32_t u,
+template <int U>
+__device__ static inline void sk_unit(const sk_a<0, U> &a, const sk_tabs *, uint32_t u,
                                       uint32_t (&lo)[2][4], uint32_t (&hi)[2][4])
 {
 #pragma unroll
@@ -196,7 +201,7 @@ __device__ static inline void sk_unit(const sk_a<0> &a, const sk_tabs *, uint32_
     }
 }
 
-__device__ static inline void sk_unit(const sk_a<1> &a, const sk_tabs *tb, uint32_t u,
+__device__ static inline void sk_unit(const sk_a<1, 4> &a, const sk_tabs *tb, uint32_t u,
                                       uint32_t (&lo)[2][4], uint32_t (&hi)[2][4])
 {
 #pragma unroll
@@ -212,10 +217,10 @@ __device__ static inline void sk_unit(const sk_a<1> &a, const sk_tabs *tb, uint3
         }
 }
 
-/* acc += the step's products: units U0 .. of the stage (BF16 2, MXFP4 4), each part (hi, lo,
- * lo2) of x against the unit's weights, summed in fresh fragments first. */
-template <int MX, int NT>
-__device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
+/* acc += the step's products: units U0 .. U0 + U - 1 of the stage, each part (hi, lo, lo2) of
+ * x against the unit's weights, summed in fresh fragments first. */
+template <int MX, int NT, int U>
+__device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX, U> &a,
                                      const uint4 *xs, uint32_t U0, uint32_t g, uint32_t t)
 {
     typedef sk<NT> S;
@@ -224,7 +229,7 @@ __device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
     if constexpr (MX)
         sk_tables(a, t, tb);
 #pragma unroll
-    for (uint32_t u = 0; u < (MX ? 4u : 2u); u++) {
+    for (uint32_t u = 0; u < U; u++) {
         uint32_t lo[2][4], hi[2][4];
         sk_unit(a, &tb, u, lo, hi);
 #pragma unroll
@@ -257,13 +262,13 @@ __device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX> &a,
 /* y, or split blockIdx.y's slice of sk_part, [n, rows] = the block's sums over its columns.
  * The first step's weights are loaded before the grid wait (gpu.h: KL_GPU_GRID_WAIT_LATER),
  * so in a graph with programmatic edges they are in flight while the previous kernel ends. */
-template <int MX, int NT>
+template <int MX, int NT, int U>
 __global__ static void __launch_bounds__(32 * SK_WARPS)
     skinny_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, uint32_t span)
 {
     KL_GPU_GRID_WAIT_LATER();
     __shared__ uint4 xs[SK_STAGE_BYTES / 16];
-    constexpr uint32_t STEP = MX ? KL_SK_GRAN : 2 * KL_SK_UNIT, STAGE = sk<NT>::STAGE;
+    constexpr uint32_t STEP = U * KL_SK_UNIT, STAGE = sk<NT>::STAGE;
     const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const size_t row0 = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32;
     size_t r[2][2]; /* rows past the matrix read its last row; their sums are not stored */
@@ -277,7 +282,7 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
     const uint32_t k_begin = blockIdx.y * span;
     const uint32_t k_end = w.cols - k_begin < span ? w.cols : k_begin + span;
     float acc[2][NT][4] = {};
-    sk_a<MX> cur, nxt = {};
+    sk_a<MX, U> cur, nxt = {};
     sk_load(cur, w, r, k_begin, t); /* weights: written before the step's first kernel */
     KL_GPU_GRID_WAIT();
     for (uint32_t k = k_begin; k < k_end; k += STEP) {
@@ -289,7 +294,7 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
         }
         if (k + STEP < k_end)
             sk_load(nxt, w, r, k + STEP, t);
-        sk_mul<MX, NT>(acc, cur, xs, ko / KL_SK_UNIT, g, t);
+        sk_mul<MX, NT, U>(acc, cur, xs, ko / KL_SK_UNIT, g, t);
         cur = nxt;
     }
     float *out = gridDim.y > 1 ? sk_part + (size_t)blockIdx.y * n * w.rows : y;
@@ -367,13 +372,13 @@ static uint32_t sk_multiprocessors(void)
     return (uint32_t)sk_sms;
 }
 
-/* Blocks of skinny_kernel<MX, NT> of `warps` warps resident at once on the device: its
+/* Blocks of skinny_kernel<MX, NT, U> of `warps` warps resident at once on the device: its
  * occupancy (asked once per kernel and size; sk_per_sm overrides it) times the SMs. */
-template <int MX, int NT> static uint32_t sk_resident(uint32_t warps)
+template <int MX, int NT, int U> static uint32_t sk_resident(uint32_t warps)
 {
     static int occ[2]; /* by warps 4, 8; 0: not asked yet */
     int &o = occ[warps == SK_WARPS];
-    if (!o && (hipOccupancyMaxActiveBlocksPerMultiprocessor(&o, skinny_kernel<MX, NT>,
+    if (!o && (hipOccupancyMaxActiveBlocksPerMultiprocessor(&o, skinny_kernel<MX, NT, U>,
                                                             (int)(32 * warps), 0) != hipSuccess ||
                o < 1))
         o = 1;
@@ -381,26 +386,26 @@ template <int MX, int NT> static uint32_t sk_resident(uint32_t warps)
 }
 
 /* The product's kernel launches; its plan in *p. */
-template <int MX, int NT>
+template <int MX, int NT, int U>
 static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
                       hipStream_t st)
 {
-    *p = sk_plan_for(w->rows, w->cols, n, NT == 4, sk_resident<MX, NT>(SK_WARPS),
-                     sk_resident<MX, NT>(SK_WARPS / 2));
-    skinny_kernel<MX, NT><<<dim3(p->tiles, p->splits), 32 * p->warps, 0, st>>>(*w, x, n, y,
+    *p = sk_plan_for(w->rows, w->cols, n, NT == 4, sk_resident<MX, NT, U>(SK_WARPS),
+                     sk_resident<MX, NT, U>(SK_WARPS / 2));
+    skinny_kernel<MX, NT, U><<<dim3(p->tiles, p->splits), 32 * p->warps, 0, st>>>(*w, x, n, y,
                                                                               p->span);
 }
 
-template <int MX>
+template <int MX, int U>
 static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
                       hipStream_t st)
 {
     if (n <= 8)
-        sk_launch<MX, 1>(w, x, n, y, p, st);
+        sk_launch<MX, 1, U>(w, x, n, y, p, st);
     else if (n <= 16)
-        sk_launch<MX, 2>(w, x, n, y, p, st);
+        sk_launch<MX, 2, U>(w, x, n, y, p, st);
     else
-        sk_launch<MX, 4>(w, x, n, y, p, st);
+        sk_launch<MX, 4, U>(w, x, n, y, p, st);
 }
 
 #endif
@@ -421,9 +426,11 @@ extern "C" int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, fl
     hipStream_t st = (hipStream_t)s;
     sk_plan p;
     if (w->kind == KL_GPU_W_MXFP4)
-        sk_launch<1>(w, x, n, y, &p, st);
+        sk_launch<1, 4>(w, x, n, y, &p, st);
+    else if (kl_gpu_skinny_version() == 2)
+        sk_launch<0, 4>(w, x, n, y, &p, st);
     else
-        sk_launch<0>(w, x, n, y, &p, st);
+        sk_launch<0, 2>(w, x, n, y, &p, st);
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     if (rc || p.splits == 1)
         return rc;

@@ -26,18 +26,22 @@ extern "C" {
 
 #define KL_GPU_SKINNY_MAX_N 32u
 
-/* Whether kl_gpu_matmul takes the skinny kernel where it applies: 1 unless KL_GPU_SKINNY=off
- * (or 0) in the environment, read at the first call; kl_gpu_skinny_set overrides it. */
-int  kl_gpu_skinny_on(void);
-void kl_gpu_skinny_set(int on);
+/* Which skinny kernels run: 1 (the default: BF16 in K steps of 64 columns, two register sets
+ * of 32 a lane), 2 (KL_GPU_SKINNY=v2: steps of 128, twice the weight bytes in flight a warp,
+ * more registers, fewer blocks an SM), or 0 (KL_GPU_SKINNY=off or 0: kl_gpu_matmul keeps its
+ * SIMT kernels).  MXFP4 takes steps of 128 in both.  Read from the environment at the first
+ * call; kl_gpu_skinny_version_set (0, 1 or 2) overrides it (the device test runs each). */
+int  kl_gpu_skinny_version(void);
+void kl_gpu_skinny_version_set(int version);
 
 /* Whether kl_gpu_skinny runs y = x Wᵀ for n tokens and kl_gpu_matmul sends it there: switched
- * on, CUDA, 2 <= n <= KL_GPU_SKINNY_MAX_N, W BF16 (data 16-byte aligned) or MXFP4 (codes 16-,
- * scales 4-byte aligned), cols a multiple of 128, x 16-byte aligned. */
+ * on (version 1 or 2), CUDA, 2 <= n <= KL_GPU_SKINNY_MAX_N, W BF16 (data 16-byte aligned) or
+ * MXFP4 (codes 16-, scales 4-byte aligned), cols a multiple of 128, x 16-byte aligned. */
 int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t n);
 
-/* y [n, w->rows] = x [n, w->cols] Wᵀ (whether or not switched on; KL_E_USAGE where
- * kl_gpu_skinny_takes would say no for another reason). */
+/* y [n, w->rows] = x [n, w->cols] Wᵀ (version 2's kernels when kl_gpu_skinny_version() is 2,
+ * else version 1's, switched off or not; KL_E_USAGE where kl_gpu_skinny_takes would say no
+ * for another reason). */
 int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 

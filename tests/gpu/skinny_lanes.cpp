@@ -4,7 +4,8 @@
  * gemm_split.cuh): a block is its 128 or 256 threads, __syncthreads a barrier over them, and
  * mma.m16n8k16 a barrier over the 32 lanes of a warp after which each lane sums its
  * accumulators from all lanes' fragments as the PTX ISA lays them out (products in double,
- * added to the fp32 accumulator).  Arguments: KIND (bf16 | mxfp4) ROWS COLS N [RES8 RES4]
+ * added to the fp32 accumulator).  Arguments: KIND (bf16, bf16v2: version 2's steps of 128
+ * columns, mxfp4) ROWS COLS N [RES8 RES4]
  * (the blocks of 8 and 4 warps resident at once that the plan fills; default 264 396, the
  * H200's).  Prints the plan and the worst relative L2 error over the n tokens against double;
  * exit 0 when it is at most 1e-6.
@@ -123,13 +124,25 @@ static void run_sum(uint32_t count, uint32_t splits, float *y)
         }
 }
 
-template <int MX, int NT>
+template <int MX, int NT, int U>
 static void run(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
 {
     run_grid({p.tiles, p.splits, 1}, 32 * p.warps,
-             [&] { skinny_kernel<MX, NT>(w, x, n, y, p.span); });
+             [&] { skinny_kernel<MX, NT, U>(w, x, n, y, p.span); });
     if (p.splits > 1)
         run_sum(n * w.rows, p.splits, y);
+}
+
+/* The kernel for n tokens: U units a step (BF16 version 1: 2; version 2 and MXFP4: 4). */
+template <int MX, int U>
+static void run_n(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
+{
+    if (n <= 8)
+        run<MX, 1, U>(w, x, n, y, p);
+    else if (n <= 16)
+        run<MX, 2, U>(w, x, n, y, p);
+    else
+        run<MX, 4, U>(w, x, n, y, p);
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -142,7 +155,7 @@ static uint32_t next_u32(void)
 int main(int argc, char **argv)
 {
     if (argc != 5 && argc != 7) {
-        fprintf(stderr, "usage: skinny_lanes bf16|mxfp4 ROWS COLS N [RES8 RES4]\n");
+        fprintf(stderr, "usage: skinny_lanes bf16|bf16v2|mxfp4 ROWS COLS N [RES8 RES4]\n");
         return 2;
     }
     const int mx = !strcmp(argv[1], "mxfp4");
@@ -176,13 +189,11 @@ int main(int argc, char **argv)
     const uint32_t nt = n <= 8 ? 1 : n <= 16 ? 2 : 4;
     const sk_plan p = sk_plan_for(rows, cols, n, nt == 4, res8, res4);
     if (mx)
-        nt == 1 ? run<1, 1>(w, x.data(), n, y.data(), p)
-        : nt == 2 ? run<1, 2>(w, x.data(), n, y.data(), p)
-                  : run<1, 4>(w, x.data(), n, y.data(), p);
+        run_n<1, 4>(w, x.data(), n, y.data(), p);
+    else if (!strcmp(argv[1], "bf16v2"))
+        run_n<0, 4>(w, x.data(), n, y.data(), p);
     else
-        nt == 1 ? run<0, 1>(w, x.data(), n, y.data(), p)
-        : nt == 2 ? run<0, 2>(w, x.data(), n, y.data(), p)
-                  : run<0, 4>(w, x.data(), n, y.data(), p);
+        run_n<0, 2>(w, x.data(), n, y.data(), p);
     double worst = 0;
     std::vector<float> row(cols);
     std::vector<double> ref((size_t)n * rows);

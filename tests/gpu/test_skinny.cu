@@ -2,16 +2,16 @@
  * tests/gpu/test_skinny.cu — kernels/skinny.h against a host reference in double: BF16 and
  * MXFP4 weights at Kimi-Linear's shapes (projections, KDA o, shared expert, dense MLP, lm_head
  * with rows sampled, and small ones) for n = 2, 3, 4, 7, 8, 9, 16, 17, 31, 32: the new kernel
- * (kl_gpu_skinny, fail above 1e-6 relative L2), the old path (kl_gpu_matmul with
- * KL_GPU_SKINNY off, fail above 1e-5), kl_gpu_matmul switched on equal bit for bit to
+ * (kl_gpu_skinny, versions 1 and 2, fail above 1e-6 relative L2), the old path (kl_gpu_matmul
+ * with KL_GPU_SKINNY off, fail above 1e-5), kl_gpu_matmul switched on equal bit for bit to
  * kl_gpu_skinny below KL_GPU_GEMM_MIN_N, odd shapes (partial warps and tiles, one granule,
- * uneven K splits) and the refusals.  Each case is timed both ways (events, median of 20 single
- * calls after warm-up, weights rotated over copies so the L2 cannot hold them), from 16 tokens
- * also the prefill products (kl_gpu_gemm_p, x split each call), new and old also per call in a
- * graph of 32, and printed as one JSON line: weight bytes, µs, GB/s of weight bytes, the
- * ratio new/old of the single-call times; then
- * a sweep of the blocks aimed at per SM (kl_gpu_skinny_blocks_set) at n = 8, 16, 32, and the
- * summary line.  Exit 0 pass, 1 fail, 77 no GPU.
+ * uneven K splits) and the refusals.  Each case is timed (events, median of 20 single calls
+ * after warm-up, weights rotated over copies so the L2 cannot hold them): new (v1, v2) and old
+ * also per call in a graph of 32, from 16 tokens the prefill products too (kl_gpu_gemm_p, x
+ * split each call); one JSON line a case: weight bytes, µs, GB/s of weight bytes, the ratio
+ * new/old of the single-call times.  Then a sweep of the blocks aimed at per SM
+ * (kl_gpu_skinny_blocks_set) at n = 8, 16, 32 for both versions (BF16 steps of 64 or 128
+ * columns), and the summary line.  Exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h"
 #include "kernels/gemm.h"
@@ -61,24 +61,26 @@ static double error_of(const std::vector<float> &y, const ref_t &r, uint32_t n, 
     return worst;
 }
 
-/* y [n, w.rows] by the new kernel (skinny 1) or kl_gpu_matmul with the skinny path switched
- * off (0) or on (2), on the host; y's device buffer set to NaN first. */
+/* y [n, w.rows] by kl_gpu_skinny at `version` (1 or 2), or (version 0) kl_gpu_matmul with the
+ * skinny path switched off, or (version -1) on; on the host, y's device buffer set to NaN
+ * first. */
 static std::vector<float> product(const kl_gpu_mat &w, const float *dx, uint32_t n, float *dy,
-                                  int skinny)
+                                  int version)
 {
     kl_err err;
     kl_err_clear(&err);
     T_CHECK(hipMemset(dy, 0xff, (size_t)n * w.rows * sizeof(float)));
-    kl_gpu_skinny_set(skinny != 0);
-    const int rc = skinny == 1 ? kl_gpu_skinny(&w, dx, n, dy, NULL, &err)
+    kl_gpu_skinny_version_set(version < 0 ? 1 : version);
+    const int rc = version > 0 ? kl_gpu_skinny(&w, dx, n, dy, NULL, &err)
                                : kl_gpu_matmul(&w, dx, n, dy, NULL, &err);
-    kl_gpu_skinny_set(1);
-    t_ok(rc, &err, skinny == 1 ? "kl_gpu_skinny" : "kl_gpu_matmul");
+    kl_gpu_skinny_version_set(1);
+    t_ok(rc, &err, version > 0 ? "kl_gpu_skinny" : "kl_gpu_matmul");
     return t_download(dy, (size_t)n * w.rows);
 }
 
-/* The paths timed: the new kernel, kl_gpu_matmul's SIMT kernels, the prefill products. */
-enum path { NEW, OLD, GEMM };
+/* The paths timed: the new kernel (versions 1 and 2), kl_gpu_matmul's SIMT kernels, the
+ * prefill products. */
+enum path { NEW, NEW2, OLD, GEMM };
 
 /* Median seconds of one call of a path over the copies (GEMM: kl_gpu_gemm_p with x split into
  * parts each call, as the engine's first product of an input); *graph_s (unless NULL): per
@@ -88,10 +90,10 @@ static double time_path(const std::vector<kl_gpu_mat> &w, const float *dx, uint3
 {
     kl_err err;
     kl_err_clear(&err);
-    kl_gpu_skinny_set(how != OLD);
+    kl_gpu_skinny_version_set(how == OLD ? 0 : how == NEW2 ? 2 : 1);
     auto call = [&](int i, kl_gpu_stream st) {
         const kl_gpu_mat &c = w[(size_t)i % w.size()];
-        t_ok(how == NEW   ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
+        t_ok(how <= NEW2  ? kl_gpu_skinny(&c, dx, n, dy, st, &err)
              : how == OLD ? kl_gpu_matmul(&c, dx, n, dy, st, &err)
                           : kl_gpu_gemm_p(&c, dx, n, dy, parts, 0, st, &err),
              &err, "timed product");
@@ -99,7 +101,7 @@ static double time_path(const std::vector<kl_gpu_mat> &w, const float *dx, uint3
     const double s = t_median_s(call, 20);
     if (graph_s)
         *graph_s = t_graph_s(call, 32);
-    kl_gpu_skinny_set(1);
+    kl_gpu_skinny_version_set(1);
     return s;
 }
 
@@ -118,29 +120,36 @@ static void check_shape(kl_gpu_wkind kind, size_t rows, size_t cols, size_t step
         const std::vector<float> y_new = product(w[0], dx, n, dy, 1);
         const std::vector<float> y_old = product(w[0], dx, n, dy, 0);
         const double e_new = error_of(y_new, ref, n, rows), e_old = error_of(y_old, ref, n, rows);
+        const double e_v2 = error_of(product(w[0], dx, n, dy, 2), ref, n, rows);
         char what[128];
         snprintf(what, sizeof what, "skinny %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
         t_check(what, e_new, TOL);
+        snprintf(what, sizeof what, "skinny v2 %s %zux%zu n=%u", t_kind_name(kind), rows, cols,
+                 n);
+        t_check(what, e_v2, TOL);
         snprintf(what, sizeof what, "old %s %zux%zu n=%u", t_kind_name(kind), rows, cols, n);
         t_check(what, e_old, OLD_TOL);
         if (n < KL_GPU_GEMM_MIN_N) { /* kl_gpu_matmul sends it to the same kernel */
-            const std::vector<float> y_mm = product(w[0], dx, n, dy, 2);
+            const std::vector<float> y_mm = product(w[0], dx, n, dy, -1);
             snprintf(what, sizeof what, "matmul routes %s %zux%zu n=%u (differing values)",
                      t_kind_name(kind), rows, cols, n);
             t_check(what, memcmp(y_mm.data(), y_new.data(), y_new.size() * 4) != 0, 0);
         }
-        double g_new = 0, g_old = 0;
+        double g_new = 0, g_old = 0, g_v2 = 0;
         const double s_new = time_path(w, dx, n, dy, NEW, parts, &g_new);
+        const double s_v2 = time_path(w, dx, n, dy, NEW2, parts, &g_v2);
         const double s_old = time_path(w, dx, n, dy, OLD, parts, &g_old);
         /* from 16 tokens also the prefill products (KL_GPU_GEMM_MIN_N: where they take over) */
         const double s_gemm = n >= 16 ? time_path(w, dx, n, dy, GEMM, parts, NULL) : 0.0;
         printf("{\"case\":\"skinny\",\"kind\":\"%s\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
-               "\"err_new\":%.3g,\"err_old\":%.3g,\"weight_bytes\":%zu,\"us_new\":%.2f,"
-               "\"us_old\":%.2f,\"us_gemm\":%.2f,\"graph_us_new\":%.2f,\"graph_us_old\":%.2f,"
-               "\"gbps_new\":%.1f,\"gbps_old\":%.1f,\"new_to_copy\":%.3f,"
+               "\"err_new\":%.3g,\"err_v2\":%.3g,\"err_old\":%.3g,\"weight_bytes\":%zu,"
+               "\"us_new\":%.2f,\"us_v2\":%.2f,\"us_old\":%.2f,\"us_gemm\":%.2f,"
+               "\"graph_us_new\":%.2f,\"graph_us_v2\":%.2f,\"graph_us_old\":%.2f,"
+               "\"gbps_new\":%.1f,\"gbps_v2\":%.1f,\"gbps_old\":%.1f,\"new_to_copy\":%.3f,"
                "\"time_ratio_new_old\":%.3f}\n",
-               t_kind_name(kind), rows, cols, n, e_new, e_old, bytes, s_new * 1e6, s_old * 1e6,
-               s_gemm * 1e6, g_new * 1e6, g_old * 1e6, bytes / s_new / 1e9, bytes / s_old / 1e9,
+               t_kind_name(kind), rows, cols, n, e_new, e_v2, e_old, bytes, s_new * 1e6,
+               s_v2 * 1e6, s_old * 1e6, s_gemm * 1e6, g_new * 1e6, g_v2 * 1e6, g_old * 1e6,
+               bytes / s_new / 1e9, bytes / s_v2 / 1e9, bytes / s_old / 1e9,
                bytes / s_new / 1e9 / copy_gbps, s_new / s_old);
         fflush(stdout);
     }
@@ -162,12 +171,13 @@ static void check_odd(kl_gpu_wkind kind, size_t rows, size_t cols, unsigned per_
     const ref_t ref = reference(m, x, 1);
     float *dx = t_upload(x), *dy = (float *)t_alloc(MAX_N * rows * sizeof(float));
     kl_gpu_skinny_blocks_set(per_sm);
-    for (uint32_t n : {2u, 5u, 13u, 24u, 32u}) {
-        char what[128];
-        snprintf(what, sizeof what, "skinny %s %zux%zu n=%u per_sm=%u", t_kind_name(kind), rows,
-                 cols, n, per_sm);
-        t_check(what, error_of(product(d, dx, n, dy, 1), ref, n, rows), TOL);
-    }
+    for (int v = 1; v <= 2; v++)
+        for (uint32_t n : {2u, 5u, 13u, 24u, 32u}) {
+            char what[128];
+            snprintf(what, sizeof what, "skinny v%d %s %zux%zu n=%u per_sm=%u", v,
+                     t_kind_name(kind), rows, cols, n, per_sm);
+            t_check(what, error_of(product(d, dx, n, dy, v), ref, n, rows), TOL);
+        }
     kl_gpu_skinny_blocks_set(0);
     hipFree(dx);
     hipFree(dy);
@@ -193,9 +203,11 @@ static void check_refusals(void)
     bad += kl_gpu_skinny(&m, x, 4, y, NULL, &err) != KL_E_USAGE || kl_gpu_skinny_takes(&m, x, 4);
     m.cols = 256;
     bad += !kl_gpu_skinny_takes(&m, x, 4);
-    kl_gpu_skinny_set(0);
+    kl_gpu_skinny_version_set(0);
     bad += kl_gpu_skinny_takes(&m, x, 4);
-    kl_gpu_skinny_set(1);
+    kl_gpu_skinny_version_set(2);
+    bad += !kl_gpu_skinny_takes(&m, x, 4);
+    kl_gpu_skinny_version_set(1);
     const kl_gpu_mat f = t_mat_upload(t_mat_random(KL_GPU_W_F32, 64, 256));
     bad += kl_gpu_skinny_takes(&f, x, 4);
     t_check("refusals (wrong answers)", bad, 0);
@@ -205,22 +217,25 @@ static void check_refusals(void)
     t_mat_free(f);
 }
 
-/* Median µs of the new kernel at per_sm blocks aimed at per SM, one JSON line per setting. */
+/* Median µs of the new kernel (versions 1 and 2) at per_sm blocks aimed at per SM, one JSON
+ * line per setting. */
 static void sweep(size_t rows, size_t cols, uint32_t n, double copy_gbps)
 {
     const t_mat m = t_mat_random(KL_GPU_W_BF16, rows, cols);
     const size_t bytes = t_mat_bytes(m);
     const std::vector<kl_gpu_mat> w = t_mat_rotation(m);
     float *dx = t_upload(t_vec(MAX_N * cols)), *dy = (float *)t_alloc(MAX_N * rows * 4);
-    for (unsigned per_sm : {0u, 1u, 2u, 3u, 4u, 6u}) {
-        kl_gpu_skinny_blocks_set(per_sm);
-        double g = 0;
-        const double s = time_path(w, dx, n, dy, NEW, NULL, &g);
-        printf("{\"case\":\"sweep\",\"kind\":\"bf16\",\"rows\":%zu,\"cols\":%zu,\"n\":%u,"
-               "\"per_sm\":%u,\"us\":%.2f,\"graph_us\":%.2f,\"gbps\":%.1f,\"to_copy\":%.3f}\n",
-               rows, cols, n, per_sm, s * 1e6, g * 1e6, bytes / s / 1e9,
-               bytes / s / 1e9 / copy_gbps);
-    }
+    for (path how : {NEW, NEW2})
+        for (unsigned per_sm : {0u, 1u, 2u, 3u, 4u, 6u}) {
+            kl_gpu_skinny_blocks_set(per_sm);
+            double g = 0;
+            const double s = time_path(w, dx, n, dy, how, NULL, &g);
+            printf("{\"case\":\"sweep\",\"version\":%d,\"kind\":\"bf16\",\"rows\":%zu,"
+                   "\"cols\":%zu,\"n\":%u,\"per_sm\":%u,\"us\":%.2f,\"graph_us\":%.2f,"
+                   "\"gbps\":%.1f,\"to_copy\":%.3f}\n",
+                   how == NEW2 ? 2 : 1, rows, cols, n, per_sm, s * 1e6, g * 1e6,
+                   bytes / s / 1e9, bytes / s / 1e9 / copy_gbps);
+        }
     kl_gpu_skinny_blocks_set(0);
     fflush(stdout);
     hipFree(dx);
@@ -233,9 +248,9 @@ int main(void)
 {
     if (!t_have_gpu("test_skinny"))
         return 77;
-    fprintf(stderr, "test_skinny: KL_GPU_SKINNY is %s in this environment\n",
-            kl_gpu_skinny_on() ? "on" : "off");
-    kl_gpu_skinny_set(1);
+    fprintf(stderr, "test_skinny: KL_GPU_SKINNY gives version %d in this environment\n",
+            kl_gpu_skinny_version());
+    kl_gpu_skinny_version_set(1);
     check_refusals();
     for (kl_gpu_wkind k : {KL_GPU_W_BF16, KL_GPU_W_MXFP4}) {
         check_odd(k, 37, 128, 0);     /* one granule, one partial warp */
