@@ -30,9 +30,6 @@
 #define KL_GPU_GROUP        32
 #define KL_GPU_GRID_WAIT() ((void)0)
 
-struct dim3 {
-    unsigned x, y, z;
-};
 struct float2 {
     float x, y;
 };
@@ -57,12 +54,8 @@ static float __half2float(__half h)
 static float2 make_float2(float a, float b) { return {a, b}; }
 static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
-static thread_local dim3 threadIdx;
-static dim3 blockIdx, gridDim, blockDim;
-static pthread_barrier_t block_bar, group_bar[8];
 static uint32_t lanes[8][32];
 
-static void __syncthreads() { pthread_barrier_wait(&block_bar); }
 static uint32_t __float_as_uint(float f)
 {
     uint32_t u;
@@ -157,22 +150,7 @@ template <int N> static void copy_wait()
 /* Runs kernel() as the blocks of grid, `threads` threads each (shared memory NaN first). */
 template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
 {
-    gridDim = grid, blockDim = {threads, 1, 1};
-    pthread_barrier_init(&block_bar, NULL, threads);
-    for (unsigned g = 0; g < threads / 32; g++)
-        pthread_barrier_init(&group_bar[g], NULL, 32);
-    for (uint32_t y = 0; y < grid.y; y++)
-        for (uint32_t x = 0; x < grid.x; x++) {
-            blockIdx = {x, y, 0};
-            memset(shared4, 0xff, sizeof shared4); /* NaN */
-            lanes_block(threads, [&](unsigned i) {
-                threadIdx = {i, 0, 0};
-                kernel();
-            });
-        }
-    pthread_barrier_destroy(&block_bar);
-    for (unsigned g = 0; g < threads / 32; g++)
-        pthread_barrier_destroy(&group_bar[g]);
+    lanes_grid(grid, threads, kernel, [] { memset(shared4, 0xff, sizeof shared4); /* NaN */ });
 }
 
 /* The worst rel. L2 over (token, head) of the context combined from the splits' partials. */

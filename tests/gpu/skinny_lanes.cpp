@@ -28,9 +28,6 @@
 #define KL_GPU_GRID_WAIT() ((void)0)
 #define KL_GPU_GRID_WAIT_LATER() ((void)0)
 
-struct dim3 {
-    unsigned x, y, z;
-};
 struct float4 {
     float x, y, z, w;
 };
@@ -42,12 +39,6 @@ struct uint4 {
 };
 static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
-
-static thread_local dim3 threadIdx;
-static dim3 blockIdx, gridDim, blockDim;
-static pthread_barrier_t block_bar, warp_bar[8];
-
-static void __syncthreads() { pthread_barrier_wait(&block_bar); }
 
 #include "common/mxfp4_format.h"
 #include "kernels/mx_bf16.h"
@@ -75,7 +66,7 @@ static void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 {
     const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
     posted[w][l] = {{a[0], a[1], a[2], a[3]}, {b0, b1}};
-    pthread_barrier_wait(&warp_bar[w]);
+    pthread_barrier_wait(&group_bar[w]);
     for (unsigned i = 0; i < 4; i++) {
         const unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
         double s = 0;
@@ -86,32 +77,12 @@ static void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
         }
         c[i] = (float)((double)c[i] + s);
     }
-    pthread_barrier_wait(&warp_bar[w]);
+    pthread_barrier_wait(&group_bar[w]);
 }
 
 #include "skinny_lanes_kernel.inc"
 
 /* ---- the grid -------------------------------------------------------------------------------- */
-
-/* Runs kernel() as the blocks of grid, `threads` threads each. */
-template <class K> static void run_grid(dim3 grid, unsigned threads, K kernel)
-{
-    gridDim = grid, blockDim = {threads, 1, 1};
-    pthread_barrier_init(&block_bar, NULL, threads);
-    for (unsigned w = 0; w < threads / 32; w++)
-        pthread_barrier_init(&warp_bar[w], NULL, 32);
-    for (uint32_t y = 0; y < grid.y; y++)
-        for (uint32_t x = 0; x < grid.x; x++) {
-            blockIdx = {x, y, 0};
-            lanes_block(threads, [&](unsigned i) {
-                threadIdx = {i, 0, 0};
-                kernel();
-            });
-        }
-    pthread_barrier_destroy(&block_bar);
-    for (unsigned w = 0; w < threads / 32; w++)
-        pthread_barrier_destroy(&warp_bar[w]);
-}
 
 /* The sum kernel needs no barriers: its threads one after another on this one. */
 static void run_sum(uint32_t count, uint32_t splits, float *y)
@@ -127,8 +98,8 @@ static void run_sum(uint32_t count, uint32_t splits, float *y)
 template <int MX, int NT, int U>
 static void run(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
 {
-    run_grid({p.tiles, p.splits, 1}, 32 * p.warps,
-             [&] { skinny_kernel<MX, NT, U>(w, x, n, y, p.span); });
+    lanes_grid({p.tiles, p.splits, 1}, 32 * p.warps,
+               [&] { skinny_kernel<MX, NT, U>(w, x, n, y, p.span); }, [] {});
     if (p.splits > 1)
         run_sum(n * w.rows, p.splits, y);
 }
