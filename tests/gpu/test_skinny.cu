@@ -11,7 +11,8 @@
  * split each call); one JSON line a case: weight bytes, µs, GB/s of weight bytes, the ratio
  * new/old of the single-call times.  Then a sweep of the blocks aimed at per SM
  * (kl_gpu_skinny_blocks_set) at n = 8, 16, 32 for both versions (BF16 steps of 64 or 128
- * columns), and the summary line.  Exit 0 pass, 1 fail, 77 no GPU.
+ * columns), one KDA layer's products and the shared expert's as one graph at n = 2 .. 31
+ * (old, v1, v2), and the summary line.  Exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h"
 #include "kernels/gemm.h"
@@ -244,6 +245,48 @@ static void sweep(size_t rows, size_t cols, uint32_t n, double copy_gbps)
         t_mat_free(c);
 }
 
+/* One KDA layer's products and the shared expert's (BF16: q, k, v, f_a, g_a, b, f_b, g_b, o;
+ * gate, up, down) for n tokens replayed as one graph, per version (0: the old path), as a
+ * decode step of n sequences runs them: one JSON line with the µs of the whole. */
+static void layer(uint32_t n, double copy_gbps)
+{
+    static const size_t shapes[][2] = {{4096, 2304}, {4096, 2304}, {4096, 2304}, {128, 2304},
+                                       {128, 2304},  {32, 2304},   {4096, 128},  {4096, 128},
+                                       {2304, 4096}, {1024, 2304}, {1024, 2304}, {2304, 1024}};
+    const size_t count = sizeof shapes / sizeof shapes[0];
+    std::vector<kl_gpu_mat> w;
+    size_t bytes = 0;
+    for (const auto &sh : shapes) {
+        const t_mat m = t_mat_random(KL_GPU_W_BF16, sh[0], sh[1]);
+        w.push_back(t_mat_upload(m));
+        bytes += t_mat_bytes(m);
+    }
+    float *dx = t_upload(t_vec(MAX_N * 4096)), *dy = (float *)t_alloc(MAX_N * 4096 * 4);
+    double us[3];
+    for (int v = 0; v <= 2; v++) {
+        kl_gpu_skinny_version_set(v);
+        kl_err err;
+        kl_err_clear(&err);
+        us[v] = 1e6 * count * t_graph_s(
+                                  [&](int i, kl_gpu_stream st) {
+                                      t_ok(kl_gpu_matmul(&w[(size_t)i % count], dx, n, dy, st,
+                                                         &err),
+                                           &err, "layer product");
+                                  },
+                                  (int)count);
+    }
+    kl_gpu_skinny_version_set(1);
+    printf("{\"case\":\"layer\",\"what\":\"KDA projections and o, shared expert\","
+           "\"n\":%u,\"weight_bytes\":%zu,\"us_old\":%.1f,\"us_new\":%.1f,\"us_v2\":%.1f,"
+           "\"new_to_copy\":%.3f}\n",
+           n, bytes, us[0], us[1], us[2], bytes / (us[1] * 1e-6) / 1e9 / copy_gbps);
+    fflush(stdout);
+    hipFree(dx);
+    hipFree(dy);
+    for (auto &c : w)
+        t_mat_free(c);
+}
+
 int main(void)
 {
     if (!t_have_gpu("test_skinny"))
@@ -268,6 +311,8 @@ int main(void)
     for (kl_gpu_wkind k : {KL_GPU_W_BF16, KL_GPU_W_MXFP4})
         for (const auto &sh : shapes)
             check_shape(k, sh[0], sh[1], sh[2], copy);
+    for (uint32_t n : {2u, 4u, 8u, 16u, 31u})
+        layer(n, copy);
     for (uint32_t n : {8u, 16u, 32u}) {
         sweep(4096, 2304, n, copy);
         sweep(1024, 2304, n, copy);
