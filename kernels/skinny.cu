@@ -259,12 +259,29 @@ __device__ static inline void sk_mul(float (&acc)[2][NT][4], const sk_a<MX, U> &
                 acc[i][j][e] += f[i][j][e];
 }
 
-/* y, or split blockIdx.y's slice of sk_part, [n, rows] = the block's sums over its columns.
+/* Where element (tok, row) of the product goes in out (rows: the matrix's). */
+__device__ static inline float *sk_dst(const kl_gpu_skinny_out &out, uint32_t tok, size_t row)
+{
+    float *y = out.y[0];
+    uint32_t start = 0, len = out.end[0];
+#pragma unroll
+    for (uint32_t p = 1; p < KL_GPU_SKINNY_MAX_PARTS; p++)
+        if (p < out.count && row >= out.end[p - 1]) {
+            y = out.y[p];
+            start = out.end[p - 1];
+            len = out.end[p] - start;
+        }
+    return y + (size_t)tok * len + (row - start);
+}
+
+/* out, or split blockIdx.y's slice of sk_part ([n, rows]), = the block's sums over its
+ * columns.
  * The first step's weights are loaded before the grid wait (gpu.h: KL_GPU_GRID_WAIT_LATER),
  * so in a graph with programmatic edges they are in flight while the previous kernel ends. */
 template <int MX, int NT, int U>
 __global__ static void __launch_bounds__(32 * SK_WARPS)
-    skinny_kernel(kl_gpu_mat w, const float *x, uint32_t n, float *y, uint32_t span)
+    skinny_kernel(kl_gpu_mat w, const float *x, uint32_t n, kl_gpu_skinny_out out,
+                  uint32_t span)
 {
     KL_GPU_GRID_WAIT_LATER();
     __shared__ uint4 xs[SK_STAGE_BYTES / 16];
@@ -297,7 +314,7 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
         sk_mul<MX, NT, U>(acc, cur, xs, ko / KL_SK_UNIT, g, t);
         cur = nxt;
     }
-    float *out = gridDim.y > 1 ? sk_part + (size_t)blockIdx.y * n * w.rows : y;
+    float *part = gridDim.y > 1 ? sk_part + (size_t)blockIdx.y * n * w.rows : NULL;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -307,12 +324,15 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
                 const size_t row = row0 + 16 * i + kl_sk_c_row(g, e);
                 const uint32_t tok = 8 * j + kl_sk_c_tok(t, e);
                 if (row < w.rows && tok < n)
-                    out[(size_t)tok * w.rows + row] = acc[i][j][e];
+                    *(part ? part + (size_t)tok * w.rows + row : sk_dst(out, tok, row)) =
+                        acc[i][j][e];
             }
 }
 
-/* y[i] = the splits' partial sums of element i added in split order (count = n x rows). */
-__global__ static void skinny_sum_kernel(uint32_t count, uint32_t splits, float *y)
+/* Element i of the product [n, rows] (count = n x rows) into out: the splits' partial sums
+ * added in split order. */
+__global__ static void skinny_sum_kernel(uint32_t count, uint32_t splits, uint32_t rows,
+                                         kl_gpu_skinny_out out)
 {
     KL_GPU_GRID_WAIT();
     const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -321,7 +341,7 @@ __global__ static void skinny_sum_kernel(uint32_t count, uint32_t splits, float 
     float s = 0.0f;
     for (uint32_t p = 0; p < splits; p++)
         s += sk_part[(size_t)p * count + i];
-    y[i] = s;
+    *sk_dst(out, i / rows, i % rows) = s;
 }
 
 /* How a product is cut: warps a block, row tiles, K splits of span columns. */
@@ -387,8 +407,8 @@ template <int MX, int NT, int U> static uint32_t sk_resident(uint32_t warps)
 
 /* The product's kernel launches; its plan in *p. */
 template <int MX, int NT, int U>
-static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
-                      hipStream_t st)
+static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n,
+                      const kl_gpu_skinny_out &y, sk_plan *p, hipStream_t st)
 {
     *p = sk_plan_for(w->rows, w->cols, n, NT == 4, sk_resident<MX, NT, U>(SK_WARPS),
                      sk_resident<MX, NT, U>(SK_WARPS / 2));
@@ -397,8 +417,8 @@ static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
 }
 
 template <int MX, int U>
-static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, sk_plan *p,
-                      hipStream_t st)
+static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n,
+                      const kl_gpu_skinny_out &y, sk_plan *p, hipStream_t st)
 {
     if (n <= 8)
         sk_launch<MX, 1, U>(w, x, n, y, p, st);
@@ -410,32 +430,65 @@ static void sk_launch(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
 
 #endif
 
-extern "C" int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
-                             kl_gpu_stream s, kl_err *err)
+/* Whether out is well formed for a matrix of `rows` rows. */
+static int sk_out_ok(const kl_gpu_skinny_out *out, uint32_t rows)
 {
-    if (!w || !x || !y)
-        return kl_fail(err, KL_E_USAGE, "skinny: w, x or y is NULL");
+    if (!out || out->count < 1 || out->count > KL_GPU_SKINNY_MAX_PARTS ||
+        out->end[out->count - 1] != rows)
+        return 0;
+    for (uint32_t i = 0; i < out->count; i++)
+        if (!out->y[i] || out->end[i] <= (i ? out->end[i - 1] : 0))
+            return 0;
+    return 1;
+}
+
+extern "C" int kl_gpu_skinny_parts(const kl_gpu_mat *w, const float *x, uint32_t n,
+                                   const kl_gpu_skinny_out *out, kl_gpu_stream s, kl_err *err)
+{
+    if (!w || !x)
+        return kl_fail(err, KL_E_USAGE, "skinny: w or x is NULL");
+    if (!sk_out_ok(out, w->rows))
+        return kl_fail(err, KL_E_USAGE, "skinny: the outputs must be 1 .. %u parts of rising "
+                       "row ends up to the rows (%u), none NULL", KL_GPU_SKINNY_MAX_PARTS,
+                       w->rows);
     if (!sk_fits(w, x, n))
         return kl_fail(err, KL_E_USAGE,
                        "skinny: needs 2 <= n <= %u (n is %u), BF16 or MXFP4 weights of whole "
                        "128-column granules (cols %u) and aligned payloads and x",
                        KL_GPU_SKINNY_MAX_N, n, w->cols);
 #if defined(__HIP_PLATFORM_AMD__)
-    return kl_gpu_matmul(w, x, n, y, s, err); /* the SIMT kernels (no skinny path on HIP) */
+    return kl_fail(err, KL_E_USAGE, "skinny: no kernel on HIP (kl_gpu_skinny_takes is 0)");
 #else
     hipStream_t st = (hipStream_t)s;
     sk_plan p;
     if (w->kind == KL_GPU_W_MXFP4)
-        sk_launch<1, 4>(w, x, n, y, &p, st);
+        sk_launch<1, 4>(w, x, n, *out, &p, st);
     else if (kl_gpu_skinny_version() == 2)
-        sk_launch<0, 4>(w, x, n, y, &p, st);
+        sk_launch<0, 4>(w, x, n, *out, &p, st);
     else
-        sk_launch<0, 2>(w, x, n, y, &p, st);
+        sk_launch<0, 2>(w, x, n, *out, &p, st);
     int rc = KL_GPU_CHECK(err, hipGetLastError());
     if (rc || p.splits == 1)
         return rc;
     const uint32_t count = n * w->rows;
-    skinny_sum_kernel<<<(count + 255) / 256, 256, 0, st>>>(count, p.splits, y);
+    skinny_sum_kernel<<<(count + 255) / 256, 256, 0, st>>>(count, p.splits, w->rows, *out);
     return KL_GPU_CHECK(err, hipGetLastError());
 #endif
+}
+
+extern "C" int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
+                             kl_gpu_stream s, kl_err *err)
+{
+    if (!w || !x || !y)
+        return kl_fail(err, KL_E_USAGE, "skinny: w, x or y is NULL");
+#if defined(__HIP_PLATFORM_AMD__)
+    if (sk_fits(w, x, n))
+        return kl_gpu_matmul(w, x, n, y, s, err); /* the SIMT kernels (no skinny path on HIP) */
+#endif
+    kl_gpu_skinny_out out;
+    memset(&out, 0, sizeof out);
+    out.count = 1;
+    out.end[0] = w->rows;
+    out.y[0] = y;
+    return kl_gpu_skinny_parts(w, x, n, &out, s, err);
 }

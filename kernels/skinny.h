@@ -45,6 +45,21 @@ int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t n);
 int kl_gpu_skinny(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 
+/* Where the rows of a product go: part i (of count, 1 .. KL_GPU_SKINNY_MAX_PARTS) is rows
+ * [end[i - 1], end[i]) (from 0 for i = 0; end[count - 1] = the matrix's rows), written to
+ * y[i] [n, end[i] - end[i - 1]].  So one product over matrices stacked by rows (a layer's
+ * fused input products) fills each member's own output. */
+#define KL_GPU_SKINNY_MAX_PARTS 8
+typedef struct kl_gpu_skinny_out {
+    uint32_t count;
+    uint32_t end[KL_GPU_SKINNY_MAX_PARTS];
+    float   *y[KL_GPU_SKINNY_MAX_PARTS];
+} kl_gpu_skinny_out;
+
+/* kl_gpu_skinny with y split by rows as out says (KL_E_USAGE for a malformed out). */
+int kl_gpu_skinny_parts(const kl_gpu_mat *w, const float *x, uint32_t n,
+                        const kl_gpu_skinny_out *out, kl_gpu_stream s, kl_err *err);
+
 /* Blocks a product aims at per multiprocessor (0, the default: as many as fit at once, the
  * kernel's occupancy): K is split until the grid fills one such wave.  For the device test's
  * sweep. */

@@ -5,12 +5,12 @@
  * mma.m16n8k16 a barrier over the 32 lanes of a warp after which each lane sums its
  * accumulators from all lanes' fragments as the PTX ISA lays them out (products in double,
  * added to the fp32 accumulator).  Arguments: KIND (bf16, bf16v2: version 2's steps of 128
- * columns, mxfp4) ROWS COLS N [RES8 RES4]
- * (the blocks of 8 and 4 warps resident at once that the plan fills; default 264 396, the
- * H200's).  Prints the plan and the worst relative L2 error over the n tokens against double;
- * exit 0 when it is at most 1e-6.
+ * columns, mxfp4) ROWS COLS N [RES8 RES4 [PARTS]] (the blocks of 8 and 4 warps resident
+ * at once that the plan fills, default 264 396, the H200's; the output in PARTS row ranges,
+ * kl_gpu_skinny_parts, default 1).  Prints the plan and the worst relative L2 error over the
+ * n tokens against double; exit 0 when it is at most 1e-6.
  */
-#include "kernels/gpu_api.h"
+#include "kernels/skinny.h"
 #include "tests/gpu/lanes.h"
 
 #include <math.h>
@@ -85,28 +85,30 @@ static void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 /* ---- the grid -------------------------------------------------------------------------------- */
 
 /* The sum kernel needs no barriers: its threads one after another on this one. */
-static void run_sum(uint32_t count, uint32_t splits, float *y)
+static void run_sum(uint32_t count, uint32_t splits, uint32_t rows, const kl_gpu_skinny_out &y)
 {
     gridDim = {(count + 255) / 256, 1, 1}, blockDim = {256, 1, 1};
     for (uint32_t b = 0; b < gridDim.x; b++)
         for (uint32_t i = 0; i < 256; i++) {
             blockIdx = {b, 0, 0}, threadIdx = {i, 0, 0};
-            skinny_sum_kernel(count, splits, y);
+            skinny_sum_kernel(count, splits, rows, y);
         }
 }
 
 template <int MX, int NT, int U>
-static void run(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
+static void run(const kl_gpu_mat &w, const float *x, uint32_t n, const kl_gpu_skinny_out &y,
+                const sk_plan &p)
 {
     lanes_grid({p.tiles, p.splits, 1}, 32 * p.warps,
                [&] { skinny_kernel<MX, NT, U>(w, x, n, y, p.span); }, [] {});
     if (p.splits > 1)
-        run_sum(n * w.rows, p.splits, y);
+        run_sum(n * w.rows, p.splits, w.rows, y);
 }
 
 /* The kernel for n tokens: U units a step (BF16 version 1: 2; version 2 and MXFP4: 4). */
 template <int MX, int U>
-static void run_n(const kl_gpu_mat &w, const float *x, uint32_t n, float *y, const sk_plan &p)
+static void run_n(const kl_gpu_mat &w, const float *x, uint32_t n, const kl_gpu_skinny_out &y,
+                  const sk_plan &p)
 {
     if (n <= 8)
         run<MX, 1, U>(w, x, n, y, p);
@@ -125,17 +127,20 @@ static uint32_t next_u32(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5 && argc != 7) {
-        fprintf(stderr, "usage: skinny_lanes bf16|bf16v2|mxfp4 ROWS COLS N [RES8 RES4]\n");
+    if (argc < 5 || argc == 6 || argc > 8) {
+        fprintf(stderr, "usage: skinny_lanes bf16|bf16v2|mxfp4 ROWS COLS N [RES8 RES4 [PARTS]]\n");
         return 2;
     }
     const int mx = !strcmp(argv[1], "mxfp4");
     const uint32_t rows = (uint32_t)atoi(argv[2]), cols = (uint32_t)atoi(argv[3]);
     const uint32_t n = (uint32_t)atoi(argv[4]);
-    const uint32_t res8 = argc == 7 ? (uint32_t)atoi(argv[5]) : 264;
-    const uint32_t res4 = argc == 7 ? (uint32_t)atoi(argv[6]) : 396;
-    if (n < 2 || n > 32 || rows == 0 || cols == 0 || cols % KL_SK_GRAN) {
-        fprintf(stderr, "skinny_lanes: 2 <= N <= 32, COLS a multiple of 128\n");
+    const uint32_t res8 = argc >= 7 ? (uint32_t)atoi(argv[5]) : 264;
+    const uint32_t res4 = argc >= 7 ? (uint32_t)atoi(argv[6]) : 396;
+    const uint32_t parts = argc == 8 ? (uint32_t)atoi(argv[7]) : 1;
+    if (n < 2 || n > 32 || rows == 0 || cols == 0 || cols % KL_SK_GRAN || parts < 1 ||
+        parts > KL_GPU_SKINNY_MAX_PARTS || parts > rows) {
+        fprintf(stderr, "skinny_lanes: 2 <= N <= 32, COLS a multiple of 128, 1 <= PARTS <= "
+                        "min(ROWS, 8)\n");
         return 2;
     }
     /* W: bf16 in [-1, 1); MXFP4 random codes, scales 2^-8 .. 2^7 and every 13th block 2^-126
@@ -159,12 +164,29 @@ int main(int argc, char **argv)
     w.data = wb.data(), w.packed = packed.data(), w.scale = scale.data();
     const uint32_t nt = n <= 8 ? 1 : n <= 16 ? 2 : 4;
     const sk_plan p = sk_plan_for(rows, cols, n, nt == 4, res8, res4);
+    /* PARTS outputs of rows split unevenly (part i ends at rows (i + 1)^2 / PARTS^2) */
+    kl_gpu_skinny_out out;
+    memset(&out, 0, sizeof out);
+    out.count = parts;
+    std::vector<std::vector<float>> ys(parts);
+    for (uint32_t i = 0; i < parts; i++) {
+        const uint64_t e = (uint64_t)rows * (i + 1) * (i + 1) / ((uint64_t)parts * parts);
+        out.end[i] = e > (i ? out.end[i - 1] : 0) ? (uint32_t)e : (i ? out.end[i - 1] : 0) + 1;
+        if (i + 1 == parts)
+            out.end[i] = rows;
+        ys[i].assign((size_t)n * (out.end[i] - (i ? out.end[i - 1] : 0)), NAN);
+        out.y[i] = ys[i].data();
+    }
     if (mx)
-        run_n<1, 4>(w, x.data(), n, y.data(), p);
+        run_n<1, 4>(w, x.data(), n, out, p);
     else if (!strcmp(argv[1], "bf16v2"))
-        run_n<0, 4>(w, x.data(), n, y.data(), p);
+        run_n<0, 4>(w, x.data(), n, out, p);
     else
-        run_n<0, 2>(w, x.data(), n, y.data(), p);
+        run_n<0, 2>(w, x.data(), n, out, p);
+    for (uint32_t i = 0, r0 = 0; i < parts; r0 = out.end[i++]) /* y [n, rows] from the parts */
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t r = r0; r < out.end[i]; r++)
+                y[(size_t)t * rows + r] = ys[i][(size_t)t * (out.end[i] - r0) + r - r0];
     double worst = 0;
     std::vector<float> row(cols);
     std::vector<double> ref((size_t)n * rows);
@@ -194,8 +216,8 @@ int main(int argc, char **argv)
         const double rel = sqrt(e) / (m > 0 ? sqrt(m) : 1.0);
         worst = rel > worst || rel != rel ? rel : worst;
     }
-    printf("skinny_lanes %s %ux%u n=%u: warps %u, tiles %u, splits %u of %u columns: "
-           "rel L2 %.3g\n",
-           argv[1], rows, cols, n, p.warps, p.tiles, p.splits, p.span, worst);
+    printf("skinny_lanes %s %ux%u n=%u: warps %u, tiles %u, splits %u of %u columns, %u output "
+           "parts: rel L2 %.3g\n",
+           argv[1], rows, cols, n, p.warps, p.tiles, p.splits, p.span, parts, worst);
     return worst <= 1e-6 ? 0 : 1;
 }

@@ -5,9 +5,10 @@
 # SK_ constants), the split of x out of gemm_split.cuh; each block runs as its threads with
 # barriers for __syncthreads and the MMA, whose fragments are gathered as the PTX ISA lays them
 # out.  Checks against double (<= 1e-6).  No GPU; seconds to minutes.
-# Usage: sh tests/gpu/skinny_lanes.sh [bf16|bf16v2|mxfp4 ROWS COLS N [RES8 RES4]]
+# Usage: sh tests/gpu/skinny_lanes.sh [bf16|bf16v2|mxfp4 ROWS COLS N [RES8 RES4 [PARTS]]]
 # (default: partial warps and tiles, one granule, several stages in a split, uneven splits,
-# every n8 tile count, both kinds, BF16 in both versions' steps)
+# every n8 tile count, both kinds, BF16 in both versions' steps, outputs in row parts with
+# and without K splits)
 set -e
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -29,6 +30,8 @@ else
     "$T/skinny_lanes" bf16v2 300 640 3 1000 1000
     "$T/skinny_lanes" bf16v2 64 2304 12 1 1
     "$T/skinny_lanes" bf16v2 512 1152 27 10 10
+    "$T/skinny_lanes" bf16 300 640 13 1000 1000 6
+    "$T/skinny_lanes" mxfp4 200 256 9 1 1 3
     "$T/skinny_lanes" mxfp4 64 1024 32 1 1
     "$T/skinny_lanes" bf16 512 1152 5 10 10
     "$T/skinny_lanes" mxfp4 512 1152 20 10 10

@@ -5,7 +5,8 @@
  * (kl_gpu_skinny, versions 1 and 2, fail above 1e-6 relative L2), the old path (kl_gpu_matmul
  * with KL_GPU_SKINNY off, fail above 1e-5), kl_gpu_matmul switched on equal bit for bit to
  * kl_gpu_skinny below KL_GPU_GEMM_MIN_N, odd shapes (partial warps and tiles, one granule,
- * uneven K splits) and the refusals.  Each case is timed (events, median of 20 single calls
+ * uneven K splits), kl_gpu_skinny_parts (the rows of fused matrices to their members'
+ * outputs) and the refusals.  Each case is timed (events, median of 20 single calls
  * after warm-up, weights rotated over copies so the L2 cannot hold them): new (v1, v2) and old
  * also per call in a graph of 32, from 16 tokens the prefill products too (kl_gpu_gemm_p, x
  * split each call); one JSON line a case: weight bytes, µs, GB/s of weight bytes, the ratio
@@ -185,6 +186,49 @@ static void check_odd(kl_gpu_wkind kind, size_t rows, size_t cols, unsigned per_
     t_mat_free(d);
 }
 
+/* kl_gpu_skinny_parts over matrices stacked by rows (the engine's fused input products: KDA
+ * q, k, v, f_a, g_a, b; MLA q, kv_a) equal bit for bit to the rows of one output. */
+static void check_parts(const std::vector<uint32_t> &members)
+{
+    kl_gpu_skinny_out out;
+    memset(&out, 0, sizeof out);
+    out.count = (uint32_t)members.size();
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < out.count; i++) {
+        rows += members[i];
+        out.end[i] = rows;
+    }
+    const t_mat m = t_mat_random(KL_GPU_W_BF16, rows, 2304);
+    const kl_gpu_mat d = t_mat_upload(m);
+    float *dx = t_upload(t_vec(MAX_N * 2304)), *dy = (float *)t_alloc(MAX_N * rows * 4);
+    std::vector<float *> py(out.count);
+    for (uint32_t i = 0; i < out.count; i++)
+        out.y[i] = py[i] = (float *)t_alloc((size_t)MAX_N * members[i] * 4);
+    for (uint32_t n : {5u, 16u, 31u}) {
+        const std::vector<float> whole = product(d, dx, n, dy, 1);
+        kl_err err;
+        kl_err_clear(&err);
+        t_ok(kl_gpu_skinny_parts(&d, dx, n, &out, NULL, &err), &err, "kl_gpu_skinny_parts");
+        double bad = 0;
+        for (uint32_t i = 0; i < out.count; i++) {
+            const uint32_t r0 = i ? out.end[i - 1] : 0;
+            const std::vector<float> part = t_download(py[i], (size_t)n * members[i]);
+            for (uint32_t t = 0; t < n; t++)
+                bad += memcmp(&part[(size_t)t * members[i]], &whole[(size_t)t * rows + r0],
+                              members[i] * 4) != 0;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "parts %u rows in %u n=%u (differing rows)", rows,
+                 out.count, n);
+        t_check(what, bad, 0);
+    }
+    hipFree(dx);
+    hipFree(dy);
+    for (float *p : py)
+        hipFree(p);
+    t_mat_free(d);
+}
+
 /* What the launcher refuses, and where kl_gpu_skinny_takes says no. */
 static void check_refusals(void)
 {
@@ -209,6 +253,15 @@ static void check_refusals(void)
     kl_gpu_skinny_version_set(2);
     bad += !kl_gpu_skinny_takes(&m, x, 4);
     kl_gpu_skinny_version_set(1);
+    kl_gpu_skinny_out out;  /* malformed outputs: no parts, ends not rising, short, NULL */
+    memset(&out, 0, sizeof out);
+    for (int c = 0; c < 4; c++) {
+        out.count = c == 0 ? 0 : 2;
+        out.end[0] = c == 1 ? 0 : 32, out.end[1] = c == 2 ? 63 : 64;
+        out.y[0] = y, out.y[1] = c == 3 ? NULL : y + 1024;
+        kl_err_clear(&err);
+        bad += kl_gpu_skinny_parts(&m, x, 4, &out, NULL, &err) != KL_E_USAGE;
+    }
     const kl_gpu_mat f = t_mat_upload(t_mat_random(KL_GPU_W_F32, 64, 256));
     bad += kl_gpu_skinny_takes(&f, x, 4);
     t_check("refusals (wrong answers)", bad, 0);
@@ -295,6 +348,8 @@ int main(void)
             kl_gpu_skinny_version());
     kl_gpu_skinny_version_set(1);
     check_refusals();
+    check_parts({4096, 4096, 4096, 128, 128, 32});
+    check_parts({6144, 576});
     for (kl_gpu_wkind k : {KL_GPU_W_BF16, KL_GPU_W_MXFP4}) {
         check_odd(k, 37, 128, 0);     /* one granule, one partial warp */
         check_odd(k, 300, 640, 0);    /* partial tiles, 5 granules */
