@@ -21,8 +21,9 @@
  *                    page-table entries dropped as they are copied)
  * By default only the last two kinds run (~1 minute); PIN_ALL=1 runs every case (~3 minutes).
  * Checked: every byte the dma and pipeline cases put on the device equals the file.  Reported:
- * the kernel, transparent huge pages' settings and the file mapping's PMD-mapped share.  One JSON line per case ({"test":"pin-case",...}), then
- * {"test":"pin","ok":...}; exit 0 pass, 1 fail, 77 no GPU.
+ * the kernel, transparent huge pages' settings and the file mapping's PMD-mapped share.  One
+ * JSON line per case ({"test":"pin-case",...}), then {"test":"pin","ok":...}; exit 0 pass, 1
+ * fail, 77 no GPU.
  */
 extern "C" {
 #include "common/clock.h"
