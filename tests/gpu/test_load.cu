@@ -28,40 +28,12 @@ extern "C" {
 #include "kernels/runtime.h"
 }
 #include "tests/gpu/gpu_testutil.h"
+#include "tests/gpu/pattern_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <thread>
 #include <unistd.h>
-
-#define FILE_BYTES (((size_t)4 << 30) + 12345)
-
-/* The byte at file offset o. */
-static inline uint8_t pattern(uint64_t o)
-{
-    uint64_t x = (o >> 3) * 0x9E3779B97F4A7C15ull;
-    return (uint8_t)((x >> 56) ^ (o & 7) * 31u);
-}
-
-static std::vector<uint8_t> g_file;   /* the file's bytes */
-
-/* Writes the pattern file; 0 when it could not be written (the case is skipped). */
-static int write_file(const char *path)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0)
-        return 0;
-    int ok = 1;
-    for (size_t at = 0; ok && at < FILE_BYTES; ) {
-        ssize_t w = write(fd, g_file.data() + at, std::min<size_t>(FILE_BYTES - at, 1u << 30));
-        ok = w > 0;
-        at += ok ? (size_t)w : 0;
-    }
-    close(fd);
-    if (!ok)
-        unlink(path);
-    return ok;
-}
 
 /* A plan over the file: its pieces, arena size and the checksum the arena must have. */
 struct test_plan {
@@ -217,7 +189,7 @@ static void run_fill(const char *where, const char *how, const char *path, const
     uint64_t bad = 0;   /* pieces whose bytes differ */
     for (size_t i = 0; i < p->n_pieces; i++) {
         const kl_plan_piece &x = p->pieces[i];
-        bad += memcmp(back.data() + x.dst, g_file.data() + x.src, x.bytes) != 0;
+        bad += memcmp(back.data() + x.dst, pattern_bytes().data() + x.src, x.bytes) != 0;
     }
     uint64_t sum = checksum(p, back.data(), 0);
     char what[128], buf[900];
@@ -278,22 +250,6 @@ static void time_register(const char *where, const char *path, double h2d_gbps)
              "\"pinned\":%zu}",
              where, s, FILE_BYTES / s / 1e9, h2d_gbps, FILE_BYTES / s / 1e9 / h2d_gbps, n, ok);
     report(buf);
-    close(fd);
-}
-
-/* Reads the whole file once (so a page-cache case starts warm). */
-static void read_once(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return;
-    std::vector<uint8_t> buf((size_t)64 << 20);
-    for (off_t at = 0;;) {
-        ssize_t n = pread(fd, buf.data(), buf.size(), at);
-        if (n <= 0)
-            break;
-        at += n;
-    }
     close(fd);
 }
 
@@ -382,9 +338,6 @@ int main(void)
     kl_err_clear(&err);
     double d2d = 0, h2d = 0;
     t_ok(kl_gpu_measure_rates((size_t)1 << 30, 5, &d2d, &h2d, &err), &err, "rates");
-    g_file.resize(FILE_BYTES);
-    for (size_t i = 0; i < FILE_BYTES; i++)
-        g_file[i] = pattern(i);
     static test_plan tp[2];
     const uint32_t most[2] = {96u << 20, 2u << 20};
     uint64_t arena_bytes = 0;
@@ -393,7 +346,7 @@ int main(void)
         make_plan(&tp[i].p, tp[i].pc, &tp[i].arena_bytes, most[i]);
         for (const auto &x : tp[i].pc)
             tp[i].p.file_bytes += x.bytes;
-        tp[i].sum = checksum(&tp[i].p, g_file.data(), 1);
+        tp[i].sum = checksum(&tp[i].p, pattern_bytes().data(), 1);
         arena_bytes = std::max(arena_bytes, tp[i].arena_bytes);
     }
     uint8_t *arena = (uint8_t *)t_alloc(arena_bytes);
