@@ -47,9 +47,11 @@ extern "C" int kl_gpu_skinny_version(void)
 {
     if (sk_version < 0) {
         const char *v = getenv("KL_GPU_SKINNY");
-        sk_version = v && (!strcmp(v, "off") || !strcmp(v, "0")) ? 0
-                     : v && !strcmp(v, "v2")                      ? 2
-                                                                  : 1;
+        /* off until a GPU has measured and checked it (session 11: written, run on the CPU
+         * at lane level only) */
+        sk_version = v && (!strcmp(v, "v1") || !strcmp(v, "1")) ? 1
+                     : v && (!strcmp(v, "v2") || !strcmp(v, "2")) ? 2
+                                                                  : 0;
     }
     return sk_version;
 }

@@ -2,7 +2,8 @@
  * kernels/skinny.h — products of a few tokens (2 .. 32) on tensor cores that read each weight
  * byte once for all the tokens: Y [n, rows] = X [n, cols] Wᵀ, W BF16 or MXFP4, x and y fp32.
  * Conventions: kernels/gpu_api.h.  kl_gpu_matmul (dense.h) sends 2 <= n < KL_GPU_GEMM_MIN_N
- * here when kl_gpu_skinny_takes says so; KL_GPU_SKINNY=off keeps its fp32 SIMT kernels.
+ * here when kl_gpu_skinny_takes says so (switched on by KL_GPU_SKINNY=v1 or v2; off, the
+ * default for now, keeps its fp32 SIMT kernels).
  *
  * As exact as the prefill products' form 2 (gemm.h): x split into three bf16 parts (hi, lo,
  * lo2), W exact in bf16 (MXFP4 decoded with its scale), each K step's MMAs summed in fresh
@@ -26,10 +27,10 @@ extern "C" {
 
 #define KL_GPU_SKINNY_MAX_N 32u
 
-/* Which skinny kernels run: 1 (the default: BF16 in K steps of 64 columns, two register sets
- * of 32 a lane), 2 (KL_GPU_SKINNY=v2: steps of 128, twice the weight bytes in flight a warp,
- * more registers, fewer blocks an SM), or 0 (KL_GPU_SKINNY=off or 0: kl_gpu_matmul keeps its
- * SIMT kernels).  MXFP4 takes steps of 128 in both.  Read from the environment at the first
+/* Which skinny kernels run: 1 (KL_GPU_SKINNY=v1: BF16 in K steps of 64 columns, two register
+ * sets of 32 a lane), 2 (KL_GPU_SKINNY=v2: steps of 128, twice the weight bytes in flight a
+ * warp, more registers, fewer blocks an SM), or 0 (the default until a GPU has measured them:
+ * kl_gpu_matmul keeps its SIMT kernels).  MXFP4 takes steps of 128 in both.  Read from the environment at the first
  * call; kl_gpu_skinny_version_set (0, 1 or 2) overrides it (the device test runs each). */
 int  kl_gpu_skinny_version(void);
 void kl_gpu_skinny_version_set(int version);
