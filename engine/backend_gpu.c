@@ -49,6 +49,7 @@ const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
 #include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/runtime.h"
+#include "kernels/skinny.h"
 
 #include <pthread.h>
 
@@ -1056,12 +1057,41 @@ static int fused(const gpu_be *g, const gpu_layer *L, int grp)
     return g->tok.n == 1 && L->fused[grp].kind != KL_GPU_W_NONE;
 }
 
+/* Whether a chunk of 2 .. 31 tokens runs group grp's products as one skinny product of the
+ * fused matrix (kernels/skinny.h, when switched on). */
+static int skinny_fused(const gpu_be *g, const gpu_layer *L, int grp, const float *x)
+{
+    const kl_gpu_mat *w = &L->fused[grp];
+    return g->tok.n >= 2 && w->kind != KL_GPU_W_NONE && !on_tensor_cores(g, w, g->tok.n) &&
+           kl_gpu_skinny_takes(w, x, g->tok.n);
+}
+
+/* Group grp's products in one skinny launch, each member's rows (stacked in fuse_roles order
+ * in the fused matrix) into the buffer out[i] names. */
+static int skinny_group(gpu_be *g, const gpu_layer *L, int grp, const float *x, float **out,
+                        kl_err *err)
+{
+    kl_gpu_skinny_out so = {0};
+    uint32_t end = 0;
+    for (int i = 0; fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
+        const uint32_t rows = L->w[fuse_roles[grp][i]].rows;
+        if (!rows)
+            continue;
+        end += rows;
+        so.end[so.count] = end;
+        so.y[so.count++] = out[i];
+    }
+    return kl_gpu_skinny_parts(&L->fused[grp], x, g->tok.n, &so, g->st, err);
+}
+
 /* Outputs of the products of x by group grp's members: fused, the members' outputs lie one
  * after another in g->fz (out[i] points at member i's); else each is its own product into the
- * buffer out[i] names on entry. */
+ * buffer out[i] names on entry (one launch for all when skinny_fused). */
 static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x, float **out,
                           kl_err *err)
 {
+    if (skinny_fused(g, L, grp, x))
+        return skinny_group(g, L, grp, x, out, err);
     if (fused(g, L, grp)) {
         float *p = g->fz;
         for (int i = 0; fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
