@@ -61,17 +61,6 @@ static void teardown(void)
         t_rmrf(g_tmp);
 }
 
-static kl_model *open_model(const char *dir, int vectors_only)
-{
-    kl_err err;
-    kl_err_clear(&err);
-    kl_model *m = NULL;
-    kl_model_opts mo = {.threads = 1, .vectors_only = vectors_only};
-    ck_assert_msg(kl_model_open(&m, dir, &mo, &err) == 0, "kl_model_open(%s): %s", dir,
-                  t_fmt_err(&err));
-    return m;
-}
-
 /* The audit's memory plan of dir (its checkpoint's dtypes) at tp, ep. */
 static kl_memplan audit_plan(const char *dir, unsigned tp, int ep)
 {
@@ -141,7 +130,7 @@ static void check_ranks(kl_model *m, const char *dir, unsigned tp, int ep, const
 START_TEST(every_cpu_rank_holds_the_planned_bytes)
 {
     const char *dir = g_fixture[_i];
-    kl_model *m = open_model(dir, 0);
+    kl_model *m = t_open_model(dir, 0);
     const kl_memplan one = audit_plan(dir, 1, 0);
     ck_assert_uint_eq(one.matrix_bytes + one.vector_bytes, one.weights_bytes);
     size_t checked = 0;
@@ -160,7 +149,7 @@ END_TEST
 START_TEST(a_rank_of_another_tp_size_differs)
 {
     const char *dir = g_fixture[0];
-    kl_model *m = open_model(dir, 0);
+    kl_model *m = t_open_model(dir, 0);
     kl_err err;
     kl_err_clear(&err);
     kl_backend *be = NULL;
@@ -186,7 +175,7 @@ static const char *gpu_dir(int i)
 START_TEST(gpu_arena_of_the_audit_is_the_gpu_plans)
 {
     const char *dir = gpu_dir(_i);
-    kl_model *m = open_model(dir, 1);
+    kl_model *m = t_open_model(dir, 1);
     kl_err err;
     kl_err_clear(&err);
     kl_gpu_plan p;
