@@ -172,6 +172,18 @@ STATIC_A = $(shell $(CC) -print-file-name=$(1))
 $(BG)/test_load: GPU_TEST_LIBS = $(call STATIC_A,liburing.a) $(call STATIC_A,libaio.a) \
   $(call STATIC_A,libcrypto.a) -lcjson -lpthread -ldl -Xlinker -rpath -Xlinker '$$ORIGIN'
 
+# test_nccl: NCCL beside the CUDA runtime (found at run time on the GPU machine: see
+# scripts/gpu/engine.sh); RCCL where HIP has it; else it builds as a test that skips
+ifeq ($(GPU),cuda)
+NCCL_LIB := $(wildcard $(CUDA_LIB)/libnccl.so)
+$(BG)/test_nccl: GPU_TEST_LIBS = $(if $(NCCL_LIB),-L$(CUDA_LIB) -lnccl)
+$(BG)/test_nccl: GPU_TEST_FLAGS += $(if $(NCCL_LIB),,-DKL_NO_COLLECTIVES)
+else ifeq ($(GPU),hip)
+RCCL_LIB := $(firstword $(wildcard /opt/rocm/lib/librccl.so /usr/lib/x86_64-linux-gnu/librccl.so))
+$(BG)/test_nccl: GPU_TEST_LIBS = $(if $(RCCL_LIB),-lrccl)
+$(BG)/test_nccl: GPU_TEST_FLAGS += $(if $(RCCL_LIB),,-DKL_NO_COLLECTIVES)
+endif
+
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)
 gpu-kl: $(BG)/kl
 gpu: $(BG)/kl $(GPU_TEST)

@@ -48,6 +48,9 @@
 #define hipHostRegisterDefault  cudaHostRegisterDefault
 #define hipHostRegisterReadOnly cudaHostRegisterReadOnly
 #define hipSetDevice            cudaSetDevice
+#define hipDeviceCanAccessPeer  cudaDeviceCanAccessPeer
+#define hipDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define hipMemcpyPeerAsync      cudaMemcpyPeerAsync
 #define hipDeviceProp_t         cudaDeviceProp
 #define hipGetDeviceProperties  cudaGetDeviceProperties
 #define hipGetDevice            cudaGetDevice

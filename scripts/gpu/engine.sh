@@ -33,6 +33,11 @@ if ldd "$KL" | grep -q "not found" && [ -d "$BG/fallback-libs" ]; then
     export LD_LIBRARY_PATH="$BG/fallback-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 ldd "$KL" | grep "not found"
+# NCCL (test_nccl, tensor parallel): not carried (218 MB); torch's wheel on the GPU machine has it
+if [ -x "$BG/test_nccl" ] && ldd "$BG/test_nccl" | grep -q "libnccl.*not found"; then
+    NCCL_DIR=$(python3 -c "import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+    [ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 TABLE="$OUT/table.txt"; : > "$TABLE"
 row() { echo "$*" | tee -a "$TABLE"; }
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"

@@ -8,6 +8,9 @@
 #   8 experts, vocab 1024 so the fixture stays small); multi (6 layers, MLA at 2,4,6, 2 shared
 #   experts, 2 dense layers); tiny converted to MXFP4 by kl.  Both route-weight modes.
 #   The full `small` preset (8 layers, 32 experts, vocab 4096) is compared too, not kept.
+#   heads4: small4 with 4 KDA heads (so TP 4 cuts every golden head count: issue 12).
+#   FIXTURES="heads4 ..." makes and compares only those (default: all but heads4, as committed
+#   on 2026-11-29); the tarball then holds only those.
 set -u
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/golden.log") 2>&1
@@ -23,14 +26,18 @@ compare() {  # dir, route
     "$KL" run "$d" --ids "$PROMPT" --force-ids "$greedy" --logits-out "$W/$tag.bin" --route-weights $route > /dev/null
     python3 scripts/gpu/golden_compare.py "$W/$tag.json" "$W/$tag.bin" | python3 -c "import json,sys; d=json.load(sys.stdin); print('$tag', 'max_rel_l2=%.3g' % d['max_rel_l2'], 'argmax_ok=%s' % d['argmax_ok'], 'PASS' if d['pass'] else 'FAIL')"
 }
-mk tiny --preset tiny --seed 1
-mk small --preset small --seed 2
-mk small4 --preset small --seed 2 --layers 4 --full-attn-layers 2,4 --set num_experts=8 --set vocab_size=1024
-mk multi --preset tiny --seed 3 --layers 6 --full-attn-layers 2,4,6 --shared-experts 2 --first-dense 2
-rm -rf "$W/tiny-mxfp4"; "$KL" convert "$W/tiny" "$W/tiny-mxfp4" -q
-for d in tiny small4 multi tiny-mxfp4 small; do
+FIXTURES=${FIXTURES:-"tiny small4 multi tiny-mxfp4 small"}
+want() { case " $FIXTURES " in *" $1 "*) return 0 ;; esac; return 1; }
+want tiny || want tiny-mxfp4 && mk tiny --preset tiny --seed 1
+want small && mk small --preset small --seed 2
+want small4 && mk small4 --preset small --seed 2 --layers 4 --full-attn-layers 2,4 --set num_experts=8 --set vocab_size=1024
+want heads4 && mk heads4 --preset small --seed 6 --layers 4 --full-attn-layers 2,4 --set num_experts=8 --set vocab_size=1024 --set linear_num_heads=4
+want multi && mk multi --preset tiny --seed 3 --layers 6 --full-attn-layers 2,4,6 --shared-experts 2 --first-dense 2
+want tiny-mxfp4 && { rm -rf "$W/tiny-mxfp4"; "$KL" convert "$W/tiny" "$W/tiny-mxfp4" -q; }
+for d in $FIXTURES; do
     for route in unbiased biased; do compare "$W/$d" $route; done
 done
 echo "$PROMPT" > "$W/prompt.txt"
-tar -C "$W" -czf "$OUT/golden-fixtures.tgz" tiny small4 multi tiny-mxfp4 prompt.txt $(cd "$W" && ls *.json | grep -v "^small-")
+keep=$(for d in $FIXTURES; do [ $d = small ] || echo $d; done)
+tar -C "$W" -czf "$OUT/golden-fixtures.tgz" $keep prompt.txt $(cd "$W" && ls *.json | grep -v "^small-")
 ls -la "$OUT"

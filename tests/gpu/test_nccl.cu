@@ -1,0 +1,224 @@
+/*
+ * tests/gpu/test_nccl.cu — the collectives tensor parallelism needs (docs/TP-GPU.md), on every
+ * visible GPU of the machine through NCCL (RCCL on AMD: the same API): one communicator per
+ * GPU in this process (ncclCommInitAll), then for blocks of [T, 2304] fp32 (the model's
+ * hidden width; T = 1, 8, 64, 512, 4096) an in-place sum all-reduce of rank-dependent values
+ * whose sums fp32 holds exactly, checked on every rank, and timed (median of 20 after a
+ * warm-up): microseconds per all-reduce and NCCL's "bus bandwidth" (2 (N - 1) / N x bytes /
+ * time).  With two GPUs or more, also the GPU 0 -> GPU r peer copy rate (the loader's
+ * fan-out, 256 MiB) and whether peer access is possible.  With one GPU the all-reduce is a
+ * copy, which still checks that the library loads and runs.
+ * One JSON line per measurement ({"test":"nccl-case",...}), then {"test":"nccl","ok":...};
+ * exit 0 pass, 1 fail, 77 no GPU or no collective library in this build.
+ */
+#include "kernels/gpu.h"
+
+#include <stdio.h>
+
+/* The Makefile defines KL_NO_COLLECTIVES where it finds no library to link */
+#if !defined(KL_NO_COLLECTIVES) && defined(__HIP_PLATFORM_AMD__)
+#if __has_include(<rccl/rccl.h>)
+#define KL_HAVE_COLLECTIVES 1
+#endif
+#elif !defined(KL_NO_COLLECTIVES)
+#if __has_include(<nccl.h>)
+#define KL_HAVE_COLLECTIVES 1
+#endif
+#endif
+
+#ifndef KL_HAVE_COLLECTIVES
+int main(void)
+{
+    fprintf(stderr, "test_nccl: built without NCCL/RCCL headers, skipped\n");
+    return 77;
+}
+#else
+
+#if defined(__HIP_PLATFORM_AMD__)
+#include <rccl/rccl.h>
+#else
+#include <nccl.h>
+#endif
+
+#include "tests/gpu/gpu_testutil.h"
+
+#define HIDDEN   2304u
+#define MAX_GPUS 8
+
+#define N_CHECK(call)                                                                       \
+    do {                                                                                    \
+        ncclResult_t r_ = (call);                                                           \
+        if (r_ != ncclSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+                    ncclGetErrorString(r_));                                                \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+struct rank {
+    ncclComm_t comm;
+    hipStream_t st;
+    float *buf;
+};
+
+/* Rank r's value at i: small integers, so every sum over ranks is exact in fp32. */
+static float value(int r, size_t i)
+{
+    return (float)((int)((i * 7 + (size_t)r * 13) % 97) - 48) * (float)(r + 1);
+}
+
+/* One all-reduce of n floats on every rank (grouped: one thread drives all GPUs). */
+static void all_reduce(rank *rk, int N, size_t n)
+{
+    N_CHECK(ncclGroupStart());
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        N_CHECK(ncclAllReduce(rk[r].buf, rk[r].buf, n, ncclFloat, ncclSum, rk[r].comm, rk[r].st));
+    }
+    N_CHECK(ncclGroupEnd());
+}
+
+static void sync_all(rank *rk, int N)
+{
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipStreamSynchronize(rk[r].st));
+    }
+}
+
+/* Fills every rank's block, all-reduces it once and checks every rank's result. */
+static void check_sum(rank *rk, int N, size_t n, uint32_t T)
+{
+    std::vector<float> h(n), want(n, 0.0f);
+    for (int r = 0; r < N; r++) {
+        for (size_t i = 0; i < n; i++) {
+            h[i] = value(r, i);
+            want[i] += h[i];
+        }
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipMemcpy(rk[r].buf, h.data(), n * sizeof(float), hipMemcpyHostToDevice));
+    }
+    all_reduce(rk, N, n);
+    sync_all(rk, N);
+    size_t bad = 0;
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipMemcpy(h.data(), rk[r].buf, n * sizeof(float), hipMemcpyDeviceToHost));
+        bad += memcmp(h.data(), want.data(), n * sizeof(float)) != 0;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "all-reduce of [%u, %u]: ranks that differ", T, HIDDEN);
+    t_check(what, (double)bad, 0);
+}
+
+/* Median microseconds of one all-reduce of n floats (20 after 3 warm-ups). */
+static double time_all_reduce(rank *rk, int N, size_t n)
+{
+    std::vector<double> us;
+    for (int i = 0; i < 23; i++) {
+        T_CHECK(hipSetDevice(0));
+        T_CHECK(hipDeviceSynchronize());
+        hipEvent_t a, b;
+        T_CHECK(hipEventCreate(&a));
+        T_CHECK(hipEventCreate(&b));
+        T_CHECK(hipEventRecord(a, rk[0].st));
+        all_reduce(rk, N, n);
+        T_CHECK(hipSetDevice(0));
+        T_CHECK(hipEventRecord(b, rk[0].st));
+        sync_all(rk, N);
+        float ms = 0;
+        T_CHECK(hipEventElapsedTime(&ms, a, b));
+        T_CHECK(hipEventDestroy(a));
+        T_CHECK(hipEventDestroy(b));
+        if (i >= 3)
+            us.push_back(ms * 1e3);
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+}
+
+/* GPU 0 -> GPU r copies of 256 MiB (peer access enabled where possible). */
+static void peer_copies(int N)
+{
+    const size_t bytes = (size_t)256 << 20;
+    for (int r = 1; r < N; r++) {
+        int can = 0;
+        T_CHECK(hipDeviceCanAccessPeer(&can, r, 0));
+        void *src = NULL, *dst = NULL;
+        T_CHECK(hipSetDevice(0));
+        T_CHECK(hipMalloc(&src, bytes));
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipMalloc(&dst, bytes));
+        if (can)
+            (void)hipDeviceEnablePeerAccess(0, 0);   /* already enabled: fine */
+        (void)hipGetLastError();
+        T_CHECK(hipSetDevice(0));
+        hipEvent_t a, b;
+        T_CHECK(hipEventCreate(&a));
+        T_CHECK(hipEventCreate(&b));
+        float best = 1e30f;
+        for (int i = 0; i < 5; i++) {
+            T_CHECK(hipEventRecord(a, 0));
+            T_CHECK(hipMemcpyPeerAsync(dst, r, src, 0, bytes, 0));
+            T_CHECK(hipEventRecord(b, 0));
+            T_CHECK(hipEventSynchronize(b));
+            float ms = 0;
+            T_CHECK(hipEventElapsedTime(&ms, a, b));
+            best = std::min(best, ms);
+        }
+        printf("{\"test\":\"nccl-case\",\"case\":\"peer-copy\",\"from\":0,\"to\":%d,"
+               "\"peer_access\":%s,\"bytes\":%zu,\"gbps\":%.1f}\n",
+               r, can ? "true" : "false", bytes, bytes / (best * 1e-3) / 1e9);
+        T_CHECK(hipEventDestroy(a));
+        T_CHECK(hipEventDestroy(b));
+        T_CHECK(hipFree(src));
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipFree(dst));
+    }
+}
+
+int main(void)
+{
+    if (!t_have_gpu("test_nccl"))
+        return 77;
+    int N = 0, version = 0;
+    T_CHECK(hipGetDeviceCount(&N));
+    N = std::min(N, MAX_GPUS);
+    N_CHECK(ncclGetVersion(&version));
+    rank rk[MAX_GPUS];
+    ncclComm_t comms[MAX_GPUS];
+    int devs[MAX_GPUS];
+    for (int r = 0; r < N; r++)
+        devs[r] = r;
+    N_CHECK(ncclCommInitAll(comms, N, devs));
+    static const uint32_t tokens[] = {1, 8, 64, 512, 4096};
+    const size_t most = (size_t)tokens[4] * HIDDEN;
+    for (int r = 0; r < N; r++) {
+        rk[r].comm = comms[r];
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipStreamCreateWithFlags(&rk[r].st, hipStreamNonBlocking));
+        T_CHECK(hipMalloc((void **)&rk[r].buf, most * sizeof(float)));
+    }
+    printf("{\"test\":\"nccl-case\",\"case\":\"setup\",\"gpus\":%d,\"nccl_version\":%d}\n", N,
+           version);
+    for (uint32_t T : tokens) {
+        const size_t n = (size_t)T * HIDDEN;
+        check_sum(rk, N, n, T);
+        double us = time_all_reduce(rk, N, n);
+        double bus = N > 1 ? 2.0 * (N - 1) / N * n * sizeof(float) / (us * 1e-6) / 1e9 : 0;
+        printf("{\"test\":\"nccl-case\",\"case\":\"all-reduce\",\"gpus\":%d,\"tokens\":%u,"
+               "\"bytes\":%zu,\"us\":%.1f,\"bus_gbps\":%.1f}\n",
+               N, T, n * sizeof(float), us, bus);
+    }
+    peer_copies(N);
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipFree(rk[r].buf));
+        T_CHECK(hipStreamDestroy(rk[r].st));
+        N_CHECK(ncclCommDestroy(rk[r].comm));
+    }
+    printf("{\"test\":\"nccl\",\"ok\":%s,\"gpus\":%d,\"checks\":[%s]}\n",
+           t_all_ok ? "true" : "false", N, t_checks.c_str());
+    return t_all_ok ? 0 : 1;
+}
+#endif
