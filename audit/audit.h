@@ -129,12 +129,13 @@ void kl_audit_report_free(kl_audit_report *r);
 /* 1 if the report holds any error-severity finding. */
 int kl_audit_has_problems(const kl_audit_report *r);
 
-/* Memory plan from a config (and, in o->dtypes, its checkpoint's stored dtypes).  KL_E_USAGE (rule MEM-TP) when o->tp does not divide the
- * MLA heads, KDA heads, routed experts, MLP widths or MXFP4 experts' scale blocks along the
- * intermediate width (expert parallel: the shared experts' width instead of the last two; the
- * message lists the valid sizes), or
+/* Memory plan from a config (and, in o->dtypes, its checkpoint's stored dtypes).  KL_E_USAGE
+ * (rule MEM-TP) when o->tp does not divide the MLA heads, KDA heads, routed experts, MLP
+ * widths or MXFP4 experts' scale blocks along the intermediate width (expert parallel: the
+ * shared experts' width instead of the last two; the message lists the valid sizes), or
  * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
- * when a figure overflows 64 bits. */
+ * when a figure overflows 64 bits; KL_E_NOMEM.  At TP 1 the GPU arena too (has_gpu_arena),
+ * unless a dtype is one the engines do not hold. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                        kl_err *err);
 /* The TP sizes kl_memplan_compute accepts: loader/tp_split.h's kl_tp_sizes. */
