@@ -140,8 +140,7 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
 /* Whether load_all reads entry e's bytes into host memory. */
 static int wanted(const kl_model_opts *opts, const kl_schema_entry *e)
 {
-    return !(opts && opts->vectors_only) || kl_role_is_vector(e->role) ||
-           e->role == KL_ROLE_FINAL_NORM;
+    return !(opts && opts->vectors_only) || kl_role_is_vector(e->role); /* final norm too */
 }
 
 /* Records where every tensor's bytes are (m->src, m->shard_paths). */

@@ -9,8 +9,8 @@
  * KDA state and the sequence's MLA cache at 1000 tokens equal the plan's at fp32 (the CPU
  * engine's element; the audit's own line assumes a bf16 cache).
  * GPU engine at TP 1: the audit's GPU arena equals kl_gpu_plan_build's total bytes (the plan
- * engine/backend_gpu.c allocates), on the fixtures and on synthesized small (BF16, MXFP4) and
- * full-geometry (MXFP4, sparse) checkpoints, and splits exactly into matrices + fp32 vectors +
+ * engine/backend_gpu.c allocates), on the fixtures and on synthesized small and full-geometry
+ * (sparse) checkpoints, BF16 and MXFP4, and splits exactly into matrices + fp32 vectors +
  * alignment; the plan from the config alone agrees where the checkpoint holds synth's dtypes.
  */
 #include "audit/audit.h"
@@ -27,7 +27,7 @@
 
 #define CONTEXT 1000 /* tokens of the slot compared: not a power of two (caches double) */
 
-enum { N_FIXTURES = 4, N_SYNTH = 3 };
+enum { N_FIXTURES = 4, N_SYNTH = 4 };
 static char g_tmp[512], g_mxfp4[600], g_synth[N_SYNTH][600];
 static const char *g_fixture[N_FIXTURES] = {"tests/fixtures/ref_tiny",
                                             "tests/fixtures/golden/small4",
@@ -39,6 +39,7 @@ static void setup(void)
         {"small-bf16", "small", KL_SYNTH_BF16, 0},
         {"small-mxfp4", "small", KL_SYNTH_MXFP4, 0},
         {"full-mxfp4", "full", KL_SYNTH_MXFP4, 1},
+        {"full-bf16", "full", KL_SYNTH_BF16, 1},
     };
     kl_err err;
     kl_err_clear(&err);
