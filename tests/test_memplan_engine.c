@@ -2,8 +2,9 @@
  * tests/test_memplan_engine.c — the memory plan of `kl audit --tp N` (audit/memplan.c) against
  * what the engines allocate (issue 12, item 5).
  *
- * CPU engine: on the golden fixtures (ref_tiny, small4, multi) and an MXFP4 conversion of
- * ref_tiny, every valid TP size with and without expert parallel: for EVERY rank of a CPU
+ * CPU engine: on the golden fixtures (ref_tiny, small4, multi), an MXFP4 conversion of
+ * ref_tiny and ref_tiny with lm_head stored F32 (the audit plans with the checkpoint's dtypes,
+ * not the config's defaults), every valid TP size with and without expert parallel: for EVERY rank of a CPU
  * backend (kl_backend_cpu_rank_bytes) its matrices equal the audit's matrix bytes per GPU; its
  * vectors (one shared whole copy, by design) equal the TP 1 plan's; its part of a sequence's
  * KDA state and the sequence's MLA cache at 1000 tokens equal the plan's at fp32 (the CPU
@@ -14,7 +15,10 @@
  * alignment; the plan from the config alone agrees where the checkpoint holds synth's dtypes.
  */
 #include "audit/audit.h"
+#include "common/mem.h"
 #include "convert/converter.h"
+#include "convert/st_writer.h"
+#include "loader/checkpoint.h"
 #include "engine/backend.h"
 #include "engine/gpu_plan.h"
 #include "engine/model.h"
@@ -24,14 +28,83 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CONTEXT 1000 /* tokens of the slot compared: not a power of two (caches double) */
 
-enum { N_FIXTURES = 4, N_SYNTH = 4 };
-static char g_tmp[512], g_mxfp4[600], g_synth[N_SYNTH][600];
+enum { N_FIXTURES = 5, N_SYNTH = 4 };
+enum { F32_HEAD = 4 }; /* g_fixture[F32_HEAD]: ref_tiny with lm_head in F32, not synth's dtype */
+static char g_tmp[512], g_mxfp4[600], g_f32[600], g_synth[N_SYNTH][600];
 static const char *g_fixture[N_FIXTURES] = {"tests/fixtures/ref_tiny",
                                             "tests/fixtures/golden/small4",
-                                            "tests/fixtures/golden/multi", g_mxfp4};
+                                            "tests/fixtures/golden/multi", g_mxfp4, g_f32};
+
+/* The tensors of one-shard checkpoint ck as the writer takes them, name (widened to F32)
+ * first, the others in file order (their offsets stay multiples of their element sizes);
+ * the index entries in ie and the new data bytes in *total. */
+static size_t widened_order(const kl_checkpoint *ck, const char *name, kl_st_wtensor *wt,
+                            const kl_ckpt_tensor **from, kl_st_index_entry *ie, uint64_t *total)
+{
+    size_t n = 1;
+    *total = 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const kl_ckpt_tensor *t = &ck->tensors[i];
+        const int wide = strcmp(t->name, name) == 0;
+        const size_t k = wide ? 0 : n++;
+        wt[k] = (kl_st_wtensor){.name = t->name, .dtype = wide ? KL_DT_F32 : t->t->dtype,
+                                .rank = t->t->rank};
+        memcpy(wt[k].shape, t->t->shape, sizeof wt[k].shape);
+        from[k] = t;
+        ie[i] = (kl_st_index_entry){t->name, ck->shards[0].name};
+        *total += wide ? t->t->numel * 4 : t->t->n_bytes;
+    }
+    ck_assert_msg(wt[0].name && wt[0].dtype == KL_DT_F32, "%s: no BF16 %s", ck->dir, name);
+    return n;
+}
+
+/* src (one shard) into dst with its BF16 lm_head.weight stored as F32 (the same values): a
+ * checkpoint whose dtypes are not the ones synth writes. */
+static void write_f32_lm_head(const char *src, const char *dst)
+{
+    kl_checkpoint ck;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert(kl_ckpt_open(&ck, src, &err) == 0 && ck.n_shards == 1);
+    size_t len, n = ck.n_tensors;
+    uint8_t *file = (uint8_t *)t_slurp(ck.shards[0].path, &len);
+    kl_st_wtensor *wt = kl_calloc(n, sizeof *wt);
+    const kl_ckpt_tensor **from = kl_calloc(n, sizeof *from);
+    kl_st_index_entry *ie = kl_calloc(n, sizeof *ie);
+    uint64_t total;
+    ck_assert(widened_order(&ck, "lm_head.weight", wt, from, ie, &total) == n);
+    char path[1200];
+    ck_assert(mkdir(dst, 0755) == 0);
+    snprintf(path, sizeof path, "%s/%s", dst, ck.shards[0].name);
+    kl_st_writer w;
+    ck_assert_msg(kl_st_writer_open(&w, path, wt, n, NULL, &err) == 0, "%s", t_fmt_err(&err));
+    for (size_t i = 0; i < n; i++) {
+        const kl_st_tensor *t = from[i]->t;
+        uint32_t *wide = i ? NULL : kl_malloc(t->numel * 4);
+        for (uint64_t j = 0; wide && j < t->numel; j++) /* bf16 -> f32: the high half */
+            wide[j] = (uint32_t)(file[t->file_off + 2 * j] | file[t->file_off + 2 * j + 1] << 8)
+                      << 16;
+        ck_assert(kl_st_writer_pwrite(&w, i, 0, wide ? (void *)wide : file + t->file_off,
+                                      wide ? t->numel * 4 : t->n_bytes, &err) == 0);
+        kl_free(wide);
+    }
+    ck_assert(kl_st_writer_commit(&w, &err) == 0);
+    kl_st_writer_close(&w);
+    ck_assert(kl_st_index_write(dst, ie, n, total, &err) == 0);
+    char *cfg = t_slurp(ck.config_path, &len);
+    snprintf(path, sizeof path, "%s/config.json", dst);
+    t_write(path, cfg, len);
+    free(cfg);
+    free(file);
+    kl_free(wt);
+    kl_free(from);
+    kl_free(ie);
+    kl_ckpt_close(&ck);
+}
 
 static void setup(void)
 {
@@ -47,6 +120,8 @@ static void setup(void)
     snprintf(g_mxfp4, sizeof g_mxfp4, "%s/tiny-mxfp4", g_tmp);
     kl_convert_opts co = {.src = "tests/fixtures/ref_tiny", .dst = g_mxfp4, .threads = 2};
     ck_assert_msg(kl_convert(&co, &err) == 0, "kl_convert: %s", t_fmt_err(&err));
+    snprintf(g_f32, sizeof g_f32, "%s/tiny-f32-head", g_tmp);
+    write_f32_lm_head("tests/fixtures/ref_tiny", g_f32);
     for (int i = 0; i < N_SYNTH; i++) {
         snprintf(g_synth[i], sizeof g_synth[i], "%s/%s", g_tmp, s[i].name);
         kl_synth_opts o = {.out_dir = g_synth[i], .preset = s[i].preset, .format = s[i].fmt,
@@ -188,7 +263,11 @@ START_TEST(gpu_arena_of_the_audit_is_the_gpu_plans)
     ck_assert_uint_eq(a.gpu_arena_bytes,
                       a.matrix_bytes + a.vector_f32_bytes + a.gpu_arena_pad_bytes);
     ck_assert_uint_lt(a.gpu_arena_pad_bytes, (uint64_t)KL_PLAN_ALIGN * 64 * p.n_arenas);
-    ck_assert_uint_eq(c.gpu_arena_bytes, a.gpu_arena_bytes); /* synth's dtypes here */
+    if (_i != F32_HEAD) /* synth's dtypes: the config alone says as much */
+        ck_assert_uint_eq(c.gpu_arena_bytes, a.gpu_arena_bytes);
+    else /* lm_head in F32: the checkpoint's dtypes count, twice its BF16 bytes */
+        ck_assert_uint_eq(a.matrix_bytes - c.matrix_bytes,
+                          (uint64_t)m->cfg.vocab_size * m->cfg.hidden_size * 2);
     kl_gpu_plan_free(&p);
     kl_model_close(m);
 }
