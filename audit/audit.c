@@ -39,30 +39,31 @@ static void fill_counts(kl_audit_report *r, const kl_checkpoint *ck, const kl_ck
         r->n_expected_tensors = c->schema.n;
 }
 
-/* The loader's metadata check, then the expert regions and the memory plan. */
-static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_opts *o,
-                      kl_err *err)
+/* The stored dtype of every schema entry of c (the schema's synth dtype where the checkpoint
+ * lacks the tensor, a finding already).  Owned: kl_free; NULL when out of memory. */
+static kl_dtype *stored_dtypes(const kl_ckcheck *c)
 {
-    kl_ckcheck c;
-    int rc = kl_ckcheck_run(&c, ck, kl_audit_collect, r, err);
-    if (!rc) {
-        fill_counts(r, ck, &c);
-        if (c.has_schema && kl_audit_regions(r, ck, &c.schema))
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory collecting findings");
-    }
-    bool planned = !rc && c.has_schema;
-    kl_ckcheck_free(&c);
-    if (!planned)
-        return rc;
+    kl_dtype *dt = kl_calloc(c->schema.n ? c->schema.n : 1, sizeof *dt);
+    for (size_t i = 0; dt && i < c->schema.n; i++)
+        dt[i] = c->bound[i] ? c->bound[i]->t->dtype : c->schema.entries[i].synth_dtype;
+    return dt;
+}
+
+/* The memory plan of the checked checkpoint: a finding when it overflows, the error when
+ * --tp or --context are not valid for it. */
+static int run_memplan(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_opts *o,
+                       const kl_dtype *dtypes, kl_err *err)
+{
     /* The plan assumes a bf16 MLA cache, as serving engines keep it (the CPU engine: fp32). */
     kl_memplan_opts mo = {.tp = o->tp, .expert_parallel = o->expert_parallel,
-                          .context = o->context, .cache_elem_bytes = 2, .state_elem_bytes = 4};
+                          .context = o->context, .cache_elem_bytes = 2, .state_elem_bytes = 4,
+                          .dtypes = dtypes};
     if (!mo.context)
         mo.context = kl_memplan_default_context(&ck->config);
     kl_err perr;
     kl_err_clear(&perr);
-    rc = kl_memplan_compute(&r->memplan, &ck->config, &mo, &perr);
-    if (rc == KL_E_USAGE) { /* bad --tp or --context: the audit cannot run as asked */
+    int rc = kl_memplan_compute(&r->memplan, &ck->config, &mo, &perr);
+    if (rc == KL_E_USAGE || rc == KL_E_NOMEM) { /* bad --tp or --context: cannot run as asked */
         if (err && !err->code)
             *err = perr;
         return rc;
@@ -72,6 +73,28 @@ static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audi
     else if (kl_audit_add_err(r, &perr, "MEM-PLAN", ck->config_path))
         return kl_fail(err, KL_E_NOMEM, "out of memory collecting findings");
     return 0;
+}
+
+/* The loader's metadata check, then the expert regions and the memory plan. */
+static int run_checks(kl_audit_report *r, const kl_checkpoint *ck, const kl_audit_opts *o,
+                      kl_err *err)
+{
+    kl_ckcheck c;
+    kl_dtype *dtypes = NULL;
+    int rc = kl_ckcheck_run(&c, ck, kl_audit_collect, r, err);
+    if (!rc) {
+        fill_counts(r, ck, &c);
+        if (c.has_schema && kl_audit_regions(r, ck, &c.schema))
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory collecting findings");
+        if (!rc && c.has_schema && !(dtypes = stored_dtypes(&c)))
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    }
+    bool planned = !rc && c.has_schema;
+    kl_ckcheck_free(&c);
+    if (planned)
+        rc = run_memplan(r, ck, o, dtypes, err);
+    kl_free(dtypes);
+    return rc;
 }
 
 int kl_audit_run(kl_audit_report *r, const char *dir, const kl_audit_opts *opts, kl_err *err)

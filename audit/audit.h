@@ -22,6 +22,7 @@
 #include "common/err.h"
 #include "loader/ckcheck.h" /* kl_severity, kl_finding */
 #include "loader/config.h"
+#include "loader/dtype.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,6 +59,9 @@ typedef struct kl_memplan_opts {
     uint64_t context;                /* tokens; at most the config's max_position when known */
     size_t   cache_elem_bytes;       /* MLA latent cache element (the audit: 2, bf16) */
     size_t   state_elem_bytes;       /* KDA recurrent and conv state element (4, fp32) */
+    const kl_dtype *dtypes;          /* stored dtype of each entry of the config's schema
+                                        (kl_schema_build order; borrowed for the call), or
+                                        NULL: the dtypes synth writes */
 } kl_memplan_opts;
 
 typedef struct kl_memplan {
@@ -66,8 +70,20 @@ typedef struct kl_memplan {
     uint64_t context;
     size_t   cache_elem_bytes;       /* as asked: element size the MLA cache figure assumes */
     size_t   state_elem_bytes;       /* as asked: element size of the KDA state figure */
-    uint64_t weights_bytes;          /* per GPU */
+    uint64_t weights_bytes;          /* per GPU, stored dtypes: matrix + vector bytes */
     uint64_t replicated_bytes;       /* part of weights_bytes that every GPU holds whole */
+    uint64_t matrix_bytes;           /* part of weights_bytes in matrices (not vectors) */
+    uint64_t vector_bytes;           /* part in the vectors the engines read element-wise
+                                        (loader/arena.h kl_role_is_vector: norms, conv taps,
+                                        A_log, dt_bias, router bias) */
+    uint64_t vector_f32_bytes;       /* those vectors as the engines keep them, fp32: the GPU
+                                        arena instead of vector_bytes, the CPU engine besides
+                                        them (one shared copy whatever the TP size) */
+    bool     has_gpu_arena;          /* TP 1 and every dtype one the engines hold */
+    uint64_t gpu_arena_bytes;        /* the GPU engine's weight arenas (engine/gpu_plan.h,
+                                        laid out by loader/arena.h): matrix_bytes +
+                                        vector_f32_bytes + gpu_arena_pad_bytes */
+    uint64_t gpu_arena_pad_bytes;    /* alignment of its blocks (KL_PLAN_ALIGN) */
     uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` */
     uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent + conv state */
     uint64_t total_bytes;            /* sum of the three */
@@ -113,12 +129,13 @@ void kl_audit_report_free(kl_audit_report *r);
 /* 1 if the report holds any error-severity finding. */
 int kl_audit_has_problems(const kl_audit_report *r);
 
-/* Memory plan from a config alone.  KL_E_USAGE (rule MEM-TP) when o->tp does not divide the
- * MLA heads, KDA heads, routed experts, MLP widths or MXFP4 experts' scale blocks along the
- * intermediate width (expert parallel: the shared experts' width instead of the last two; the
- * message lists the valid sizes), or
+/* Memory plan from a config (and, in o->dtypes, its checkpoint's stored dtypes).  KL_E_USAGE
+ * (rule MEM-TP) when o->tp does not divide the MLA heads, KDA heads, routed experts, MLP
+ * widths or MXFP4 experts' scale blocks along the intermediate width (expert parallel: the
+ * shared experts' width instead of the last two; the message lists the valid sizes), or
  * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
- * when a figure overflows 64 bits. */
+ * when a figure overflows 64 bits; KL_E_NOMEM.  At TP 1 the GPU arena too (has_gpu_arena),
+ * unless a dtype is one the engines do not hold. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                        kl_err *err);
 /* The TP sizes kl_memplan_compute accepts: loader/tp_split.h's kl_tp_sizes. */

@@ -13,10 +13,15 @@
  * of the plan then gives whole heads, experts, rows and scale blocks per rank).  Expert
  * parallel: routed experts whole on their owner (rank 0 holds the first experts / TP), so
  * their width and blocks do not count, the shared experts' width does.
+ * Weights split into matrices and the vectors the engines read element-wise (kept as fp32 by
+ * both engines: vector_f32_bytes says how much that is).  At TP 1 the GPU engine's arenas as
+ * loader/arena.h lays them out (the code engine/gpu_plan.c places the weights with): matrices
+ * in their stored kinds, vectors fp32, every block 256-byte aligned.
  */
 #include "audit/audit.h"
 
 #include "common/checked.h"
+#include "loader/arena.h"
 #include "loader/schema.h"
 #include "loader/tp_split.h"
 
@@ -57,8 +62,10 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 /* ---- plan ------------------------------------------------------------------------------------ */
 
 /* Weights per GPU: rank 0's part of every tensor (loader/tp_split.h; the valid sizes give
- * every rank the same), the tensors every rank holds whole counted apart too. */
-static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, int ep, kl_err *err)
+ * every rank the same) in its stored dtype, the tensors every rank holds whole and the vectors
+ * counted apart too; at TP 1 the GPU arenas of the same tensors. */
+static int plan_weights(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
+                        kl_err *err)
 {
     kl_schema s;
     int rc = kl_schema_build(&s, c, err);
@@ -66,13 +73,28 @@ static int plan_weights(kl_memplan *m, const kl_config *c, unsigned tp, int ep, 
         return rc;
     for (size_t i = 0; i < s.n; i++) {
         const kl_schema_entry *e = &s.entries[i];
-        const kl_tp_split sp = kl_tp_split_of(e->role, ep);
-        const uint64_t bits = kl_dtype_bits(e->synth_dtype);
-        m->weights_bytes += kl_tp_rank_numel(e, sp, tp, 0, c->num_experts) * bits / 8;
+        const kl_tp_split sp = kl_tp_split_of(e->role, o->expert_parallel);
+        const uint64_t bits = kl_dtype_bits(o->dtypes ? o->dtypes[i] : e->synth_dtype);
+        const uint64_t numel = kl_tp_rank_numel(e, sp, o->tp, 0, c->num_experts);
+        m->weights_bytes += numel * bits / 8;
         if (sp.kind == KL_TP_WHOLE)
             m->replicated_bytes += e->numel * bits / 8;
+        if (kl_role_is_vector(e->role)) {
+            m->vector_bytes += numel * bits / 8;
+            m->vector_f32_bytes += numel * sizeof(float);
+        }
     }
+    m->matrix_bytes = m->weights_bytes - m->vector_bytes;
+    kl_arena_sizes a;
+    kl_err aerr;
+    kl_err_clear(&aerr);
+    rc = o->tp == 1 ? kl_arena_size_schema(&s, c, o->dtypes, &a, &aerr) : KL_E_UNSUPPORTED;
     kl_schema_free(&s);
+    if (rc == KL_E_NOMEM)
+        return kl_fail(err, KL_E_NOMEM, "out of memory planning the GPU arenas");
+    m->has_gpu_arena = rc == 0;
+    m->gpu_arena_bytes = rc ? 0 : a.total_bytes;
+    m->gpu_arena_pad_bytes = rc ? 0 : a.pad_bytes;
     return 0;
 }
 
@@ -81,7 +103,7 @@ int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts 
 {
     memset(m, 0, sizeof *m);
     int rc = check_opts(c, o, err);
-    if (rc || (rc = plan_weights(m, c, o->tp, o->expert_parallel, err)))
+    if (rc || (rc = plan_weights(m, c, o, err)))
         return rc;
     m->tp = o->tp;
     m->expert_parallel = o->expert_parallel;

@@ -137,6 +137,15 @@ static void print_memplan(const kl_memplan *m, FILE *out)
             kl_fmt_bytes(mla, sizeof mla, m->mla_cache_bytes), elem_name(m->cache_elem_bytes),
             kl_fmt_bytes(kda, sizeof kda, m->kda_state_bytes), elem_name(m->state_elem_bytes),
             kl_fmt_bytes(tot, sizeof tot, m->total_bytes));
+    char mat[32], vec[32], v32[32], arena[32], pad[32];
+    fprintf(out, "               weights: matrices %s + vectors %s (the engines keep the vectors "
+                 "as fp32: %s)\n", kl_fmt_bytes(mat, sizeof mat, m->matrix_bytes),
+            kl_fmt_bytes(vec, sizeof vec, m->vector_bytes),
+            kl_fmt_bytes(v32, sizeof v32, m->vector_f32_bytes));
+    if (m->has_gpu_arena)
+        fprintf(out, "               GPU engine weight arena %s: matrices + fp32 vectors + %s "
+                     "alignment\n", kl_fmt_bytes(arena, sizeof arena, m->gpu_arena_bytes),
+                kl_fmt_bytes(pad, sizeof pad, m->gpu_arena_pad_bytes));
 }
 
 static double hash_gbps(const kl_audit_report *r)
@@ -280,6 +289,15 @@ static int add_memplan(const kl_memplan *m, cJSON *root)
     cJSON_AddNumberToObject(o, "kda_state_element_bytes", (double)m->state_elem_bytes);
     kl_json_add_u64(o, "kda_state_bytes_per_gpu", m->kda_state_bytes);
     kl_json_add_u64(o, "total_bytes_per_gpu", m->total_bytes);
+    kl_json_add_u64(o, "matrix_bytes_per_gpu", m->matrix_bytes);
+    kl_json_add_u64(o, "vector_bytes_per_gpu", m->vector_bytes);
+    kl_json_add_u64(o, "vector_f32_bytes_per_gpu", m->vector_f32_bytes);
+    if (!m->has_gpu_arena) {   /* TP > 1: the GPU engine runs on one GPU */
+        cJSON_AddNullToObject(o, "gpu_arena_bytes");
+        return 0;
+    }
+    kl_json_add_u64(o, "gpu_arena_bytes", m->gpu_arena_bytes);
+    kl_json_add_u64(o, "gpu_arena_pad_bytes", m->gpu_arena_pad_bytes);
     return 0;
 }
 

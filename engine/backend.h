@@ -125,6 +125,30 @@ int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * KL_E_USAGE naming the valid sizes unless tp is one of kl_tp_sizes(cfg, ep). */
 int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, int ep,
                               kl_err *err);
+/* What rank `rank` of a CPU backend holds, for the memory plan's check (audit/memplan.c):
+ *   matrix_bytes   its cut of every weight matrix (loader/tp_split.h) in its stored kind, by
+ *                  kl_wkind: OUT cuts (views of the model's rows), IN cuts (column copies made
+ *                  for the rank: copied_bytes of them), routed experts it owns (expert
+ *                  parallel), whole ones, the vocabulary rows of embed and lm_head (tied: once);
+ *   vector_bytes   the vectors (kl_role_is_vector) in their stored kinds and vector_f32_bytes
+ *                  their fp32 copies: the model's one copy of each, whole, which every rank
+ *                  reads its heads' part of (not cut per rank: the same for every rank);
+ *   with slot an open slot (UINT32_MAX: none, the slot figures 0), that sequence's state:
+ *   kda_state_bytes     the rank's heads' part of the conv windows and delta-rule state of
+ *                       every KDA layer (fp32; the slot holds every head in one block a layer);
+ *   mla_cache_bytes     the latent cache rows of the slot's length in every MLA layer (fp32),
+ *                       which every rank reads whole, and mla_cache_cap_bytes as allocated
+ *                       (capacity grows by doubling).
+ * KL_E_USAGE: be not a CPU backend, rank not below its TP size, slot not open. */
+typedef struct kl_cpu_rank_bytes {
+    uint64_t matrix_bytes[4];           /* [kl_wkind] (KL_W_NONE: 0) */
+    uint64_t matrix_total;              /* their sum */
+    uint64_t copied_bytes;              /* IN cuts copied for this rank */
+    uint64_t vector_bytes, vector_f32_bytes;
+    uint64_t kda_state_bytes, mla_cache_bytes, mla_cache_cap_bytes;
+} kl_cpu_rank_bytes;
+int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slot,
+                               kl_cpu_rank_bytes *out, kl_err *err);
 /* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
 int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h

@@ -1429,6 +1429,95 @@ int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, int ep, kl_err *e
                    ep ? " (expert parallel)" : "", list);
 }
 
+/* What rank r holds (backend.h) */
+
+/* Matrix w (a cut or whole) into the rank's figures; copied: an IN cut of the rank's own. */
+static void count_matrix(kl_cpu_rank_bytes *o, const kl_wmat *w, int copied)
+{
+    uint64_t b = kl_wmat_bytes(w);
+    o->matrix_bytes[w->kind] += b;
+    o->matrix_total += b;
+    o->copied_bytes += copied ? b : 0;
+}
+
+/* Rank r's cut of layer l's matrices; the layer's vectors (whole, shared by the ranks). */
+static void count_layer(const cpu_be *c, uint32_t l, unsigned r, kl_cpu_rank_bytes *o)
+{
+    const kl_layer *L = &c->be.m->layers[l];
+    const shard_layer *s = shard_of(c, l, r);
+    for (int k = 0; k < KL_ROLE_COUNT; k++) {
+        if (L->vec[k]) {
+            o->vector_bytes += kl_wmat_bytes(&L->w[k]);
+            o->vector_f32_bytes += L->w[k].rows * L->w[k].cols * sizeof(float);
+        } else {
+            count_matrix(o, &s->w[k], c->tp > 1 && L->w[k].kind != KL_W_NONE &&
+                                          kl_tp_split_of((kl_role)k, 0).kind == KL_TP_IN);
+        }
+    }
+    for (int k = 0; k < 3 && L->moe; k++) {
+        int in = kl_tp_split_of(expert_roles[k], c->ep).kind == KL_TP_IN && c->tp > 1;
+        for (size_t e = 0; e < c->d.E; e++)
+            count_matrix(o, &s->experts[k][e], in && s->experts[k][e].kind != KL_W_NONE);
+    }
+}
+
+/* The global tensors: rank r's vocabulary rows of embed and lm_head, the final norm. */
+static void count_global(const cpu_be *c, unsigned r, kl_cpu_rank_bytes *o)
+{
+    const kl_model *m = c->be.m;
+    size_t v0, vn;
+    tp_part((size_t)m->embed.rows, c->tp, r, &v0, &vn);
+    kl_wmat part = kl_wmat_rows(&m->embed, v0, vn);
+    count_matrix(o, &part, 0);
+    if (!m->cfg.tie_word_embeddings) {
+        tp_part((size_t)m->lm_head.rows, c->tp, r, &v0, &vn);
+        part = kl_wmat_rows(&m->lm_head, v0, vn);
+        count_matrix(o, &part, 0);
+    }
+    for (size_t i = 0; i < m->n_src; i++)
+        if (m->src[i].role == KL_ROLE_FINAL_NORM)
+            o->vector_bytes += m->src[i].bytes;
+    o->vector_f32_bytes += (uint64_t)m->cfg.hidden_size * sizeof(float);
+}
+
+/* Rank r's part of an open slot's state. */
+static void count_slot(const cpu_be *c, unsigned r, uint32_t slot, kl_cpu_rank_bytes *o)
+{
+    const kl_model *m = c->be.m;
+    const cpu_slot *s = &c->slots[slot];
+    const uint64_t row = kl_config_mla_token_bytes(&m->cfg, sizeof(float));
+    const size_t kda_floats = 3 * conv_floats(&c->d) + kda_state_floats(&c->d);
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        if (s->kda[l].S) /* every head's state in one block: the rank's heads' part of it */
+            o->kda_state_bytes += kda_floats / c->d.kh * shard_of(c, l, r)->hn * sizeof(float);
+        if (s->mla[l].c) {
+            o->mla_cache_bytes += c->be.slot_len[slot] * row;
+            o->mla_cache_cap_bytes += s->mla[l].cap * row;
+        }
+    }
+}
+
+int kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slot,
+                              kl_cpu_rank_bytes *out, kl_err *err)
+{
+    if (!be || be->ops != &cpu_ops)
+        return kl_fail(err, KL_E_USAGE, "rank bytes of a backend that is not the CPU's");
+    const cpu_be *c = be->impl;
+    if (rank >= c->tp)
+        return kl_fail(err, KL_E_USAGE, "rank %u of %u", rank, c->tp);
+    if (slot != UINT32_MAX && (slot >= be->max_slots || !be->slot_used[slot]))
+        return kl_fail(err, KL_E_USAGE, "slot %u is not open", slot);
+    kl_cpu_rank_bytes o;
+    memset(&o, 0, sizeof o);
+    for (uint32_t l = 0; l < be->m->cfg.num_hidden_layers; l++)
+        count_layer(c, l, rank, &o);
+    count_global(c, rank, &o);
+    if (slot != UINT32_MAX)
+        count_slot(c, rank, slot, &o);
+    *out = o;
+    return 0;
+}
+
 int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
     return kl_backend_cpu_create_tp(out, m, 1, 0, err);

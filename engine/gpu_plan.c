@@ -19,139 +19,42 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-const kl_role kl_plan_fuse_roles[KL_FUSE_GROUPS][KL_FUSE_MAX + 1] = {
-    [KL_FUSE_KDA] = {KL_ROLE_KDA_Q, KL_ROLE_KDA_K, KL_ROLE_KDA_V, KL_ROLE_KDA_F_A,
-                     KL_ROLE_KDA_G_A, KL_ROLE_KDA_B, KL_ROLE_COUNT},
-    [KL_FUSE_MLA] = {KL_ROLE_MLA_Q, KL_ROLE_MLA_KV_A, KL_ROLE_COUNT},
-    [KL_FUSE_MOE] = {KL_ROLE_SHARED_GATE, KL_ROLE_SHARED_UP, KL_ROLE_ROUTER, KL_ROLE_COUNT},
-    [KL_FUSE_MLP] = {KL_ROLE_MLP_GATE, KL_ROLE_MLP_UP, KL_ROLE_COUNT},
-};
-
 /* ------------------------------------------------------------------------------------------ */
-/* Layout                                                                                     */
+/* Layout (loader/arena.h) of the model's kinds and shapes                                    */
 
-uint64_t kl_plan_data_bytes(const kl_plan_mat *w)
+static kl_wshape shape_of(const kl_wmat *w)
 {
-    uint64_t n = (uint64_t)w->rows * w->cols;
-    switch (w->kind) {
-    case KL_W_F32: return n * 4;
-    case KL_W_BF16: return n * 2;
-    case KL_W_MXFP4: return n / 2;
-    default: return 0;
+    return (kl_wshape){w->kind, w->rows, w->cols};
+}
+
+/* Layer hl as the layout sees it: its routed experts must all be alike. */
+static int layer_in(const kl_layer *hl, uint32_t E, kl_arena_layer_in *in, kl_err *err)
+{
+    memset(in, 0, sizeof *in);
+    for (int r = 0; r < KL_ROLE_COUNT; r++)
+        in->w[r] = shape_of(&hl->w[r]);
+    if (!hl->moe || !hl->experts[0])
+        return 0;
+    for (int k = 0; k < 3; k++) {
+        const kl_wmat *ex = hl->experts[k];
+        for (uint32_t e = 1; ex && e < E; e++)
+            if (ex[e].kind != ex[0].kind || ex[e].rows != ex[0].rows || ex[e].cols != ex[0].cols)
+                return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape or "
+                               "kind (expert %u)", e);
+        if (ex)
+            in->ex[k] = shape_of(&ex[0]);
     }
-}
-
-uint64_t kl_plan_scale_bytes(const kl_plan_mat *w)
-{
-    return w->kind == KL_W_MXFP4 ? (uint64_t)w->rows * (w->cols / 32) : 0;
-}
-
-/* Reserves bytes at the next aligned offset of an arena whose end is *top. */
-static uint64_t take(uint64_t *top, uint64_t bytes)
-{
-    uint64_t o = (*top + KL_PLAN_ALIGN - 1) / KL_PLAN_ALIGN * KL_PLAN_ALIGN;
-    *top = o + bytes;
-    return o;
-}
-
-static kl_plan_mat mat_of(const kl_wmat *w)
-{
-    return (kl_plan_mat){w->kind, (uint32_t)w->rows, (uint32_t)w->cols, 0, 0};
-}
-
-/* n matrices one after another in one block (values, then scales): out[i] is member i; the
- * result is all of them as one matrix. */
-static kl_plan_mat stack(uint64_t *top, const kl_wmat *const *w, uint32_t n, kl_plan_mat *out)
-{
-    uint64_t db = 0, sb = 0, rows = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        out[i] = mat_of(w[i]);
-        db += kl_plan_data_bytes(&out[i]);
-        sb += kl_plan_scale_bytes(&out[i]);
-        rows += out[i].rows;
-    }
-    uint64_t d = take(top, db), s = sb ? take(top, sb) : 0;
-    for (uint32_t i = 0; i < n; i++) {
-        out[i].data = d;
-        out[i].scale = s;
-        d += kl_plan_data_bytes(&out[i]);
-        s += kl_plan_scale_bytes(&out[i]);
-    }
-    kl_plan_mat whole = out[0];
-    whole.rows = (uint32_t)rows;
-    return whole;
-}
-
-/* A fusion group: stacked when every member is present with one kind and width and all but
- * the last have a multiple of 4 rows; else each member on its own. */
-static void plan_group(uint64_t *top, const kl_layer *hl, kl_plan_layer *pl, int grp)
-{
-    const kl_wmat *w[KL_FUSE_MAX] = {0};
-    kl_plan_mat views[KL_FUSE_MAX];
-    uint32_t n = 0;
-    int same = 1;
-    for (const kl_role *r = kl_plan_fuse_roles[grp]; *r != KL_ROLE_COUNT; r++, n++) {
-        w[n] = &hl->w[*r];
-        same &= w[n]->kind != KL_W_NONE && w[n]->kind == w[0]->kind && w[n]->cols == w[0]->cols;
-    }
-    for (uint32_t i = 0; i + 1 < n; i++)
-        same &= w[i]->rows % 4 == 0;
-    memset(&pl->fused[grp], 0, sizeof pl->fused[grp]);
-    for (uint32_t i = 0; !same && i < n; i++)
-        if (w[i]->kind != KL_W_NONE)
-            stack(top, &w[i], 1, &pl->w[kl_plan_fuse_roles[grp][i]]);
-    if (!same)
-        return;
-    pl->fused[grp] = stack(top, w, n, views);
-    for (uint32_t i = 0; i < n; i++)
-        pl->w[kl_plan_fuse_roles[grp][i]] = views[i];
-}
-
-/* The fusion group role r belongs to, or -1. */
-static int group_of(kl_role r)
-{
-    for (int grp = 0; grp < KL_FUSE_GROUPS; grp++)
-        for (const kl_role *m = kl_plan_fuse_roles[grp]; *m != KL_ROLE_COUNT; m++)
-            if (*m == r)
-                return grp;
-    return -1;
-}
-
-/* E experts of one role stacked: values of all, then scales of all. */
-static int plan_experts(uint64_t *top, const kl_wmat *ex, uint32_t E, kl_plan_mat *out,
-                        kl_err *err)
-{
-    for (uint32_t e = 1; e < E; e++)
-        if (ex[e].kind != ex[0].kind || ex[e].rows != ex[0].rows || ex[e].cols != ex[0].cols)
-            return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape or kind "
-                           "(expert %u)", e);
-    *out = mat_of(&ex[0]);
-    out->data = take(top, E * kl_plan_data_bytes(out));
-    uint64_t sb = kl_plan_scale_bytes(out);
-    out->scale = sb ? take(top, E * sb) : 0;
+    in->n_experts = E;
     return 0;
 }
 
 static int plan_layer(uint64_t *top, const kl_layer *hl, uint32_t E, kl_plan_layer *pl,
                       kl_err *err)
 {
-    for (int r = 0; r < KL_ROLE_COUNT; r++)
-        pl->vec[r] = KL_PLAN_NONE;
-    for (int grp = 0; grp < KL_FUSE_GROUPS; grp++)
-        plan_group(top, hl, pl, grp);
-    for (int r = 0; r < KL_ROLE_COUNT; r++) {
-        const kl_wmat *w = &hl->w[r];
-        if (w->kind == KL_W_NONE || group_of((kl_role)r) >= 0)
-            continue;
-        if (hl->vec[r])
-            pl->vec[r] = take(top, w->rows * w->cols * sizeof(float));
-        else
-            stack(top, &w, 1, &pl->w[r]);
-    }
-    int rc = 0;
-    for (int k = 0; !rc && k < 3 && hl->moe && hl->experts[k]; k++)
-        rc = plan_experts(top, hl->experts[k], E, &pl->ex[k], err);
-    pl->n_experts = hl->moe && hl->experts[0] ? E : 0;
+    kl_arena_layer_in in;
+    int rc = layer_in(hl, E, &in, err);
+    if (!rc)
+        kl_arena_layer(top, &in, pl);
     return rc;
 }
 
@@ -275,11 +178,9 @@ int kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err)
         rc = plan_layer(&p->arena_bytes[l], &m->layers[l], m->cfg.num_experts, &p->layer[l],
                         err);
     if (!rc) {
-        uint64_t *top = &p->arena_bytes[L];
-        const kl_wmat *e = &m->embed, *h = &m->lm_head;
-        p->embed = stack(top, &e, 1, &p->embed);
-        p->lm_head = m->cfg.tie_word_embeddings ? p->embed : stack(top, &h, 1, &p->lm_head);
-        p->final_norm = take(top, (uint64_t)m->cfg.hidden_size * sizeof(float));
+        kl_wshape e = shape_of(&m->embed), h = shape_of(&m->lm_head);
+        kl_arena_global(&p->arena_bytes[L], &e, m->cfg.tie_word_embeddings ? NULL : &h,
+                        m->cfg.hidden_size, &p->embed, &p->lm_head, &p->final_norm);
         for (uint32_t a = 0; a <= L; a++)
             p->total_bytes += p->arena_bytes[a];
         rc = make_pieces(p, m, err);

@@ -3,16 +3,10 @@
  * it there straight from the checkpoint (no GPU call in here: sizes, offsets and a copy
  * through a function table, so make test runs the whole fill on the CPU).
  *
- * Plan: one arena per layer plus a global one (index n_layers: embed, lm_head, final norm).
- * In a layer's arena: the members of each fusion group stacked one after another when all are
- * present with one kind and width and every member but the last has a multiple of 4 rows (so a
- * one-token chunk runs them as one product, outputs 16-byte aligned); every other matrix on
- * its own; each role's routed experts stacked [E, rows, ...] (MXFP4: the packed codes of the E
- * experts, then their scales); vector roles (norms, conv taps, A_log, dt_bias, router bias) as
- * fp32 copied from the host model's vec[] (engine/model.h).  Every block (a stack, a matrix, a
- * vector, a stack's scale part) starts at a multiple of KL_PLAN_ALIGN bytes of its arena.
- * Offsets in kl_plan_mat are bytes from the arena's start; an arena's base is what the caller
- * allocated (256-byte aligned at least).
+ * Plan: one arena per layer plus a global one (index n_layers: embed, lm_head, final norm),
+ * laid out by loader/arena.h (the layout the memory plan of `kl audit` sizes with); vectors
+ * are copied from the host model's fp32 vec[] (engine/model.h).  An arena's base is what the
+ * caller allocated (256-byte aligned at least).
  *
  * Pieces: each schema tensor's bytes (or a host vector) and where they go: file pieces come
  * first, ordered by (shard, file offset), then host pieces (vectors; every tensor when the host
@@ -44,33 +38,13 @@
 
 #include "common/err.h"
 #include "engine/model.h"
+#include "loader/arena.h" /* kl_plan_mat, kl_plan_layer, KL_PLAN_ALIGN, fusion groups */
 #include "loader/reader.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define KL_PLAN_ALIGN 256u
-#define KL_PLAN_NONE  UINT64_MAX        /* no vector of this role */
 #define KL_PLAN_HOST  UINT32_MAX        /* a piece's shard: its source is in host memory */
-
-/* Fusion groups: matrices that multiply the same input, in output order. */
-enum { KL_FUSE_KDA, KL_FUSE_MLA, KL_FUSE_MOE, KL_FUSE_MLP, KL_FUSE_GROUPS, KL_FUSE_MAX = 6 };
-extern const kl_role kl_plan_fuse_roles[KL_FUSE_GROUPS][KL_FUSE_MAX + 1]; /* KL_ROLE_COUNT ends */
-
-typedef struct kl_plan_mat {
-    kl_wkind kind;                      /* KL_W_NONE: absent */
-    uint32_t rows, cols;                /* cols: values per row (MXFP4 too) */
-    uint64_t data;                      /* offset of the values (MXFP4: packed codes) */
-    uint64_t scale;                     /* MXFP4: offset of the E8M0 scales */
-} kl_plan_mat;
-
-typedef struct kl_plan_layer {
-    kl_plan_mat w[KL_ROLE_COUNT];       /* matrices by role (members of a stacked group too) */
-    kl_plan_mat fused[KL_FUSE_GROUPS];  /* a stacked group as one matrix; NONE: not stacked */
-    uint64_t    vec[KL_ROLE_COUNT];     /* fp32 vector offsets, KL_PLAN_NONE when none */
-    kl_plan_mat ex[3];                  /* routed experts w1, w2, w3: expert 0 (rows: one's) */
-    uint32_t    n_experts;              /* 0: no routed experts */
-} kl_plan_layer;
 
 typedef struct kl_plan_piece {
     uint32_t    arena;
@@ -103,10 +77,6 @@ void kl_gpu_plan_free(kl_gpu_plan *p);          /* zeroed; a zeroed plan ok */
  * borrow p's arrays: never kl_gpu_plan_free them.  Together they fill what p fills. */
 void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
                        kl_gpu_plan *second);
-
-/* Bytes of a plan matrix's values (MXFP4: packed codes) and of its scales. */
-uint64_t kl_plan_data_bytes(const kl_plan_mat *w);
-uint64_t kl_plan_scale_bytes(const kl_plan_mat *w);
 
 /* What the fill does with bytes: see the header comment.  pin and unpin may be NULL (never
  * pinned); mark and wait may be NULL (copies complete when copy returns); host_alloc and

@@ -31,13 +31,14 @@
 #define KL_ENGINE_MATVEC_H
 
 #include "common/pool.h"
+#include "loader/arena.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 /* ---- weight matrices ---------------------------------------------------------------------- */
 
-typedef enum kl_wkind { KL_W_NONE = 0, KL_W_F32, KL_W_BF16, KL_W_MXFP4 } kl_wkind;
+/* kl_wkind (KL_W_NONE, F32, BF16, MXFP4): loader/arena.h, shared with the GPU layout. */
 
 /* One weight matrix [rows, cols] in its stored form (a vector is rows = 1). */
 typedef struct kl_wmat {

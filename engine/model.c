@@ -8,6 +8,7 @@
 #include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
+#include "loader/arena.h"
 #include "loader/checkpoint.h"
 #include "loader/ckcheck.h"
 #include "loader/reader.h"
@@ -20,20 +21,6 @@
 
 /* ------------------------------------------------------------------------------------------ */
 /* Binding                                                                                    */
-
-/* Roles read element-wise by the forward pass: kept also as fp32 vectors. */
-static int role_is_vector(kl_role r)
-{
-    switch (r) {
-    case KL_ROLE_INPUT_NORM: case KL_ROLE_POST_ATTN_NORM:
-    case KL_ROLE_KDA_Q_CONV: case KL_ROLE_KDA_K_CONV: case KL_ROLE_KDA_V_CONV:
-    case KL_ROLE_KDA_A_LOG: case KL_ROLE_KDA_DT_BIAS: case KL_ROLE_KDA_O_NORM:
-    case KL_ROLE_MLA_KV_A_NORM: case KL_ROLE_ROUTER_BIAS:
-        return 1;
-    default:
-        return 0;
-    }
-}
 
 /* The kl_wmat an entry binds to, NULL if its layer/expert is out of range. */
 static kl_wmat *slot_for(kl_model *m, const kl_schema_entry *e)
@@ -130,30 +117,22 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
 {
     if (e->role == KL_ROLE_FINAL_NORM)
         w = final_norm;
-    uint64_t rows = e->rank >= 2 ? e->shape[0] : 1;
-    uint64_t cols = rows ? e->numel / rows : 0;
-    if (e->part == KL_PART_PACKED) {
-        w->kind = KL_W_MXFP4;
-        w->rows = rows;
-        w->cols = cols * 2;
-        w->packed = buf;
-        return 0;
-    }
-    if (e->part == KL_PART_SCALE) {
-        w->kind = KL_W_MXFP4;
-        w->scale = buf;
-        return 0;
-    }
-    if (t->dtype == KL_DT_BF16)
-        w->kind = KL_W_BF16;
-    else if (t->dtype == KL_DT_F32)
-        w->kind = KL_W_F32;
-    else
+    kl_wshape sh;
+    if (kl_wshape_of(e, t->dtype, &sh))
         return kl_fail_at(err, KL_E_UNSUPPORTED, "", e->name, KL_NO_OFFSET,
                           "dtype %s is not supported by the CPU engine (BF16 or F32)",
                           kl_dtype_name(t->dtype));
-    w->rows = rows;
-    w->cols = cols;
+    w->kind = sh.kind;
+    if (e->part == KL_PART_SCALE) {
+        w->scale = buf;
+        return 0;
+    }
+    w->rows = sh.rows;
+    w->cols = sh.cols;
+    if (e->part == KL_PART_PACKED) {
+        w->packed = buf;
+        return 0;
+    }
     w->data = buf;
     return 0;
 }
@@ -161,8 +140,7 @@ static int bind_entry(kl_wmat *w, kl_wmat *final_norm, const kl_schema_entry *e,
 /* Whether load_all reads entry e's bytes into host memory. */
 static int wanted(const kl_model_opts *opts, const kl_schema_entry *e)
 {
-    return !(opts && opts->vectors_only) || role_is_vector(e->role) ||
-           e->role == KL_ROLE_FINAL_NORM;
+    return !(opts && opts->vectors_only) || kl_role_is_vector(e->role); /* final norm too */
 }
 
 /* Records where every tensor's bytes are (m->src, m->shard_paths). */
@@ -264,7 +242,7 @@ static int load_all(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *chk,
     for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
         kl_layer *L = &m->layers[l];
         for (int r = 0; r < KL_ROLE_COUNT; r++) {
-            if (!role_is_vector((kl_role)r) || L->w[r].kind == KL_W_NONE)
+            if (!kl_role_is_vector((kl_role)r) || L->w[r].kind == KL_W_NONE)
                 continue;
             if (!(L->vec[r] = vec_f32(&L->w[r]))) {
                 rc = kl_fail(err, KL_E_NOMEM, "out of memory");

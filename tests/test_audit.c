@@ -440,6 +440,36 @@ START_TEST(cli_context_takes_a_1M_suffix)
 }
 END_TEST
 
+/* The plan's new figures, text and JSON: the GPU arena only at TP 1 (null at TP 2). */
+START_TEST(cli_reports_matrices_vectors_and_the_gpu_arena)
+{
+    char args[4096], *out;
+    for (unsigned tp = 1; tp <= 2; tp++) {
+        snprintf(args, sizeof args, "audit '%s' --tp %u --json", g_base, tp);
+        int code = run_kl(args, &out);
+        ck_assert_msg(code == 0, "--tp %u: exit %d: %s", tp, code, out);
+        cJSON *j = cJSON_Parse(out);
+        ck_assert_msg(j != NULL, "not JSON: %s", out);
+        cJSON *m = cJSON_GetObjectItem(j, "memory_plan");
+        double w = cJSON_GetObjectItem(m, "weights_bytes_per_gpu")->valuedouble;
+        double mat = cJSON_GetObjectItem(m, "matrix_bytes_per_gpu")->valuedouble;
+        double vec = cJSON_GetObjectItem(m, "vector_bytes_per_gpu")->valuedouble;
+        double v32 = cJSON_GetObjectItem(m, "vector_f32_bytes_per_gpu")->valuedouble;
+        cJSON *arena = cJSON_GetObjectItem(m, "gpu_arena_bytes");
+        ck_assert_msg(mat > 0 && vec > 0 && mat + vec == w && v32 > vec, "tp %u: %s", tp, out);
+        ck_assert_msg(tp == 1 ? cJSON_IsNumber(arena) && arena->valuedouble >= mat + v32
+                              : cJSON_IsNull(arena), "tp %u: %s", tp, out);
+        cJSON_Delete(j);
+        free(out);
+    }
+    snprintf(args, sizeof args, "audit '%s'", g_base);
+    ck_assert_int_eq(run_kl(args, &out), 0);
+    ck_assert_msg(strstr(out, "weights: matrices ") && strstr(out, "GPU engine weight arena "),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
 /* ---- hash progress ------------------------------------------------------------------------- */
 
 typedef struct seen {
@@ -486,6 +516,7 @@ int main(void)
     tcase_add_test(tc, cli_tp_that_splits_no_head_evenly_exits_2_with_the_valid_sizes);
     tcase_add_test(tc, cli_context_above_the_model_maximum_exits_2);
     tcase_add_test(tc, cli_context_takes_a_1M_suffix);
+    tcase_add_test(tc, cli_reports_matrices_vectors_and_the_gpu_arena);
     suite_add_tcase(s, tc);
     TCase *mp = tcase_create("memory plan");
     tcase_add_test(mp, tp_sizes_of_the_48b_model_divide_every_split);

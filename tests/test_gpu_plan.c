@@ -63,17 +63,6 @@ static void teardown(void)
         t_rmrf(g_root);
 }
 
-static kl_model *open_model(const char *dir, int vectors_only)
-{
-    kl_err err;
-    kl_err_clear(&err);
-    kl_model *m = NULL;
-    kl_model_opts mo = {.threads = 1, .vectors_only = vectors_only};
-    int rc = kl_model_open(&m, dir, &mo, &err);
-    ck_assert_msg(rc == 0, "kl_model_open(%s): %s", dir, t_fmt_err(&err));
-    return m;
-}
-
 static void build(kl_gpu_plan *p, const kl_model *m)
 {
     kl_err err;
@@ -475,7 +464,7 @@ static void fill_and_check(const kl_model *m, const kl_model *full, const kl_fil
 
 START_TEST(test_vectors_only)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     ck_assert_ptr_null(m->be);
     ck_assert_ptr_nonnull(full->be);
     ck_assert_int_eq(m->matrices_read, 0);
@@ -534,7 +523,7 @@ static void check_same_layer(const kl_plan_layer *x, const kl_plan_layer *y)
 
 START_TEST(test_layout)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     kl_gpu_plan a, b;
     build(&a, m);
     build(&b, full);
@@ -571,7 +560,7 @@ END_TEST
 
 START_TEST(test_fill_mapped)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     static const size_t wins[] = {4096, 65536, 12288, 0};
     for (size_t i = _i == 2; i < sizeof wins / sizeof *wins; i++) {   /* small: no 4 KiB */
         for (unsigned k = 1; k <= 3; k++) {
@@ -590,7 +579,7 @@ END_TEST
 
 START_TEST(test_fill_read_and_host)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     kl_fill_opts o = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
     fill_and_check(m, full, &o, 1);
     o.direct = KL_DIRECT_AUTO;
@@ -606,7 +595,7 @@ END_TEST
  * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT. */
 START_TEST(test_fill_ring)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     static const size_t bufs[] = {4096, 65536, 12288, 0};
     static const unsigned threads[] = {1, 3, 8};
     kl_fill_opts rd = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
@@ -639,7 +628,7 @@ END_TEST
  * KL_GPU_LOAD=hybrid runs them at once) put every byte where the plan says. */
 START_TEST(test_fill_split)
 {
-    kl_model *full = open_model(g_dir[_i], 0), *m = open_model(g_dir[_i], 1);
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
     kl_gpu_plan p;
     build(&p, m);
     static const double shares[] = {0, 0.3, 0.5, 1, 2};
@@ -686,7 +675,7 @@ END_TEST
 /* A copy that fails mid-fill: its error, every window released. */
 START_TEST(test_fill_copy_fails)
 {
-    kl_model *m = open_model(g_dir[0], 1);
+    kl_model *m = t_open_model(g_dir[0], 1);
     kl_gpu_plan p;
     build(&p, m);
     uint8_t **a = alloc_arenas(&p);
@@ -718,7 +707,7 @@ static kl_model *own_model(const char *name, char dir[700], kl_gpu_plan *p, uint
 {
     snprintf(dir, 700, "%s/%s", g_root, name);
     synth(dir, "tiny", KL_SYNTH_BF16);
-    kl_model *m = open_model(dir, 1);
+    kl_model *m = t_open_model(dir, 1);
     build(p, m);
     *a = alloc_arenas(p);
     return m;
@@ -746,7 +735,7 @@ START_TEST(test_fill_ring_fails)
     kl_gpu_plan p;
     uint8_t **a;
     char dir[700];
-    kl_model *m = own_model("short", dir, &p, &a), *full = open_model(dir, 0);
+    kl_model *m = own_model("short", dir, &p, &a), *full = t_open_model(dir, 0);
     kl_err err;
     for (long most = 0; most <= 1; most++) {
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};

@@ -134,6 +134,20 @@ static inline void t_synth_tiny(const char *dir, uint64_t seed)
 }
 #endif
 
+#ifdef KL_ENGINE_MODEL_H
+/* kl_model_open of dir on one thread (vectors_only as given); fails the test on error. */
+static inline kl_model *t_open_model(const char *dir, int vectors_only)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model *m = NULL;
+    kl_model_opts mo = {.threads = 1, .vectors_only = vectors_only};
+    int rc = kl_model_open(&m, dir, &mo, &err);
+    ck_assert_msg(rc == 0, "kl_model_open(%s): %s", dir, t_fmt_err(&err));
+    return m;
+}
+#endif
+
 /* The kl binary under test, $KL_BIN (set by `make test`); fails the test when unset. */
 static inline const char *t_kl_bin(void)
 {
