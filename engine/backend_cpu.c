@@ -22,11 +22,11 @@
 #include "engine/backend.h"
 
 #include "common/grow.h"
-#include "common/mxfp4_format.h"
 #include "common/mem.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/tp_cut.h"
 #include "loader/tp_split.h"
 
 #include <math.h>
@@ -283,79 +283,21 @@ static void add_into(float *x, const float *y, size_t n)
 /* ------------------------------------------------------------------------------------------ */
 /* Tensor parallelism: each rank's cut of the weights, the all-reduce in memory               */
 
-/* Part r of n units cut in tp (the first n % tp parts one larger, as kl_tp_rank_numel). */
-static void tp_part(size_t n, unsigned tp, unsigned r, size_t *start, size_t *len)
-{
-    size_t q = n / tp, rem = n % tp;
-    *start = r * q + (r < rem ? r : rem);
-    *len = q + (r < rem);
-}
-
 static const shard_layer *shard_of(const cpu_be *c, uint32_t l, unsigned r)
 {
     return &c->shards[(size_t)l * c->tp + r];
 }
 
-/* Columns [c0, c0 + n) of w (n > 0) as a matrix of its own, its payload in *buf (the caller's):
- * 0, -1 (MXFP4 columns that are not whole 32-value blocks) or KL_E_NOMEM. */
-static int wmat_cols_copy(const kl_wmat *w, uint64_t c0, uint64_t n, kl_wmat *out, void **buf)
-{
-    const uint64_t B = KL_MXFP4_BLOCK, rows = w->rows;
-    *out = *w;
-    out->cols = n;
-    if (w->kind == KL_W_MXFP4) {
-        if (c0 % B || n % B)
-            return -1;
-        uint8_t *p = kl_malloc(rows * (n / 2 + n / B));
-        if (!(*buf = p))
-            return KL_E_NOMEM;
-        for (uint64_t r = 0; r < rows; r++) {
-            memcpy(p + r * (n / 2), w->packed + r * (w->cols / 2) + c0 / 2, n / 2);
-            memcpy(p + rows * (n / 2) + r * (n / B), w->scale + r * (w->cols / B) + c0 / B, n / B);
-        }
-        out->packed = p;
-        out->scale = p + rows * (n / 2);
-        return 0;
-    }
-    size_t es = w->kind == KL_W_F32 ? 4 : 2;
-    uint8_t *p = kl_malloc(rows * n * es);
-    if (!(*buf = p))
-        return KL_E_NOMEM;
-    for (uint64_t r = 0; r < rows; r++)
-        memcpy(p + r * n * es, (const uint8_t *)w->data + (r * w->cols + c0) * es, n * es);
-    out->data = p;
-    return 0;
-}
-
-/* Rank r's cut of matrix w under split s (tp_split.h: OUT cuts rows, IN columns; OWNER keeps
- * routed expert `expert` whole on its owner). */
+/* Rank r's cut of matrix w under split s (engine/tp_cut.h); a column copy's payload kept in
+ * c->owned. */
 static int cut(cpu_be *c, const kl_wmat *w, kl_tp_split s, unsigned r, uint32_t expert,
                kl_wmat *out, kl_err *err)
 {
-    size_t start, len;
-    *out = *w;
-    if (w->kind == KL_W_NONE || c->tp == 1 || s.kind == KL_TP_WHOLE)
-        return 0;
-    if (s.kind == KL_TP_OWNER) {
-        if (kl_tp_expert_owner(expert, c->d.E, c->tp) != r)
-            *out = (kl_wmat){.kind = KL_W_NONE};
-        return 0;
-    }
-    if (s.kind == KL_TP_OUT) {
-        tp_part(w->rows, c->tp, r, &start, &len);
-        *out = kl_wmat_rows(w, start, len);
-        return 0;
-    }
-    tp_part(w->cols, c->tp, r, &start, &len);
-    int rc = wmat_cols_copy(w, start, len, out, &c->owned[c->n_owned]);
-    if (rc < 0)
-        return kl_fail(err, KL_E_UNSUPPORTED, "an MXFP4 matrix of %llu columns does not cut "
-                       "into %u parts of whole 32-value blocks", (unsigned long long)w->cols,
-                       c->tp);
-    if (rc)
-        return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
-    c->n_owned++;
-    return 0;
+    void *copy = NULL;
+    int rc = kl_tp_cut(w, s, c->tp, r, expert, (uint32_t)c->d.E, out, &copy, err);
+    if (copy)
+        c->owned[c->n_owned++] = copy;
+    return rc;
 }
 
 static const kl_role expert_roles[3] = {KL_ROLE_EXPERT_W1, KL_ROLE_EXPERT_W2, KL_ROLE_EXPERT_W3};
@@ -369,7 +311,7 @@ static int shard_build(cpu_be *c, uint32_t l, unsigned r, kl_err *err)
     for (int k = 0; k < KL_ROLE_COUNT && !rc; k++)
         rc = L->vec[k] ? (s->w[k] = L->w[k], 0)
                        : cut(c, &L->w[k], kl_tp_split_of((kl_role)k, 0), r, 0, &s->w[k], err);
-    tp_part(L->attn == KL_ATTN_KDA ? c->d.kh : c->d.nh, c->tp, r, &s->h0, &s->hn);
+    kl_tp_part(L->attn == KL_ATTN_KDA ? c->d.kh : c->d.nh, c->tp, r, &s->h0, &s->hn);
     for (int k = 0; k < 3 && L->moe && !rc; k++) {
         if (!(s->experts[k] = kl_calloc(c->d.E ? c->d.E : 1, sizeof(kl_wmat))))
             return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
@@ -1198,7 +1140,7 @@ static void embed_row(const cpu_be *c, kl_token id, float *x)
     const kl_wmat *e = &c->be.m->embed;
     size_t v0 = 0, vn = (size_t)e->rows;
     for (unsigned r = 0; c->tp > 1 && r < c->tp; r++) {
-        tp_part((size_t)e->rows, c->tp, r, &v0, &vn);
+        kl_tp_part((size_t)e->rows, c->tp, r, &v0, &vn);
         if (id < v0 + vn)
             break;
     }
@@ -1335,7 +1277,7 @@ static void head_tp(cpu_be *c, float *logits, kl_token *argmax)
     for (size_t k = 0; k < nw; k++) {
         float *row = logits ? logits + k * V : c->row_logits;
         for (unsigned r = 0; r < c->tp; r++) {
-            tp_part(V, c->tp, r, &v0, &vn);
+            kl_tp_part(V, c->tp, r, &v0, &vn);
             kl_wmat part = kl_wmat_rows(&m->lm_head, v0, vn);
             kl_wmat_matvec(&part, c->b.xn + k * H, row + v0, m->pool);
         }
@@ -1466,11 +1408,11 @@ static void count_global(const cpu_be *c, unsigned r, kl_cpu_rank_bytes *o)
 {
     const kl_model *m = c->be.m;
     size_t v0, vn;
-    tp_part((size_t)m->embed.rows, c->tp, r, &v0, &vn);
+    kl_tp_part((size_t)m->embed.rows, c->tp, r, &v0, &vn);
     kl_wmat part = kl_wmat_rows(&m->embed, v0, vn);
     count_matrix(o, &part, 0);
     if (!m->cfg.tie_word_embeddings) {
-        tp_part((size_t)m->lm_head.rows, c->tp, r, &v0, &vn);
+        kl_tp_part((size_t)m->lm_head.rows, c->tp, r, &v0, &vn);
         part = kl_wmat_rows(&m->lm_head, v0, vn);
         count_matrix(o, &part, 0);
     }

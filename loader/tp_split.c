@@ -40,6 +40,13 @@ unsigned kl_tp_expert_owner(uint32_t expert, uint32_t n_experts, unsigned tp)
     return r < tp ? r : tp - 1;
 }
 
+void kl_tp_part(uint64_t n, unsigned tp, unsigned rank, uint64_t *start, uint64_t *len)
+{
+    const uint64_t q = n / tp, rem = n % tp;
+    *start = rank * q + (rank < rem ? rank : rem);
+    *len = q + (rank < rem);
+}
+
 uint64_t kl_tp_rank_numel(const kl_schema_entry *e, kl_tp_split s, unsigned tp, unsigned rank,
                           uint32_t n_experts)
 {
@@ -52,9 +59,10 @@ uint64_t kl_tp_rank_numel(const kl_schema_entry *e, kl_tp_split s, unsigned tp, 
                    ? e->numel : 0;
     if (s.dim >= e->rank || !e->shape[s.dim])
         return e->numel; /* nothing to cut (a vector the split does not reach) */
-    const uint64_t d = e->shape[s.dim], rest = e->numel / d;
-    const uint64_t part = d / tp + (rank < d % tp);
-    return part * rest;
+    const uint64_t d = e->shape[s.dim];
+    uint64_t start, part;
+    kl_tp_part(d, tp, rank, &start, &part);
+    return part * (e->numel / d);
 }
 
 static uint64_t gcd_u64(uint64_t a, uint64_t b)

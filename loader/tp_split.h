@@ -55,6 +55,10 @@ kl_tp_split kl_tp_split_of(kl_role role, int expert_parallel);
  * ranks: contiguous blocks of n_experts / tp. */
 unsigned kl_tp_expert_owner(uint32_t expert, uint32_t n_experts, unsigned tp);
 
+/* Part `rank` of n units cut in tp: [*start, *start + *len), the first n % tp parts one
+ * larger (tp > 0, rank < tp). */
+void kl_tp_part(uint64_t n, unsigned tp, unsigned rank, uint64_t *start, uint64_t *len);
+
 /* Elements of schema entry e that rank `rank` of tp holds under split s (n_experts: the
  * config's routed experts, for KL_TP_OWNER).  The cut dimension must divide by tp (the
  * memory plan's valid sizes guarantee it for Kimi-Linear; else the first ranks hold one
