@@ -8,7 +8,7 @@
  * each weight row is read once; every lane keeps NT partial sums.  MXFP4 at n = 1 with at
  * most 4096 columns takes the register kernel instead (x held in registers).  The bytes moved
  * are the weights' (x and y are small and cached).  2 <= n < KL_GPU_GEMM_MIN_N go to the
- * tensor-core kernel of skinny.h where it applies and is switched on (KL_GPU_SKINNY=v1|v2).
+ * tensor-core kernel of skinny.h where it applies (KL_GPU_SKINNY=0 switches it off).
  */
 #include "kernels/dense.h"
 #include "kernels/gemm.h"

@@ -29,15 +29,18 @@ extern "C" {
 
 /* Which skinny kernels run: 1 (KL_GPU_SKINNY=v1: BF16 in K steps of 64 columns, two register
  * sets of 32 a lane), 2 (KL_GPU_SKINNY=v2: steps of 128, twice the weight bytes in flight a
- * warp, more registers, fewer blocks an SM), or 0 (the default until a GPU has measured them:
- * kl_gpu_matmul keeps its SIMT kernels).  MXFP4 takes steps of 128 in both.  Read from the environment at the first
- * call; kl_gpu_skinny_version_set (0, 1 or 2) overrides it (the device test runs each). */
+ * warp, more registers, fewer blocks an SM), or 0 (KL_GPU_SKINNY=0 or off: kl_gpu_matmul keeps
+ * its per-token SIMT kernels).  Version 1 is the default.  MXFP4 takes steps of 128 in both.
+ * Read from the environment at the first call; kl_gpu_skinny_version_set (0, 1 or 2)
+ * overrides it (the device test runs each). */
 int  kl_gpu_skinny_version(void);
 void kl_gpu_skinny_version_set(int version);
 
 /* Whether kl_gpu_skinny runs y = x Wᵀ for n tokens and kl_gpu_matmul sends it there: switched
- * on (version 1 or 2), CUDA, 2 <= n <= KL_GPU_SKINNY_MAX_N, W BF16 (data 16-byte aligned) or
- * MXFP4 (codes 16-, scales 4-byte aligned), cols a multiple of 128, x 16-byte aligned. */
+ * on (version 1 or 2), CUDA, 2 <= n <= KL_GPU_SKINNY_MAX_N (not 2 tokens by a matrix of at
+ * most 1024 x 2304 weights, where the per-token kernels are faster), W BF16 (data 16-byte
+ * aligned) or MXFP4 (codes 16-, scales 4-byte aligned), cols a multiple of 128, x 16-byte
+ * aligned. */
 int kl_gpu_skinny_takes(const kl_gpu_mat *w, const float *x, uint32_t n);
 
 /* y [n, w->rows] = x [n, w->cols] Wᵀ (version 2's kernels when kl_gpu_skinny_version() is 2,

@@ -280,6 +280,8 @@ START_TEST(small_head_geometry_matches_transformers)
 {
     check_golden(GOLDEN_DIR "/small4", "small4", KL_ROUTE_UNBIASED);
     check_golden(GOLDEN_DIR "/small4", "small4", KL_ROUTE_BIASED);
+    check_golden(GOLDEN_DIR "/heads4", "heads4", KL_ROUTE_UNBIASED);
+    check_golden(GOLDEN_DIR "/heads4", "heads4", KL_ROUTE_BIASED);
 }
 END_TEST
 
@@ -307,8 +309,8 @@ START_TEST(converted_mxfp4_matches_transformers)
 END_TEST
 
 /* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0) or expert
- * parallel (_i = 1).  Cut: tiny and multi split at 2 and 4; small4 (2 KDA heads) only at 2;
- * the MXFP4 tiny (one 32-value block of expert width) at neither: refused; small4 in MXFP4
+ * parallel (_i = 1).  Cut: tiny, multi and heads4 (small4's geometry with 4 KDA heads) split
+ * at 2 and 4; small4 (2 KDA heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused; small4 in MXFP4
  * (two blocks) at 2, cutting its routed experts' down projections between blocks.  Expert
  * parallel: the same, except that the MXFP4 tiny splits at 2 and 4 (its experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
@@ -317,6 +319,7 @@ START_TEST(tensor_parallel_matches_tp1)
     ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", ep), 2);
     ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", ep), 2);
     ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", ep), 1);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/heads4", "heads4", "heads4", ep), 2);
     const char *src[2] = {"tests/fixtures/ref_tiny", GOLDEN_DIR "/small4"};
     const char *ref[2] = {"tiny-mxfp4", "small4"}, *label[2] = {"tiny-mxfp4", "small4-mxfp4"};
     const int want[2][2] = {{0, 1}, {2, 1}}; /* [ep][fixture] */

@@ -73,7 +73,7 @@ stage_golden() {
     local G=tests/fixtures/golden prompt
     prompt=$(cat $G/prompt.txt)
     rm -rf "$W/tiny-mxfp4"; "$KL" convert tests/fixtures/ref_tiny "$W/tiny-mxfp4" -q
-    for name in tiny small4 multi tiny-mxfp4; do
+    for name in tiny small4 heads4 multi tiny-mxfp4; do
         local dir=$G/$name
         [ $name = tiny ] && dir=tests/fixtures/ref_tiny
         [ $name = tiny-mxfp4 ] && dir=$W/tiny-mxfp4

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 4 golden fixtures on the GPU machine (carry build/portable and .ref):
+# Issue 4 golden fixtures on the GPU machine (carry build/portable and .ref, or REF_PY=path):
 # transformers writes random checkpoints, computes fp32 reference logits teacher-forced, and
 # kl's CPU engine is compared step by step on the spot (scripts/gpu/golden_compare.py).
 # Fixtures (checkpoint + prompt + reference JSON) come back under $OUT as tarballs to commit
@@ -16,7 +16,7 @@ OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/golden.log") 2>&1
 export LD_LIBRARY_PATH="$PWD/build/portable${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 KL="$PWD/build/portable/kl"; W=${W:-/tmp/klgold}; mkdir -p "$W"
-REF="python3 .ref/kimi_ref.py"
+REF="python3 ${REF_PY:-.ref/kimi_ref.py}"  # REF_PY: when kimi_ref.py travels elsewhere
 PROMPT=$(python3 -c "import random; r=random.Random(4); print(','.join(str(r.randrange(1, 700)) for _ in range(112)))")
 mk() { local name=$1; shift; rm -rf "$W/$name"; $REF make --out "$W/$name" "$@" > /dev/null; }
 compare() {  # dir, route
