@@ -89,6 +89,12 @@ typedef struct kl_backend_ops {
     /* The chunk is done: each slot's length grows by its tokens.  Waits for the device. */
     int  (*end)(kl_backend *be, kl_err *err);
     void (*destroy)(kl_backend *be);
+    /* -- tensor parallel (engine/backend_tp.h; NULL: the backend cannot be a rank) ------- */
+    /* After a block (kda, mla, moe, mlp) has run on every rank of the same chunk: sums the
+     * ranks' block outputs y [T, hidden] in rank order ((y0 + y1) + y2 ...) and leaves the
+     * sum in each rank's y, as the next add_norm reads it.  ranks[0 .. n): backends of this
+     * kind. */
+    int  (*all_reduce)(kl_backend *const *ranks, unsigned n, kl_err *err);
 } kl_backend_ops;
 
 struct kl_backend {
@@ -172,6 +178,9 @@ int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, k
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
+/* The same as a rank of engine/backend_tp.h (m a cut model, engine/tp_model.h): decode graphs
+ * off, since the ranks' block outputs are summed between blocks (through the host for now). */
+int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, kl_err *err);
 
 /* The GPU load's first steps, started before the model is open so that they overlap opening
  * it: on a thread of its own, device 0's context, a stream and events, and the ring's pinned

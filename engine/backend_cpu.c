@@ -362,6 +362,20 @@ static void shard_reduce(const cpu_be *c, unsigned r, size_t T)
         add_into(c->b.y, c->b.yp, T * c->d.hidden);
 }
 
+/* The ranks of engine/backend_tp.h: their block outputs summed in rank order, the same
+ * order as shard_reduce, and the sum copied back to every rank. */
+static int cpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
+{
+    (void)err;
+    const cpu_be *c0 = cpu(ranks[0]);
+    const size_t len = c0->chunk.n * c0->d.hidden;
+    for (unsigned r = 1; r < n; r++)
+        add_into(c0->b.y, cpu(ranks[r])->b.y, len);
+    for (unsigned r = 1; r < n; r++)
+        memcpy(cpu(ranks[r])->b.y, c0->b.y, len * sizeof *c0->b.y);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* KDA (§3.2)                                                                                 */
 
@@ -1357,6 +1371,7 @@ static const kl_backend_ops cpu_ops = {
     .head = cpu_head,
     .end = cpu_end,
     .destroy = cpu_destroy,
+    .all_reduce = cpu_all_reduce,
 };
 
 /* KL_E_USAGE unless tp is one of the valid sizes for the config (loader/tp_split.h). */

@@ -1353,12 +1353,41 @@ static void gpu_destroy(kl_backend *be)
     kl_free(g);
 }
 
+/* The ranks of engine/backend_tp.h: each rank's block output copied to the host, summed there
+ * in rank order (the CPU backend's order) and copied back to every rank.  The step that checks
+ * the cut models on the GPU kernels (any ranks, one GPU or several); NCCL's all-reduce inside
+ * the captured step is what makes tensor parallelism fast (docs/TP-GPU.md). */
+static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
+{
+    const gpu_be *g0 = impl(ranks[0]);
+    const size_t len = (size_t)g0->tok.n * g0->d.hidden, bytes = len * sizeof(float);
+    float *sum = kl_malloc(bytes ? bytes : 1), *part = kl_malloc(bytes ? bytes : 1);
+    int rc = sum && part ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory for an all-reduce");
+    for (unsigned r = 0; r < n && !rc; r++) {
+        gpu_be *g = impl(ranks[r]);
+        rc = kl_gpu_d2h(r ? part : sum, g->y, bytes, g->st, err);
+        if (!rc)
+            rc = kl_gpu_stream_sync(g->st, err);
+        for (size_t i = 0; !rc && r && i < len; i++)
+            sum[i] += part[i];
+    }
+    for (unsigned r = 0; r < n && !rc; r++) {
+        gpu_be *g = impl(ranks[r]);
+        rc = kl_gpu_h2d(g->y, sum, bytes, g->st, err);
+        if (!rc)
+            rc = kl_gpu_stream_sync(g->st, err);
+    }
+    kl_free(sum);
+    kl_free(part);
+    return rc;
+}
+
 static const kl_backend_ops gpu_ops = {
     .slot_open = gpu_slot_open, .slot_close = gpu_slot_close, .slot_reset = gpu_slot_reset,
     .slot_copy = gpu_slot_copy, .slot_fill = gpu_slot_fill, .begin = gpu_begin,
     .norm = gpu_norm, .add_norm = gpu_add_norm,
     .kda = gpu_kda, .mla = gpu_mla, .moe = gpu_moe, .mlp = gpu_mlp, .head = gpu_head,
-    .end = gpu_end, .destroy = gpu_destroy,
+    .end = gpu_end, .destroy = gpu_destroy, .all_reduce = gpu_all_reduce,
 };
 
 int kl_backend_gpu_check(kl_err *err)
@@ -1472,6 +1501,14 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_err *err)
+{
+    int rc = kl_backend_gpu_create_prepared(out, m, NULL, err);
+    if (!rc)   /* the ranks' outputs are summed between blocks: every step eager */
+        impl(*out)->graphs_on = 0;
+    return rc;
+}
+
 int kl_backend_gpu_available(void)
 {
     return kl_gpu_device_count() > 0;
@@ -1544,6 +1581,11 @@ int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *p
 }
 
 int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
+    return kl_backend_gpu_create_prepared(out, m, NULL, err);
+}
+
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_err *err)
 {
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }

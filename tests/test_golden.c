@@ -19,6 +19,7 @@
 #include "loader/tp_split.h"
 #include "common/mem.h"
 #include "convert/converter.h"
+#include "engine/backend_tp.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "testutil.h"
@@ -152,6 +153,26 @@ static int open_model(kl_model **m, const char *dir, kl_route_weights route, uns
     return kl_model_open(m, dir, &mo, err);
 }
 
+/* How check_tp runs TP N: the CPU backend's own shards (routed experts cut by width, or
+ * expert parallel), or N CPU backends of the ranks' cut models (engine/backend_tp.h). */
+enum { TP_SHARDS, TP_SHARDS_EP, TP_CUT_MODELS, TP_MODES };
+
+static int open_tp(kl_model **m, const char *dir, unsigned tp, int mode, kl_err *err)
+{
+    if (mode != TP_CUT_MODELS)
+        return open_model(m, dir, KL_ROUTE_UNBIASED, 2, tp, mode == TP_SHARDS_EP, err);
+    kl_backend *be = NULL;
+    int rc = open_model(m, dir, KL_ROUTE_UNBIASED, 2, 1, 0, err);
+    if (!rc && !(rc = kl_backend_tp_create_on(&be, *m, tp, 0, err)) &&
+        (rc = kl_model_use_backend(*m, be, err)))
+        kl_backend_free(be);
+    if (rc) {
+        kl_model_close(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
 /* The reference's prompt in one call, then its greedy ids one at a time: the logits of every
  * step, [n_steps, vocab] (caller frees). */
 static float *teacher_force(kl_model *m, const golden_ref *r, const char *tag)
@@ -228,11 +249,13 @@ static double compare_tp(const golden_ref *r, const float *got, const float *wan
     return worst;
 }
 
-/* The model in dir (called label) at TP 2 and 4 (expert parallel: ep) against TP 1,
+/* The model in dir (called label) at TP 2 and 4 (run as mode says) against TP 1,
  * teacher-forced on the reference of ref_name; returns how many of the two sizes were valid
  * for it (the others must be refused). */
-static int check_tp(const char *dir, const char *ref_name, const char *label, int ep)
+static int check_tp(const char *dir, const char *ref_name, const char *label, int mode)
 {
+    static const char *const mode_tag[TP_MODES] = {"", " EP", " cut"};
+    const int ep = mode == TP_SHARDS_EP;
     char path[512], tag[160];
     snprintf(path, sizeof path, GOLDEN_DIR "/%s-unbiased.json", ref_name);
     golden_ref r = {0};
@@ -244,9 +267,9 @@ static int check_tp(const char *dir, const char *ref_name, const char *label, in
     float *base = teacher_force(m1, &r, label);
     int valid = 0;
     for (unsigned tp = 2; tp <= 4; tp *= 2) {
-        snprintf(tag, sizeof tag, "%s TP %u%s", label, tp, ep ? " EP" : "");
+        snprintf(tag, sizeof tag, "%s TP %u%s", label, tp, mode_tag[mode]);
         kl_model *m = NULL;
-        int rc = open_model(&m, dir, KL_ROUTE_UNBIASED, 2, tp, ep, &err);
+        int rc = open_tp(&m, dir, tp, mode, &err);
         if (!tp_valid(&m1->cfg, tp, ep)) {
             ck_assert_msg(rc == KL_E_USAGE && strstr(err.msg, "valid sizes") &&
                               strstr(err.msg, ": 1"), "%s: an invalid size gave %d (%s)", tag,
@@ -308,18 +331,18 @@ START_TEST(converted_mxfp4_matches_transformers)
 }
 END_TEST
 
-/* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0) or expert
- * parallel (_i = 1).  Cut: tiny, multi and heads4 (small4's geometry with 4 KDA heads) split
+/* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0), expert parallel
+ * (_i = 1) or, through N backends of the ranks' cut models, by their width (_i = 2).  Cut: tiny, multi and heads4 (small4's geometry with 4 KDA heads) split
  * at 2 and 4; small4 (2 KDA heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused; small4 in MXFP4
  * (two blocks) at 2, cutting its routed experts' down projections between blocks.  Expert
  * parallel: the same, except that the MXFP4 tiny splits at 2 and 4 (its experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
 {
-    const int ep = _i;
-    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", ep), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", ep), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", ep), 1);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/heads4", "heads4", "heads4", ep), 2);
+    const int mode = _i, ep = mode == TP_SHARDS_EP;
+    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", mode), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", mode), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", mode), 1);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/heads4", "heads4", "heads4", mode), 2);
     const char *src[2] = {"tests/fixtures/ref_tiny", GOLDEN_DIR "/small4"};
     const char *ref[2] = {"tiny-mxfp4", "small4"}, *label[2] = {"tiny-mxfp4", "small4-mxfp4"};
     const int want[2][2] = {{0, 1}, {2, 1}}; /* [ep][fixture] */
@@ -331,7 +354,7 @@ START_TEST(tensor_parallel_matches_tp1)
         kl_err_clear(&err);
         kl_convert_opts o = {.src = src[i], .dst = dst, .threads = 2};
         ck_assert_msg(kl_convert(&o, &err) == 0, "kl_convert: %s", t_fmt_err(&err));
-        ck_assert_int_eq(check_tp(dst, ref[i], label[i], ep), want[ep][i]);
+        ck_assert_int_eq(check_tp(dst, ref[i], label[i], mode), want[ep][i]);
         t_rmrf(tmp);
     }
 }
@@ -388,7 +411,7 @@ static Suite *golden_suite(void)
     tcase_add_test(tc, multi_mla_shared_dense_matches_transformers);
     tcase_add_test(tc, converted_mxfp4_matches_transformers);
     tcase_add_test(tc, route_modes_are_distinguishable);
-    tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, 2);
+    tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, TP_MODES);
     tcase_add_test(tc, tensor_parallel_threads_and_refusal);
     suite_add_tcase(s, tc);
     return s;

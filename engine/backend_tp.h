@@ -1,0 +1,36 @@
+/*
+ * engine/backend_tp.h — tensor parallelism over any backend (docs/TP-GPU.md): N rank backends,
+ * each over its rank's cut model (engine/tp_model.h), driven as one.
+ *
+ * Every block operation runs on each rank in turn (each rank's own x, xn and y: the residual
+ * stream is replicated), and after each block (kda, mla, moe, mlp) the ranks' partial outputs
+ * are summed in rank order by the ranks' all_reduce (engine/backend.h) before the next
+ * add_norm reads them.  lm_head: each rank writes the logits of its vocabulary rows, placed
+ * side by side in the caller's rows; the argmax is taken over the whole row (ties: lowest id,
+ * as every backend).  Slots are opened on every rank together (the same slot index: the ranks
+ * allocate alike).
+ *
+ * Ownership: the wrapper takes the cut models (each with its rank backend installed as its
+ * be) and frees them with itself; m (the whole model, whose config the wrapper reports) is
+ * borrowed as by any backend.
+ */
+#ifndef KL_ENGINE_BACKEND_TP_H
+#define KL_ENGINE_BACKEND_TP_H
+
+#include "common/err.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+
+/* *out drives ranks[0 .. n) (n >= 1: rank r's cut model, its backend installed as ranks[r]->be,
+ * every backend of one kind with all_reduce) as one backend of m.  Takes the cut models
+ * whatever happens (freed on an error).  KL_E_USAGE: n 0, a rank without a backend or whose
+ * backend cannot be a rank; KL_E_NOMEM. */
+int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsigned n,
+                         kl_err *err);
+
+/* tp cut models of m (kl_model_tp_cut), each with a CPU backend (gpu 0) or a GPU backend
+ * (gpu 1: kl_backend_gpu_create_rank, every rank on device 0 for now), wrapped.  m must have
+ * read its matrices (not vectors_only). */
+int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu, kl_err *err);
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * engine/tp_model.h — rank r's cut of a model under tensor parallelism (docs/TP-GPU.md): an
+ * ordinary kl_model whose config counts the rank's heads, widths and vocabulary rows and whose
+ * weights are the rank's cuts (engine/tp_cut.h), so that any backend runs it unchanged and its
+ * block outputs are the rank's partial sums (engine/backend_tp.h adds them up).
+ *
+ * What the cut holds, by loader/tp_split.h: the rows of its KDA and MLA heads (q, k, v, the
+ * gates' decoders f_b and g_b, beta, q_proj, kv_b) and of the MLPs' and experts' intermediate
+ * width (gate, up); the matching columns of o_proj and of the down projections (copies); the
+ * per-head vectors sliced to its heads (the convolutions' channels, A_log, dt_bias); lm_head's
+ * rows of its vocabulary part (cfg.vocab_size is that part: the logits a rank's head writes).
+ * Whole on every rank: the embedding (every rank embeds every id), the norms, the router, KDA's
+ * gate encoders f_a and g_a and o_norm, MLA's kv_a and its norm (every rank keeps the same
+ * latent cache).  The config's widths: num_attention_heads, num_key_value_heads, kda_num_heads,
+ * intermediate_size and moe_intermediate_size divided by tp.
+ *
+ * The cut model borrows m's payloads for row cuts and whole tensors (m must outlive it) and
+ * owns its column copies and its fp32 vector slices; m->src is replaced by one source per
+ * weight in host memory (every matrix a host piece for the GPU plan, engine/gpu_plan.h), so m
+ * must have read its matrices (not vectors_only).  Its pool is m's (ranks run one at a time
+ * on the CPU).  tp 1 gives a model with m's weights, unchanged.
+ */
+#ifndef KL_ENGINE_TP_MODEL_H
+#define KL_ENGINE_TP_MODEL_H
+
+#include "common/err.h"
+#include "engine/model.h"
+
+/* *out = rank `rank` of tp's cut of m, routed experts cut by their intermediate width (expert
+ * parallel is the CPU backend's own shards for now: kl_backend_cpu_create_tp).  KL_E_USAGE: tp
+ * not one of kl_tp_sizes(&m->cfg, 0) (naming them), rank >= tp, m opened vectors_only;
+ * KL_E_UNSUPPORTED: an MXFP4 column cut off its 32-value blocks; KL_E_NOMEM.  Free with
+ * kl_model_tp_free. */
+int  kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank,
+                     kl_err *err);
+/* Frees a cut model and the backend installed on it (m->be); NULL ok. */
+void kl_model_tp_free(kl_model *cut);
+
+#endif
