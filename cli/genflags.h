@@ -36,18 +36,20 @@ int kl_cli_parse_device(void *target, const char *v);
 
 #define KL_TP_ROW(tgt)                                                                           \
     KL_VALUE("--tp", 0, KL_OPT_U64, (tgt), "N",                                                  \
-             "tensor-parallel shards on the CPU (default 1): every block runs as N\n"            \
-             "shards in this process, partial sums added in rank order; N must\n"                \
-             "split the model (kl audit --tp; an error lists the valid sizes);\n"                \
-             "N > 1 needs --device cpu", .lo = 1, .hi = 64)
+             "tensor-parallel ranks (default 1): every block runs as N rank parts\n"             \
+             "in this process, partial sums added in rank order; N must split the\n"             \
+             "model (kl audit --tp; an error lists the valid sizes). N > 1 needs\n"              \
+             "--device cpu (shards of the CPU backend) or --device gpu (N GPU\n"                 \
+             "backends of the ranks' cuts, on GPU 0 for now, sums through the host:\n"           \
+             "a check of the cut, not yet a speed-up)", .lo = 1, .hi = 64)
 
 #define KL_EP_ROW(tgt)                                                                           \
     KL_FLAG("--expert-parallel", 0, (tgt),                                                       \
             "with --tp: each routed expert whole on one rank (expert parallel)\n"                \
             "instead of cut by its intermediate width on every rank")
 
-/* NULL, or why --tp tp (with --expert-parallel: ep) cannot run on device d: N > 1 runs on the
- * CPU backend only, and expert parallelism needs N > 1. */
+/* NULL, or why --tp tp (with --expert-parallel: ep) cannot run on device d: N > 1 names its
+ * device (cpu or gpu), expert parallelism needs N > 1 and runs on the CPU backend only. */
 const char *kl_cli_tp_problem(unsigned long long tp, int ep, kl_cli_device d);
 
 /* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help

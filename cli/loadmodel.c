@@ -4,19 +4,26 @@
 #include "cli/progress.h"
 #include "common/clock.h"
 #include "engine/backend.h"
+#include "engine/backend_tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Whether the model runs on the CPU: --device cpu, or auto without a GPU. */
+static int cpu_only(const kl_cli_load *l)
+{
+    return l->device == KL_DEVICE_CPU ||
+           (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available());
+}
 
 /* Whether the model goes to the GPU read from its files there (its matrices never in host
  * memory), rather than read whole first ($KL_GPU_LOAD=host). */
 static int gpu_streams(const kl_cli_load *l)
 {
     const char *how = getenv("KL_GPU_LOAD");
-    int gpu = l->device == KL_DEVICE_GPU ||
-              (l->device == KL_DEVICE_AUTO && kl_backend_gpu_available());
-    return gpu && !(how && !strcmp(how, "host"));
+    /* tensor parallel: the ranks' cut models are made from the host model (engine/tp_model.h) */
+    return !cpu_only(l) && !(how && !strcmp(how, "host")) && l->opts.tp <= 1;
 }
 
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
@@ -56,15 +63,19 @@ static void show_load(void *user, uint64_t done, uint64_t total)
 static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *err)
 {
     l->device_used = "cpu";
-    int cpu = l->device == KL_DEVICE_CPU ||
-              (l->device == KL_DEVICE_AUTO && !kl_backend_gpu_available());
-    if (cpu) {
+    if (cpu_only(l)) {
         kl_backend_gpu_prepare_free(prep);
         return 0;
     }
     kl_backend *be = NULL;
     double t0 = kl_now_s();
-    int rc = kl_backend_gpu_create_prepared(&be, m, prep, err);
+    int rc;
+    if (l->opts.tp > 1) {   /* GPU ranks of the cut models (engine/backend_tp.h) */
+        kl_backend_gpu_prepare_free(prep);
+        rc = kl_backend_tp_create_on(&be, m, l->opts.tp, 1, err);
+    } else {
+        rc = kl_backend_gpu_create_prepared(&be, m, prep, err);
+    }
     if (!rc && (rc = kl_model_use_backend(m, be, err)))
         kl_backend_free(be);
     if (rc)
@@ -98,6 +109,8 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
     snprintf(label, sizeof label, "kl %s: loading", l->cmd);
     kl_progress_init(&p, label, l->quiet);
     kl_model_opts mo = l->opts;
+    if (!cpu_only(l))   /* GPU ranks, if any, come from the model as one (use_device) */
+        mo.tp = 1;
     mo.progress = show_load;
     mo.progress_user = &p;
     mo.vectors_only = gpu_streams(l);

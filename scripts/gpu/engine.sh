@@ -59,10 +59,11 @@ with_config() {
     ( [ -z "${cfg// }" ] || eval "export $cfg"; IFS=' '; "$@" )
 }
 
-# teacher-forced logits of DIR on DEVICE into FILE (prompt ids and forced ids as arguments)
+# teacher-forced logits of DIR on DEVICE into FILE (prompt ids and forced ids as arguments);
+# KL_RUN_ARGS: more flags for kl run (e.g. a config "KL_RUN_ARGS='--tp 2'")
 forced() {  # dir device route prompt greedy file
     "$KL" run "$1" --device "$2" --route-weights "$3" --ids "$4" --force-ids "$5" \
-        --logits-out "$6" -q > /dev/null
+        --logits-out "$6" -q ${KL_RUN_ARGS:-} > /dev/null
 }
 
 summary() {  # label, compare.py output
