@@ -179,8 +179,11 @@ int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, k
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
 /* The same as a rank of engine/backend_tp.h (m a cut model, engine/tp_model.h): decode graphs
- * off, since the ranks' block outputs are summed between blocks (through the host for now). */
-int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, kl_err *err);
+ * off, since the ranks' block outputs are summed between blocks (through the host for now).
+ * stream_of (NULL: none): an earlier rank on the same device whose stream this one takes, so
+ * that their kernels never overlap (some keep scratch in device globals). */
+int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, kl_backend *stream_of,
+                                kl_err *err);
 
 /* The GPU load's first steps, started before the model is open so that they overlap opening
  * it: on a thread of its own, device 0's context, a stream and events, and the ring's pinned

@@ -147,6 +147,7 @@ typedef struct gpu_be {
     double           prof_t0;                 /* start of the operation being timed */
     double           prof_tp;                 /* end of its last step timed (part_done) */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
+    int        st_shared;                     /* st is another rank's (not destroyed here) */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -1344,7 +1345,8 @@ static void gpu_destroy(kl_backend *be)
     kl_gpu_host_free(g->host_amax);
     kl_gpu_free(g->mla_scratch);
     kl_gpu_host_free(g->host_tok);
-    kl_gpu_stream_destroy(g->st);
+    if (!g->st_shared)
+        kl_gpu_stream_destroy(g->st);
     kl_free(g->allocs);
     kl_free(g->L);
     kl_free(g->mla_cap);
@@ -1501,12 +1503,28 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_err *err)
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_backend *stream_of,
+                               kl_err *err)
 {
     int rc = kl_backend_gpu_create_prepared(out, m, NULL, err);
-    if (!rc)   /* the ranks' outputs are summed between blocks: every step eager */
-        impl(*out)->graphs_on = 0;
-    return rc;
+    if (rc)
+        return rc;
+    gpu_be *g = impl(*out);
+    g->graphs_on = 0;   /* the ranks' outputs are summed between blocks: every step eager */
+    if (stream_of && stream_of->ops == &gpu_ops) {
+        /* ranks on one device take turns on one stream: kernels that keep scratch in device
+         * globals (the skinny products' split sums) must not run for two ranks at once */
+        rc = kl_gpu_stream_sync(g->st, err);
+        if (rc) {
+            kl_backend_free(*out);
+            *out = NULL;
+            return rc;
+        }
+        kl_gpu_stream_destroy(g->st);
+        g->st = impl(stream_of)->st;
+        g->st_shared = 1;
+    }
+    return 0;
 }
 
 int kl_backend_gpu_available(void)
@@ -1585,8 +1603,10 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_err *err)
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_backend *stream_of,
+                               kl_err *err)
 {
+    (void)stream_of;
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 

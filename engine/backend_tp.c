@@ -210,7 +210,7 @@ static int tp_end(kl_backend *be, kl_err *err)
 static void tp_destroy(kl_backend *be)
 {
     tp_be *t = tp(be);
-    for (unsigned r = 0; r < t->n; r++)
+    for (unsigned r = t->n; r-- > 0;)   /* last first: a later rank may use rank 0's stream */
         kl_model_tp_free(t->cut[r]);
     kl_free(t->cut);
     kl_free(t->rank);
@@ -294,7 +294,8 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu,
     for (unsigned r = 0; r < tp && !rc; r++) {
         kl_backend *b = NULL;
         rc = kl_model_tp_cut(&cut[r], m, tp, r, err);
-        if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], err)
+        if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], r ? cut[0]->be : NULL,
+                                                           err)
                               : kl_backend_cpu_create(&b, cut[r], err)))
             cut[r]->be = b;
     }

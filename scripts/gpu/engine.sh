@@ -14,7 +14,8 @@
 #   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
-#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=ncu: Nsight Compute's time of every
+#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=tpcheck: GPU tensor parallel (TPS,
+#   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions.  STAGES=ncu: Nsight Compute's time of every
 #   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt); STAGES=ncukernel: its
 #   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
 #   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
@@ -128,6 +129,31 @@ for a in d["decode_at_context"]:
     print("bench decode at context %d: %.1f tok/s, %.3f ms/token, %.3f GB/token, ratio %.3f"
           % (a["context"], a["decode_tok_s"], a["ms_per_token"], a["bytes_per_token"] / 1e9, a["ratio_to_ceiling"]))
 PY
+}
+
+# tensor parallel on the GPU (issue 12): the golden fixtures and MXFP4 conversions of small4
+# and heads4 at TP in $TPS (default "2 4") against the CPU engine at TP 1, teacher-forced on
+# the reference's greedy ids; TP_CONFIG: settings for the GPU runs (e.g. KL_GPU_CHUNK=16, so
+# that the prompt runs in skinny chunks)
+stage_tpcheck() {
+    local G=tests/fixtures/golden prompt name dir ref greedy vocab tp
+    prompt=$(cat $G/prompt.txt)
+    for name in small4 heads4; do
+        rm -rf "$W/$name-mxfp4"; "$KL" convert $G/$name "$W/$name-mxfp4" -q
+    done
+    for name in tiny small4 heads4 multi small4-mxfp4 heads4-mxfp4; do
+        dir=$G/$name ref=${name%-mxfp4}
+        [ $name = tiny ] && dir=tests/fixtures/ref_tiny
+        [ $name != $ref ] && dir=$W/$name
+        greedy=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$G/$ref-unbiased.json")
+        vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab'])" "$G/$ref-unbiased.json")
+        forced "$dir" cpu unbiased "$prompt" "$greedy" "$W/tp-$name-cpu.bin"
+        for tp in ${TPS:-2 4}; do
+            KL_RUN_ARGS="--tp $tp" with_config "${TP_CONFIG:-}" forced "$dir" gpu unbiased \
+                "$prompt" "$greedy" "$W/tp-$name-$tp.bin" || { row "$name TP $tp: refused"; continue; }
+            row "$(summary "$name gpu-tp$tp-vs-cpu-tp1 [${TP_CONFIG:-}]" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-cpu.bin" "$W/tp-$name-$tp.bin")")"
+        done
+    done
 }
 
 # programmatic launches (KL_GPU_PDL=1) must not change a bit: teacher-forced logits (each
