@@ -40,8 +40,8 @@ int kl_cli_parse_device(void *target, const char *v);
              "in this process, partial sums added in rank order; N must split the\n"             \
              "model (kl audit --tp; an error lists the valid sizes). N > 1 needs\n"              \
              "--device cpu (shards of the CPU backend) or --device gpu (N GPU\n"                 \
-             "backends of the ranks' cuts, on GPU 0 for now, sums through the host:\n"           \
-             "a check of the cut, not yet a speed-up)", .lo = 1, .hi = 64)
+             "backends of the ranks' cuts, rank r on GPU r % the GPUs, sums through\n"          \
+             "the host: a check of the cut, not yet a speed-up)", .lo = 1, .hi = 64)
 
 #define KL_EP_ROW(tgt)                                                                           \
     KL_FLAG("--expert-parallel", 0, (tgt),                                                       \

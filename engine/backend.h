@@ -178,12 +178,16 @@ int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, k
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
-/* The same as a rank of engine/backend_tp.h (m a cut model, engine/tp_model.h): decode graphs
- * off, since the ranks' block outputs are summed between blocks (through the host for now).
- * stream_of (NULL: none): an earlier rank on the same device whose stream this one takes, so
- * that their kernels never overlap (some keep scratch in device globals). */
-int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, kl_backend *stream_of,
-                                kl_err *err);
+/* The same as a rank of engine/backend_tp.h on device dev (m a cut model, engine/tp_model.h):
+ * every operation makes dev current first (ranks on several devices are driven from one
+ * thread); decode graphs off, since the ranks' block outputs are summed between blocks
+ * (through the host for now).  stream_of (NULL: none): an earlier rank on the same device
+ * whose stream this one takes, so that their kernels never overlap (some keep scratch in
+ * device globals). */
+int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, int dev,
+                                kl_backend *stream_of, kl_err *err);
+/* Visible devices (0 in a build without GPU support). */
+int  kl_backend_gpu_devices(void);
 
 /* The GPU load's first steps, started before the model is open so that they overlap opening
  * it: on a thread of its own, device 0's context, a stream and events, and the ring's pinned

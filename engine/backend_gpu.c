@@ -148,6 +148,7 @@ typedef struct gpu_be {
     double           prof_tp;                 /* end of its last step timed (part_done) */
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
     int        st_shared;                     /* st is another rank's (not destroyed here) */
+    int        dev;                           /* the device it lives on */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -330,6 +331,7 @@ struct kl_gpu_prep {
     size_t        region_bytes;
     const char   *buf_mem;                 /* "hugetlb", "thp" (region) or "pinned" */
     pthread_t     th;
+    int           dev;                     /* the device (0 unless a rank's) */
     int           started;                 /* th runs prep_run */
     int           rc;
     kl_err        err;
@@ -391,7 +393,7 @@ static void *prep_run(void *arg)
 {
     kl_gpu_prep *pr = arg;
     double t0 = kl_now_s();
-    int rc = kl_gpu_device_open(0, NULL, 0, &pr->err);
+    int rc = kl_gpu_device_open(pr->dev, NULL, 0, &pr->err);
     if (!rc)
         rc = kl_gpu_stream_create(&pr->st, &pr->err);
     for (unsigned i = 0; !rc && i < 2 * KL_FILL_MAX_SLOTS; i++)
@@ -424,7 +426,7 @@ static int prep_take(kl_gpu_prep *pr, kl_gpu_load_info *li, kl_err *err)
             *err = pr->err;
         return pr->rc;
     }
-    return kl_gpu_device_open(0, NULL, 0, err);   /* current on this thread too */
+    return kl_gpu_device_open(pr->dev, NULL, 0, err);   /* current on this thread too */
 }
 
 /* One kl_gpu_fill of part of the plan with its own events, on the backend's stream (both
@@ -446,7 +448,7 @@ static void *fill_job_main(void *arg)
                        fill_host_alloc, fill_host_free};
     const kl_model *m = j->f.g->base.m;
     kl_err_clear(&j->err);
-    j->rc = kl_gpu_device_open(0, NULL, 0, &j->err);   /* current on this thread */
+    j->rc = kl_gpu_device_open(j->f.g->dev, NULL, 0, &j->err);   /* current on this thread */
     if (!j->rc)
         j->rc = kl_gpu_fill(j->p, (const char *const *)m->shard_paths, j->arena, &ops, &j->o,
                             &j->st, &j->err);
@@ -529,7 +531,7 @@ static void *side_main(void *arg)
     side_alloc *a = arg;
     double t0 = kl_now_s();
     kl_err_clear(&a->err);
-    int rc = kl_gpu_device_open(0, NULL, 0, &a->err);
+    int rc = kl_gpu_device_open(a->g->dev, NULL, 0, &a->err);
     if (!rc)
         rc = alloc_pools(a->g, &a->err);
     if (!rc)
@@ -1367,7 +1369,9 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
     int rc = sum && part ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory for an all-reduce");
     for (unsigned r = 0; r < n && !rc; r++) {
         gpu_be *g = impl(ranks[r]);
-        rc = kl_gpu_d2h(r ? part : sum, g->y, bytes, g->st, err);
+        rc = kl_gpu_device_open(g->dev, NULL, 0, err);
+        if (!rc)
+            rc = kl_gpu_d2h(r ? part : sum, g->y, bytes, g->st, err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
         for (size_t i = 0; !rc && r && i < len; i++)
@@ -1375,7 +1379,9 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
     }
     for (unsigned r = 0; r < n && !rc; r++) {
         gpu_be *g = impl(ranks[r]);
-        rc = kl_gpu_h2d(g->y, sum, bytes, g->st, err);
+        rc = kl_gpu_device_open(g->dev, NULL, 0, err);
+        if (!rc)
+            rc = kl_gpu_h2d(g->y, sum, bytes, g->st, err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
     }
@@ -1389,7 +1395,68 @@ static const kl_backend_ops gpu_ops = {
     .slot_copy = gpu_slot_copy, .slot_fill = gpu_slot_fill, .begin = gpu_begin,
     .norm = gpu_norm, .add_norm = gpu_add_norm,
     .kda = gpu_kda, .mla = gpu_mla, .moe = gpu_moe, .mlp = gpu_mlp, .head = gpu_head,
-    .end = gpu_end, .destroy = gpu_destroy, .all_reduce = gpu_all_reduce,
+    .end = gpu_end, .destroy = gpu_destroy,
+};
+
+/* Ranks of engine/backend_tp.h may live on several devices driven from one thread: each of
+ * their operations makes its rank's device current first (one table, so that a plain
+ * backend's operations stay as they are). */
+static int on_dev(kl_backend *be, kl_err *err)
+{
+    return kl_gpu_device_open(impl(be)->dev, NULL, 0, err);
+}
+
+static void on_dev_quiet(kl_backend *be)
+{
+    kl_err e;
+    kl_err_clear(&e);
+    (void)on_dev(be, &e);
+}
+
+#define RANK_OP(name, params, args)                                                            \
+    static int rank_##name params                                                              \
+    {                                                                                          \
+        int rc = on_dev(be, err);                                                              \
+        return rc ? rc : gpu_##name args;                                                      \
+    }
+RANK_OP(slot_open, (kl_backend *be, uint32_t *slot, kl_err *err), (be, slot, err))
+RANK_OP(slot_copy, (kl_backend *be, uint32_t dst, uint32_t src, kl_err *err), (be, dst, src, err))
+RANK_OP(slot_fill, (kl_backend *be, uint32_t slot, size_t n, kl_err *err), (be, slot, n, err))
+RANK_OP(begin, (kl_backend *be, const kl_batch *c, kl_err *err), (be, c, err))
+RANK_OP(norm, (kl_backend *be, kl_norm_which w, uint32_t l, kl_err *err), (be, w, l, err))
+RANK_OP(add_norm, (kl_backend *be, kl_norm_which w, uint32_t l, kl_err *err), (be, w, l, err))
+RANK_OP(kda, (kl_backend *be, uint32_t l, kl_err *err), (be, l, err))
+RANK_OP(mla, (kl_backend *be, uint32_t l, kl_err *err), (be, l, err))
+RANK_OP(moe, (kl_backend *be, uint32_t l, kl_err *err), (be, l, err))
+RANK_OP(mlp, (kl_backend *be, uint32_t l, kl_err *err), (be, l, err))
+RANK_OP(head, (kl_backend *be, float *logits, kl_token *argmax, kl_err *err),
+        (be, logits, argmax, err))
+RANK_OP(end, (kl_backend *be, kl_err *err), (be, err))
+
+static void rank_slot_close(kl_backend *be, uint32_t slot)
+{
+    on_dev_quiet(be);
+    gpu_slot_close(be, slot);
+}
+
+static void rank_slot_reset(kl_backend *be, uint32_t slot)
+{
+    on_dev_quiet(be);
+    gpu_slot_reset(be, slot);
+}
+
+static void rank_destroy(kl_backend *be)
+{
+    on_dev_quiet(be);
+    gpu_destroy(be);
+}
+
+static const kl_backend_ops gpu_rank_ops = {
+    .slot_open = rank_slot_open, .slot_close = rank_slot_close, .slot_reset = rank_slot_reset,
+    .slot_copy = rank_slot_copy, .slot_fill = rank_slot_fill, .begin = rank_begin,
+    .norm = rank_norm, .add_norm = rank_add_norm, .kda = rank_kda, .mla = rank_mla,
+    .moe = rank_moe, .mlp = rank_mlp, .head = rank_head, .end = rank_end,
+    .destroy = rank_destroy, .all_reduce = gpu_all_reduce,
 };
 
 int kl_backend_gpu_check(kl_err *err)
@@ -1477,6 +1544,7 @@ int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *p
         return rc;
     }
     read_settings(g);
+    g->dev = pr->dev;
     g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
@@ -1503,15 +1571,21 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_backend *stream_of,
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, int dev, kl_backend *stream_of,
                                kl_err *err)
 {
-    int rc = kl_backend_gpu_create_prepared(out, m, NULL, err);
+    *out = NULL;
+    kl_gpu_prep *pr = prep_new();
+    if (!pr)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    pr->dev = dev;
+    int rc = kl_backend_gpu_create_prepared(out, m, pr, err);
     if (rc)
         return rc;
     gpu_be *g = impl(*out);
+    g->base.ops = &gpu_rank_ops;
     g->graphs_on = 0;   /* the ranks' outputs are summed between blocks: every step eager */
-    if (stream_of && stream_of->ops == &gpu_ops) {
+    if (stream_of && stream_of->ops == &gpu_rank_ops && impl(stream_of)->dev == dev) {
         /* ranks on one device take turns on one stream: kernels that keep scratch in device
          * globals (the skinny products' split sums) must not run for two ranks at once */
         rc = kl_gpu_stream_sync(g->st, err);
@@ -1525,6 +1599,11 @@ int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_backend *stream
         g->st_shared = 1;
     }
     return 0;
+}
+
+int kl_backend_gpu_devices(void)
+{
+    return kl_gpu_device_count();
 }
 
 int kl_backend_gpu_available(void)
@@ -1603,11 +1682,17 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, kl_backend *stream_of,
+int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, int dev, kl_backend *stream_of,
                                kl_err *err)
 {
+    (void)dev;
     (void)stream_of;
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
+}
+
+int kl_backend_gpu_devices(void)
+{
+    return 0;
 }
 
 int kl_backend_gpu_available(void)

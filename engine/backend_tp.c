@@ -287,6 +287,8 @@ int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsign
 int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu, kl_err *err)
 {
     *out = NULL;
+    const unsigned ndev = gpu && kl_backend_gpu_devices() > 0 ? (unsigned)kl_backend_gpu_devices()
+                                                              : 1;
     kl_model **cut = kl_calloc(tp ? tp : 1, sizeof *cut);
     if (!cut)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -294,7 +296,9 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu,
     for (unsigned r = 0; r < tp && !rc; r++) {
         kl_backend *b = NULL;
         rc = kl_model_tp_cut(&cut[r], m, tp, r, err);
-        if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], r ? cut[0]->be : NULL,
+        /* rank r on device r % ndev, sharing the stream of the first rank there */
+        kl_backend *first = r >= ndev ? cut[r % ndev]->be : NULL;
+        if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], (int)(r % ndev), first,
                                                            err)
                               : kl_backend_cpu_create(&b, cut[r], err)))
             cut[r]->be = b;
