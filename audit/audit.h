@@ -79,10 +79,12 @@ typedef struct kl_memplan {
     uint64_t vector_f32_bytes;       /* those vectors as the engines keep them, fp32: the GPU
                                         arena instead of vector_bytes, the CPU engine besides
                                         them (one shared copy whatever the TP size) */
-    bool     has_gpu_arena;          /* TP 1 and every dtype one the engines hold */
+    bool     has_gpu_arena;          /* every dtype one the engines hold, not expert parallel */
     uint64_t gpu_arena_bytes;        /* the GPU engine's weight arenas (engine/gpu_plan.h,
-                                        laid out by loader/arena.h): matrix_bytes +
-                                        vector_f32_bytes + gpu_arena_pad_bytes */
+                                        laid out by loader/arena.h) of one rank: at TP 1
+                                        matrix_bytes + vector_f32_bytes + gpu_arena_pad_bytes;
+                                        at TP > 1 its cut model's (engine/tp_model.h: the
+                                        embedding whole, so more than matrix_bytes says) */
     uint64_t gpu_arena_pad_bytes;    /* alignment of its blocks (KL_PLAN_ALIGN) */
     uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` */
     uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent + conv state */
@@ -134,7 +136,7 @@ int kl_audit_has_problems(const kl_audit_report *r);
  * widths or MXFP4 experts' scale blocks along the intermediate width (expert parallel: the
  * shared experts' width instead of the last two; the message lists the valid sizes), or
  * (rule MEM-CONTEXT) when o->context exceeds the config's max_position; KL_E_FORMAT (MEM-PLAN)
- * when a figure overflows 64 bits; KL_E_NOMEM.  At TP 1 the GPU arena too (has_gpu_arena),
+ * when a figure overflows 64 bits; KL_E_NOMEM.  The GPU arena too (has_gpu_arena),
  * unless a dtype is one the engines do not hold. */
 int kl_memplan_compute(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                        kl_err *err);

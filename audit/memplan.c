@@ -14,9 +14,11 @@
  * parallel: routed experts whole on their owner (rank 0 holds the first experts / TP), so
  * their width and blocks do not count, the shared experts' width does.
  * Weights split into matrices and the vectors the engines read element-wise (kept as fp32 by
- * both engines: vector_f32_bytes says how much that is).  At TP 1 the GPU engine's arenas as
+ * both engines: vector_f32_bytes says how much that is).  The GPU engine's arenas as
  * loader/arena.h lays them out (the code engine/gpu_plan.c places the weights with): matrices
- * in their stored kinds, vectors fp32, every block 256-byte aligned.
+ * in their stored kinds, vectors fp32, every block 256-byte aligned; at TP > 1 those of one GPU
+ * rank, whose cut (engine/tp_model.h) keeps the embedding whole (not with expert parallel,
+ * which the GPU ranks do not run).
  */
 #include "audit/audit.h"
 
@@ -63,7 +65,7 @@ static int check_opts(const kl_config *c, const kl_memplan_opts *o, kl_err *err)
 
 /* Weights per GPU: rank 0's part of every tensor (loader/tp_split.h; the valid sizes give
  * every rank the same) in its stored dtype, the tensors every rank holds whole and the vectors
- * counted apart too; at TP 1 the GPU arenas of the same tensors. */
+ * counted apart too; the GPU arenas of a rank's cut. */
 static int plan_weights(kl_memplan *m, const kl_config *c, const kl_memplan_opts *o,
                         kl_err *err)
 {
@@ -88,7 +90,10 @@ static int plan_weights(kl_memplan *m, const kl_config *c, const kl_memplan_opts
     kl_arena_sizes a;
     kl_err aerr;
     kl_err_clear(&aerr);
-    rc = o->tp == 1 ? kl_arena_size_schema(&s, c, o->dtypes, &a, &aerr) : KL_E_UNSUPPORTED;
+    /* GPU ranks cut routed experts by their width (engine/tp_model.h): no arena for expert
+     * parallel */
+    rc = !o->expert_parallel ? kl_arena_size_schema(&s, c, o->dtypes, o->tp, &a, &aerr)
+                             : KL_E_UNSUPPORTED;
     kl_schema_free(&s);
     if (rc == KL_E_NOMEM)
         return kl_fail(err, KL_E_NOMEM, "out of memory planning the GPU arenas");

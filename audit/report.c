@@ -143,8 +143,9 @@ static void print_memplan(const kl_memplan *m, FILE *out)
             kl_fmt_bytes(vec, sizeof vec, m->vector_bytes),
             kl_fmt_bytes(v32, sizeof v32, m->vector_f32_bytes));
     if (m->has_gpu_arena)
-        fprintf(out, "               GPU engine weight arena %s: matrices + fp32 vectors + %s "
-                     "alignment\n", kl_fmt_bytes(arena, sizeof arena, m->gpu_arena_bytes),
+        fprintf(out, "               GPU engine weight arena %s%s: matrices + fp32 vectors + "
+                     "%s alignment\n", kl_fmt_bytes(arena, sizeof arena, m->gpu_arena_bytes),
+                m->tp > 1 ? " per rank (the embedding whole on each)" : "",
                 kl_fmt_bytes(pad, sizeof pad, m->gpu_arena_pad_bytes));
 }
 
@@ -292,7 +293,7 @@ static int add_memplan(const kl_memplan *m, cJSON *root)
     kl_json_add_u64(o, "matrix_bytes_per_gpu", m->matrix_bytes);
     kl_json_add_u64(o, "vector_bytes_per_gpu", m->vector_bytes);
     kl_json_add_u64(o, "vector_f32_bytes_per_gpu", m->vector_f32_bytes);
-    if (!m->has_gpu_arena) {   /* TP > 1: the GPU engine runs on one GPU */
+    if (!m->has_gpu_arena) {   /* expert parallel: not a GPU engine's split */
         cJSON_AddNullToObject(o, "gpu_arena_bytes");
         return 0;
     }

@@ -6,6 +6,7 @@
 #include "loader/arena.h"
 
 #include "common/mem.h"
+#include "loader/tp_split.h"
 
 #include <string.h>
 
@@ -193,14 +194,32 @@ static uint64_t placed_bytes(kl_role r, const kl_wshape *w)
     return kl_plan_data_bytes(&m) + kl_plan_scale_bytes(&m);
 }
 
-/* Entry e (stored as dt) into the layout inputs: in[layer], or the global shapes. */
-static int note_entry(const kl_schema_entry *e, kl_dtype dt, kl_arena_layer_in *in,
+/* Rank 0's part of weight w of role r under tensor parallelism tp, as engine/tp_model.c cuts
+ * a model for its ranks: loader/tp_split.h's cut (the valid sizes divide evenly), except the
+ * embedding, whole on every rank (each rank embeds every id).  A vector cut along its first
+ * dimension, or along the rest when it has one row (A_log's heads, dt_bias). */
+static kl_wshape cut_shape(kl_role r, kl_wshape w, unsigned tp)
+{
+    const kl_tp_split s = kl_tp_split_of(r, 0);
+    if (tp <= 1 || w.kind == KL_W_NONE || r == KL_ROLE_EMBED || s.kind == KL_TP_WHOLE)
+        return w;
+    if (s.kind == KL_TP_IN || (kl_role_is_vector(r) && w.rows == 1))
+        w.cols /= tp;
+    else
+        w.rows /= tp;
+    return w;
+}
+
+/* Entry e (stored as dt) into the layout inputs: in[layer], or the global shapes (rank 0's
+ * cut at tp). */
+static int note_entry(const kl_schema_entry *e, kl_dtype dt, unsigned tp, kl_arena_layer_in *in,
                       uint32_t n_layers, kl_wshape *glob, kl_err *err)
 {
     kl_wshape w;
     if (kl_wshape_of(e, dt, &w))
         return kl_fail_at(err, KL_E_UNSUPPORTED, "", e->name, KL_NO_OFFSET,
                           "dtype %s is not held by the engines (BF16 or F32)", kl_dtype_name(dt));
+    w = cut_shape(e->role, w, tp);
     if (e->layer < 0) {
         glob[e->role] = w;
         return 0;
@@ -233,7 +252,7 @@ static void layer_sizes(const kl_arena_layer_in *in, kl_arena_sizes *s)
 }
 
 int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype *dtypes,
-                         kl_arena_sizes *out, kl_err *err)
+                         unsigned tp, kl_arena_sizes *out, kl_err *err)
 {
     uint32_t L = c->num_hidden_layers;
     kl_arena_layer_in *in = kl_calloc(L ? L : 1, sizeof *in);
@@ -242,8 +261,8 @@ int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype 
     memset(glob, 0, sizeof glob);
     int rc = in ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
     for (size_t i = 0; !rc && i < s->n; i++)
-        rc = note_entry(&s->entries[i], dtypes ? dtypes[i] : s->entries[i].synth_dtype, in, L,
-                        glob, err);
+        rc = note_entry(&s->entries[i], dtypes ? dtypes[i] : s->entries[i].synth_dtype, tp, in,
+                        L, glob, err);
     for (uint32_t l = 0; !rc && l < L; l++) {
         kl_plan_layer pl;
         uint64_t top = 0;
@@ -254,6 +273,8 @@ int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype 
     if (!rc) {
         kl_plan_mat e, h;
         uint64_t top = 0, fn;
+        if (tp > 1 && glob[KL_ROLE_LM_HEAD].kind == KL_W_NONE)   /* tied: its rows of embed */
+            glob[KL_ROLE_LM_HEAD] = cut_shape(KL_ROLE_LM_HEAD, glob[KL_ROLE_EMBED], tp);
         const int tied = glob[KL_ROLE_LM_HEAD].kind == KL_W_NONE;
         kl_arena_global(&top, &glob[KL_ROLE_EMBED], tied ? NULL : &glob[KL_ROLE_LM_HEAD],
                         c->hidden_size, &e, &h, &fn);

@@ -440,12 +440,15 @@ START_TEST(cli_context_takes_a_1M_suffix)
 }
 END_TEST
 
-/* The plan's new figures, text and JSON: the GPU arena only at TP 1 (null at TP 2). */
+/* The plan's new figures, text and JSON: the GPU arena per rank (at TP 2 a rank's, smaller),
+ * null with expert parallel (tp 3 in this loop: TP 2 with --expert-parallel). */
 START_TEST(cli_reports_matrices_vectors_and_the_gpu_arena)
 {
     char args[4096], *out;
-    for (unsigned tp = 1; tp <= 2; tp++) {
-        snprintf(args, sizeof args, "audit '%s' --tp %u --json", g_base, tp);
+    double arena1 = 0;
+    for (unsigned tp = 1; tp <= 3; tp++) {
+        snprintf(args, sizeof args, "audit '%s' --tp %u --json%s", g_base, tp < 3 ? tp : 2,
+                 tp < 3 ? "" : " --expert-parallel");
         int code = run_kl(args, &out);
         ck_assert_msg(code == 0, "--tp %u: exit %d: %s", tp, code, out);
         cJSON *j = cJSON_Parse(out);
@@ -457,8 +460,11 @@ START_TEST(cli_reports_matrices_vectors_and_the_gpu_arena)
         double v32 = cJSON_GetObjectItem(m, "vector_f32_bytes_per_gpu")->valuedouble;
         cJSON *arena = cJSON_GetObjectItem(m, "gpu_arena_bytes");
         ck_assert_msg(mat > 0 && vec > 0 && mat + vec == w && v32 > vec, "tp %u: %s", tp, out);
-        ck_assert_msg(tp == 1 ? cJSON_IsNumber(arena) && arena->valuedouble >= mat + v32
-                              : cJSON_IsNull(arena), "tp %u: %s", tp, out);
+        if (tp == 1)
+            arena1 = arena->valuedouble;
+        ck_assert_msg(tp == 1   ? cJSON_IsNumber(arena) && arena->valuedouble >= mat + v32
+                      : tp == 2 ? cJSON_IsNumber(arena) && arena->valuedouble < arena1
+                                : cJSON_IsNull(arena), "tp %u: %s", tp, out);
         cJSON_Delete(j);
         free(out);
     }
