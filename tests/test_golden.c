@@ -332,10 +332,12 @@ START_TEST(converted_mxfp4_matches_transformers)
 END_TEST
 
 /* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0), expert parallel
- * (_i = 1) or, through N backends of the ranks' cut models, by their width (_i = 2).  Cut: tiny, multi and heads4 (small4's geometry with 4 KDA heads) split
- * at 2 and 4; small4 (2 KDA heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused; small4 in MXFP4
- * (two blocks) at 2, cutting its routed experts' down projections between blocks.  Expert
- * parallel: the same, except that the MXFP4 tiny splits at 2 and 4 (its experts stay whole). */
+ * (_i = 1) or, through N backends of the ranks' cut models, by their width (_i = 2).  Cut:
+ * tiny, multi and heads4 (small4's geometry with 4 KDA heads) split at 2 and 4; small4 (2 KDA
+ * heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused;
+ * small4 in MXFP4 (two blocks) at 2, cutting its routed experts' down projections between
+ * blocks.  Expert parallel: the same, except that the MXFP4 tiny splits at 2 and 4 (its
+ * experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
 {
     const int mode = _i, ep = mode == TP_SHARDS_EP;
@@ -386,6 +388,31 @@ START_TEST(tensor_parallel_threads_and_refusal)
 }
 END_TEST
 
+/* The wrapper of cut models at TP 1 (one rank, its cut the model itself) is the plain backend
+ * bit for bit; at TP 2 it equals the CPU backend's own shards bit for bit (the same products
+ * summed in the same order). */
+START_TEST(cut_models_at_tp_1_and_2_equal_the_plain_and_sharded_backends)
+{
+    golden_ref r = {0};
+    ref_load(&r, GOLDEN_DIR "/multi-unbiased.json");
+    kl_err err;
+    kl_model *plain = NULL, *cut1 = NULL, *shards = NULL, *cut2 = NULL;
+    const char *dir = GOLDEN_DIR "/multi";
+    ck_assert_int_eq(open_model(&plain, dir, KL_ROUTE_UNBIASED, 2, 1, 0, &err), 0);
+    ck_assert_int_eq(open_tp(&cut1, dir, 1, TP_CUT_MODELS, &err), 0);
+    ck_assert_int_eq(open_model(&shards, dir, KL_ROUTE_UNBIASED, 2, 2, 0, &err), 0);
+    ck_assert_int_eq(open_tp(&cut2, dir, 2, TP_CUT_MODELS, &err), 0);
+    float *rp = teacher_force(plain, &r, "multi"), *r1 = teacher_force(cut1, &r, "multi cut 1");
+    float *rs = teacher_force(shards, &r, "multi TP 2"), *r2 = teacher_force(cut2, &r, "cut 2");
+    const size_t bytes = r.n_steps * r.vocab * sizeof *rp;
+    ck_assert_msg(memcmp(rp, r1, bytes) == 0, "TP 1 through cut models differs from plain");
+    ck_assert_msg(memcmp(rs, r2, bytes) == 0, "TP 2 through cut models differs from shards");
+    free(rp), free(r1), free(rs), free(r2);
+    kl_model_close(plain), kl_model_close(cut1), kl_model_close(shards), kl_model_close(cut2);
+    ref_free(&r);
+}
+END_TEST
+
 /* The two route-weight modes must give visibly different references, or checking both would
  * prove nothing. */
 START_TEST(route_modes_are_distinguishable)
@@ -413,6 +440,7 @@ static Suite *golden_suite(void)
     tcase_add_test(tc, route_modes_are_distinguishable);
     tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, TP_MODES);
     tcase_add_test(tc, tensor_parallel_threads_and_refusal);
+    tcase_add_test(tc, cut_models_at_tp_1_and_2_equal_the_plain_and_sharded_backends);
     suite_add_tcase(s, tc);
     return s;
 }

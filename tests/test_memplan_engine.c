@@ -4,9 +4,10 @@
  *
  * CPU engine: on the golden fixtures (ref_tiny, small4, multi), an MXFP4 conversion of
  * ref_tiny and ref_tiny with lm_head stored F32 (the audit plans with the checkpoint's dtypes,
- * not the config's defaults), every valid TP size with and without expert parallel: for EVERY rank of a CPU
- * backend (kl_backend_cpu_rank_bytes) its matrices equal the audit's matrix bytes per GPU; its
- * vectors (one shared whole copy, by design) equal the TP 1 plan's; its part of a sequence's
+ * not the config's defaults), every valid TP size with and without expert parallel: for
+ * EVERY rank of a CPU backend (kl_backend_cpu_rank_bytes) its matrices equal the audit's
+ * matrix bytes per GPU; its vectors (one shared whole copy, by design) equal the TP 1 plan's;
+ * its part of a sequence's
  * KDA state and the sequence's MLA cache at 1000 tokens equal the plan's at fp32 (the CPU
  * engine's element; the audit's own line assumes a bf16 cache).
  * GPU engine at TP 1: the audit's GPU arena equals kl_gpu_plan_build's total bytes (the plan
