@@ -72,7 +72,7 @@ static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *er
     int rc;
     if (l->opts.tp > 1) {   /* GPU ranks of the cut models (engine/backend_tp.h) */
         kl_backend_gpu_prepare_free(prep);
-        rc = kl_backend_tp_create_on(&be, m, l->opts.tp, 1, err);
+        rc = kl_backend_tp_create_on(&be, m, l->opts.tp, l->opts.expert_parallel, 1, err);
     } else {
         rc = kl_backend_gpu_create_prepared(&be, m, prep, err);
     }

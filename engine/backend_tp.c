@@ -284,9 +284,13 @@ int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsign
     return 0;
 }
 
-int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu, kl_err *err)
+int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, int gpu,
+                            kl_err *err)
 {
     *out = NULL;
+    if (ep && gpu && tp > 1)
+        return kl_fail(err, KL_E_UNSUPPORTED, "expert parallel on GPU ranks: their stacked "
+                       "experts take no owner map yet (run it on the CPU)");
     const unsigned ndev = gpu && kl_backend_gpu_devices() > 0 ? (unsigned)kl_backend_gpu_devices()
                                                               : 1;
     kl_model **cut = kl_calloc(tp ? tp : 1, sizeof *cut);
@@ -295,7 +299,7 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int gpu,
     int rc = 0;
     for (unsigned r = 0; r < tp && !rc; r++) {
         kl_backend *b = NULL;
-        rc = kl_model_tp_cut(&cut[r], m, tp, r, err);
+        rc = kl_model_tp_cut(&cut[r], m, tp, r, ep, err);
         /* rank r on device r % ndev, sharing the stream of the first rank there */
         kl_backend *first = r >= ndev ? cut[r % ndev]->be : NULL;
         if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], (int)(r % ndev), first,

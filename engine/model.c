@@ -395,8 +395,9 @@ void kl_model_widths_get(const kl_model *m, kl_model_widths *w)
                      max_u64(max_rows(m, KL_ROLE_KDA_F_A), max_rows(m, KL_ROLE_KDA_G_A)));
     w->mlp = max_rows(m, KL_ROLE_MLP_GATE);
     w->shared = max_rows(m, KL_ROLE_SHARED_GATE);
-    w->routed = 0;
+    w->routed = 0;   /* every expert: a rank of expert parallelism holds only its own */
     for (uint32_t l = 0; l < c->num_hidden_layers; l++)
-        if (m->layers[l].moe && m->layers[l].experts[0])
-            w->routed = max_u64(w->routed, m->layers[l].experts[0][0].rows);
+        for (uint32_t e = 0; m->layers[l].moe && m->layers[l].experts[0] && e < c->num_experts;
+             e++)
+            w->routed = max_u64(w->routed, m->layers[l].experts[0][e].rows);
 }

@@ -31,11 +31,11 @@ static int own(owned *o, void *p)
     return 0;
 }
 
-static int cut_matrix(const kl_wmat *w, kl_tp_split s, unsigned tp, unsigned r, uint32_t E,
-                      kl_wmat *out, owned *o, kl_err *err)
+static int cut_matrix(const kl_wmat *w, kl_tp_split s, unsigned tp, unsigned r, uint32_t expert,
+                      uint32_t E, kl_wmat *out, owned *o, kl_err *err)
 {
     void *copy = NULL;
-    int rc = kl_tp_cut(w, s, tp, r, 0, E, out, &copy, err);
+    int rc = kl_tp_cut(w, s, tp, r, expert, E, out, &copy, err);
     if (!rc && own(o, copy)) {
         kl_free(copy);
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
@@ -70,8 +70,8 @@ static int cut_vector(const kl_wmat *w, const float *v, kl_tp_split s, unsigned 
     return 0;
 }
 
-static int cut_layer(const kl_layer *L, kl_layer *out, unsigned tp, unsigned r, uint32_t E,
-                     owned *o, kl_err *err)
+static int cut_layer(const kl_layer *L, kl_layer *out, unsigned tp, unsigned r, int ep,
+                     uint32_t E, owned *o, kl_err *err)
 {
     out->attn = L->attn;
     out->moe = L->moe;
@@ -81,14 +81,14 @@ static int cut_layer(const kl_layer *L, kl_layer *out, unsigned tp, unsigned r, 
         if (L->w[k].kind == KL_W_NONE || kl_role_is_expert((kl_role)k))
             continue;
         rc = L->vec[k] ? cut_vector(&L->w[k], L->vec[k], s, tp, r, &out->w[k], &out->vec[k], err)
-                       : cut_matrix(&L->w[k], s, tp, r, E, &out->w[k], o, err);
+                       : cut_matrix(&L->w[k], s, tp, r, 0, E, &out->w[k], o, err);
     }
     for (int k = 0; k < 3 && !rc && L->experts[k]; k++) {
-        const kl_tp_split s = kl_tp_split_of((kl_role)(KL_ROLE_EXPERT_W1 + k), 0);
+        const kl_tp_split s = kl_tp_split_of((kl_role)(KL_ROLE_EXPERT_W1 + k), ep);
         if (!(out->experts[k] = kl_calloc(E ? E : 1, sizeof *out->experts[k])))
             return kl_fail(err, KL_E_NOMEM, "out of memory");
         for (uint32_t e = 0; e < E && !rc; e++)
-            rc = cut_matrix(&L->experts[k][e], s, tp, r, E, &out->experts[k][e], o, err);
+            rc = cut_matrix(&L->experts[k][e], s, tp, r, e, E, &out->experts[k][e], o, err);
     }
     return rc;
 }
@@ -138,16 +138,19 @@ static int make_sources(kl_model *m, kl_err *err)
 /* ------------------------------------------------------------------------------------------ */
 /* Public API                                                                                 */
 
-/* The rank's config: heads, widths and vocabulary rows divided by tp. */
-static void cut_config(kl_config *c, unsigned tp)
+/* The rank's config: heads, widths and vocabulary rows divided by tp (the experts' width
+ * whole with expert parallel: the routed experts are; the shared ones' rows say their cut). */
+static void cut_config(kl_config *c, unsigned tp, int ep)
 {
     uint32_t *div[] = {&c->num_attention_heads, &c->num_key_value_heads, &c->kda_num_heads,
-                       &c->intermediate_size, &c->moe_intermediate_size};
+                       &c->intermediate_size, ep ? NULL : &c->moe_intermediate_size};
     for (size_t i = 0; i < sizeof div / sizeof *div; i++)
-        *div[i] /= tp;
+        if (div[i])
+            *div[i] /= tp;
 }
 
-static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, kl_err *err)
+static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, int ep,
+                     kl_err *err)
 {
     const uint32_t nl = m->cfg.num_hidden_layers, E = m->cfg.num_experts;
     owned o = {0};
@@ -160,7 +163,7 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, kl
     kl_tp_part(m->lm_head.rows, tp, r, &v0, &vn);
     c->lm_head = kl_wmat_rows(&m->lm_head, v0, vn);
     if (tp > 1) {
-        cut_config(&c->cfg, tp);
+        cut_config(&c->cfg, tp, ep);
         c->cfg.vocab_size = (uint32_t)vn;
         c->cfg.tie_word_embeddings = 0;   /* lm_head is its rows now, embed stays whole */
     }
@@ -170,19 +173,20 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, kl
     if (!rc)
         memcpy(c->final_norm, m->final_norm, (size_t)m->cfg.hidden_size * sizeof *c->final_norm);
     for (uint32_t l = 0; l < nl && !rc; l++)
-        rc = cut_layer(&m->layers[l], &c->layers[l], tp, r, E, &o, err);
+        rc = cut_layer(&m->layers[l], &c->layers[l], tp, r, ep && tp > 1, E, &o, err);
     c->bufs = o.p;
     c->n_bufs = o.n;
     return rc ? rc : make_sources(c, err);
 }
 
-int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, kl_err *err)
+int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,
+                    kl_err *err)
 {
     *out = NULL;
     if (!m->matrices_read)
         return kl_fail(err, KL_E_USAGE, "a tensor-parallel cut needs the model's matrices in "
                        "memory (it was opened for its vectors only)");
-    int rc = kl_backend_cpu_tp_check(&m->cfg, tp, 0, err);   /* the one message naming sizes */
+    int rc = kl_backend_cpu_tp_check(&m->cfg, tp, ep, err);   /* the one message naming sizes */
     if (rc)
         return rc;
     if (rank >= tp)
@@ -190,7 +194,7 @@ int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned ran
     kl_model *c = kl_calloc(1, sizeof *c);
     if (!c)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
-    if ((rc = cut_model(c, m, tp, rank, err))) {
+    if ((rc = cut_model(c, m, tp, rank, ep, err))) {
         kl_model_tp_free(c);
         return rc;
     }

@@ -26,12 +26,14 @@
 #include "common/err.h"
 #include "engine/model.h"
 
-/* *out = rank `rank` of tp's cut of m, routed experts cut by their intermediate width (expert
- * parallel is the CPU backend's own shards for now: kl_backend_cpu_create_tp).  KL_E_USAGE: tp
- * not one of kl_tp_sizes(&m->cfg, 0) (naming them), rank >= tp, m opened vectors_only;
+/* *out = rank `rank` of tp's cut of m, routed experts cut by their intermediate width, or with
+ * ep (expert parallel) whole on their owner (kl_tp_expert_owner) and absent (KL_W_NONE) on the
+ * other ranks, moe_intermediate_size then whole (the CPU backend runs such a rank; the GPU's
+ * stacked expert layout does not take absent experts).  KL_E_USAGE: tp not one of
+ * kl_tp_sizes(&m->cfg, ep) (naming them), rank >= tp, m opened vectors_only;
  * KL_E_UNSUPPORTED: an MXFP4 column cut off its 32-value blocks; KL_E_NOMEM.  Free with
  * kl_model_tp_free. */
-int  kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank,
+int  kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,
                      kl_err *err);
 /* Frees a cut model and the backend installed on it (m->be); NULL ok. */
 void kl_model_tp_free(kl_model *cut);

@@ -155,15 +155,16 @@ static int open_model(kl_model **m, const char *dir, kl_route_weights route, uns
 
 /* How check_tp runs TP N: the CPU backend's own shards (routed experts cut by width, or
  * expert parallel), or N CPU backends of the ranks' cut models (engine/backend_tp.h). */
-enum { TP_SHARDS, TP_SHARDS_EP, TP_CUT_MODELS, TP_MODES };
+enum { TP_SHARDS, TP_SHARDS_EP, TP_CUT_MODELS, TP_CUT_MODELS_EP, TP_MODES };
 
 static int open_tp(kl_model **m, const char *dir, unsigned tp, int mode, kl_err *err)
 {
-    if (mode != TP_CUT_MODELS)
+    if (mode == TP_SHARDS || mode == TP_SHARDS_EP)
         return open_model(m, dir, KL_ROUTE_UNBIASED, 2, tp, mode == TP_SHARDS_EP, err);
     kl_backend *be = NULL;
     int rc = open_model(m, dir, KL_ROUTE_UNBIASED, 2, 1, 0, err);
-    if (!rc && !(rc = kl_backend_tp_create_on(&be, *m, tp, 0, err)) &&
+    const int ep = mode == TP_CUT_MODELS_EP;
+    if (!rc && !(rc = kl_backend_tp_create_on(&be, *m, tp, ep, 0, err)) &&
         (rc = kl_model_use_backend(*m, be, err)))
         kl_backend_free(be);
     if (rc) {
@@ -254,8 +255,8 @@ static double compare_tp(const golden_ref *r, const float *got, const float *wan
  * for it (the others must be refused). */
 static int check_tp(const char *dir, const char *ref_name, const char *label, int mode)
 {
-    static const char *const mode_tag[TP_MODES] = {"", " EP", " cut"};
-    const int ep = mode == TP_SHARDS_EP;
+    static const char *const mode_tag[TP_MODES] = {"", " EP", " cut", " cut EP"};
+    const int ep = mode == TP_SHARDS_EP || mode == TP_CUT_MODELS_EP;
     char path[512], tag[160];
     snprintf(path, sizeof path, GOLDEN_DIR "/%s-unbiased.json", ref_name);
     golden_ref r = {0};
@@ -332,7 +333,7 @@ START_TEST(converted_mxfp4_matches_transformers)
 END_TEST
 
 /* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0), expert parallel
- * (_i = 1) or, through N backends of the ranks' cut models, by their width (_i = 2).  Cut:
+ * (_i = 1) or, through N backends of the ranks' cut models, the same two ways (2, 3).  Cut:
  * tiny, multi and heads4 (small4's geometry with 4 KDA heads) split at 2 and 4; small4 (2 KDA
  * heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused;
  * small4 in MXFP4 (two blocks) at 2, cutting its routed experts' down projections between
@@ -340,7 +341,7 @@ END_TEST
  * experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
 {
-    const int mode = _i, ep = mode == TP_SHARDS_EP;
+    const int mode = _i, ep = mode == TP_SHARDS_EP || mode == TP_CUT_MODELS_EP;
     ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", mode), 2);
     ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", mode), 2);
     ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", mode), 1);

@@ -298,7 +298,7 @@ START_TEST(gpu_arena_of_every_rank_is_its_cut_models_plan)
         for (unsigned r = 0; r < tp; r++, checked++) {
             kl_model *cut = NULL;
             kl_gpu_plan p;
-            ck_assert_msg(kl_model_tp_cut(&cut, m, tp, r, &err) == 0, "%s", t_fmt_err(&err));
+            ck_assert_msg(kl_model_tp_cut(&cut, m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
             ck_assert_msg(kl_gpu_plan_build(&p, cut, &err) == 0, "%s", t_fmt_err(&err));
             ck_assert_msg(a.gpu_arena_bytes == p.total_bytes, "%s tp %u rank %u: the audit's GPU "
                           "arena %llu, the rank's plan %llu", dir, tp, r,
