@@ -81,10 +81,9 @@ typedef struct kl_memplan {
                                         them (one shared copy whatever the TP size) */
     bool     has_gpu_arena;          /* every dtype one the engines hold, not expert parallel */
     uint64_t gpu_arena_bytes;        /* the GPU engine's weight arenas (engine/gpu_plan.h,
-                                        laid out by loader/arena.h) of one rank: at TP 1
-                                        matrix_bytes + vector_f32_bytes + gpu_arena_pad_bytes;
-                                        at TP > 1 its cut model's (engine/tp_model.h: the
-                                        embedding whole, so more than matrix_bytes says) */
+                                        laid out by loader/arena.h) of one rank (its cut
+                                        model at TP > 1, engine/tp_model.h): matrix_bytes +
+                                        vector_f32_bytes + gpu_arena_pad_bytes */
     uint64_t gpu_arena_pad_bytes;    /* alignment of its blocks (KL_PLAN_ALIGN) */
     uint64_t mla_cache_bytes;        /* per GPU, per sequence: latent cache at `context` */
     uint64_t kda_state_bytes;        /* per GPU, per sequence: recurrent + conv state */

@@ -17,8 +17,7 @@
  * both engines: vector_f32_bytes says how much that is).  The GPU engine's arenas as
  * loader/arena.h lays them out (the code engine/gpu_plan.c places the weights with): matrices
  * in their stored kinds, vectors fp32, every block 256-byte aligned; at TP > 1 those of one GPU
- * rank, whose cut (engine/tp_model.h) keeps the embedding whole (not with expert parallel,
- * which the GPU ranks do not run).
+ * rank (engine/tp_model.h; not with expert parallel, which the GPU ranks do not run).
  */
 #include "audit/audit.h"
 

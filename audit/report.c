@@ -145,7 +145,7 @@ static void print_memplan(const kl_memplan *m, FILE *out)
     if (m->has_gpu_arena)
         fprintf(out, "               GPU engine weight arena %s%s: matrices + fp32 vectors + "
                      "%s alignment\n", kl_fmt_bytes(arena, sizeof arena, m->gpu_arena_bytes),
-                m->tp > 1 ? " per rank (the embedding whole on each)" : "",
+                m->tp > 1 ? " per rank" : "",
                 kl_fmt_bytes(pad, sizeof pad, m->gpu_arena_pad_bytes));
 }
 

@@ -61,6 +61,8 @@ typedef enum kl_norm_which {
 
 typedef struct kl_backend kl_backend;
 
+typedef enum kl_tp_sum { KL_TP_SUM_Y = 0, KL_TP_SUM_X = 1 } kl_tp_sum;  /* all_reduce's buffer */
+
 typedef struct kl_backend_ops {
     /* -- slots ------------------------------------------------------------------------- */
     int  (*slot_open)(kl_backend *be, uint32_t *slot, kl_err *err);   /* an empty sequence */
@@ -90,11 +92,12 @@ typedef struct kl_backend_ops {
     int  (*end)(kl_backend *be, kl_err *err);
     void (*destroy)(kl_backend *be);
     /* -- tensor parallel (engine/backend_tp.h; NULL: the backend cannot be a rank) ------- */
-    /* After a block (kda, mla, moe, mlp) has run on every rank of the same chunk: sums the
-     * ranks' block outputs y [T, hidden] in rank order ((y0 + y1) + y2 ...) and leaves the
-     * sum in each rank's y, as the next add_norm reads it.  ranks[0 .. n): backends of this
-     * kind. */
-    int  (*all_reduce)(kl_backend *const *ranks, unsigned n, kl_err *err);
+    /* Sums a buffer of the chunk over ranks[0 .. n) (backends of this kind) in rank order
+     * ((b0 + b1) + b2 ...) and leaves the sum in each rank's: KL_TP_SUM_Y, after a block (kda,
+     * mla, moe, mlp) has run on every rank, its partial outputs y [T, hidden], as the next
+     * add_norm reads them; KL_TP_SUM_X, after begin, the embedding rows x [T, hidden] of
+     * ranks holding parts of the vocabulary (kl_model.vocab_part). */
+    int  (*all_reduce)(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err);
 } kl_backend_ops;
 
 struct kl_backend {

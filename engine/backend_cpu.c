@@ -364,15 +364,20 @@ static void shard_reduce(const cpu_be *c, unsigned r, size_t T)
 
 /* The ranks of engine/backend_tp.h: their block outputs summed in rank order, the same
  * order as shard_reduce, and the sum copied back to every rank. */
-static int cpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
+static float *sum_buf(kl_backend *be, kl_tp_sum which)
+{
+    return which == KL_TP_SUM_X ? cpu(be)->b.x : cpu(be)->b.y;
+}
+
+static int cpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
 {
     (void)err;
-    const cpu_be *c0 = cpu(ranks[0]);
-    const size_t len = c0->chunk.n * c0->d.hidden;
+    const size_t len = cpu(ranks[0])->chunk.n * cpu(ranks[0])->d.hidden;
+    float *b0 = sum_buf(ranks[0], which);
     for (unsigned r = 1; r < n; r++)
-        add_into(c0->b.y, cpu(ranks[r])->b.y, len);
+        add_into(b0, sum_buf(ranks[r], which), len);
     for (unsigned r = 1; r < n; r++)
-        memcpy(cpu(ranks[r])->b.y, c0->b.y, len * sizeof *c0->b.y);
+        memcpy(sum_buf(ranks[r], which), b0, len * sizeof *b0);
     return 0;
 }
 
@@ -1151,7 +1156,16 @@ static int wanted(const kl_batch *b, size_t t)
  * part; the others' rows of the all-reduce are zero, so their sum is that row). */
 static void embed_row(const cpu_be *c, kl_token id, float *x)
 {
-    const kl_wmat *e = &c->be.m->embed;
+    const kl_model *m = c->be.m;
+    const kl_wmat *e = &m->embed;
+    if (m->vocab_part) {   /* a rank's part: ids outside it embed as zeros */
+        const uint64_t r = (uint64_t)id - m->vocab0;
+        if (id < m->vocab0 || r >= e->rows)
+            memset(x, 0, (size_t)e->cols * sizeof *x);
+        else
+            kl_wmat_row_f32(e, r, x);
+        return;
+    }
     size_t v0 = 0, vn = (size_t)e->rows;
     for (unsigned r = 0; c->tp > 1 && r < c->tp; r++) {
         kl_tp_part((size_t)e->rows, c->tp, r, &v0, &vn);

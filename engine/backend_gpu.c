@@ -984,8 +984,8 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
     if (!rc && g->mode != REPLAY) {
         rc = op_start(g, err);
         if (!rc)
-            rc = kl_gpu_embed(&g->embed, tok_array(g, g->dev_tok, TOK_IDS), g->tok.n, g->x,
-                              g->st, err);
+            rc = kl_gpu_embed(&g->embed, (uint32_t)be->m->vocab0, be->m->vocab_part,
+                              tok_array(g, g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st, err);
         rc = op_done(g, KL_GPU_OP_EMBED, rc, err);
     }
     if (rc && g->mode == CAPTURE)
@@ -1361,7 +1361,7 @@ static void gpu_destroy(kl_backend *be)
  * in rank order (the CPU backend's order) and copied back to every rank.  The step that checks
  * the cut models on the GPU kernels (any ranks, one GPU or several); NCCL's all-reduce inside
  * the captured step is what makes tensor parallelism fast (docs/TP-GPU.md). */
-static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
+static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
 {
     const gpu_be *g0 = impl(ranks[0]);
     const size_t len = (size_t)g0->tok.n * g0->d.hidden, bytes = len * sizeof(float);
@@ -1371,7 +1371,8 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
         gpu_be *g = impl(ranks[r]);
         rc = kl_gpu_device_open(g->dev, NULL, 0, err);
         if (!rc)
-            rc = kl_gpu_d2h(r ? part : sum, g->y, bytes, g->st, err);
+            rc = kl_gpu_d2h(r ? part : sum, which == KL_TP_SUM_X ? g->x : g->y, bytes, g->st,
+                            err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
         for (size_t i = 0; !rc && r && i < len; i++)
@@ -1381,7 +1382,7 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_err *err)
         gpu_be *g = impl(ranks[r]);
         rc = kl_gpu_device_open(g->dev, NULL, 0, err);
         if (!rc)
-            rc = kl_gpu_h2d(g->y, sum, bytes, g->st, err);
+            rc = kl_gpu_h2d(which == KL_TP_SUM_X ? g->x : g->y, sum, bytes, g->st, err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
     }

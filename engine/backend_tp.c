@@ -105,6 +105,8 @@ static int tp_begin(kl_backend *be, const kl_batch *chunk, kl_err *err)
     int rc = 0;
     for (unsigned r = 0; r < t->n && !rc; r++)
         rc = t->rank[r]->ops->begin(t->rank[r], chunk, err);
+    if (!rc && t->n > 1 && t->cut[0]->vocab_part)   /* each rank embedded its ids only */
+        rc = t->rank[0]->ops->all_reduce(t->rank, t->n, KL_TP_SUM_X, err);
     return rc;
 }
 
@@ -140,7 +142,7 @@ static int block(kl_backend *be, block_kind k, uint32_t l, kl_err *err)
              : k == BLOCK_MOE ? b->ops->moe(b, l, err)
                               : b->ops->mlp(b, l, err);
     }
-    return rc ? rc : t->n > 1 ? t->rank[0]->ops->all_reduce(t->rank, t->n, err) : 0;
+    return rc ? rc : t->n > 1 ? t->rank[0]->ops->all_reduce(t->rank, t->n, KL_TP_SUM_Y, err) : 0;
 }
 
 static int tp_kda(kl_backend *be, uint32_t l, kl_err *err)

@@ -83,6 +83,11 @@ typedef struct kl_model {
     kl_route_weights route_weights;       /* may be changed between kl_forward calls */
     kl_wmat          embed;               /* [vocab, hidden] */
     kl_wmat          lm_head;             /* [vocab, hidden] (= embed when tied) */
+    uint64_t         vocab0;              /* their first vocabulary row: 0, or a tensor-
+                                             parallel rank's part (engine/tp_model.h) */
+    int              vocab_part;          /* 1: they hold a part of the vocabulary, an id
+                                             outside it embeds as zeros (the ranks' rows are
+                                             summed after begin: backend.h all_reduce) */
     float           *final_norm;          /* [hidden] fp32 */
     kl_layer        *layers;              /* [num_hidden_layers] */
     kl_pool         *pool;

@@ -159,13 +159,14 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, in
     c->route_weights = m->route_weights;
     c->pool = m->pool;
     c->matrices_read = 1;
-    c->embed = m->embed;
-    kl_tp_part(m->lm_head.rows, tp, r, &v0, &vn);
+    kl_tp_part(m->lm_head.rows, tp, r, &v0, &vn);   /* the vocabulary part, tied or not */
+    c->embed = kl_wmat_rows(&m->embed, v0, vn);
     c->lm_head = kl_wmat_rows(&m->lm_head, v0, vn);
+    c->vocab0 = v0;
     if (tp > 1) {
         cut_config(&c->cfg, tp, ep);
         c->cfg.vocab_size = (uint32_t)vn;
-        c->cfg.tie_word_embeddings = 0;   /* lm_head is its rows now, embed stays whole */
+        c->vocab_part = 1;
     }
     c->layers = kl_calloc(nl ? nl : 1, sizeof *c->layers);
     c->final_norm = kl_malloc((size_t)m->cfg.hidden_size * sizeof *c->final_norm);

@@ -7,11 +7,12 @@
  * What the cut holds, by loader/tp_split.h: the rows of its KDA and MLA heads (q, k, v, the
  * gates' decoders f_b and g_b, beta, q_proj, kv_b) and of the MLPs' and experts' intermediate
  * width (gate, up); the matching columns of o_proj and of the down projections (copies); the
- * per-head vectors sliced to its heads (the convolutions' channels, A_log, dt_bias); lm_head's
- * rows of its vocabulary part (cfg.vocab_size is that part: the logits a rank's head writes).
- * Whole on every rank: the embedding (every rank embeds every id), the norms, the router, KDA's
- * gate encoders f_a and g_a and o_norm, MLA's kv_a and its norm (every rank keeps the same
- * latent cache).  The config's widths: num_attention_heads, num_key_value_heads, kda_num_heads,
+ * per-head vectors sliced to its heads (the convolutions' channels, A_log, dt_bias); the rows
+ * of its vocabulary part of the embedding and lm_head (vocab0, vocab_part: an id outside the
+ * part embeds as zeros and the ranks' embeddings are summed; cfg.vocab_size is the part: the
+ * logits a rank's head writes).  Whole on every rank: the norms, the router, KDA's gate
+ * encoders f_a and g_a and o_norm, MLA's kv_a and its norm (every rank keeps the same latent
+ * cache).  The config's widths: num_attention_heads, num_key_value_heads, kda_num_heads,
  * intermediate_size and moe_intermediate_size divided by tp.
  *
  * The cut model borrows m's payloads for row cuts and whole tensors (m must outlive it) and

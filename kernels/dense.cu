@@ -375,14 +375,16 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
 
 /* ---- embed ------------------------------------------------------------------------------- */
 
-/* Block t: row ids[t] of the table as fp32 (an id past the table gives NaN: visible). */
-__global__ static void embed_kernel(kl_gpu_mat tab, const uint32_t *ids, float *x)
+/* Block t: row ids[t] - row0 of the table as fp32 (an id outside the table: 0 for a part,
+ * else NaN: visible). */
+__global__ static void embed_kernel(kl_gpu_mat tab, uint32_t row0, float outside,
+                                    const uint32_t *ids, float *x)
 {
     KL_GPU_GRID_WAIT();
-    const uint32_t id = ids[blockIdx.x];
+    const uint32_t id = ids[blockIdx.x] - row0;   /* below row0: wraps past the table */
     float *out = x + (size_t)blockIdx.x * tab.cols;
     for (uint32_t c = threadIdx.x; c < tab.cols; c += blockDim.x) {
-        float v = __uint_as_float(0x7fc00000u);
+        float v = outside;
         if (id < tab.rows) {
             const size_t i = (size_t)id * tab.cols + c;
             v = tab.kind == KL_GPU_W_BF16 ? kl_bf16_f32(((const uint16_t *)tab.data)[i])
@@ -392,8 +394,9 @@ __global__ static void embed_kernel(kl_gpu_mat tab, const uint32_t *ids, float *
     }
 }
 
-extern "C" int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,
-                            kl_gpu_stream s, kl_err *err)
+extern "C" int kl_gpu_embed(const kl_gpu_mat *table, uint32_t row0, int part,
+                            const uint32_t *ids, uint32_t n, float *x, kl_gpu_stream s,
+                            kl_err *err)
 {
     int rc = kl_row_mat_check(table, "embed", err);
     if (rc)
@@ -402,7 +405,8 @@ extern "C" int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32
         return kl_fail(err, KL_E_USAGE, "embed: the table must be F32 or BF16");
     if (!ids || !x || n == 0 || n > 0x7fffffffu)
         return kl_fail(err, KL_E_USAGE, "embed: ids or x is NULL, or n is 0 or too large");
-    embed_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(*table, ids, x);
+    const float outside = part ? 0.0f : __builtin_nanf("");
+    embed_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(*table, row0, outside, ids, x);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

@@ -31,9 +31,12 @@ typedef enum kl_gpu_kernels { KL_GPU_K_MX, KL_GPU_K_BF16, KL_GPU_K_ARGMAX } kl_g
 int  kl_gpu_version(kl_gpu_kernels which);
 void kl_gpu_version_set(kl_gpu_kernels which, int version);
 
-/* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32. */
-int kl_gpu_embed(const kl_gpu_mat *table, const uint32_t *ids, uint32_t n, float *x,
-                 kl_gpu_stream s, kl_err *err);
+/* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32; the table holds the
+ * vocabulary rows [row0, row0 + table->rows) (row0 0: all of them).  An id outside: zeros
+ * when part (a tensor-parallel rank's vocabulary part: the ranks' rows are summed after), else
+ * NaN (visible). */
+int kl_gpu_embed(const kl_gpu_mat *table, uint32_t row0, int part, const uint32_t *ids,
+                 uint32_t n, float *x, kl_gpu_stream s, kl_err *err);
 
 /* For each of n rows of width h: x += y (skipped when y is NULL), then
  * xn = w ⊙ x · 1/sqrt(mean(x²) + eps) (w [h] fp32).  xn may not alias x. */

@@ -195,13 +195,12 @@ static uint64_t placed_bytes(kl_role r, const kl_wshape *w)
 }
 
 /* Rank 0's part of weight w of role r under tensor parallelism tp, as engine/tp_model.c cuts
- * a model for its ranks: loader/tp_split.h's cut (the valid sizes divide evenly), except the
- * embedding, whole on every rank (each rank embeds every id).  A vector cut along its first
- * dimension, or along the rest when it has one row (A_log's heads, dt_bias). */
+ * a model for its ranks: loader/tp_split.h's cut (the valid sizes divide evenly); a vector cut
+ * along its first dimension, or along the rest when it has one row (A_log's heads, dt_bias). */
 static kl_wshape cut_shape(kl_role r, kl_wshape w, unsigned tp)
 {
     const kl_tp_split s = kl_tp_split_of(r, 0);
-    if (tp <= 1 || w.kind == KL_W_NONE || r == KL_ROLE_EMBED || s.kind == KL_TP_WHOLE)
+    if (tp <= 1 || w.kind == KL_W_NONE || s.kind == KL_TP_WHOLE)
         return w;
     if (s.kind == KL_TP_IN || (kl_role_is_vector(r) && w.rows == 1))
         w.cols /= tp;
@@ -273,8 +272,6 @@ int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype 
     if (!rc) {
         kl_plan_mat e, h;
         uint64_t top = 0, fn;
-        if (tp > 1 && glob[KL_ROLE_LM_HEAD].kind == KL_W_NONE)   /* tied: its rows of embed */
-            glob[KL_ROLE_LM_HEAD] = cut_shape(KL_ROLE_LM_HEAD, glob[KL_ROLE_EMBED], tp);
         const int tied = glob[KL_ROLE_LM_HEAD].kind == KL_W_NONE;
         kl_arena_global(&top, &glob[KL_ROLE_EMBED], tied ? NULL : &glob[KL_ROLE_LM_HEAD],
                         c->hidden_size, &e, &h, &fn);

@@ -99,7 +99,7 @@ typedef struct kl_arena_sizes {
 /* The arenas of a model of config c whose schema is s, its entries stored as dtypes[i] (NULL:
  * the schema's synth_dtype): the layout of kl_arena_layer and kl_arena_global; with tp > 1
  * (a valid size, loader/tp_split.h) those of one GPU rank, its cut as engine/tp_model.h makes
- * it (the embedding whole, lm_head its vocabulary rows, the rest as tp_split.h cuts it).
+ * it (as tp_split.h cuts each tensor).
  * KL_E_UNSUPPORTED (a dtype the engines do not hold), KL_E_NOMEM. */
 int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype *dtypes,
                          unsigned tp, kl_arena_sizes *out, kl_err *err);

@@ -295,6 +295,8 @@ START_TEST(gpu_arena_of_every_rank_is_its_cut_models_plan)
         const unsigned tp = sizes[k];
         const kl_memplan a = audit_plan(dir, tp, 0);
         ck_assert_msg(a.has_gpu_arena, "%s tp %u: no GPU arena", dir, tp);
+        ck_assert_uint_eq(a.gpu_arena_bytes,   /* the same cut as the per-GPU figures */
+                          a.matrix_bytes + a.vector_f32_bytes + a.gpu_arena_pad_bytes);
         for (unsigned r = 0; r < tp; r++, checked++) {
             kl_model *cut = NULL;
             kl_gpu_plan p;

@@ -153,7 +153,7 @@ static void test_refusals(void)
     kl_err_clear(&err);
     bad_align = kl_gpu_matmul(&m, x + 1, 1, y, NULL, &err) == KL_E_USAGE;
     kl_err_clear(&err);
-    bad_kind = kl_gpu_embed(&m, (const uint32_t *)x, 1, y, NULL, &err) == KL_E_USAGE;
+    bad_kind = kl_gpu_embed(&m, 0, 0, (const uint32_t *)x, 1, y, NULL, &err) == KL_E_USAGE;
     kl_err_clear(&err);
     alias = kl_gpu_add_rmsnorm(x, NULL, y, 1, 8, 1e-6f, x, NULL, &err) == KL_E_USAGE;
     t_check("refuses mxfp4 cols 48", !bad_cols, 0);
@@ -173,20 +173,26 @@ static void check_embed(kl_gpu_wkind kind, size_t rows, size_t cols)
     float *dx = (float *)t_alloc(ids.size() * cols * sizeof(float));
     kl_err err;
     kl_err_clear(&err);
-    t_ok(kl_gpu_embed(&d, di, (uint32_t)ids.size(), dx, NULL, &err), &err, "kl_gpu_embed");
-    std::vector<float> x = t_download(dx, ids.size() * cols), w(cols);
-    double bad = 0;
-    for (size_t t = 0; t < ids.size(); t++) {
-        if (ids[t] < rows)
-            t_mat_row(m, ids[t], w.data());
-        for (size_t c = 0; c < cols; c++)
-            bad += ids[t] < rows ? memcmp(&w[c], &x[t * cols + c], 4) != 0
-                                 : !isnan(x[t * cols + c]);
+    /* the whole table (outside: NaN), then as the vocabulary part from row 1 (outside: 0) */
+    for (uint32_t row0 = 0; row0 < 2; row0++) {
+        t_ok(kl_gpu_embed(&d, row0, row0, di, (uint32_t)ids.size(), dx, NULL, &err), &err,
+             "kl_gpu_embed");
+        std::vector<float> x = t_download(dx, ids.size() * cols), w(cols);
+        double bad = 0;
+        for (size_t t = 0; t < ids.size(); t++) {
+            const uint32_t r = ids[t] - row0;
+            if (r < rows)
+                t_mat_row(m, r, w.data());
+            for (size_t c = 0; c < cols; c++)
+                bad += r < rows ? memcmp(&w[c], &x[t * cols + c], 4) != 0
+                      : row0    ? x[t * cols + c] != 0.0f
+                                : !isnan(x[t * cols + c]);
+        }
+        char what[80];
+        snprintf(what, sizeof what, "embed %s %zux%zu from row %u (wrong values)",
+                 t_kind_name(kind), rows, cols, row0);
+        t_check(what, bad, 0);
     }
-    char what[64];
-    snprintf(what, sizeof what, "embed %s %zux%zu (wrong values)", t_kind_name(kind), rows,
-             cols);
-    t_check(what, bad, 0);
 }
 
 static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
