@@ -21,7 +21,7 @@ typedef struct kl_gen_flags {
     int quiet;         /* -q: errors only on stderr (no progress, load line or timings) */
     int ignore_memory; /* --ignore-memory-check */
     kl_cli_device device; /* --device */
-    unsigned long long tp; /* --tp: CPU tensor-parallel shards (0 or 1: none) */
+    unsigned long long tp; /* --tp: tensor-parallel ranks (0 or 1: none) */
     int expert_parallel;   /* --expert-parallel */
 } kl_gen_flags;
 
@@ -39,9 +39,9 @@ int kl_cli_parse_device(void *target, const char *v);
              "tensor-parallel ranks (default 1): every block runs as N rank parts\n"             \
              "in this process, partial sums added in rank order; N must split the\n"             \
              "model (kl audit --tp; an error lists the valid sizes). N > 1 needs\n"              \
-             "--device cpu (shards of the CPU backend) or --device gpu (N GPU\n"                 \
-             "backends of the ranks' cuts, rank r on GPU r % the GPUs, sums through\n"          \
-             "the host: a check of the cut, not yet a speed-up)", .lo = 1, .hi = 64)
+             "--device cpu or gpu: N backends of the ranks' cuts of the model (on\n"            \
+             "GPUs: rank r on GPU r % the GPUs, sums through the host, a check of\n"           \
+             "the cut, not yet a speed-up)", .lo = 1, .hi = 64)
 
 #define KL_EP_ROW(tgt)                                                                           \
     KL_FLAG("--expert-parallel", 0, (tgt),                                                       \

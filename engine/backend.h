@@ -123,32 +123,33 @@ int  kl_backend_forward(kl_backend *be, const kl_batch *b, float *logits, kl_tok
 /* The CPU backend over m's host weights (engine/backend_cpu.c): bit-identical to the golden
  * fixtures, any chunk split of a sequence giving the same logits. */
 int  kl_backend_cpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
-/* The same with every block run as tp tensor-parallel shards in this process (issue 12's CPU
- * path): rank r computes its cut of each block as loader/tp_split.h cuts the weights (heads,
- * intermediate widths, each routed expert's intermediate width, vocabulary rows), the partial
- * block outputs are summed in rank order and lm_head's vocabulary parts concatenated; within
- * fp32 rounding of tp 1 (tp 0 or 1: kl_backend_cpu_create, bit for bit).  IN-cut matrices
- * (o_proj, down projections) are copied per rank: tp > 1 holds about a third of the weights
- * twice.  Expert parallel (ep): each routed expert whole on one rank (kl_tp_expert_owner),
- * which runs it for the tokens that chose it; the routed partial sums then add per rank.
- * KL_E_USAGE naming the valid sizes unless tp is one of kl_tp_sizes(cfg, ep). */
+/* The same as tp tensor-parallel ranks in this process (issue 12's CPU path): tp 0 or 1,
+ * kl_backend_cpu_create; else tp CPU backends of the ranks' cut models driven as one
+ * (engine/backend_tp.h, kl_backend_tp_create_on): rank r holds its cut of each block as
+ * loader/tp_split.h cuts the weights (heads, intermediate widths, each routed expert's
+ * intermediate width, vocabulary rows; IN cuts such as o_proj and the down projections copied,
+ * about a third of the weights once more), the partial block outputs are summed in rank order
+ * and lm_head's vocabulary parts concatenated; within fp32 rounding of tp 1.  Expert parallel
+ * (ep): each routed expert whole on one rank (kl_tp_expert_owner), which runs it for the
+ * tokens that chose it.  KL_E_USAGE naming the valid sizes unless tp is one of
+ * kl_tp_sizes(cfg, ep). */
 int  kl_backend_cpu_create_tp(kl_backend **out, struct kl_model *m, unsigned tp, int ep,
                               kl_err *err);
-/* What rank `rank` of a CPU backend holds, for the memory plan's check (audit/memplan.c):
- *   matrix_bytes   its cut of every weight matrix (loader/tp_split.h) in its stored kind, by
- *                  kl_wkind: OUT cuts (views of the model's rows), IN cuts (column copies made
- *                  for the rank: copied_bytes of them), routed experts it owns (expert
- *                  parallel), whole ones, the vocabulary rows of embed and lm_head (tied: once);
- *   vector_bytes   the vectors (kl_role_is_vector) in their stored kinds and vector_f32_bytes
- *                  their fp32 copies: the model's one copy of each, whole, which every rank
- *                  reads its heads' part of (not cut per rank: the same for every rank);
+/* What rank `rank` of a CPU backend (tp 1: rank 0, the backend itself) holds, for the memory
+ * plan's check (audit/memplan.c), from its model (a rank's cut model, engine/tp_model.h):
+ *   matrix_bytes   every weight matrix in its stored kind, by kl_wkind (MXFP4: codes and
+ *                  scales), the vocabulary rows of embed and lm_head (tied: once);
+ *                  copied_bytes of them are the cut's column copies (IN cuts);
+ *   vector_bytes   the vectors (kl_role_is_vector) in their stored kinds (a rank: its heads'
+ *                  slices) and vector_f32_bytes their fp32 copies;
  *   with slot an open slot (UINT32_MAX: none, the slot figures 0), that sequence's state:
- *   kda_state_bytes     the rank's heads' part of the conv windows and delta-rule state of
- *                       every KDA layer (fp32; the slot holds every head in one block a layer);
- *   mla_cache_bytes     the latent cache rows of the slot's length in every MLA layer (fp32),
- *                       which every rank reads whole, and mla_cache_cap_bytes as allocated
+ *   kda_state_bytes     the conv windows and delta-rule state of every KDA layer for the
+ *                       rank's heads (fp32);
+ *   mla_cache_bytes     the latent cache rows of the slot's length in every MLA layer (fp32,
+ *                       every rank keeps them), and mla_cache_cap_bytes as allocated
  *                       (capacity grows by doubling).
- * KL_E_USAGE: be not a CPU backend, rank not below its TP size, slot not open. */
+ * KL_E_USAGE: be not a CPU backend (or a tensor-parallel one of CPU ranks), rank not below its
+ * TP size, slot not open. */
 typedef struct kl_cpu_rank_bytes {
     uint64_t matrix_bytes[4];           /* [kl_wkind] (KL_W_NONE: 0) */
     uint64_t matrix_total;              /* their sum */

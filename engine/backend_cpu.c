@@ -20,13 +20,13 @@
  * slot.
  */
 #include "engine/backend.h"
+#include "engine/backend_tp.h"
 
 #include "common/grow.h"
 #include "common/mem.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/tp_cut.h"
 #include "loader/tp_split.h"
 
 #include <math.h>
@@ -66,7 +66,6 @@ typedef struct bufs {
     float *xe;                    /* [T * topk, hidden] routed tokens in list order */
     float *eo;                    /* [T * topk, hidden] routed expert outputs, list order */
     float *ys;                    /* [T, hidden] shared experts' output */
-    float *yp;                    /* [T, hidden] a tensor-parallel shard's partial output */
     float *router;                /* [T, E] router logits, then sigmoid scores */
     float *sel;                   /* [E] one token's selection scores */
     float *wt;                    /* [T, topk] routing weights */
@@ -115,7 +114,7 @@ static size_t carve(float *p, const dims *d, bufs *b)
         {&b->f, T * d->wide}, {&b->g, T * d->wide}, {&b->o, T * d->wide},
         {&b->lr, T * d->low}, {&b->lr2, T * d->low}, {&b->beta, T * d->kh},
         {&b->heads, d->nh * d->head_floats}, {&b->h1, T * d->ffn}, {&b->h2, T * d->ffn},
-        {&b->xe, T * d->topk * H}, {&b->eo, T * d->topk * H}, {&b->ys, T * H}, {&b->yp, T * H},
+        {&b->xe, T * d->topk * H}, {&b->eo, T * d->topk * H}, {&b->ys, T * H},
         {&b->router, T * d->E}, {&b->sel, d->E}, {&b->wt, T * d->topk},
     };
     size_t total = 0;
@@ -166,17 +165,6 @@ typedef struct run {
     size_t   start, len;
 } run;
 
-/* Rank r's cut of one layer (loader/tp_split.h; routed experts by intermediate width, or
- * expert parallel whole on their owner and KL_W_NONE on the other ranks): OUT matrices as row
- * ranges of the model's, IN matrices as copies of their column range, WHOLE ones and vectors
- * as they are (one rank: the model's own matrices); h0, hn: the rank's attention heads (KDA
- * or MLA). */
-typedef struct shard_layer {
-    kl_wmat  w[KL_ROLE_COUNT];
-    kl_wmat *experts[3];      /* [num_experts] w1, w2, w3 as kl_layer.experts */
-    size_t   h0, hn;
-} shard_layer;
-
 /* The backend: the public part first, so a kl_backend * is also a cpu_be *. */
 typedef struct cpu_be {
     kl_backend  be;
@@ -190,11 +178,6 @@ typedef struct cpu_be {
     size_t      scores_rows;  /* tokens of a chunk that attend together (1..KL_FORWARD_CHUNK) */
     float      *row_logits;   /* [vocab] one token's logits when only its argmax is wanted */
     cpu_slot   *slots;        /* [max_slots] (open ones: be.slot_used) */
-    unsigned    tp;           /* tensor-parallel shards every block runs as (1: none) */
-    int         ep;           /* expert parallel: each routed expert whole on one rank */
-    shard_layer *shards;      /* [num_hidden_layers * tp] each rank's cut of each layer */
-    void       **owned;       /* the IN cuts' column copies (tp > 1) */
-    size_t      n_owned;
     /* the chunk between begin and end */
     kl_batch    chunk;        /* borrowed from the caller */
     run        *runs;         /* [KL_FORWARD_CHUNK] */
@@ -281,89 +264,10 @@ static void add_into(float *x, const float *y, size_t n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Tensor parallelism: each rank's cut of the weights, the all-reduce in memory               */
+/* Tensor parallelism (engine/backend_tp.h): the all-reduce in memory                         */
 
-static const shard_layer *shard_of(const cpu_be *c, uint32_t l, unsigned r)
-{
-    return &c->shards[(size_t)l * c->tp + r];
-}
-
-/* Rank r's cut of matrix w under split s (engine/tp_cut.h); a column copy's payload kept in
- * c->owned. */
-static int cut(cpu_be *c, const kl_wmat *w, kl_tp_split s, unsigned r, uint32_t expert,
-               kl_wmat *out, kl_err *err)
-{
-    void *copy = NULL;
-    int rc = kl_tp_cut(w, s, c->tp, r, expert, (uint32_t)c->d.E, out, &copy, err);
-    if (copy)
-        c->owned[c->n_owned++] = copy;
-    return rc;
-}
-
-static const kl_role expert_roles[3] = {KL_ROLE_EXPERT_W1, KL_ROLE_EXPERT_W2, KL_ROLE_EXPERT_W3};
-
-/* Rank r's cut of layer l. */
-static int shard_build(cpu_be *c, uint32_t l, unsigned r, kl_err *err)
-{
-    const kl_layer *L = &c->be.m->layers[l];
-    shard_layer *s = &c->shards[(size_t)l * c->tp + r];
-    int rc = 0;
-    for (int k = 0; k < KL_ROLE_COUNT && !rc; k++)
-        rc = L->vec[k] ? (s->w[k] = L->w[k], 0)
-                       : cut(c, &L->w[k], kl_tp_split_of((kl_role)k, 0), r, 0, &s->w[k], err);
-    kl_tp_part(L->attn == KL_ATTN_KDA ? c->d.kh : c->d.nh, c->tp, r, &s->h0, &s->hn);
-    for (int k = 0; k < 3 && L->moe && !rc; k++) {
-        if (!(s->experts[k] = kl_calloc(c->d.E ? c->d.E : 1, sizeof(kl_wmat))))
-            return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
-        for (size_t e = 0; e < c->d.E && !rc; e++)
-            rc = cut(c, &L->experts[k][e], kl_tp_split_of(expert_roles[k], c->ep), r,
-                     (uint32_t)e, &s->experts[k][e], err);
-    }
-    return rc;
-}
-
-/* Every rank's cut of every layer. */
-static int shards_build(cpu_be *c, kl_err *err)
-{
-    size_t nl = c->be.m->cfg.num_hidden_layers, n = nl * c->tp;
-    c->shards = kl_calloc(n ? n : 1, sizeof *c->shards);
-    c->owned = kl_calloc(n * (KL_ROLE_COUNT + 3 * c->d.E) + 1, sizeof *c->owned);
-    if (!c->shards || !c->owned)
-        return kl_fail(err, KL_E_NOMEM, "out of memory for the tensor-parallel cuts");
-    int rc = 0;
-    for (uint32_t l = 0; l < nl && !rc; l++)
-        for (unsigned r = 0; r < c->tp && !rc; r++)
-            rc = shard_build(c, l, r, err);
-    return rc;
-}
-
-static void shards_free(cpu_be *c)
-{
-    size_t n = (size_t)c->be.m->cfg.num_hidden_layers * c->tp;
-    for (size_t i = 0; c->shards && i < n; i++)
-        for (int k = 0; k < 3; k++)
-            kl_free(c->shards[i].experts[k]);
-    for (size_t i = 0; i < c->n_owned; i++)
-        kl_free(c->owned[i]);
-    kl_free(c->owned);
-    kl_free(c->shards);
-}
-
-/* Where rank r writes its partial block output: rank 0 into y, the others into yp, which
- * shard_reduce then adds to y: the all-reduce, in rank order ((y0 + y1) + y2) + ... */
-static float *shard_out(const cpu_be *c, unsigned r)
-{
-    return r ? c->b.yp : c->b.y;
-}
-
-static void shard_reduce(const cpu_be *c, unsigned r, size_t T)
-{
-    if (r)
-        add_into(c->b.y, c->b.yp, T * c->d.hidden);
-}
-
-/* The ranks of engine/backend_tp.h: their block outputs summed in rank order, the same
- * order as shard_reduce, and the sum copied back to every rank. */
+/* The ranks of engine/backend_tp.h (each a CPU backend of its rank's cut model): a buffer
+ * summed in rank order and the sum copied back to every rank. */
 static float *sum_buf(kl_backend *be, kl_tp_sum which)
 {
     return which == KL_TP_SUM_X ? cpu(be)->b.x : cpu(be)->b.y;
@@ -414,8 +318,7 @@ typedef struct kda_job {
     const dims     *d;
     const bufs     *b;
     float           eps;
-    size_t          h0, hn;   /* the rank's heads: q, k, v, f, g, o are [T, hn * K], beta
-                                 [T, hn], local head i being head h0 + i */
+    size_t          hn;       /* heads: q, k, v, f, g, o are [T, hn * K], beta [T, hn] */
 } kda_job;
 
 /* q̂ = q / sqrt(Σq² + 1e-6) · qscale and k̂ = k / sqrt(Σk² + 1e-6), eps inside the sqrt */
@@ -466,16 +369,16 @@ static void kda_head_token(const kda_job *j, float *S, size_t off, float beta)
         o[c] = o[c] * inv * onorm[c] * gate[c];
 }
 
-/* Step 2 for head h's channels of run ru (local head hl of the rank's buffers): its rows of q,
- * k, v through its slot's conv windows, then SiLU. */
-static void kda_conv_head(const kda_job *j, const run *ru, size_t h, size_t hl)
+/* Step 2 for head h's channels of run ru: its rows of q, k, v through its slot's conv windows,
+ * then SiLU. */
+static void kda_conv_head(const kda_job *j, const run *ru, size_t h)
 {
     static const kl_role taps[3] = {KL_ROLE_KDA_Q_CONV, KL_ROLE_KDA_K_CONV, KL_ROLE_KDA_V_CONV};
     float *x[3] = {j->b->q, j->b->k, j->b->v};
     size_t K = j->d->kd, D = j->hn * K, W = j->d->kw;
     kda_state *ks = &j->c->slots[ru->slot].kda[j->l];
     for (int k = 0; k < 3; k++) {
-        float *xh = x[k] + ru->start * D + hl * K;
+        float *xh = x[k] + ru->start * D + h * K;
         short_conv(xh, D, j->L->vec[taps[k]] + h * K * W, ks->conv[k] + h * K * (W - 1), K, W,
                    ru->len);
         for (size_t t = 0; t < ru->len; t++)
@@ -483,68 +386,56 @@ static void kda_conv_head(const kda_job *j, const run *ru, size_t h, size_t hl)
     }
 }
 
-/* One head of one run (pool item i = run * the rank's heads + local head): the conv, then the
+/* One head of one run (pool item i = run * heads + head): the conv, then the
  * run's tokens in order on its slot's state, each token's forget gate first.  Runs are distinct
  * slots and heads distinct channels, so items share nothing. */
 static void kda_run_head(void *ctx, size_t i)
 {
     const kda_job *j = ctx;
-    size_t K = j->d->kd, hl = i % j->hn, h = j->h0 + hl;
+    size_t K = j->d->kd, h = i % j->hn;
     const run *ru = &j->c->runs[i / j->hn];
     float na = -expf(j->L->vec[KL_ROLE_KDA_A_LOG][h]);
     const float *dt = j->L->vec[KL_ROLE_KDA_DT_BIAS] + h * K;
     float *S = j->c->slots[ru->slot].kda[j->l].S + h * K * K;
-    kda_conv_head(j, ru, h, hl);
+    kda_conv_head(j, ru, h);
     for (size_t t = ru->start; t < ru->start + ru->len; t++) {
-        size_t off = t * j->hn * K + hl * K;
+        size_t off = t * j->hn * K + h * K;
         /* 3c. decay exp(g), g = na · softplus(f + dt_bias) the forget gate in log space */
         kl_vec_exp_softplus(j->b->f + off, dt, na, K);
-        kda_head_token(j, S, off, j->b->beta[t * j->hn + hl]);
+        kda_head_token(j, S, off, j->b->beta[t * j->hn + h]);
     }
 }
 
-/* Rank r's part of the KDA block: its heads' projections (f_a and g_a, whole, with rank 0's),
- * conv, recurrence and gated norm, then its columns of o_proj: a partial output into y. */
-static void kda_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *y)
-{
-    const kl_layer *L = &m->layers[l];
-    const shard_layer *s = shard_of(c, l, r);
-    const dims *d = &c->d;
-    bufs *b = &c->b;
-    size_t T = c->chunk.n, D = s->hn * d->kd;
-    mm_list mm = {.pool = m->pool};
-
-    /* 1, 3a, 4a, 7a. every projection of x for the whole chunk, one pass over the pool (the
-     * low-rank encoders are whole on every rank: computed once) */
-    mm_add(&mm, &s->w[KL_ROLE_KDA_Q], b->xn, T, b->q);
-    mm_add(&mm, &s->w[KL_ROLE_KDA_K], b->xn, T, b->k);
-    mm_add(&mm, &s->w[KL_ROLE_KDA_V], b->xn, T, b->v);
-    if (!r)
-        mm_add(&mm, &L->w[KL_ROLE_KDA_F_A], b->xn, T, b->lr);
-    mm_add(&mm, &s->w[KL_ROLE_KDA_B], b->xn, T, b->beta);
-    if (!r)
-        mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
-    mm_flush(&mm);
-    /* 3b, 7b. up-projections of the low-rank forget and output gates */
-    mm_add(&mm, &s->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
-    mm_add(&mm, &s->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
-    mm_flush(&mm);
-    /* 4b. beta per head */
-    kl_vec_sigmoid(b->beta, T * s->hn);
-    /* 2, 3c, 5-7b. short conv, forget gate, recurrence and gated norm: every (run, head) in
-     * parallel, each one's tokens in order */
-    kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps, s->h0, s->hn};
-    run_heads(m->pool, c->n_runs * s->hn, kda_run_head, &j, 4.0 * (double)T * (double)(D * d->kd));
-    /* 8. o_proj (the rank's columns) */
-    kl_wmat_matmul(&s->w[KL_ROLE_KDA_O], b->o, T, y, m->pool);
-}
-
+/* The KDA block: every head's projections, conv, recurrence and gated norm, then o_proj into
+ * y (a tensor-parallel rank: its heads', the o_proj columns of its cut model). */
 static void kda_chunk(kl_model *m, cpu_be *c, uint32_t l)
 {
-    for (unsigned r = 0; r < c->tp; r++) {
-        kda_shard(m, c, l, r, shard_out(c, r));
-        shard_reduce(c, r, c->chunk.n);
-    }
+    const kl_layer *L = &m->layers[l];
+    const dims *d = &c->d;
+    bufs *b = &c->b;
+    size_t T = c->chunk.n, D = d->kh * d->kd;
+    mm_list mm = {.pool = m->pool};
+
+    /* 1, 3a, 4a, 7a. every projection of x for the whole chunk, one pass over the pool */
+    mm_add(&mm, &L->w[KL_ROLE_KDA_Q], b->xn, T, b->q);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_K], b->xn, T, b->k);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_V], b->xn, T, b->v);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_F_A], b->xn, T, b->lr);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_B], b->xn, T, b->beta);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_G_A], b->xn, T, b->lr2);
+    mm_flush(&mm);
+    /* 3b, 7b. up-projections of the low-rank forget and output gates */
+    mm_add(&mm, &L->w[KL_ROLE_KDA_F_B], b->lr, T, b->f);
+    mm_add(&mm, &L->w[KL_ROLE_KDA_G_B], b->lr2, T, b->g);
+    mm_flush(&mm);
+    /* 4b. beta per head */
+    kl_vec_sigmoid(b->beta, T * d->kh);
+    /* 2, 3c, 5-7b. short conv, forget gate, recurrence and gated norm: every (run, head) in
+     * parallel, each one's tokens in order */
+    kda_job j = {c, L, l, d, b, (float)m->cfg.rms_norm_eps, d->kh};
+    run_heads(m->pool, c->n_runs * d->kh, kda_run_head, &j, 4.0 * (double)T * (double)(D * d->kd));
+    /* 8. o_proj */
+    kl_wmat_matmul(&L->w[KL_ROLE_KDA_O], b->o, T, b->y, m->pool);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -558,8 +449,7 @@ typedef struct mla_job {
                                weights, so the attention pass runs one item per (head, run) */
     size_t         parts;   /* token parts per head of the query and output passes (1 ..
                                MLA_PARTS): more items than heads when threads outnumber them */
-    size_t         h0, hn;  /* the rank's heads: q [T, hn, dn + dr], o [T, hn, dv] and kvb
-                               (its rows) by local head h, head h0 + h of the model */
+    size_t         hn;      /* heads: q [T, hn, dn + dr], o [T, hn, dv] and kvb by head */
 } mla_job;
 
 /* Cache rows per block of the blocked attention: about 128 KiB, so a block read for the first
@@ -615,7 +505,7 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
     size_t base = run_base(c, ru) + (t0 - ru->start);   /* cache rows before token t0 */
     size_t n_max = base + G;                             /* the last token's span */
     float scale = 1.0f / sqrtf((float)qw);
-    float *sc0 = c->scores + ((j->h0 + h) * c->scores_rows + (j->split ? t0 : 0)) * c->scores_cap;
+    float *sc0 = c->scores + (h * c->scores_rows + (j->split ? t0 : 0)) * c->scores_cap;
     float sum[KL_FORWARD_CHUNK];
     /* scores (latent part + shared rope part) */
     for (size_t u0 = 0; u0 < n_max; u0 += blk) {
@@ -655,7 +545,7 @@ static void mla_attend_group(const mla_job *j, size_t h, const run *ru, size_t t
 static float *mla_head_scratch(const mla_job *j, size_t h, float **kb, float **yo)
 {
     const dims *d = &j->c->d;
-    float *ql = j->c->b.heads + (j->h0 + h) * d->head_floats;
+    float *ql = j->c->b.heads + h * d->head_floats;
     *kb = ql + CHUNK * d->R;
     *yo = *kb + MLA_PARTS * KB_ROWS * d->R;
     return ql;
@@ -756,43 +646,31 @@ static double mla_append(const kl_layer *L, cpu_be *c, uint32_t l)
     return attend;
 }
 
-/* Rank r's part of the MLA block: its heads' queries (kv_a and the latent, whole, with rank
- * 0's: every rank's cache would hold the same rows), attention and W_vb, then its columns of
- * o_proj: a partial output into y.  *attend: the attention estimate rank 0 computed. */
-static void mla_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *y, double *attend)
+/* The MLA block: the queries and the latent (appended to the cache), attention and W_vb per
+ * head, then o_proj into y (a tensor-parallel rank: its heads', the o_proj columns of its cut
+ * model; every rank's cache holds the same latent rows). */
+static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
 {
     const kl_layer *L = &m->layers[l];
-    const shard_layer *s = shard_of(c, l, r);
-    size_t T = c->chunk.n, R = c->d.R, hn = s->hn;
+    size_t T = c->chunk.n, R = c->d.R, hn = c->d.nh;
 
     /* 1-2. q = W_q x [T, hn, dn+dr] and ckv = W_kva x [T, R+dr], one pass over the pool */
     mm_list mm = {.pool = m->pool};
-    mm_add(&mm, &s->w[KL_ROLE_MLA_Q], c->b.xn, T, c->b.q);
-    if (!r)
-        mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], c->b.xn, T, c->b.lr);
+    mm_add(&mm, &L->w[KL_ROLE_MLA_Q], c->b.xn, T, c->b.q);
+    mm_add(&mm, &L->w[KL_ROLE_MLA_KV_A], c->b.xn, T, c->b.lr);
     mm_flush(&mm);
-    if (!r)
-        *attend = mla_append(L, c, l);
+    const double attend = mla_append(L, c, l);
     /* 4-7. absorbed queries, attention, W_vb: three passes, heads (and runs) in parallel, each
      * sequence's tokens in order */
-    mla_job j = {c, &s->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
-                 mla_parts(m->pool, hn, T), s->h0, hn};
+    mla_job j = {c, &L->w[KL_ROLE_MLA_KV_B], l, c->scores_rows == CHUNK,
+                 mla_parts(m->pool, hn, T), hn};
     double proj = (double)hn * (double)T * (double)R;
     run_heads(m->pool, hn * j.parts, mla_query_item, &j, proj * (double)c->d.dn);
     run_heads(m->pool, hn * (j.split ? c->n_runs : 1), mla_attend_item, &j,
-              (double)hn * *attend);
+              (double)hn * attend);
     run_heads(m->pool, hn * j.parts, mla_out_item, &j, proj * (double)c->d.dv);
-    /* 8. o_proj (the rank's columns) */
-    kl_wmat_matmul(&s->w[KL_ROLE_MLA_O], c->b.o, T, y, m->pool);
-}
-
-static void mla_chunk(kl_model *m, cpu_be *c, uint32_t l)
-{
-    double attend = 0.0;
-    for (unsigned r = 0; r < c->tp; r++) {
-        mla_shard(m, c, l, r, shard_out(c, r), &attend);
-        shard_reduce(c, r, c->chunk.n);
-    }
+    /* 8. o_proj */
+    kl_wmat_matmul(&L->w[KL_ROLE_MLA_O], c->b.o, T, c->b.y, m->pool);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -866,7 +744,7 @@ static void group_by_expert(const int32_t *idx, size_t n, size_t E, bufs *b)
 
 /* Rows of L's routed experts' gate (their intermediate width, or the rank's cut of it); 0
  * when the rank holds none (expert parallel). */
-static size_t expert_rows(const shard_layer *L, const dims *d)
+static size_t expert_rows(const kl_layer *L, const dims *d)
 {
     for (size_t e = 0; e < d->E; e++)
         if (L->experts[0][e].kind != KL_W_NONE)
@@ -874,11 +752,11 @@ static size_t expert_rows(const shard_layer *L, const dims *d)
     return 0;
 }
 
-/* Step 5 with rank s's cut of the experts: every chosen expert it holds once for the chunk
- * (its weights read once, on all the tokens that chose it), and the shared experts, as two
- * passes over the pool: gate and up, then down.  Routed outputs land in b->eo in list order
- * (rows of experts the rank does not hold are left alone), the shared experts' in b->ys. */
-static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *b, size_t T)
+/* Step 5: every chosen expert the model holds once for the chunk (its weights read once, on
+ * all the tokens that chose it), and the shared experts, as two passes over the pool: gate and
+ * up, then down.  Routed outputs land in b->eo in list order (rows of experts a rank of expert
+ * parallelism does not hold are left alone), the shared experts' in b->ys. */
+static void run_experts(kl_model *m, const kl_layer *L, const dims *d, bufs *b, size_t T)
 {
     size_t H = d->hidden, n = T * d->topk, I = expert_rows(L, d);
     const kl_wmat *sg = &L->w[KL_ROLE_SHARED_GATE];
@@ -911,22 +789,28 @@ static void run_experts(kl_model *m, const shard_layer *L, const dims *d, bufs *
     mm_flush(&mm);
 }
 
-/* Steps 5-8 of rank r: its cut of the routed and shared experts, combined into y. */
-static void moe_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *out)
+static void moe_chunk(kl_model *m, cpu_be *c, uint32_t l)
 {
-    const shard_layer *s = shard_of(c, l, r);
+    const kl_layer *L = &m->layers[l];
     const dims *d = &c->d;
     bufs *b = &c->b;
-    size_t T = c->chunk.n, topk = d->topk, H = d->hidden;
+    size_t E = d->E, topk = d->topk, T = c->chunk.n, H = d->hidden;
+
+    /* 1-4. fp32 router for the chunk, then each token's top-k and weights */
+    kl_wmat_matmul(&L->w[KL_ROLE_ROUTER], b->xn, T, b->router, m->pool);
+    for (size_t t = 0; t < T; t++)
+        route_token(m, L->vec[KL_ROLE_ROUTER_BIAS], b->router + t * E, b->sel, b->idx + t * topk,
+                    b->wt + t * topk);
+    group_by_expert(b->idx, T * topk, E, b);
     /* 5, 7. routed and shared experts */
-    run_experts(m, s, d, b, T);
-    /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order (the experts
-     * this rank holds) */
+    run_experts(m, L, d, b, T);
+    /* 6. routed = Σ_k w_k E_k(x), summed in fp32 in the token's top-k order (the experts the
+     * model holds: a rank of expert parallelism, its own) */
     for (size_t t = 0; t < T; t++) {
-        float *y = out + t * H;
+        float *y = b->y + t * H;
         memset(y, 0, H * sizeof *y);
         for (size_t k = 0; k < topk; k++) {
-            if (s->experts[0][b->idx[t * topk + k]].kind == KL_W_NONE)
+            if (L->experts[0][b->idx[t * topk + k]].kind == KL_W_NONE)
                 continue;
             const float *ek = b->eo + (size_t)b->inv[t * topk + k] * H;
             float w = b->wt[t * topk + k];
@@ -935,28 +819,8 @@ static void moe_shard(kl_model *m, cpu_be *c, uint32_t l, unsigned r, float *out
         }
     }
     /* 8. plus the shared experts, unscaled */
-    if (s->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE)
-        add_into(out, b->ys, T * H);
-}
-
-static void moe_chunk(kl_model *m, cpu_be *c, uint32_t l)
-{
-    const kl_layer *L = &m->layers[l];
-    const dims *d = &c->d;
-    bufs *b = &c->b;
-    size_t E = d->E, topk = d->topk, T = c->chunk.n;
-
-    /* 1-4. fp32 router for the chunk, then each token's top-k and weights (whole on every
-     * rank: computed once) */
-    kl_wmat_matmul(&L->w[KL_ROLE_ROUTER], b->xn, T, b->router, m->pool);
-    for (size_t t = 0; t < T; t++)
-        route_token(m, L->vec[KL_ROLE_ROUTER_BIAS], b->router + t * E, b->sel, b->idx + t * topk,
-                    b->wt + t * topk);
-    group_by_expert(b->idx, T * topk, E, b);
-    for (unsigned r = 0; r < c->tp; r++) {
-        moe_shard(m, c, l, r, shard_out(c, r));
-        shard_reduce(c, r, T);
-    }
+    if (L->w[KL_ROLE_SHARED_GATE].kind != KL_W_NONE)
+        add_into(b->y, b->ys, T * H);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1152,8 +1016,8 @@ static int wanted(const kl_batch *b, size_t t)
     return b->want ? b->want[t] != 0 : t + 1 == b->n;
 }
 
-/* The embedding row of id: with tensor parallelism, from the rank holding it (its vocabulary
- * part; the others' rows of the all-reduce are zero, so their sum is that row). */
+/* The embedding row of id (a tensor-parallel rank's vocabulary part: zeros for an id outside
+ * it; the ranks' rows are summed after begin, engine/backend_tp.h). */
 static void embed_row(const cpu_be *c, kl_token id, float *x)
 {
     const kl_model *m = c->be.m;
@@ -1166,14 +1030,7 @@ static void embed_row(const cpu_be *c, kl_token id, float *x)
             kl_wmat_row_f32(e, r, x);
         return;
     }
-    size_t v0 = 0, vn = (size_t)e->rows;
-    for (unsigned r = 0; c->tp > 1 && r < c->tp; r++) {
-        kl_tp_part((size_t)e->rows, c->tp, r, &v0, &vn);
-        if (id < v0 + vn)
-            break;
-    }
-    kl_wmat part = kl_wmat_rows(e, v0, vn);
-    kl_wmat_row_f32(&part, (uint64_t)id - v0, x);
+    kl_wmat_row_f32(e, id, x);
 }
 
 static int cpu_begin(kl_backend *be, const kl_batch *chunk, kl_err *err)
@@ -1287,35 +1144,12 @@ static int cpu_mlp(kl_backend *be, uint32_t l, kl_err *err)
     if (l >= be->m->cfg.num_hidden_layers || be->m->layers[l].moe)
         return wrong_layer(be->m, l, "dense MLP", err);
     cpu_be *c = cpu(be);
-    for (unsigned r = 0; r < c->tp; r++) {
-        const shard_layer *s = shard_of(c, l, r);
-        glu(be->m, &s->w[KL_ROLE_MLP_GATE], &s->w[KL_ROLE_MLP_UP], &s->w[KL_ROLE_MLP_DOWN],
-            c->b.xn, c->chunk.n, shard_out(c, r), &c->b);
-        shard_reduce(c, r, c->chunk.n);
-    }
+    const kl_layer *L = &be->m->layers[l];
+    glu(be->m, &L->w[KL_ROLE_MLP_GATE], &L->w[KL_ROLE_MLP_UP], &L->w[KL_ROLE_MLP_DOWN], c->b.xn,
+        c->chunk.n, c->b.y, &c->b);
     return 0;
 }
 
-/* lm_head split by vocabulary: rank r's rows into its part of each wanted token's row of
- * logits (or of row_logits), the parts concatenated; the argmax then over the whole row. */
-static void head_tp(cpu_be *c, float *logits, kl_token *argmax)
-{
-    kl_model *m = c->be.m;
-    size_t nw = c->n_want, H = c->d.hidden, V = m->cfg.vocab_size, v0, vn;
-    for (size_t k = 0; k < nw; k++) {
-        float *row = logits ? logits + k * V : c->row_logits;
-        for (unsigned r = 0; r < c->tp; r++) {
-            kl_tp_part(V, c->tp, r, &v0, &vn);
-            kl_wmat part = kl_wmat_rows(&m->lm_head, v0, vn);
-            kl_wmat_matvec(&part, c->b.xn + k * H, row + v0, m->pool);
-        }
-        if (argmax)
-            argmax[k] = kl_sample_argmax(row, (uint32_t)V);
-    }
-}
-
-/* lm_head of the wanted rows of xn: all at once into the caller's logits, else one row at a
- * time into row_logits for the argmax (each row's values are the same either way). */
 static int cpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
 {
     (void)err;
@@ -1323,10 +1157,6 @@ static int cpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
     kl_model *m = be->m;
     size_t nw = c->n_want, H = c->d.hidden;
     uint32_t V = m->cfg.vocab_size;
-    if (c->tp > 1) {
-        head_tp(c, logits, argmax);
-        return 0;
-    }
     if (logits)
         kl_wmat_matmul(&m->lm_head, c->b.xn, nw, logits, m->pool);
     for (size_t k = 0; argmax && k < nw; k++) {
@@ -1365,7 +1195,6 @@ static void cpu_destroy(kl_backend *be)
     kl_free(c->scores);
     kl_free(c->row_logits);
     kl_free(c->runs);
-    shards_free(c);
     kl_free(c);
 }
 
@@ -1400,67 +1229,52 @@ int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, int ep, kl_err *e
                    ep ? " (expert parallel)" : "", list);
 }
 
-/* What rank r holds (backend.h) */
+/* What a rank holds (backend.h): its CPU backend's model, the cut model of a tensor-parallel
+ * rank (engine/tp_model.h) or the whole model */
 
-/* Matrix w (a cut or whole) into the rank's figures; copied: an IN cut of the rank's own. */
-static void count_matrix(kl_cpu_rank_bytes *o, const kl_wmat *w, int copied)
+static void count_matrix(kl_cpu_rank_bytes *o, const kl_wmat *w)
 {
     uint64_t b = kl_wmat_bytes(w);
     o->matrix_bytes[w->kind] += b;
     o->matrix_total += b;
-    o->copied_bytes += copied ? b : 0;
 }
 
-/* Rank r's cut of layer l's matrices; the layer's vectors (whole, shared by the ranks). */
-static void count_layer(const cpu_be *c, uint32_t l, unsigned r, kl_cpu_rank_bytes *o)
+static void count_model(const kl_model *m, kl_cpu_rank_bytes *o)
 {
-    const kl_layer *L = &c->be.m->layers[l];
-    const shard_layer *s = shard_of(c, l, r);
-    for (int k = 0; k < KL_ROLE_COUNT; k++) {
-        if (L->vec[k]) {
-            o->vector_bytes += kl_wmat_bytes(&L->w[k]);
-            o->vector_f32_bytes += L->w[k].rows * L->w[k].cols * sizeof(float);
-        } else {
-            count_matrix(o, &s->w[k], c->tp > 1 && L->w[k].kind != KL_W_NONE &&
-                                          kl_tp_split_of((kl_role)k, 0).kind == KL_TP_IN);
+    for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const kl_layer *L = &m->layers[l];
+        for (int k = 0; k < KL_ROLE_COUNT; k++) {
+            if (L->vec[k]) {
+                o->vector_bytes += kl_wmat_bytes(&L->w[k]);
+                o->vector_f32_bytes += L->w[k].rows * L->w[k].cols * sizeof(float);
+            } else {
+                count_matrix(o, &L->w[k]);
+            }
         }
+        for (int k = 0; k < 3 && L->moe && L->experts[k]; k++)
+            for (uint32_t e = 0; e < m->cfg.num_experts; e++)
+                count_matrix(o, &L->experts[k][e]);
     }
-    for (int k = 0; k < 3 && L->moe; k++) {
-        int in = kl_tp_split_of(expert_roles[k], c->ep).kind == KL_TP_IN && c->tp > 1;
-        for (size_t e = 0; e < c->d.E; e++)
-            count_matrix(o, &s->experts[k][e], in && s->experts[k][e].kind != KL_W_NONE);
-    }
-}
-
-/* The global tensors: rank r's vocabulary rows of embed and lm_head, the final norm. */
-static void count_global(const cpu_be *c, unsigned r, kl_cpu_rank_bytes *o)
-{
-    const kl_model *m = c->be.m;
-    size_t v0, vn;
-    kl_tp_part((size_t)m->embed.rows, c->tp, r, &v0, &vn);
-    kl_wmat part = kl_wmat_rows(&m->embed, v0, vn);
-    count_matrix(o, &part, 0);
-    if (!m->cfg.tie_word_embeddings) {
-        kl_tp_part((size_t)m->lm_head.rows, c->tp, r, &v0, &vn);
-        part = kl_wmat_rows(&m->lm_head, v0, vn);
-        count_matrix(o, &part, 0);
-    }
+    count_matrix(o, &m->embed);
+    if (!m->cfg.tie_word_embeddings)
+        count_matrix(o, &m->lm_head);
     for (size_t i = 0; i < m->n_src; i++)
         if (m->src[i].role == KL_ROLE_FINAL_NORM)
             o->vector_bytes += m->src[i].bytes;
     o->vector_f32_bytes += (uint64_t)m->cfg.hidden_size * sizeof(float);
+    o->copied_bytes = m->cut_copied_bytes;
 }
 
-/* Rank r's part of an open slot's state. */
-static void count_slot(const cpu_be *c, unsigned r, uint32_t slot, kl_cpu_rank_bytes *o)
+/* An open slot's state in a CPU backend (all of its model's heads). */
+static void count_slot(const cpu_be *c, uint32_t slot, kl_cpu_rank_bytes *o)
 {
     const kl_model *m = c->be.m;
     const cpu_slot *s = &c->slots[slot];
     const uint64_t row = kl_config_mla_token_bytes(&m->cfg, sizeof(float));
     const size_t kda_floats = 3 * conv_floats(&c->d) + kda_state_floats(&c->d);
     for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++) {
-        if (s->kda[l].S) /* every head's state in one block: the rank's heads' part of it */
-            o->kda_state_bytes += kda_floats / c->d.kh * shard_of(c, l, r)->hn * sizeof(float);
+        if (s->kda[l].S)
+            o->kda_state_bytes += kda_floats * sizeof(float);
         if (s->mla[l].c) {
             o->mla_cache_bytes += c->be.slot_len[slot] * row;
             o->mla_cache_cap_bytes += s->mla[l].cap * row;
@@ -1471,27 +1285,21 @@ static void count_slot(const cpu_be *c, unsigned r, uint32_t slot, kl_cpu_rank_b
 int kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slot,
                               kl_cpu_rank_bytes *out, kl_err *err)
 {
-    if (!be || be->ops != &cpu_ops)
+    const unsigned tp = be && be->ops != &cpu_ops ? kl_backend_tp_size(be) : 1;
+    const kl_backend *rb = !be || rank >= tp ? NULL : tp > 1 ? kl_backend_tp_rank(be, rank) : be;
+    if (!be || !tp || (rb && rb->ops != &cpu_ops))
         return kl_fail(err, KL_E_USAGE, "rank bytes of a backend that is not the CPU's");
-    const cpu_be *c = be->impl;
-    if (rank >= c->tp)
-        return kl_fail(err, KL_E_USAGE, "rank %u of %u", rank, c->tp);
+    if (!rb)
+        return kl_fail(err, KL_E_USAGE, "rank %u of %u", rank, tp);
     if (slot != UINT32_MAX && (slot >= be->max_slots || !be->slot_used[slot]))
         return kl_fail(err, KL_E_USAGE, "slot %u is not open", slot);
     kl_cpu_rank_bytes o;
     memset(&o, 0, sizeof o);
-    for (uint32_t l = 0; l < be->m->cfg.num_hidden_layers; l++)
-        count_layer(c, l, rank, &o);
-    count_global(c, rank, &o);
+    count_model(rb->m, &o);
     if (slot != UINT32_MAX)
-        count_slot(c, rank, slot, &o);
+        count_slot(rb->impl, slot, &o);
     *out = o;
     return 0;
-}
-
-int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
-{
-    return kl_backend_cpu_create_tp(out, m, 1, 0, err);
 }
 
 int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, int ep, kl_err *err)
@@ -1499,14 +1307,18 @@ int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, int ep,
     int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, ep, err);
     if (rc)
         return rc;
+    return tp > 1 ? kl_backend_tp_create_on(out, m, tp, ep, 0, err)
+                  : kl_backend_cpu_create(out, m, err);
+}
+
+int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
+{
     cpu_be *c = kl_calloc(1, sizeof *c);
     if (!c)
         return kl_fail(err, KL_E_NOMEM, "out of memory for the cpu backend");
     kl_backend *be = &c->be;
     *be = (kl_backend){.ops = &cpu_ops, .name = "cpu", .m = m, .max_tokens = CHUNK,
                        .max_slots = CPU_SLOTS, .impl = c};
-    c->tp = tp ? tp : 1;
-    c->ep = ep && c->tp > 1;
     get_dims(m, &c->d);
     c->scratch = kl_calloc(carve(NULL, &c->d, &c->b), sizeof(float));
     c->route = kl_calloc(route_ints(&c->d), sizeof *c->route);
@@ -1522,10 +1334,6 @@ int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, int ep,
     }
     carve(c->scratch, &c->d, &c->b);
     carve_ints(c->route, &c->d, &c->b);
-    if ((rc = shards_build(c, err))) {
-        cpu_destroy(be);
-        return rc;
-    }
     *out = be;
     return 0;
 }

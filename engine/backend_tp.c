@@ -229,6 +229,16 @@ static const kl_backend_ops tp_ops = {
     /* all_reduce NULL: a wrapper is not itself a rank */
 };
 
+kl_backend *kl_backend_tp_rank(const kl_backend *be, unsigned r)
+{
+    return r < kl_backend_tp_size(be) ? ((const tp_be *)be->impl)->rank[r] : NULL;
+}
+
+unsigned kl_backend_tp_size(const kl_backend *be)
+{
+    return be && be->ops == &tp_ops ? ((const tp_be *)be->impl)->n : 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Creation                                                                                   */
 

@@ -28,6 +28,11 @@
 int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsigned n,
                          kl_err *err);
 
+/* Rank r's backend of a tensor-parallel backend made here (NULL: be is not one, or r is not
+ * below its size), and that size (0: not one). */
+kl_backend *kl_backend_tp_rank(const kl_backend *be, unsigned r);
+unsigned    kl_backend_tp_size(const kl_backend *be);
+
 /* tp cut models of m (kl_model_tp_cut; ep: expert parallel, CPU only), each with a CPU
  * backend (gpu 0) or a GPU backend (gpu 1: kl_backend_gpu_create_rank, rank r on device
  * r % the visible devices, ranks on one device sharing a stream), wrapped.  m must have read

@@ -71,7 +71,7 @@ typedef struct kl_model_opts {
     kl_model_progress_fn progress;        /* NULL: none */
     void            *progress_user;       /* passed to progress */
     int              vectors_only;        /* read only the fp32 vectors: see kl_model_open */
-    unsigned         tp;                  /* CPU backend: tensor-parallel shards (0, 1: none;
+    unsigned         tp;                  /* CPU backend: tensor-parallel ranks (0, 1: none;
                                              kl_backend_cpu_create_tp); an invalid size is
                                              refused before anything is read */
     int              expert_parallel;     /* with tp > 1: each routed expert whole on one
@@ -88,6 +88,7 @@ typedef struct kl_model {
     int              vocab_part;          /* 1: they hold a part of the vocabulary, an id
                                              outside it embeds as zeros (the ranks' rows are
                                              summed after begin: backend.h all_reduce) */
+    uint64_t         cut_copied_bytes;    /* a tensor-parallel cut: its column copies' bytes */
     float           *final_norm;          /* [hidden] fp32 */
     kl_layer        *layers;              /* [num_hidden_layers] */
     kl_pool         *pool;

@@ -12,8 +12,9 @@
 
 /* The cut's owned buffers (column copies), grown as they come. */
 typedef struct owned {
-    void  **p;
-    size_t  n, cap;
+    void   **p;
+    size_t   n, cap;
+    uint64_t bytes;   /* the matrices they hold */
 } owned;
 
 static int own(owned *o, void *p)
@@ -40,6 +41,7 @@ static int cut_matrix(const kl_wmat *w, kl_tp_split s, unsigned tp, unsigned r, 
         kl_free(copy);
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     }
+    o->bytes += copy && !rc ? kl_wmat_bytes(out) : 0;
     return rc;
 }
 
@@ -111,12 +113,17 @@ static void add_src(kl_model *m, kl_role role, int32_t layer, int32_t expert, co
     m->src[m->n_src++] = s;
 }
 
-static int make_sources(kl_model *m, kl_err *err)
+/* Every matrix of cut model m as a host source, and whole's final norm (as it is stored). */
+static int make_sources(kl_model *m, const kl_model *whole, kl_err *err)
 {
     const uint32_t nl = m->cfg.num_hidden_layers, E = m->cfg.num_experts;
     const size_t cap = 4 + (size_t)nl * (2 * KL_ROLE_COUNT + 6 * (size_t)E);
     if (!(m->src = kl_calloc(cap, sizeof *m->src)))
         return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < whole->n_src; i++)
+        if (whole->src[i].role == KL_ROLE_FINAL_NORM)
+            m->src[m->n_src++] = (kl_model_src){.role = KL_ROLE_FINAL_NORM, .layer = -1,
+                                                .expert = -1, .bytes = whole->src[i].bytes};
     add_src(m, KL_ROLE_EMBED, -1, -1, &m->embed);
     if (!m->cfg.tie_word_embeddings)
         add_src(m, KL_ROLE_LM_HEAD, -1, -1, &m->lm_head);
@@ -177,7 +184,8 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, in
         rc = cut_layer(&m->layers[l], &c->layers[l], tp, r, ep && tp > 1, E, &o, err);
     c->bufs = o.p;
     c->n_bufs = o.n;
-    return rc ? rc : make_sources(c, err);
+    c->cut_copied_bytes = o.bytes;
+    return rc ? rc : make_sources(c, m, err);
 }
 
 int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,

@@ -153,27 +153,6 @@ static int open_model(kl_model **m, const char *dir, kl_route_weights route, uns
     return kl_model_open(m, dir, &mo, err);
 }
 
-/* How check_tp runs TP N: the CPU backend's own shards (routed experts cut by width, or
- * expert parallel), or N CPU backends of the ranks' cut models (engine/backend_tp.h). */
-enum { TP_SHARDS, TP_SHARDS_EP, TP_CUT_MODELS, TP_CUT_MODELS_EP, TP_MODES };
-
-static int open_tp(kl_model **m, const char *dir, unsigned tp, int mode, kl_err *err)
-{
-    if (mode == TP_SHARDS || mode == TP_SHARDS_EP)
-        return open_model(m, dir, KL_ROUTE_UNBIASED, 2, tp, mode == TP_SHARDS_EP, err);
-    kl_backend *be = NULL;
-    int rc = open_model(m, dir, KL_ROUTE_UNBIASED, 2, 1, 0, err);
-    const int ep = mode == TP_CUT_MODELS_EP;
-    if (!rc && !(rc = kl_backend_tp_create_on(&be, *m, tp, ep, 0, err)) &&
-        (rc = kl_model_use_backend(*m, be, err)))
-        kl_backend_free(be);
-    if (rc) {
-        kl_model_close(*m);
-        *m = NULL;
-    }
-    return rc;
-}
-
 /* The reference's prompt in one call, then its greedy ids one at a time: the logits of every
  * step, [n_steps, vocab] (caller frees). */
 static float *teacher_force(kl_model *m, const golden_ref *r, const char *tag)
@@ -250,13 +229,11 @@ static double compare_tp(const golden_ref *r, const float *got, const float *wan
     return worst;
 }
 
-/* The model in dir (called label) at TP 2 and 4 (run as mode says) against TP 1,
+/* The model in dir (called label) at TP 2 and 4 (expert parallel: ep) against TP 1,
  * teacher-forced on the reference of ref_name; returns how many of the two sizes were valid
  * for it (the others must be refused). */
-static int check_tp(const char *dir, const char *ref_name, const char *label, int mode)
+static int check_tp(const char *dir, const char *ref_name, const char *label, int ep)
 {
-    static const char *const mode_tag[TP_MODES] = {"", " EP", " cut", " cut EP"};
-    const int ep = mode == TP_SHARDS_EP || mode == TP_CUT_MODELS_EP;
     char path[512], tag[160];
     snprintf(path, sizeof path, GOLDEN_DIR "/%s-unbiased.json", ref_name);
     golden_ref r = {0};
@@ -268,9 +245,9 @@ static int check_tp(const char *dir, const char *ref_name, const char *label, in
     float *base = teacher_force(m1, &r, label);
     int valid = 0;
     for (unsigned tp = 2; tp <= 4; tp *= 2) {
-        snprintf(tag, sizeof tag, "%s TP %u%s", label, tp, mode_tag[mode]);
+        snprintf(tag, sizeof tag, "%s TP %u%s", label, tp, ep ? " EP" : "");
         kl_model *m = NULL;
-        int rc = open_tp(&m, dir, tp, mode, &err);
+        int rc = open_model(&m, dir, KL_ROUTE_UNBIASED, 2, tp, ep, &err);
         if (!tp_valid(&m1->cfg, tp, ep)) {
             ck_assert_msg(rc == KL_E_USAGE && strstr(err.msg, "valid sizes") &&
                               strstr(err.msg, ": 1"), "%s: an invalid size gave %d (%s)", tag,
@@ -332,8 +309,8 @@ START_TEST(converted_mxfp4_matches_transformers)
 }
 END_TEST
 
-/* Every fixture at TP 2 and 4, routed experts cut by their width (_i = 0), expert parallel
- * (_i = 1) or, through N backends of the ranks' cut models, the same two ways (2, 3).  Cut:
+/* Every fixture at TP 2 and 4 (N CPU backends of the ranks' cut models, engine/backend_tp.h),
+ * routed experts cut by their width (_i = 0) or expert parallel (_i = 1).  Cut:
  * tiny, multi and heads4 (small4's geometry with 4 KDA heads) split at 2 and 4; small4 (2 KDA
  * heads) only at 2; the MXFP4 tiny (one 32-value block of expert width) at neither: refused;
  * small4 in MXFP4 (two blocks) at 2, cutting its routed experts' down projections between
@@ -341,11 +318,11 @@ END_TEST
  * experts stay whole). */
 START_TEST(tensor_parallel_matches_tp1)
 {
-    const int mode = _i, ep = mode == TP_SHARDS_EP || mode == TP_CUT_MODELS_EP;
-    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", mode), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", mode), 2);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", mode), 1);
-    ck_assert_int_eq(check_tp(GOLDEN_DIR "/heads4", "heads4", "heads4", mode), 2);
+    const int ep = _i;
+    ck_assert_int_eq(check_tp("tests/fixtures/ref_tiny", "tiny", "tiny", ep), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/multi", "multi", "multi", ep), 2);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/small4", "small4", "small4", ep), 1);
+    ck_assert_int_eq(check_tp(GOLDEN_DIR "/heads4", "heads4", "heads4", ep), 2);
     const char *src[2] = {"tests/fixtures/ref_tiny", GOLDEN_DIR "/small4"};
     const char *ref[2] = {"tiny-mxfp4", "small4"}, *label[2] = {"tiny-mxfp4", "small4-mxfp4"};
     const int want[2][2] = {{0, 1}, {2, 1}}; /* [ep][fixture] */
@@ -357,7 +334,7 @@ START_TEST(tensor_parallel_matches_tp1)
         kl_err_clear(&err);
         kl_convert_opts o = {.src = src[i], .dst = dst, .threads = 2};
         ck_assert_msg(kl_convert(&o, &err) == 0, "kl_convert: %s", t_fmt_err(&err));
-        ck_assert_int_eq(check_tp(dst, ref[i], label[i], mode), want[ep][i]);
+        ck_assert_int_eq(check_tp(dst, ref[i], label[i], ep), want[ep][i]);
         t_rmrf(tmp);
     }
 }
@@ -389,27 +366,25 @@ START_TEST(tensor_parallel_threads_and_refusal)
 }
 END_TEST
 
-/* The wrapper of cut models at TP 1 (one rank, its cut the model itself) is the plain backend
- * bit for bit; at TP 2 it equals the CPU backend's own shards bit for bit (the same products
- * summed in the same order). */
-START_TEST(cut_models_at_tp_1_and_2_equal_the_plain_and_sharded_backends)
+/* The tensor-parallel wrapper at TP 1 (one rank, its cut the model itself) is the plain
+ * backend bit for bit. */
+START_TEST(one_rank_through_the_wrapper_is_the_plain_backend)
 {
     golden_ref r = {0};
     ref_load(&r, GOLDEN_DIR "/multi-unbiased.json");
     kl_err err;
-    kl_model *plain = NULL, *cut1 = NULL, *shards = NULL, *cut2 = NULL;
-    const char *dir = GOLDEN_DIR "/multi";
-    ck_assert_int_eq(open_model(&plain, dir, KL_ROUTE_UNBIASED, 2, 1, 0, &err), 0);
-    ck_assert_int_eq(open_tp(&cut1, dir, 1, TP_CUT_MODELS, &err), 0);
-    ck_assert_int_eq(open_model(&shards, dir, KL_ROUTE_UNBIASED, 2, 2, 0, &err), 0);
-    ck_assert_int_eq(open_tp(&cut2, dir, 2, TP_CUT_MODELS, &err), 0);
-    float *rp = teacher_force(plain, &r, "multi"), *r1 = teacher_force(cut1, &r, "multi cut 1");
-    float *rs = teacher_force(shards, &r, "multi TP 2"), *r2 = teacher_force(cut2, &r, "cut 2");
-    const size_t bytes = r.n_steps * r.vocab * sizeof *rp;
-    ck_assert_msg(memcmp(rp, r1, bytes) == 0, "TP 1 through cut models differs from plain");
-    ck_assert_msg(memcmp(rs, r2, bytes) == 0, "TP 2 through cut models differs from shards");
-    free(rp), free(r1), free(rs), free(r2);
-    kl_model_close(plain), kl_model_close(cut1), kl_model_close(shards), kl_model_close(cut2);
+    kl_model *plain = NULL, *one = NULL;
+    kl_backend *be = NULL;
+    ck_assert_int_eq(open_model(&plain, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 2, 1, 0, &err),
+                     0);
+    ck_assert_int_eq(open_model(&one, GOLDEN_DIR "/multi", KL_ROUTE_UNBIASED, 2, 1, 0, &err), 0);
+    ck_assert_msg(kl_backend_tp_create_on(&be, one, 1, 0, 0, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_int_eq(kl_model_use_backend(one, be, &err), 0);
+    float *rp = teacher_force(plain, &r, "multi"), *r1 = teacher_force(one, &r, "multi, 1 rank");
+    ck_assert_msg(memcmp(rp, r1, r.n_steps * r.vocab * sizeof *rp) == 0,
+                  "one rank through the wrapper differs from the plain backend");
+    free(rp), free(r1);
+    kl_model_close(plain), kl_model_close(one);
     ref_free(&r);
 }
 END_TEST
@@ -439,9 +414,9 @@ static Suite *golden_suite(void)
     tcase_add_test(tc, multi_mla_shared_dense_matches_transformers);
     tcase_add_test(tc, converted_mxfp4_matches_transformers);
     tcase_add_test(tc, route_modes_are_distinguishable);
-    tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, TP_MODES);
+    tcase_add_loop_test(tc, tensor_parallel_matches_tp1, 0, 2);
     tcase_add_test(tc, tensor_parallel_threads_and_refusal);
-    tcase_add_test(tc, cut_models_at_tp_1_and_2_equal_the_plain_and_sharded_backends);
+    tcase_add_test(tc, one_rank_through_the_wrapper_is_the_plain_backend);
     suite_add_tcase(s, tc);
     return s;
 }

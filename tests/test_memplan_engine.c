@@ -5,9 +5,8 @@
  * CPU engine: on the golden fixtures (ref_tiny, small4, multi), an MXFP4 conversion of
  * ref_tiny and ref_tiny with lm_head stored F32 (the audit plans with the checkpoint's dtypes,
  * not the config's defaults), every valid TP size with and without expert parallel: for
- * EVERY rank of a CPU backend (kl_backend_cpu_rank_bytes) its matrices equal the audit's
- * matrix bytes per GPU; its vectors (one shared whole copy, by design) equal the TP 1 plan's;
- * its part of a sequence's
+ * EVERY rank of a CPU backend (kl_backend_cpu_rank_bytes: its cut model) its matrices and
+ * vectors (stored and fp32) equal the audit's per GPU; its part of a sequence's
  * KDA state and the sequence's MLA cache at 1000 tokens equal the plan's at fp32 (the CPU
  * engine's element; the audit's own line assumes a bf16 cache).
  * GPU engine at TP 1: the audit's GPU arena equals kl_gpu_plan_build's total bytes (the plan
@@ -176,7 +175,7 @@ static kl_memplan cpu_elem_plan(const kl_config *c, unsigned tp, int ep)
                   (unsigned long long)(got))
 
 /* Every rank of a CPU backend of m at tp, ep against the plans. */
-static void check_ranks(kl_model *m, const char *dir, unsigned tp, int ep, const kl_memplan *one)
+static void check_ranks(kl_model *m, const char *dir, unsigned tp, int ep)
 {
     kl_err err;
     kl_err_clear(&err);
@@ -190,8 +189,8 @@ static void check_ranks(kl_model *m, const char *dir, unsigned tp, int ep, const
         kl_cpu_rank_bytes rb;
         ck_assert_int_eq(kl_backend_cpu_rank_bytes(be, r, slot, &rb, &err), 0);
         EQ("matrices", plan.matrix_bytes, rb.matrix_total);
-        EQ("vectors (shared whole: the TP 1 plan's)", one->vector_bytes, rb.vector_bytes);
-        EQ("fp32 vectors (shared whole)", one->vector_f32_bytes, rb.vector_f32_bytes);
+        EQ("vectors", plan.vector_bytes, rb.vector_bytes);
+        EQ("fp32 vectors", plan.vector_f32_bytes, rb.vector_f32_bytes);
         EQ("KDA state", state.kda_state_bytes, rb.kda_state_bytes);
         EQ("MLA cache", state.mla_cache_bytes, rb.mla_cache_bytes);
         ck_assert_uint_ge(rb.mla_cache_cap_bytes, rb.mla_cache_bytes);
@@ -218,7 +217,7 @@ START_TEST(every_cpu_rank_holds_the_planned_bytes)
         unsigned sizes[64];
         size_t n = kl_tp_sizes(&m->cfg, ep, sizes, 64);
         for (size_t k = 0; k < n && sizes[k] <= 8; k++, checked++)
-            check_ranks(m, dir, sizes[k], ep, &one);
+            check_ranks(m, dir, sizes[k], ep);
     }
     ck_assert_msg(checked > 2, "%s: only %zu TP sizes", dir, checked);
     kl_model_close(m);

@@ -314,8 +314,8 @@ START_TEST(run_bad_flags_exit_2)
 END_TEST
 
 /* --tp 2 --device cpu, and with --expert-parallel: the forced rows within relative L2 1e-5 of
- * --tp 1's; --tp 3 (not a size the model splits into) and --tp 2 off the CPU exit 2 saying
- * why. */
+ * --tp 1's; --tp 3 (not a size the model splits into) and --tp 2 without a --device exit 2
+ * saying why. */
 START_TEST(run_tp_matches_tp1_and_bad_sizes_exit_2)
 {
     char args[1024], p1[700], p2[700], path[700];
