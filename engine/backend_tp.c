@@ -300,6 +300,9 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, 
                             kl_err *err)
 {
     *out = NULL;
+    if (!gpu && !m->matrices_read)
+        return kl_fail(err, KL_E_USAGE, "CPU ranks need the model's matrices in memory (it was "
+                       "opened for its vectors only)");
     if (ep && gpu && tp > 1)
         return kl_fail(err, KL_E_UNSUPPORTED, "expert parallel on GPU ranks: their stacked "
                        "experts take no owner map yet (run it on the CPU)");

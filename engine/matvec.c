@@ -896,6 +896,8 @@ kl_wmat kl_wmat_rows(const kl_wmat *w, uint64_t r0, uint64_t n)
 {
     kl_wmat v = *w;
     v.rows = n;
+    if (!w->data && !w->packed)   /* a shape without payload (a model opened vectors_only) */
+        return v;
     switch (w->kind) {
     case KL_W_F32: v.data = (const float *)w->data + r0 * w->cols; break;
     case KL_W_BF16: v.data = (const uint16_t *)w->data + r0 * w->cols; break;

@@ -49,7 +49,8 @@ typedef struct kl_wmat {
     const uint8_t *scale;      /* MXFP4: [rows, cols/32] E8M0 bytes */
 } kl_wmat;
 
-/* Rows [r0, r0 + n) of w as a matrix of its own (borrowing w's payload); r0 + n <= w->rows. */
+/* Rows [r0, r0 + n) of w as a matrix of its own (borrowing w's payload; a shape alone when w
+ * has none); r0 + n <= w->rows. */
 kl_wmat  kl_wmat_rows(const kl_wmat *w, uint64_t r0, uint64_t n);
 /* Payload bytes of w as stored (MXFP4: packed codes plus scales). */
 uint64_t kl_wmat_bytes(const kl_wmat *w);

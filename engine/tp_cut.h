@@ -3,7 +3,7 @@
  * (loader/tp_split.h): OUT keeps rows (a view of the matrix's own payload), IN keeps columns
  * (a copy: a row's columns are not contiguous; MXFP4 on whole 32-value blocks), OWNER keeps a
  * routed expert whole on the rank that owns it (KL_W_NONE on the others), WHOLE keeps all of
- * it.  One home for the ranks' cut models (engine/tp_model.h), CPU and GPU (docs/TP-GPU.md).
+ * it.  A matrix without payload (a model opened vectors_only) gives its cut's shape alone.  One home for the ranks' cut models (engine/tp_model.h), CPU and GPU (docs/TP-GPU.md).
  */
 #ifndef KL_ENGINE_TP_CUT_H
 #define KL_ENGINE_TP_CUT_H

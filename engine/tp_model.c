@@ -8,7 +8,10 @@
 #include "loader/arena.h"
 #include "loader/tp_split.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The cut's owned buffers (column copies), grown as they come. */
 typedef struct owned {
@@ -59,7 +62,7 @@ static int cut_vector(const kl_wmat *w, const float *v, kl_tp_split s, unsigned 
     *wo = *w;
     if (!whole) {
         const size_t es = w->kind == KL_W_F32 ? 4 : 2;
-        wo->data = (const uint8_t *)w->data + start * inner * es;
+        wo->data = w->data ? (const uint8_t *)w->data + start * inner * es : NULL;
         if (w->rows == 1)
             wo->cols = len;
         else
@@ -143,6 +146,113 @@ static int make_sources(kl_model *m, const kl_model *whole, kl_err *err)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Sources from the checkpoint's files (the whole model opened vectors_only)                  */
+
+/* The matrix of m that source s binds to (NULL: a vector, the final norm, an absent expert). */
+static kl_wmat *bound(kl_model *m, const kl_model_src *s)
+{
+    if (s->layer < 0)
+        return s->role == KL_ROLE_EMBED     ? &m->embed
+               : s->role == KL_ROLE_LM_HEAD ? &m->lm_head
+                                            : NULL;
+    kl_layer *L = &m->layers[s->layer];
+    if (kl_role_is_expert(s->role))
+        return L->experts[s->role - KL_ROLE_EXPERT_W1] && s->expert >= 0
+                   ? &L->experts[s->role - KL_ROLE_EXPERT_W1][s->expert] : NULL;
+    return L->vec[s->role] ? NULL : &L->w[s->role];
+}
+
+/* Bytes [off, off + n) of shard s of m's checkpoint into buf. */
+static int read_at(const kl_model *m, uint32_t s, uint64_t off, void *buf, size_t n, kl_err *err)
+{
+    int fd = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC), rc = 0;
+    if (fd < 0)
+        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot open a shard for a tensor-parallel cut");
+    for (size_t got = 0; !rc && got < n;) {
+        ssize_t k = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
+        if (k <= 0) {
+            rc = k < 0 ? kl_fail_sys(err, KL_E_IO, errno, "reading a tensor for a cut")
+                       : kl_fail(err, KL_E_IO, "the shard ends inside a tensor");
+            kl_err_context(err, NULL, NULL, off + got, NULL);
+        }
+        got += k > 0 ? (size_t)k : 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rc)
+        kl_err_context(err, m->shard_paths[s], NULL, KL_NO_OFFSET, NULL);
+    return rc;
+}
+
+/* Source w of the whole model (its matrix wm, whole src entry ws) as the cut needs it: row cuts
+ * and whole tensors stay file ranges (their rows are contiguous); a column cut is read and its
+ * columns copied into host memory the cut owns (and its matrix cm points at them). */
+static int file_source(kl_model *c, const kl_model *m, const kl_wmat *wm, kl_wmat *cm,
+                       const kl_model_src *ws, kl_tp_split sp, unsigned tp, unsigned r,
+                       owned *o, kl_err *err)
+{
+    kl_model_src cs = *ws;
+    const uint64_t rows = wm->rows, rb = ws->bytes / (rows ? rows : 1);
+    uint64_t start, len;
+    if (sp.kind == KL_TP_OUT) {
+        kl_tp_part(rows, tp, r, &start, &len);
+        cs.off += start * rb, cs.bytes = len * rb;
+    } else if (sp.kind == KL_TP_IN) {   /* its columns [start, start + len) of every row */
+        kl_tp_part(wm->cols, tp, r, &start, &len);
+        const uint64_t b0 = start * rb / wm->cols, bn = len * rb / wm->cols;
+        uint8_t *all = kl_malloc(ws->bytes ? ws->bytes : 1), *part = kl_malloc(rows * bn + 1);
+        int rc = all && part && !own(o, part) ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+        if (rc)
+            kl_free(part);
+        if (!rc)
+            rc = read_at(m, ws->shard, ws->off, all, ws->bytes, err);
+        for (uint64_t i = 0; !rc && i < rows; i++)
+            memcpy(part + i * bn, all + i * rb + b0, bn);
+        kl_free(all);
+        if (rc)
+            return rc;
+        cs.shard = 0, cs.off = 0, cs.host = part, cs.bytes = rows * bn;
+        o->bytes += cs.bytes;
+        if (ws->part == KL_PART_SCALE)
+            cm->scale = part;
+        else if (ws->part == KL_PART_PACKED)
+            cm->packed = part;
+        else
+            cm->data = part;
+    }
+    c->src[c->n_src++] = cs;
+    return 0;
+}
+
+/* Every matrix of cut model c from m's files (m opened vectors_only), and the final norm. */
+static int file_sources(kl_model *c, const kl_model *m, unsigned tp, unsigned r, int ep,
+                        owned *o, kl_err *err)
+{
+    if (!(c->src = kl_calloc(m->n_src + 1, sizeof *c->src)) ||
+        !(c->shard_paths = kl_calloc(m->n_shards ? m->n_shards : 1, sizeof *c->shard_paths)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < m->n_shards; i++, c->n_shards++)
+        if (!(c->shard_paths[i] = kl_strdup(m->shard_paths[i])))
+            return kl_fail(err, KL_E_NOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < m->n_src && !rc; i++) {
+        const kl_model_src *ws = &m->src[i];
+        const kl_wmat *wm = ws->role == KL_ROLE_FINAL_NORM ? NULL : bound((kl_model *)m, ws);
+        kl_wmat *cm = wm ? bound(c, ws) : NULL;
+        if (ws->role == KL_ROLE_FINAL_NORM)
+            c->src[c->n_src++] = *ws;   /* a vector: the plan takes its fp32 copy */
+        if (!cm || cm->kind == KL_W_NONE)
+            continue;   /* a vector, or an expert this rank does not own */
+        kl_tp_split sp = ws->layer < 0 ? (kl_tp_split){KL_TP_OUT, 0}
+                                       : kl_tp_split_of(ws->role, ep);
+        if (tp <= 1 || sp.kind == KL_TP_OWNER)
+            sp.kind = KL_TP_WHOLE;
+        rc = file_source(c, m, wm, cm, ws, sp, tp, r, o, err);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Public API                                                                                 */
 
 /* The rank's config: heads, widths and vocabulary rows divided by tp (the experts' width
@@ -165,7 +275,7 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, in
     c->cfg = m->cfg;
     c->route_weights = m->route_weights;
     c->pool = m->pool;
-    c->matrices_read = 1;
+    c->matrices_read = m->matrices_read;
     kl_tp_part(m->lm_head.rows, tp, r, &v0, &vn);   /* the vocabulary part, tied or not */
     c->embed = kl_wmat_rows(&m->embed, v0, vn);
     c->lm_head = kl_wmat_rows(&m->lm_head, v0, vn);
@@ -182,19 +292,20 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, in
         memcpy(c->final_norm, m->final_norm, (size_t)m->cfg.hidden_size * sizeof *c->final_norm);
     for (uint32_t l = 0; l < nl && !rc; l++)
         rc = cut_layer(&m->layers[l], &c->layers[l], tp, r, ep && tp > 1, E, &o, err);
+    if (!rc)
+        rc = m->matrices_read ? make_sources(c, m, err) : file_sources(c, m, tp, r, ep, &o, err);
+    for (size_t i = 0; !rc && !m->matrices_read && i < c->n_src; i++)
+        c->weight_bytes += c->src[i].bytes;
     c->bufs = o.p;
     c->n_bufs = o.n;
     c->cut_copied_bytes = o.bytes;
-    return rc ? rc : make_sources(c, m, err);
+    return rc;
 }
 
 int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,
                     kl_err *err)
 {
     *out = NULL;
-    if (!m->matrices_read)
-        return kl_fail(err, KL_E_USAGE, "a tensor-parallel cut needs the model's matrices in "
-                       "memory (it was opened for its vectors only)");
     int rc = kl_backend_cpu_tp_check(&m->cfg, tp, ep, err);   /* the one message naming sizes */
     if (rc)
         return rc;

@@ -16,10 +16,13 @@
  * intermediate_size and moe_intermediate_size divided by tp.
  *
  * The cut model borrows m's payloads for row cuts and whole tensors (m must outlive it) and
- * owns its column copies and its fp32 vector slices; m->src is replaced by one source per
- * weight in host memory (every matrix a host piece for the GPU plan, engine/gpu_plan.h), so m
- * must have read its matrices (not vectors_only).  Its pool is m's (ranks run one at a time
- * on the CPU).  tp 1 gives a model with m's weights, unchanged.
+ * owns its column copies and its fp32 vector slices; its sources (m->src: what the GPU plan
+ * places, engine/gpu_plan.h) are every matrix in host memory.  From m opened vectors_only the
+ * cut has no payloads but its column copies: its row cuts and whole tensors are sources in
+ * m's files (their rows are contiguous there: each rank reads only its rows), its column cuts
+ * are read once from the files and copied (host sources); such a cut is for a GPU rank only
+ * (matrices_read 0).  Its pool is m's (ranks run one at a time on the CPU).  tp 1 gives a
+ * model with m's weights, unchanged.
  */
 #ifndef KL_ENGINE_TP_MODEL_H
 #define KL_ENGINE_TP_MODEL_H
@@ -31,9 +34,9 @@
  * ep (expert parallel) whole on their owner (kl_tp_expert_owner) and absent (KL_W_NONE) on the
  * other ranks, moe_intermediate_size then whole (the CPU backend runs such a rank; the GPU's
  * stacked expert layout does not take absent experts).  KL_E_USAGE: tp not one of
- * kl_tp_sizes(&m->cfg, ep) (naming them), rank >= tp, m opened vectors_only;
- * KL_E_UNSUPPORTED: an MXFP4 column cut off its 32-value blocks; KL_E_NOMEM.  Free with
- * kl_model_tp_free. */
+ * kl_tp_sizes(&m->cfg, ep) (naming them), rank >= tp; KL_E_UNSUPPORTED: an MXFP4 column cut
+ * off its 32-value blocks; KL_E_IO reading a column-cut tensor (naming the shard); KL_E_NOMEM.
+ * Free with kl_model_tp_free. */
 int  kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,
                      kl_err *err);
 /* Frees a cut model and the backend installed on it (m->be); NULL ok. */

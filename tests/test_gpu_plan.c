@@ -25,6 +25,8 @@
 #include "common/mem.h"
 #include "engine/forward.h"
 #include "engine/gpu_plan.h"
+#include "engine/tp_model.h"
+#include "loader/tp_split.h"
 #include "engine/model.h"
 #include "synth/synth.h"
 #include "tests/testutil.h"
@@ -623,6 +625,42 @@ START_TEST(test_fill_ring)
 }
 END_TEST
 
+/* A tensor-parallel rank's cut model (engine/tp_model.h) made from the checkpoint's files (the
+ * whole model opened vectors_only: row cuts and whole tensors stay file pieces, column cuts
+ * are read and copied into host pieces) fills exactly the arenas the same cut of the host-read
+ * model does, ranks of every valid size up to 4, mapped windows and the ring; its file pieces
+ * are its rows: together the ranks read each row-cut byte once. */
+START_TEST(test_fill_tp_cut_from_files)
+{
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
+    kl_err err;
+    kl_err_clear(&err);
+    size_t checked = 0;
+    for (unsigned tp = 2; tp <= 4; tp *= 2) {
+        if (!kl_tp_size_ok(&m->cfg, 0, tp))
+            continue;
+        for (unsigned r = 0; r < tp; r++, checked++) {
+            kl_model *cf = NULL, *ch = NULL;
+            ck_assert_msg(kl_model_tp_cut(&cf, m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
+            ck_assert_msg(kl_model_tp_cut(&ch, full, tp, r, 0, &err) == 0, "%s",
+                          t_fmt_err(&err));
+            ck_assert(!cf->matrices_read && cf->n_shards == m->n_shards);
+            ck_assert_uint_eq(cf->weight_bytes, ch->weight_bytes);
+            ck_assert_uint_eq(cf->cut_copied_bytes, ch->cut_copied_bytes);
+            fill_and_check(cf, ch, NULL, 1);
+            kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
+                              .direct = KL_DIRECT_OFF};
+            fill_and_check(cf, ch, &o, 1);
+            kl_model_tp_free(cf);
+            kl_model_tp_free(ch);
+        }
+    }
+    ck_assert_msg(checked > 0 || _i == 1, "%s: no TP size checked", g_name[_i]);
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* kl_gpu_plan_split: the two views cover the file pieces once, in order, the host pieces in
  * the second; a ring fill of the first then a mapped fill of the second (as the backend's
  * KL_GPU_LOAD=hybrid runs them at once) put every byte where the plan says. */
@@ -822,6 +860,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fill_copy_fails);
     tcase_add_test(tc, test_fill_ring_fails);
     tcase_add_loop_test(tc, test_fill_split, 0, 3);
+    tcase_add_loop_test(tc, test_fill_tp_cut_from_files, 0, 3);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;

@@ -7,6 +7,7 @@
  * audit's plan) is tests/test_golden.c and tests/test_memplan_engine.c.
  */
 #include "common/mem.h"
+#include "engine/backend_tp.h"
 #include "engine/tp_model.h"
 #include "loader/tp_split.h"
 #include "tests/testutil.h"
@@ -154,21 +155,27 @@ START_TEST(one_rank_is_the_whole_model)
 }
 END_TEST
 
-/* A size that does not split the model (naming the valid ones), a rank past the size, a
- * model whose matrices were never read. */
+/* A size that does not split the model (naming the valid ones), a rank past the size, CPU
+ * ranks of a model whose matrices were never read (a GPU rank's cut streams from the files:
+ * tests/test_gpu_plan.c). */
 START_TEST(refusals)
 {
     kl_model *m = t_open_model(MULTI, 0), *v = t_open_model(MULTI, 1), *c = NULL;
+    kl_backend *be = NULL;
     kl_err err;
     kl_err_clear(&err);
     ck_assert_int_eq(kl_model_tp_cut(&c, m, 3, 0, 0, &err), KL_E_USAGE);
     ck_assert_msg(strstr(err.msg, "valid sizes: 1, 2, 4"), "%s", err.msg);
     kl_err_clear(&err);
     ck_assert_int_eq(kl_model_tp_cut(&c, m, 2, 2, 0, &err), KL_E_USAGE);
-    kl_err_clear(&err);
-    ck_assert_int_eq(kl_model_tp_cut(&c, v, 2, 0, 0, &err), KL_E_USAGE);
-    ck_assert_msg(strstr(err.msg, "vectors only"), "%s", err.msg);
     ck_assert_ptr_null(c);
+    kl_err_clear(&err);
+    ck_assert_int_eq(kl_backend_tp_create_on(&be, v, 2, 0, 0, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "vectors only"), "%s", err.msg);
+    ck_assert_ptr_null(be);
+    ck_assert_int_eq(kl_model_tp_cut(&c, v, 2, 1, 0, &err), 0);   /* a GPU rank's: from files */
+    ck_assert(!c->matrices_read && c->n_shards == v->n_shards);
+    kl_model_tp_free(c);
     kl_model_tp_free(NULL);
     kl_model_close(v);
     kl_model_close(m);
