@@ -159,8 +159,6 @@ typedef struct kl_cpu_rank_bytes {
 } kl_cpu_rank_bytes;
 int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slot,
                                kl_cpu_rank_bytes *out, kl_err *err);
-/* Its check alone (kl_model_open makes it before reading a byte): 0, or that KL_E_USAGE. */
-int  kl_backend_cpu_tp_check(const struct kl_config *cfg, unsigned tp, int ep, kl_err *err);
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:

@@ -27,7 +27,6 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "loader/tp_split.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1217,18 +1216,6 @@ static const kl_backend_ops cpu_ops = {
     .all_reduce = cpu_all_reduce,
 };
 
-/* KL_E_USAGE unless tp is one of the valid sizes for the config (loader/tp_split.h). */
-int kl_backend_cpu_tp_check(const kl_config *cfg, unsigned tp, int ep, kl_err *err)
-{
-    if (kl_tp_size_ok(cfg, ep, tp))
-        return 0;
-    char list[256];
-    kl_tp_sizes_text(cfg, ep, list, sizeof list);
-    return kl_fail(err, KL_E_USAGE, "tensor-parallel size %u does not split this model into "
-                   "whole heads, experts, rows and MXFP4 blocks; valid sizes%s: %s", tp,
-                   ep ? " (expert parallel)" : "", list);
-}
-
 /* What a rank holds (backend.h): its CPU backend's model, the cut model of a tensor-parallel
  * rank (engine/tp_model.h) or the whole model */
 
@@ -1304,9 +1291,6 @@ int kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slot
 
 int kl_backend_cpu_create_tp(kl_backend **out, kl_model *m, unsigned tp, int ep, kl_err *err)
 {
-    int rc = kl_backend_cpu_tp_check(&m->cfg, tp ? tp : 1, ep, err);
-    if (rc)
-        return rc;
     return tp > 1 ? kl_backend_tp_create_on(out, m, tp, ep, 0, err)
                   : kl_backend_cpu_create(out, m, err);
 }

@@ -6,6 +6,7 @@
 #include "common/mem.h"
 #include "engine/sampler.h"
 #include "engine/tp_model.h"
+#include "loader/tp_split.h"
 
 #include <string.h>
 
@@ -294,6 +295,17 @@ int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsign
     }
     *out = be;
     return 0;
+}
+
+int kl_backend_tp_check(const kl_config *cfg, unsigned tp, int ep, kl_err *err)
+{
+    if (kl_tp_size_ok(cfg, ep, tp))
+        return 0;
+    char list[256];
+    kl_tp_sizes_text(cfg, ep, list, sizeof list);
+    return kl_fail(err, KL_E_USAGE, "tensor-parallel size %u does not split this model into "
+                   "whole heads, experts, rows and MXFP4 blocks; valid sizes%s: %s", tp,
+                   ep ? " (expert parallel)" : "", list);
 }
 
 int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, int gpu,

@@ -28,6 +28,11 @@
 int kl_backend_tp_create(kl_backend **out, kl_model *m, kl_model **ranks, unsigned n,
                          kl_err *err);
 
+/* KL_E_USAGE naming the valid sizes unless tp (expert parallel: ep) is one of
+ * kl_tp_sizes(cfg, ep) (loader/tp_split.h): the check kl_model_open makes before reading a
+ * byte, and every cut. */
+int kl_backend_tp_check(const struct kl_config *cfg, unsigned tp, int ep, kl_err *err);
+
 /* Rank r's backend of a tensor-parallel backend made here (NULL: be is not one, or r is not
  * below its size), and that size (0: not one). */
 kl_backend *kl_backend_tp_rank(const kl_backend *be, unsigned r);

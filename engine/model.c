@@ -5,6 +5,8 @@
  */
 #include "engine/model.h"
 
+#include "engine/backend_tp.h"
+
 #include "common/cpu.h"
 #include "common/fs.h"
 #include "common/mem.h"
@@ -282,7 +284,7 @@ int kl_model_open(kl_model **out, const char *dir, const kl_model_opts *opts, kl
     }
     m->route_weights = opts ? opts->route_weights : KL_ROUTE_UNBIASED;
     if (opts && opts->tp > 1 &&
-        (rc = kl_backend_cpu_tp_check(&m->cfg, opts->tp, opts->expert_parallel, err)))
+        (rc = kl_backend_tp_check(&m->cfg, opts->tp, opts->expert_parallel, err)))
         goto fail;
     m->layers = kl_calloc(m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {

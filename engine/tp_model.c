@@ -4,6 +4,7 @@
 #include "engine/tp_model.h"
 
 #include "common/mem.h"
+#include "engine/backend_tp.h"
 #include "engine/tp_cut.h"
 #include "loader/arena.h"
 #include "loader/tp_split.h"
@@ -306,7 +307,7 @@ int kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned ran
                     kl_err *err)
 {
     *out = NULL;
-    int rc = kl_backend_cpu_tp_check(&m->cfg, tp, ep, err);   /* the one message naming sizes */
+    int rc = kl_backend_tp_check(&m->cfg, tp, ep, err);   /* the one message naming sizes */
     if (rc)
         return rc;
     if (rank >= tp)
