@@ -22,8 +22,8 @@ static int cpu_only(const kl_cli_load *l)
 static int gpu_streams(const kl_cli_load *l)
 {
     const char *how = getenv("KL_GPU_LOAD");
-    /* tensor parallel: the ranks' cut models are made from the host model (engine/tp_model.h) */
-    return !cpu_only(l) && !(how && !strcmp(how, "host")) && l->opts.tp <= 1;
+    /* tensor parallel too: each rank's cut is made from the files (engine/tp_model.h) */
+    return !cpu_only(l) && !(how && !strcmp(how, "host"));
 }
 
 int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
@@ -34,7 +34,8 @@ int kl_cli_plan_model(kl_cli_load *l, kl_err *err)
     int rc = kl_cost_plan_read(l->model, &l->plan, err);
     /* streamed to the GPU: its device and load buffers made from now on, in a thread (a
      * refusal here only means they are made at creation, which reports any real error) */
-    if (!rc && gpu_streams(l) && !l->prep && kl_backend_gpu_prepare(&l->prep, NULL))
+    if (!rc && gpu_streams(l) && l->opts.tp <= 1 && !l->prep &&
+        kl_backend_gpu_prepare(&l->prep, NULL))
         l->prep = NULL;
     if (rc || l->ignore_memory || gpu_streams(l))   /* streamed: the host holds vectors only */
         return rc;
@@ -119,7 +120,7 @@ int kl_cli_open_model(kl_cli_load *l, kl_model **m, kl_err *err)
      * started now, made while the model opens */
     kl_gpu_prep *prep = l->prep;
     l->prep = NULL;
-    if (mo.vectors_only && !prep && kl_backend_gpu_prepare(&prep, NULL))
+    if (mo.vectors_only && l->opts.tp <= 1 && !prep && kl_backend_gpu_prepare(&prep, NULL))
         prep = NULL;
     int rc = kl_model_open(m, l->model, &mo, err);
     l->load_s = l->open_s = kl_now_s() - t0;

@@ -26,6 +26,7 @@
  * attention scratch; a change of any of them captures anew.  KL_GPU_GRAPHS=0 turns graphs off.
  */
 #include "engine/backend.h"
+#include "engine/backend_tp.h"
 
 #include "engine/gpu_plan.h"
 #include "engine/model.h"
@@ -228,6 +229,13 @@ static int fill_copy(void *ctx, void *dst, const void *src, size_t bytes, int pi
 {
     gpu_fill *f = ctx;   /* pageable sources: the copy returns once it has them staged */
     return kl_gpu_h2d(dst, src, bytes, f->g->st, err);
+}
+
+static int fill_copy_rows(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
+                          size_t rows, int pinned, kl_err *err)
+{
+    gpu_fill *f = ctx;
+    return kl_gpu_h2d_rows(dst, src, width, pitch, rows, f->g->st, err);
 }
 
 static int fill_pin(void *ctx, void *p, size_t bytes)
@@ -445,7 +453,7 @@ static void *fill_job_main(void *arg)
 {
     fill_job *j = arg;
     kl_fill_ops ops = {&j->f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
-                       fill_host_alloc, fill_host_free};
+                       fill_host_alloc, fill_host_free, fill_copy_rows};
     const kl_model *m = j->f.g->base.m;
     kl_err_clear(&j->err);
     j->rc = kl_gpu_device_open(j->f.g->dev, NULL, 0, &j->err);   /* current on this thread */
@@ -1612,10 +1620,34 @@ int kl_backend_gpu_available(void)
     return kl_gpu_device_count() > 0;
 }
 
+/* Adds rank info r to the sum s (the ranks were loaded one after another). */
+static void add_load_info(kl_gpu_load_info *s, const kl_gpu_load_info *r)
+{
+    s->bytes += r->bytes, s->windows += r->windows, s->pinned += r->pinned;
+    double *sum[] = {&s->device_s, &s->buffers_s, &s->wait_s, &s->plan_s, &s->alloc_s,
+                     &s->fill_s, &s->pools_s, &s->finish_s, &s->fill_read_s, &s->fill_wait_s,
+                     &s->fill_idle_s, &s->fill_issue_s};
+    const double *add[] = {&r->device_s, &r->buffers_s, &r->wait_s, &r->plan_s, &r->alloc_s,
+                           &r->fill_s, &r->pools_s, &r->finish_s, &r->fill_read_s,
+                           &r->fill_wait_s, &r->fill_idle_s, &r->fill_issue_s};
+    for (size_t i = 0; i < sizeof sum / sizeof *sum; i++)
+        *sum[i] += *add[i];
+}
+
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
 {
-    *out = be && be->ops == &gpu_ops ? impl((kl_backend *)be)->load
-                                     : (kl_gpu_load_info){.how = ""};
+    *out = be && (be->ops == &gpu_ops || be->ops == &gpu_rank_ops)
+               ? impl((kl_backend *)be)->load
+               : (kl_gpu_load_info){.how = ""};
+    const unsigned n = kl_backend_tp_size(be);
+    for (unsigned r = 0; r < n; r++) {   /* tensor parallel: rank 0's settings, summed work */
+        kl_gpu_load_info ri;
+        kl_backend_gpu_load_info(kl_backend_tp_rank(be, r), &ri);
+        if (!r)
+            *out = ri;
+        else
+            add_load_info(out, &ri);
+    }
 }
 
 void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)

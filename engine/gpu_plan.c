@@ -108,7 +108,8 @@ static int cmp_piece(const void *a, const void *b)
 
 static void add_vec(kl_gpu_plan *p, uint32_t arena, uint64_t dst, const float *v, uint64_t n)
 {
-    p->pieces[p->n_pieces++] = (kl_plan_piece){arena, dst, KL_PLAN_HOST, 0, v, n * sizeof *v};
+    p->pieces[p->n_pieces++] = (kl_plan_piece){.arena = arena, .dst = dst, .shard = KL_PLAN_HOST,
+                                               .host = v, .bytes = n * sizeof *v};
 }
 
 /* One piece per matrix tensor (file pieces first, by shard and offset), then the vectors. */
@@ -131,9 +132,14 @@ static int make_pieces(kl_gpu_plan *p, const kl_model *m, kl_err *err)
                                s->layer, s->expert);
             if (d)
                 continue;
+            if (s->pitch && (host || !s->width || s->bytes % s->width || s->pitch < s->width))
+                return kl_fail(err, KL_E_BUG, "tensor %zu (%s, layer %d): rows of %llu bytes "
+                               "%llu apart, %llu bytes%s", i, kl_role_name(s->role), s->layer,
+                               (unsigned long long)s->width, (unsigned long long)s->pitch,
+                               (unsigned long long)s->bytes, host ? " in host memory" : "");
             p->pieces[p->n_pieces++] = (kl_plan_piece){arena, dst, host ? KL_PLAN_HOST
                                                                         : s->shard, s->off,
-                                                       s->host, s->bytes};
+                                                       s->host, s->bytes, s->pitch, s->width};
             if (!host)
                 p->file_bytes += s->bytes;
         }
@@ -293,6 +299,55 @@ static int copy_part(filler *f, const kl_plan_piece *pc, uint64_t from, const ui
                         pinned, err);
 }
 
+/* The end of piece pc's bytes in its file (past its last row when it has a pitch). */
+static uint64_t piece_end(const kl_plan_piece *pc)
+{
+    return pc->pitch && pc->bytes ? pc->src + (pc->bytes / pc->width - 1) * pc->pitch + pc->width
+                                  : pc->src + pc->bytes;
+}
+
+/* Rows [i, i + n) of piece pc (which has a pitch), whose source is at src. */
+static int copy_rows(filler *f, const kl_plan_piece *pc, uint64_t i, uint64_t n,
+                     const uint8_t *src, int pinned, kl_err *err)
+{
+    const uint64_t w = pc->width;
+    if (!f->ops->copy_rows) {
+        int rc = 0;
+        for (uint64_t k = 0; !rc && k < n; k++)
+            rc = copy_part(f, pc, (i + k) * w, src + k * pc->pitch, w, pinned, err);
+        return rc;
+    }
+    f->st.bytes += n * w;
+    return f->ops->copy_rows(f->ops->ctx, f->arena[pc->arena] + pc->dst + i * w, src, (size_t)w,
+                             (size_t)pc->pitch, (size_t)n, pinned, err);
+}
+
+/* Bytes [from, from + len) of piece pc's span in the file, at src: a contiguous piece's bytes
+ * from `from`; of a piece with a pitch, the parts of its rows in that range (row i: its bytes
+ * [i * pitch, i * pitch + width) go to i * width): whole rows together, cut ones alone. */
+static int copy_range(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *src,
+                      uint64_t len, int pinned, kl_err *err)
+{
+    if (!pc->pitch)
+        return copy_part(f, pc, from, src, len, pinned, err);
+    const uint64_t P = pc->pitch, w = pc->width, rows = pc->bytes / w, end = from + len;
+    int rc = 0;
+    for (uint64_t i = from / P; !rc && i < rows && i * P < end;) {
+        const uint64_t r0 = i * P, lo = r0 > from ? r0 : from, hi = r0 + w < end ? r0 + w : end;
+        uint64_t whole = lo == r0 && end >= r0 + w ? (end - r0 - w) / P + 1 : 0;
+        whole = whole < rows - i ? whole : rows - i;
+        if (whole > 1) {
+            rc = copy_rows(f, pc, i, whole, src + (r0 - from), pinned, err);
+            i += whole;
+            continue;
+        }
+        if (hi > lo)
+            rc = copy_part(f, pc, i * w + (lo - r0), src + (lo - from), hi - lo, pinned, err);
+        i++;
+    }
+    return rc;
+}
+
 /* Waits for window slot's copies, then unpins and unmaps it (nothing when empty). */
 static int release(filler *f, unsigned slot, kl_err *err)
 {
@@ -339,10 +394,10 @@ static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsig
     for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
                            pc[j].src < sp->we; j++) {
         uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
-        uint64_t end = pc[j].src + pc[j].bytes, hi = end < sp->we ? end : sp->we;
+        uint64_t end = piece_end(&pc[j]), hi = end < sp->we ? end : sp->we;
         if (hi > lo)
-            rc = copy_part(f, &pc[j], lo - pc[j].src, base + (lo - sp->ws), hi - lo, pinned,
-                           err);
+            rc = copy_range(f, &pc[j], lo - pc[j].src, base + (lo - sp->ws), hi - lo, pinned,
+                            err);
     }
     if (!rc && f->ops->mark)
         rc = f->ops->mark(f->ops->ctx, slot, err);
@@ -377,7 +432,7 @@ static uint64_t span_end(const kl_plan_piece *pc, size_t n, size_t j, uint64_t w
 {
     uint64_t end = 0;
     for (size_t i = j; i < n && pc[i].shard == pc[j].shard && pc[i].src < we; i++)
-        end = pc[i].src + pc[i].bytes > end ? pc[i].src + pc[i].bytes : end;
+        end = piece_end(&pc[i]) > end ? piece_end(&pc[i]) : end;
     end = (end + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
     return end < we ? end : we;
 }
@@ -406,7 +461,7 @@ static int walk_windows(filler *f, const char *const *paths, uint64_t align, kl_
             j++;
             continue;
         }
-        if (pc[j].src + pc[j].bytes > size) {
+        if (piece_end(&pc[j]) > size) {
             rc = kl_fail(err, KL_E_IO, "the file is shorter than its header says");
             kl_err_context(err, paths[pc[j].shard], NULL, pc[j].src, NULL);
             return rc;
@@ -422,7 +477,7 @@ static int walk_windows(filler *f, const char *const *paths, uint64_t align, kl_
         }
         f->spans[f->n_spans++] = (wspan){pc[j].shard, ws, we, j};
         while (j < n && pc[j].shard == f->spans[f->n_spans - 1].shard &&
-               pc[j].src + pc[j].bytes <= we)
+               piece_end(&pc[j]) <= we)
             j++;
         pos = we;
     }
@@ -761,7 +816,7 @@ static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_e
 static int read_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
 {
     filler *f = ctx;
-    f->cb_rc = copy_part(f, &f->p->pieces[ext_idx], ext_off, data, len, 0, f->cb_err);
+    f->cb_rc = copy_range(f, &f->p->pieces[ext_idx], ext_off, data, len, 0, f->cb_err);
     return f->cb_rc;
 }
 
@@ -778,7 +833,7 @@ static int fill_read(filler *f, const char *const *paths, kl_direct_mode direct,
             int idx = kl_reader_add_file(rd, paths[n_files], err);
             rc = idx < 0 ? idx : 0;
         }
-        ext[i] = (kl_extent){x->shard, x->src, x->bytes};
+        ext[i] = (kl_extent){x->shard, x->src, piece_end(x) - x->src};
     }
     kl_err cb_err;
     kl_err_clear(&cb_err);

@@ -10,7 +10,9 @@
  *
  * Pieces: each schema tensor's bytes (or a host vector) and where they go: file pieces come
  * first, ordered by (shard, file offset), then host pieces (vectors; every tensor when the host
- * model read its matrices: KL_GPU_LOAD=host).  Pieces never overlap in an arena.
+ * model read its matrices: KL_GPU_LOAD=host).  Pieces never overlap in an arena.  A file piece
+ * with a pitch (a tensor-parallel column cut: part of every row) spans its rows in the file,
+ * and the fill packs its rows' parts together in the arena.
  *
  * Fill: host pieces are copied from host memory.  File pieces, mode MAPPED: each shard is
  * mapped a window at a time (read-only, MAP_SHARED, window_bytes), the window is pinned through
@@ -52,7 +54,9 @@ typedef struct kl_plan_piece {
     uint32_t    shard;                  /* KL_PLAN_HOST: from host */
     uint64_t    src;                    /* file offset in the shard */
     const void *host;                   /* host source (shard KL_PLAN_HOST) */
-    uint64_t    bytes;
+    uint64_t    bytes;                  /* what the arena receives */
+    uint64_t    pitch, width;           /* 0: contiguous; else a file piece of bytes / width
+                                           rows of width bytes, pitch bytes apart from src */
 } kl_plan_piece;
 
 typedef struct kl_gpu_plan {
@@ -91,6 +95,9 @@ typedef struct kl_fill_ops {
     int  (*wait)(void *ctx, unsigned slot, kl_err *err);
     int  (*host_alloc)(void *ctx, void **p, size_t bytes, kl_err *err);  /* RING: pinned */
     void (*host_free)(void *ctx, void *p);
+    /* rows of width bytes, pitch apart at src, packed at dst; NULL: a copy per row */
+    int  (*copy_rows)(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
+                      size_t rows, int pinned, kl_err *err);
 } kl_fill_ops;
 
 typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ, KL_FILL_RING } kl_fill_mode;

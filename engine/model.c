@@ -165,8 +165,9 @@ static int note_sources(kl_model *m, const kl_checkpoint *ck, const kl_ckcheck *
         if (!ct)
             return kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET,
                               "checked checkpoint lacks a schema tensor");
-        m->src[i] = (kl_model_src){e->role, e->part, e->layer, e->expert, ct->shard,
-                                   ct->t->file_off, ct->t->n_bytes, NULL};
+        m->src[i] = (kl_model_src){.role = e->role, .part = e->part, .layer = e->layer,
+                                   .expert = e->expert, .shard = ct->shard,
+                                   .off = ct->t->file_off, .bytes = ct->t->n_bytes};
         m->weight_bytes += ct->t->n_bytes;
     }
     return 0;

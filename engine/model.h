@@ -59,6 +59,9 @@ typedef struct kl_model_src {
     int32_t        layer, expert;         /* -1: global / not an expert */
     uint32_t       shard;                 /* index into kl_model.shard_paths */
     uint64_t       off, bytes;            /* the payload in that file */
+    uint64_t       pitch, width;          /* 0: the payload is contiguous; else it is bytes /
+                                             width rows of width bytes, pitch bytes apart
+                                             from off (a tensor-parallel column cut) */
     const void    *host;                  /* the payload in memory; NULL when not read */
 } kl_model_src;
 

@@ -9,10 +9,7 @@
 #include "loader/arena.h"
 #include "loader/tp_split.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <string.h>
-#include <unistd.h>
 
 /* The cut's owned buffers (column copies), grown as they come. */
 typedef struct owned {
@@ -106,7 +103,7 @@ static void add_src(kl_model *m, kl_role role, int32_t layer, int32_t expert, co
 {
     if (w->kind == KL_W_NONE)
         return;
-    kl_model_src s = {role, KL_PART_WEIGHT, layer, expert, 0, 0, 0, NULL};
+    kl_model_src s = {.role = role, .part = KL_PART_WEIGHT, .layer = layer, .expert = expert};
     if (w->kind == KL_W_MXFP4) {
         s.part = KL_PART_PACKED, s.host = w->packed, s.bytes = w->rows * w->cols / 2;
         m->src[m->n_src++] = s;
@@ -163,34 +160,11 @@ static kl_wmat *bound(kl_model *m, const kl_model_src *s)
     return L->vec[s->role] ? NULL : &L->w[s->role];
 }
 
-/* Bytes [off, off + n) of shard s of m's checkpoint into buf. */
-static int read_at(const kl_model *m, uint32_t s, uint64_t off, void *buf, size_t n, kl_err *err)
-{
-    int fd = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC), rc = 0;
-    if (fd < 0)
-        rc = kl_fail_sys(err, KL_E_IO, errno, "cannot open a shard for a tensor-parallel cut");
-    for (size_t got = 0; !rc && got < n;) {
-        ssize_t k = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
-        if (k <= 0) {
-            rc = k < 0 ? kl_fail_sys(err, KL_E_IO, errno, "reading a tensor for a cut")
-                       : kl_fail(err, KL_E_IO, "the shard ends inside a tensor");
-            kl_err_context(err, NULL, NULL, off + got, NULL);
-        }
-        got += k > 0 ? (size_t)k : 0;
-    }
-    if (fd >= 0)
-        close(fd);
-    if (rc)
-        kl_err_context(err, m->shard_paths[s], NULL, KL_NO_OFFSET, NULL);
-    return rc;
-}
-
-/* Source w of the whole model (its matrix wm, whole src entry ws) as the cut needs it: row cuts
- * and whole tensors stay file ranges (their rows are contiguous); a column cut is read and its
- * columns copied into host memory the cut owns (and its matrix cm points at them). */
-static int file_source(kl_model *c, const kl_model *m, const kl_wmat *wm, kl_wmat *cm,
-                       const kl_model_src *ws, kl_tp_split sp, unsigned tp, unsigned r,
-                       owned *o, kl_err *err)
+/* Source ws of the whole model (its matrix wm) as the cut needs it, still in m's files: a row
+ * cut is its rows' range, a column cut its columns' bytes of every row (pitch: the whole
+ * row), a whole tensor unchanged. */
+static void file_source(kl_model *c, const kl_wmat *wm, const kl_model_src *ws, kl_tp_split sp,
+                        unsigned tp, unsigned r)
 {
     kl_model_src cs = *ws;
     const uint64_t rows = wm->rows, rb = ws->bytes / (rows ? rows : 1);
@@ -200,34 +174,15 @@ static int file_source(kl_model *c, const kl_model *m, const kl_wmat *wm, kl_wma
         cs.off += start * rb, cs.bytes = len * rb;
     } else if (sp.kind == KL_TP_IN) {   /* its columns [start, start + len) of every row */
         kl_tp_part(wm->cols, tp, r, &start, &len);
-        const uint64_t b0 = start * rb / wm->cols, bn = len * rb / wm->cols;
-        uint8_t *all = kl_malloc(ws->bytes ? ws->bytes : 1), *part = kl_malloc(rows * bn + 1);
-        int rc = all && part && !own(o, part) ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
-        if (rc)
-            kl_free(part);
-        if (!rc)
-            rc = read_at(m, ws->shard, ws->off, all, ws->bytes, err);
-        for (uint64_t i = 0; !rc && i < rows; i++)
-            memcpy(part + i * bn, all + i * rb + b0, bn);
-        kl_free(all);
-        if (rc)
-            return rc;
-        cs.shard = 0, cs.off = 0, cs.host = part, cs.bytes = rows * bn;
-        o->bytes += cs.bytes;
-        if (ws->part == KL_PART_SCALE)
-            cm->scale = part;
-        else if (ws->part == KL_PART_PACKED)
-            cm->packed = part;
-        else
-            cm->data = part;
+        cs.width = len * rb / wm->cols, cs.pitch = rb;
+        cs.off += start * rb / wm->cols, cs.bytes = rows * cs.width;
     }
     c->src[c->n_src++] = cs;
-    return 0;
 }
 
 /* Every matrix of cut model c from m's files (m opened vectors_only), and the final norm. */
 static int file_sources(kl_model *c, const kl_model *m, unsigned tp, unsigned r, int ep,
-                        owned *o, kl_err *err)
+                        kl_err *err)
 {
     if (!(c->src = kl_calloc(m->n_src + 1, sizeof *c->src)) ||
         !(c->shard_paths = kl_calloc(m->n_shards ? m->n_shards : 1, sizeof *c->shard_paths)))
@@ -235,8 +190,7 @@ static int file_sources(kl_model *c, const kl_model *m, unsigned tp, unsigned r,
     for (uint32_t i = 0; i < m->n_shards; i++, c->n_shards++)
         if (!(c->shard_paths[i] = kl_strdup(m->shard_paths[i])))
             return kl_fail(err, KL_E_NOMEM, "out of memory");
-    int rc = 0;
-    for (size_t i = 0; i < m->n_src && !rc; i++) {
+    for (size_t i = 0; i < m->n_src; i++) {
         const kl_model_src *ws = &m->src[i];
         const kl_wmat *wm = ws->role == KL_ROLE_FINAL_NORM ? NULL : bound((kl_model *)m, ws);
         kl_wmat *cm = wm ? bound(c, ws) : NULL;
@@ -248,9 +202,9 @@ static int file_sources(kl_model *c, const kl_model *m, unsigned tp, unsigned r,
                                        : kl_tp_split_of(ws->role, ep);
         if (tp <= 1 || sp.kind == KL_TP_OWNER)
             sp.kind = KL_TP_WHOLE;
-        rc = file_source(c, m, wm, cm, ws, sp, tp, r, o, err);
+        file_source(c, wm, ws, sp, tp, r);
     }
-    return rc;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -294,7 +248,7 @@ static int cut_model(kl_model *c, const kl_model *m, unsigned tp, unsigned r, in
     for (uint32_t l = 0; l < nl && !rc; l++)
         rc = cut_layer(&m->layers[l], &c->layers[l], tp, r, ep && tp > 1, E, &o, err);
     if (!rc)
-        rc = m->matrices_read ? make_sources(c, m, err) : file_sources(c, m, tp, r, ep, &o, err);
+        rc = m->matrices_read ? make_sources(c, m, err) : file_sources(c, m, tp, r, ep, err);
     for (size_t i = 0; !rc && !m->matrices_read && i < c->n_src; i++)
         c->weight_bytes += c->src[i].bytes;
     c->bufs = o.p;

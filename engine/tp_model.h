@@ -18,10 +18,10 @@
  * The cut model borrows m's payloads for row cuts and whole tensors (m must outlive it) and
  * owns its column copies and its fp32 vector slices; its sources (m->src: what the GPU plan
  * places, engine/gpu_plan.h) are every matrix in host memory.  From m opened vectors_only the
- * cut has no payloads but its column copies: its row cuts and whole tensors are sources in
- * m's files (their rows are contiguous there: each rank reads only its rows), its column cuts
- * are read once from the files and copied (host sources); such a cut is for a GPU rank only
- * (matrices_read 0).  Its pool is m's (ranks run one at a time on the CPU).  tp 1 gives a
+ * cut has no payloads: its sources are in m's files, a row cut its rows' range (each rank
+ * reads only its rows), a column cut its columns' bytes of every row (a source with a pitch:
+ * the GPU fill copies those rows' parts); such a cut is for a GPU rank only (matrices_read
+ * 0).  Its pool is m's (ranks run one at a time on the CPU).  tp 1 gives a
  * model with m's weights, unchanged.
  */
 #ifndef KL_ENGINE_TP_MODEL_H
@@ -35,7 +35,7 @@
  * other ranks, moe_intermediate_size then whole (the CPU backend runs such a rank; the GPU's
  * stacked expert layout does not take absent experts).  KL_E_USAGE: tp not one of
  * kl_tp_sizes(&m->cfg, ep) (naming them), rank >= tp; KL_E_UNSUPPORTED: an MXFP4 column cut
- * off its 32-value blocks; KL_E_IO reading a column-cut tensor (naming the shard); KL_E_NOMEM.
+ * off its 32-value blocks; KL_E_NOMEM.
  * Free with kl_model_tp_free. */
 int  kl_model_tp_cut(kl_model **out, const kl_model *m, unsigned tp, unsigned rank, int ep,
                      kl_err *err);

@@ -29,6 +29,7 @@
 #define hipFree                 cudaFree
 #define hipMemcpy               cudaMemcpy
 #define hipMemcpyAsync          cudaMemcpyAsync
+#define hipMemcpy2DAsync        cudaMemcpy2DAsync
 #define hipMemset               cudaMemset
 #define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost

@@ -182,6 +182,13 @@ extern "C" int kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_strea
     return KL_GPU_CHECK(err, hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, STREAM(s)));
 }
 
+extern "C" int kl_gpu_h2d_rows(void *dst, const void *src, size_t width, size_t pitch,
+                               size_t rows, kl_gpu_stream s, kl_err *err)
+{
+    return KL_GPU_CHECK(err, hipMemcpy2DAsync(dst, width, src, pitch, width, rows,
+                                              hipMemcpyHostToDevice, STREAM(s)));
+}
+
 extern "C" int kl_gpu_d2h(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err)
 {
     return KL_GPU_CHECK(err, hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToHost, STREAM(s)));

@@ -55,6 +55,9 @@ int  kl_gpu_event_sync(kl_gpu_event e, kl_err *err);
 /* Copies on a stream (h2d / d2h / d2d); asynchronous only when the host side is pinned. */
 int  kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
 int  kl_gpu_d2h(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
+/* rows of width bytes each, pitch bytes apart in host memory, packed together at dst */
+int  kl_gpu_h2d_rows(void *dst, const void *src, size_t width, size_t pitch, size_t rows,
+                     kl_gpu_stream s, kl_err *err);
 int  kl_gpu_d2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);
 int  kl_gpu_memset(void *dst, int byte, size_t bytes, kl_gpu_stream s, kl_err *err);
 

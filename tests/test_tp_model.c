@@ -175,6 +175,9 @@ START_TEST(refusals)
     ck_assert_ptr_null(be);
     ck_assert_int_eq(kl_model_tp_cut(&c, v, 2, 1, 0, &err), 0);   /* a GPU rank's: from files */
     ck_assert(!c->matrices_read && c->n_shards == v->n_shards);
+    /* nothing copied: MLA's o_proj in layer 1 is its columns of each row in the file */
+    ck_assert(c->cut_copied_bytes == 0 && c->n_bufs == 0);
+    ck_assert_ptr_null(c->layers[1].w[KL_ROLE_MLA_O].data);
     kl_model_tp_free(c);
     kl_model_tp_free(NULL);
     kl_model_close(v);

@@ -15,7 +15,8 @@
 #   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
 #   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=tpcheck: GPU tensor parallel (TPS,
-#   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions.  STAGES=ncu: Nsight Compute's time of every
+#   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions;
+#   STAGES=tpbench: the full model's load and decode at each size of TPLOADS.  STAGES=ncu: Nsight Compute's time of every
 #   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt); STAGES=ncukernel: its
 #   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
 #   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
@@ -153,6 +154,21 @@ stage_tpcheck() {
                 "$prompt" "$greedy" "$W/tp-$name-$tp.bin" || { row "$name TP $tp: refused"; continue; }
             row "$(summary "$name gpu-tp$tp-vs-cpu-tp1 [${TP_CONFIG:-}]" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-cpu.bin" "$W/tp-$name-$tp.bin")")"
         done
+    done
+}
+
+# the full geometry loaded and decoded at each tensor-parallel size of TPLOADS (default
+# "1 2 4"; the page cache warm): load s and GB/s, where the host memory peaked, time to first
+# token, decode tok/s (ranks on one device take turns and sum through the host: a cost, not
+# the multi-GPU figure)
+stage_tpbench() {
+    local D="$W/full-mxfp4" tp
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    cat "$D"/*.safetensors > /dev/null
+    for tp in ${TPLOADS:-1 2 4}; do
+        "$KL" bench decode "$D" --device gpu --tp $tp --prompt-tokens 64 --tokens 16 --json -q \
+            > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
+        row "tpbench TP $tp $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
     done
 }
 

@@ -53,7 +53,7 @@ static void make_plan(kl_gpu_plan *p, std::vector<kl_plan_piece> &pc, uint64_t *
     while (src < FILE_BYTES) {
         uint64_t r = t_u32(), n = 1 + (r % 4 == 0 ? t_u32() % 997 : t_u32() % most);
         n = std::min<uint64_t>(n, FILE_BYTES - src);
-        pc.push_back(kl_plan_piece{0, dst, 0, src, NULL, n});
+        pc.push_back(kl_plan_piece{0, dst, 0, src, NULL, n, 0, 0});
         dst = (dst + n + KL_PLAN_ALIGN - 1) / KL_PLAN_ALIGN * KL_PLAN_ALIGN;
         src += n + t_u32() % 256;
     }
@@ -75,6 +75,12 @@ struct fill_ctx {
 static int f_copy(void *ctx, void *dst, const void *src, size_t n, int pinned, kl_err *err)
 {
     return kl_gpu_h2d(dst, src, n, ((fill_ctx *)ctx)->st, err);
+}
+
+static int f_copy_rows(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
+                       size_t rows, int pinned, kl_err *err)
+{
+    return kl_gpu_h2d_rows(dst, src, width, pitch, rows, ((fill_ctx *)ctx)->st, err);
 }
 
 static int f_pin(void *ctx, void *p, size_t n)
@@ -173,10 +179,11 @@ static void run_fill(const char *where, const char *how, const char *path, const
     if (mapped_part)   /* as the backend's KL_GPU_LOAD=hybrid: both at once */
         second = std::thread([&] {
             kl_fill_ops ops = {&f[1], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc,
-                               f_host_free};
+                               f_host_free, f_copy_rows};
             rc2 = kl_gpu_fill(&part[1], paths, arenas, &ops, mapped_part, &st2, &err2);
         });
-    kl_fill_ops ops = {&f[0], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc, f_host_free};
+    kl_fill_ops ops = {&f[0], f_copy,       f_pin,       f_unpin,    f_mark,
+                       f_wait,  f_host_alloc, f_host_free, f_copy_rows};
     t_ok(kl_gpu_fill(&part[0], paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
     if (mapped_part)
         second.join();
