@@ -485,6 +485,10 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddStringToObject(j, "load_how", l->gpu_load.how ? l->gpu_load.how : "");
         cJSON_AddNumberToObject(j, "load_windows", (double)l->gpu_load.windows);
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
+        /* bytes read from the checkpoint's files and copied to the GPU(s): with tensor
+         * parallel, the ranks' pieces share bytes (read once, copied to each rank) */
+        cJSON_AddNumberToObject(j, "load_read_bytes", (double)l->gpu_load.read_bytes);
+        cJSON_AddNumberToObject(j, "load_copied_bytes", (double)l->gpu_load.bytes);
         add_load_phases(j, l);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);

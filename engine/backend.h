@@ -180,14 +180,16 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
  * $KL_GPU_FUSE_SMALL=0: one-token steps launch SiLU gating and KDA's f_b / g_b separately.  In
  * a build without GPU support (make without GPU=cuda|hip) it fails with KL_E_UNSUPPORTED. */
 int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
-/* The same as a rank of engine/backend_tp.h on device dev (m a cut model, engine/tp_model.h):
- * every operation makes dev current first (ranks on several devices are driven from one
- * thread); decode graphs off, since the ranks' block outputs are summed between blocks
- * (through the host for now).  stream_of (NULL: none): an earlier rank on the same device
- * whose stream this one takes, so that their kernels never overlap (some keep scratch in
- * device globals). */
-int  kl_backend_gpu_create_rank(kl_backend **out, struct kl_model *m, int dev,
-                                kl_backend *stream_of, kl_err *err);
+/* out[r] = a GPU backend of cut model cuts[r] (engine/tp_model.h) as rank r of n (1 to 8) of
+ * engine/backend_tp.h, on device r % visible devices: every operation makes its device
+ * current first (ranks on several devices are driven from one thread); decode graphs off,
+ * since the ranks' block outputs are summed between blocks (through the host for now); ranks
+ * on one device share the first one's stream, so that their kernels never overlap (some keep
+ * scratch in device globals).  Their weights come in one pass over the files
+ * (kl_gpu_plan_merge: each byte read once, copied to every rank that holds it; the load info
+ * of rank 0 has that fill's figures).  On an error none is left (out[] NULL). */
+int  kl_backend_gpu_create_ranks(kl_backend **out, struct kl_model *const *cuts, unsigned n,
+                                 kl_err *err);
 /* Visible devices (0 in a build without GPU support). */
 int  kl_backend_gpu_devices(void);
 
@@ -240,6 +242,7 @@ int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
 typedef struct kl_gpu_load_info {
     const char *how;
     uint64_t    bytes, windows, pinned;
+    uint64_t    read_bytes;             /* of the files: windows or ring spans read */
     unsigned    threads, buffers;       /* RING: load threads, buffers (mapped: threads) */
     size_t      buffer_bytes;           /* RING buffer or mapped window (0: the default) */
     const char *buffer_mem;             /* RING: "hugetlb", "thp" (one registered region) or

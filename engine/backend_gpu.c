@@ -150,6 +150,9 @@ typedef struct gpu_be {
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
     int        st_shared;                     /* st is another rank's (not destroyed here) */
     int        dev;                           /* the device it lives on */
+    kl_gpu_plan pend_plan;                    /* a rank's arenas allocated, their fill left to */
+    uint8_t   **pend_arena;                   /* the ranks' one fill (kl_backend_gpu_create_
+                                                 ranks); NULL once filled */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -329,6 +332,7 @@ struct kl_gpu_prep {
     int           overlap;                 /* $KL_GPU_LOAD_OVERLAP != 0: threads run ahead */
     int           huge;                    /* $KL_GPU_LOAD_HUGE != 0: one mapped 2 MiB region */
     int           want_buffers;            /* RING from the files: allocate the ring's buffers */
+    int           defer_fill;              /* a rank: arenas allocated, not filled (upload_model) */
     kl_gpu_stream st;                      /* handed to the backend */
     kl_gpu_event  ev[2 * KL_FILL_MAX_SLOTS];   /* one per ring buffer or window slot; the
                                                   second half: hybrid's mapped part */
@@ -508,6 +512,7 @@ static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const k
     kl_gpu_load_info *li = &g->load;
     li->how = p->n_file ? pr->how : "host";
     li->bytes = a->bytes + b->bytes;
+    li->read_bytes = a->read_bytes + b->read_bytes;
     li->windows = a->windows + b->windows;
     li->pinned = a->pinned + b->pinned;
     li->threads = o->threads;
@@ -597,8 +602,8 @@ static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
     double t2 = kl_now_s();
     side_alloc side = {0};
     if (!rc)
-        side_start(&side, g, pr->overlap);
-    if (!rc)
+        side_start(&side, g, pr->overlap && !pr->defer_fill);
+    if (!rc && !pr->defer_fill)
         rc = fill_arenas(g, &p, arena, pr, err);
     double t3 = kl_now_s();
     rc = side_end(&side, rc, err);
@@ -607,6 +612,11 @@ static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
     li->fill_s = t3 - t2;
     li->pools_s = side.s;
     li->finish_s = kl_now_s() - t3;   /* waiting for the pools, if they took longer */
+    if (!rc && pr->defer_fill) {   /* kept for the ranks' one fill */
+        g->pend_plan = p;
+        g->pend_arena = arena;
+        return 0;
+    }
     kl_free(arena);
     kl_gpu_plan_free(&p);
     return rc;
@@ -1357,6 +1367,8 @@ static void gpu_destroy(kl_backend *be)
     kl_gpu_host_free(g->host_tok);
     if (!g->st_shared)
         kl_gpu_stream_destroy(g->st);
+    kl_gpu_plan_free(&g->pend_plan);
+    kl_free(g->pend_arena);
     kl_free(g->allocs);
     kl_free(g->L);
     kl_free(g->mla_cap);
@@ -1580,34 +1592,203 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, int dev, kl_backend *stream_of,
-                               kl_err *err)
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor-parallel ranks: their arenas allocated, then filled together in one pass over the    */
+/* files (kl_gpu_plan_merge): each byte read once and copied to every rank that holds it       */
+
+#define RANKS_MAX 8
+
+/* The ranks' one fill: a copy goes to the stream of the rank whose arena holds dst (its
+ * device made current first); a mark records the slot's event on every rank's own stream. */
+typedef struct ranks_fill {
+    gpu_be *const  *g;
+    unsigned        n;
+    uint8_t *const *arena;        /* [n_arenas] the merged plan's */
+    const uint64_t *bytes;        /* [n_arenas] */
+    uint32_t        n_arenas;
+    int             cur;          /* the device current on the copying thread (-1: unknown) */
+    kl_gpu_event    ev[RANKS_MAX][KL_FILL_MAX_SLOTS];   /* ranks with a stream of their own */
+} ranks_fill;
+
+/* The rank whose arena holds dst, its device current on this thread. */
+static gpu_be *rank_of(ranks_fill *f, const void *dst, kl_err *err)
 {
-    *out = NULL;
-    kl_gpu_prep *pr = prep_new();
-    if (!pr)
-        return kl_fail(err, KL_E_NOMEM, "out of memory");
-    pr->dev = dev;
-    int rc = kl_backend_gpu_create_prepared(out, m, pr, err);
-    if (rc)
-        return rc;
-    gpu_be *g = impl(*out);
+    unsigned per = f->n_arenas / f->n;   /* each rank's plan has the same arenas */
+    for (uint32_t a = 0; a < f->n_arenas; a++) {
+        if ((const uint8_t *)dst < f->arena[a] || (const uint8_t *)dst >= f->arena[a] + f->bytes[a])
+            continue;
+        gpu_be *g = f->g[a / per];
+        if (g->dev != f->cur && kl_gpu_device_open(g->dev, NULL, 0, err))
+            return NULL;
+        f->cur = g->dev;
+        return g;
+    }
+    kl_fail(err, KL_E_BUG, "a copy to no rank's weights");
+    return NULL;
+}
+
+static int ranks_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned,
+                      kl_err *err)
+{
+    gpu_be *g = rank_of(ctx, dst, err);
+    return g ? kl_gpu_h2d(dst, src, bytes, g->st, err) : err->code;
+}
+
+static int ranks_copy_rows(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
+                           size_t rows, int pinned, kl_err *err)
+{
+    gpu_be *g = rank_of(ctx, dst, err);
+    return g ? kl_gpu_h2d_rows(dst, src, width, pitch, rows, g->st, err) : err->code;
+}
+
+static int ranks_mark(void *ctx, unsigned slot, kl_err *err)
+{
+    ranks_fill *f = ctx;
+    int rc = 0;
+    for (unsigned r = 0; r < f->n && !rc; r++)
+        if (!f->g[r]->st_shared) {
+            rc = kl_gpu_device_open(f->g[r]->dev, NULL, 0, err);
+            f->cur = f->g[r]->dev;
+            if (!rc)
+                rc = kl_gpu_event_record(f->ev[r][slot], f->g[r]->st, err);
+        }
+    return rc;
+}
+
+static int ranks_wait(void *ctx, unsigned slot, kl_err *err)
+{
+    ranks_fill *f = ctx;
+    int rc = 0;
+    for (unsigned r = 0; r < f->n && !rc; r++)
+        if (!f->g[r]->st_shared)
+            rc = kl_gpu_event_sync(f->ev[r][slot], err);
+    return rc;
+}
+
+/* How the ranks' fill reads: $KL_GPU_LOAD as fill_options takes it, but through the ring where
+ * it names the staged reader (which refuses the ranks' shared bytes) or a hybrid. */
+static const char *ranks_options(kl_fill_opts *o)
+{
+    const char *how = getenv("KL_GPU_LOAD");
+    if (how && !strcmp(how, "direct"))
+        how = "ring-direct";
+    else if (how && (!strcmp(how, "read") || !strcmp(how, "hybrid")))
+        how = "ring";
+    return fill_options(how, o);
+}
+
+/* Every rank's pending arenas filled in one pass; the fill's figures go to rank 0's load. */
+static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *err)
+{
+    ranks_fill *f = kl_calloc(1, sizeof *f);
+    kl_gpu_plan plans[RANKS_MAX], all = {0};
+    uint8_t **arena = NULL;
+    int rc = f ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (unsigned r = 0; r < n; r++)
+        plans[r] = g[r]->pend_plan;
+    if (!rc)
+        rc = kl_gpu_plan_merge(plans, n, &all, err);
+    if (!rc && !(arena = kl_calloc(all.n_arenas ? all.n_arenas : 1, sizeof *arena)))
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (unsigned r = 0, a = 0; !rc && r < n; a += plans[r++].n_arenas)
+        memcpy(arena + a, g[r]->pend_arena, plans[r].n_arenas * sizeof *arena);
+    if (f)
+        *f = (ranks_fill){.g = g, .n = n, .arena = arena, .bytes = all.arena_bytes,
+                          .n_arenas = all.n_arenas, .cur = -1};
+    for (unsigned r = 0; !rc && r < n; r++)
+        for (unsigned s = 0; !rc && !g[r]->st_shared && s < KL_FILL_MAX_SLOTS; s++)
+            if (!(rc = kl_gpu_device_open(g[r]->dev, NULL, 0, err)))
+                rc = kl_gpu_event_create(&f->ev[r][s], err);
+    kl_fill_opts o;
+    kl_gpu_load_info *li = &g[0]->load;
+    li->how = ranks_options(&o);
+    kl_fill_ops ops = {f,         ranks_copy, fill_pin,        fill_unpin,     ranks_mark,
+                       ranks_wait, fill_host_alloc, fill_host_free, ranks_copy_rows};
+    kl_fill_stats st = {0};
+    double t0 = kl_now_s();
+    if (!rc)
+        rc = kl_gpu_fill(&all, (const char *const *)m->shard_paths, arena, &ops, &o, &st, err);
+    for (unsigned r = 0; r < n; r++) {   /* every copy done (or stopped) before anything goes */
+        kl_err e;
+        kl_err_clear(&e);
+        int s = g[r]->st_shared ? 0 : kl_gpu_device_open(g[r]->dev, NULL, 0, &e);
+        if (!s && !g[r]->st_shared)
+            s = kl_gpu_stream_sync(g[r]->st, &e);
+        if (s && !rc) {
+            *err = e;
+            rc = s;
+        }
+    }
+    li->fill_s += kl_now_s() - t0;
+    li->bytes = st.bytes, li->read_bytes = st.read_bytes;
+    li->windows = st.windows, li->pinned = st.pinned;
+    li->threads = o.threads, li->buffers = o.mode == KL_FILL_RING ? o.windows : 0;
+    li->buffer_bytes = o.window_bytes, li->buffer_mem = "pinned";
+    li->fill_read_s = st.read_s, li->fill_wait_s = st.wait_s;
+    li->fill_idle_s = st.idle_s, li->fill_issue_s = st.issue_s;
+    for (unsigned r = 0; f && r < n; r++)
+        for (unsigned s = 0; s < KL_FILL_MAX_SLOTS; s++)
+            kl_gpu_event_destroy(f->ev[r][s]);
+    for (unsigned r = 0; r < n; r++) {   /* filled (or failed): the ranks hold no plan now */
+        kl_gpu_plan_free(&g[r]->pend_plan);
+        kl_free(g[r]->pend_arena);
+        g[r]->pend_arena = NULL;
+    }
+    kl_gpu_plan_free(&all);
+    kl_free(arena);
+    kl_free(f);
+    return rc;
+}
+
+/* Rank r, created on device r % ndev: a rank's ops, graphs off, and the stream of the first
+ * rank on its device when there is one. */
+static int rank_setup(kl_backend *const *be, unsigned r, unsigned ndev, kl_err *err)
+{
+    gpu_be *g = impl(be[r]);
     g->base.ops = &gpu_rank_ops;
     g->graphs_on = 0;   /* the ranks' outputs are summed between blocks: every step eager */
-    if (stream_of && stream_of->ops == &gpu_rank_ops && impl(stream_of)->dev == dev) {
-        /* ranks on one device take turns on one stream: kernels that keep scratch in device
-         * globals (the skinny products' split sums) must not run for two ranks at once */
-        rc = kl_gpu_stream_sync(g->st, err);
-        if (rc) {
-            kl_backend_free(*out);
-            *out = NULL;
-            return rc;
-        }
+    if (r < ndev)
+        return 0;
+    /* ranks on one device take turns on one stream: kernels that keep scratch in device
+     * globals (the skinny products' split sums) must not run for two ranks at once */
+    int rc = kl_gpu_stream_sync(g->st, err);
+    if (!rc) {
         kl_gpu_stream_destroy(g->st);
-        g->st = impl(stream_of)->st;
+        g->st = impl(be[r % ndev])->st;
         g->st_shared = 1;
     }
-    return 0;
+    return rc;
+}
+
+int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigned n,
+                                kl_err *err)
+{
+    if (!n || n > RANKS_MAX)
+        return kl_fail(err, KL_E_USAGE, "%u GPU ranks (1 to %d)", n, RANKS_MAX);
+    memset(out, 0, n * sizeof *out);
+    const unsigned ndev = kl_gpu_device_count() > 0 ? (unsigned)kl_gpu_device_count() : 1;
+    gpu_be *g[RANKS_MAX];
+    int rc = 0;
+    for (unsigned r = 0; r < n && !rc; r++) {
+        kl_gpu_prep *pr = prep_new();
+        if (!pr) {
+            rc = kl_fail(err, KL_E_NOMEM, "out of memory");
+            break;
+        }
+        pr->dev = (int)(r % ndev);
+        pr->want_buffers = 0;   /* the ranks' one fill allocates its own */
+        pr->defer_fill = 1;
+        if (!(rc = kl_backend_gpu_create_prepared(&out[r], cuts[r], pr, err)))
+            rc = rank_setup(out, r, ndev, err);
+        g[r] = out[r] ? impl(out[r]) : NULL;
+    }
+    if (!rc)
+        rc = fill_ranks(g, n, cuts[0], err);
+    for (unsigned r = 0; rc && r < n; r++) {
+        kl_backend_free(out[r]);
+        out[r] = NULL;
+    }
+    return rc;
 }
 
 int kl_backend_gpu_devices(void)
@@ -1715,12 +1896,12 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
 }
 
-int kl_backend_gpu_create_rank(kl_backend **out, kl_model *m, int dev, kl_backend *stream_of,
-                               kl_err *err)
+int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigned n,
+                                kl_err *err)
 {
-    (void)dev;
-    (void)stream_of;
-    return kl_backend_gpu_create_prepared(out, m, NULL, err);
+    (void)cuts;
+    memset(out, 0, n * sizeof *out);
+    return no_gpu(err);
 }
 
 int kl_backend_gpu_devices(void)

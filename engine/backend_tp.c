@@ -318,28 +318,25 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, 
     if (ep && gpu && tp > 1)
         return kl_fail(err, KL_E_UNSUPPORTED, "expert parallel on GPU ranks: their stacked "
                        "experts take no owner map yet (run it on the CPU)");
-    const unsigned ndev = gpu && kl_backend_gpu_devices() > 0 ? (unsigned)kl_backend_gpu_devices()
-                                                              : 1;
     kl_model **cut = kl_calloc(tp ? tp : 1, sizeof *cut);
-    if (!cut)
-        return kl_fail(err, KL_E_NOMEM, "out of memory");
-    int rc = 0;
-    for (unsigned r = 0; r < tp && !rc; r++) {
-        kl_backend *b = NULL;
-        rc = kl_model_tp_cut(&cut[r], m, tp, r, ep, err);
-        /* rank r on device r % ndev, sharing the stream of the first rank there */
-        kl_backend *first = r >= ndev ? cut[r % ndev]->be : NULL;
-        if (!rc && !(rc = gpu ? kl_backend_gpu_create_rank(&b, cut[r], (int)(r % ndev), first,
-                                                           err)
-                              : kl_backend_cpu_create(&b, cut[r], err)))
-            cut[r]->be = b;
-    }
+    kl_backend **be = kl_calloc(tp ? tp : 1, sizeof *be);
+    int rc = cut && be ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
+    for (unsigned r = 0; r < tp && !rc; r++)
+        if (!(rc = kl_model_tp_cut(&cut[r], m, tp, r, ep, err)) && !gpu)
+            rc = kl_backend_cpu_create(&be[r], cut[r], err);
+    if (!rc && gpu)   /* together: their weights in one pass over the files */
+        rc = kl_backend_gpu_create_ranks(be, cut, tp, err);
+    for (unsigned r = 0; !rc && r < tp; r++)
+        cut[r]->be = be[r];
     if (rc) {
-        for (unsigned r = 0; r < tp; r++)
+        for (unsigned r = 0; cut && be && r < tp; r++) {
+            kl_backend_free(be[r]);   /* not installed on its cut yet */
             kl_model_tp_free(cut[r]);
+        }
     } else {
         rc = kl_backend_tp_create(out, m, cut, tp, err);
     }
+    kl_free(be);
     kl_free(cut);
     return rc;
 }

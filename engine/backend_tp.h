@@ -39,10 +39,11 @@ kl_backend *kl_backend_tp_rank(const kl_backend *be, unsigned r);
 unsigned    kl_backend_tp_size(const kl_backend *be);
 
 /* tp cut models of m (kl_model_tp_cut; ep: expert parallel, CPU only), each with a CPU
- * backend (gpu 0) or a GPU backend (gpu 1: kl_backend_gpu_create_rank, rank r on device
- * r % the visible devices, ranks on one device sharing a stream), wrapped.  CPU ranks need m's
- * matrices read (KL_E_USAGE otherwise); GPU ranks take m either way (vectors_only: each rank
- * streams its rows from the files, engine/tp_model.h).  KL_E_UNSUPPORTED: ep on the GPU. */
+ * backend (gpu 0) or a GPU backend (gpu 1: kl_backend_gpu_create_ranks, rank r on device
+ * r % the visible devices, ranks on one device sharing a stream, their weights in one pass
+ * over the files), wrapped.  CPU ranks need m's matrices read (KL_E_USAGE otherwise); GPU
+ * ranks take m either way (vectors_only: the ranks' pieces come from the files, each byte read
+ * once, engine/tp_model.h).  KL_E_UNSUPPORTED: ep on the GPU. */
 int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, int gpu,
                             kl_err *err);
 

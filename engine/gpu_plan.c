@@ -206,6 +206,47 @@ void kl_gpu_plan_free(kl_gpu_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+/* The file pieces (host: the host pieces) of every plan appended to out's, their arenas
+ * numbered after the plans' before them. */
+static void merge_pieces(const kl_gpu_plan *plans, unsigned n, int host, kl_gpu_plan *out)
+{
+    uint32_t base = 0;
+    for (unsigned r = 0; r < n; base += plans[r++].n_arenas) {
+        const kl_gpu_plan *p = &plans[r];
+        for (size_t i = host ? p->n_file : 0; i < (host ? p->n_pieces : p->n_file); i++) {
+            kl_plan_piece pc = p->pieces[i];
+            pc.arena += base;
+            out->pieces[out->n_pieces++] = pc;
+        }
+    }
+}
+
+int kl_gpu_plan_merge(const kl_gpu_plan *plans, unsigned n, kl_gpu_plan *out, kl_err *err)
+{
+    memset(out, 0, sizeof *out);
+    size_t np = 0;
+    for (unsigned r = 0; r < n; r++) {
+        np += plans[r].n_pieces;
+        out->n_arenas += plans[r].n_arenas;
+        out->file_bytes += plans[r].file_bytes;
+        out->total_bytes += plans[r].total_bytes;
+    }
+    out->arena_bytes = kl_calloc(out->n_arenas ? out->n_arenas : 1, sizeof *out->arena_bytes);
+    out->pieces = kl_calloc(np ? np : 1, sizeof *out->pieces);
+    if (!out->arena_bytes || !out->pieces) {
+        kl_gpu_plan_free(out);
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    }
+    for (unsigned r = 0, a = 0; r < n; a += plans[r++].n_arenas)
+        memcpy(out->arena_bytes + a, plans[r].arena_bytes,
+               plans[r].n_arenas * sizeof *out->arena_bytes);
+    merge_pieces(plans, n, 0, out);
+    out->n_file = out->n_pieces;
+    qsort(out->pieces, out->n_file, sizeof *out->pieces, cmp_piece);
+    merge_pieces(plans, n, 1, out);
+    return 0;
+}
+
 void kl_gpu_plan_split(const kl_gpu_plan *p, double share, kl_gpu_plan *first,
                        kl_gpu_plan *second)
 {
@@ -391,6 +432,7 @@ static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsig
     int rc = 0;
     f->st.windows++;
     f->st.pinned += (uint64_t)pinned;
+    f->st.read_bytes += sp->we - sp->ws;
     for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
                            pc[j].src < sp->we; j++) {
         uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
@@ -834,6 +876,7 @@ static int fill_read(filler *f, const char *const *paths, kl_direct_mode direct,
             rc = idx < 0 ? idx : 0;
         }
         ext[i] = (kl_extent){x->shard, x->src, piece_end(x) - x->src};
+        f->st.read_bytes += ext[i].len;
     }
     kl_err cb_err;
     kl_err_clear(&cb_err);

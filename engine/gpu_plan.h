@@ -75,6 +75,15 @@ typedef struct kl_gpu_plan {
 int  kl_gpu_plan_build(kl_gpu_plan *p, const kl_model *m, kl_err *err);
 void kl_gpu_plan_free(kl_gpu_plan *p);          /* zeroed; a zeroed plan ok */
 
+/* One plan of n plans (tensor-parallel ranks' of one checkpoint) for one fill that reads the
+ * files once: plan r's arenas become arenas [a_r, a_r + n_arenas) of out (a_r: the arenas of
+ * the plans before it), their file pieces merged in file order (pieces of several ranks may
+ * share file bytes: a whole tensor each rank holds, the rows of a column cut), then their host
+ * pieces.  out has pieces and arena sizes only (no layer layout): for kl_gpu_fill (mapped
+ * windows or the ring; the staged reader refuses pieces that share bytes).  Free with
+ * kl_gpu_plan_free. */
+int  kl_gpu_plan_merge(const kl_gpu_plan *plans, unsigned n, kl_gpu_plan *out, kl_err *err);
+
 /* Two views of p for two fills that run at once (a ring and mapped windows): first takes
  * whole file pieces from the start while they total at most (1 - share) of p's file bytes
  * (share clamped to 0..1), second the other file pieces and every host piece.  The views
@@ -127,6 +136,8 @@ typedef struct kl_fill_opts {
 
 typedef struct kl_fill_stats {
     uint64_t bytes;                     /* copied, host pieces included */
+    uint64_t read_bytes;                /* of the files: the windows' or ring spans' lengths
+                                           (READ: the pieces' spans in the files) */
     uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
                                            buffers filled, of them copied pinned */
     /* RING, where the time went (seconds; the load threads' summed over them): reads

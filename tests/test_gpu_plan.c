@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static char g_root[512], g_dir[3][600];
 static const char *const g_name[3] = {"tiny-bf16", "tiny-mxfp4", "small-mxfp4"};
@@ -686,6 +687,82 @@ START_TEST(test_fill_tp_cut_from_files)
 }
 END_TEST
 
+/* Every rank of tp's cut from the files in one fill (kl_gpu_plan_merge): each rank's arenas
+ * hold what its own cut of the host-read model says, and the files are read once (the spans'
+ * bytes at most the shards' sizes), where filling the ranks one by one reads the column cuts'
+ * rows once per rank. */
+static void fill_merged(const kl_model *m, const kl_model *full, unsigned tp,
+                        const kl_fill_opts *o)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_model *cf[4] = {0}, *ch[4] = {0};
+    kl_gpu_plan plan[4], all;
+    uint64_t alone = 0;   /* bytes read filling the ranks one by one */
+    for (unsigned r = 0; r < tp; r++) {
+        ck_assert_msg(kl_model_tp_cut(&cf[r], m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
+        ck_assert_msg(kl_model_tp_cut(&ch[r], full, tp, r, 0, &err) == 0, "%s",
+                      t_fmt_err(&err));
+        build(&plan[r], cf[r]);
+        uint8_t **a = alloc_arenas(&plan[r]);
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+        kl_fill_ops ops = g_ops;
+        ops.ctx = &d;
+        kl_fill_stats st;
+        ck_assert_int_eq(kl_gpu_fill(&plan[r], (const char *const *)m->shard_paths, a, &ops, o,
+                                     &st, &err), 0);
+        alone += st.read_bytes;
+        free_arenas(&plan[r], a);
+    }
+    ck_assert_msg(kl_gpu_plan_merge(plan, tp, &all, &err) == 0, "%s", t_fmt_err(&err));
+    uint8_t **a = alloc_arenas(&all);
+    cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1};
+    kl_fill_ops ops = g_ops;
+    ops.ctx = &d;
+    kl_fill_stats st;
+    int rc = kl_gpu_fill(&all, (const char *const *)m->shard_paths, a, &ops, o, &st, &err);
+    ck_assert_msg(rc == 0, "merged fill: %s", t_fmt_err(&err));
+    uint64_t files = 0, copied = 0;
+    for (uint32_t s = 0; s < m->n_shards; s++) {
+        struct stat sb;
+        ck_assert_int_eq(stat(m->shard_paths[s], &sb), 0);
+        files += (uint64_t)sb.st_size;
+    }
+    for (unsigned r = 0, base = 0; r < tp; base += plan[r++].n_arenas) {
+        check_filled(&plan[r], a + base, ch[r]);
+        copied += plan[r].file_bytes;
+    }
+    ck_assert_uint_le(st.read_bytes, files);
+    ck_assert_msg(st.read_bytes < alone, "TP %u: one fill read %llu bytes, one per rank %llu",
+                  tp, (unsigned long long)st.read_bytes, (unsigned long long)alone);
+    ck_assert_uint_ge(st.bytes, copied);
+    ck_assert_uint_eq(d.done, d.n_queue);
+    free_arenas(&all, a);
+    kl_gpu_plan_free(&all);
+    for (unsigned r = 0; r < tp; r++) {
+        kl_gpu_plan_free(&plan[r]);
+        kl_model_tp_free(cf[r]);
+        kl_model_tp_free(ch[r]);
+    }
+}
+
+START_TEST(test_fill_tp_merged)
+{
+    kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
+    kl_fill_opts ring = {.mode = KL_FILL_RING, .window_bytes = 12288, .threads = 3,
+                         .direct = KL_DIRECT_OFF};
+    kl_fill_opts map = {.mode = KL_FILL_MAPPED, .window_bytes = 16384, .windows = 3,
+                        .threads = 2};
+    for (unsigned tp = 2; tp <= 4; tp *= 2)
+        if (kl_tp_size_ok(&m->cfg, 0, tp)) {
+            fill_merged(m, full, tp, &ring);
+            fill_merged(m, full, tp, &map);
+        }
+    kl_model_close(m);
+    kl_model_close(full);
+}
+END_TEST
+
 /* kl_gpu_plan_split: the two views cover the file pieces once, in order, the host pieces in
  * the second; a ring fill of the first then a mapped fill of the second (as the backend's
  * KL_GPU_LOAD=hybrid runs them at once) put every byte where the plan says. */
@@ -886,6 +963,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fill_ring_fails);
     tcase_add_loop_test(tc, test_fill_split, 0, 3);
     tcase_add_loop_test(tc, test_fill_tp_cut_from_files, 0, 3);
+    tcase_add_loop_test(tc, test_fill_tp_merged, 0, 3);
     tcase_add_test(tc, test_fill_shard_gone);
     suite_add_tcase(s, tc);
     return s;

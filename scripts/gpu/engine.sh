@@ -168,7 +168,7 @@ stage_tpbench() {
     for tp in ${TPLOADS:-1 2 4}; do
         "$KL" bench decode "$D" --device gpu --tp $tp --prompt-tokens 64 --tokens 16 --json -q \
             > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
-        row "tpbench TP $tp $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
+        row "tpbench TP $tp $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
     done
 }
 
