@@ -79,7 +79,7 @@ typedef struct kl_memplan {
     uint64_t vector_f32_bytes;       /* those vectors as the engines keep them, fp32: the GPU
                                         arena instead of vector_bytes, the CPU engine besides
                                         them (one shared copy whatever the TP size) */
-    bool     has_gpu_arena;          /* every dtype one the engines hold, not expert parallel */
+    bool     has_gpu_arena;          /* every dtype one the engines hold */
     uint64_t gpu_arena_bytes;        /* the GPU engine's weight arenas (engine/gpu_plan.h,
                                         laid out by loader/arena.h) of one rank (its cut
                                         model at TP > 1, engine/tp_model.h): matrix_bytes +

@@ -89,10 +89,7 @@ static int plan_weights(kl_memplan *m, const kl_config *c, const kl_memplan_opts
     kl_arena_sizes a;
     kl_err aerr;
     kl_err_clear(&aerr);
-    /* GPU ranks cut routed experts by their width (engine/tp_model.h): no arena for expert
-     * parallel */
-    rc = !o->expert_parallel ? kl_arena_size_schema(&s, c, o->dtypes, o->tp, &a, &aerr)
-                             : KL_E_UNSUPPORTED;
+    rc = kl_arena_size_schema(&s, c, o->dtypes, o->tp, o->expert_parallel, &a, &aerr);
     kl_schema_free(&s);
     if (rc == KL_E_NOMEM)
         return kl_fail(err, KL_E_NOMEM, "out of memory planning the GPU arenas");

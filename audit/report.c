@@ -293,7 +293,7 @@ static int add_memplan(const kl_memplan *m, cJSON *root)
     kl_json_add_u64(o, "matrix_bytes_per_gpu", m->matrix_bytes);
     kl_json_add_u64(o, "vector_bytes_per_gpu", m->vector_bytes);
     kl_json_add_u64(o, "vector_f32_bytes_per_gpu", m->vector_f32_bytes);
-    if (!m->has_gpu_arena) {   /* expert parallel: not a GPU engine's split */
+    if (!m->has_gpu_arena) {   /* a dtype the engines do not hold */
         cJSON_AddNullToObject(o, "gpu_arena_bytes");
         return 0;
     }

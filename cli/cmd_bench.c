@@ -25,6 +25,7 @@
 #include "convert/mxfp4.h"
 #include "convert/verify.h"
 #include "engine/backend.h"
+#include "engine/backend_tp.h"
 #include "engine/cost.h"
 #include "engine/forward.h"
 #include "engine/model.h"
@@ -426,6 +427,18 @@ static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, dou
 
 /* Where the GPU load's time went (engine/backend.h kl_gpu_load_info; open: kl_model_open)
  * and how its ring was set. */
+/* Tensor parallel on GPUs: the bytes the load sent to each rank (its GPU's link). */
+static void add_rank_bytes(cJSON *j, const kl_backend *be)
+{
+    const unsigned n = kl_backend_tp_size(be);
+    cJSON *a = n ? cJSON_AddArrayToObject(j, "load_copied_bytes_per_rank") : NULL;
+    for (unsigned r = 0; a && r < n; r++) {
+        kl_gpu_load_info li;
+        kl_backend_gpu_load_info(kl_backend_tp_rank(be, r), &li);
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)li.bytes));
+    }
+}
+
 static void add_load_phases(cJSON *j, const kl_cli_load *l)
 {
     const kl_gpu_load_info *g = &l->gpu_load;
@@ -489,6 +502,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
          * parallel, the ranks' pieces share bytes (read once, copied to each rank) */
         cJSON_AddNumberToObject(j, "load_read_bytes", (double)l->gpu_load.read_bytes);
         cJSON_AddNumberToObject(j, "load_copied_bytes", (double)l->gpu_load.bytes);
+        add_rank_bytes(j, m->be);
         add_load_phases(j, l);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);

@@ -103,9 +103,7 @@ const char *kl_cli_tp_problem(unsigned long long tp, int ep, kl_cli_device d)
 {
     if (ep && tp <= 1)
         return "--expert-parallel places experts on --tp ranks: add --tp 2 or more";
-    if (tp > 1 && d == KL_DEVICE_AUTO)
-        return "--tp above 1 needs --device cpu (CPU ranks) or --device gpu (GPU ranks)";
-    return ep && d == KL_DEVICE_GPU
-               ? "--expert-parallel runs on the CPU backend only: add --device cpu"
+    return tp > 1 && d == KL_DEVICE_AUTO
+               ? "--tp above 1 needs --device cpu (CPU ranks) or --device gpu (GPU ranks)"
                : NULL;
 }

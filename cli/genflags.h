@@ -49,7 +49,7 @@ int kl_cli_parse_device(void *target, const char *v);
             "instead of cut by its intermediate width on every rank")
 
 /* NULL, or why --tp tp (with --expert-parallel: ep) cannot run on device d: N > 1 names its
- * device (cpu or gpu), expert parallelism needs N > 1 and runs on the CPU backend only. */
+ * device (cpu or gpu), expert parallelism needs N > 1. */
 const char *kl_cli_tp_problem(unsigned long long tp, int ep, kl_cli_device d);
 
 /* Writes the KL_GEN_FLAG_ROWS option rows of the flags above, targeting f, into rows; n_help

@@ -238,7 +238,8 @@ int  kl_backend_gpu_ceilings(kl_gpu_ceilings *c, kl_err *err);
  * memory), fill (the copies, pools and scratch allocated meanwhile: pools_s), finish (the
  * pools waited for if they took longer, the stream drained, the prepared buffers freed).
  * A tensor-parallel wrapper of GPU ranks: rank 0's settings, the ranks' bytes, windows and
- * times summed (they load one after another).  Zeroes (how "") for any other backend. */
+ * times summed (one fill loads them all: a rank's own info has the bytes sent to it, rank 0's
+ * the fill's figures).  Zeroes (how "") for any other backend. */
 typedef struct kl_gpu_load_info {
     const char *how;
     uint64_t    bytes, windows, pinned;

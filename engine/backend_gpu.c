@@ -83,6 +83,8 @@ typedef struct gpu_layer {
     kl_gpu_mat   fused[FUSE_GROUPS]; /* a group's members as one matrix (NONE: not fusable) */
     float       *vec[KL_ROLE_COUNT]; /* fp32 vectors by role */
     kl_gpu_stack ex[3];              /* routed experts: w1 (gate), w2 (down), w3 (up) */
+    uint32_t     expert0;            /* ex[k] holds experts [expert0, expert0 + ex[k].n): fewer
+                                        than the router's on a rank of expert parallelism */
     float       *win, *state;        /* KDA: conv windows and delta-rule state, [slots] each */
     float      **cache_h;            /* MLA: [slots] device row pointers (host copy) */
     float      **cache_d;            /* MLA: the same array on the device */
@@ -218,6 +220,7 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
         gl->fused[grp] = view(&pl->fused[grp], base);
     for (int k = 0; k < 3 && pl->n_experts; k++)
         gl->ex[k] = (kl_gpu_stack){view(&pl->ex[k], base), pl->n_experts};
+    gl->expert0 = pl->expert0;
 }
 
 /* The fill's function table on the GPU: copies on the backend's stream, mapped windows
@@ -1251,7 +1254,11 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
             .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
             .idx = g->idx, .wt = g->wt};
-        rc = part_done(g, KL_GPU_PART_MOE_ROUTE, kl_gpu_route(&ra, g->st, err), err);
+        rc = kl_gpu_route(&ra, g->st, err);
+        if (!rc && L->ex[0].n < g->d.E)   /* expert parallel: the ids this rank holds */
+            rc = kl_gpu_route_local(g->idx, (size_t)g->tok.n * g->d.topk, L->expert0,
+                                    L->ex[0].n, g->st, err);
+        rc = part_done(g, KL_GPU_PART_MOE_ROUTE, rc, err);
     }
     if (!rc && shared)
         rc = part_done(g, KL_GPU_PART_MOE_SHARED,
@@ -1608,16 +1615,18 @@ typedef struct ranks_fill {
     uint32_t        n_arenas;
     int             cur;          /* the device current on the copying thread (-1: unknown) */
     kl_gpu_event    ev[RANKS_MAX][KL_FILL_MAX_SLOTS];   /* ranks with a stream of their own */
+    uint64_t        copied[RANKS_MAX];                  /* bytes sent to each rank */
 } ranks_fill;
 
-/* The rank whose arena holds dst, its device current on this thread. */
-static gpu_be *rank_of(ranks_fill *f, const void *dst, kl_err *err)
+/* The rank whose arena holds dst, its device current on this thread; bytes counted to it. */
+static gpu_be *rank_of(ranks_fill *f, const void *dst, uint64_t bytes, kl_err *err)
 {
     unsigned per = f->n_arenas / f->n;   /* each rank's plan has the same arenas */
     for (uint32_t a = 0; a < f->n_arenas; a++) {
         if ((const uint8_t *)dst < f->arena[a] || (const uint8_t *)dst >= f->arena[a] + f->bytes[a])
             continue;
         gpu_be *g = f->g[a / per];
+        f->copied[a / per] += bytes;
         if (g->dev != f->cur && kl_gpu_device_open(g->dev, NULL, 0, err))
             return NULL;
         f->cur = g->dev;
@@ -1630,14 +1639,14 @@ static gpu_be *rank_of(ranks_fill *f, const void *dst, kl_err *err)
 static int ranks_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned,
                       kl_err *err)
 {
-    gpu_be *g = rank_of(ctx, dst, err);
+    gpu_be *g = rank_of(ctx, dst, bytes, err);
     return g ? kl_gpu_h2d(dst, src, bytes, g->st, err) : err->code;
 }
 
 static int ranks_copy_rows(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
                            size_t rows, int pinned, kl_err *err)
 {
-    gpu_be *g = rank_of(ctx, dst, err);
+    gpu_be *g = rank_of(ctx, dst, (uint64_t)width * rows, err);
     return g ? kl_gpu_h2d_rows(dst, src, width, pitch, rows, g->st, err) : err->code;
 }
 
@@ -1677,7 +1686,8 @@ static const char *ranks_options(kl_fill_opts *o)
     return fill_options(how, o);
 }
 
-/* Every rank's pending arenas filled in one pass; the fill's figures go to rank 0's load. */
+/* Every rank's pending arenas filled in one pass; the fill's figures go to rank 0's load, but
+ * for the bytes each rank was sent (its own load's bytes). */
 static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *err)
 {
     ranks_fill *f = kl_calloc(1, sizeof *f);
@@ -1720,7 +1730,9 @@ static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *e
         }
     }
     li->fill_s += kl_now_s() - t0;
-    li->bytes = st.bytes, li->read_bytes = st.read_bytes;
+    for (unsigned r = 0; f && r < n; r++)
+        g[r]->load.bytes = f->copied[r];
+    li->read_bytes = st.read_bytes;
     li->windows = st.windows, li->pinned = st.pinned;
     li->threads = o.threads, li->buffers = o.mode == KL_FILL_RING ? o.windows : 0;
     li->buffer_bytes = o.window_bytes, li->buffer_mem = "pinned";

@@ -315,9 +315,6 @@ int kl_backend_tp_create_on(kl_backend **out, kl_model *m, unsigned tp, int ep, 
     if (!gpu && !m->matrices_read)
         return kl_fail(err, KL_E_USAGE, "CPU ranks need the model's matrices in memory (it was "
                        "opened for its vectors only)");
-    if (ep && gpu && tp > 1)
-        return kl_fail(err, KL_E_UNSUPPORTED, "expert parallel on GPU ranks: their stacked "
-                       "experts take no owner map yet (run it on the CPU)");
     kl_model **cut = kl_calloc(tp ? tp : 1, sizeof *cut);
     kl_backend **be = kl_calloc(tp ? tp : 1, sizeof *be);
     int rc = cut && be ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");

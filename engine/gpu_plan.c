@@ -27,24 +27,38 @@ static kl_wshape shape_of(const kl_wmat *w)
     return (kl_wshape){w->kind, w->rows, w->cols};
 }
 
-/* Layer hl as the layout sees it: its routed experts must all be alike. */
-static int layer_in(const kl_layer *hl, uint32_t E, kl_arena_layer_in *in, kl_err *err)
+/* Layer hl as the layout sees it: its routed experts (those it holds: one run [*first, *first +
+ * in->n_experts) of ids, the others absent on a rank of expert parallelism) all alike. */
+static int layer_in(const kl_layer *hl, uint32_t E, kl_arena_layer_in *in, uint32_t *first,
+                    kl_err *err)
 {
     memset(in, 0, sizeof *in);
+    *first = 0;
     for (int r = 0; r < KL_ROLE_COUNT; r++)
         in->w[r] = shape_of(&hl->w[r]);
     if (!hl->moe || !hl->experts[0])
         return 0;
+    const kl_wmat *ex0 = hl->experts[0];
+    uint32_t e0 = 0, n = 0;
+    while (e0 < E && ex0[e0].kind == KL_W_NONE)
+        e0++;
+    while (e0 + n < E && ex0[e0 + n].kind != KL_W_NONE)
+        n++;
     for (int k = 0; k < 3; k++) {
         const kl_wmat *ex = hl->experts[k];
-        for (uint32_t e = 1; ex && e < E; e++)
-            if (ex[e].kind != ex[0].kind || ex[e].rows != ex[0].rows || ex[e].cols != ex[0].cols)
+        for (uint32_t e = 0; ex && e < E; e++) {
+            const kl_wmat *a = &ex[e], *b = &ex[e0 < E ? e0 : 0];
+            const int held = e >= e0 && e < e0 + n;
+            if (held ? a->kind != b->kind || a->rows != b->rows || a->cols != b->cols
+                     : a->kind != KL_W_NONE)
                 return kl_fail(err, KL_E_UNSUPPORTED, "experts of one layer differ in shape or "
-                               "kind (expert %u)", e);
-        if (ex)
-            in->ex[k] = shape_of(&ex[0]);
+                               "kind, or those held are not one run of ids (expert %u)", e);
+        }
+        if (ex && n)
+            in->ex[k] = shape_of(&ex[e0]);
     }
-    in->n_experts = E;
+    in->n_experts = n;
+    *first = n ? e0 : 0;
     return 0;
 }
 
@@ -52,9 +66,11 @@ static int plan_layer(uint64_t *top, const kl_layer *hl, uint32_t E, kl_plan_lay
                       kl_err *err)
 {
     kl_arena_layer_in in;
-    int rc = layer_in(hl, E, &in, err);
+    uint32_t first;
+    int rc = layer_in(hl, E, &in, &first, err);
     if (!rc)
         kl_arena_layer(top, &in, pl);
+    pl->expert0 = first;
     return rc;
 }
 
@@ -82,10 +98,10 @@ static int dest_of(const kl_gpu_plan *p, const kl_model_src *s, uint32_t *arena,
         if (pl->vec[s->role] != KL_PLAN_NONE)
             return 1;
         if (kl_role_is_expert(s->role)) {
-            if (s->expert < 0 || (uint32_t)s->expert >= pl->n_experts)
+            if (s->expert < 0 || (uint32_t)s->expert - pl->expert0 >= pl->n_experts)
                 return -1;
             w = &pl->ex[s->role - KL_ROLE_EXPERT_W1];
-            e = (uint64_t)s->expert;
+            e = (uint64_t)s->expert - pl->expert0;
         } else {
             w = &pl->w[s->role];
         }

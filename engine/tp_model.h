@@ -32,8 +32,8 @@
 
 /* *out = rank `rank` of tp's cut of m, routed experts cut by their intermediate width, or with
  * ep (expert parallel) whole on their owner (kl_tp_expert_owner) and absent (KL_W_NONE) on the
- * other ranks, moe_intermediate_size then whole (the CPU backend runs such a rank; the GPU's
- * stacked expert layout does not take absent experts).  KL_E_USAGE: tp not one of
+ * other ranks, moe_intermediate_size then whole (each rank's experts one run of ids: the GPU
+ * stacks them from the first, engine/gpu_plan.h).  KL_E_USAGE: tp not one of
  * kl_tp_sizes(&m->cfg, ep) (naming them), rank >= tp; KL_E_UNSUPPORTED: an MXFP4 column cut
  * off its 32-value blocks; KL_E_NOMEM.
  * Free with kl_model_tp_free. */

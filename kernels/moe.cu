@@ -157,6 +157,27 @@ extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err 
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
+__global__ static void route_local_kernel(int32_t *idx, size_t n, uint32_t first, uint32_t count)
+{
+    KL_GPU_GRID_WAIT();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const int32_t e = idx[i];   /* unsigned difference: ids below first wrap past count */
+        idx[i] = e >= 0 && (uint32_t)e - first < count ? e - (int32_t)first
+                                                       : KL_GPU_EXPERT_ELSEWHERE;
+    }
+}
+
+extern "C" int kl_gpu_route_local(int32_t *idx, size_t n, uint32_t first, uint32_t count,
+                                  kl_gpu_stream s, kl_err *err)
+{
+    if (!idx || !n)
+        return kl_fail(err, KL_E_USAGE, "route_local: no ids");
+    route_local_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (hipStream_t)s>>>(idx, n, first,
+                                                                                 count);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 /* ---- experts ----------------------------------------------------------------------------- */
 
 /* What the expert kernels share (by value). */
@@ -172,7 +193,21 @@ struct experts_k {
     int            trigger;      /* v3 gate_up lets down_sum start early (decode version 4) */
 };
 
-/* The group's (slot, row) among n_slots * rows, its expert (-1: none valid), and its lane. */
+/* A slot's expert for id: the id, ELSEWHERE (another rank's: the slot adds nothing) or -1
+ * (out of range: its outputs NaN). */
+#define ELSEWHERE KL_GPU_EXPERT_ELSEWHERE
+__device__ static inline int64_t slot_expert(const experts_k &k, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < k.E ? id : id == ELSEWHERE ? ELSEWHERE : -1;
+}
+
+/* What a slot without an expert writes: 0 for another rank's, else NaN. */
+__device__ static inline float no_expert(int64_t e)
+{
+    return e == ELSEWHERE ? 0.0f : __uint_as_float(0x7fc00000u);
+}
+
+/* The group's (slot, row) among n_slots * rows, its expert (< 0: slot_expert), its lane. */
 struct experts_job {
     size_t   slot, row;
     int64_t  e;
@@ -187,8 +222,7 @@ __device__ static int experts_job_of(const experts_k &k, uint32_t rows, experts_
     j->slot = g / rows;
     j->row = g % rows;
     j->lane = threadIdx.x % KL_GPU_GROUP;
-    const int32_t e = k.idx[j->slot];
-    j->e = e >= 0 && (uint32_t)e < k.E ? e : -1;
+    j->e = slot_expert(k, k.idx[j->slot]);
     return 1;
 }
 
@@ -200,7 +234,7 @@ __global__ static void __launch_bounds__(THREADS) gate_up_kernel(experts_k k)
     experts_job j;
     if (!experts_job_of(k, k.I, &j))
         return;
-    float g = __uint_as_float(0x7fc00000u), u = g;
+    float g = no_expert(j.e), u = g;
     if (j.e >= 0) {
         const kl_row_x xs = {k.x + j.slot / k.top_k * k.H, k.H, 1};
         const size_t r = (size_t)j.e * k.I + j.row;
@@ -219,7 +253,7 @@ __global__ static void __launch_bounds__(THREADS) down_kernel(experts_k k)
     experts_job j;
     if (!experts_job_of(k, k.H, &j))
         return;
-    float d = __uint_as_float(0x7fc00000u);
+    float d = no_expert(j.e);
     if (j.e >= 0) {
         const kl_row_x xs = {k.h + j.slot * k.I, k.I, 1};
         kl_row_dot<1>(k.w2, (size_t)j.e * k.H + j.row, xs, k.vec2, j.lane, KL_GPU_GROUP,
@@ -249,8 +283,7 @@ __device__ static int experts_chunk_of(const experts_k &k, uint32_t rows, uint32
     c->r0 = g % per_slot * rpw;
     c->r1 = c->r0 + rpw < rows ? c->r0 + rpw : rows;
     c->lane = threadIdx.x % KL_GPU_GROUP;
-    const int32_t e = k.idx[c->slot];
-    c->e = e >= 0 && (uint32_t)e < k.E ? e : -1;
+    c->e = slot_expert(k, k.idx[c->slot]);
     return 1;
 }
 
@@ -265,8 +298,8 @@ __device__ static inline const uint8_t *scale_row(const kl_gpu_mat &m, size_t r)
 }
 
 /* The start of both register kernels (every thread of the block calls it): the code table,
- * then the group's chunk; 1 when it has rows to multiply.  An expert id out of range sets
- * the chunk's rows of out (the slot's [rows] outputs) to NaN instead. */
+ * then the group's chunk; 1 when it has rows to multiply.  A slot without an expert sets the
+ * chunk's rows of out (the slot's [rows] outputs) to no_expert instead. */
 __device__ static int experts_chunk_begin(const experts_k &k, uint32_t rows, uint32_t rpw,
                                           float *out, experts_chunk *c)
 {
@@ -277,7 +310,7 @@ __device__ static int experts_chunk_begin(const experts_k &k, uint32_t rows, uin
     if (c->e >= 0)
         return 1;
     for (size_t r = c->r0 + c->lane; r < c->r1; r += KL_GPU_GROUP)
-        out[c->slot * rows + r] = __uint_as_float(0x7fc00000u);
+        out[c->slot * rows + r] = no_expert(c->e);
     return 0;
 }
 
@@ -335,12 +368,11 @@ __global__ static void __launch_bounds__(KL_XREG_WARPS * KL_GPU_GROUP)
 /* ---- MXFP4, version 2 (kernels/row_dot.cuh): a block per (slot, chunk of rows), x in shared
  * memory, a team of 8 lanes per row pair: gate and up row r, or down rows r and r + 1 ---- */
 
-/* The expert of this block's slot, or -1: an id out of range (its outputs are then NaN, and
- * expert 0's rows are read instead of stray ones). */
+/* The expert of this block's slot (slot_expert: for an id out of range the outputs are NaN,
+ * and expert 0's rows are read instead of stray ones; another rank's reads nothing). */
 __device__ static int64_t experts_mx2_expert(const experts_k &k)
 {
-    const int32_t e = k.idx[blockIdx.y];
-    return e >= 0 && (uint32_t)e < k.E ? e : -1;
+    return slot_expert(k, k.idx[blockIdx.y]);
 }
 
 /* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
@@ -360,6 +392,12 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLO
     const uint32_t n_rows = DOWN ? k.H : k.I;
     unsigned tl;
     const size_t r = ((size_t)blockIdx.x * KL_MX2_TEAMS + kl_mx2_team(&tl)) * (DOWN ? 2 : 1);
+    if (e == ELSEWHERE) {   /* the whole block's slot: zeros, no weights read */
+        for (int i = 0; tl == 0 && i < (DOWN ? 2 : 1); i++)
+            if (r + i < n_rows)
+                (DOWN ? k.part + slot * k.H : k.h + slot * k.I)[r + i] = 0.0f;
+        return;
+    }
     const uint8_t *rows[2], *scales[2];
     for (int i = 0; i < 2; i++) {
         const size_t ri = r + (DOWN ? i : 0);
@@ -374,7 +412,7 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLO
                                                          tl, d);
     if (tl != 0)
         return;
-    const float nan = __uint_as_float(0x7fc00000u);
+    const float nan = no_expert(-1);
     if (!DOWN && r < k.I)
         k.h[slot * k.I + r] = e < 0 ? nan : d[0] / (1.0f + expf(-d[0])) * d[1];
     for (int i = 0; DOWN && i < 2; i++)
@@ -449,13 +487,12 @@ __device__ static void ds_fill(float4 *sh, const float *h, uint32_t K, uint32_t 
 
 /* Unit u of the down block at rows r0 of H, token t: slot q = u % top_k, rows r0 + (u /
  * top_k) * DS_ROWS + i (past H: the last row), codes and scales into rows[i], scales[i];
- * returns the expert (-1: an id out of range, expert 0's rows read instead).  idx is read
+ * returns the expert (slot_expert; without one, expert 0's rows are read instead).  idx is read
  * through L2: the first unit is set up before the grid wait. */
 __device__ static int64_t ds_unit(const experts_k &k, size_t t, size_t r0, uint32_t u,
                                   const uint8_t **rows, const uint8_t **scales)
 {
-    const int32_t id = KL_LOAD_L2(k.idx + t * k.top_k + u % k.top_k);
-    const int64_t e = id >= 0 && (uint32_t)id < k.E ? id : -1;
+    const int64_t e = slot_expert(k, KL_LOAD_L2(k.idx + t * k.top_k + u % k.top_k));
     const size_t r = r0 + (size_t)(u / k.top_k) * DS_ROWS, base = (size_t)(e < 0 ? 0 : e) * k.H;
 #pragma unroll
     for (int i = 0; i < DS_ROWS; i++) {
@@ -498,7 +535,7 @@ __global__ static void __launch_bounds__(DS_THREADS, 4)
         kl_mx2_rows<DS_ROWS, DS_UNROLL>(w, rows, scales, nb, ds_sh + (size_t)(u % K) * k.I / 4,
                                         tl, d);
         for (int i = 0; tl == 0 && u0 + team < units && i < DS_ROWS; i++)
-            part[(u % K) * rb + u / K * DS_ROWS + i] = e < 0 ? __uint_as_float(0x7fc00000u) : d[i];
+            part[(u % K) * rb + u / K * DS_ROWS + i] = e < 0 ? no_expert(e) : d[i];
     }
     __syncthreads();
     for (uint32_t c = threadIdx.x; c < rb && r0 + c < k.H; c += blockDim.x) {
@@ -563,7 +600,8 @@ static int experts_xreg(const experts_k &k, hipStream_t st, kl_err *err)
 }
 
 /* y_t (+)= Σ_k of slot (t, k)'s row in k order: part[slot] (weighted already) when packed is
- * NULL, else wt[slot] · part[packed[slot]] (UINT32_MAX: an expert id out of range, NaN). */
+ * NULL, else wt[slot] · part[packed[slot]] (UINT32_MAX: an expert id out of range, NaN;
+ * UINT32_MAX - 1: another rank's, nothing). */
 __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 {
     KL_GPU_GRID_WAIT();
@@ -580,8 +618,8 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
             continue;
         }
         const uint32_t r = packed[slot];
-        s += r == UINT32_MAX ? __uint_as_float(0x7fc00000u)
-                             : k.wt[slot] * k.part[(size_t)r * k.H + c];
+        s += r >= UINT32_MAX - 1 ? no_expert(r == UINT32_MAX ? -1 : ELSEWHERE)
+                                 : k.wt[slot] * k.part[(size_t)r * k.H + c];
     }
     k.y[i] = k.add_to_y ? k.y[i] + s : s;
 }
@@ -687,7 +725,7 @@ __global__ static void __launch_bounds__(SORT_THREADS)
         total = 0;
     for (uint32_t p = e * SORT_THREADS + threadIdx.x; p < P; p += E * SORT_THREADS)
         if (idx[p] < 0 || (uint32_t)idx[p] >= E)
-            g.packed[p] = UINT32_MAX;
+            g.packed[p] = idx[p] == ELSEWHERE ? UINT32_MAX - 1 : UINT32_MAX;
     __syncthreads();
     uint32_t p0, p1, c = 0;
     sort_segment(P, &p0, &p1);

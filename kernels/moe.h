@@ -13,6 +13,8 @@
  *     y_t = Σ_k w · (w2_e h)                    (w2 down: [H, I]), summed in k order
  * only the selected experts' weights are read; any stored kind (MXFP4 the one that matters).
  * add_to_y: y_t += the sum instead of y_t = (the shared experts' output already in y).
+ * An id KL_GPU_EXPERT_ELSEWHERE (an expert another tensor-parallel rank holds: expert
+ * parallel) adds nothing; any other id outside [0, E) makes its token's outputs NaN.
  */
 #ifndef KL_KERNELS_MOE_H
 #define KL_KERNELS_MOE_H
@@ -22,6 +24,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define KL_GPU_EXPERT_ELSEWHERE (-2)
 
 typedef struct kl_gpu_route_args {
     const float *logits;      /* [n, n_experts] router logits (fp32) */
@@ -35,6 +39,11 @@ typedef struct kl_gpu_route_args {
 } kl_gpu_route_args;
 
 int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err);
+
+/* Expert parallel: the n chosen ids in idx made local to a rank holding experts [first,
+ * first + count) (id - first), the others KL_GPU_EXPERT_ELSEWHERE. */
+int kl_gpu_route_local(int32_t *idx, size_t n, uint32_t first, uint32_t count, kl_gpu_stream s,
+                       kl_err *err);
 
 typedef struct kl_gpu_experts_args {
     const kl_gpu_stack *w1, *w2, *w3;   /* gate [E, I, H], down [E, H, I], up [E, I, H] */

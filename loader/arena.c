@@ -197,10 +197,10 @@ static uint64_t placed_bytes(kl_role r, const kl_wshape *w)
 /* Rank 0's part of weight w of role r under tensor parallelism tp, as engine/tp_model.c cuts
  * a model for its ranks: loader/tp_split.h's cut (the valid sizes divide evenly); a vector cut
  * along its first dimension, or along the rest when it has one row (A_log's heads, dt_bias). */
-static kl_wshape cut_shape(kl_role r, kl_wshape w, unsigned tp)
+static kl_wshape cut_shape(kl_role r, kl_wshape w, unsigned tp, int ep)
 {
-    const kl_tp_split s = kl_tp_split_of(r, 0);
-    if (tp <= 1 || w.kind == KL_W_NONE || s.kind == KL_TP_WHOLE)
+    const kl_tp_split s = kl_tp_split_of(r, ep);
+    if (tp <= 1 || w.kind == KL_W_NONE || s.kind == KL_TP_WHOLE || s.kind == KL_TP_OWNER)
         return w;
     if (s.kind == KL_TP_IN || (kl_role_is_vector(r) && w.rows == 1))
         w.cols /= tp;
@@ -210,15 +210,16 @@ static kl_wshape cut_shape(kl_role r, kl_wshape w, unsigned tp)
 }
 
 /* Entry e (stored as dt) into the layout inputs: in[layer], or the global shapes (rank 0's
- * cut at tp). */
-static int note_entry(const kl_schema_entry *e, kl_dtype dt, unsigned tp, kl_arena_layer_in *in,
-                      uint32_t n_layers, kl_wshape *glob, kl_err *err)
+ * cut at tp; with ep, the routed experts it owns whole, of n_experts). */
+static int note_entry(const kl_schema_entry *e, kl_dtype dt, unsigned tp, int ep,
+                      uint32_t n_experts, kl_arena_layer_in *in, uint32_t n_layers,
+                      kl_wshape *glob, kl_err *err)
 {
     kl_wshape w;
     if (kl_wshape_of(e, dt, &w))
         return kl_fail_at(err, KL_E_UNSUPPORTED, "", e->name, KL_NO_OFFSET,
                           "dtype %s is not held by the engines (BF16 or F32)", kl_dtype_name(dt));
-    w = cut_shape(e->role, w, tp);
+    w = cut_shape(e->role, w, tp, ep);
     if (e->layer < 0) {
         glob[e->role] = w;
         return 0;
@@ -227,6 +228,8 @@ static int note_entry(const kl_schema_entry *e, kl_dtype dt, unsigned tp, kl_are
         return kl_fail_at(err, KL_E_BUG, "", e->name, KL_NO_OFFSET, "layer past the config's");
     kl_arena_layer_in *li = &in[e->layer];
     if (kl_role_is_expert(e->role)) {
+        if (ep && tp > 1 && kl_tp_expert_owner((uint32_t)e->expert, n_experts, tp) != 0)
+            return 0;   /* another rank's */
         li->ex[e->role - KL_ROLE_EXPERT_W1] = w;
         li->n_experts = e->expert + 1 > (int32_t)li->n_experts ? (uint32_t)e->expert + 1
                                                                 : li->n_experts;
@@ -251,7 +254,7 @@ static void layer_sizes(const kl_arena_layer_in *in, kl_arena_sizes *s)
 }
 
 int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype *dtypes,
-                         unsigned tp, kl_arena_sizes *out, kl_err *err)
+                         unsigned tp, int ep, kl_arena_sizes *out, kl_err *err)
 {
     uint32_t L = c->num_hidden_layers;
     kl_arena_layer_in *in = kl_calloc(L ? L : 1, sizeof *in);
@@ -260,8 +263,8 @@ int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype 
     memset(glob, 0, sizeof glob);
     int rc = in ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
     for (size_t i = 0; !rc && i < s->n; i++)
-        rc = note_entry(&s->entries[i], dtypes ? dtypes[i] : s->entries[i].synth_dtype, tp, in,
-                        L, glob, err);
+        rc = note_entry(&s->entries[i], dtypes ? dtypes[i] : s->entries[i].synth_dtype, tp, ep,
+                        c->num_experts, in, L, glob, err);
     for (uint32_t l = 0; !rc && l < L; l++) {
         kl_plan_layer pl;
         uint64_t top = 0;

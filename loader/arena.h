@@ -66,6 +66,8 @@ typedef struct kl_plan_layer {
     uint64_t    vec[KL_ROLE_COUNT];     /* fp32 vector offsets, KL_PLAN_NONE when none */
     kl_plan_mat ex[3];                  /* routed experts w1, w2, w3: expert 0 (rows: one's) */
     uint32_t    n_experts;              /* 0: no routed experts */
+    uint32_t    expert0;                /* the first one's id (a rank of expert parallelism
+                                           holds experts [expert0, expert0 + n_experts)) */
 } kl_plan_layer;
 
 /* Bytes of a plan matrix's values (MXFP4: packed codes) and of its scales. */
@@ -99,9 +101,10 @@ typedef struct kl_arena_sizes {
 /* The arenas of a model of config c whose schema is s, its entries stored as dtypes[i] (NULL:
  * the schema's synth_dtype): the layout of kl_arena_layer and kl_arena_global; with tp > 1
  * (a valid size, loader/tp_split.h) those of one GPU rank, its cut as engine/tp_model.h makes
- * it (as tp_split.h cuts each tensor).
+ * it (as tp_split.h cuts each tensor; ep: expert parallel, rank 0's routed experts whole, the
+ * valid sizes give every rank as many).
  * KL_E_UNSUPPORTED (a dtype the engines do not hold), KL_E_NOMEM. */
 int kl_arena_size_schema(const kl_schema *s, const kl_config *c, const kl_dtype *dtypes,
-                         unsigned tp, kl_arena_sizes *out, kl_err *err);
+                         unsigned tp, int ep, kl_arena_sizes *out, kl_err *err);
 
 #endif

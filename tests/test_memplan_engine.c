@@ -279,50 +279,49 @@ END_TEST
 /* ---- GPU ranks at TP > 1 ---------------------------------------------------------------- */
 
 /* Every rank's cut model (engine/tp_model.h) gets, from the GPU plan, the arena the audit
- * reports per rank, at every valid TP size up to 8 (the fixtures and the small synthesized
- * checkpoints: a cut needs the matrices in memory, which the full geometry's would not fit). */
+ * reports per rank, at every valid TP size up to 8, routed experts cut by width and with
+ * expert parallel (each rank's experts one run of ids, placed from the first it holds) (the
+ * fixtures and the small synthesized checkpoints: a cut needs the matrices in memory, which
+ * the full geometry's would not fit). */
 START_TEST(gpu_arena_of_every_rank_is_its_cut_models_plan)
 {
     const char *dir = gpu_dir(_i);
     kl_model *m = t_open_model(dir, 0);
     kl_err err;
     kl_err_clear(&err);
-    unsigned sizes[64];
-    const size_t n = kl_tp_sizes(&m->cfg, 0, sizes, 64);
-    size_t checked = 0;
-    for (size_t k = 1; k < n && sizes[k] <= 8; k++) {
-        const unsigned tp = sizes[k];
-        const kl_memplan a = audit_plan(dir, tp, 0);
-        ck_assert_msg(a.has_gpu_arena, "%s tp %u: no GPU arena", dir, tp);
-        ck_assert_uint_eq(a.gpu_arena_bytes,   /* the same cut as the per-GPU figures */
-                          a.matrix_bytes + a.vector_f32_bytes + a.gpu_arena_pad_bytes);
-        for (unsigned r = 0; r < tp; r++, checked++) {
-            kl_model *cut = NULL;
-            kl_gpu_plan p;
-            ck_assert_msg(kl_model_tp_cut(&cut, m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
-            ck_assert_msg(kl_gpu_plan_build(&p, cut, &err) == 0, "%s", t_fmt_err(&err));
-            ck_assert_msg(a.gpu_arena_bytes == p.total_bytes, "%s tp %u rank %u: the audit's GPU "
-                          "arena %llu, the rank's plan %llu", dir, tp, r,
-                          (unsigned long long)a.gpu_arena_bytes,
-                          (unsigned long long)p.total_bytes);
-            kl_gpu_plan_free(&p);
-            kl_model_tp_free(cut);
+    size_t checked = 0, n0 = 0;
+    for (int ep = 0; ep < 2; ep++) {
+        unsigned sizes[64];
+        const size_t n = kl_tp_sizes(&m->cfg, ep, sizes, 64);
+        n0 = ep ? n0 : n;
+        for (size_t k = 1; k < n && sizes[k] <= 8; k++) {
+            const unsigned tp = sizes[k];
+            const kl_memplan a = audit_plan(dir, tp, ep);
+            ck_assert_msg(a.has_gpu_arena, "%s tp %u ep %d: no GPU arena", dir, tp, ep);
+            ck_assert_uint_eq(a.gpu_arena_bytes,   /* the same cut as the per-GPU figures */
+                              a.matrix_bytes + a.vector_f32_bytes + a.gpu_arena_pad_bytes);
+            for (unsigned r = 0; r < tp; r++, checked++) {
+                kl_model *cut = NULL;
+                kl_gpu_plan p;
+                ck_assert_msg(kl_model_tp_cut(&cut, m, tp, r, ep, &err) == 0, "%s",
+                              t_fmt_err(&err));
+                ck_assert_msg(kl_gpu_plan_build(&p, cut, &err) == 0, "%s", t_fmt_err(&err));
+                ck_assert_msg(a.gpu_arena_bytes == p.total_bytes, "%s tp %u ep %d rank %u: the "
+                              "audit's GPU arena %llu, the rank's plan %llu", dir, tp, ep, r,
+                              (unsigned long long)a.gpu_arena_bytes,
+                              (unsigned long long)p.total_bytes);
+                for (uint32_t l = 0; ep && l < cut->cfg.num_hidden_layers; l++)
+                    if (p.layer[l].n_experts)
+                        ck_assert_uint_eq(p.layer[l].expert0, r * p.layer[l].n_experts);
+                kl_gpu_plan_free(&p);
+                kl_model_tp_free(cut);
+            }
         }
     }
     /* only the MXFP4 tiny has no size but 1 (its experts are one 32-value block wide) */
-    ck_assert_msg(checked >= 2 || (n == 1 && dir == g_mxfp4), "%s: %zu ranks checked", dir,
+    ck_assert_msg(checked >= 2 || (n0 == 1 && dir == g_mxfp4), "%s: %zu ranks checked", dir,
                   checked);
     kl_model_close(m);
-}
-END_TEST
-
-/* GPU ranks cut routed experts by width: expert parallel has no GPU arena to report. */
-START_TEST(no_gpu_arena_with_expert_parallel)
-{
-    const kl_memplan a = audit_plan(g_fixture[0], 2, 1);
-    ck_assert(!a.has_gpu_arena);
-    ck_assert_uint_eq(a.gpu_arena_bytes, 0);
-    ck_assert(audit_plan(g_fixture[0], 2, 0).has_gpu_arena);
 }
 END_TEST
 
@@ -336,7 +335,6 @@ static Suite *memplan_engine_suite(void)
     tcase_add_test(tc, a_rank_of_another_tp_size_differs);
     tcase_add_loop_test(tc, gpu_arena_of_the_audit_is_the_gpu_plans, 0, N_FIXTURES + N_SYNTH);
     tcase_add_loop_test(tc, gpu_arena_of_every_rank_is_its_cut_models_plan, 0, N_FIXTURES + 2);
-    tcase_add_test(tc, no_gpu_arena_with_expert_parallel);
     suite_add_tcase(s, tc);
     return s;
 }

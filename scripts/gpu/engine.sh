@@ -16,7 +16,8 @@
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
 #   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=tpcheck: GPU tensor parallel (TPS,
 #   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions;
-#   STAGES=tpbench: the full model's load and decode at each size of TPLOADS.  STAGES=ncu: Nsight Compute's time of every
+#   STAGES=tpbench: the full model's load and decode at each size of TPLOADS (TP_ARGS: more
+#   kl flags for both, e.g. --expert-parallel).  STAGES=ncu: Nsight Compute's time of every
 #   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt); STAGES=ncukernel: its
 #   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
 #   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
@@ -150,9 +151,9 @@ stage_tpcheck() {
         vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab'])" "$G/$ref-unbiased.json")
         forced "$dir" cpu unbiased "$prompt" "$greedy" "$W/tp-$name-cpu.bin"
         for tp in ${TPS:-2 4}; do
-            KL_RUN_ARGS="--tp $tp" with_config "${TP_CONFIG:-}" forced "$dir" gpu unbiased \
+            KL_RUN_ARGS="--tp $tp ${TP_ARGS:-}" with_config "${TP_CONFIG:-}" forced "$dir" gpu unbiased \
                 "$prompt" "$greedy" "$W/tp-$name-$tp.bin" || { row "$name TP $tp: refused"; continue; }
-            row "$(summary "$name gpu-tp$tp-vs-cpu-tp1 [${TP_CONFIG:-}]" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-cpu.bin" "$W/tp-$name-$tp.bin")")"
+            row "$(summary "$name gpu-tp$tp${TP_ARGS:+ $TP_ARGS}-vs-cpu-tp1 [${TP_CONFIG:-}]" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-cpu.bin" "$W/tp-$name-$tp.bin")")"
         done
     done
 }
@@ -166,9 +167,9 @@ stage_tpbench() {
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
     cat "$D"/*.safetensors > /dev/null
     for tp in ${TPLOADS:-1 2 4}; do
-        "$KL" bench decode "$D" --device gpu --tp $tp --prompt-tokens 64 --tokens 16 --json -q \
-            > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
-        row "tpbench TP $tp $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
+        "$KL" bench decode "$D" --device gpu --tp $tp ${TP_ARGS:-} --prompt-tokens 64 --tokens 16 \
+            --json -q > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
+        row "tpbench TP $tp ${TP_ARGS:-} $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB: %s per rank), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, '/'.join('%.2f' % (b / 1e9) for b in d.get('load_copied_bytes_per_rank', [])) or '-', d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
     done
 }
 

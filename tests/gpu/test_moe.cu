@@ -108,8 +108,29 @@ static void check_route(const route_case &c)
     t_check((w + " (weights)").c_str(), wt_err, 1e-6);
 }
 
+/* Expert parallel: ids of 256 experts made local to the rank holding [64, 128). */
+static void check_route_local(void)
+{
+    std::vector<int32_t> ids(1000), want(ids.size());
+    for (size_t i = 0; i < ids.size(); i++) {
+        ids[i] = (int32_t)(t_u32() % 256);
+        want[i] = ids[i] >= 64 && ids[i] < 128 ? ids[i] - 64 : KL_GPU_EXPERT_ELSEWHERE;
+    }
+    int32_t *d = t_upload(ids);
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_route_local(d, ids.size(), 64, 64, NULL, &err), &err, "kl_gpu_route_local");
+    std::vector<int32_t> got = t_download(d, ids.size());
+    double wrong = 0;
+    for (size_t i = 0; i < ids.size(); i++)
+        wrong += got[i] != want[i];
+    t_check("route_local 1000 ids, rank of [64, 128) (wrong ids)", wrong, 0);
+    hipFree(d);
+}
+
 static void test_route(double copy_gbps)
 {
+    check_route_local();
     static const route_case cases[] = {
         {256, 8, 5, 1, 0, 1, 2.446f}, {256, 8, 5, 1, 1, 1, 2.446f}, {256, 8, 2, 0, 0, 0, 1.0f},
         {40, 5, 3, 1, 1, 0, 1.5f},    {8, 2, 3, 0, 0, 1, 1.0f},     {1024, 64, 2, 1, 0, 1, 1.0f},
@@ -218,6 +239,8 @@ static std::vector<double> host_experts(const stacks &s, const experts_case &c,
             ref[(size_t)t * c.H + i] = c.add ? y0[(size_t)t * c.H + i] : 0.0;
         }
         for (uint32_t k = 0; k < c.K; k++) {
+            if (idx[t * c.K + k] == KL_GPU_EXPERT_ELSEWHERE)
+                continue;   /* another rank's expert: nothing */
             const size_t e = (size_t)idx[t * c.K + k];
             for (uint32_t r = 0; r < c.I; r++) {
                 const double g = host_dot(s.w1, e * c.I + r, xd.data());
@@ -231,7 +254,10 @@ static std::vector<double> host_experts(const stacks &s, const experts_case &c,
     return ref;
 }
 
-/* top_k distinct random experts per token, weights in (0, 1]. */
+static int g_elsewhere; /* 1: random_choices makes about a third of the slots another rank's */
+
+/* top_k distinct random experts per token, weights in (0, 1]; with g_elsewhere some of them
+ * KL_GPU_EXPERT_ELSEWHERE (expert parallel: held by another rank). */
 static void random_choices(const experts_case &c, std::vector<int32_t> &idx,
                            std::vector<float> &wt)
 {
@@ -250,6 +276,9 @@ static void random_choices(const experts_case &c, std::vector<int32_t> &idx,
             idx[t * c.K + k] = e;
             wt[t * c.K + k] = (float)(1 + t_u32() % 1024) / 1024.0f;
         }
+        for (uint32_t k = 0; g_elsewhere && k < c.K; k++)
+            if (t_u32() % 3 == 0)
+                idx[t * c.K + k] = KL_GPU_EXPERT_ELSEWHERE;
     }
 }
 
@@ -342,9 +371,9 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
             const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
             std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 0);
             char what[128];
-            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d %s",
+            snprintf(what, sizeof what, "experts %s E=%u I=%u H=%u top=%u n=%u add=%d %s%s",
                      t_kind_name(c.kind), c.E, c.I, c.H, c.K, c.n, c.add,
-                     g ? "grouped" : slot_name(c.kind));
+                     g ? "grouped" : slot_name(c.kind), g_elsewhere ? " elsewhere" : "");
             t_check(what, worst_error(y, ref, c, tstep), g ? TOL_SPLIT : TOL);
             if (g) { /* the same slots through the per-slot kernels, then bf16 X */
                 kl_gpu_experts_version_set(2);
@@ -589,6 +618,10 @@ static void check_grouped_cases(void)
     check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 2);
     check_bad_id(KL_GPU_W_MXFP4, 16);
     check_bad_id(KL_GPU_W_BF16, 16);
+    g_elsewhere = 1;
+    check_experts({KL_GPU_W_BF16, 5, 64, 96, 3, 1, 0}, small_n, 2);
+    check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 2, 1, 0}, small_n, 2);
+    g_elsewhere = 0;
     kl_gpu_experts_grouped_min_set(0);
     check_experts({KL_GPU_W_MXFP4, 256, 1024, 2304, 8, 1, 0}, real_n, 1); /* 64: per slot now */
 }
@@ -643,7 +676,15 @@ int main(void)
         check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 4, 2080, 4128, 3, 1, 0}, tiny_n, 1);
         check_bad_id(KL_GPU_W_MXFP4, 2);
+        g_elsewhere = 1; /* expert parallel: some slots another rank's */
+        check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 3, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
+        g_elsewhere = 0;
     }
+    g_elsewhere = 1;
+    check_experts({KL_GPU_W_F32, 4, 32, 64, 2, 1, 0}, tiny_n, 2);
+    check_experts({KL_GPU_W_BF16, 5, 40, 24, 3, 1, 0}, tiny_n, 2);
+    g_elsewhere = 0;
     path_set(paths[0]);
     check_decode(KL_GPU_W_MXFP4);
     check_decode(KL_GPU_W_BF16);
