@@ -1384,22 +1384,42 @@ static void gpu_destroy(kl_backend *be)
     kl_free(g);
 }
 
-/* The ranks of engine/backend_tp.h: each rank's block output copied to the host, summed there
- * in rank order (the CPU backend's order) and copied back to every rank.  The step that checks
- * the cut models on the GPU kernels (any ranks, one GPU or several); NCCL's all-reduce inside
- * the captured step is what makes tensor parallelism fast (docs/TP-GPU.md). */
-static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
+/* The buffer an all-reduce sums: the embeddings (x) or a block's output (y). */
+static float *sum_buf(kl_backend *be, kl_tp_sum which)
+{
+    return which == KL_TP_SUM_X ? impl(be)->x : impl(be)->y;
+}
+
+/* Ranks all on rank 0's device (sharing its stream): rank 0's buffer += each other rank's in
+ * rank order ((y0 + y1) + y2 ...: the CPU's and the host path's order, the same fp32 adds),
+ * then copied to the others.  Enqueued only. */
+static int sum_on_device(kl_backend *const *ranks, unsigned n, kl_tp_sum which, size_t len,
+                         kl_err *err)
 {
     const gpu_be *g0 = impl(ranks[0]);
-    const size_t len = (size_t)g0->tok.n * g0->d.hidden, bytes = len * sizeof(float);
-    float *sum = kl_malloc(bytes ? bytes : 1), *part = kl_malloc(bytes ? bytes : 1);
+    float *s = sum_buf(ranks[0], which);
+    int rc = kl_gpu_device_open(g0->dev, NULL, 0, err);
+    for (unsigned r = 1; r < n && !rc; r++)
+        rc = kl_gpu_add(s, sum_buf(ranks[r], which), len, g0->st, err);
+    for (unsigned r = 1; r < n && !rc; r++)
+        rc = kl_gpu_d2d(sum_buf(ranks[r], which), s, len * sizeof(float), g0->st, err);
+    return rc;
+}
+
+/* Ranks on several devices: each rank's buffer copied to the host, summed there in rank order
+ * and copied back to every rank (NCCL inside the captured step is what makes tensor
+ * parallelism across GPUs fast: docs/TP-GPU.md). */
+static int sum_through_host(kl_backend *const *ranks, unsigned n, kl_tp_sum which, size_t len,
+                            kl_err *err)
+{
+    const size_t bytes = len * sizeof(float);
+    float *sum = kl_malloc(bytes), *part = kl_malloc(bytes);
     int rc = sum && part ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory for an all-reduce");
     for (unsigned r = 0; r < n && !rc; r++) {
         gpu_be *g = impl(ranks[r]);
         rc = kl_gpu_device_open(g->dev, NULL, 0, err);
         if (!rc)
-            rc = kl_gpu_d2h(r ? part : sum, which == KL_TP_SUM_X ? g->x : g->y, bytes, g->st,
-                            err);
+            rc = kl_gpu_d2h(r ? part : sum, sum_buf(ranks[r], which), bytes, g->st, err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
         for (size_t i = 0; !rc && r && i < len; i++)
@@ -1409,13 +1429,28 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which,
         gpu_be *g = impl(ranks[r]);
         rc = kl_gpu_device_open(g->dev, NULL, 0, err);
         if (!rc)
-            rc = kl_gpu_h2d(which == KL_TP_SUM_X ? g->x : g->y, sum, bytes, g->st, err);
+            rc = kl_gpu_h2d(sum_buf(ranks[r], which), sum, bytes, g->st, err);
         if (!rc)
             rc = kl_gpu_stream_sync(g->st, err);
     }
     kl_free(sum);
     kl_free(part);
     return rc;
+}
+
+/* The ranks of engine/backend_tp.h: their buffers summed into every rank, on the device when
+ * they share one, else through the host. */
+static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
+{
+    const gpu_be *g0 = impl(ranks[0]);
+    const size_t len = (size_t)g0->tok.n * g0->d.hidden;
+    int shared = 1;
+    for (unsigned r = 1; r < n; r++)
+        shared &= impl(ranks[r])->dev == g0->dev && impl(ranks[r])->st == g0->st;
+    if (!len || n < 2)
+        return 0;
+    return shared ? sum_on_device(ranks, n, which, len, err)
+                  : sum_through_host(ranks, n, which, len, err);
 }
 
 static const kl_backend_ops gpu_ops = {

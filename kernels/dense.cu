@@ -520,7 +520,25 @@ extern "C" int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-/* ---- SiLU gating ------------------------------------------------------------------------- */
+/* ---- sums and SiLU gating ---------------------------------------------------------------- */
+
+__global__ static void add_kernel(float *x, const float *y, size_t count)
+{
+    KL_GPU_GRID_WAIT();
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step)
+        x[i] = __fadd_rn(x[i], y[i]);
+}
+
+extern "C" int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream s, kl_err *err)
+{
+    if (!x || !y || count == 0)
+        return kl_fail(err, KL_E_USAGE, "add: x or y is NULL, or count is 0");
+    size_t blocks = (count + THREADS - 1) / THREADS;
+    blocks = blocks > 65536 ? 65536 : blocks;
+    add_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(x, y, count);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
 
 __global__ static void silu_mul_kernel(float *a, const float *b, size_t count)
 {

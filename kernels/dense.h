@@ -55,6 +55,9 @@ int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const k
 int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n, float *y,
                       kl_gpu_stream s, kl_err *err);
 
+/* x[i] += y[i] for i < count (fp32, one rounding: what a host loop adds). */
+int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream s, kl_err *err);
+
 /* a[i] = SiLU(a[i]) · b[i] for i < count. */
 int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_stream s, kl_err *err);
 

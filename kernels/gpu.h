@@ -61,6 +61,8 @@
 #define hipMemsetAsync          cudaMemsetAsync
 #define hipHostMalloc           cudaHostAlloc
 #define hipHostMallocDefault    cudaHostAllocDefault
+#define hipHostMallocPortable   cudaHostAllocPortable
+#define hipHostRegisterPortable cudaHostRegisterPortable
 #define hipHostFree             cudaFreeHost
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #define hipStreamNonBlocking    cudaStreamNonBlocking

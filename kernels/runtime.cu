@@ -62,7 +62,8 @@ extern "C" void kl_gpu_free(void *p)
 extern "C" int kl_gpu_host_alloc(void **p, size_t bytes, kl_err *err)
 {
     *p = NULL;
-    if (hipHostMalloc(p, bytes ? bytes : 1, hipHostMallocDefault) == hipSuccess)
+    /* portable: tensor-parallel ranks on other devices copy from it too */
+    if (hipHostMalloc(p, bytes ? bytes : 1, hipHostMallocPortable) == hipSuccess)
         return 0;
     (void)hipGetLastError();
     *p = NULL;
@@ -85,7 +86,8 @@ extern "C" void kl_gpu_host_free(void *p)
 
 extern "C" int kl_gpu_host_register(void *p, size_t bytes, int read_only, kl_err *err)
 {
-    unsigned flags = read_only ? KL_HOST_REGISTER_RO : hipHostRegisterDefault;
+    unsigned flags = (read_only ? KL_HOST_REGISTER_RO : hipHostRegisterDefault) |
+                     hipHostRegisterPortable;
     int rc = KL_GPU_CHECK(err, hipHostRegister(p, bytes, flags));
     if (rc)
         (void)hipGetLastError();   /* not sticky: later calls must not see it */
@@ -135,7 +137,7 @@ extern "C" int kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_er
     void *m = map_huge(len, huge);
     if (!m)
         return kl_fail_sys(err, KL_E_NOMEM, errno, "mapping %zu bytes of load buffers", len);
-    int rc = KL_GPU_CHECK(err, hipHostRegister(m, len, hipHostRegisterDefault));
+    int rc = KL_GPU_CHECK(err, hipHostRegister(m, len, hipHostRegisterPortable));
     if (rc) {
         (void)hipGetLastError();
         munmap(m, len);

@@ -227,6 +227,23 @@ static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
     t_check(what, x_bad, 0);
 }
 
+/* kl_gpu_add against the host's fp32 adds: bit for bit. */
+static void check_add(size_t count)
+{
+    std::vector<float> x = t_vec(count), y = t_vec(count);
+    float *dx = t_upload(x), *dy = t_upload(y);
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_add(dx, dy, count, NULL, &err), &err, "kl_gpu_add");
+    std::vector<float> g = t_download(dx, count);
+    double wrong = 0;
+    for (size_t i = 0; i < count; i++)
+        wrong += g[i] != x[i] + y[i];
+    t_check("add 1000003 (values not the host's fp32 sum)", wrong, 0);
+    hipFree(dx);
+    hipFree(dy);
+}
+
 static void check_silu_mul(size_t count)
 {
     std::vector<float> a = t_vec(count), b = t_vec(count);
@@ -382,6 +399,7 @@ int main(void)
         check_add_rmsnorm(3, 37, y);    /* and not a multiple of 4 */
     }
     check_silu_mul(1000003);
+    check_add(1000003);
     for (uint32_t n : {1u, 3u}) {   /* the shared experts' and the dense MLP's down products */
         check_glu(KL_GPU_W_BF16, 2304, 1024, n);
         check_glu(KL_GPU_W_BF16, 2304, 9216, n);
