@@ -427,10 +427,13 @@ static void add_profile(cJSON *j, const char *name, const kl_gpu_profile *p, dou
 
 /* Where the GPU load's time went (engine/backend.h kl_gpu_load_info; open: kl_model_open)
  * and how its ring was set. */
-/* Tensor parallel on GPUs: the bytes the load sent to each rank (its GPU's link). */
+/* Tensor parallel on GPUs: the bytes the load sent to each rank (its GPU's link), and where
+ * the ranks' sums run. */
 static void add_rank_bytes(cJSON *j, const kl_backend *be)
 {
     const unsigned n = kl_backend_tp_size(be);
+    if (n)
+        cJSON_AddStringToObject(j, "tp_sums", kl_backend_gpu_tp_sums(be));
     cJSON *a = n ? cJSON_AddArrayToObject(j, "load_copied_bytes_per_rank") : NULL;
     for (unsigned r = 0; a && r < n; r++) {
         kl_gpu_load_info li;

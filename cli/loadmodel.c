@@ -94,6 +94,9 @@ static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *er
                 l->upload_s, l->gpu_load.how, (unsigned long long)l->gpu_load.pinned,
                 (unsigned long long)l->gpu_load.windows, (double)m->weight_bytes / 1e9,
                 l->load_s, l->load_gbps);
+    if (!l->quiet && l->opts.tp > 1)
+        fprintf(stderr, "kl %s: %u tensor-parallel ranks on %d GPU(s); their sums: %s\n", l->cmd,
+                l->opts.tp, kl_backend_gpu_devices(), kl_backend_gpu_tp_sums(be));
     return 0;
 }
 

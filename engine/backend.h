@@ -190,6 +190,9 @@ int  kl_backend_gpu_create(kl_backend **out, struct kl_model *m, kl_err *err);
  * of rank 0 has that fill's figures).  On an error none is left (out[] NULL). */
 int  kl_backend_gpu_create_ranks(kl_backend **out, struct kl_model *const *cuts, unsigned n,
                                  kl_err *err);
+/* Where the sums of a tensor-parallel wrapper of GPU ranks run: "device (...)" (ranks sharing
+ * one GPU), "nccl (library)" (each on its own), "host (why)"; "" for any other backend. */
+const char *kl_backend_gpu_tp_sums(const kl_backend *be);
 /* Visible devices (0 in a build without GPU support). */
 int  kl_backend_gpu_devices(void);
 

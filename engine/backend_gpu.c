@@ -44,6 +44,7 @@ const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
 
 #include "common/clock.h"
 #include "common/mem.h"
+#include "kernels/collective.h"
 #include "kernels/dense.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
@@ -53,6 +54,7 @@ const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
 #include "kernels/skinny.h"
 
 #include <pthread.h>
+#include <stdio.h>
 
 /* Tokens per chunk ($KL_GPU_CHUNK: 16 .. GPU_CHUNK_MAX).  The grouped expert products read
  * every expert once per chunk, so larger chunks amortise the weights over more rows: an 8K
@@ -110,6 +112,8 @@ typedef struct gpu_graph {
 
 typedef enum graph_mode { EAGER = 0, CAPTURE, REPLAY } graph_mode;
 
+#define RANKS_MAX 8   /* tensor-parallel ranks of one process */
+
 typedef struct gpu_be {
     kl_backend    base;
     kl_gpu_stream st;
@@ -152,6 +156,9 @@ typedef struct gpu_be {
     uint32_t  *host_amax;                     /* pinned [1]: a graph's argmax */
     int        st_shared;                     /* st is another rank's (not destroyed here) */
     int        dev;                           /* the device it lives on */
+    kl_gpu_comm *comm;                        /* rank 0 of ranks on their own GPUs: NCCL's
+                                                 communicators (NULL: sums elsewhere) */
+    char        sum_how[400];                 /* rank 0: where the ranks' sums run */
     kl_gpu_plan pend_plan;                    /* a rank's arenas allocated, their fill left to */
     uint8_t   **pend_arena;                   /* the ranks' one fill (kl_backend_gpu_create_
                                                  ranks); NULL once filled */
@@ -1376,6 +1383,7 @@ static void gpu_destroy(kl_backend *be)
         kl_gpu_stream_destroy(g->st);
     kl_gpu_plan_free(&g->pend_plan);
     kl_free(g->pend_arena);
+    kl_gpu_comm_free(g->comm);
     kl_free(g->allocs);
     kl_free(g->L);
     kl_free(g->mla_cap);
@@ -1438,8 +1446,21 @@ static int sum_through_host(kl_backend *const *ranks, unsigned n, kl_tp_sum whic
     return rc;
 }
 
+/* Ranks on their own GPUs: NCCL's sum on the ranks' streams.  Enqueued only. */
+static int sum_nccl(kl_backend *const *ranks, unsigned n, kl_tp_sum which, size_t len,
+                    kl_err *err)
+{
+    float *bufs[RANKS_MAX];
+    kl_gpu_stream st[RANKS_MAX];
+    for (unsigned r = 0; r < n; r++) {
+        bufs[r] = sum_buf(ranks[r], which);
+        st[r] = impl(ranks[r])->st;
+    }
+    return kl_gpu_comm_sum(impl(ranks[0])->comm, bufs, len, st, err);
+}
+
 /* The ranks of engine/backend_tp.h: their buffers summed into every rank, on the device when
- * they share one, else through the host. */
+ * they share one, by NCCL when each has its own, else through the host. */
 static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
 {
     const gpu_be *g0 = impl(ranks[0]);
@@ -1450,7 +1471,8 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which,
     if (!len || n < 2)
         return 0;
     return shared ? sum_on_device(ranks, n, which, len, err)
-                  : sum_through_host(ranks, n, which, len, err);
+           : g0->comm ? sum_nccl(ranks, n, which, len, err)
+                      : sum_through_host(ranks, n, which, len, err);
 }
 
 static const kl_backend_ops gpu_ops = {
@@ -1638,8 +1660,6 @@ int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
 /* Tensor-parallel ranks: their arenas allocated, then filled together in one pass over the    */
 /* files (kl_gpu_plan_merge): each byte read once and copied to every rank that holds it       */
 
-#define RANKS_MAX 8
-
 /* The ranks' one fill: a copy goes to the stream of the rank whose arena holds dst (its
  * device made current first); a mark records the slot's event on every rank's own stream. */
 typedef struct ranks_fill {
@@ -1807,6 +1827,30 @@ static int rank_setup(kl_backend *const *be, unsigned r, unsigned ndev, kl_err *
     return rc;
 }
 
+/* Where the ranks' sums will run (rank 0's comm and sum_how): on the device when every rank
+ * is on one, through NCCL when each has its own, else (no library; ranks sharing some
+ * devices) through the host. */
+static void sums_setup(gpu_be *const *g, unsigned n, unsigned ndev)
+{
+    gpu_be *g0 = g[0];
+    const size_t cap = sizeof g0->sum_how;
+    int devs[RANKS_MAX];
+    kl_err e;
+    kl_err_clear(&e);
+    for (unsigned r = 0; r < n; r++)
+        devs[r] = g[r]->dev;
+    if (n < 2)
+        snprintf(g0->sum_how, cap, "none (one rank)");
+    else if (ndev == 1)
+        snprintf(g0->sum_how, cap, "device (the ranks share one GPU)");
+    else if (n > ndev)
+        snprintf(g0->sum_how, cap, "host (%u ranks on %u GPUs)", n, ndev);
+    else if (!kl_gpu_comm_create(&g0->comm, devs, n, &e))
+        snprintf(g0->sum_how, cap, "nccl (%s)", kl_gpu_comm_library());
+    else
+        snprintf(g0->sum_how, cap, "host (%s)", e.msg);
+}
+
 int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigned n,
                                 kl_err *err)
 {
@@ -1831,6 +1875,8 @@ int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigne
     }
     if (!rc)
         rc = fill_ranks(g, n, cuts[0], err);
+    if (!rc)
+        sums_setup(g, n, ndev);
     for (unsigned r = 0; rc && r < n; r++) {
         kl_backend_free(out[r]);
         out[r] = NULL;
@@ -1841,6 +1887,12 @@ int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigne
 int kl_backend_gpu_devices(void)
 {
     return kl_gpu_device_count();
+}
+
+const char *kl_backend_gpu_tp_sums(const kl_backend *be)
+{
+    kl_backend *r0 = kl_backend_tp_rank(be, 0);
+    return r0 && r0->ops == &gpu_rank_ops ? impl(r0)->sum_how : "";
 }
 
 int kl_backend_gpu_available(void)
@@ -1941,6 +1993,12 @@ int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *p
 int kl_backend_gpu_create(kl_backend **out, kl_model *m, kl_err *err)
 {
     return kl_backend_gpu_create_prepared(out, m, NULL, err);
+}
+
+const char *kl_backend_gpu_tp_sums(const kl_backend *be)
+{
+    (void)be;
+    return "";
 }
 
 int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigned n,

@@ -40,6 +40,7 @@ int main(void)
 #include <nccl.h>
 #endif
 
+#include "kernels/collective.h"
 #include "tests/gpu/gpu_testutil.h"
 
 #define HIDDEN   2304u
@@ -109,6 +110,41 @@ static void check_sum(rank *rk, int N, size_t n, uint32_t T)
     char what[64];
     snprintf(what, sizeof what, "all-reduce of [%u, %u]: ranks that differ", T, HIDDEN);
     t_check(what, (double)bad, 0);
+}
+
+/* The engine's sum (kernels/collective.h: the library loaded at run time) over the same
+ * ranks: exact, on every rank. */
+static void check_comm_sum(rank *rk, int N, size_t n)
+{
+    int devs[MAX_GPUS];
+    float *bufs[MAX_GPUS];
+    kl_gpu_stream st[MAX_GPUS];
+    std::vector<float> h(n), want(n, 0.0f);
+    for (int r = 0; r < N; r++) {
+        for (size_t i = 0; i < n; i++) {
+            h[i] = value(r, i);
+            want[i] += h[i];
+        }
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipMemcpy(rk[r].buf, h.data(), n * sizeof(float), hipMemcpyHostToDevice));
+        devs[r] = r, bufs[r] = rk[r].buf, st[r] = (kl_gpu_stream)rk[r].st;
+    }
+    kl_gpu_comm *c = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_comm_create(&c, devs, (unsigned)N, &err), &err, "kl_gpu_comm_create");
+    t_ok(kl_gpu_comm_sum(c, bufs, n, st, &err), &err, "kl_gpu_comm_sum");
+    sync_all(rk, N);
+    size_t bad = 0;
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        T_CHECK(hipMemcpy(h.data(), rk[r].buf, n * sizeof(float), hipMemcpyDeviceToHost));
+        bad += memcmp(h.data(), want.data(), n * sizeof(float)) != 0;
+    }
+    printf("{\"test\":\"nccl-case\",\"case\":\"kl_gpu_comm\",\"library\":\"%s\"}\n",
+           kl_gpu_comm_library());
+    t_check("kl_gpu_comm_sum of [8, 2304]: ranks that differ", (double)bad, 0);
+    kl_gpu_comm_free(c);
 }
 
 /* Median microseconds of one all-reduce of n floats (20 after 3 warm-ups). */
@@ -210,6 +246,7 @@ int main(void)
                "\"bytes\":%zu,\"us\":%.1f,\"bus_gbps\":%.1f}\n",
                N, T, n * sizeof(float), us, bus);
     }
+    check_comm_sum(rk, N, (size_t)8 * HIDDEN);
     peer_copies(N);
     for (int r = 0; r < N; r++) {
         T_CHECK(hipSetDevice(r));
