@@ -87,8 +87,8 @@ static void sync_all(rank *rk, int N)
     }
 }
 
-/* Fills every rank's block, all-reduces it once and checks every rank's result. */
-static void check_sum(rank *rk, int N, size_t n, uint32_t T)
+/* Every rank's block of n floats filled with value(); their sum returned. */
+static std::vector<float> fill_ranks(rank *rk, int N, size_t n)
 {
     std::vector<float> h(n), want(n, 0.0f);
     for (int r = 0; r < N; r++) {
@@ -99,17 +99,31 @@ static void check_sum(rank *rk, int N, size_t n, uint32_t T)
         T_CHECK(hipSetDevice(r));
         T_CHECK(hipMemcpy(rk[r].buf, h.data(), n * sizeof(float), hipMemcpyHostToDevice));
     }
-    all_reduce(rk, N, n);
+    return want;
+}
+
+/* After a sum: the ranks whose block is not want (streams synchronized first). */
+static double ranks_differing(rank *rk, int N, const std::vector<float> &want)
+{
     sync_all(rk, N);
+    std::vector<float> h(want.size());
     size_t bad = 0;
     for (int r = 0; r < N; r++) {
         T_CHECK(hipSetDevice(r));
-        T_CHECK(hipMemcpy(h.data(), rk[r].buf, n * sizeof(float), hipMemcpyDeviceToHost));
-        bad += memcmp(h.data(), want.data(), n * sizeof(float)) != 0;
+        T_CHECK(hipMemcpy(h.data(), rk[r].buf, h.size() * sizeof(float), hipMemcpyDeviceToHost));
+        bad += memcmp(h.data(), want.data(), h.size() * sizeof(float)) != 0;
     }
+    return (double)bad;
+}
+
+/* Fills every rank's block, all-reduces it once and checks every rank's result. */
+static void check_sum(rank *rk, int N, size_t n, uint32_t T)
+{
+    const std::vector<float> want = fill_ranks(rk, N, n);
+    all_reduce(rk, N, n);
     char what[64];
     snprintf(what, sizeof what, "all-reduce of [%u, %u]: ranks that differ", T, HIDDEN);
-    t_check(what, (double)bad, 0);
+    t_check(what, ranks_differing(rk, N, want), 0);
 }
 
 /* The engine's sum (kernels/collective.h: the library loaded at run time) over the same
@@ -119,31 +133,17 @@ static void check_comm_sum(rank *rk, int N, size_t n)
     int devs[MAX_GPUS];
     float *bufs[MAX_GPUS];
     kl_gpu_stream st[MAX_GPUS];
-    std::vector<float> h(n), want(n, 0.0f);
-    for (int r = 0; r < N; r++) {
-        for (size_t i = 0; i < n; i++) {
-            h[i] = value(r, i);
-            want[i] += h[i];
-        }
-        T_CHECK(hipSetDevice(r));
-        T_CHECK(hipMemcpy(rk[r].buf, h.data(), n * sizeof(float), hipMemcpyHostToDevice));
+    for (int r = 0; r < N; r++)
         devs[r] = r, bufs[r] = rk[r].buf, st[r] = (kl_gpu_stream)rk[r].st;
-    }
+    const std::vector<float> want = fill_ranks(rk, N, n);
     kl_gpu_comm *c = NULL;
     kl_err err;
     kl_err_clear(&err);
     t_ok(kl_gpu_comm_create(&c, devs, (unsigned)N, &err), &err, "kl_gpu_comm_create");
     t_ok(kl_gpu_comm_sum(c, bufs, n, st, &err), &err, "kl_gpu_comm_sum");
-    sync_all(rk, N);
-    size_t bad = 0;
-    for (int r = 0; r < N; r++) {
-        T_CHECK(hipSetDevice(r));
-        T_CHECK(hipMemcpy(h.data(), rk[r].buf, n * sizeof(float), hipMemcpyDeviceToHost));
-        bad += memcmp(h.data(), want.data(), n * sizeof(float)) != 0;
-    }
     printf("{\"test\":\"nccl-case\",\"case\":\"kl_gpu_comm\",\"library\":\"%s\"}\n",
            kl_gpu_comm_library());
-    t_check("kl_gpu_comm_sum of [8, 2304]: ranks that differ", (double)bad, 0);
+    t_check("kl_gpu_comm_sum of [8, 2304]: ranks that differ", ranks_differing(rk, N, want), 0);
     kl_gpu_comm_free(c);
 }
 
