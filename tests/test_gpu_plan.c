@@ -336,9 +336,9 @@ static void check_filled(const kl_gpu_plan *p, uint8_t *const *a, const kl_model
                 check_mat(a[l], &pl->w[r], &hl->w[r], 0, what);
         }
         for (int k = 0; k < 3 && pl->n_experts; k++) {
-            for (uint32_t e = 0; e < pl->n_experts; e++) {
-                snprintf(what, sizeof what, "layer %u expert %u w%d", l, e, k + 1);
-                check_mat(a[l], &pl->ex[k], &hl->experts[k][e], e, what);
+            for (uint32_t e = 0; e < pl->n_experts; e++) {   /* the held run from expert0 */
+                snprintf(what, sizeof what, "layer %u expert %u w%d", l, pl->expert0 + e, k + 1);
+                check_mat(a[l], &pl->ex[k], &hl->experts[k][pl->expert0 + e], e, what);
             }
         }
     }
@@ -687,11 +687,12 @@ START_TEST(test_fill_tp_cut_from_files)
 }
 END_TEST
 
-/* Every rank of tp's cut from the files in one fill (kl_gpu_plan_merge): each rank's arenas
- * hold what its own cut of the host-read model says, and the files are read once (the spans'
- * bytes at most the shards' sizes), where filling the ranks one by one reads the column cuts'
- * rows once per rank. */
-static void fill_merged(const kl_model *m, const kl_model *full, unsigned tp,
+/* Every rank of tp's cut from the files in one fill (kl_gpu_plan_merge), routed experts cut by
+ * width or (ep) whole on their owners: each rank's arenas hold what its own cut of the
+ * host-read model says, and the files are read once (the spans' bytes at most the shards'
+ * sizes), where filling the ranks one by one reads shared bytes once per rank.  The host-read
+ * cuts merged (host pieces only: KL_GPU_LOAD=host) fill the same. */
+static void fill_merged(const kl_model *m, const kl_model *full, unsigned tp, int ep,
                         const kl_fill_opts *o)
 {
     kl_err err;
@@ -700,8 +701,8 @@ static void fill_merged(const kl_model *m, const kl_model *full, unsigned tp,
     kl_gpu_plan plan[4], all;
     uint64_t alone = 0;   /* bytes read filling the ranks one by one */
     for (unsigned r = 0; r < tp; r++) {
-        ck_assert_msg(kl_model_tp_cut(&cf[r], m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
-        ck_assert_msg(kl_model_tp_cut(&ch[r], full, tp, r, 0, &err) == 0, "%s",
+        ck_assert_msg(kl_model_tp_cut(&cf[r], m, tp, r, ep, &err) == 0, "%s", t_fmt_err(&err));
+        ck_assert_msg(kl_model_tp_cut(&ch[r], full, tp, r, ep, &err) == 0, "%s",
                       t_fmt_err(&err));
         build(&plan[r], cf[r]);
         uint8_t **a = alloc_arenas(&plan[r]);
@@ -739,6 +740,19 @@ static void fill_merged(const kl_model *m, const kl_model *full, unsigned tp,
     ck_assert_uint_eq(d.done, d.n_queue);
     free_arenas(&all, a);
     kl_gpu_plan_free(&all);
+    for (unsigned r = 0; r < tp; r++) {   /* the host-read cuts merged: host pieces only */
+        kl_gpu_plan_free(&plan[r]);
+        build(&plan[r], ch[r]);
+    }
+    ck_assert_msg(kl_gpu_plan_merge(plan, tp, &all, &err) == 0, "%s", t_fmt_err(&err));
+    ck_assert_uint_eq(all.n_file, 0);
+    a = alloc_arenas(&all);
+    ck_assert_msg(kl_gpu_fill(&all, NULL, a, &ops, NULL, NULL, &err) == 0, "%s",
+                  t_fmt_err(&err));
+    for (unsigned r = 0, base = 0; r < tp; base += plan[r++].n_arenas)
+        check_filled(&plan[r], a + base, ch[r]);
+    free_arenas(&all, a);
+    kl_gpu_plan_free(&all);
     for (unsigned r = 0; r < tp; r++) {
         kl_gpu_plan_free(&plan[r]);
         kl_model_tp_free(cf[r]);
@@ -753,11 +767,12 @@ START_TEST(test_fill_tp_merged)
                          .direct = KL_DIRECT_OFF};
     kl_fill_opts map = {.mode = KL_FILL_MAPPED, .window_bytes = 16384, .windows = 3,
                         .threads = 2};
-    for (unsigned tp = 2; tp <= 4; tp *= 2)
-        if (kl_tp_size_ok(&m->cfg, 0, tp)) {
-            fill_merged(m, full, tp, &ring);
-            fill_merged(m, full, tp, &map);
-        }
+    for (int ep = 0; ep < 2; ep++)
+        for (unsigned tp = 2; tp <= 4; tp *= 2)
+            if (kl_tp_size_ok(&m->cfg, ep, tp)) {
+                fill_merged(m, full, tp, ep, &ring);
+                fill_merged(m, full, tp, ep, &map);
+            }
     kl_model_close(m);
     kl_model_close(full);
 }
