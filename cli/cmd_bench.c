@@ -579,6 +579,11 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
                l->open_s, l->gpu_load.device_s, l->gpu_load.buffers_s, l->gpu_load.wait_s,
                l->gpu_load.plan_s, l->gpu_load.alloc_s, l->gpu_load.fill_s,
                l->gpu_load.finish_s);
+    if (r->on_gpu && kl_backend_tp_size(m->be))
+        printf("  ranks    %u tensor-parallel: read %.3f GB from the files, sent %.3f GB to "
+               "the GPUs; sums: %s\n", kl_backend_tp_size(m->be),
+               (double)l->gpu_load.read_bytes / 1e9, (double)l->gpu_load.bytes / 1e9,
+               kl_backend_gpu_tp_sums(m->be));
     printf("  decode   %llu tokens in %.3f s: %.2f tok/s\n", a->tokens, r->decode_s, tok_s);
     printf("  weights per decoded token: %.4f GB (non-expert %.4f, shared experts %.4f, routed "
            "experts %.4f, lm_head %.4f, embedding row %.6f)\n", b->total / 1e9,
