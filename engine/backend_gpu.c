@@ -504,6 +504,24 @@ static int run_fill_jobs(fill_job *job, const kl_gpu_plan *p, const kl_gpu_prep 
     return 0;
 }
 
+/* A fill's figures into li: the fill a (the ring's threads' times), and b run beside it (a
+ * hybrid load's mapped part; zeros when none) counted in the bytes and windows. */
+static void note_fill(kl_gpu_load_info *li, const kl_fill_stats *a, const kl_fill_stats *b,
+                      const kl_fill_opts *o)
+{
+    li->bytes = a->bytes + b->bytes;
+    li->read_bytes = a->read_bytes + b->read_bytes;
+    li->windows = a->windows + b->windows;
+    li->pinned = a->pinned + b->pinned;
+    li->threads = o->threads;
+    li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
+    li->buffer_bytes = o->window_bytes;
+    li->fill_read_s = a->read_s;
+    li->fill_wait_s = a->wait_s;
+    li->fill_idle_s = a->idle_s;
+    li->fill_issue_s = a->issue_s;
+}
+
 /* The fill with what was prepared (pr: the stream's events, the ring's buffers). */
 static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const kl_gpu_prep *pr,
                        kl_err *err)
@@ -517,22 +535,9 @@ static int fill_arenas(gpu_be *g, const kl_gpu_plan *p, uint8_t **arena, const k
     int rc = run_fill_jobs(job, p, pr, err);
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);
-    const kl_fill_stats *a = &job[0].st, *b = &job[1].st;
-    const kl_fill_opts *o = &job[0].o;
-    kl_gpu_load_info *li = &g->load;
-    li->how = p->n_file ? pr->how : "host";
-    li->bytes = a->bytes + b->bytes;
-    li->read_bytes = a->read_bytes + b->read_bytes;
-    li->windows = a->windows + b->windows;
-    li->pinned = a->pinned + b->pinned;
-    li->threads = o->threads;
-    li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
-    li->buffer_bytes = o->window_bytes;
-    li->buffer_mem = pr->buf_mem;
-    li->fill_read_s = a->read_s;
-    li->fill_wait_s = a->wait_s;
-    li->fill_idle_s = a->idle_s;
-    li->fill_issue_s = a->issue_s;
+    note_fill(&g->load, &job[0].st, &job[1].st, &job[0].o);
+    g->load.how = p->n_file ? pr->how : "host";
+    g->load.buffer_mem = pr->buf_mem;
     return rc;
 }
 
@@ -1785,14 +1790,11 @@ static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *e
         }
     }
     li->fill_s += kl_now_s() - t0;
-    for (unsigned r = 0; f && r < n; r++)
+    const kl_fill_stats none = {0};
+    note_fill(li, &st, &none, &o);
+    li->buffer_mem = "pinned";
+    for (unsigned r = 0; f && r < n; r++)   /* each rank's own: the bytes sent to it */
         g[r]->load.bytes = f->copied[r];
-    li->read_bytes = st.read_bytes;
-    li->windows = st.windows, li->pinned = st.pinned;
-    li->threads = o.threads, li->buffers = o.mode == KL_FILL_RING ? o.windows : 0;
-    li->buffer_bytes = o.window_bytes, li->buffer_mem = "pinned";
-    li->fill_read_s = st.read_s, li->fill_wait_s = st.wait_s;
-    li->fill_idle_s = st.idle_s, li->fill_issue_s = st.issue_s;
     for (unsigned r = 0; f && r < n; r++)
         for (unsigned s = 0; s < KL_FILL_MAX_SLOTS; s++)
             kl_gpu_event_destroy(f->ev[r][s]);

@@ -356,8 +356,7 @@ static int copy_part(filler *f, const kl_plan_piece *pc, uint64_t from, const ui
                         pinned, err);
 }
 
-/* The end of piece pc's bytes in its file (past its last row when it has a pitch). */
-static uint64_t piece_end(const kl_plan_piece *pc)
+uint64_t kl_plan_piece_end(const kl_plan_piece *pc)
 {
     return pc->pitch && pc->bytes ? pc->src + (pc->bytes / pc->width - 1) * pc->pitch + pc->width
                                   : pc->src + pc->bytes;
@@ -452,7 +451,7 @@ static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsig
     for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
                            pc[j].src < sp->we; j++) {
         uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
-        uint64_t end = piece_end(&pc[j]), hi = end < sp->we ? end : sp->we;
+        uint64_t end = kl_plan_piece_end(&pc[j]), hi = end < sp->we ? end : sp->we;
         if (hi > lo)
             rc = copy_range(f, &pc[j], lo - pc[j].src, base + (lo - sp->ws), hi - lo, pinned,
                             err);
@@ -490,7 +489,7 @@ static uint64_t span_end(const kl_plan_piece *pc, size_t n, size_t j, uint64_t w
 {
     uint64_t end = 0;
     for (size_t i = j; i < n && pc[i].shard == pc[j].shard && pc[i].src < we; i++)
-        end = piece_end(&pc[i]) > end ? piece_end(&pc[i]) : end;
+        end = kl_plan_piece_end(&pc[i]) > end ? kl_plan_piece_end(&pc[i]) : end;
     end = (end + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
     return end < we ? end : we;
 }
@@ -519,7 +518,7 @@ static int walk_windows(filler *f, const char *const *paths, uint64_t align, kl_
             j++;
             continue;
         }
-        if (piece_end(&pc[j]) > size) {
+        if (kl_plan_piece_end(&pc[j]) > size) {
             rc = kl_fail(err, KL_E_IO, "the file is shorter than its header says");
             kl_err_context(err, paths[pc[j].shard], NULL, pc[j].src, NULL);
             return rc;
@@ -535,7 +534,7 @@ static int walk_windows(filler *f, const char *const *paths, uint64_t align, kl_
         }
         f->spans[f->n_spans++] = (wspan){pc[j].shard, ws, we, j};
         while (j < n && pc[j].shard == f->spans[f->n_spans - 1].shard &&
-               piece_end(&pc[j]) <= we)
+               kl_plan_piece_end(&pc[j]) <= we)
             j++;
         pos = we;
     }
@@ -891,7 +890,7 @@ static int fill_read(filler *f, const char *const *paths, kl_direct_mode direct,
             int idx = kl_reader_add_file(rd, paths[n_files], err);
             rc = idx < 0 ? idx : 0;
         }
-        ext[i] = (kl_extent){x->shard, x->src, piece_end(x) - x->src};
+        ext[i] = (kl_extent){x->shard, x->src, kl_plan_piece_end(x) - x->src};
         f->st.read_bytes += ext[i].len;
     }
     kl_err cb_err;

@@ -59,6 +59,10 @@ typedef struct kl_plan_piece {
                                            rows of width bytes, pitch bytes apart from src */
 } kl_plan_piece;
 
+/* The end of a file piece's bytes in its file: src + bytes, or past its last row when it has a
+ * pitch (what a fill reads of it). */
+uint64_t kl_plan_piece_end(const kl_plan_piece *pc);
+
 typedef struct kl_gpu_plan {
     uint32_t       n_arenas;            /* layers + 1 */
     uint64_t      *arena_bytes;         /* [n_arenas] */

@@ -407,10 +407,8 @@ static void check_pieces(const kl_gpu_plan *p)
     }
     for (size_t i = 1; i < p->n_file; i++) {   /* file order, spans apart */
         const kl_plan_piece *a = &p->pieces[i - 1];
-        uint64_t end = a->pitch ? a->src + (a->bytes / a->width - 1) * a->pitch + a->width
-                                : a->src + a->bytes;
         ck_assert(a->shard < p->pieces[i].shard ||
-                  (a->shard == p->pieces[i].shard && end <= p->pieces[i].src));
+                  (a->shard == p->pieces[i].shard && kl_plan_piece_end(a) <= p->pieces[i].src));
     }
     kl_free(s);
 }

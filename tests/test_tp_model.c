@@ -49,15 +49,22 @@ static void check_matrix(const kl_wmat *whole, const kl_wmat *cut, kl_tp_split s
     }
 }
 
+/* Rank r of tp's cut of m (ep: expert parallel), which must succeed. */
+static kl_model *cut_of(const kl_model *m, unsigned tp, unsigned r, int ep)
+{
+    kl_model *c = NULL;
+    kl_err err;
+    kl_err_clear(&err);
+    ck_assert_msg(kl_model_tp_cut(&c, m, tp, r, ep, &err) == 0, "%s", t_fmt_err(&err));
+    return c;
+}
+
 START_TEST(every_tensor_is_its_rank_s_part)
 {
     const unsigned tp = 2;
     kl_model *m = t_open_model(MULTI, 0);
-    kl_err err;
-    kl_err_clear(&err);
     for (unsigned r = 0; r < tp; r++) {
-        kl_model *c = NULL;
-        ck_assert_msg(kl_model_tp_cut(&c, m, tp, r, 0, &err) == 0, "%s", t_fmt_err(&err));
+        kl_model *c = cut_of(m, tp, r, 0);
         ck_assert_uint_eq(c->cfg.num_attention_heads, m->cfg.num_attention_heads / tp);
         ck_assert_uint_eq(c->cfg.kda_num_heads, m->cfg.kda_num_heads / tp);
         ck_assert_uint_eq(c->cfg.intermediate_size, m->cfg.intermediate_size / tp);
@@ -114,11 +121,8 @@ START_TEST(expert_parallel_ranks_hold_their_experts_whole)
 {
     const unsigned tp = 2;
     kl_model *m = t_open_model(MULTI, 0);
-    kl_err err;
-    kl_err_clear(&err);
     for (unsigned r = 0; r < tp; r++) {
-        kl_model *c = NULL;
-        ck_assert_msg(kl_model_tp_cut(&c, m, tp, r, 1, &err) == 0, "%s", t_fmt_err(&err));
+        kl_model *c = cut_of(m, tp, r, 1);
         ck_assert_uint_eq(c->cfg.moe_intermediate_size, m->cfg.moe_intermediate_size);
         size_t held = 0;
         for (uint32_t l = 0; l < m->cfg.num_hidden_layers; l++)
@@ -142,10 +146,7 @@ END_TEST
 /* TP 1: the model's own weights, nothing copied, the vocabulary whole. */
 START_TEST(one_rank_is_the_whole_model)
 {
-    kl_model *m = t_open_model(MULTI, 0), *c = NULL;
-    kl_err err;
-    kl_err_clear(&err);
-    ck_assert_int_eq(kl_model_tp_cut(&c, m, 1, 0, 0, &err), 0);
+    kl_model *m = t_open_model(MULTI, 0), *c = cut_of(m, 1, 0, 0);
     ck_assert(!c->vocab_part && c->vocab0 == 0 && c->cut_copied_bytes == 0);
     ck_assert(!memcmp(&c->cfg, &m->cfg, sizeof c->cfg));
     ck_assert_ptr_eq(c->embed.data, m->embed.data);
