@@ -162,6 +162,10 @@ typedef struct gpu_be {
     kl_gpu_plan pend_plan;                    /* a rank's arenas allocated, their fill left to */
     uint8_t   **pend_arena;                   /* the ranks' one fill (kl_backend_gpu_create_
                                                  ranks); NULL once filled */
+    /* the backends that step as one (see "Steps"): the ranks of one tensor-parallel model, or
+     * this backend alone; member 0 leads */
+    struct gpu_be *grp[RANKS_MAX];
+    unsigned       grp_n, grp_r;              /* members; this one's place */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -922,16 +926,45 @@ static void describe_chunk(gpu_be *g, const kl_batch *c)
     t->run_slot = tok_array(g, g->dev_tok, TOK_RUN_SLOT);
 }
 
-/* Ends a capture that failed half way (the stream must leave capture mode) and forgets it. */
+/* ------------------------------------------------------------------------------------------ */
+/* Steps: the members of grp step as one.  The leader's begin() prepares every member's chunk  */
+/* and decides whether the one-token step replays graphs or captures them; whichever member's  */
+/* head() or end() comes first runs them for all.  Each stream's first member captures,        */
+/* launches and waits for what every member enqueues on that stream (ranks sharing a device    */
+/* share its stream: one graph; ranks on their own devices: one graph each, NCCL inside).      */
+
+static int member_dev(const gpu_be *m, kl_err *err)
+{
+    return kl_gpu_device_open(m->dev, NULL, 0, err);
+}
+
+/* Whether member r is the first on its stream. */
+static int stream_owner(const gpu_be *g, unsigned r)
+{
+    for (unsigned q = 0; q < r; q++)
+        if (g->grp[q]->st == g->grp[r]->st)
+            return 0;
+    return 1;
+}
+
+/* Ends a capture that failed half way on every stream (each must leave capture mode), drops
+ * what was captured and runs the members eager. */
 static void abandon_capture(gpu_be *g)
 {
-    kl_gpu_graph gr = NULL;
     kl_err e;
     kl_err_clear(&e);
-    if (!kl_gpu_capture_end(g->st, &gr, NULL, &e))
-        kl_gpu_graph_destroy(gr);
-    g->cur->exec = NULL;
-    g->mode = EAGER;
+    for (unsigned r = 0; r < g->grp_n; r++) {
+        gpu_be *m = g->grp[r];
+        kl_gpu_graph gr = NULL;
+        if (m->mode == CAPTURE && stream_owner(g, r) && !member_dev(m, &e) &&
+            !kl_gpu_capture_end(m->st, &gr, NULL, 0, &e))
+            kl_gpu_graph_destroy(gr);
+        if (m->mode != EAGER) {
+            kl_gpu_graph_destroy(m->cur->exec);
+            m->cur->exec = NULL;
+        }
+        m->mode = EAGER;
+    }
 }
 
 /* The start of every operation that enqueues work: profiling, the stream drained first. */
@@ -972,39 +1005,51 @@ static int op_done(gpu_be *g, kl_gpu_op op, int rc, kl_err *err)
     return rc;
 }
 
-/* Decides how a one-token chunk runs: REPLAY a graph captured for the same slot, capacity and
- * scratch, or CAPTURE a new one (after dropping a stale one). */
+/* Decides how a one-token step runs: REPLAY the graphs captured for the same slot and, on every
+ * member, the same MLA capacity and scratch, or CAPTURE new ones (after dropping stale ones). */
 static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
 {
-    gpu_graph *gr = &g->graph[slot];
-    g->cur = gr;
-    if (gr->exec && gr->cap == g->mla_cap[slot] && gr->mla_scratch == g->mla_scratch) {
-        g->mode = REPLAY;
-        return 0;
+    int same = 1;
+    for (unsigned r = 0; r < g->grp_n; r++) {
+        gpu_be *m = g->grp[r];
+        const gpu_graph *gr = m->cur = &m->graph[slot];
+        same &= gr->cap == m->mla_cap[slot] && gr->mla_scratch == m->mla_scratch &&
+                (gr->exec || !stream_owner(g, r));
     }
-    kl_gpu_graph_destroy(gr->exec);
-    *gr = (gpu_graph){NULL, g->mla_cap[slot], g->mla_scratch};
-    g->mode = CAPTURE;
-    return kl_gpu_capture_begin(g->st, err);
+    int rc = 0;
+    for (unsigned r = 0; r < g->grp_n && !rc; r++) {
+        gpu_be *m = g->grp[r];
+        if (!same) {
+            kl_gpu_graph_destroy(m->cur->exec);
+            *m->cur = (gpu_graph){NULL, m->mla_cap[slot], m->mla_scratch};
+            if (stream_owner(g, r) && !(rc = member_dev(m, err)))
+                rc = kl_gpu_capture_begin(m->st, err);
+        }
+        m->mode = rc ? m->mode : same ? REPLAY : CAPTURE;
+    }
+    if (rc)
+        abandon_capture(g);
+    return rc;
 }
 
-static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
+/* A member's chunk before anything is enqueued for it: described, its MLA caches and the
+ * attention scratch sized, its token arrays uploaded. */
+static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
 {
-    gpu_be *g = impl(be);
     if (c->n > g->chunk)
         return kl_fail(err, KL_E_BUG, "chunk of %zu tokens (at most %u)", c->n, g->chunk);
-    int rc = kl_gpu_stream_sync(g->st, err);   /* host_tok may still feed the last chunk */
+    int rc = member_dev(g, err);
+    if (!rc)   /* host_tok may still feed the last chunk */
+        rc = kl_gpu_stream_sync(g->st, err);
     if (rc)
         return rc;
     describe_chunk(g, c);
-    int graph = g->graphs_on && c->n == 1;
-    uint32_t s0 = c->slot[0];
     for (uint32_t r = 0; !rc && r < g->tok.n_runs; r++) {
         uint32_t s = tok_array(g, g->host_tok, TOK_RUN_SLOT)[r];
-        rc = reserve_mla(g, s, be->slot_len[s] + g->run_len[r], err);
+        rc = reserve_mla(g, s, g->base.slot_len[s] + g->run_len[r], err);
     }
     if (graph)   /* attention sized for the capacity: the graph holds until the cache grows */
-        g->tok.max_span = (uint32_t)g->mla_cap[s0];
+        g->tok.max_span = (uint32_t)g->mla_cap[c->slot[0]];
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
@@ -1012,8 +1057,26 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
                         g->st, err);
     g->mode = EAGER;
     g->head_done = 0;
+    return rc;
+}
+
+/* The leader's part of begin(): every member's chunk prepared, then a one-token step's graphs
+ * chosen; the leader's device current again. */
+static int begin_step(gpu_be *g, const kl_batch *c, kl_err *err)
+{
+    const int graph = g->graphs_on && c->n == 1;
+    int rc = 0;
+    for (unsigned r = 0; r < g->grp_n && !rc; r++)
+        rc = prepare_chunk(g->grp[r], c, graph, err);
     if (!rc && graph)
-        rc = choose_graph(g, s0, err);
+        rc = choose_graph(g, c->slot[0], err);
+    return rc ? rc : member_dev(g, err);
+}
+
+static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
+{
+    gpu_be *g = impl(be);
+    int rc = g->grp_r ? 0 : begin_step(g, c, err);
     if (!rc && g->mode != REPLAY) {
         rc = op_start(g, err);
         if (!rc)
@@ -1021,8 +1084,6 @@ static int gpu_begin(kl_backend *be, const kl_batch *c, kl_err *err)
                               tok_array(g, g->dev_tok, TOK_IDS), g->tok.n, g->x, g->st, err);
         rc = op_done(g, KL_GPU_OP_EMBED, rc, err);
     }
-    if (rc && g->mode == CAPTURE)
-        abandon_capture(g);
     return rc;
 }
 
@@ -1307,28 +1368,50 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
     return rc;
 }
 
-/* CAPTURE: the head (into the pinned buffers) ends the capture; then the graph runs and the
- * host waits for it. */
-static int run_graph(gpu_be *g, kl_err *err)
+/* Every member's head enqueued into its pinned buffers, then each stream's capture ended; the
+ * members' modes REPLAY, or EAGER with nothing kept after a failure. */
+static int end_capture(gpu_be *g, kl_err *err)
 {
     int rc = 0;
-    if (g->mode == CAPTURE) {
-        kl_gpu_graph exec = NULL;
-        if ((rc = enqueue_head(g, g->host_logits, g->host_amax, err))) {
-            abandon_capture(g);
-            return rc;
-        }
-        size_t nodes = 0;
-        rc = kl_gpu_capture_end(g->st, &exec, &nodes, err);
-        g->prof.graph_nodes = nodes;
-        g->mode = rc ? EAGER : REPLAY;
-        if (rc)
-            return rc;
-        g->cur->exec = exec;
+    for (unsigned r = 0; r < g->grp_n && !rc; r++) {
+        gpu_be *m = g->grp[r];
+        if (!(rc = member_dev(m, err)))
+            rc = enqueue_head(m, m->host_logits, m->host_amax, err);
     }
-    g->head_done = 1;
-    rc = kl_gpu_graph_launch(g->cur->exec, g->st, err);
-    return rc ? rc : kl_gpu_stream_sync(g->st, err);
+    size_t nodes = 0;   /* kernels and copies of the whole step */
+    for (unsigned r = 0; r < g->grp_n && !rc; r++) {
+        gpu_be *m = g->grp[r];
+        size_t k = 0;
+        if (stream_owner(g, r) && !(rc = member_dev(m, err)))   /* NCCL's kernels: see runtime.h */
+            rc = kl_gpu_capture_end(m->st, &m->cur->exec, &k, !g->grp[0]->comm, err);
+        m->mode = rc ? m->mode : REPLAY;
+        nodes += k;
+    }
+    if (rc)
+        abandon_capture(g);
+    else
+        g->grp[0]->prof.graph_nodes = nodes;
+    return rc;
+}
+
+/* The step's graphs (captured first, when CAPTURE) launched on every stream and waited for;
+ * g's device current again. */
+static int run_graph(gpu_be *g, kl_err *err)
+{
+    int rc = g->mode == CAPTURE ? end_capture(g, err) : 0;
+    if (rc)
+        return rc;
+    for (unsigned r = 0; r < g->grp_n; r++)
+        g->grp[r]->head_done = 1;
+    for (unsigned r = 0; r < g->grp_n && !rc; r++) {
+        const gpu_be *m = g->grp[r];
+        if (stream_owner(g, r) && !(rc = member_dev(m, err)))
+            rc = kl_gpu_graph_launch(m->cur->exec, m->st, err);
+    }
+    for (unsigned r = 0; r < g->grp_n && !rc; r++)
+        if (stream_owner(g, r))
+            rc = kl_gpu_stream_sync(g->grp[r]->st, err);
+    return rc ? rc : member_dev(g, err);
 }
 
 static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
@@ -1341,7 +1424,7 @@ static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
         rc = op_done(g, KL_GPU_OP_HEAD, rc, err);
         return rc ? rc : kl_gpu_stream_sync(g->st, err);
     }
-    int rc = run_graph(g, err);   /* a one-token chunk: one wanted row */
+    int rc = g->head_done ? 0 : run_graph(g, err);   /* a one-token chunk: one wanted row */
     if (!rc && logits)
         memcpy(logits, g->host_logits, (size_t)g->d.vocab * sizeof *logits);
     if (!rc && argmax)
@@ -1470,6 +1553,8 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which,
 {
     const gpu_be *g0 = impl(ranks[0]);
     const size_t len = (size_t)g0->tok.n * g0->d.hidden;
+    if (g0->mode == REPLAY)   /* the sums are in the step's graphs */
+        return 0;
     int shared = 1;
     for (unsigned r = 1; r < n; r++)
         shared &= impl(ranks[r])->dev == g0->dev && impl(ranks[r])->st == g0->st;
@@ -1635,6 +1720,8 @@ int kl_backend_gpu_create_prepared(kl_backend **out, kl_model *m, kl_gpu_prep *p
     }
     read_settings(g);
     g->dev = pr->dev;
+    g->grp[0] = g;   /* alone until kl_backend_gpu_create_ranks makes it a rank */
+    g->grp_n = 1;
     g->base = (kl_backend){.ops = &gpu_ops, .name = "gpu", .m = m, .max_tokens = g->chunk,
                            .max_slots = GPU_SLOTS, .impl = g};
     get_dims(m, &g->d);
@@ -1809,13 +1896,12 @@ static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *e
     return rc;
 }
 
-/* Rank r, created on device r % ndev: a rank's ops, graphs off, and the stream of the first
- * rank on its device when there is one. */
+/* Rank r, created on device r % ndev: a rank's ops and the stream of the first rank on its
+ * device when there is one. */
 static int rank_setup(kl_backend *const *be, unsigned r, unsigned ndev, kl_err *err)
 {
     gpu_be *g = impl(be[r]);
     g->base.ops = &gpu_rank_ops;
-    g->graphs_on = 0;   /* the ranks' outputs are summed between blocks: every step eager */
     if (r < ndev)
         return 0;
     /* ranks on one device take turns on one stream: kernels that keep scratch in device
@@ -1829,14 +1915,20 @@ static int rank_setup(kl_backend *const *be, unsigned r, unsigned ndev, kl_err *
     return rc;
 }
 
-/* Where the ranks' sums will run (rank 0's comm and sum_how): on the device when every rank
- * is on one, through NCCL when each has its own, else (no library; ranks sharing some
- * devices) through the host. */
+/* The ranks made one group that steps as one (see "Steps"), and where their sums will run
+ * (rank 0's comm and sum_how): on the device when every rank is on one, through NCCL when
+ * each has its own, else (no library; ranks sharing some devices) through the host, which
+ * waits between blocks: no graphs then. */
 static void sums_setup(gpu_be *const *g, unsigned n, unsigned ndev)
 {
+    for (unsigned r = 0; r < n; r++) {
+        memcpy(g[r]->grp, g, n * sizeof *g);
+        g[r]->grp_n = n;
+        g[r]->grp_r = r;
+    }
     gpu_be *g0 = g[0];
     const size_t cap = sizeof g0->sum_how;
-    int devs[RANKS_MAX];
+    int devs[RANKS_MAX], host = 0;
     kl_err e;
     kl_err_clear(&e);
     for (unsigned r = 0; r < n; r++)
@@ -1845,12 +1937,16 @@ static void sums_setup(gpu_be *const *g, unsigned n, unsigned ndev)
         snprintf(g0->sum_how, cap, "none (one rank)");
     else if (ndev == 1)
         snprintf(g0->sum_how, cap, "device (the ranks share one GPU)");
-    else if (n > ndev)
+    else if ((host = n > ndev))
         snprintf(g0->sum_how, cap, "host (%u ranks on %u GPUs)", n, ndev);
     else if (!kl_gpu_comm_create(&g0->comm, devs, n, &e))
         snprintf(g0->sum_how, cap, "nccl (%s)", kl_gpu_comm_library());
-    else
+    else {
+        host = 1;
         snprintf(g0->sum_how, cap, "host (%s)", e.msg);
+    }
+    for (unsigned r = 0; host && r < n; r++)
+        g[r]->graphs_on = 0;
 }
 
 int kl_backend_gpu_create_ranks(kl_backend **out, kl_model *const *cuts, unsigned n,
@@ -1934,7 +2030,10 @@ void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out)
 
 void kl_backend_gpu_profile(kl_backend *be, kl_gpu_profile *out, int reset)
 {
-    kl_gpu_profile *p = be && be->ops == &gpu_ops ? &impl(be)->prof : NULL;
+    if (kl_backend_tp_size(be))   /* tensor parallel: rank 0's (it counts the step's graphs) */
+        be = kl_backend_tp_rank(be, 0);
+    kl_gpu_profile *p = be && (be->ops == &gpu_ops || be->ops == &gpu_rank_ops)
+                            ? &impl(be)->prof : NULL;
     if (out)
         *out = p ? *p : (kl_gpu_profile){0};
     if (p && reset) {

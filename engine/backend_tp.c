@@ -4,10 +4,10 @@
 #include "engine/backend_tp.h"
 
 #include "common/mem.h"
-#include "engine/sampler.h"
 #include "engine/tp_model.h"
 #include "loader/tp_split.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct tp_be {
@@ -166,34 +166,50 @@ static int tp_mlp(kl_backend *be, uint32_t l, kl_err *err)
     return block(be, BLOCK_MLP, l, err);
 }
 
+/* Row k's argmax offered rank by rank in vocabulary order: a rank's own (its first largest,
+ * NaN skipped, as kl_sample_argmax) replaces the best so far only when larger, so the whole
+ * row's first largest wins without a pass over the row. */
+static void offer_argmax(kl_token *best, float *best_v, kl_token id, float v)
+{
+    if (!isnan(v) && (isnan(*best_v) || v > *best_v)) {
+        *best = id;
+        *best_v = v;
+    }
+}
+
 /* Each rank's vocabulary part of the wanted rows, side by side in rows of the whole
- * vocabulary (into logits, or a buffer of ours when only the argmax is wanted). */
+ * vocabulary; the argmax from the ranks' own (on the device for GPU ranks). */
 static int tp_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
 {
     tp_be *t = tp(be);
-    const size_t nw = t->n_want, V = be->m->cfg.vocab_size;
-    float *all = logits ? logits : kl_malloc((nw ? nw : 1) * V * sizeof *all);
-    float *part = NULL;
-    int rc = all ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory for %zu rows of logits", nw);
+    const size_t nw = t->n_want, V = be->m->cfg.vocab_size, rows = nw ? nw : 1;
+    size_t vmax = 0;
+    for (unsigned r = 0; r < t->n; r++)
+        vmax = t->cut[r]->cfg.vocab_size > vmax ? t->cut[r]->cfg.vocab_size : vmax;
+    float *part = kl_malloc(rows * vmax * sizeof *part), *best_v = kl_malloc(rows * sizeof(float));
+    kl_token *own = kl_malloc(rows * sizeof *own);
+    int rc = part && best_v && own ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory for %zu rows "
+                                                 "of logits", nw);
+    for (size_t k = 0; !rc && argmax && k < nw; k++) {
+        argmax[k] = 0;
+        best_v[k] = NAN;
+    }
     size_t v0 = 0;
     for (unsigned r = 0; r < t->n && !rc; r++) {
         const size_t vn = t->cut[r]->cfg.vocab_size;
-        float *np = kl_realloc(part, (nw ? nw : 1) * vn * sizeof *np);
-        if (!np) {
-            rc = kl_fail(err, KL_E_NOMEM, "out of memory for %zu rows of logits", nw);
-            break;
+        rc = t->rank[r]->ops->head(t->rank[r], part, argmax ? own : NULL, err);
+        for (size_t k = 0; !rc && k < nw; k++) {
+            if (logits)
+                memcpy(logits + k * V + v0, part + k * vn, vn * sizeof *part);
+            if (argmax)
+                offer_argmax(&argmax[k], &best_v[k], (kl_token)(v0 + own[k]),
+                             part[k * vn + own[k]]);
         }
-        part = np;
-        rc = t->rank[r]->ops->head(t->rank[r], part, NULL, err);
-        for (size_t k = 0; !rc && k < nw; k++)
-            memcpy(all + k * V + v0, part + k * vn, vn * sizeof *part);
         v0 += vn;
     }
-    for (size_t k = 0; !rc && argmax && k < nw; k++)
-        argmax[k] = kl_sample_argmax(all + k * V, V);
+    kl_free(own);
+    kl_free(best_v);
     kl_free(part);
-    if (all != logits)
-        kl_free(all);
     return rc;
 }
 

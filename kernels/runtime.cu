@@ -331,7 +331,7 @@ static int programmatic_edges(cudaGraph_t graph, kl_err *err)
 #endif
 
 extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes,
-                                  kl_err *err)
+                                  int programmatic, kl_err *err)
 {
     hipGraph_t graph = NULL;
     hipGraphExec_t exec = NULL;
@@ -339,7 +339,7 @@ extern "C" int kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *node
     int rc = KL_GPU_CHECK(err, hipStreamEndCapture(STREAM(s), &graph));
     if (!rc && nodes)
         rc = KL_GPU_CHECK(err, hipGraphGetNodes(graph, NULL, nodes));
-    if (!rc && pdl_wanted())
+    if (!rc && programmatic && pdl_wanted())
         rc = programmatic_edges(graph, err);
     if (!rc)
         rc = KL_GPU_CHECK(err, hipGraphInstantiateWithFlags(&exec, graph, 0));

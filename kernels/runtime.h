@@ -78,9 +78,12 @@ int  kl_gpu_measure_rates(size_t bytes, int reps, double *d2d_gbps, double *h2d_
 
 /* Graphs: everything enqueued on s between capture_begin and capture_end is recorded (not
  * run) and instantiated into *g; kl_gpu_graph_launch replays it on s.  nodes (NULL: not
- * wanted) receives how many kernels and copies the graph holds. */
+ * wanted) receives how many kernels and copies the graph holds.  programmatic: kernel-to-kernel
+ * edges made programmatic (unless $KL_GPU_PDL=0); only for graphs of kl's own kernels, which
+ * wait for the kernel before them (KL_GPU_GRID_WAIT) — a library's kernel (NCCL's) would not. */
 int  kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err);
-int  kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes, kl_err *err);
+int  kl_gpu_capture_end(kl_gpu_stream s, kl_gpu_graph *g, size_t *nodes, int programmatic,
+                        kl_err *err);
 int  kl_gpu_graph_launch(kl_gpu_graph g, kl_gpu_stream s, kl_err *err);
 void kl_gpu_graph_destroy(kl_gpu_graph g);         /* NULL ok */
 

@@ -18,7 +18,8 @@
 #   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions;
 #   STAGES=tpbench: the full model's load and decode at each size of TPLOADS (TP_ARGS: more
 #   kl flags for both, e.g. --expert-parallel).  STAGES=ncu: Nsight Compute's time of every
-#   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt); STAGES=ncukernel: its
+#   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt; KL_RUN_ARGS, e.g. --tp 2;
+#   NCU_TAG names its csv); STAGES=ncukernel: its
 #   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
 #   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
 #   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
@@ -154,14 +155,23 @@ stage_tpcheck() {
             KL_RUN_ARGS="--tp $tp ${TP_ARGS:-}" with_config "${TP_CONFIG:-}" forced "$dir" gpu unbiased \
                 "$prompt" "$greedy" "$W/tp-$name-$tp.bin" || { row "$name TP $tp: refused"; continue; }
             row "$(summary "$name gpu-tp$tp${TP_ARGS:+ $TP_ARGS}-vs-cpu-tp1 [${TP_CONFIG:-}]" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-cpu.bin" "$W/tp-$name-$tp.bin")")"
+            [ $name = multi ] || [ $name = heads4 ] || continue
+            # the captured step (every forced id a one-token step: graphs) against eager steps
+            KL_GPU_GRAPHS=0 KL_RUN_ARGS="--tp $tp ${TP_ARGS:-}" with_config "${TP_CONFIG:-}" forced \
+                "$dir" gpu unbiased "$prompt" "$greedy" "$W/tp-$name-$tp-eager.bin"
+            if cmp -s "$W/tp-$name-$tp.bin" "$W/tp-$name-$tp-eager.bin"; then
+                row "$name TP $tp graphs == eager (bytewise) PASS"
+            else
+                row "$(summary "$name TP $tp graphs-vs-eager (not bytewise)" "$(python3 scripts/gpu/golden_compare.py --bound 2e-2 --margin 0.1 --vocab $vocab "$W/tp-$name-$tp-eager.bin" "$W/tp-$name-$tp.bin")")"
+            fi
         done
     done
 }
 
 # the full geometry loaded and decoded at each tensor-parallel size of TPLOADS (default
 # "1 2 4"; the page cache warm): load s and GB/s, where the host memory peaked, time to first
-# token, decode tok/s (ranks on one device take turns and sum through the host: a cost, not
-# the multi-GPU figure)
+# token, decode tok/s (ranks on one device take turns on its stream, one captured step: a
+# cost, not the multi-GPU figure), launches per step, where the sums run
 stage_tpbench() {
     local D="$W/full-mxfp4" tp
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -169,7 +179,8 @@ stage_tpbench() {
     for tp in ${TPLOADS:-1 2 4}; do
         "$KL" bench decode "$D" --device gpu --tp $tp ${TP_ARGS:-} --prompt-tokens 64 --tokens 16 \
             --json -q > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
-        row "tpbench TP $tp ${TP_ARGS:-} $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB: %s per rank), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, '/'.join('%.2f' % (b / 1e9) for b in d.get('load_copied_bytes_per_rank', [])) or '-', d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s']))" "$W/tpbench-$tp.json")"
+        cp "$W/tpbench-$tp.json" "$OUT/"
+        row "tpbench TP $tp ${TP_ARGS:-} $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB: %s per rank), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s, %s launches/step, sums %s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, '/'.join('%.2f' % (b / 1e9) for b in d.get('load_copied_bytes_per_rank', [])) or '-', d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s'], d.get('launches_per_decode_step'), d.get('tp_sums', '-')))" "$W/tpbench-$tp.json")"
     done
 }
 
@@ -274,8 +285,9 @@ stage_ncu() {
     fi
     KL_GPU_GRAPHS=0 timeout ${NCU_TIMEOUT:-300} "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
         "$KL" run "$D" --device gpu --ids "$ids" --force-ids ${NCU_FORCED:-2,3} --logits-out "$W/ncu.bin" -q \
-        > "$W/ncu.csv" 2> "$W/ncu.err" || { row "ncu failed: $(tail -3 "$W/ncu.err")"; return; }
-    cp "$W/ncu.csv" "$OUT/ncu-${NCU_PROMPT:-decode}.csv" 2>/dev/null
+        ${KL_RUN_ARGS:-} > "$W/ncu.csv" 2> "$W/ncu.err" || { row "ncu failed: $(tail -3 "$W/ncu.err")"; return; }
+    cp "$W/ncu.csv" "$OUT/ncu-${NCU_PROMPT:-decode}${NCU_TAG:-}.csv" 2>/dev/null
+    [ -z "${KL_RUN_ARGS:-}" ] || row "ncu with kl run ${KL_RUN_ARGS}"
     python3 - "$W/ncu.csv" "$steps" <<'PY' | tee -a "$TABLE"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

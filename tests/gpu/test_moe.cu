@@ -493,7 +493,7 @@ template <class F> static double t_pdl_graph_s(F fn, int reps)
     t_ok(kl_gpu_capture_begin(st, &err), &err, "kl_gpu_capture_begin");
     for (int i = 0; i < reps; i++)
         fn(i, st);
-    t_ok(kl_gpu_capture_end(st, &g, NULL, &err), &err, "kl_gpu_capture_end");
+    t_ok(kl_gpu_capture_end(st, &g, NULL, 1, &err), &err, "kl_gpu_capture_end");
     t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
     kl_gpu_timer tm;
     double ms = 0;
