@@ -193,9 +193,10 @@ static void matmul_mx2(const kl_gpu_mat *w, const float *x, float *y, hipStream_
         *w, x, y, (uint32_t)passes);
 }
 
-/* BF16 at n = 1, version 2, for matrices of 2048 to 65536 rows (few enough blocks that the
- * launch's fixed costs matter; v1 keeps lm_head at the copy rate): blocks of BF_THREADS, G = 1,
- * 2 or 4 groups per row; x in shared memory (float4 f at f ^ (f / 8 % 2): the 8 lanes of a
+/* BF16 at n = 1, version 2, for matrices of 512 to 65536 rows (few enough blocks that the
+ * launch's fixed costs matter; v1 keeps lm_head at the copy rate; 512 and 1024 rows are the
+ * shared experts' gate + up at tensor-parallel 4 and 2): blocks of BF_THREADS, G = 1, 2, 4 or 8
+ * groups per row; x in shared memory (float4 f at f ^ (f / 8 % 2): the 8 lanes of a
  * quarter warp read float4s 2c and 2c + 1 of 8 consecutive pieces c conflict-free), filled
  * once per block while the block's first weight loads are in flight; BF_PIECES 16-byte pieces
  * per lane per round.  The groups of a row are summed in group order. */
@@ -297,12 +298,12 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 static unsigned bf16_n1_groups(const kl_gpu_mat *w, int vec)
 {
     if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
-        w->cols > BF_MAX_COLS || w->rows < 2048 || w->rows > 65536)
+        w->cols > BF_MAX_COLS || w->rows < 512 || w->rows > 65536)
         return 0;
     /* at least 256 blocks: 2 an SM (measured at decode, the full geometry: 2304-row matrices
      * with G = 1 (144 blocks) as fast as G = 2 (288), G = 4 (576) 10% slower overall) */
     unsigned G = 1;
-    while (G < 4 && (size_t)w->rows * G / BF_WARPS < 256)
+    while (G < 8 && (size_t)w->rows * G / BF_WARPS < 256)
         G *= 2;
     return G;
 }

@@ -6,8 +6,10 @@
  * whose sums fp32 holds exactly, checked on every rank, and timed (median of 20 after a
  * warm-up): microseconds per all-reduce and NCCL's "bus bandwidth" (2 (N - 1) / N x bytes /
  * time).  With two GPUs or more, also the GPU 0 -> GPU r peer copy rate (the loader's
- * fan-out, 256 MiB) and whether peer access is possible.  With one GPU the all-reduce is a
- * copy, which still checks that the library loads and runs.
+ * fan-out, 256 MiB) and whether peer access is possible.  The engine's own sum
+ * (kernels/collective.h) directly and captured in graphs (exact; microseconds per captured
+ * sum of one token's row).  With one GPU the all-reduce is a copy, which still checks that the
+ * library loads, runs and can be captured.
  * One JSON line per measurement ({"test":"nccl-case",...}), then {"test":"nccl","ok":...};
  * exit 0 pass, 1 fail, 77 no GPU or no collective library in this build.
  */
@@ -41,6 +43,7 @@ int main(void)
 #endif
 
 #include "kernels/collective.h"
+#include "kernels/runtime.h"
 #include "tests/gpu/gpu_testutil.h"
 
 #define HIDDEN   2304u
@@ -126,8 +129,81 @@ static void check_sum(rank *rk, int N, size_t n, uint32_t T)
     t_check(what, ranks_differing(rk, N, want), 0);
 }
 
+/* REPS of the engine's sums of n floats captured into one graph per rank's stream (how the
+ * captured decode step holds them: docs/TP-GPU.md), without programmatic edges (NCCL's
+ * kernels do not wait for them: kernels/runtime.h). */
+static void capture_sums(kl_gpu_comm *c, float **bufs, kl_gpu_stream *st, int N, size_t n,
+                         int reps, kl_gpu_graph *g)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        t_ok(kl_gpu_capture_begin(st[r], &err), &err, "kl_gpu_capture_begin");
+    }
+    for (int i = 0; i < reps; i++)
+        t_ok(kl_gpu_comm_sum(c, bufs, n, st, &err), &err, "kl_gpu_comm_sum (captured)");
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        t_ok(kl_gpu_capture_end(st[r], &g[r], NULL, 0, &err), &err, "kl_gpu_capture_end");
+    }
+}
+
+static void launch_all(kl_gpu_graph *g, kl_gpu_stream *st, int N)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    for (int r = 0; r < N; r++) {
+        T_CHECK(hipSetDevice(r));
+        t_ok(kl_gpu_graph_launch(g[r], st[r], &err), &err, "kl_gpu_graph_launch");
+    }
+}
+
+/* The sum replayed from graphs: exact on every rank, twice (a graph is replayed); then the
+ * microseconds one sum of [1, 2304] costs inside a graph (54 of them a decode step), the
+ * median of 10 replays of 20 sums each. */
+static void check_captured_sum(rank *rk, int N, kl_gpu_comm *c, float **bufs, kl_gpu_stream *st)
+{
+    const size_t n = (size_t)8 * HIDDEN;
+    kl_gpu_graph g[MAX_GPUS];
+    capture_sums(c, bufs, st, N, n, 1, g);
+    for (int rep = 0; rep < 2; rep++) {
+        const std::vector<float> want = fill_ranks(rk, N, n);
+        launch_all(g, st, N);
+        t_check("kl_gpu_comm_sum of [8, 2304] replayed from graphs: ranks that differ",
+                ranks_differing(rk, N, want), 0);
+    }
+    for (int r = 0; r < N; r++)
+        kl_gpu_graph_destroy(g[r]);
+    enum { SUMS = 20 };
+    capture_sums(c, bufs, st, N, HIDDEN, SUMS, g);
+    std::vector<double> us;
+    for (int i = 0; i < 12; i++) {
+        T_CHECK(hipSetDevice(0));
+        hipEvent_t a, b;
+        T_CHECK(hipEventCreate(&a));
+        T_CHECK(hipEventCreate(&b));
+        T_CHECK(hipEventRecord(a, rk[0].st));
+        launch_all(g, st, N);
+        T_CHECK(hipSetDevice(0));
+        T_CHECK(hipEventRecord(b, rk[0].st));
+        sync_all(rk, N);
+        float ms = 0;
+        T_CHECK(hipEventElapsedTime(&ms, a, b));
+        T_CHECK(hipEventDestroy(a));
+        T_CHECK(hipEventDestroy(b));
+        if (i >= 2)
+            us.push_back(ms * 1e3 / SUMS);
+    }
+    std::sort(us.begin(), us.end());
+    printf("{\"test\":\"nccl-case\",\"case\":\"captured-sum\",\"gpus\":%d,\"tokens\":1,"
+           "\"us_per_sum\":%.2f}\n", N, us[us.size() / 2]);
+    for (int r = 0; r < N; r++)
+        kl_gpu_graph_destroy(g[r]);
+}
+
 /* The engine's sum (kernels/collective.h: the library loaded at run time) over the same
- * ranks: exact, on every rank. */
+ * ranks: exact, on every rank, run directly and replayed from captured graphs. */
 static void check_comm_sum(rank *rk, int N, size_t n)
 {
     int devs[MAX_GPUS];
@@ -144,6 +220,7 @@ static void check_comm_sum(rank *rk, int N, size_t n)
     printf("{\"test\":\"nccl-case\",\"case\":\"kl_gpu_comm\",\"library\":\"%s\"}\n",
            kl_gpu_comm_library());
     t_check("kl_gpu_comm_sum of [8, 2304]: ranks that differ", ranks_differing(rk, N, want), 0);
+    check_captured_sum(rk, N, c, bufs, st);
     kl_gpu_comm_free(c);
 }
 
