@@ -104,6 +104,9 @@ extern "C" int kl_gpu_comm_create(kl_gpu_comm **out, const int *devs, unsigned n
     if (!c)
         return kl_fail(err, KL_E_NOMEM, "out of memory");
     c->n = n;
+    /* never NVLink multicast (NVLS): kl's sums are small, and on a shared host a program using
+     * it can take every GPU out of service (the issue's "no multicast/NVLS") */
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
     const int r = lib.init_all(c->comm, (int)n, devs);
     if (r != NCCL_OK) {
         free(c);

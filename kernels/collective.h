@@ -16,7 +16,8 @@ extern "C" {
 /* One communicator per rank, rank r on device devs[r], all driven by this process. */
 typedef struct kl_gpu_comm kl_gpu_comm;
 
-/* Communicators over n (1 to 8) distinct devices.  KL_E_UNSUPPORTED when the library cannot be
+/* Communicators over n (1 to 8) distinct devices, NVLink multicast off (NCCL_NVLS_ENABLE=0 set
+ * in this process's environment).  KL_E_UNSUPPORTED when the library cannot be
  * loaded (naming what was tried) or lacks a function; KL_E_GPU when it refuses (its message);
  * KL_E_USAGE for n out of range. */
 int  kl_gpu_comm_create(kl_gpu_comm **out, const int *devs, unsigned n, kl_err *err);

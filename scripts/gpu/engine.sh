@@ -27,6 +27,7 @@
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
 #   row per run (see stage_loadsweep).
 set -u
+export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
 BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"

@@ -303,6 +303,7 @@ int main(void)
     int devs[MAX_GPUS];
     for (int r = 0; r < N; r++)
         devs[r] = r;
+    setenv("NCCL_NVLS_ENABLE", "0", 1);   /* never NVLink multicast, as kl_gpu_comm_create */
     N_CHECK(ncclCommInitAll(comms, N, devs));
     static const uint32_t tokens[] = {1, 8, 64, 512, 4096};
     const size_t most = (size_t)tokens[4] * HIDDEN;
