@@ -201,12 +201,15 @@ stage_pdl() {
 }
 
 # kl serve on the GPU with the full geometry: one streamed request, then 1, 4 and 8
-# concurrent streams (scripts/bench_serve.py); the server stopped with SIGINT
+# concurrent streams (scripts/bench_serve.py); the server stopped with SIGINT.  SERVE_ARGS:
+# more kl serve flags (e.g. --tp 2); SERVE_TAG names the copied bench-serve json
 stage_serve() {
     local D="$W/full-mxfp4" pid port
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
-    "$KL" serve "$D" --device gpu --port 0 --json -q > "$W/serve.json" 2> "$W/serve.err" &
+    "$KL" serve "$D" --device gpu --port 0 --json -q ${SERVE_ARGS:-} > "$W/serve.json" \
+        2> "$W/serve.err" &
     pid=$!
+    [ -z "${SERVE_ARGS:-}" ] || row "serve with ${SERVE_ARGS}"
     for _ in $(seq 120); do [ -s "$W/serve.json" ] && break; sleep 1; done
     port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['port'])" "$W/serve.json") ||
         { row "serve did not start: $(tail -2 "$W/serve.err")"; kill $pid; return; }
@@ -235,7 +238,7 @@ for lv in json.load(open(sys.argv[1]))["levels"]:
           % (lv["streams"], lv["output_tok_s"], lv["speedup_vs_first"], lv["ttft_p50_s"], lv["itl_p50_s"] * 1e3))
 PY
     kill -INT $pid; wait $pid; row "serve stopped: rc $?"
-    cp "$W/bench-serve.json" "$OUT/" 2>/dev/null
+    cp "$W/bench-serve.json" "$OUT/bench-serve${SERVE_TAG:-}.json" 2>/dev/null
 }
 
 # the full geometry, GPU against CPU on a FULL_PROMPT-token prompt (64) once per configuration of
