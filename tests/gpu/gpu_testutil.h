@@ -1,8 +1,9 @@
 /*
  * tests/gpu/gpu_testutil.h — what the device tests share: random data, weight matrices on host
- * and device (every kl_gpu_wkind) with the host decoding of a row, device buffers, event
- * timing (median of single calls) and the device-to-device copy rate.  Header only; a failing
- * runtime call prints where and exits 1 (tests only).
+ * and device (every kl_gpu_wkind) with the host decoding of a row, device buffers (freed one by
+ * one, or kept and freed together), relative L2 errors, event timing (median of single calls,
+ * graph replays) and the device-to-device copy rate.  Header only; a failing runtime call
+ * prints where and exits 1 (tests only).
  */
 #ifndef KL_TESTS_GPU_TESTUTIL_H
 #define KL_TESTS_GPU_TESTUTIL_H
@@ -52,7 +53,9 @@ static inline int t_have_gpu(const char *test)
 
 /* ---- random data ------------------------------------------------------------------------- */
 
-static uint64_t t_rng_state = 88172645463325252ull;
+/* xorshift64 from a fixed seed: the same sequence on every run. */
+#define T_RNG_SEED 88172645463325252ull
+static uint64_t t_rng_state = T_RNG_SEED;
 static inline uint32_t t_u32(void)
 {
     t_rng_state ^= t_rng_state << 13;
@@ -71,6 +74,24 @@ static inline std::vector<float> t_vec(size_t n)
     for (auto &x : v)
         x = t_uniform();
     return v;
+}
+/* Uniform in [lo, hi), steps of (hi - lo) / 10^6: a draw of its own, not t_uniform scaled, so
+ * the data test_kda and test_mla were tuned on stay what they were. */
+static inline float t_uniform_in(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(t_u32() % 1000000u) / 1e6f;
+}
+static inline std::vector<float> t_vec_in(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = t_uniform_in(lo, hi);
+    return v;
+}
+/* Starts the sequence over: a stage's data then do not depend on what ran before it. */
+static inline void t_rng_reset(void)
+{
+    t_rng_state = T_RNG_SEED;
 }
 
 /* ---- device buffers ---------------------------------------------------------------------- */
@@ -93,6 +114,21 @@ template <class T> static inline std::vector<T> t_download(const T *d, size_t n)
     T_CHECK(hipDeviceSynchronize());
     T_CHECK(hipMemcpy(v.data(), d, n * sizeof(T), hipMemcpyDeviceToHost));
     return v;
+}
+
+/* Buffers kept for t_free_kept: a test that allocates many buffers per case keeps them
+ * (t_keep(t_upload(v))) and frees them all at the case's end, with no pointer passed back. */
+static std::vector<void *> t_kept;
+template <class T> static inline T *t_keep(T *p)
+{
+    t_kept.push_back((void *)p);
+    return p;
+}
+static inline void t_free_kept(void)
+{
+    for (void *p : t_kept)
+        hipFree(p);
+    t_kept.clear();
 }
 
 /* ---- weight matrices --------------------------------------------------------------------- */
@@ -231,6 +267,14 @@ static inline double t_rel_l2(const float *y, const double *ref, size_t n)
     return sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
 }
 
+/* t_rel_l2 as a finite number: 1e30 when y holds a NaN or an infinity.  As much a failure,
+ * but one that std::max keeps (it drops a NaN) and JSON can print: for errors taken as a max. */
+static inline double t_rel_l2_finite(const float *y, const double *ref, size_t n)
+{
+    const double e = t_rel_l2(y, ref, n);
+    return e <= 1e30 ? e : 1e30;
+}
+
 /* ---- timing ------------------------------------------------------------------------------ */
 
 /* Median seconds of one call fn(i, NULL) over reps calls (i = 0..reps-1), each between two
@@ -299,10 +343,10 @@ template <class F> static double t_graph_s(F fn, int reps)
     return s[s.size() / 2];
 }
 
-/* Device-to-device copy rate of a 1 GiB buffer, bytes read plus written per second (GB/s). */
-static inline double t_copy_gbps(void)
+/* Device-to-device copy rate of a buffer of `bytes` (1 GiB unless told; test_kda and test_mla
+ * have always copied 256 MiB), bytes read plus written per second (GB/s). */
+static inline double t_copy_gbps(size_t bytes = (size_t)1 << 30)
 {
-    const size_t bytes = (size_t)1 << 30;
     void *src = t_alloc(bytes), *dst = t_alloc(bytes);
     T_CHECK(hipMemset(src, 1, bytes));
     const double s = t_median_s(

@@ -14,7 +14,7 @@
  * reference; both timed at 8,192.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
 #include "kernels/kda.h"
-#include "tests/gpu/gpu_test.h"
+#include "tests/gpu/gpu_testutil.h"
 
 #include <string.h>
 
@@ -39,7 +39,7 @@ struct kda_host {
     std::vector<uint32_t> tok_slot, tok_pos, run_start, run_slot;
 };
 
-static void make_host(const kda_case &c, t_rng &g, kda_host &x)
+static void make_host(const kda_case &c, kda_host &x)
 {
     x.H = c.H, x.K = c.K, x.D = c.H * c.K, x.W = c.W, x.slots = c.slots, x.n = 0;
     x.win_stride = 3 * (size_t)x.D * (x.W - 1) + 5;  /* strides wider than needed */
@@ -56,29 +56,19 @@ static void make_host(const kda_case &c, t_rng &g, kda_host &x)
     }
     const size_t nD = (size_t)x.n * x.D;
     for (int i = 0; i < 3; i++) {
-        x.qkv[i].resize(nD);
-        g.fill(x.qkv[i], -1, 1);
-        x.taps[i].resize((size_t)x.D * x.W);
-        g.fill(x.taps[i], -0.6f, 0.6f);
+        x.qkv[i] = t_vec_in(nD, -1, 1);
+        x.taps[i] = t_vec_in((size_t)x.D * x.W, -0.6f, 0.6f);
     }
-    x.win.resize(x.slots * x.win_stride);
-    g.fill(x.win, -1, 1);
-    x.f.resize(nD);
-    g.fill(x.f, -3, 2);
-    x.beta.resize((size_t)x.n * x.H);
-    g.fill(x.beta, -2, 2);
-    x.gate.resize(nD);
-    g.fill(x.gate, -2, 2);
-    x.a_log.resize(x.H);
-    g.fill(x.a_log, -1, 0.5f);
+    x.win = t_vec_in(x.slots * x.win_stride, -1, 1);
+    x.f = t_vec_in(nD, -3, 2);
+    x.beta = t_vec_in((size_t)x.n * x.H, -2, 2);
+    x.gate = t_vec_in(nD, -2, 2);
+    x.a_log = t_vec_in(x.H, -1, 0.5f);
     for (float &v : x.a_log)
         v += c.a_log_add;
-    x.dt.resize(x.D);
-    g.fill(x.dt, -1, 1);
-    x.onorm.resize(x.K);
-    g.fill(x.onorm, 0.5f, 1.5f);
-    x.state.resize(x.slots * x.state_stride);
-    g.fill(x.state, -0.5f, 0.5f);
+    x.dt = t_vec_in(x.D, -1, 1);
+    x.onorm = t_vec_in(x.K, 0.5f, 1.5f);
+    x.state = t_vec_in(x.slots * x.state_stride, -0.5f, 0.5f);
 }
 
 /* ---- host reference (double) ------------------------------------------------------------ */
@@ -173,33 +163,31 @@ struct kda_dev {
     kl_gpu_tokens tok;
 };
 
-static int upload(const kda_host &x, kda_dev &d, kl_err *err)
+/* The case's inputs on the device (kept: t_free_kept frees them), o and the scratch NaN. */
+static void upload(const kda_host &x, kda_dev &d)
 {
-    float *qkv[3], *taps[3], *win, *f, *beta, *gate, *a_log, *dt, *onorm, *state, *o, *scr;
-    uint32_t *ts, *tp, *rs, *rsl;
-    for (int i = 0; i < 3; i++)
-        if (t_put(&qkv[i], x.qkv[i], err) || t_put(&taps[i], x.taps[i], err))
-            return err->code;
-    if (t_put(&win, x.win, err) || t_put(&f, x.f, err) || t_put(&beta, x.beta, err) ||
-        t_put(&gate, x.gate, err) || t_put(&a_log, x.a_log, err) || t_put(&dt, x.dt, err) ||
-        t_put(&onorm, x.onorm, err) || t_put(&state, x.state, err) ||
-        t_alloc(&o, (size_t)x.n * x.D, err) || t_put(&ts, x.tok_slot, err) ||
-        t_put(&tp, x.tok_pos, err) || t_put(&rs, x.run_start, err) ||
-        t_put(&rsl, x.run_slot, err) ||
-        t_alloc(&scr, kl_gpu_kda_scratch(x.n, x.H, x.K), err) ||
-        KL_GPU_CHECK(err, hipMemset(o, 0xff, (size_t)x.n * x.D * sizeof(float))) || /* NaN */
-        KL_GPU_CHECK(err, hipMemset(scr, 0xff,
-                                    kl_gpu_kda_scratch(x.n, x.H, x.K) * sizeof(float))))
-        return err->code;
-    d.conv = {{qkv[0], qkv[1], qkv[2]}, {taps[0], taps[1], taps[2]}, x.D, x.W, win,
-              x.win_stride};
-    d.recur = {qkv[0], qkv[1], qkv[2], f, beta, gate, a_log, dt, onorm, x.eps, x.H, x.K,
-               state, x.state_stride, o, scr};
+    float *qkv[3], *taps[3];
+    for (int i = 0; i < 3; i++) {
+        qkv[i] = t_keep(t_upload(x.qkv[i]));
+        taps[i] = t_keep(t_upload(x.taps[i]));
+    }
+    const size_t o_bytes = (size_t)x.n * x.D * sizeof(float);
+    const size_t scr_bytes = kl_gpu_kda_scratch(x.n, x.H, x.K) * sizeof(float);
+    float *o = t_keep((float *)t_alloc(o_bytes)), *scr = t_keep((float *)t_alloc(scr_bytes));
+    T_CHECK(hipMemset(o, 0xff, o_bytes)); /* NaN */
+    T_CHECK(hipMemset(scr, 0xff, scr_bytes));
+    d.conv = {{qkv[0], qkv[1], qkv[2]}, {taps[0], taps[1], taps[2]}, x.D, x.W,
+              t_keep(t_upload(x.win)), x.win_stride};
+    d.recur = {qkv[0], qkv[1], qkv[2], t_keep(t_upload(x.f)), t_keep(t_upload(x.beta)),
+               t_keep(t_upload(x.gate)), t_keep(t_upload(x.a_log)), t_keep(t_upload(x.dt)),
+               t_keep(t_upload(x.onorm)), x.eps, x.H, x.K, t_keep(t_upload(x.state)),
+               x.state_stride, o, scr};
     uint32_t max_run = 0;
     for (size_t i = 0; i + 1 < x.run_start.size(); i++)
         max_run = std::max(max_run, x.run_start[i + 1] - x.run_start[i]);
-    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, 4 + max_run, ts, tp, rs, rsl};
-    return 0;
+    d.tok = {x.n, (uint32_t)x.run_slot.size(), max_run, 4 + max_run,
+             t_keep(t_upload(x.tok_slot)), t_keep(t_upload(x.tok_pos)),
+             t_keep(t_upload(x.run_start)), t_keep(t_upload(x.run_slot))};
 }
 
 /* Max over blocks of `width` values of the relative L2 error of got against ref. */
@@ -208,7 +196,7 @@ static double max_block_err(const std::vector<float> &got, const std::vector<dou
 {
     double m = 0;
     for (size_t b = 0; b + width <= ref.size(); b += width)
-        m = std::max(m, t_rel_l2(&got[b], &ref[b], width));
+        m = std::max(m, t_rel_l2_finite(&got[b], &ref[b], width));
     return m;
 }
 
@@ -225,133 +213,129 @@ static bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
 
 /* The recurrence of the case: one call, or (c.split, one run) two calls of split and n - split
  * tokens, the state carried from the first to the second. */
-static int recur_calls(const kda_case &c, const kda_host &x, const kda_dev &d, kl_err *err)
+static void recur_calls(const kda_case &c, const kda_host &x, const kda_dev &d)
 {
-    if (!c.split)
-        return kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err);
+    kl_err err;
+    kl_err_clear(&err);
+    if (!c.split) {
+        t_ok(kl_gpu_kda_recur(&d.recur, &d.tok, NULL, &err), &err, "kl_gpu_kda_recur");
+        return;
+    }
     const uint32_t len[2] = {c.split, x.n - c.split};
     size_t t0 = 0;
     for (int i = 0; i < 2; i++) {
-        uint32_t *rs;
-        if (t_put(&rs, std::vector<uint32_t>{0, len[i]}, err))
-            return err->code;
+        const uint32_t *rs = t_keep(t_upload(std::vector<uint32_t>{0, len[i]}));
         kl_gpu_kda_recur_args a = d.recur;
         const size_t off = t0 * x.D;
         a.q += off, a.k += off, a.v += off, a.f += off, a.gate += off, a.o += off;
         a.beta_logit += t0 * x.H;
         const kl_gpu_tokens t = {len[i], 1, len[i], 0, nullptr, nullptr, rs, d.tok.run_slot};
-        if (kl_gpu_kda_recur(&a, &t, NULL, err))
-            return err->code;
+        t_ok(kl_gpu_kda_recur(&a, &t, NULL, &err), &err, "kl_gpu_kda_recur");
         t0 += len[i];
     }
-    return 0;
 }
 
 /* The case on the device with recurrence kernels v (kl_gpu_kda_select) and v3's apply kernel
  * `apply` (kl_gpu_kda_apply_select): its errors into e. */
-static int run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v, int apply,
-                       kda_errs *e, kl_err *err)
+static void run_version(const kda_case &c, const kda_host &x, const kda_ref &r, int v, int apply,
+                        kda_errs *e)
 {
     kda_dev d;
+    kl_err err;
+    kl_err_clear(&err);
     kl_gpu_kda_select(v);
     kl_gpu_kda_apply_select(apply);
-    if (upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err) ||
-        recur_calls(c, x, d, err))
-        return err->code;
-    std::vector<float> qkv(r.qkv[0].size()), win(x.win.size()), &state = e->state_out;
-    state.resize(x.state.size());
-    e->out.resize(r.o.size());
+    upload(x, d);
+    t_ok(kl_gpu_kda_conv(&d.conv, &d.tok, NULL, &err), &err, "kl_gpu_kda_conv");
+    recur_calls(c, x, d);
     e->conv = 0;
     for (int w = 0; w < 3; w++) {
-        if (t_get(qkv, d.conv.qkv[w], err))
-            return err->code;
-        e->conv = std::max(e->conv, t_rel_l2(qkv.data(), r.qkv[w].data(), qkv.size()));
+        const std::vector<float> qkv = t_download(d.conv.qkv[w], r.qkv[w].size());
+        e->conv = std::max(e->conv, t_rel_l2_finite(qkv.data(), r.qkv[w].data(), qkv.size()));
     }
-    if (t_get(win, d.conv.win, err) || t_get(e->out, d.recur.o, err) ||
-        t_get(state, d.recur.state, err))
-        return err->code;
-    e->win = t_rel_l2(win.data(), r.win.data(), win.size());
+    const std::vector<float> win = t_download(d.conv.win, x.win.size());
+    e->out = t_download(d.recur.o, r.o.size());
+    e->state_out = t_download(d.recur.state, x.state.size());
+    const std::vector<float> &state = e->state_out;
+    e->win = t_rel_l2_finite(win.data(), r.win.data(), win.size());
     e->o = max_block_err(e->out, r.o, x.K);
     e->state = 0;
     for (uint32_t s = 0; s < x.slots; s++)
         for (uint32_t h = 0; h < x.H; h++) {
             size_t b = s * x.state_stride + (size_t)h * x.K * x.K;
-            e->state = std::max(e->state, t_rel_l2(&state[b], &r.state[b], (size_t)x.K * x.K));
+            e->state = std::max(e->state,
+                                t_rel_l2_finite(&state[b], &r.state[b], (size_t)x.K * x.K));
         }
     fprintf(stderr, "test_kda: %-16s v%d apply %d conv %.2e win %.2e o %.2e state %.2e\n",
             c.name, v, apply, e->conv, e->win, e->o, e->state);
-    t_free_all();
-    return 0;
+    t_free_kept();
 }
 
 /* The case with the three versions: e[v - 1] (v3 with the default apply kernel); *v3_v2:
  * v3's o against v2's (max over the (token, head) blocks of the relative L2 error);
  * *apply_same: v3 with apply kernel 1 gave bitwise the same o and state. */
-static int run_case(const kda_case &c, t_rng &g, kda_errs e[3], double *v3_v2,
-                    bool *apply_same, kl_err *err)
+static void run_case(const kda_case &c, kda_errs e[3], double *v3_v2, bool *apply_same)
 {
     kda_host x;
     kda_ref r;
     kda_errs e31;
-    make_host(c, g, x);
+    make_host(c, x);
     ref_conv(x, r);
     ref_recur(x, r);
-    int rc = run_version(c, x, r, 3, 2, &e[2], err) || run_version(c, x, r, 3, 1, &e31, err) ||
-             run_version(c, x, r, 2, 0, &e[1], err) || run_version(c, x, r, 1, 0, &e[0], err);
+    run_version(c, x, r, 3, 2, &e[2]);
+    run_version(c, x, r, 3, 1, &e31);
+    run_version(c, x, r, 2, 0, &e[1]);
+    run_version(c, x, r, 1, 0, &e[0]);
     kl_gpu_kda_select(0);
     kl_gpu_kda_apply_select(0);
-    if (rc)
-        return err->code;
     const std::vector<double> o2(e[1].out.begin(), e[1].out.end());
     *v3_v2 = max_block_err(e[2].out, o2, x.K);
     *apply_same = same_bits(e[2].out, e31.out) && same_bits(e[2].state_out, e31.state_out);
-    return 0;
 }
 
 /* ---- v3's apply kernels, bitwise, at full shapes (no reference: the runs are long) --------- */
 
 /* The case's recurrence (after the conv, once) with v3 and each apply kernel, from the same
- * state: *same when o and the state pool agree bit for bit. */
-static int apply_ab(const kda_case &c, t_rng &g, bool *same, kl_err *err)
+ * state: true when o and the state pool agree bit for bit. */
+static bool apply_ab(const kda_case &c)
 {
     kda_host x;
     kda_dev d;
-    make_host(c, g, x);
+    kl_err err;
+    kl_err_clear(&err);
+    make_host(c, x);
     std::vector<float> o[2], st[2];
-    int rc = upload(x, d, err) || kl_gpu_kda_conv(&d.conv, &d.tok, NULL, err);
+    upload(x, d);
+    t_ok(kl_gpu_kda_conv(&d.conv, &d.tok, NULL, &err), &err, "kl_gpu_kda_conv");
     kl_gpu_kda_select(3);
-    for (int i = 0; i < 2 && !rc; i++) {
+    for (int i = 0; i < 2; i++) {
+        const size_t n_o = (size_t)x.n * x.D;
         kl_gpu_kda_apply_select(i + 1);
-        o[i].resize((size_t)x.n * x.D);
-        st[i].resize(x.state.size());
-        rc = KL_GPU_CHECK(err, hipMemcpy(d.recur.state, x.state.data(),
-                                         x.state.size() * sizeof(float),
-                                         hipMemcpyHostToDevice)) ||
-             KL_GPU_CHECK(err, hipMemset(d.recur.o, 0xff, o[i].size() * sizeof(float))) ||
-             recur_calls(c, x, d, err) || t_get(o[i], d.recur.o, err) ||
-             t_get(st[i], d.recur.state, err);
+        T_CHECK(hipMemcpy(d.recur.state, x.state.data(), x.state.size() * sizeof(float),
+                          hipMemcpyHostToDevice));
+        T_CHECK(hipMemset(d.recur.o, 0xff, n_o * sizeof(float)));
+        recur_calls(c, x, d);
+        o[i] = t_download(d.recur.o, n_o);
+        st[i] = t_download(d.recur.state, x.state.size());
     }
     kl_gpu_kda_select(0);
     kl_gpu_kda_apply_select(0);
-    t_free_all();
-    if (rc)
-        return err->code ? err->code : 1;
-    *same = same_bits(o[0], o[1]) && same_bits(st[0], st[1]);
+    t_free_kept();
+    const bool same = same_bits(o[0], o[1]) && same_bits(st[0], st[1]);
     fprintf(stderr, "test_kda: %-16s apply 1 and 2 %s\n", c.name,
-            *same ? "bitwise equal" : "DIFFER");
-    return 0;
+            same ? "bitwise equal" : "DIFFER");
+    return same;
 }
 
 /* The launchers refuse what they cannot do: K > 128, W > 8, NULL inputs, runs > tokens,
  * scratch not 16-byte aligned. */
-static int refusals(t_rng &g, kl_err *err)
+static bool refusals(void)
 {
     kda_case c = {"refusals", 2, 16, 4, 1, {{0, 2}}};
     kda_host x;
     kda_dev d;
-    make_host(c, g, x);
-    if (upload(x, d, err))
-        return -1;
+    make_host(c, x);
+    upload(x, d);
     kl_err e;
     kl_err_clear(&e);
     kl_gpu_kda_recur_args rk = d.recur, rs = d.recur;
@@ -362,12 +346,11 @@ static int refusals(t_rng &g, kl_err *err)
     cn.qkv[1] = nullptr;
     kl_gpu_tokens bad = d.tok;
     bad.n_runs = 3;
-    int ok = kl_gpu_kda_recur(&rk, &d.tok, NULL, &e) == KL_E_USAGE &&
-             kl_gpu_kda_conv(&cw, &d.tok, NULL, &e) == KL_E_USAGE &&
-             kl_gpu_kda_conv(&cn, &d.tok, NULL, &e) == KL_E_USAGE &&
-             kl_gpu_kda_recur(&d.recur, &bad, NULL, &e) == KL_E_USAGE &&
-             kl_gpu_kda_recur(&rs, &d.tok, NULL, &e) == KL_E_USAGE;
-    return ok;
+    return kl_gpu_kda_recur(&rk, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_kda_conv(&cw, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_kda_conv(&cn, &d.tok, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_kda_recur(&d.recur, &bad, NULL, &e) == KL_E_USAGE &&
+           kl_gpu_kda_recur(&rs, &d.tok, NULL, &e) == KL_E_USAGE;
 }
 
 /* ---- timing at the full shape, n = 1 ----------------------------------------------------- */
@@ -378,49 +361,47 @@ struct kda_times {
 };
 
 /* One token of the full shape; the state rotates over 64 slots (128 MiB, past the L2). */
-static int time_full(t_rng &g, kda_times *tm, kl_err *err)
+static void time_full(kda_times *tm)
 {
     const uint32_t slots = 64, H = 32, K = 128, D = H * K, W = 4;
     kda_case c = {"timing", H, K, W, 1, {{0, 1}}};
     kda_host x;
     kda_dev d;
-    make_host(c, g, x);
+    make_host(c, x);
     std::vector<uint32_t> slot_ids(slots);
     for (uint32_t s = 0; s < slots; s++)
         slot_ids[s] = s;
-    uint32_t *ids;
-    float *state, *win;
     const size_t sstride = (size_t)H * K * K, wstride = 3 * (size_t)D * (W - 1);
-    if (upload(x, d, err) || t_put(&ids, slot_ids, err) ||
-        t_alloc(&state, slots * sstride, err) || t_alloc(&win, slots * wstride, err) ||
-        KL_GPU_CHECK(err, hipMemset(state, 0x3c, slots * sstride * sizeof(float))) ||
-        KL_GPU_CHECK(err, hipMemset(win, 0x3c, slots * wstride * sizeof(float))))
-        return err->code;
+    upload(x, d);
+    const uint32_t *ids = t_keep(t_upload(slot_ids));
+    float *state = t_keep((float *)t_alloc(slots * sstride * sizeof(float)));
+    float *win = t_keep((float *)t_alloc(slots * wstride * sizeof(float)));
+    T_CHECK(hipMemset(state, 0x3c, slots * sstride * sizeof(float)));
+    T_CHECK(hipMemset(win, 0x3c, slots * wstride * sizeof(float)));
     d.recur.state = state, d.recur.state_stride = sstride;
     d.conv.win = win, d.conv.win_stride = wstride;
     kl_gpu_tokens tok = d.tok;
-    auto conv = [&](int i) {
+    kl_err err;
+    kl_err_clear(&err);
+    auto conv = [&](int i, kl_gpu_stream st) {
         tok.run_slot = ids + i % slots;
-        return kl_gpu_kda_conv(&d.conv, &tok, NULL, err);
+        t_ok(kl_gpu_kda_conv(&d.conv, &tok, st, &err), &err, "kl_gpu_kda_conv");
     };
-    auto recur = [&](int i) {
+    auto recur = [&](int i, kl_gpu_stream st) {
         tok.run_slot = ids + i % slots;
-        return kl_gpu_kda_recur(&d.recur, &tok, NULL, err);
+        t_ok(kl_gpu_kda_recur(&d.recur, &tok, st, &err), &err, "kl_gpu_kda_recur");
     };
     for (int v = 1; v <= 2; v++) {
         kl_gpu_kda_select(v);
-        if (t_median_us(recur, 41, &tm->recur_us[v - 1], err))
-            return err->code;
+        tm->recur_us[v - 1] = t_median_s(recur, 41) * 1e6;
     }
     kl_gpu_kda_select(0);
-    if (t_median_us(conv, 41, &tm->conv_us, err) ||
-        t_copy_gbps((size_t)256 << 20, &tm->copy_gbps, err))
-        return err->code;
+    tm->conv_us = t_median_s(conv, 41) * 1e6;
+    tm->copy_gbps = t_copy_gbps((size_t)256 << 20);
     /* conv: q, k, v read and written, taps read, windows read and written */
     tm->conv_bytes = 3 * ((size_t)D * 2 + (size_t)D * W + (size_t)D * (W - 1) * 2) * 4;
     /* recur: the state read and written, q k v f gate in and o out, the small vectors */
     tm->recur_bytes = (2 * sstride + 6 * (size_t)D + D + K + 2 * H) * 4;
-    return 0;
 }
 
 /* ---- prefill timing: one run of n tokens at the full shape, v2 against v3 ---------------- */
@@ -442,27 +423,28 @@ static double v3_flop(uint32_t n)
     return chunks * H * per;
 }
 
-static int time_prefill(t_rng &g, uint32_t n, prefill_time *pt, kl_err *err)
+static void time_prefill(uint32_t n, prefill_time *pt)
 {
     kda_case c = {"prefill", 32, 128, 4, 1, {{0, n}}};
     kda_host x;
     kda_dev d;
-    make_host(c, g, x);
-    if (upload(x, d, err))
-        return err->code;
+    make_host(c, x);
+    upload(x, d);
     pt->n = n;
     pt->v3_flop = v3_flop(n);
+    kl_err err;
+    kl_err_clear(&err);
+    auto recur = [&](int, kl_gpu_stream st) {
+        t_ok(kl_gpu_kda_recur(&d.recur, &d.tok, st, &err), &err, "kl_gpu_kda_recur");
+    };
     for (int i = 0; i < 3; i++) { /* v2; v3 with apply kernel 2, then 1 */
         kl_gpu_kda_select(i ? 3 : 2);
         kl_gpu_kda_apply_select(i == 2 ? 1 : 2);
-        if (t_median_us([&](int) { return kl_gpu_kda_recur(&d.recur, &d.tok, NULL, err); },
-                        i ? 11 : 5, &pt->us[i], err))
-            return err->code;
+        pt->us[i] = t_median_s(recur, i ? 11 : 5) * 1e6;
     }
     kl_gpu_kda_select(0);
     kl_gpu_kda_apply_select(0);
-    t_free_all();
-    return 0;
+    t_free_kept();
 }
 
 static void print_prefill(const prefill_time &p, bool last)
@@ -481,11 +463,8 @@ static const char *const version_name[3] = {"v1", "v2", "v3"};
 
 int main(void)
 {
-    if (t_need_gpu("test_kda"))
+    if (!t_have_gpu("test_kda"))
         return 77;
-    kl_err err;
-    kl_err_clear(&err);
-    t_rng g;
     const kda_case cases[] = {
         {"tiny_3runs", 2, 16, 4, 3, {{2, 3}, {0, 1}, {1, 4}}},
         {"odd_K40_W2", 3, 40, 2, 2, {{1, 2}, {0, 5}}},
@@ -516,8 +495,7 @@ int main(void)
         kda_errs e[3];
         double d32 = 1e30;
         bool same = false;
-        if (run_case(c, g, e, &d32, &same, &err))
-            goto fail;
+        run_case(c, e, &d32, &same);
         case_same.push_back(same);
         all_same = all_same && same;
         for (int v = 0; v < 3; v++) {
@@ -527,70 +505,58 @@ int main(void)
         }
         worst_v3_v2 = std::max(worst_v3_v2, d32);
         case_v3_v2.push_back(d32);
-        t_free_all();
+        t_free_kept();
     }
-    {
-        int refused = refusals(g, &err);
-        t_free_all();
-        if (refused < 0)
-            goto fail;
-        /* full shapes (and K 40, 64): one run of 8,192; runs with tails of 25, 13, 26 tokens;
-         * two calls, the first ending mid-chunk; strong decay */
-        const kda_case ab[] = {
-            {"ab_8192", 32, 128, 4, 1, {{0, 8192}}},
-            {"ab_runs_tails", 32, 128, 4, 3, {{0, 3001}, {2, 45}, {1, 4090}}},
-            {"ab_calls_4100", 32, 128, 4, 2, {{1, 8192}}, 4100},
-            {"ab_K40_strong", 3, 40, 2, 2, {{1, 999}, {0, 77}}, 0, 3.0f},
-            {"ab_K64", 8, 64, 4, 1, {{0, 517}}},
-        };
-        const size_t nab = sizeof ab / sizeof ab[0];
-        bool ab_same[nab];
-        for (size_t i = 0; i < nab; i++) {
-            if (apply_ab(ab[i], g, &ab_same[i], &err))
-                goto fail;
-            all_same = all_same && ab_same[i];
-        }
-        kda_times tm;
-        prefill_time pf[3];
-        const uint32_t pn[3] = {256, 1024, 8192};
-        if (time_full(g, &tm, &err))
-            goto fail;
-        t_free_all();
-        for (int i = 0; i < 3; i++)
-            if (time_prefill(g, pn[i], &pf[i], &err))
-                goto fail;
-        const double all = std::max({worst[0], worst[1], worst[2], worst_v3_v2});
-        const int ok = refused && all < 1e-4 && all_same;
-        printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
-               "\"max_v3_vs_v2\":%.3g,\"apply_bitwise\":%s,\"cases\":[", ok ? "true" : "false",
-               refused ? "true" : "false", all, worst_v3_v2, all_same ? "true" : "false");
-        for (size_t i = 0; i < nc; i++) /* per case: max of o and state errors per version */
-            printf("{\"case\":\"%s\",\"v3\":%.3g,\"v2\":%.3g,\"v1\":%.3g,\"v3_vs_v2\":%.3g,"
-                   "\"apply_same\":%s}%s", cases[i].name, case_err[2][i], case_err[1][i],
-                   case_err[0][i], case_v3_v2[i], case_same[i] ? "true" : "false",
-                   i + 1 < nc ? "," : "],");
-        printf("\"apply_ab\":[");
-        for (size_t i = 0; i < nab; i++)
-            printf("{\"case\":\"%s\",\"same\":%s}%s", ab[i].name,
-                   ab_same[i] ? "true" : "false", i + 1 < nab ? "," : "],");
-        for (int v = 3; v >= 1; v--)
-            printf("\"%s_max_rel_l2\":%.3g,", version_name[v - 1], worst[v - 1]);
-        for (int v = 2; v >= 1; v--) {
-            const double us = tm.recur_us[v - 1], gbps = tm.recur_bytes / (us * 1e-6) / 1e9;
-            printf("\"%s_n1\":{\"recur_us\":%.2f,\"recur_gbps\":%.1f,"
-                   "\"recur_ratio_to_copy\":%.3f},", version_name[v - 1], us, gbps,
-                   gbps / tm.copy_gbps);
-        }
-        printf("\"prefill\":[");
-        for (int i = 0; i < 3; i++)
-            print_prefill(pf[i], i == 2);
-        printf("],\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_bytes\":%zu,"
-               "\"d2d_copy_gbps\":%.1f}\n", tm.conv_us, tm.conv_bytes, tm.recur_bytes,
-               tm.copy_gbps);
-        return ok ? 0 : 1;
+    const bool refused = refusals();
+    t_free_kept();
+    /* full shapes (and K 40, 64): one run of 8,192; runs with tails of 25, 13, 26 tokens; two
+     * calls, the first ending mid-chunk; strong decay */
+    const kda_case ab[] = {
+        {"ab_8192", 32, 128, 4, 1, {{0, 8192}}},
+        {"ab_runs_tails", 32, 128, 4, 3, {{0, 3001}, {2, 45}, {1, 4090}}},
+        {"ab_calls_4100", 32, 128, 4, 2, {{1, 8192}}, 4100},
+        {"ab_K40_strong", 3, 40, 2, 2, {{1, 999}, {0, 77}}, 0, 3.0f},
+        {"ab_K64", 8, 64, 4, 1, {{0, 517}}},
+    };
+    const size_t nab = sizeof ab / sizeof ab[0];
+    bool ab_same[nab];
+    for (size_t i = 0; i < nab; i++) {
+        ab_same[i] = apply_ab(ab[i]);
+        all_same = all_same && ab_same[i];
     }
-fail:
-    fprintf(stderr, "test_kda: %s\n", err.msg);
-    t_free_all();
-    return 1;
+    kda_times tm;
+    prefill_time pf[3];
+    const uint32_t pn[3] = {256, 1024, 8192};
+    time_full(&tm);
+    t_free_kept();
+    for (int i = 0; i < 3; i++)
+        time_prefill(pn[i], &pf[i]);
+    const double all = std::max({worst[0], worst[1], worst[2], worst_v3_v2});
+    const int ok = refused && all < 1e-4 && all_same;
+    printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
+           "\"max_v3_vs_v2\":%.3g,\"apply_bitwise\":%s,\"cases\":[", ok ? "true" : "false",
+           refused ? "true" : "false", all, worst_v3_v2, all_same ? "true" : "false");
+    for (size_t i = 0; i < nc; i++) /* per case: max of o and state errors per version */
+        printf("{\"case\":\"%s\",\"v3\":%.3g,\"v2\":%.3g,\"v1\":%.3g,\"v3_vs_v2\":%.3g,"
+               "\"apply_same\":%s}%s", cases[i].name, case_err[2][i], case_err[1][i],
+               case_err[0][i], case_v3_v2[i], case_same[i] ? "true" : "false",
+               i + 1 < nc ? "," : "],");
+    printf("\"apply_ab\":[");
+    for (size_t i = 0; i < nab; i++)
+        printf("{\"case\":\"%s\",\"same\":%s}%s", ab[i].name, ab_same[i] ? "true" : "false",
+               i + 1 < nab ? "," : "],");
+    for (int v = 3; v >= 1; v--)
+        printf("\"%s_max_rel_l2\":%.3g,", version_name[v - 1], worst[v - 1]);
+    for (int v = 2; v >= 1; v--) {
+        const double us = tm.recur_us[v - 1], gbps = tm.recur_bytes / (us * 1e-6) / 1e9;
+        printf("\"%s_n1\":{\"recur_us\":%.2f,\"recur_gbps\":%.1f,"
+               "\"recur_ratio_to_copy\":%.3f},", version_name[v - 1], us, gbps,
+               gbps / tm.copy_gbps);
+    }
+    printf("\"prefill\":[");
+    for (int i = 0; i < 3; i++)
+        print_prefill(pf[i], i == 2);
+    printf("],\"conv_us\":%.2f,\"conv_bytes\":%zu,\"recur_bytes\":%zu,"
+           "\"d2d_copy_gbps\":%.1f}\n", tm.conv_us, tm.conv_bytes, tm.recur_bytes, tm.copy_gbps);
+    return ok ? 0 : 1;
 }
