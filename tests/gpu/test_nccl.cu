@@ -129,6 +129,34 @@ static void check_sum(rank *rk, int N, size_t n, uint32_t T)
     t_check(what, ranks_differing(rk, N, want), 0);
 }
 
+/* Median microseconds of fn() (work enqueued on every rank's stream) over reps calls after
+ * `warm` more: each between two events on rank 0's stream, every stream drained before and
+ * after (the ranks' collectives keep them in step, so rank 0's span is the call's). */
+template <class F> static double median_us(rank *rk, int N, int warm, int reps, F fn)
+{
+    std::vector<double> us;
+    for (int i = 0; i < warm + reps; i++) {
+        sync_all(rk, N);
+        T_CHECK(hipSetDevice(0));
+        hipEvent_t a, b;
+        T_CHECK(hipEventCreate(&a));
+        T_CHECK(hipEventCreate(&b));
+        T_CHECK(hipEventRecord(a, rk[0].st));
+        fn();
+        T_CHECK(hipSetDevice(0));
+        T_CHECK(hipEventRecord(b, rk[0].st));
+        sync_all(rk, N);
+        float ms = 0;
+        T_CHECK(hipEventElapsedTime(&ms, a, b));
+        T_CHECK(hipEventDestroy(a));
+        T_CHECK(hipEventDestroy(b));
+        if (i >= warm)
+            us.push_back(ms * 1e3);
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+}
+
 /* REPS of the engine's sums of n floats captured into one graph per rank's stream (how the
  * captured decode step holds them: docs/TP-GPU.md), without programmatic edges (NCCL's
  * kernels do not wait for them: kernels/runtime.h). */
@@ -177,27 +205,9 @@ static void check_captured_sum(rank *rk, int N, kl_gpu_comm *c, float **bufs, kl
         kl_gpu_graph_destroy(g[r]);
     enum { SUMS = 20 };
     capture_sums(c, bufs, st, N, HIDDEN, SUMS, g);
-    std::vector<double> us;
-    for (int i = 0; i < 12; i++) {
-        T_CHECK(hipSetDevice(0));
-        hipEvent_t a, b;
-        T_CHECK(hipEventCreate(&a));
-        T_CHECK(hipEventCreate(&b));
-        T_CHECK(hipEventRecord(a, rk[0].st));
-        launch_all(g, st, N);
-        T_CHECK(hipSetDevice(0));
-        T_CHECK(hipEventRecord(b, rk[0].st));
-        sync_all(rk, N);
-        float ms = 0;
-        T_CHECK(hipEventElapsedTime(&ms, a, b));
-        T_CHECK(hipEventDestroy(a));
-        T_CHECK(hipEventDestroy(b));
-        if (i >= 2)
-            us.push_back(ms * 1e3 / SUMS);
-    }
-    std::sort(us.begin(), us.end());
+    const double us = median_us(rk, N, 2, 10, [&] { launch_all(g, st, N); }) / SUMS;
     printf("{\"test\":\"nccl-case\",\"case\":\"captured-sum\",\"gpus\":%d,\"tokens\":1,"
-           "\"us_per_sum\":%.2f}\n", N, us[us.size() / 2]);
+           "\"us_per_sum\":%.2f}\n", N, us);
     for (int r = 0; r < N; r++)
         kl_gpu_graph_destroy(g[r]);
 }
@@ -227,27 +237,7 @@ static void check_comm_sum(rank *rk, int N, size_t n)
 /* Median microseconds of one all-reduce of n floats (20 after 3 warm-ups). */
 static double time_all_reduce(rank *rk, int N, size_t n)
 {
-    std::vector<double> us;
-    for (int i = 0; i < 23; i++) {
-        T_CHECK(hipSetDevice(0));
-        T_CHECK(hipDeviceSynchronize());
-        hipEvent_t a, b;
-        T_CHECK(hipEventCreate(&a));
-        T_CHECK(hipEventCreate(&b));
-        T_CHECK(hipEventRecord(a, rk[0].st));
-        all_reduce(rk, N, n);
-        T_CHECK(hipSetDevice(0));
-        T_CHECK(hipEventRecord(b, rk[0].st));
-        sync_all(rk, N);
-        float ms = 0;
-        T_CHECK(hipEventElapsedTime(&ms, a, b));
-        T_CHECK(hipEventDestroy(a));
-        T_CHECK(hipEventDestroy(b));
-        if (i >= 3)
-            us.push_back(ms * 1e3);
-    }
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    return median_us(rk, N, 3, 20, [&] { all_reduce(rk, N, n); });
 }
 
 /* GPU 0 -> GPU r copies of 256 MiB (peer access enabled where possible). */
