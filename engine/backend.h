@@ -93,10 +93,11 @@ typedef struct kl_backend_ops {
     void (*destroy)(kl_backend *be);
     /* -- tensor parallel (engine/backend_tp.h; NULL: the backend cannot be a rank) ------- */
     /* Sums a buffer of the chunk over ranks[0 .. n) (backends of this kind) in rank order
-     * ((b0 + b1) + b2 ...) and leaves the sum in each rank's: KL_TP_SUM_Y, after a block (kda,
-     * mla, moe, mlp) has run on every rank, its partial outputs y [T, hidden], as the next
-     * add_norm reads them; KL_TP_SUM_X, after begin, the embedding rows x [T, hidden] of
-     * ranks holding parts of the vocabulary (kl_model.vocab_part). */
+     * ((b0 + b1) + b2 ...) for every rank: KL_TP_SUM_Y, after a block (kda, mla, moe, mlp) has
+     * run on every rank, its partial outputs y [T, hidden], which each rank's next add_norm
+     * adds (left in each rank's y, or — a GPU backend whose ranks share a device — added by
+     * that add_norm straight from every rank's y); KL_TP_SUM_X, after begin, the embedding
+     * rows x [T, hidden] of ranks holding parts of the vocabulary (kl_model.vocab_part). */
     int  (*all_reduce)(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err);
 } kl_backend_ops;
 

@@ -113,6 +113,7 @@ typedef struct gpu_graph {
 typedef enum graph_mode { EAGER = 0, CAPTURE, REPLAY } graph_mode;
 
 #define RANKS_MAX 8   /* tensor-parallel ranks of one process */
+_Static_assert(RANKS_MAX <= KL_GPU_SUM_MAX, "a norm adds every rank's block output");
 
 typedef struct gpu_be {
     kl_backend    base;
@@ -166,6 +167,8 @@ typedef struct gpu_be {
      * this backend alone; member 0 leads */
     struct gpu_be *grp[RANKS_MAX];
     unsigned       grp_n, grp_r;              /* members; this one's place */
+    int            sum_in_norm;               /* the next add_norm adds every member's y (the
+                                                 ranks' sum deferred: gpu_all_reduce) */
 } gpu_be;
 
 static gpu_be *impl(kl_backend *be)
@@ -1057,6 +1060,7 @@ static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
                         g->st, err);
     g->mode = EAGER;
     g->head_done = 0;
+    g->sum_in_norm = 0;
     return rc;
 }
 
@@ -1101,10 +1105,16 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
     gpu_be *g = impl(be);
     if (g->mode == REPLAY)
         return 0;
+    const float *ys[RANKS_MAX];   /* what x adds: y, or every rank's (in rank order) */
+    unsigned ny = 0;
+    for (unsigned r = 0; add && r < (g->sum_in_norm ? g->grp_n : 1); r++)
+        ys[ny++] = g->sum_in_norm ? g->grp[r]->y : g->y;
+    g->sum_in_norm = 0;
     int rc = op_start(g, err);
     if (!rc)
-        rc = kl_gpu_add_rmsnorm(g->x, add ? g->y : NULL, norm_weight(g, which, layer), g->tok.n,
-                                g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st, err);
+        rc = kl_gpu_sum_add_rmsnorm(g->x, ys, ny, norm_weight(g, which, layer), g->tok.n,
+                                    g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st,
+                                    err);
     return op_done(g, KL_GPU_OP_NORM, rc, err);
 }
 
@@ -1486,9 +1496,10 @@ static float *sum_buf(kl_backend *be, kl_tp_sum which)
     return which == KL_TP_SUM_X ? impl(be)->x : impl(be)->y;
 }
 
-/* Ranks all on rank 0's device (sharing its stream): rank 0's buffer += each other rank's in
- * rank order ((y0 + y1) + y2 ...: the CPU's and the host path's order, the same fp32 adds),
- * then copied to the others.  Enqueued only. */
+/* Ranks all on rank 0's device (sharing its stream), the embeddings (a block's outputs are
+ * summed by the next norm: gpu_all_reduce): rank 0's buffer += each other rank's in rank order
+ * ((x0 + x1) + x2 ...: the CPU's and the host path's order, the same fp32 adds), then copied
+ * to the others.  Enqueued only. */
 static int sum_on_device(kl_backend *const *ranks, unsigned n, kl_tp_sum which, size_t len,
                          kl_err *err)
 {
@@ -1547,8 +1558,9 @@ static int sum_nccl(kl_backend *const *ranks, unsigned n, kl_tp_sum which, size_
     return kl_gpu_comm_sum(impl(ranks[0])->comm, bufs, len, st, err);
 }
 
-/* The ranks of engine/backend_tp.h: their buffers summed into every rank, on the device when
- * they share one, by NCCL when each has its own, else through the host. */
+/* The ranks of engine/backend_tp.h: their buffers summed for every rank — on the device when
+ * they share one (a block's outputs by each rank's next norm, which reads them all: one launch
+ * a rank, no adds or copies between), by NCCL when each has its own, else through the host. */
 static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which, kl_err *err)
 {
     const gpu_be *g0 = impl(ranks[0]);
@@ -1560,6 +1572,11 @@ static int gpu_all_reduce(kl_backend *const *ranks, unsigned n, kl_tp_sum which,
         shared &= impl(ranks[r])->dev == g0->dev && impl(ranks[r])->st == g0->st;
     if (!len || n < 2)
         return 0;
+    if (shared && which == KL_TP_SUM_Y) {   /* each rank's next add_norm sums the ys itself */
+        for (unsigned r = 0; r < n; r++)
+            impl(ranks[r])->sum_in_norm = 1;
+        return 0;
+    }
     return shared ? sum_on_device(ranks, n, which, len, err)
            : g0->comm ? sum_nccl(ranks, n, which, len, err)
                       : sum_through_host(ranks, n, which, len, err);

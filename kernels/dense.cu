@@ -433,10 +433,11 @@ __device__ static float block_sum(float v)
     return total;
 }
 
-/* Block r: row r of x (+= y), its mean square, then xn.  Rows of h <= NORM_MAX4 * 4 floats
- * (vec: h % 4 == 0, 16-byte aligned) are held in registers as float4s: every load of the row
- * (x, y, the weights) is issued before the first sum, so the block waits for memory once
- * instead of once per element it owns (at one token the norm is all latency: 2304 floats). */
+/* Block r: row r of x (+= the sum of the ys' rows r, in order), its mean square, then xn.
+ * Rows of h <= NORM_MAX4 * 4 floats (vec: h % 4 == 0, 16-byte aligned) are held in registers
+ * as float4s: every load of the row (x, the ys, the weights) is issued before the first sum,
+ * so the block waits for memory once instead of once per element it owns (at one token the
+ * norm is all latency: 2304 floats). */
 #define NORM_VEC  3                           /* float4 of a row per thread */
 #define NORM_MAX4 (NORM_VEC * THREADS)        /* float4 per row held in registers */
 
@@ -445,27 +446,45 @@ static inline int kl_aligned16(const void *p)
     return (uintptr_t)p % 16 == 0;
 }
 
-__device__ static void add_rmsnorm_row4(float4 *xr, const float4 *yr, const float4 *w,
-                                        uint32_t h4, float eps, float4 *out)
+/* The buffers added to x before the norm (n 0: none): ((p[0] + p[1]) + ...) + x's row is
+ * what adding their sum, made first by adds in the same order, would give bit for bit. */
+typedef struct norm_adds {
+    const float *p[KL_GPU_SUM_MAX];
+    unsigned     n;
+} norm_adds;
+
+__device__ static float4 add4(float4 a, float4 b)
 {
-    float4 v[NORM_VEC], wv[NORM_VEC];
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+__device__ static void add_rmsnorm_row4(float4 *xr, const norm_adds &ys, size_t off4,
+                                        const float4 *w, uint32_t h4, float eps, float4 *out)
+{
+    float4 v[NORM_VEC], wv[NORM_VEC], d[NORM_VEC];
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int u = 0; u < NORM_VEC; u++) {
         const uint32_t f = threadIdx.x + u * THREADS;
         v[u] = f < h4 ? xr[f] : zero;
         wv[u] = f < h4 ? w[f] : zero;
-        if (yr && f < h4) {
-            const float4 d = yr[f];
-            v[u] = make_float4(v[u].x + d.x, v[u].y + d.y, v[u].z + d.z, v[u].w + d.w);
-        }
+        d[u] = ys.n && f < h4 ? ((const float4 *)ys.p[0])[off4 + f] : zero;
     }
+    for (unsigned k = 1; k < ys.n; k++)
+#pragma unroll
+        for (int u = 0; u < NORM_VEC; u++) {
+            const uint32_t f = threadIdx.x + u * THREADS;
+            if (f < h4)
+                d[u] = add4(d[u], ((const float4 *)ys.p[k])[off4 + f]);
+        }
     float ss = 0.0f;
 #pragma unroll
     for (int u = 0; u < NORM_VEC; u++) {
         const uint32_t f = threadIdx.x + u * THREADS;
-        if (yr && f < h4)
+        if (ys.n && f < h4) {
+            v[u] = add4(v[u], d[u]);
             xr[f] = v[u];
+        }
         ss = fmaf(v[u].x, v[u].x, ss);
         ss = fmaf(v[u].y, v[u].y, ss);
         ss = fmaf(v[u].z, v[u].z, ss);
@@ -482,23 +501,26 @@ __device__ static void add_rmsnorm_row4(float4 *xr, const float4 *yr, const floa
 }
 
 __global__ static void __launch_bounds__(THREADS)
-    add_rmsnorm_kernel(float *x, const float *y, const float *w, uint32_t h, float eps,
+    add_rmsnorm_kernel(float *x, norm_adds ys, const float *w, uint32_t h, float eps,
                        float *xn, int vec)
 {
     KL_GPU_GRID_WAIT();
-    float *xr = x + (size_t)blockIdx.x * h;
-    const float *yr = y ? y + (size_t)blockIdx.x * h : NULL;
-    float *out = xn + (size_t)blockIdx.x * h;
+    const size_t off = (size_t)blockIdx.x * h;
+    float *xr = x + off;
+    float *out = xn + off;
     if (vec) {
-        add_rmsnorm_row4((float4 *)xr, (const float4 *)yr, (const float4 *)w, h / 4, eps,
+        add_rmsnorm_row4((float4 *)xr, ys, off / 4, (const float4 *)w, h / 4, eps,
                          (float4 *)out);
         return;
     }
     float ss = 0.0f;
     for (uint32_t i = threadIdx.x; i < h; i += THREADS) {
         float v = xr[i];
-        if (yr) {
-            v += yr[i];
+        if (ys.n) {
+            float d = ys.p[0][off + i];
+            for (unsigned k = 1; k < ys.n; k++)
+                d += ys.p[k][off + i];
+            v += d;
             xr[i] = v;
         }
         ss = fmaf(v, v, ss);
@@ -508,17 +530,33 @@ __global__ static void __launch_bounds__(THREADS)
         out[i] = w[i] * (xr[i] * inv);
 }
 
+extern "C" int kl_gpu_sum_add_rmsnorm(float *x, const float *const *y, unsigned ny,
+                                      const float *w, uint32_t n, uint32_t h, float eps,
+                                      float *xn, kl_gpu_stream s, kl_err *err)
+{
+    if (!x || !w || !xn || n == 0 || h == 0 || n > 0x7fffffffu || ny > KL_GPU_SUM_MAX ||
+        (ny && !y))
+        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: x, w or xn is NULL, n or h is 0, or "
+                       "%u buffers to add (at most %d)", ny, KL_GPU_SUM_MAX);
+    if (xn == x)
+        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: xn may not alias x");
+    norm_adds ys = {{NULL}, ny};
+    int vec = h % 4 == 0 && h / 4 <= NORM_MAX4 && kl_aligned16(x) && kl_aligned16(w) &&
+              kl_aligned16(xn);
+    for (unsigned k = 0; k < ny; k++) {
+        if (!y[k])
+            return kl_fail(err, KL_E_USAGE, "add_rmsnorm: buffer %u to add is NULL", k);
+        ys.p[k] = y[k];
+        vec &= kl_aligned16(y[k]);
+    }
+    add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, ys, w, h, eps, xn, vec);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 extern "C" int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint32_t n,
                                   uint32_t h, float eps, float *xn, kl_gpu_stream s, kl_err *err)
 {
-    if (!x || !w || !xn || n == 0 || h == 0 || n > 0x7fffffffu)
-        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: x, w or xn is NULL, or n or h is 0");
-    if (xn == x)
-        return kl_fail(err, KL_E_USAGE, "add_rmsnorm: xn may not alias x");
-    const int vec = h % 4 == 0 && h / 4 <= NORM_MAX4 && kl_aligned16(x) && kl_aligned16(w) &&
-                    kl_aligned16(xn) && (!y || kl_aligned16(y));
-    add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, y, w, h, eps, xn, vec);
-    return KL_GPU_CHECK(err, hipGetLastError());
+    return kl_gpu_sum_add_rmsnorm(x, &y, y ? 1 : 0, w, n, h, eps, xn, s, err);
 }
 
 /* ---- sums and SiLU gating ---------------------------------------------------------------- */

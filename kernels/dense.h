@@ -43,6 +43,15 @@ int kl_gpu_embed(const kl_gpu_mat *table, uint32_t row0, int part, const uint32_
 int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint32_t n, uint32_t h,
                        float eps, float *xn, kl_gpu_stream s, kl_err *err);
 
+/* kl_gpu_add_rmsnorm adding the sum of ny buffers (0 .. KL_GPU_SUM_MAX, each [n, h] on this
+ * device): x += ((y[0] + y[1]) + ... + y[ny-1]), bit for bit what summing them first with
+ * kl_gpu_add in that order and then adding would give — the tensor-parallel ranks' partial
+ * block outputs summed inside the next norm, one launch instead of 2 (ny - 1) + 1. */
+#define KL_GPU_SUM_MAX 8
+int kl_gpu_sum_add_rmsnorm(float *x, const float *const *y, unsigned ny, const float *w,
+                           uint32_t n, uint32_t h, float eps, float *xn, kl_gpu_stream s,
+                           kl_err *err);
+
 /* Two independent products, ya = xa Waᵀ and yb = xb Wbᵀ (n tokens each): one launch where
  * both take the one-token BF16 kernel with the same layout (KDA's f_b and g_b), else two
  * kl_gpu_matmul calls. */

@@ -157,10 +157,17 @@ static void test_refusals(void)
     bad_kind = kl_gpu_embed(&m, 0, 0, (const uint32_t *)x, 1, y, NULL, &err) == KL_E_USAGE;
     kl_err_clear(&err);
     alias = kl_gpu_add_rmsnorm(x, NULL, y, 1, 8, 1e-6f, x, NULL, &err) == KL_E_USAGE;
+    kl_err_clear(&err);
+    const float *many[KL_GPU_SUM_MAX + 1];
+    for (auto &p : many)
+        p = y;
+    const int too_many = kl_gpu_sum_add_rmsnorm(x, many, KL_GPU_SUM_MAX + 1, y, 1, 8, 1e-6f,
+                                                x + 64, NULL, &err) == KL_E_USAGE;
     t_check("refuses mxfp4 cols 48", !bad_cols, 0);
     t_check("refuses mxfp4 x unaligned", !bad_align, 0);
     t_check("refuses mxfp4 embed", !bad_kind, 0);
     t_check("refuses xn aliasing x", !alias, 0);
+    t_check("refuses more than KL_GPU_SUM_MAX buffers to add", !too_many, 0);
 }
 
 /* ---- embed, add_rmsnorm, silu_mul, argmax ------------------------------------------------ */
@@ -226,6 +233,37 @@ static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
     t_check(what, worst, TOL);
     snprintf(what, sizeof what, "add_rmsnorm n=%u h=%u y=%d (x != x + y)", n, h, with_y);
     t_check(what, x_bad, 0);
+}
+
+/* kl_gpu_sum_add_rmsnorm of ny buffers against their sum made first (kl_gpu_add in order)
+ * and then kl_gpu_add_rmsnorm: x and xn bit for bit (the tensor-parallel norm's promise). */
+static void check_sum_add_rmsnorm(uint32_t n, uint32_t h, unsigned ny)
+{
+    const size_t len = (size_t)n * h;
+    const std::vector<float> x = t_vec(len), w = t_vec(h);
+    const float *ys[KL_GPU_SUM_MAX];
+    for (unsigned k = 0; k < ny; k++)
+        ys[k] = t_upload(t_vec(len));
+    float *xa = t_upload(x), *xb = t_upload(x), *dw = t_upload(w), *sum = t_upload(x);
+    float *na = (float *)t_alloc(len * sizeof(float)), *nb = (float *)t_alloc(len * sizeof(float));
+    kl_err err;
+    kl_err_clear(&err);
+    T_CHECK(hipMemcpy(sum, ys[0], len * sizeof(float), hipMemcpyDeviceToDevice));
+    for (unsigned k = 1; k < ny; k++)
+        t_ok(kl_gpu_add(sum, ys[k], len, NULL, &err), &err, "kl_gpu_add");
+    t_ok(kl_gpu_add_rmsnorm(xa, sum, dw, n, h, 1e-6f, na, NULL, &err), &err, "add_rmsnorm");
+    t_ok(kl_gpu_sum_add_rmsnorm(xb, ys, ny, dw, n, h, 1e-6f, nb, NULL, &err), &err,
+         "kl_gpu_sum_add_rmsnorm");
+    const std::vector<float> ga = t_download(xa, len), gb = t_download(xb, len);
+    const std::vector<float> ma = t_download(na, len), mb = t_download(nb, len);
+    char what[96];
+    snprintf(what, sizeof what, "sum_add_rmsnorm n=%u h=%u of %u (x, xn not bitwise)", n, h, ny);
+    t_check(what, (double)(memcmp(ga.data(), gb.data(), len * 4) != 0) +
+                      (memcmp(ma.data(), mb.data(), len * 4) != 0), 0);
+    for (unsigned k = 0; k < ny; k++)
+        hipFree((void *)ys[k]);
+    for (float *p : {xa, xb, dw, sum, na, nb})
+        hipFree(p);
 }
 
 /* kl_gpu_add against the host's fp32 adds: bit for bit. */
@@ -401,6 +439,10 @@ int main(void)
     }
     check_silu_mul(1000003);
     check_add(1000003);
+    for (unsigned ny : {1u, 2u, 3u, 8u}) {
+        check_sum_add_rmsnorm(1, 2304, ny);   /* rows in registers */
+        check_sum_add_rmsnorm(5, 37, ny);     /* the general loop */
+    }
     for (uint32_t n : {1u, 3u}) {   /* the shared experts' and the dense MLP's down products */
         check_glu(KL_GPU_W_BF16, 2304, 1024, n);
         check_glu(KL_GPU_W_BF16, 2304, 9216, n);
