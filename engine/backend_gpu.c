@@ -1336,11 +1336,9 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
             .n_experts = g->d.E, .top_k = g->d.topk,
             .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
             .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
-            .idx = g->idx, .wt = g->wt};
+            .idx = g->idx, .wt = g->wt, .first = L->expert0,
+            .held = L->ex[0].n < g->d.E ? L->ex[0].n : 0};   /* expert parallel: its ids */
         rc = kl_gpu_route(&ra, g->st, err);
-        if (!rc && L->ex[0].n < g->d.E)   /* expert parallel: the ids this rank holds */
-            rc = kl_gpu_route_local(g->idx, (size_t)g->tok.n * g->d.topk, L->expert0,
-                                    L->ex[0].n, g->st, err);
         rc = part_done(g, KL_GPU_PART_MOE_ROUTE, rc, err);
     }
     if (!rc && shared)

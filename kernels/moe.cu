@@ -81,6 +81,14 @@
 
 /* ---- router ------------------------------------------------------------------------------ */
 
+/* Expert e's id on a rank holding experts [first, first + held) (held 0: every expert). */
+__device__ static int32_t held_id(uint32_t e, uint32_t first, uint32_t held)
+{
+    if (!held)
+        return (int32_t)e;   /* unsigned difference below: ids under first wrap past held */
+    return e - first < held ? (int32_t)(e - first) : KL_GPU_EXPERT_ELSEWHERE;
+}
+
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     route_kernel(kl_gpu_route_args a)
 {
@@ -131,7 +139,7 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         w_lo = k == lane ? w : w_lo;
         w_hi = k == lane + KL_GPU_GROUP ? w : w_hi;
         if (lane == 0)
-            idx[k] = (int32_t)b.i;
+            idx[k] = held_id(b.i, a.first, a.held);
     }
     /* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
     for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
@@ -151,30 +159,12 @@ extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err 
         return kl_fail(err, KL_E_USAGE,
                        "route: %u experts, top %u (need 1 <= top_k <= min(E, %d), E <= %d)",
                        a->n_experts, a->top_k, ROUTE_MAX_K, ROUTE_MAX_E);
+    if (a->held && (a->first >= a->n_experts || a->held > a->n_experts - a->first))
+        return kl_fail(err, KL_E_USAGE, "route: experts [%u, %u) held of %u", a->first,
+                       a->first + a->held, a->n_experts);
     const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
     const size_t shared = (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
     route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a);
-    return KL_GPU_CHECK(err, hipGetLastError());
-}
-
-__global__ static void route_local_kernel(int32_t *idx, size_t n, uint32_t first, uint32_t count)
-{
-    KL_GPU_GRID_WAIT();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const int32_t e = idx[i];   /* unsigned difference: ids below first wrap past count */
-        idx[i] = e >= 0 && (uint32_t)e - first < count ? e - (int32_t)first
-                                                       : KL_GPU_EXPERT_ELSEWHERE;
-    }
-}
-
-extern "C" int kl_gpu_route_local(int32_t *idx, size_t n, uint32_t first, uint32_t count,
-                                  kl_gpu_stream s, kl_err *err)
-{
-    if (!idx || !n)
-        return kl_fail(err, KL_E_USAGE, "route_local: no ids");
-    route_local_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (hipStream_t)s>>>(idx, n, first,
-                                                                                 count);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

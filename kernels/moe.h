@@ -36,14 +36,13 @@ typedef struct kl_gpu_route_args {
     float        scaling;               /* routed_scaling_factor */
     int32_t     *idx;         /* [n, top_k] out: chosen experts, descending selection score */
     float       *wt;          /* [n, top_k] out: their weights */
+    /* expert parallel: the rank holds experts [first, first + held); each chosen id is written
+     * local to it (id - first) or KL_GPU_EXPERT_ELSEWHERE (its weight kept).  held 0: every
+     * expert, ids as chosen */
+    uint32_t     first, held;
 } kl_gpu_route_args;
 
 int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err);
-
-/* Expert parallel: the n chosen ids in idx made local to a rank holding experts [first,
- * first + count) (id - first), the others KL_GPU_EXPERT_ELSEWHERE. */
-int kl_gpu_route_local(int32_t *idx, size_t n, uint32_t first, uint32_t count, kl_gpu_stream s,
-                       kl_err *err);
 
 typedef struct kl_gpu_experts_args {
     const kl_gpu_stack *w1, *w2, *w3;   /* gate [E, I, H], down [E, H, I], up [E, I, H] */

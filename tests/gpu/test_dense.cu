@@ -1,9 +1,9 @@
 /*
  * tests/gpu/test_dense.cu — kernels/dense.h against host references computed here (double):
  * kl_gpu_matmul for every weight kind at tiny odd shapes and at Kimi-Linear's real shapes
- * (n = 1 and n = 5), kl_gpu_matmul_glu, kl_gpu_matmul_pair, kl_gpu_embed, kl_gpu_add_rmsnorm, kl_gpu_silu_mul
- * and kl_gpu_argmax
- * (ties, NaN), plus the launchers' refusals; MXFP4 and BF16 at n = 1 with both kernel
+ * (n = 1 and n = 5), kl_gpu_matmul_glu, kl_gpu_matmul_pair, kl_gpu_embed, kl_gpu_add_rmsnorm
+ * (and kl_gpu_sum_add_rmsnorm against the adds it replaces: bit for bit), kl_gpu_add,
+ * kl_gpu_silu_mul and kl_gpu_argmax (ties, NaN), plus the launchers' refusals; MXFP4 and BF16 at n = 1 with both kernel
  * versions (2 and round 1's).  Then the n = 1 products timed with events
  * (median of 25 single calls, weights rotated over copies so the L2 cannot hold them) beside
  * a device-to-device copy measured in the same run.  One JSON line; exit 0 pass, 1 fail,

@@ -65,7 +65,7 @@ static void host_route(const float *lg, const float *bias, const route_case &c, 
 
 /* Random logits with ties: token 0's experts 3, 17 and E-1 share the top logit (and bias);
  * token 1's logits are all equal. */
-static void check_route(const route_case &c)
+static void check_route(const route_case &c, uint32_t held)
 {
     std::vector<float> lg = t_vec((size_t)c.n * c.E), bias = t_vec(c.E);
     for (auto &v : lg)
@@ -84,8 +84,10 @@ static void check_route(const route_case &c)
     float *dl = t_upload(lg), *db = t_upload(bias);
     int32_t *di = (int32_t *)t_alloc((size_t)c.n * c.K * 4);
     float *dw = (float *)t_alloc((size_t)c.n * c.K * 4);
+    /* expert parallel (held > 0): the ids local to a rank holding the second quarter */
+    const uint32_t first = held ? c.E / 4 : 0;
     kl_gpu_route_args a = {dl, c.bias ? db : NULL, c.n, c.E, c.K, c.biased, c.renorm,
-                           c.scaling, di, dw};
+                           c.scaling, di, dw, first, held};
     kl_err err;
     kl_err_clear(&err);
     t_ok(kl_gpu_route(&a, NULL, &err), &err, "kl_gpu_route");
@@ -95,57 +97,46 @@ static void check_route(const route_case &c)
     for (uint32_t t = 0; t < c.n; t++) {
         host_route(&lg[(size_t)t * c.E], c.bias ? bias.data() : NULL, c, ri.data(), rw.data());
         for (uint32_t k = 0; k < c.K; k++) {
-            idx_wrong += gi[t * c.K + k] != ri[k];
+            const int32_t id = ri[k], local = id - (int32_t)first;
+            const int32_t want = !held ? id : local >= 0 && local < (int32_t)held
+                                                  ? local : KL_GPU_EXPERT_ELSEWHERE;
+            idx_wrong += gi[t * c.K + k] != want;
             const double e = fabs((double)gw[t * c.K + k] - rw[k]) / std::max(1.0f, fabsf(rw[k]));
             wt_err = e > wt_err || e != e ? e : wt_err;
         }
     }
     char what[128];
-    snprintf(what, sizeof what, "route E=%u top=%u n=%u bias=%d biased=%d renorm=%d", c.E, c.K,
-             c.n, c.bias, c.biased, c.renorm);
+    snprintf(what, sizeof what, "route E=%u top=%u n=%u bias=%d biased=%d renorm=%d held=%u",
+             c.E, c.K, c.n, c.bias, c.biased, c.renorm, held);
     std::string w = what;
     t_check((w + " (wrong idx)").c_str(), idx_wrong, 0);
     t_check((w + " (weights)").c_str(), wt_err, 1e-6);
 }
 
-/* Expert parallel: ids of 256 experts made local to the rank holding [64, 128). */
-static void check_route_local(void)
-{
-    std::vector<int32_t> ids(1000), want(ids.size());
-    for (size_t i = 0; i < ids.size(); i++) {
-        ids[i] = (int32_t)(t_u32() % 256);
-        want[i] = ids[i] >= 64 && ids[i] < 128 ? ids[i] - 64 : KL_GPU_EXPERT_ELSEWHERE;
-    }
-    int32_t *d = t_upload(ids);
-    kl_err err;
-    kl_err_clear(&err);
-    t_ok(kl_gpu_route_local(d, ids.size(), 64, 64, NULL, &err), &err, "kl_gpu_route_local");
-    std::vector<int32_t> got = t_download(d, ids.size());
-    double wrong = 0;
-    for (size_t i = 0; i < ids.size(); i++)
-        wrong += got[i] != want[i];
-    t_check("route_local 1000 ids, rank of [64, 128) (wrong ids)", wrong, 0);
-    hipFree(d);
-}
-
 static void test_route(double copy_gbps)
 {
-    check_route_local();
     static const route_case cases[] = {
         {256, 8, 5, 1, 0, 1, 2.446f}, {256, 8, 5, 1, 1, 1, 2.446f}, {256, 8, 2, 0, 0, 0, 1.0f},
         {40, 5, 3, 1, 1, 0, 1.5f},    {8, 2, 3, 0, 0, 1, 1.0f},     {1024, 64, 2, 1, 0, 1, 1.0f},
         {256, 8, 9, 1, 0, 1, 2.446f}};
-    for (const auto &c : cases)
-        check_route(c);
+    for (const auto &c : cases) {
+        check_route(c, 0);
+        check_route(c, c.E / 4);   /* expert parallel: a rank of 4 */
+    }
     kl_err err;
     kl_err_clear(&err);
     float *dl = t_upload(t_vec(256));
     int32_t *di = (int32_t *)t_alloc(64);
     float *dw = (float *)t_alloc(64);
-    kl_gpu_route_args a = {dl, NULL, 1, 256, 9, 0, 1, 1.0f, di, dw};
+    kl_gpu_route_args a = {dl, NULL, 1, 256, 9, 0, 1, 1.0f, di, dw, 0, 0};
     a.top_k = 65;
     t_check("route refuses top_k 65", kl_gpu_route(&a, NULL, &err) != KL_E_USAGE, 0);
     a.top_k = 8;
+    a.first = 200, a.held = 64;
+    kl_err_clear(&err);
+    t_check("route refuses experts [200, 264) held of 256",
+            kl_gpu_route(&a, NULL, &err) != KL_E_USAGE, 0);
+    a.first = a.held = 0;
     auto call = [&](int, kl_gpu_stream st) { kl_gpu_route(&a, st, &err); };
     t_time("route n=1 E=256 top=8", t_median_s(call, 25), t_graph_s(call, 32), 256 * 4,
            copy_gbps);
@@ -528,7 +519,8 @@ static void check_pdl(const slot_path &p)
     kl_err err;
     kl_err_clear(&err);
     auto step = [&](int i, kl_gpu_stream st) {
-        kl_gpu_route_args ra = {dl + (size_t)i * N * c.E, NULL, N, c.E, c.K, 0, 1, 2.5f, di, dw};
+        kl_gpu_route_args ra = {dl + (size_t)i * N * c.E, NULL, N, c.E, c.K, 0, 1, 2.5f, di, dw,
+                                0, 0};
         t_ok(kl_gpu_route(&ra, st, &err), &err, "kl_gpu_route");
         kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx + (size_t)i * N * c.H, N, c.K, di, dw,
                                  scratch, dy + (size_t)i * N * c.H, 0};
