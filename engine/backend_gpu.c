@@ -1105,10 +1105,13 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
     gpu_be *g = impl(be);
     if (g->mode == REPLAY)
         return 0;
-    const float *ys[RANKS_MAX];   /* what x adds: y, or every rank's (in rank order) */
+    const float *ys[RANKS_MAX];   /* what x adds: y, or every rank's in rank order */
     unsigned ny = 0;
-    for (unsigned r = 0; add && r < (g->sum_in_norm ? g->grp_n : 1); r++)
-        ys[ny++] = g->sum_in_norm ? g->grp[r]->y : g->y;
+    if (add && g->sum_in_norm)
+        for (unsigned r = 0; r < g->grp_n; r++)
+            ys[ny++] = g->grp[r]->y;
+    else if (add)
+        ys[ny++] = g->y;
     g->sum_in_norm = 0;
     int rc = op_start(g, err);
     if (!rc)
