@@ -16,8 +16,8 @@
 #   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
 #   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=tpcheck: GPU tensor parallel (TPS,
 #   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions;
-#   STAGES=tpbench: the full model's load and decode at each size of TPLOADS (TP_ARGS: more
-#   kl flags for both, e.g. --expert-parallel).  STAGES=ncu: Nsight Compute's time of every
+#   STAGES=tpbench: the full model's load, decode and prefill of TP_PREFILL tokens (8192) at
+#   each size of TPLOADS (TP_ARGS: more kl flags for both, e.g. --expert-parallel).  STAGES=ncu: Nsight Compute's time of every
 #   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt; KL_RUN_ARGS, e.g. --tp 2;
 #   NCU_TAG names its csv); STAGES=ncukernel: its
 #   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
@@ -179,9 +179,10 @@ stage_tpbench() {
     cat "$D"/*.safetensors > /dev/null
     for tp in ${TPLOADS:-1 2 4}; do
         "$KL" bench decode "$D" --device gpu --tp $tp ${TP_ARGS:-} --prompt-tokens 64 --tokens 16 \
-            --json -q > "$W/tpbench-$tp.json" || { row "tpbench TP $tp FAILED"; continue; }
+            --prefill-at ${TP_PREFILL:-8192} --json -q > "$W/tpbench-$tp.json" ||
+            { row "tpbench TP $tp FAILED"; continue; }
         cp "$W/tpbench-$tp.json" "$OUT/"
-        row "tpbench TP $tp ${TP_ARGS:-} $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB: %s per rank), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s, %s launches/step, sums %s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, '/'.join('%.2f' % (b / 1e9) for b in d.get('load_copied_bytes_per_rank', [])) or '-', d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s'], d.get('launches_per_decode_step'), d.get('tp_sums', '-')))" "$W/tpbench-$tp.json")"
+        row "tpbench TP $tp ${TP_ARGS:-} $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('load %.2f s %.1f GB/s (%s; read %.2f GB, copied %.2f GB: %s per rank), host rss %.2f GB, ttft %.2f s, decode %.1f tok/s, %s launches/step, prefill %s, sums %s' % (d['load_s'], d['load_gbps'], d['load_how'], d['load_read_bytes']/1e9, d['load_copied_bytes']/1e9, '/'.join('%.2f' % (b / 1e9) for b in d.get('load_copied_bytes_per_rank', [])) or '-', d['peak_host_rss_bytes']/1e9, d['time_to_first_token_s'], d['decode_tok_s'], d.get('launches_per_decode_step'), ' '.join('%d: %.0f tok/s' % (p['tokens'], p['prefill_tok_s']) for p in d.get('prefill_at', [])) or '-', d.get('tp_sums', '-')))" "$W/tpbench-$tp.json")"
     done
 }
 
