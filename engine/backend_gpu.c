@@ -1954,7 +1954,8 @@ static void sums_setup(gpu_be *const *g, unsigned n, unsigned ndev)
     if (n < 2)
         snprintf(g0->sum_how, cap, "none (one rank)");
     else if (ndev == 1)
-        snprintf(g0->sum_how, cap, "device (the ranks share one GPU)");
+        snprintf(g0->sum_how, cap, "device (the ranks share one GPU; a block's outputs added "
+                 "by the next norm)");
     else if ((host = n > ndev))
         snprintf(g0->sum_how, cap, "host (%u ranks on %u GPUs)", n, ndev);
     else if (!kl_gpu_comm_create(&g0->comm, devs, n, &e))
