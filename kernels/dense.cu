@@ -561,6 +561,13 @@ extern "C" int kl_gpu_add_rmsnorm(float *x, const float *y, const float *w, uint
 
 /* ---- sums and SiLU gating ---------------------------------------------------------------- */
 
+/* Blocks of THREADS for a grid-stride loop over count elements (at most 65536). */
+static unsigned stride_blocks(size_t count)
+{
+    const size_t blocks = (count + THREADS - 1) / THREADS;
+    return (unsigned)(blocks > 65536 ? 65536 : blocks);
+}
+
 __global__ static void add_kernel(float *x, const float *y, size_t count)
 {
     KL_GPU_GRID_WAIT();
@@ -573,9 +580,7 @@ extern "C" int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream 
 {
     if (!x || !y || count == 0)
         return kl_fail(err, KL_E_USAGE, "add: x or y is NULL, or count is 0");
-    size_t blocks = (count + THREADS - 1) / THREADS;
-    blocks = blocks > 65536 ? 65536 : blocks;
-    add_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(x, y, count);
+    add_kernel<<<stride_blocks(count), THREADS, 0, (hipStream_t)s>>>(x, y, count);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -594,9 +599,7 @@ extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_st
 {
     if (!a || !b || count == 0)
         return kl_fail(err, KL_E_USAGE, "silu_mul: a or b is NULL, or count is 0");
-    size_t blocks = (count + THREADS - 1) / THREADS;
-    blocks = blocks > 65536 ? 65536 : blocks;
-    silu_mul_kernel<<<(unsigned)blocks, THREADS, 0, (hipStream_t)s>>>(a, b, count);
+    silu_mul_kernel<<<stride_blocks(count), THREADS, 0, (hipStream_t)s>>>(a, b, count);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
