@@ -198,7 +198,8 @@ static void matmul_mx2(const kl_gpu_mat *w, const float *x, float *y, hipStream_
  * shared experts' gate + up at tensor-parallel 4 and 2): blocks of BF_THREADS, G = 1, 2, 4 or 8
  * groups per row; x in shared memory (float4 f at f ^ (f / 8 % 2): the 8 lanes of a
  * quarter warp read float4s 2c and 2c + 1 of 8 consecutive pieces c conflict-free), filled
- * once per block while the block's first weight loads are in flight; BF_PIECES 16-byte pieces
+ * once per block while the block's first weight loads are in flight (issued before
+ * the grid wait: gpu.h, KL_GPU_EARLY_DEPENDENTS); BF_PIECES 16-byte pieces
  * per lane per round.  The groups of a row are summed in group order. */
 #define BF_THREADS  512 /* 2 blocks an SM: registers capped at 64 a thread */
 #define BF_WARPS    (BF_THREADS / KL_GPU_GROUP)
@@ -238,7 +239,7 @@ typedef struct bf_job {
 __global__ static void __launch_bounds__(BF_THREADS, 2)
     matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G)
 {
-    KL_GPU_GRID_WAIT();
+    KL_GPU_GRID_WAIT_LATER();
     extern __shared__ float4 bf_sh[];
     __shared__ float red[BF_WARPS];
     const int second = blockIdx.x >= nb_a;
@@ -250,7 +251,8 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
     const uint32_t np = w.cols / 8, lanes = G * KL_GPU_GROUP, gl = wi % G * KL_GPU_GROUP + lane;
     const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
     uint4 q[BF_PIECES];
-    bf_load(q, p, np, gl, lanes);
+    bf_load(q, p, np, gl, lanes); /* weights: written before the step's first kernel */
+    KL_GPU_GRID_WAIT();
     const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)gb;
     for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS) {
         float4 v = x4[f];
@@ -502,9 +504,10 @@ __device__ static void add_rmsnorm_row4(float4 *xr, const norm_adds &ys, size_t 
 
 __global__ static void __launch_bounds__(THREADS)
     add_rmsnorm_kernel(float *x, norm_adds ys, const float *w, uint32_t h, float eps,
-                       float *xn, int vec)
+                       float *xn, int vec, int early)
 {
     KL_GPU_GRID_WAIT();
+    KL_GPU_EARLY_DEPENDENTS(early);
     const size_t off = (size_t)blockIdx.x * h;
     float *xr = x + off;
     float *out = xn + off;
@@ -549,7 +552,8 @@ extern "C" int kl_gpu_sum_add_rmsnorm(float *x, const float *const *y, unsigned 
         ys.p[k] = y[k];
         vec &= kl_aligned16(y[k]);
     }
-    add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, ys, w, h, eps, xn, vec);
+    const int early = kl_gpu_early_dependents((size_t)n * THREADS);
+    add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, ys, w, h, eps, xn, vec, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

@@ -117,6 +117,23 @@
 #endif
 #define KL_GPU_GRID_WAIT_LATER() ((void)0)
 
+/* A third use of the trigger, chosen per launch by the host (kl_gpu_early_dependents): a
+ * kernel of few threads (a decode step's norm, conv, router and KDA norm) lets its
+ * dependent start at once, right after its own wait.  Its blocks then find most SMs free, and
+ * a one-token product issues its first weight loads there before its own grid wait
+ * (dense.cu), so the weights stream while the small kernel runs.  For a grid that fills the
+ * GPU the trigger would only crowd its SMs, which is why it is not unconditional. */
+#define KL_GPU_EARLY_DEPENDENTS(early) \
+    do {                               \
+        if (early)                     \
+            KL_GPU_LAUNCH_DEPENDENTS(); \
+    } while (0)
+
+/* Whether a launch of `threads` threads in all may use KL_GPU_EARLY_DEPENDENTS: few enough
+ * threads (KL_GPU_EARLY_MAX_THREADS) and not switched off by $KL_GPU_EARLY=0 (read once). */
+#define KL_GPU_EARLY_MAX_THREADS 16384
+int kl_gpu_early_dependents(size_t threads);
+
 /* v of the lane whose index within the group is this lane's XOR o (all lanes take part). */
 template <class T> __device__ static inline T kl_gpu_shfl_xor(T v, int o)
 {

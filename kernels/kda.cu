@@ -88,9 +88,10 @@ __device__ static inline float softplus(float z)
  * read what it needs), walks its segment in order, exactly as short_conv does; the thread of
  * the last token writes the window back. */
 __global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_start,
-                                   const uint32_t *run_slot)
+                                   const uint32_t *run_slot, int early)
 {
     KL_GPU_GRID_WAIT();
+    KL_GPU_EARLY_DEPENDENTS(early);
     const uint32_t c = blockIdx.x * KL_GPU_GROUP + threadIdx.x % KL_GPU_GROUP;
     const uint32_t which = blockIdx.y, W = a.W, r = blockIdx.z;
     const uint32_t S = blockDim.x / KL_GPU_GROUP, seg = threadIdx.x / KL_GPU_GROUP;
@@ -155,7 +156,9 @@ extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_token
     /* prompts: segments of each run in parallel (a thread walked all of a channel's tokens) */
     const unsigned segs = t->max_run >= CONV_SEG_MIN ? CONV_SEGS : 1;
     dim3 grid((a->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP, 3, t->n_runs);
-    conv_kernel<<<grid, segs * KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot);
+    const int early = kl_gpu_early_dependents((size_t)grid.x * grid.y * grid.z * segs * 32);
+    conv_kernel<<<grid, segs * KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot,
+                                                                  early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -418,9 +421,10 @@ recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t
 /* grid (ceil(n H / NORM_GROUPS)), v2: a group of 32 lanes per (token, head) pair p = (t, h):
  * o ← o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate), in place. */
 __global__ static void __launch_bounds__(NORM_GROUPS * KL_GPU_GROUP)
-kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n)
+kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n, int early)
 {
     KL_GPU_GRID_WAIT();
+    KL_GPU_EARLY_DEPENDENTS(early);
     const uint32_t p = blockIdx.x * NORM_GROUPS + threadIdx.x / KL_GPU_GROUP, K = a.K;
     const unsigned lane = threadIdx.x % KL_GPU_GROUP;
     if (p >= n * a.H) /* the whole group leaves together */
@@ -904,7 +908,8 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
         recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot);
     }
     const uint32_t pairs = t->n * a->H; /* n <= 65535, H <= 65535 */
-    kda_norm_kernel<<<(pairs + NORM_GROUPS - 1) / NORM_GROUPS, NORM_GROUPS * KL_GPU_GROUP, 0,
-                      st>>>(*a, t->n);
+    const unsigned blocks = (pairs + NORM_GROUPS - 1) / NORM_GROUPS;
+    const int early = kl_gpu_early_dependents((size_t)blocks * NORM_GROUPS * KL_GPU_GROUP);
+    kda_norm_kernel<<<blocks, NORM_GROUPS * KL_GPU_GROUP, 0, st>>>(*a, t->n, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

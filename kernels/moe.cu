@@ -90,9 +90,10 @@ __device__ static int32_t held_id(uint32_t e, uint32_t first, uint32_t held)
 }
 
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
-    route_kernel(kl_gpu_route_args a)
+    route_kernel(kl_gpu_route_args a, int early)
 {
     KL_GPU_GRID_WAIT();
+    KL_GPU_EARLY_DEPENDENTS(early);
     extern __shared__ float route_sh[]; /* per group: s [E], then sel [E] */
     const uint32_t E = a.n_experts, lane = threadIdx.x % KL_GPU_GROUP;
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
@@ -164,7 +165,8 @@ extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err 
                        a->first + a->held, a->n_experts);
     const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
     const size_t shared = (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
-    route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a);
+    const int early = kl_gpu_early_dependents((size_t)blocks * ROUTE_WARPS * KL_GPU_GROUP);
+    route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

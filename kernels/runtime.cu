@@ -278,6 +278,16 @@ static int pdl_wanted(void)
     return wanted;
 }
 
+int kl_gpu_early_dependents(size_t threads)
+{
+    static int wanted = -1;
+    if (wanted < 0) {
+        const char *e = getenv("KL_GPU_EARLY");
+        wanted = !(e && !strcmp(e, "0"));
+    }
+    return wanted && threads <= KL_GPU_EARLY_MAX_THREADS;
+}
+
 #if defined(__HIP_PLATFORM_AMD__)
 static int programmatic_edges(hipGraph_t graph, kl_err *err)
 {
