@@ -1365,11 +1365,17 @@ static int enqueue_head(gpu_be *g, float *logits, uint32_t *argmax, kl_err *err)
     int rc = 0;
     if (!g->n_want)
         return 0;
-    for (uint32_t i = 0; !rc && i < g->n_want; i++)   /* the wanted rows of xn, packed */
+    /* the wanted rows of xn, packed; when they are its first rows (a one-token step), xn
+     * itself: no copy, and the head's product follows the final norm directly */
+    uint32_t first = 0;
+    while (first < g->n_want && g->want[first] == first)
+        first++;
+    const float *xw = first == g->n_want ? g->xn : g->xw;
+    for (uint32_t i = 0; !rc && xw == g->xw && i < g->n_want; i++)
         rc = kl_gpu_d2d(g->xw + i * H, g->xn + (size_t)g->want[i] * H, H * sizeof(float), g->st,
                         err);
     if (!rc)
-        rc = product(g, &g->lm_head, g->xw, g->n_want, g->logits, 0, err);
+        rc = product(g, &g->lm_head, xw, g->n_want, g->logits, 0, err);
     if (!rc && argmax)
         rc = kl_gpu_argmax(g->logits, g->n_want, (uint32_t)V, g->amax, g->st, err);
     if (!rc && logits)

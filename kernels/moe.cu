@@ -30,6 +30,15 @@
  *     down launch start early (KL_GPU_LAUNCH_DEPENDENTS after its grid wait): its blocks
  *     then take the SMs that gate_up leaves first, up to 4 each, and may crowd there (main
  *     measured such triggers slower in every kernel), so it is only offered to measure.
+ *     Version 5 (KL_GPU_MOE_DECODE=v3p, the default): each lane's row in rounds of GU_PIPE
+ *     blocks, the next round's loads issued before a round is multiplied.  Version 3 takes
+ *     turns: every load, then every product (~4.8 us of each an SM at H = 2304, counted:
+ *     ~4 instructions a code, 2 blocks an SM, 295 K codes); overlapped, ~max of the two plus
+ *     a round: predicted gate_up ~11 -> ~8 us a layer, the same sums in the same order.
+ *     Measured (test_moe, both launches in a graph): 24.2 -> 22.7 us, a third of the
+ *     prediction: the arithmetic, not the turns, bounds it (docs/PERFORMANCE.md, session 15).
+ *     Tried and dropped there: the shared expert's down product inside down_sum (one launch
+ *     fewer a layer) made the layer's tail 31.9 -> 34.9 us.
  *   down_sum: a block per (8 rows of H, token): 288 blocks of 16 teams (2-3 an SM: the SM
  *     with the most has 1.4x the mean, against 2x with 144 blocks of 16 rows; each block
  *     reads the token's 32 KB of h from L2, 9.4 MB in all), team j one slot's 4 rows (units
@@ -73,6 +82,7 @@
 #define ROUTE_MAX_K 64
 #define ROUTE_BATCH 8    /* logits a lane loads at once */
 #define GU_UNROLL   9  /* v3 gate_up: 16-byte loads per row and lane in flight (H = 2304: all 9) */
+#define GU_PIPE     3  /* v3p gate_up: 16-byte loads a row and lane a round, two rounds in flight */
 #define DS_THREADS  128 /* v3 down: 16 teams a block, 4 blocks an SM (128 registers) */
 #define DS_TEAMS    (DS_THREADS / KL_MX2_TEAM)
 #define DS_ROWS     4  /* v3 down: rows a team multiplies together (each x load used 4 times) */
@@ -369,8 +379,10 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
 
 /* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
  * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1.
- * V3 (gate_up of version 3): GU_UNROLL blocks of each row per lane in flight (the whole row
- * at H = 2304), 2 blocks an SM; with k.trigger the down kernel let in early (see the top). */
+ * V3 1 (gate_up of version 3): GU_UNROLL blocks of each row per lane in flight (the whole row
+ * at H = 2304), 2 blocks an SM; with k.trigger the down kernel let in early (see the top).
+ * V3 2 (gate_up of version 5, v3p): rounds of GU_PIPE blocks, the next round's loads in
+ * flight while a round is multiplied (kl_mx2_rows_pipe). */
 template <int DOWN, int V3>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
@@ -400,8 +412,8 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLO
     }
     const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
     float d[2];
-    kl_mx2_block_dot<2, V3 ? GU_UNROLL : KL_MX2_UNROLL>(rows, scales, x, DOWN ? k.I : k.H, mx2_x,
-                                                         tl, d);
+    constexpr int U = V3 == 1 ? GU_UNROLL : V3 == 2 ? GU_PIPE : KL_MX2_UNROLL;
+    kl_mx2_block_dot<2, U, V3 == 2>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
     if (tl != 0)
         return;
     const float nan = no_expert(-1);
@@ -549,7 +561,8 @@ static int experts_v3_ok(const experts_k &k)
 
 static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *err)
 {
-    int rc = mx2_gate_up<1>(k, st, err);
+    int rc = kl_gpu_experts_decode_version() == 5 ? mx2_gate_up<2>(k, st, err)
+                                                  : mx2_gate_up<1>(k, st, err);
     if (rc)
         return rc;
     const uint32_t rb = ds_rows(k.top_k);
@@ -623,12 +636,18 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 
 static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
 
-/* *ver, read from $name the first time: 2 when it says v2, 4 when v3t (and v3t_ok), else 3. */
-static int env_version(int *ver, const char *name, int v3t_ok)
+/* *ver, read from $name the first time: 2 when it says v2; for decode (the later versions
+ * exist) 3 for v3, 4 for v3t, else 5; 3 otherwise. */
+static int env_version(int *ver, const char *name, int decode)
 {
     if (!*ver) {
         const char *v = getenv(name);
-        *ver = v && !strcmp(v, "v2") ? 2 : v3t_ok && v && !strcmp(v, "v3t") ? 4 : 3;
+        const int later = !decode                  ? 3
+                          : !v                     ? 5
+                          : !strcmp(v, "v3")       ? 3
+                          : !strcmp(v, "v3t")      ? 4
+                                                   : 5;
+        *ver = v && !strcmp(v, "v2") ? 2 : later;
     }
     return *ver;
 }
@@ -666,7 +685,7 @@ extern "C" int kl_gpu_experts_decode_version(void)
 
 extern "C" void kl_gpu_experts_decode_version_set(int version)
 {
-    decode_ver = version == 2 || version == 4 ? version : 3;
+    decode_ver = version == 2 || version == 4 || version == 5 ? version : 3;
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],

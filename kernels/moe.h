@@ -79,7 +79,9 @@ void     kl_gpu_experts_grouped_min_set(uint32_t n);
 int  kl_gpu_experts_version(void);
 void kl_gpu_experts_version_set(int version);
 
-/* The per-slot path with MXFP4 stacks (n < kl_gpu_experts_grouped_min()): 3 (the default) runs
+/* The per-slot path with MXFP4 stacks (n < kl_gpu_experts_grouped_min()): 5 (the default;
+ * KL_GPU_MOE_DECODE=v3p) is 3 with gate/up's loads in rounds, the next round in flight while
+ * one is multiplied; 3 (KL_GPU_MOE_DECODE=v3) runs
  * gate/up with each lane's whole row in flight, then the down product and the k-order
  * weighted sum in one launch that requests its weights before its grid wait (two launches,
  * no part buffer); 2 (KL_GPU_MOE_DECODE=v2, read once) the three launches of before
@@ -88,7 +90,7 @@ void kl_gpu_experts_version_set(int version);
  * (top 8 of I = 1024: 32 KiB); otherwise version 2 runs.  Results equal version 2's (the
  * same fp32 sums in the same order).  KL_GPU_MOE_DECODE=v3t (version 4): version 3 with the
  * down launch let in while gate/up still runs (to measure; see moe.cu).
- * kl_gpu_experts_decode_version_set (2, 3 or 4) overrides the environment. */
+ * kl_gpu_experts_decode_version_set (2, 3, 4 or 5) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);
 void kl_gpu_experts_decode_version_set(int version);
 

@@ -449,6 +449,17 @@ __device__ static inline void kl_mx2_dot(const kl_mx2_buf<R, U> &w, const float4
     }
 }
 
+/* out[i] = the team's sum of acc[i], unscaled (2^14), on every lane of the team. */
+template <int R> __device__ static inline void kl_mx2_team_sums(float *acc, float *out)
+{
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        for (int o = KL_MX2_TEAM / 2; o > 0; o /= 2)
+            acc[i] += kl_gpu_shfl_xor(acc[i], o);
+        out[i] = acc[i] * 16384.0f;
+    }
+}
+
 /* out[i] = row i · x over nb 32-blocks, on every lane of the team; w holds the first round
  * (kl_mx2_load at b0 = tl, issued before the x fill so both are in flight together).  Every
  * lane of the group must call it (the team's sums are shuffles); a team with no row passes
@@ -467,17 +478,40 @@ __device__ static inline void kl_mx2_rows(kl_mx2_buf<R, U> &w, const uint8_t *co
             kl_mx2_load<R, U>(w, rows, scales, nb, b0);
         kl_mx2_dot<R, U>(w, xs, nb, b0, acc);
     }
+    kl_mx2_team_sums<R>(acc, out);
+}
+
+/* kl_mx2_rows with each round's loads issued before the round before it is multiplied (two
+ * buffers), so a lane's loads and its arithmetic overlap instead of taking turns; the same
+ * sums in the same order, so bitwise the same out. */
+template <int R, int U = KL_MX2_UNROLL>
+__device__ static inline void kl_mx2_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
+                                               const uint8_t *const *scales, uint32_t nb,
+                                               const float4 *xs, unsigned tl, float *out)
+{
+    constexpr uint32_t STEP = KL_MX2_TEAM * U;
+    float acc[R];
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        for (int o = KL_MX2_TEAM / 2; o > 0; o /= 2)
-            acc[i] += kl_gpu_shfl_xor(acc[i], o);
-        out[i] = acc[i] * 16384.0f;
+    for (int i = 0; i < R; i++)
+        acc[i] = 0.0f;
+    kl_mx2_buf<R, U> n;
+    for (uint32_t b0 = tl; b0 < nb; b0 += 2 * STEP) {
+        if (b0 + STEP < nb)
+            kl_mx2_load<R, U>(n, rows, scales, nb, b0 + STEP);
+        kl_mx2_dot<R, U>(w, xs, nb, b0, acc);
+        if (b0 + STEP >= nb)
+            break;
+        if (b0 + 2 * STEP < nb)
+            kl_mx2_load<R, U>(w, rows, scales, nb, b0 + 2 * STEP);
+        kl_mx2_dot<R, U>(n, xs, nb, b0 + STEP, acc);
     }
+    kl_mx2_team_sums<R>(acc, out);
 }
 
 /* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
- * thread of the block: no thread may leave before), the barrier, then the team's R rows. */
-template <int R, int U = KL_MX2_UNROLL>
+ * thread of the block: no thread may leave before), the barrier, then the team's R rows
+ * (PIPE: by kl_mx2_rows_pipe). */
+template <int R, int U = KL_MX2_UNROLL, bool PIPE = false>
 __device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
                                                const uint8_t *const *scales, const float *x,
                                                uint32_t cols, float4 *sh, unsigned tl,
@@ -488,7 +522,10 @@ __device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
     kl_mx2_load<R, U>(w, rows, scales, nb, tl);
     kl_mx2_x_fill(sh, x, cols);
     __syncthreads();
-    kl_mx2_rows<R, U>(w, rows, scales, nb, sh, tl, out);
+    if (PIPE)
+        kl_mx2_rows_pipe<R, U>(w, rows, scales, nb, sh, tl, out);
+    else
+        kl_mx2_rows<R, U>(w, rows, scales, nb, sh, tl, out);
 }
 
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,

@@ -4,9 +4,10 @@
 # fp32) and against the CPU engine teacher-forced, then the full 48B geometry with synthetic
 # MXFP4 experts: GPU vs CPU on a 64-token prompt and kl bench decode.  Ends with a short table.
 #   STAGES="tests golden full" (default all three); W: work folder; KEEP=1 keeps the full model;
-#   PROMPT_TOKENS (8192) and AT (0,8192,65536) shape the benchmark; FULL_PROMPT (64) the
-#   full-geometry comparison (STAGES=fullcmp) with the CPU engine; NOGRAPHS=1 adds a run
-#   without decode graphs; FULLCPU=0 skips the full-geometry comparison with the CPU engine.
+#   PROMPT_TOKENS (8192), TOKENS (32: decoded per figure) and AT (0,8192,65536) shape the
+#   benchmark; FULL_PROMPT (64) the full-geometry comparison (STAGES=fullcmp) with the CPU
+#   engine; NOGRAPHS=1 adds a run without decode graphs; FULLCPU=0 skips the full-geometry
+#   comparison with the CPU engine.
 #   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
 #   PF (512,8192): prefill lengths timed; BT: numbers of sequences decoded together
 #   (--batch-at, e.g. 1,4,16,64); PROFILE=1: a run with per-operation times (a prompt of
@@ -109,7 +110,7 @@ PY
 }
 
 bench_one() {  # model, json out
-    "$KL" bench decode "$1" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens 32 \
+    "$KL" bench decode "$1" --device gpu --prompt-tokens ${PROMPT_TOKENS:-8192} --tokens ${TOKENS:-32} \
         --decode-at ${AT:-0,8192,65536} --prefill-at ${PF:-512,8192} ${BT:+--batch-at $BT} \
         --json -q > "$2" ||
         { row "bench failed (rc $?)"; return 1; }

@@ -3,9 +3,10 @@
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
  * odd shapes, add_to_y both ways, an expert id out of range; MXFP4 through each per-slot path:
- * decode version 3 (the default), KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1; Kimi-Linear's
- * E = 256, I = 1024, H = 2304, top 8 at n = 1, 2, 7 and 15 in MXFP4 (every path, and version
- * 3 against 2: the same sums) and BF16; version 3 replayed in a graph with programmatic edges
+ * decode version 5 (the default), 3, 4, KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1;
+ * Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 at n = 1, 2, 7 and 15 in MXFP4 (every path,
+ * and each against version 5: the same sums) and BF16; versions 5, 3 and 4 replayed in a graph
+ * with programmatic edges
  * right after the router that writes its idx, against plain launches; the grouped chunks path
  * in both X forms of kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding
  * host)).  Then n = 1 timed for each path with events (median of 32 calls, each on 8 other
@@ -144,14 +145,15 @@ static void test_route(double copy_gbps)
 
 /* ---- experts ----------------------------------------------------------------------------- */
 
-/* The per-slot MXFP4 kernels (n < 16): decode version 3, 4 (3 with the early down launch:
- * KL_GPU_MOE_DECODE=v3t), 2, or 2 with KL_GPU_MX=v1's. */
+/* The per-slot MXFP4 kernels (n < 16): decode version 5 (3 with gate/up's rounds pipelined:
+ * the default), 3 (KL_GPU_MOE_DECODE=v3), 4 (3 with the early down launch: v3t), 2, or 2 with
+ * KL_GPU_MX=v1's. */
 struct slot_path {
     int decode, mx;
     const char *name;
 };
 static const slot_path paths[] = {
-    {3, 2, "v3"}, {4, 2, "v3t"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
+    {5, 2, "v3p"}, {3, 2, "v3"}, {4, 2, "v3t"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
 static const slot_path *cur_path = &paths[0];
 
 static void path_set(const slot_path &p)
@@ -429,7 +431,7 @@ static void check_decode(kl_gpu_wkind kind)
             const double work = 3.0 * n * c.K * c.I * c.H;
             const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
             std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 0);
-            std::vector<float> y3;
+            std::vector<float> y_first; /* the default path's */
             for (const auto &p : paths) {
                 path_set(p);
                 std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
@@ -439,12 +441,13 @@ static void check_decode(kl_gpu_wkind kind)
                 t_check(what, worst_error(y, ref, c, tstep), TOL);
                 if (kind != KL_GPU_W_MXFP4)
                     break; /* one per-slot path */
-                if (p.decode == 3) {
-                    y3 = y;
-                } else if (p.decode == 2 && p.mx == 2) {
-                    std::vector<double> r2(y.begin(), y.end());
-                    strncat(what, " vs v3 (same sums)", sizeof what - strlen(what) - 1);
-                    t_check(what, worst_error(y3, r2, c, 1), 1e-6);
+                if (&p == paths) {
+                    y_first = y;
+                } else if (p.mx == 2) {
+                    std::vector<double> r(y.begin(), y.end());
+                    snprintf(what + strlen(what), sizeof what - strlen(what),
+                             " vs %s (same sums)", paths[0].name);
+                    t_check(what, worst_error(y_first, r, c, 1), 1e-6);
                 }
             }
             path_set(paths[0]);
@@ -682,6 +685,7 @@ int main(void)
     check_decode(KL_GPU_W_BF16);
     check_pdl(paths[0]);
     check_pdl(paths[1]);
+    check_pdl(paths[2]);
     check_bad_id(KL_GPU_W_F32, 2);
     check_grouped_cases();
     for (const auto &p : paths)
