@@ -184,6 +184,12 @@ int kl_state_fill_synthetic(kl_state *s, size_t n, kl_err *err)
 int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err)
 {
+    return kl_forward_argmax(m, s, ids, n, logits_last, NULL, err);
+}
+
+int kl_forward_argmax(kl_model *m, kl_state *s, const kl_token *ids, size_t n,
+                      float *logits_last, kl_token *argmax_last, kl_err *err)
+{
     if (n == 0)
         return kl_fail(err, KL_E_USAGE, "no tokens to process");
     if (s->m != m)
@@ -196,7 +202,7 @@ int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *l
     for (size_t i = 0; i < n; i++)
         slot[i] = s->slot;
     kl_batch b = {n, ids, slot, NULL};
-    int rc = kl_backend_forward(m->be, &b, logits_last, NULL, err);
+    int rc = kl_backend_forward(m->be, &b, logits_last, argmax_last, err);
     s->pos = m->be->slot_len[s->slot];
     if (slot != local)
         kl_free(slot);

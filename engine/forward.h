@@ -79,5 +79,10 @@ int  kl_state_fill_synthetic(kl_state *s, size_t n, kl_err *err);
  * reset it. */
 int kl_forward(kl_model *m, kl_state *s, const kl_token *ids, size_t n, float *logits_last,
                kl_err *err);
+/* kl_forward that also writes the argmax of those logits into *argmax_last (may be NULL), as
+ * kl_sample_argmax gives it, computed where the backend holds them (the GPU's on the device):
+ * a greedy pick then needs no pass over the row on the host (kl_sampler_sample_best). */
+int kl_forward_argmax(kl_model *m, kl_state *s, const kl_token *ids, size_t n,
+                      float *logits_last, kl_token *argmax_last, kl_err *err);
 
 #endif

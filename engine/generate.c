@@ -32,13 +32,16 @@ int kl_generate(kl_gen *g, kl_err *err)
         return rc;
     const char *s;
     size_t n;
+    kl_token best = 0; /* the argmax of g->logits, once a fed id gave it */
     for (size_t step = 0; step < g->n_predict; step++) {
         kl_token id;
         if (g->cancel && *g->cancel) {
             g->cancelled = 1;
             break;
         }
-        if ((rc = kl_sampler_sample(g->samp, g->logits, &id, err)))
+        rc = g->n_fed ? kl_sampler_sample_best(g->samp, g->logits, best, &id, err)
+                      : kl_sampler_sample(g->samp, g->logits, &id, err);
+        if (rc)
             goto out;
         if (is_stop(stop, n_stop, id)) {
             g->stopped = 1;
@@ -50,7 +53,7 @@ int kl_generate(kl_gen *g, kl_err *err)
         if (step + 1 == g->n_predict)
             break;
         /* feed it: the next step samples from the logits after it */
-        if ((rc = kl_forward(g->m, g->st, &id, 1, g->logits, err)))
+        if ((rc = kl_forward_argmax(g->m, g->st, &id, 1, g->logits, &best, err)))
             goto out;
         g->n_fed++;
         if (g->on_fed && (rc = g->on_fed(g->user, g->logits, err)))

@@ -159,6 +159,19 @@ int kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err *
     return kl_sampler_pick(s, logits, u, id, err);
 }
 
+int kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl_token *id,
+                           kl_err *err)
+{
+    const kl_sampler_opts *o = &s->opts;
+    /* a non-NaN logit at the argmax: not every logit is NaN, and the pick is greedy */
+    if ((o->temperature == 0 || o->top_k == 1) && best < s->n_vocab && !isnan(logits[best])) {
+        (void)kl_rng_uniform(&s->rng);   /* one draw per call, as kl_sampler_sample */
+        *id = best;
+        return 0;
+    }
+    return kl_sampler_sample(s, logits, id, err);
+}
+
 void kl_sampler_free(kl_sampler *s)
 {
     kl_free(s->cand);

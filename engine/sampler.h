@@ -71,6 +71,12 @@ int  kl_sampler_pick(kl_sampler *s, const float *logits, double u, kl_token *id,
 /* kl_sampler_pick with the next draw of the sampler's stream. */
 int  kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err *err);
 
+/* kl_sampler_sample when best == kl_sample_argmax(logits) is known already (e.g. computed on
+ * the GPU: kl_forward_argmax): the same id, error and draw, without the passes over the row
+ * that a greedy pick otherwise makes (~0.1 ms a token at Kimi's 163,840 ids). */
+int  kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl_token *id,
+                            kl_err *err);
+
 void kl_sampler_free(kl_sampler *s);
 
 #endif

@@ -143,6 +143,40 @@ START_TEST(sampler_top_k_1_equals_greedy_at_any_temperature)
 }
 END_TEST
 
+/* kl_sampler_sample_best with the argmax given equals kl_sampler_sample: the same ids and the
+ * same stream after (greedy, top_k 1, and sampling, which takes the full path), and the same
+ * refusal of a row that is all NaN. */
+START_TEST(sampler_sample_best_equals_sample)
+{
+    float l[VOCAB];
+    kl_sampler_opts opts[] = {{0}, {.temperature = 1.5f, .top_k = 1, .seed = 3},
+                              {.temperature = 1.0f, .top_p = 0.9f, .seed = 7}};
+    for (size_t c = 0; c < sizeof opts / sizeof opts[0]; c++) {
+        kl_sampler a, b;
+        ck_assert_int_eq(kl_sampler_init(&a, VOCAB, &opts[c], NULL), 0);
+        ck_assert_int_eq(kl_sampler_init(&b, VOCAB, &opts[c], NULL), 0);
+        for (uint64_t t = 0; t < 20; t++) {
+            fill_logits(l, VOCAB, t);
+            if (t % 5 == 1)
+                l[t % VOCAB] = NAN;
+            uint32_t x = 99, y = 98;
+            ck_assert_int_eq(kl_sampler_sample(&a, l, &x, NULL), 0);
+            ck_assert_int_eq(kl_sampler_sample_best(&b, l, kl_sample_argmax(l, VOCAB), &y, NULL),
+                             0);
+            ck_assert_msg(x == y, "options %zu, logits %u: %u against %u", c, (unsigned)t,
+                          (unsigned)x, (unsigned)y);
+        }
+        for (uint32_t i = 0; i < VOCAB; i++)
+            l[i] = NAN;
+        uint32_t id;
+        kl_err err;
+        ck_assert_int_eq(kl_sampler_sample_best(&b, l, 0, &id, &err), KL_E_USAGE);
+        kl_sampler_free(&a);
+        kl_sampler_free(&b);
+    }
+}
+END_TEST
+
 START_TEST(sampler_equal_seeds_give_equal_sequences)
 {
     float l[VOCAB];
@@ -566,6 +600,7 @@ static Suite *run_suite(void)
     TCase *tc = tcase_create("sampler");
     tcase_add_test(tc, sampler_greedy_is_the_argmax_lowest_id_on_ties);
     tcase_add_test(tc, sampler_top_k_1_equals_greedy_at_any_temperature);
+    tcase_add_test(tc, sampler_sample_best_equals_sample);
     tcase_add_test(tc, sampler_equal_seeds_give_equal_sequences);
     tcase_add_test(tc, sampler_min_p_never_returns_a_filtered_id);
     tcase_add_test(tc, sampler_top_p_keeps_the_smallest_nucleus);
