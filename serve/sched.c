@@ -51,6 +51,8 @@ struct kl_sched {
     uint8_t   *want;           /* [step_tokens] */
     seq      **owner;          /* [max_seqs]: the sequence of each wanted row, in order */
     float     *logits;         /* [max_seqs, vocab] */
+    kl_token  *best;           /* [max_seqs] each forward row's argmax, from the backend */
+    size_t     n_best;         /* rows of this step with one (the cached whole prompts' not) */
     kl_token  *pick;           /* [max_seqs] each wanted row's sampled id */
     int       *pick_rc;        /* [max_seqs] its sampler's result */
     kl_err    *pick_err;       /* [max_seqs] */
@@ -356,7 +358,11 @@ static void pick_row(void *ctx, size_t r)
     kl_err_clear(&s->pick_err[r]);
     if (q->heading)
         mask_heads(q, logits, V);
-    s->pick_rc[r] = kl_sampler_sample(&q->samp, logits, &s->pick[r], &s->pick_err[r]);
+    /* the backend's argmax spares a greedy pick its passes over the row (not once masked) */
+    s->pick_rc[r] = r < s->n_best && !q->heading
+                        ? kl_sampler_sample_best(&q->samp, logits, s->best[r], &s->pick[r],
+                                                 &s->pick_err[r])
+                        : kl_sampler_sample(&q->samp, logits, &s->pick[r], &s->pick_err[r]);
 }
 
 /* Row r's id (pick_row) to its sequence: stop, callbacks, limit. */
@@ -398,7 +404,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
     admit(s);
     kl_batch b;
     size_t n_want = build(s, &b);
-    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->logits, NULL, err) : 0;
+    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->logits, s->best, err) : 0;
     if (rc) {   /* the slots' states are unspecified now: every running request ends */
         for (seq *q = s->head, *nx; q; q = nx) {
             nx = q->next;
@@ -408,6 +414,7 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
         return rc;
     }
     snapshot(s, n_want);
+    s->n_best = n_want;
     n_want = whole_rows(s, n_want);
     kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
     for (size_t r = 0; r < n_want; r++)
@@ -440,12 +447,13 @@ int kl_sched_create(kl_sched **out, kl_model *m, uint32_t max_seqs, size_t step_
         s->want = kl_malloc(step_tokens);
         s->owner = kl_calloc(max_seqs, sizeof *s->owner);
         s->logits = kl_malloc((size_t)max_seqs * m->cfg.vocab_size * sizeof *s->logits);
+        s->best = kl_calloc(max_seqs, sizeof *s->best);
         s->pick = kl_calloc(max_seqs, sizeof *s->pick);
         s->pick_rc = kl_calloc(max_seqs, sizeof *s->pick_rc);
         s->pick_err = kl_calloc(max_seqs, sizeof *s->pick_err);
     }
-    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits || !s->pick ||
-        !s->pick_rc || !s->pick_err) {
+    if (!s || !s->ids || !s->slots || !s->want || !s->owner || !s->logits || !s->best ||
+        !s->pick || !s->pick_rc || !s->pick_err) {
         kl_sched_free(s);
         return kl_fail(err, KL_E_NOMEM, "out of memory for a scheduler of %u sequences",
                        max_seqs);
@@ -470,6 +478,7 @@ void kl_sched_free(kl_sched *s)
     kl_free(s->want);
     kl_free(s->owner);
     kl_free(s->logits);
+    kl_free(s->best);
     kl_free(s->pick);
     kl_free(s->pick_rc);
     kl_free(s->pick_err);
