@@ -156,7 +156,8 @@ extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_token
     /* prompts: segments of each run in parallel (a thread walked all of a channel's tokens) */
     const unsigned segs = t->max_run >= CONV_SEG_MIN ? CONV_SEGS : 1;
     dim3 grid((a->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP, 3, t->n_runs);
-    const int early = kl_gpu_early_dependents((size_t)grid.x * grid.y * grid.z * segs * 32);
+    const int early = kl_gpu_early_dependents((size_t)grid.x * grid.y * grid.z * segs *
+                                              KL_GPU_GROUP);
     conv_kernel<<<grid, segs * KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot,
                                                                   early);
     return KL_GPU_CHECK(err, hipGetLastError());

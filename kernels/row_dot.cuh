@@ -449,7 +449,8 @@ __device__ static inline void kl_mx2_dot(const kl_mx2_buf<R, U> &w, const float4
     }
 }
 
-/* out[i] = the team's sum of acc[i], unscaled (2^14), on every lane of the team. */
+/* out[i] = the team's sum of acc[i] times 2^14 (the codes were decoded as 2^-14 E2M1), on every
+ * lane of the team. */
 template <int R> __device__ static inline void kl_mx2_team_sums(float *acc, float *out)
 {
 #pragma unroll
