@@ -552,7 +552,7 @@ extern "C" int kl_gpu_sum_add_rmsnorm(float *x, const float *const *y, unsigned 
         ys.p[k] = y[k];
         vec &= kl_aligned16(y[k]);
     }
-    const int early = kl_gpu_early_dependents((size_t)n * THREADS);
+    const int early = kl_gpu_early_dependents(n, THREADS);
     add_rmsnorm_kernel<<<n, THREADS, 0, (hipStream_t)s>>>(x, ys, w, h, eps, xn, vec, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

@@ -129,10 +129,11 @@
             KL_GPU_LAUNCH_DEPENDENTS(); \
     } while (0)
 
-/* Whether a launch of `threads` threads in all may use KL_GPU_EARLY_DEPENDENTS: few enough
- * threads (KL_GPU_EARLY_MAX_THREADS) and not switched off by $KL_GPU_EARLY=0 (read once). */
+/* Whether a launch of grid blocks of `block` threads may use KL_GPU_EARLY_DEPENDENTS: few
+ * enough threads in all (KL_GPU_EARLY_MAX_THREADS) and not switched off by $KL_GPU_EARLY=0
+ * (read once). */
 #define KL_GPU_EARLY_MAX_THREADS 16384
-int kl_gpu_early_dependents(size_t threads);
+int kl_gpu_early_dependents(dim3 grid, unsigned block);
 
 /* v of the lane whose index within the group is this lane's XOR o (all lanes take part). */
 template <class T> __device__ static inline T kl_gpu_shfl_xor(T v, int o)

@@ -156,8 +156,7 @@ extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_token
     /* prompts: segments of each run in parallel (a thread walked all of a channel's tokens) */
     const unsigned segs = t->max_run >= CONV_SEG_MIN ? CONV_SEGS : 1;
     dim3 grid((a->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP, 3, t->n_runs);
-    const int early = kl_gpu_early_dependents((size_t)grid.x * grid.y * grid.z * segs *
-                                              KL_GPU_GROUP);
+    const int early = kl_gpu_early_dependents(grid, segs * KL_GPU_GROUP);
     conv_kernel<<<grid, segs * KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->run_start, t->run_slot,
                                                                   early);
     return KL_GPU_CHECK(err, hipGetLastError());
@@ -910,7 +909,7 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
     }
     const uint32_t pairs = t->n * a->H; /* n <= 65535, H <= 65535 */
     const unsigned blocks = (pairs + NORM_GROUPS - 1) / NORM_GROUPS;
-    const int early = kl_gpu_early_dependents((size_t)blocks * NORM_GROUPS * KL_GPU_GROUP);
+    const int early = kl_gpu_early_dependents(blocks, NORM_GROUPS * KL_GPU_GROUP);
     kda_norm_kernel<<<blocks, NORM_GROUPS * KL_GPU_GROUP, 0, st>>>(*a, t->n, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }

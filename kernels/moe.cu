@@ -175,7 +175,7 @@ extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err 
                        a->first + a->held, a->n_experts);
     const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
     const size_t shared = (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
-    const int early = kl_gpu_early_dependents((size_t)blocks * ROUTE_WARPS * KL_GPU_GROUP);
+    const int early = kl_gpu_early_dependents(blocks, ROUTE_WARPS * KL_GPU_GROUP);
     route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a, early);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
@@ -379,16 +379,17 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
 
 /* DOWN 0: gate_up, a block per (32 rows of I, slot), team j: gate and up row j;
  * DOWN 1: down, a block per (64 rows of H, slot), team j: rows 2j and 2j + 1.
- * V3 1 (gate_up of version 3): GU_UNROLL blocks of each row per lane in flight (the whole row
- * at H = 2304), 2 blocks an SM; with k.trigger the down kernel let in early (see the top).
- * V3 2 (gate_up of version 5, v3p): rounds of GU_PIPE blocks, the next round's loads in
- * flight while a round is multiplied (kl_mx2_rows_pipe). */
-template <int DOWN, int V3>
-__global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLOCKS)
+ * GU, gate_up's form: GU_V2 that of version 2; GU_WHOLE (version 3) GU_UNROLL blocks of each
+ * row per lane in flight (the whole row at H = 2304), 2 blocks an SM, with k.trigger the down
+ * kernel let in early (see the top); GU_PIPE_ROUNDS (version 5, v3p) rounds of GU_PIPE blocks,
+ * the next round's loads in flight while a round is multiplied (kl_mx2_rows_pipe). */
+enum { GU_V2, GU_WHOLE, GU_PIPE_ROUNDS };
+template <int DOWN, int GU>
+__global__ static void __launch_bounds__(KL_MX2_THREADS, GU != GU_V2 ? 2 : KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
 {
     KL_GPU_GRID_WAIT();
-    if (V3 && k.trigger)
+    if (GU == GU_WHOLE && k.trigger)
         KL_GPU_LAUNCH_DEPENDENTS();
     extern __shared__ float4 mx2_x[];
     const size_t slot = blockIdx.y;
@@ -412,8 +413,8 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLO
     }
     const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
     float d[2];
-    constexpr int U = V3 == 1 ? GU_UNROLL : V3 == 2 ? GU_PIPE : KL_MX2_UNROLL;
-    kl_mx2_block_dot<2, U, V3 == 2>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
+    constexpr int U = GU == GU_WHOLE ? GU_UNROLL : GU == GU_PIPE_ROUNDS ? GU_PIPE : KL_MX2_UNROLL;
+    kl_mx2_block_dot<2, U, GU == GU_PIPE_ROUNDS>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
     if (tl != 0)
         return;
     const float nan = no_expert(-1);
@@ -425,24 +426,24 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, V3 ? 2 : KL_MX2_MIN_BLO
 }
 
 /* The gate_up launch of versions 2 and 3: h [n_slots, I]. */
-template <int V3> static int mx2_gate_up(const experts_k &k, hipStream_t st, kl_err *err)
+template <int GU> static int mx2_gate_up(const experts_k &k, hipStream_t st, kl_err *err)
 {
     const dim3 g((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
-    experts_mx2_kernel<0, V3><<<g, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    experts_mx2_kernel<0, GU><<<g, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
 static int experts_mx2(const experts_k &k, hipStream_t st, kl_err *err)
 {
-    int rc = mx2_gate_up<0>(k, st, err);
+    int rc = mx2_gate_up<GU_V2>(k, st, err);
     if (rc)
         return rc;
     const dim3 g2((k.H + 2 * KL_MX2_TEAMS - 1) / (2 * KL_MX2_TEAMS), k.n_slots);
-    experts_mx2_kernel<1, 0><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
+    experts_mx2_kernel<1, GU_V2><<<g2, KL_MX2_THREADS, k.I * sizeof(float), st>>>(k);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-/* ---- MXFP4, version 3 (the default): gate_up as above with V3, then one launch for the
+/* ---- MXFP4, version 3 (the default): gate_up as above (GU_WHOLE), then one launch for the
  * down product and the weighted sum, its weight loads issued before its grid wait ---------- */
 
 /* Rows of H per down block: units of DS_ROWS rows of one slot, about one unit per team. */
@@ -561,8 +562,8 @@ static int experts_v3_ok(const experts_k &k)
 
 static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *err)
 {
-    int rc = kl_gpu_experts_decode_version() == 5 ? mx2_gate_up<2>(k, st, err)
-                                                  : mx2_gate_up<1>(k, st, err);
+    int rc = kl_gpu_experts_decode_version() == 5 ? mx2_gate_up<GU_PIPE_ROUNDS>(k, st, err)
+                                                  : mx2_gate_up<GU_WHOLE>(k, st, err);
     if (rc)
         return rc;
     const uint32_t rb = ds_rows(k.top_k);
@@ -636,18 +637,20 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 
 static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
 
-/* *ver, read from $name the first time: 2 when it says v2; for decode (the later versions
- * exist) 3 for v3, 4 for v3t, else 5; 3 otherwise. */
+/* *ver, read from $name the first time: 2 when it says v2; else for decode (its later
+ * versions) 3 for v3, 4 for v3t, otherwise 5; else 3. */
 static int env_version(int *ver, const char *name, int decode)
 {
     if (!*ver) {
         const char *v = getenv(name);
-        const int later = !decode                  ? 3
-                          : !v                     ? 5
-                          : !strcmp(v, "v3")       ? 3
-                          : !strcmp(v, "v3t")      ? 4
-                                                   : 5;
-        *ver = v && !strcmp(v, "v2") ? 2 : later;
+        if (v && !strcmp(v, "v2"))
+            *ver = 2;
+        else if (decode && v && !strcmp(v, "v3"))
+            *ver = 3;
+        else if (decode && v && !strcmp(v, "v3t"))
+            *ver = 4;
+        else
+            *ver = decode ? 5 : 3;
     }
     return *ver;
 }

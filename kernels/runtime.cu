@@ -265,27 +265,30 @@ extern "C" int kl_gpu_capture_begin(kl_gpu_stream s, kl_err *err)
     return KL_GPU_CHECK(err, hipStreamBeginCapture(STREAM(s), hipStreamCaptureModeThreadLocal));
 }
 
+/* 1 unless $name is "0", read once into *cached (-1: not read yet). */
+static int env_on(const char *name, int *cached)
+{
+    if (*cached < 0) {
+        const char *e = getenv(name);
+        *cached = !(e && !strcmp(e, "0"));
+    }
+    return *cached;
+}
+
 /* Whether captured graphs get programmatic kernel-to-kernel edges: yes unless $KL_GPU_PDL=0
  * (read once).  On the H200 they change no bit of the logits and save ~1% of a decode step
  * (docs/PERFORMANCE.md). */
 static int pdl_wanted(void)
 {
     static int wanted = -1;
-    if (wanted < 0) {
-        const char *e = getenv("KL_GPU_PDL");
-        wanted = !(e && !strcmp(e, "0"));
-    }
-    return wanted;
+    return env_on("KL_GPU_PDL", &wanted);
 }
 
-int kl_gpu_early_dependents(size_t threads)
+int kl_gpu_early_dependents(dim3 grid, unsigned block)
 {
     static int wanted = -1;
-    if (wanted < 0) {
-        const char *e = getenv("KL_GPU_EARLY");
-        wanted = !(e && !strcmp(e, "0"));
-    }
-    return wanted && threads <= KL_GPU_EARLY_MAX_THREADS;
+    const size_t threads = (size_t)grid.x * grid.y * grid.z * block;
+    return env_on("KL_GPU_EARLY", &wanted) && threads <= KL_GPU_EARLY_MAX_THREADS;
 }
 
 #if defined(__HIP_PLATFORM_AMD__)
