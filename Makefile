@@ -49,7 +49,7 @@ TEST_SCRIPTS += tests/gpu_wait.sh
 # kernels/skinny.cu's kernels run on the CPU at lane level against double (no GPU needed)
 TEST_SCRIPTS += tests/gpu/skinny_lanes.sh
 
-.PHONY: all test demo fuzz portable install clean deps gpu gpu-kl gpu-compile
+.PHONY: all test demo fuzz portable install clean deps gpu gpu-kl gpu-compile gpu-trace
 all: $(B)/kl
 
 $(B)/obj/%.o: %.c $(HDRS)
@@ -184,6 +184,18 @@ else ifeq ($(GPU),hip)
 RCCL_LIB := $(firstword $(wildcard /opt/rocm/lib/librccl.so /usr/lib/x86_64-linux-gnu/librccl.so))
 $(BG)/test_nccl: GPU_TEST_LIBS = $(if $(RCCL_LIB),-lrccl)
 $(BG)/test_nccl: GPU_TEST_FLAGS += $(if $(RCCL_LIB),,-DKL_NO_COLLECTIVES)
+endif
+
+# the kernel timeline of a CUDA program (CUDA_INJECTION64_PATH; tests/gpu/kernel_trace.c),
+# CUPTI copied beside it for the GPU machine
+ifeq ($(GPU),cuda)
+CUDA_INC := $(dir $(realpath $(NVCC)))../include
+$(BG)/libkernel_trace.so: tests/gpu/kernel_trace.c
+	@mkdir -p $(BG)
+	$(CC) $(CSTD) $(WARN) -O2 -fPIC -shared -I$(CUDA_INC) -o $@ $< -L$(CUDA_LIB) -lcupti \
+	  -Wl,-rpath,'$$ORIGIN'
+	cp -L $(CUDA_LIB)/libcupti.so.13 $(BG)/
+gpu-trace: $(BG)/libkernel_trace.so
 endif
 
 .SECONDARY: $(GPU_OBJ) $(GLIB_OBJ) $(GCLI_OBJ)

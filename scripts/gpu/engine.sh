@@ -26,7 +26,8 @@
 #   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
 #   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
-#   row per run (see stage_loadsweep).
+#   row per run (see stage_loadsweep).  STAGES=trace: the kernel timeline of greedy decode
+#   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).
 set -u
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
@@ -316,6 +317,26 @@ print("ncu: %d kernels, %.1f us per one-token step (sum of kernel durations, %d 
 for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:25]:
     print("ncu  %-40s %8.1f us/step  %5d launches/step  %5.1f%%" % (name[:40], us / steps, cnt[name] // steps, 100 * us / tot))
 PY
+}
+
+# the kernel timeline of greedy decode on the full model, graphs and programmatic launches as
+# in a real step (tests/gpu/kernel_trace.c injected into kl run; make GPU=cuda gpu-trace):
+# scripts/gpu/trace_step.py's time per kernel and grid, and one median step kernel by kernel
+# (in $OUT).  Once per configuration of TRACE_CONFIGS (as GOLDEN_CONFIGS); TRACE_TOKENS (64).
+stage_trace() {
+    local D="$W/full-mxfp4" IFS=';' cfg i=0
+    [ -f "$BG/libkernel_trace.so" ] || { row "trace: no $BG/libkernel_trace.so (make GPU=cuda gpu-trace)"; return; }
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    for cfg in ${TRACE_CONFIGS:-" "}; do
+        i=$((i + 1))
+        row "== trace with [${cfg# }]"
+        CUDA_INJECTION64_PATH="$BG/libkernel_trace.so" KL_TRACE_OUT="$W/trace-$i.txt" with_config "$cfg" \
+            "$KL" run "$D" --device gpu --ids 1 -n ${TRACE_TOKENS:-64} > /dev/null 2> "$W/trace-run.err" ||
+            { row "trace run failed: $(tail -2 "$W/trace-run.err")"; continue; }
+        row "trace kl run: $(grep -i "tok/s" "$W/trace-run.err" | tail -1)"
+        IFS=' ' python3 scripts/gpu/trace_step.py "$W/trace-$i.txt" --show-step > "$OUT/trace-step-$i.txt"
+        grep -v "^step " "$OUT/trace-step-$i.txt" | head -${TRACE_ROWS:-45} | tee -a "$TABLE"
+    done
 }
 
 # Nsight Compute's sections for a few launches of the kernels NCU_KERNELS (a regex) in a
