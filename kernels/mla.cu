@@ -151,23 +151,47 @@ __device__ static inline void weights8(const kl_gpu_mat &m, size_t idx, float w[
 /* ------------------------------------------------------------------------------------------ */
 /* Append                                                                                     */
 
-/* grid n, one lane group per token: row tok_pos of the slot's cache = [RMSNorm(c), k_r] */
-__global__ static void append_kernel(kl_gpu_mla_append_args a, const uint32_t *tok_slot,
-                                     const uint32_t *tok_pos)
+/* grid n, a block of APPEND_THREADS per token: row tok_pos of the slot's cache =
+ * [RMSNorm(c), k_r].  Each thread loads its (at most APPEND_ITEMS) elements of c and their
+ * norm weights at once (one wait for memory), the groups' sums added in shared memory in
+ * order.  (Round 1 was one lane group walking the row: 8.8 us a decode step's append in
+ * session 16's trace, a wait for memory per element.) */
+#define APPEND_THREADS 128
+#define APPEND_ITEMS   8   /* R <= APPEND_THREADS * APPEND_ITEMS (check_append) */
+__global__ static void __launch_bounds__(APPEND_THREADS)
+    append_kernel(kl_gpu_mla_append_args a, const uint32_t *tok_slot, const uint32_t *tok_pos)
 {
     KL_GPU_GRID_WAIT();
+    __shared__ float red[APPEND_THREADS / KL_GPU_GROUP];
     const uint32_t t = blockIdx.x, R = a.d.R, cw = a.d.R + a.d.dr;
     const float *x = a.kva + (size_t)t * cw;
     float *row = a.cache[tok_slot[t]] + (size_t)tok_pos[t] * cw;
-    float ss = 0.0f;
-    for (uint32_t k = threadIdx.x; k < R; k += KL_GPU_GROUP)
-        ss += x[k] * x[k];
-    ss = kl_gpu_group_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / (float)R + 1e-6f);
-    for (uint32_t k = threadIdx.x; k < R; k += KL_GPU_GROUP)
-        row[k] = a.kv_norm[k] * (x[k] * inv);
-    for (uint32_t k = R + threadIdx.x; k < cw; k += KL_GPU_GROUP)
+    float v[APPEND_ITEMS], g[APPEND_ITEMS], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < APPEND_ITEMS; i++) {
+        const uint32_t k = threadIdx.x + i * APPEND_THREADS;
+        v[i] = k < R ? x[k] : 0.0f;
+        g[i] = k < R ? a.kv_norm[k] : 0.0f;
+    }
+    for (uint32_t k = R + threadIdx.x; k < cw; k += APPEND_THREADS)
         row[k] = x[k];
+#pragma unroll
+    for (int i = 0; i < APPEND_ITEMS; i++)
+        ss += v[i] * v[i];
+    ss = kl_gpu_group_sum(ss);
+    if (threadIdx.x % KL_GPU_GROUP == 0)
+        red[threadIdx.x / KL_GPU_GROUP] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int w = 0; w < APPEND_THREADS / KL_GPU_GROUP; w++)
+        ss += red[w];
+    const float inv = 1.0f / sqrtf(ss / (float)R + 1e-6f);
+#pragma unroll
+    for (int i = 0; i < APPEND_ITEMS; i++) {
+        const uint32_t k = threadIdx.x + i * APPEND_THREADS;
+        if (k < R)
+            row[k] = g[i] * (v[i] * inv);
+    }
 }
 
 static int check_dims(const char *who, const kl_gpu_mla_dims *d, kl_err *err)
@@ -187,9 +211,12 @@ extern "C" int kl_gpu_mla_append(const kl_gpu_mla_append_args *a, const kl_gpu_t
         return kl_fail(err, KL_E_USAGE, "mla append: a pointer is NULL");
     if (check_dims("mla append", &a->d, err) || kl_gpu_tokens_check("mla append", t, 1, err))
         return err->code;
+    if (a->d.R > APPEND_THREADS * APPEND_ITEMS)
+        return kl_fail(err, KL_E_USAGE, "mla append: R %u > %d", a->d.R,
+                       APPEND_THREADS * APPEND_ITEMS);
     if (t->n == 0)
         return 0;
-    append_kernel<<<t->n, KL_GPU_GROUP, 0, (hipStream_t)s>>>(*a, t->tok_slot, t->tok_pos);
+    append_kernel<<<t->n, APPEND_THREADS, 0, (hipStream_t)s>>>(*a, t->tok_slot, t->tok_pos);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -736,15 +763,22 @@ __device__ static inline void context2(const kl_gpu_mla_dims &d, uint32_t nr, co
     }
 }
 
-/* grid (splits, n): split blockIdx.x of token blockIdx.y's span (split_rows2), every head,
- * from the queries qf [n][nh][R+dr]; an empty split writes nothing (combine2 counts the
- * splits the same way).  Two blocks per SM (112 KiB of shared memory at the full shape). */
+/* grid (splits, n, head groups): split blockIdx.x of token blockIdx.y's span (split_rows2),
+ * heads [h0, h0 + nh) of group blockIdx.z, from the queries qf [n][nh][R+dr]; an empty split
+ * writes nothing (combine2 counts the splits the same way).  Two blocks per SM (112 KiB of
+ * shared memory at the full shape).  Head groups spread a short span's few splits over more
+ * blocks (attend2_groups); each group reads the span's rows itself. */
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
 attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
 {
     KL_GPU_GRID_WAIT();
     extern __shared__ float4 shared4[];
-    const kl_gpu_mla_dims d = a.d;
+    const uint32_t all_nh = a.d.nh, per_group = (all_nh + gridDim.z - 1) / gridDim.z;
+    const uint32_t h0 = blockIdx.z * per_group;
+    if (h0 >= all_nh)
+        return;
+    kl_gpu_mla_dims d = a.d; /* this group's heads */
+    d.nh = all_nh - h0 < per_group ? all_nh - h0 : per_group;
     const uint32_t t = blockIdx.y, split = blockIdx.x, nh = d.nh, cw = d.R + d.dr;
     const uint32_t span = x.tok_pos[t] + 1, rows_per = split_rows2(span, gridDim.x);
     const uint32_t u_begin = split * rows_per;
@@ -756,7 +790,7 @@ attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
     float4 *qs = shared4, *rows = qs + (size_t)nh * s4;
     float *ps = (float *)(rows + TILE * s4), *mx = ps + TILE * H2_MAX, *sm = mx + H2_MAX;
     float *alpha = sm + H2_MAX;
-    const float4 *qf = (const float4 *)(x.sc.ql + (size_t)t * nh * cw);
+    const float4 *qf = (const float4 *)(x.sc.ql + ((size_t)t * all_nh + h0) * cw);
 #pragma unroll 4
     for (uint32_t e = threadIdx.x; e < nh * c4; e += blockDim.x)
         qs[e / c4 * s4 + e % c4] = qf[e];
@@ -787,15 +821,30 @@ attend2_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
     }
     const size_t part = (size_t)t * gridDim.x + split; /* this block's partial result */
     for (uint32_t h = threadIdx.x; h < nh; h += blockDim.x) {
-        x.sc.pm[part * nh + h] = mx[h];
-        x.sc.pl[part * nh + h] = sm[h];
+        x.sc.pm[part * all_nh + h0 + h] = mx[h];
+        x.sc.pl[part * all_nh + h0 + h] = sm[h];
     }
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int m = 0; m < 4; m++)
             if (w + 8 * i < nh && lane + 32 * m < d.R / 4)
-                ((float4 *)(x.sc.pc + (part * nh + w + 8 * i) * d.R))[lane + 32 * m] = acc[i][m];
+                ((float4 *)(x.sc.pc + (part * all_nh + h0 + w + 8 * i) * d.R))[lane + 32 * m] =
+                    acc[i][m];
+}
+
+/* Head groups of attend2: 4 (a quarter of the heads a block) when the launch's blocks are few
+ * enough that 4x as many still fit in one wave (decode over a short span: a block per split,
+ * each doing every head's work in turn, 31 us at spans of 1-96 in session 16's trace), else 1.
+ * Environment KL_GPU_MLA_HEAD_GROUPS=1 keeps one (to compare). */
+static uint32_t attend2_groups(uint32_t blocks)
+{
+    static int groups; /* 0: not read yet */
+    if (!groups) {
+        const char *e = getenv("KL_GPU_MLA_HEAD_GROUPS");
+        groups = e && atoi(e) >= 1 && atoi(e) <= 32 ? atoi(e) : 4;
+    }
+    return blocks * groups <= 128 ? (uint32_t)groups : 1;
 }
 
 /* v over the block (max or sum), returned to every thread; red: a float per group of 32. */
@@ -2400,7 +2449,8 @@ static int attend_v2(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     if (allow_shared((const void *)attend2_kernel, &shared_set, shared, err))
         return err->code;
     absorb2(a, t, &x, st);
-    attend2_kernel<<<dim3(splits, t->n), ATT_THREADS, shared, st>>>(*a, x);
+    const dim3 grid(splits, t->n, attend2_groups(splits * t->n));
+    attend2_kernel<<<grid, ATT_THREADS, shared, st>>>(*a, x);
     return combine_vb2(a, t, &x, splits, false, st, err);
 }
 

@@ -3,7 +3,10 @@
  *
  * kl_gpu_route: one group of 32 lanes per token; lane l owns experts l, l + 32, ... (their
  * scores in shared memory, touched by no other lane, so no barrier), and each of the top_k
- * rounds is a group arg-max by shuffles (kl_best_group: ties to the lowest id).
+ * rounds is a group arg-max by shuffles (kl_best_group: ties to the lowest id).  Up to 256
+ * experts (Kimi-Linear's) the scores stay in registers and each lane keeps its best between
+ * rounds, so a round is one group arg-max and the winner's lane rescanning its 8 (session
+ * 16's trace: 6.0 us a decode step's router, one round a rescan of 8 shared loads a lane).
  *
  * kl_gpu_experts, three launches, each slot (token t, choice k) on its own:
  *   gate_up: a group per (slot, row of I): h[slot] = SiLU(w1_e x_t) ⊙ (w3_e x_t)
@@ -99,6 +102,84 @@ __device__ static int32_t held_id(uint32_t e, uint32_t first, uint32_t held)
     return e - first < held ? (int32_t)(e - first) : KL_GPU_EXPERT_ELSEWHERE;
 }
 
+/* Choice k of token t is b: its id into idx, its weight (s, or s + bias with biased weights)
+ * added to wsum and kept by lane k % 32 (w_lo for k < 32, w_hi for the next 32). */
+__device__ static inline void route_take(const kl_gpu_route_args &a, uint32_t t, uint32_t k,
+                                         kl_best b, unsigned lane, float *wsum, float *w_lo,
+                                         float *w_hi)
+{
+    const float w = a.biased_weights ? b.v : b.p;
+    *wsum += w;
+    *w_lo = k == lane ? w : *w_lo;
+    *w_hi = k == lane + KL_GPU_GROUP ? w : *w_hi;
+    if (lane == 0)
+        a.idx[(size_t)t * a.top_k + k] = held_id(b.i, a.first, a.held);
+}
+
+/* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
+__device__ static inline void route_weights(const kl_gpu_route_args &a, uint32_t t,
+                                            unsigned lane, float wsum, float w_lo, float w_hi)
+{
+    float *wt = a.wt + (size_t)t * a.top_k;
+    for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
+        float w = h ? w_hi : w_lo;
+        if (a.renormalize)
+            w /= wsum + 1e-20f;
+        wt[k] = w * a.scaling;
+    }
+}
+
+/* The best of a lane's experts e = lane + 32 u (u < ROUTE_BATCH, e < E) by selection score q
+ * (ties: the lower id), as the shared-memory loop scans them. */
+__device__ static inline kl_best route_lane_best(const float *q, const float *v, unsigned lane,
+                                                 uint32_t E)
+{
+    kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
+#pragma unroll
+    for (int u = 0; u < ROUTE_BATCH; u++) {
+        const uint32_t e = lane + u * KL_GPU_GROUP;
+        const kl_best c = {q[u], e, v[u]};
+        if (e < E && kl_best_above(c, b))
+            b = c;
+    }
+    return b;
+}
+
+/* Token t's routing for E <= ROUTE_BATCH * 32 experts with each lane's scores in registers:
+ * a lane's best is kept between rounds, and only the winner's lane finds its next best (the
+ * shared-memory form rescans every expert each round).  The same choices and weights. */
+__device__ static void route_in_registers(const kl_gpu_route_args &a, uint32_t t, unsigned lane)
+{
+    const uint32_t E = a.n_experts;
+    const float *lg = a.logits + (size_t)t * E;
+    float l[ROUTE_BATCH], b[ROUTE_BATCH], v[ROUTE_BATCH], q[ROUTE_BATCH];
+#pragma unroll
+    for (int u = 0; u < ROUTE_BATCH; u++) {
+        const uint32_t e = lane + u * KL_GPU_GROUP;
+        l[u] = e < E ? lg[e] : 0.0f;
+        b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < ROUTE_BATCH; u++) {
+        v[u] = 1.0f / (1.0f + expf(-l[u]));
+        const float s = v[u] + b[u];
+        q[u] = isnan(s) ? -INFINITY : s;
+    }
+    kl_best mine = route_lane_best(q, v, lane, E);
+    float wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
+    for (uint32_t k = 0; k < a.top_k; k++) {
+        const kl_best best = kl_best_group(mine);
+        if (best.i % KL_GPU_GROUP == lane) {
+#pragma unroll
+            for (int u = 0; u < ROUTE_BATCH; u++)
+                q[u] = (uint32_t)u == best.i / KL_GPU_GROUP ? -INFINITY : q[u];
+            mine = route_lane_best(q, v, lane, E);
+        }
+        route_take(a, t, k, best, lane, &wsum, &w_lo, &w_hi);
+    }
+    route_weights(a, t, lane, wsum, w_lo, w_hi);
+}
+
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     route_kernel(kl_gpu_route_args a, int early)
 {
@@ -109,6 +190,10 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
     if (t >= a.n)
         return;
+    if (E <= ROUTE_BATCH * KL_GPU_GROUP) {
+        route_in_registers(a, t, lane);
+        return;
+    }
     float *s = route_sh + (size_t)g * 2 * E, *sel = s + E;
     const float *lg = a.logits + (size_t)t * E;
     /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >).
@@ -133,8 +218,7 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         }
     }
     /* 2-3. top-k by repeated arg-max; weights s or s + bias (weight k kept by lane k % 32) */
-    int32_t *idx = a.idx + (size_t)t * a.top_k;
-    float *wt = a.wt + (size_t)t * a.top_k, wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
+    float wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
     for (uint32_t k = 0; k < a.top_k; k++) {
         kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
         for (uint32_t e = lane; e < E; e += KL_GPU_GROUP) {
@@ -145,20 +229,9 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         b = kl_best_group(b);
         if (b.i % KL_GPU_GROUP == lane)
             sel[b.i] = -INFINITY;
-        const float w = a.biased_weights ? b.v : b.p;
-        wsum += w;
-        w_lo = k == lane ? w : w_lo;
-        w_hi = k == lane + KL_GPU_GROUP ? w : w_hi;
-        if (lane == 0)
-            idx[k] = held_id(b.i, a.first, a.held);
+        route_take(a, t, k, b, lane, &wsum, &w_lo, &w_hi);
     }
-    /* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
-    for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
-        float w = h ? w_hi : w_lo;
-        if (a.renormalize)
-            w /= wsum + 1e-20f;
-        wt[k] = w * a.scaling;
-    }
+    route_weights(a, t, lane, wsum, w_lo, w_hi);
 }
 
 extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err)
@@ -174,7 +247,8 @@ extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err 
         return kl_fail(err, KL_E_USAGE, "route: experts [%u, %u) held of %u", a->first,
                        a->first + a->held, a->n_experts);
     const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
-    const size_t shared = (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
+    const size_t shared = a->n_experts <= ROUTE_BATCH * KL_GPU_GROUP ? 0 /* in registers */
+                          : (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
     const int early = kl_gpu_early_dependents(blocks, ROUTE_WARPS * KL_GPU_GROUP);
     route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a, early);
     return KL_GPU_CHECK(err, hipGetLastError());

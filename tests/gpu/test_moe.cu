@@ -119,7 +119,7 @@ static void test_route(double copy_gbps)
     static const route_case cases[] = {
         {256, 8, 5, 1, 0, 1, 2.446f}, {256, 8, 5, 1, 1, 1, 2.446f}, {256, 8, 2, 0, 0, 0, 1.0f},
         {40, 5, 3, 1, 1, 0, 1.5f},    {8, 2, 3, 0, 0, 1, 1.0f},     {1024, 64, 2, 1, 0, 1, 1.0f},
-        {256, 8, 9, 1, 0, 1, 2.446f}};
+        {256, 8, 9, 1, 0, 1, 2.446f}, {256, 40, 3, 1, 0, 1, 1.0f}, {257, 8, 3, 1, 0, 1, 1.0f}};
     for (const auto &c : cases) {
         check_route(c, 0);
         check_route(c, c.E / 4);   /* expert parallel: a rank of 4 */
