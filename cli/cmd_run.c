@@ -41,10 +41,11 @@ static const char run_synopsis[] =
     "              [--force-ids 4,5,6 --logits-out FILE] [--tp N [--expert-parallel]]\n";
 
 static const char run_about[] =
-    "Feeds a prompt to the checkpoint in MODEL on the CPU and generates up to N tokens, stopping\n"
-    "early at <|im_end|>, [EOS] or [EOT] (the stop id is not printed).  Text streams to stdout,\n"
-    "timings and tok/s go to stderr.  The prompt plus the tokens to generate must fit in the\n"
-    "model's context (model_max_length); the model must fit in the available memory.\n";
+    "Feeds a prompt to the checkpoint in MODEL (on the GPU or the CPU: --device) and generates\n"
+    "up to N tokens, stopping early at <|im_end|>, [EOS] or [EOT] (the stop id is not printed).\n"
+    "Text streams to stdout, timings and tok/s go to stderr.  The prompt plus the tokens to\n"
+    "generate must fit in the model's context (model_max_length); the model must fit in the\n"
+    "available memory.\n";
 
 static const char run_footer[] =
     "Exit status: 0 ok, 1 a broken checkpoint or tokenizer, 2 usage or I/O error, 3 internal "

@@ -19,7 +19,8 @@
  *   absorb2  a block per (64 columns, head, 4 tokens), each thread 4 rows x 16 bytes of W_kb,h
  *            loaded before the first product (the whole block's 16 KiB in flight); writes the
  *            full queries [latent, rope] so attend2 copies them in float4
- *   attend2  splits cut from the token's real span (split_rows2: tiles per split from
+ *   attend2  (head groups for launches of few blocks: attend2_groups) splits cut from the
+ *            token's real span (split_rows2: tiles per split from
  *            tok_pos, at least 2), so a launch sized for a cache's capacity still spreads a
  *            short span; scores and contexts tiled in registers: a thread holds 4 heads x 4
  *            rows of scores over a slice of the columns (8 float4 loads for 64 FMA, slices
