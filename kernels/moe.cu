@@ -145,17 +145,17 @@ __device__ static inline kl_best route_lane_best(const float *q, const float *v,
     return b;
 }
 
-/* Token t's routing for E <= ROUTE_BATCH * 32 experts with each lane's scores in registers:
- * a lane's best is kept between rounds, and only the winner's lane finds its next best (the
- * shared-memory form rescans every expert each round).  The same choices and weights. */
-__device__ static void route_in_registers(const kl_gpu_route_args &a, uint32_t t, unsigned lane)
+/* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >) of experts
+ * e0 + 32 u (u < ROUTE_BATCH; past E: whatever, unused): every logit and bias is loaded before
+ * any is used, one wait for memory per 256 experts instead of one per expert a lane owns. */
+__device__ static inline void route_scores(const kl_gpu_route_args &a, const float *lg,
+                                           uint32_t e0, float *v, float *q)
 {
     const uint32_t E = a.n_experts;
-    const float *lg = a.logits + (size_t)t * E;
-    float l[ROUTE_BATCH], b[ROUTE_BATCH], v[ROUTE_BATCH], q[ROUTE_BATCH];
+    float l[ROUTE_BATCH], b[ROUTE_BATCH];
 #pragma unroll
     for (int u = 0; u < ROUTE_BATCH; u++) {
-        const uint32_t e = lane + u * KL_GPU_GROUP;
+        const uint32_t e = e0 + u * KL_GPU_GROUP;
         l[u] = e < E ? lg[e] : 0.0f;
         b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
     }
@@ -165,6 +165,16 @@ __device__ static void route_in_registers(const kl_gpu_route_args &a, uint32_t t
         const float s = v[u] + b[u];
         q[u] = isnan(s) ? -INFINITY : s;
     }
+}
+
+/* Token t's routing for E <= ROUTE_BATCH * 32 experts with each lane's scores in registers:
+ * a lane's best is kept between rounds, and only the winner's lane finds its next best (the
+ * shared-memory form rescans every expert each round).  The same choices and weights. */
+__device__ static void route_in_registers(const kl_gpu_route_args &a, uint32_t t, unsigned lane)
+{
+    const uint32_t E = a.n_experts;
+    float v[ROUTE_BATCH], q[ROUTE_BATCH];
+    route_scores(a, a.logits + (size_t)t * E, lane, v, q);
     kl_best mine = route_lane_best(q, v, lane, E);
     float wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
     for (uint32_t k = 0; k < a.top_k; k++) {
@@ -195,25 +205,15 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
         return;
     }
     float *s = route_sh + (size_t)g * 2 * E, *sel = s + E;
-    const float *lg = a.logits + (size_t)t * E;
-    /* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >).
-     * ROUTE_BATCH logits (and biases) per lane are loaded before any is used: one wait for
-     * memory per 256 experts instead of one per expert a lane owns. */
     for (uint32_t e0 = lane; e0 < E; e0 += ROUTE_BATCH * KL_GPU_GROUP) {
-        float l[ROUTE_BATCH], b[ROUTE_BATCH];
+        float v[ROUTE_BATCH], q[ROUTE_BATCH];
+        route_scores(a, a.logits + (size_t)t * E, e0, v, q);
 #pragma unroll
         for (int u = 0; u < ROUTE_BATCH; u++) {
             const uint32_t e = e0 + u * KL_GPU_GROUP;
-            l[u] = e < E ? lg[e] : 0.0f;
-            b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ROUTE_BATCH; u++) {
-            const uint32_t e = e0 + u * KL_GPU_GROUP;
-            const float v = 1.0f / (1.0f + expf(-l[u])), q = v + b[u];
             if (e < E) {
-                s[e] = v;
-                sel[e] = isnan(q) ? -INFINITY : q;
+                s[e] = v[u];
+                sel[e] = q[u];
             }
         }
     }
