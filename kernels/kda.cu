@@ -18,9 +18,8 @@
  * v2 (the default; KL_GPU_KDA=v1 or kl_gpu_kda_select(1) runs recur_kernel): value columns
  * are independent, so recur2_kernel gives each block 32 columns of one head (H x K/32 blocks:
  * 128 at the full shape instead of 32), each thread one column of R2_ROWS rows; the readout
- * goes to o before the norm, which the last block of each head to finish applies in place
- * (recur2_norm_tail; KL_GPU_KDA_NORM_TAIL=0: kda_norm_kernel, a launch of its own with a
- * group per (token, head); bitwise the same).
+ * goes to o before the norm and kda_norm_kernel (a group per (token, head)) applies the gated
+ * RMSNorm in place.
  *
  * v3 (the default for runs of >= KL_GPU_KDA_CHUNK_MIN tokens when the caller passes scratch;
  * KL_GPU_KDA=v2 or v1 selects the others): the chunked form derived and checked in plain C in
@@ -358,44 +357,8 @@ recur_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t 
  * over run blockIdx.z, the same one-pass steps as recur_kernel with the state slice [K][32] in
  * registers (thread (group w, lane): rows w + R2_GROUPS r); every block prepares the token's
  * head vectors itself.  o gets the readout before the norm (kda_norm_kernel finishes it). */
-/* Blocks of a (run, head) done with their columns, for recur2's norm tail: the last to count
- * applies the norm and sets it back to 0.  A device global (as skinny.cu's sums), so one
- * stream at a time per device runs recur2 with the tail. */
-#define NORM_COUNT_MAX 4096 /* runs x heads */
-__device__ static unsigned kda_norm_count[NORM_COUNT_MAX];
-
-template <bool FRESH>
-__device__ static void head_norm(const kl_gpu_kda_recur_args &a, size_t p, unsigned lane);
-
-/* recur2's norm tail: after this block's columns of every token are in o, the last block of
- * head h to finish applies the gated norm to the head's tokens [t0, t1) (group w: tokens
- * t0 + w, t0 + w + R2_GROUPS, ..), so no launch of its own (kda_norm_kernel's 4.5 us a KDA
- * layer at decode in session 16's trace).  The usual last-block pattern: each block's writes
- * fenced before it counts; the last fences again before it reads the others'. */
-__device__ static void recur2_norm_tail(const kl_gpu_kda_recur_args &a, uint32_t r, uint32_t h,
-                                        uint32_t t0, uint32_t t1)
-{
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = &kda_norm_count[r * a.H + h];
-        last = atomicAdd(c, 1u) == gridDim.y - 1;
-        if (last)
-            *c = 0; /* every block of the head has counted */
-    }
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    const unsigned w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    for (uint32_t t = t0 + w; t < t1; t += R2_GROUPS)
-        head_norm<true>(a, (size_t)t * a.H + h, lane);
-}
-
 __global__ static void __launch_bounds__(R2_THREADS)
-recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot,
-              int norm_tail)
+recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t *run_slot)
 {
     KL_GPU_GRID_WAIT();
     __shared__ head_vecs hv;
@@ -453,23 +416,25 @@ recur2_kernel(kl_gpu_kda_recur_args a, const uint32_t *run_start, const uint32_t
         if (i < K && j < K)
             S[i * K + j] = st[ri];
     }
-    if (norm_tail)
-        recur2_norm_tail(a, r, h, t0, t1);
 }
 
-/* Lane `lane` of a group: the gated RMSNorm of (token, head) pair p = t H + h in place,
- * o ← o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate).  FRESH: o was written by other
- * blocks of this launch, so it is read past the L1 (volatile). */
-template <bool FRESH>
-__device__ static void head_norm(const kl_gpu_kda_recur_args &a, size_t p, unsigned lane)
+/* grid (ceil(n H / NORM_GROUPS)), v2: a group of 32 lanes per (token, head) pair p = (t, h):
+ * o ← o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate), in place. */
+__global__ static void __launch_bounds__(NORM_GROUPS * KL_GPU_GROUP)
+kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n, int early)
 {
-    const uint32_t K = a.K;
-    const size_t off = p * K; /* o[t][h*K ..] with p = t H + h */
+    KL_GPU_GRID_WAIT();
+    KL_GPU_EARLY_DEPENDENTS(early);
+    const uint32_t p = blockIdx.x * NORM_GROUPS + threadIdx.x / KL_GPU_GROUP, K = a.K;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP;
+    if (p >= n * a.H) /* the whole group leaves together */
+        return;
+    const size_t off = (size_t)p * K; /* o[t][h*K ..] with p = t H + h */
     float o[PER_LANE], ss = 0.0f;
 #pragma unroll
     for (int e = 0; e < PER_LANE; e++) {
         const uint32_t j = lane + KL_GPU_GROUP * e;
-        o[e] = j >= K ? 0.0f : FRESH ? ((volatile const float *)a.o)[off + j] : a.o[off + j];
+        o[e] = j < K ? a.o[off + j] : 0.0f;
         ss += o[e] * o[e];
     }
     ss = kl_gpu_group_sum(ss);
@@ -480,18 +445,6 @@ __device__ static void head_norm(const kl_gpu_kda_recur_args &a, size_t p, unsig
         if (j < K)
             a.o[off + j] = o[e] * inv * a.o_norm[j] * sigmoid(a.gate[off + j]);
     }
-}
-
-/* grid (ceil(n H / NORM_GROUPS)), v2: a group of 32 lanes per (token, head) pair p = (t, h):
- * o ← o · rsqrt(mean(o²) + eps) ⊙ o_norm ⊙ sigmoid(gate), in place. */
-__global__ static void __launch_bounds__(NORM_GROUPS * KL_GPU_GROUP)
-kda_norm_kernel(kl_gpu_kda_recur_args a, uint32_t n, int early)
-{
-    KL_GPU_GRID_WAIT();
-    KL_GPU_EARLY_DEPENDENTS(early);
-    const uint32_t p = blockIdx.x * NORM_GROUPS + threadIdx.x / KL_GPU_GROUP;
-    if (p < n * a.H) /* the whole group leaves together */
-        head_norm<false>(a, p, threadIdx.x % KL_GPU_GROUP);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -923,23 +876,6 @@ static int kda_chosen(void)
     return kda_version;
 }
 
-static int norm_tail_on = -1; /* -1: not chosen yet */
-
-extern "C" void kl_gpu_kda_norm_tail_select(int on)
-{
-    norm_tail_on = on < 0 ? -1 : on != 0;
-}
-
-/* 1 unless KL_GPU_KDA_NORM_TAIL=0 (read at the first call) or kl_gpu_kda_norm_tail_select(0) */
-static int norm_tail_chosen(void)
-{
-    if (norm_tail_on < 0) {
-        const char *e = getenv("KL_GPU_KDA_NORM_TAIL");
-        norm_tail_on = !(e && !strcmp(e, "0"));
-    }
-    return norm_tail_on;
-}
-
 extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tokens *t,
                                 kl_gpu_stream s, kl_err *err)
 {
@@ -969,12 +905,7 @@ extern "C" int kl_gpu_kda_recur(const kl_gpu_kda_recur_args *a, const kl_gpu_tok
         return KL_GPU_CHECK(err, hipGetLastError());
     } else {
         dim3 grid(a->H, (a->K + KL_GPU_GROUP - 1) / KL_GPU_GROUP, t->n_runs);
-        /* the tail for short runs (decode): a long run's norm is spread over a launch */
-        const int tail = norm_tail_chosen() && t->max_run < KL_GPU_KDA_CHUNK_MIN &&
-                         (size_t)t->n_runs * a->H <= NORM_COUNT_MAX;
-        recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot, tail);
-        if (tail)
-            return KL_GPU_CHECK(err, hipGetLastError());
+        recur2_kernel<<<grid, R2_THREADS, 0, st>>>(*a, t->run_start, t->run_slot);
     }
     const uint32_t pairs = t->n * a->H; /* n <= 65535, H <= 65535 */
     const unsigned blocks = (pairs + NORM_GROUPS - 1) / NORM_GROUPS;

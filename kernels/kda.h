@@ -75,11 +75,6 @@ size_t kl_gpu_kda_scratch(uint32_t n, uint32_t H, uint32_t K);
  * and benchmarks that compare them. */
 void kl_gpu_kda_select(int version);
 
-/* Whether v2 applies the gated RMSNorm in the tail of its recurrence launch (the last block
- * of each head, 1: the default) or in a launch of its own (0, round 1's: bitwise the same o);
- * -1: the default, KL_GPU_KDA_NORM_TAIL=0 from the environment (read once) turning it off. */
-void kl_gpu_kda_norm_tail_select(int on);
-
 /* Which chunk_apply kernel v3 runs: 1 round 1's (each chunk's records loaded, then computed),
  * 2 the next chunk's records copied (cp.async) while one computes, bitwise the same results;
  * 0 the default: KL_GPU_KDA_APPLY=v1 from the environment (read once), else 2. */
