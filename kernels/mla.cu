@@ -158,7 +158,7 @@ __device__ static inline void weights8(const kl_gpu_mat &m, size_t idx, float w[
  * order.  (Round 1 was one lane group walking the row: 8.8 us a decode step's append in
  * session 16's trace, a wait for memory per element.) */
 #define APPEND_THREADS 128
-#define APPEND_ITEMS   8   /* R <= APPEND_THREADS * APPEND_ITEMS (check_append) */
+#define APPEND_ITEMS   8   /* R <= APPEND_THREADS * APPEND_ITEMS (kl_gpu_mla_append checks) */
 __global__ static void __launch_bounds__(APPEND_THREADS)
     append_kernel(kl_gpu_mla_append_args a, const uint32_t *tok_slot, const uint32_t *tok_pos)
 {

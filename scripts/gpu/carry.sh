@@ -12,7 +12,8 @@ done
 mkdir -p "$BG/fallback-libs"
 ldd "$BG/kl" | awk '$3 ~ /^\// { print $3 }' | while read -r lib; do
     case $(basename "$lib") in
-    libc.so* | libm.so* | libpthread* | libdl.so* | librt.so* | ld-linux* | libstdc++* | libgcc_s*) ;;
+    libc.so* | libm.so* | libpthread* | libdl.so* | librt.so* | ld-linux*) ;;
+    libstdc++* | libgcc_s*) ;;
     *) cp -L "$lib" "$BG/fallback-libs/" ;;
     esac
 done

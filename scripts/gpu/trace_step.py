@@ -23,7 +23,8 @@ def read(path):
     for line in open(path):
         f = line.split(None, 7)
         if len(f) == 8:
-            ks.append((int(f[0]), int(f[1]), short_name(f[7].strip()), int(f[3]), int(f[4]), int(f[5])))
+            ks.append((int(f[0]), int(f[1]), short_name(f[7].strip()),
+                       int(f[3]), int(f[4]), int(f[5])))
     ks.sort()
     return ks
 
@@ -46,7 +47,8 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--skip", type=int, default=4)
     ap.add_argument("--top", type=int, default=40)
-    ap.add_argument("--show-step", action="store_true", help="list one median step kernel by kernel")
+    ap.add_argument("--show-step", action="store_true",
+                    help="list one median step kernel by kernel")
     a = ap.parse_args()
     ks = read(a.trace)
     steps = steps_of(ks, a.skip)
@@ -54,7 +56,8 @@ def main():
         sys.exit("trace_step: fewer than two decode steps in %s" % a.trace)
     walls = [s2[0][0] - s1[0][0] for s1, s2 in zip(steps, steps[1:])]
     steps = steps[:-1]
-    per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # launches, duration, charge, idle before
+    # per kernel and grid: launches, duration, charge, idle before it
+    per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     host_gap = 0.0
     for st, nxt_wall in zip(steps, walls):
         ch, tail = charge(st, st[0][0] + nxt_wall)
@@ -69,21 +72,24 @@ def main():
           "%.1f us a step between the last kernel's end and the next step's first" %
           (n, wall, 1e6 / wall, len(steps[0]), host_gap / n / 1e3))
     tot = sum(p[2] for p in per.values()) / n / 1e3
-    print("%-52s %6s %9s %9s %9s %6s" % ("kernel grid block", "n/step", "dur us", "charge us", "idle us", "share"))
+    print("%-52s %6s %9s %9s %9s %6s" %
+          ("kernel grid block", "n/step", "dur us", "charge us", "idle us", "share"))
     for key, p in sorted(per.items(), key=lambda kv: -kv[1][2])[:a.top]:
         print("%-52s %6.0f %9.2f %9.1f %9.1f %5.1f%%" % (key[:52], p[0] / n, p[1] / p[0] / 1e3,
               p[2] / n / 1e3, p[3] / n / 1e3, 100 * p[2] / n / 1e3 / tot))
     byname = collections.defaultdict(float)
     for key, p in per.items():
         byname[key.split()[0]] += p[2] / n / 1e3
-    print("by kernel: " + ", ".join("%s %.0f" % kv for kv in sorted(byname.items(), key=lambda kv: -kv[1])))
+    ranked = sorted(byname.items(), key=lambda kv: -kv[1])
+    print("by kernel: " + ", ".join("%s %.0f" % kv for kv in ranked))
     if a.show_step:
-        mid = sorted(range(len(walls) - 0), key=lambda i: walls[i])[len(walls) // 2]
+        mid = sorted(range(len(walls)), key=lambda i: walls[i])[len(walls) // 2]
         ch, _ = charge(steps[mid], steps[mid][0][0] + walls[mid])
         t0 = steps[mid][0][0]
         for k, c, idle in ch:
-            print("step %8.2f %7.2f %7.2f %6.2f  %s g%dx%d b%d" % ((k[0] - t0) / 1e3, (k[1] - k[0]) / 1e3, c / 1e3,
-                  idle / 1e3, k[2], k[3], k[4], k[5]))
+            print("step %8.2f %7.2f %7.2f %6.2f  %s g%dx%d b%d" %
+                  ((k[0] - t0) / 1e3, (k[1] - k[0]) / 1e3, c / 1e3, idle / 1e3,
+                   k[2], k[3], k[4], k[5]))
 
 
 main()
