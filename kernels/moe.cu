@@ -73,6 +73,7 @@
 #include "kernels/moe.h"
 #include "kernels/dense.h" /* kl_gpu_version, kl_gpu_silu_mul */
 #include "kernels/gemm.h"
+#include "kernels/mx_mma.cuh"
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
@@ -646,6 +647,194 @@ static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *er
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
+/* ---- MXFP4, version 6 (KL_GPU_MOE_DECODE=tc): both launches on the
+ * tensor cores (kernels/mx_mma.cuh), in version 3's two launches:
+ *   gate_up: a block per (16 rows of I, slot), TC_SPLIT groups, each a contiguous share of the
+ *     rows' 32-code blocks (whole quads) for the gate and the up rows together (x's share
+ *     staged once for both); the groups' sums meet in shared memory and 16 lanes write
+ *     SiLU(gate) · up.
+ *   down_sum: a block per (16 rows of H, token), TC_DOWN_WARPS x TC_DOWN_SPLIT groups: group
+ *     j the token's slot j % 8 (j % 8 + 8, ... past 8 slots), half j / 8 of its row of I;
+ *     its first quad of weights requested before the grid wait (as version 3's: the weights
+ *     and idx are complete by then), its h staged after it; then y (+)= Σ_k wt · part in k
+ *     order, as combine adds.
+ * Why so many groups: a group's quad is ~400 dependent-chained instructions (shuffles, the
+ * decode, mmas), issued ~1 every 7 cycles; with 3 groups a gate_up block (11 a SM) the first
+ * build ran at 1.2 TB/s, latency-bound (session 17, Nsight Compute: issue slots 33% busy,
+ * DRAM 26%), so both launches split the rows' blocks further (~23 groups a SM). */
+#define TC_SPLIT       6 /* gate_up: groups a block (H = 2304: 3 quads of 4 blocks each) */
+#define TC_DOWN_WARPS  8 /* down_sum: slots a block takes at once */
+#define TC_DOWN_SPLIT  2 /* down_sum: groups a slot (I = 1024: 4 quads each) */
+#define TC_DOWN_GROUPS (TC_DOWN_WARPS * TC_DOWN_SPLIT)
+#define TC_MAX_SHARED  (46 * 1024)
+
+/* 32-code blocks of one group's share of a row of cols codes split n ways: whole quads. */
+__host__ __device__ static uint32_t tc_per(uint32_t cols, uint32_t n)
+{
+    return (cols / (4 * KL_MXFP4_BLOCK) + n - 1) / n * 4;
+}
+
+/* The share [*b0, *b1) of group j of n of a row of cols codes, in blocks. */
+__device__ static void tc_share(uint32_t cols, uint32_t n, uint32_t j, uint32_t *b0,
+                                uint32_t *b1)
+{
+    const uint32_t nb = cols / KL_MXFP4_BLOCK, per = tc_per(cols, n);
+    *b0 = j * per < nb ? j * per : nb;
+    *b1 = *b0 + per < nb ? *b0 + per : nb;
+}
+
+/* Shared memory of a gate_up block: each group's two planes of x (per · 8 entries), then the
+ * sums [TC_SPLIT][gate, up][16]. */
+static size_t tc_gu_shared(const experts_k &k)
+{
+    return (size_t)TC_SPLIT * tc_per(k.H, TC_SPLIT) * 8 * sizeof(uint4) +
+           TC_SPLIT * 2 * KL_MXV_TILE * sizeof(float);
+}
+
+/* Shared memory of a down block: each group's two planes of its share of h, then the parts
+ * [TC_DOWN_SPLIT][top_k][16]. */
+static size_t tc_down_shared(const experts_k &k)
+{
+    return (size_t)TC_DOWN_GROUPS * tc_per(k.I, TC_DOWN_SPLIT) * 8 * sizeof(uint4) +
+           (size_t)TC_DOWN_SPLIT * k.top_k * KL_MXV_TILE * sizeof(float);
+}
+
+/* The rows of expert e (< 0: expert 0's) that lane 4 g + c reads in the tile at r0 of m
+ * (rows of an expert; past them, the last). */
+__device__ static kl_mxv_rows tc_rows(const kl_gpu_mat &m, int64_t e, uint32_t rows, size_t r0,
+                                      unsigned lane)
+{
+    const size_t base = (size_t)(e < 0 ? 0 : e) * rows, g = r0 + lane / 4;
+    return kl_mxv_rows_at(m.packed, m.scale, m.cols, base + (g < rows ? g : rows - 1),
+                          base + (g + 8 < rows ? g + 8 : rows - 1));
+}
+
+__global__ static void __launch_bounds__(TC_SPLIT * KL_GPU_GROUP, 4)
+    experts_tc_gate_up_kernel(experts_k k)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ uint4 tc_sh[];
+    const size_t slot = blockIdx.y, r0 = (size_t)blockIdx.x * KL_MXV_TILE;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP, grp = threadIdx.x / KL_GPU_GROUP;
+    const int64_t e = slot_expert(k, k.idx[slot]);
+    if (e == ELSEWHERE) { /* the whole block's slot: zeros, no weights read */
+        if (threadIdx.x < KL_MXV_TILE && r0 + threadIdx.x < k.I)
+            k.h[slot * k.I + r0 + threadIdx.x] = 0.0f;
+        return;
+    }
+    uint32_t b0, b1;
+    tc_share(k.H, TC_SPLIT, grp, &b0, &b1);
+    const kl_mxv_rows rows[2] = {tc_rows(k.w1, e, k.I, r0, lane), tc_rows(k.w3, e, k.I, r0, lane)};
+    kl_mxv_buf<2, 1> w;
+    kl_mxv_load<2, 1>(w, rows, b0, b1, lane % 4);
+    const uint32_t per = tc_per(k.H, TC_SPLIT);
+    uint4 *planes = tc_sh + (size_t)grp * per * 8;
+    const float *x = k.x + slot / k.top_k * k.H + (size_t)b0 * KL_MXFP4_BLOCK;
+    const float f = kl_mxv_stage(x, (b1 - b0) * KL_MXFP4_BLOCK, planes, lane);
+    __syncthreads();
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    kl_mxv_run<2, 1>(w, rows, b0, b1, planes, (b1 - b0) * 4, lane, acc);
+    float *sums = (float *)(tc_sh + (size_t)TC_SPLIT * per * 8);
+    if (lane % 4 == 0) {
+        for (int m = 0; m < 2; m++) {
+            sums[(grp * 2 + m) * KL_MXV_TILE + lane / 4] = acc[m][0] * f;
+            sums[(grp * 2 + m) * KL_MXV_TILE + lane / 4 + 8] = acc[m][1] * f;
+        }
+    }
+    __syncthreads();
+    const unsigned i = threadIdx.x;
+    if (i < KL_MXV_TILE && r0 + i < k.I) {
+        float gs = 0.0f, us = 0.0f;
+        for (int q = 0; q < TC_SPLIT; q++) {
+            gs += sums[2 * q * KL_MXV_TILE + i];
+            us += sums[(2 * q + 1) * KL_MXV_TILE + i];
+        }
+        k.h[slot * k.I + r0 + i] = e < 0 ? no_expert(e) : gs / (1.0f + expf(-gs)) * us;
+    }
+}
+
+/* Slot q of token t for a down group at r0 with blocks [b0, b1): its expert (slot_expert;
+ * ELSEWHERE or < 0: no rows) and, with one, its rows for this lane and its first quad
+ * requested. */
+__device__ static int64_t tc_down_slot(const experts_k &k, size_t t, uint32_t q, size_t r0,
+                                       uint32_t b0, uint32_t b1, unsigned lane,
+                                       kl_mxv_rows *rows, kl_mxv_buf<1, 1> &w)
+{
+    const int64_t e = q < k.top_k ? slot_expert(k, KL_LOAD_L2(k.idx + t * k.top_k + q)) : -1;
+    *rows = tc_rows(k.w2, e, k.H, r0, lane);
+    kl_mxv_load<1, 1>(w, rows, b0, e >= 0 ? b1 : b0, lane % 4);
+    return e;
+}
+
+__global__ static void __launch_bounds__(TC_DOWN_GROUPS * KL_GPU_GROUP, 2)
+    experts_tc_down_sum_kernel(experts_k k)
+{
+    KL_GPU_GRID_WAIT_LATER();
+    extern __shared__ uint4 tc_sh[];
+    const size_t t = blockIdx.y, r0 = (size_t)blockIdx.x * KL_MXV_TILE;
+    const unsigned lane = threadIdx.x % KL_GPU_GROUP, grp = threadIdx.x / KL_GPU_GROUP;
+    const uint32_t K = k.top_k, half = grp / TC_DOWN_WARPS, per = tc_per(k.I, TC_DOWN_SPLIT);
+    uint32_t b0, b1;
+    tc_share(k.I, TC_DOWN_SPLIT, half, &b0, &b1);
+    uint4 *planes = tc_sh + (size_t)grp * per * 8;
+    float *part = (float *)(tc_sh + (size_t)TC_DOWN_GROUPS * per * 8);
+    kl_mxv_rows rows;
+    kl_mxv_buf<1, 1> w;
+    int64_t e = tc_down_slot(k, t, grp % TC_DOWN_WARPS, r0, b0, b1, lane, &rows, w);
+    KL_GPU_GRID_WAIT();
+    for (uint32_t q0 = 0; q0 < K; q0 += TC_DOWN_WARPS) { /* the same rounds in every group */
+        const uint32_t q = q0 + grp % TC_DOWN_WARPS;
+        if (q0)
+            e = tc_down_slot(k, t, q, r0, b0, b1, lane, &rows, w);
+        float acc[1][2] = {{0.0f, 0.0f}}, f = 0.0f;
+        if (e >= 0)
+            f = kl_mxv_stage(k.h + (t * K + q) * k.I + (size_t)b0 * KL_MXFP4_BLOCK,
+                             (b1 - b0) * KL_MXFP4_BLOCK, planes, lane);
+        __syncthreads();
+        if (e >= 0)
+            kl_mxv_run<1, 1>(w, &rows, b0, b1, planes, (b1 - b0) * 4, lane, acc);
+        if (q < K && lane % 4 == 0) {
+            float *p = part + ((size_t)half * K + q) * KL_MXV_TILE + lane / 4;
+            p[0] = e < 0 ? no_expert(e) : acc[0][0] * f;
+            p[8] = e < 0 ? no_expert(e) : acc[0][1] * f;
+        }
+        __syncthreads();
+    }
+    const unsigned i = threadIdx.x;
+    if (i < KL_MXV_TILE && r0 + i < k.H) {
+        float s = 0.0f;
+        for (uint32_t q = 0; q < K; q++) {
+            float d = 0.0f;
+            for (uint32_t j = 0; j < TC_DOWN_SPLIT; j++)
+                d += part[((size_t)j * K + q) * KL_MXV_TILE + i];
+            s += __fmul_rn(k.wt[t * K + q], d);
+        }
+        float *y = k.y + t * k.H + r0 + i;
+        *y = k.add_to_y ? *y + s : s;
+    }
+}
+
+/* Whether version 6 takes these MXFP4 experts: rows of whole quads of blocks (H and I
+ * multiples of 128), a tile's shared memory fits, the slots in a grid column. */
+static int experts_tc_ok(const experts_k &k)
+{
+    return kl_gpu_experts_decode_version() == 6 && k.H % (4 * KL_MXFP4_BLOCK) == 0 &&
+           k.I % (4 * KL_MXFP4_BLOCK) == 0 && k.n_slots <= 65535 &&
+           tc_gu_shared(k) <= TC_MAX_SHARED && tc_down_shared(k) <= TC_MAX_SHARED;
+}
+
+static int experts_tc(const experts_k &k, uint32_t n, hipStream_t st, kl_err *err)
+{
+    const dim3 g1((k.I + KL_MXV_TILE - 1) / KL_MXV_TILE, k.n_slots);
+    experts_tc_gate_up_kernel<<<g1, TC_SPLIT * KL_GPU_GROUP, tc_gu_shared(k), st>>>(k);
+    int rc = KL_GPU_CHECK(err, hipGetLastError());
+    if (rc)
+        return rc;
+    const dim3 g2((k.H + KL_MXV_TILE - 1) / KL_MXV_TILE, n);
+    experts_tc_down_sum_kernel<<<g2, TC_DOWN_GROUPS * KL_GPU_GROUP, tc_down_shared(k), st>>>(k);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
 /* Rows per group: about 2048 groups in all (fewer than the products' KL_ROW_TARGET: each
  * group reloads x, measured best at n = 1), 1 to 16 rows each. */
 static uint32_t experts_rpw(size_t jobs)
@@ -712,7 +901,7 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
 
 /* *ver, read from $name the first time: 2 when it says v2; else for decode (its later
- * versions) 3 for v3, 4 for v3t, otherwise 5; else 3. */
+ * versions) 3 for v3, 4 for v3t, 6 for tc, otherwise 5; else 3. */
 static int env_version(int *ver, const char *name, int decode)
 {
     if (!*ver) {
@@ -723,6 +912,8 @@ static int env_version(int *ver, const char *name, int decode)
             *ver = 3;
         else if (decode && v && !strcmp(v, "v3t"))
             *ver = 4;
+        else if (decode && v && !strcmp(v, "tc"))
+            *ver = 6;
         else
             *ver = decode ? 5 : 3;
     }
@@ -762,7 +953,7 @@ extern "C" int kl_gpu_experts_decode_version(void)
 
 extern "C" void kl_gpu_experts_decode_version_set(int version)
 {
-    decode_ver = version == 2 || version == 4 || version == 5 ? version : 3;
+    decode_ver = version == 2 || version == 4 || version == 5 || version == 6 ? version : 3;
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],
@@ -988,6 +1179,8 @@ extern "C" int kl_gpu_experts(const kl_gpu_experts_args *a, kl_gpu_stream s, kl_
         return experts_grouped(a, k, st, err);
     const int mx = k.w1.kind == KL_GPU_W_MXFP4 && k.w2.kind == KL_GPU_W_MXFP4 &&
                    k.w3.kind == KL_GPU_W_MXFP4;
+    if (mx && experts_tc_ok(k))
+        return experts_tc(k, a->n, st, err);
     if (mx && experts_v3_ok(k))
         return experts_v3(k, a->n, st, err);
     if (mx && kl_gpu_version(KL_GPU_K_MX) == 2 && k.H <= KL_MX2_MAX_COLS &&

@@ -90,7 +90,10 @@ void kl_gpu_experts_version_set(int version);
  * (top 8 of I = 1024: 32 KiB); otherwise version 2 runs.  Results equal version 2's (the
  * same fp32 sums in the same order).  KL_GPU_MOE_DECODE=v3t (version 4): version 3 with the
  * down launch let in while gate/up still runs (to measure; see moe.cu).
- * kl_gpu_experts_decode_version_set (2, 3, 4 or 5) overrides the environment. */
+ * KL_GPU_MOE_DECODE=tc (version 6): version 3's launches on the tensor cores (kernels/
+ * mx_mma.cuh; H and I multiples of 128, otherwise version 5 runs): sums equal to fp32 ones up
+ * to rounding, not the same order.
+ * kl_gpu_experts_decode_version_set (2, 3, 4, 5 or 6) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);
 void kl_gpu_experts_decode_version_set(int version);
 

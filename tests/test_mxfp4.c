@@ -1069,6 +1069,36 @@ START_TEST(mx_bf16_decode_matches_the_float_product)
 }
 END_TEST
 
+/* An fp16 bit pattern's value (normal, subnormal or zero; the pairs never hold more). */
+static double f16_value(uint32_t h)
+{
+    const unsigned e = h >> 10 & 31u, m = h & 1023u;
+    const double v = e ? ldexp(1024 + m, (int)e - 25) : ldexp(m, -24);
+    return h & 0x8000u ? -v : v;
+}
+
+/* kernels/mx_bf16.h kl_mx_f16_pairs: every code in every nibble, and random words: pair i
+ * holds codes i and i + 4, each its E2M1 value times 2^-14 exactly. */
+START_TEST(mx_f16_pairs_hold_the_codes_times_two_to_minus_14)
+{
+    kl_rng r;
+    kl_rng_seed(&r, 12, 0);
+    for (unsigned n = 0; n < 4096; n++) {
+        const uint32_t q = n < 16 ? n * 0x11111111u : n < 32 ? 0x76543210u << (n % 16)
+                                                             : (uint32_t)kl_rng_next(&r);
+        uint32_t out[4];
+        kl_mx_f16_pairs(q, out);
+        for (unsigned i = 0; i < 8; i++) {
+            const unsigned code = q >> 4 * i & 15u;
+            const uint32_t h = out[i % 4] >> 16 * (i / 4) & 0xffffu;
+            const double want = ldexp(kl_e2m1_value(code), -14);
+            ck_assert_msg(f16_value(h) == want && (h >> 15) == (code >> 3),
+                          "word 0x%08x code %u: fp16 0x%04x", q, i, h);
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mxfp4");
@@ -1109,6 +1139,7 @@ int main(void)
     tcase_add_test(tc, header_e8m0_edge_values);
     tcase_add_test(tc, header_e8m0_encode_gives_the_quantizers_scales);
     tcase_add_test(tc, mx_bf16_decode_matches_the_float_product);
+    tcase_add_test(tc, mx_f16_pairs_hold_the_codes_times_two_to_minus_14);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("paths");

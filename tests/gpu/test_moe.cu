@@ -3,16 +3,16 @@
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
  * odd shapes, add_to_y both ways, an expert id out of range; MXFP4 through each per-slot path:
- * decode version 5 (the default), 3, 4, KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1;
+ * decode version 5 (the default), 6, 3, 4, KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1;
  * Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 at n = 1, 2, 7 and 15 in MXFP4 (every path,
- * and each against version 5: the same sums) and BF16; versions 5, 3 and 4 replayed in a graph
- * with programmatic edges
- * right after the router that writes its idx, against plain launches; the grouped chunks path
- * in both X forms of kernels/gemm.h (split against fp32, bf16 X against a bf16-rounding
- * host)).  Then n = 1 timed for each path with events (median of 32 calls, each on 8 other
- * experts so the L2 cannot hold them; and per call in graphs, plain and with programmatic
- * edges as the decode step runs) beside a device-to-device copy measured in the same run (1 GiB,
- * and one that moves the experts' 30.1 MB).  One JSON line; exit 0 pass, 1 fail, 77 no GPU.
+ * and 3, 4, 2 against version 5: the same sums) and BF16; versions 6, 5, 3 and 4 replayed in
+ * a graph with programmatic edges right after the router that writes its idx, against plain
+ * launches; the grouped chunks path in both X forms of kernels/gemm.h (split against fp32,
+ * bf16 X against a bf16-rounding host)).  Then n = 1 timed for each path with events (median
+ * of 32 calls, each on 8 other experts so the L2 cannot hold them; and per call in graphs,
+ * plain and with programmatic edges as the decode step runs) beside a device-to-device copy
+ * measured in the same run (1 GiB, and one that moves the experts' 30.1 MB).  One JSON line;
+ * exit 0 pass, 1 fail, 77 no GPU.
  */
 #include "kernels/dense.h" /* kl_gpu_version_set */
 #include "kernels/gemm.h"  /* kl_gpu_gemm_split */
@@ -21,8 +21,9 @@
 #include "tests/gpu/gpu_testutil.h"
 
 #define TOL 1e-5 /* relative L2 of fp32 sums over exactly representable weights */
-#define TOL_GROUPED 1e-3 /* grouped, bf16 X (KL_GPU_GEMM_SPLIT=0) against a host that rounds x
-                          * and h to bf16 */
+#define TOL_GROUPED 3e-3 /* grouped, bf16 X (KL_GPU_GEMM_SPLIT=0) against a host that rounds x
+                          * and h to bf16 (from fp32 sums there, double here: an h that rounds
+                          * the other way moves a token of H = 960 by ~5e-4; seen 1.5e-3) */
 #define TOL_SPLIT   1e-4 /* grouped, split X (the default) against the fp32 host and v2 */
 
 /* ---- router ------------------------------------------------------------------------------ */
@@ -146,14 +147,15 @@ static void test_route(double copy_gbps)
 /* ---- experts ----------------------------------------------------------------------------- */
 
 /* The per-slot MXFP4 kernels (n < 16): decode version 5 (3 with gate/up's rounds pipelined:
- * the default), 3 (KL_GPU_MOE_DECODE=v3), 4 (3 with the early down launch: v3t), 2, or 2 with
- * KL_GPU_MX=v1's. */
+ * the default), 6 (tensor cores: KL_GPU_MOE_DECODE=tc), 3 (KL_GPU_MOE_DECODE=v3), 4 (3 with
+ * the early down launch: v3t), 2, or 2 with KL_GPU_MX=v1's.  same: the fp32 sums of version 5
+ * in its order (checked equal to it at the real shapes). */
 struct slot_path {
-    int decode, mx;
+    int decode, mx, same;
     const char *name;
 };
-static const slot_path paths[] = {
-    {5, 2, "v3p"}, {3, 2, "v3"}, {4, 2, "v3t"}, {2, 2, "v2"}, {2, 1, "v2 mx=v1"}};
+static const slot_path paths[] = {{5, 2, 1, "v3p"}, {6, 2, 0, "tc"},  {3, 2, 1, "v3"},
+                                  {4, 2, 1, "v3t"}, {2, 2, 1, "v2"},  {2, 1, 0, "v2 mx=v1"}};
 static const slot_path *cur_path = &paths[0];
 
 static void path_set(const slot_path &p)
@@ -383,10 +385,11 @@ static void check_experts(const experts_case &base, const uint32_t *ns, size_t n
 }
 
 /* An expert id out of range (token 0's second) gives NaN for its token only, and no fault;
- * n = 16 takes the grouped path. */
-static void check_bad_id(kl_gpu_wkind kind, uint32_t n)
+ * n = 16 takes the grouped path.  I x H: 32 x 64, or 128 x 128 (whole quads of blocks, as
+ * version 6 takes). */
+static void check_bad_id(kl_gpu_wkind kind, uint32_t n, uint32_t I = 32, uint32_t H = 64)
 {
-    const experts_case c = {kind, 4, 32, 64, 2, n, 0};
+    const experts_case c = {kind, 4, I, H, 2, n, 0};
     stacks s;
     stacks_make(s, c);
     std::vector<int32_t> idx(2 * n);
@@ -395,14 +398,14 @@ static void check_bad_id(kl_gpu_wkind kind, uint32_t n)
         idx[2 * t + 1] = t ? (int32_t)(t % 4) : 4;
         idx[2 * t + 1] = t && idx[2 * t + 1] == 1 ? 3 : idx[2 * t + 1];
     }
-    std::vector<float> wt(2 * n, 0.5f), x = t_vec(n * 64), y0(n * 64, 0.0f);
+    std::vector<float> wt(2 * n, 0.5f), x = t_vec(n * H), y0(n * H, 0.0f);
     std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
     double wrong = 0;
-    for (uint32_t i = 0; i < 64 * n; i++)
-        wrong += i < 64 ? !isnan(y[i]) : isnan(y[i]);
+    for (uint32_t i = 0; i < H * n; i++)
+        wrong += i < H ? !isnan(y[i]) : isnan(y[i]);
     char what[96];
-    snprintf(what, sizeof what, "experts %s n=%u id out of range (wrong NaN pattern) %s",
-             t_kind_name(kind), n, grouped(c) ? "grouped" : slot_name(kind));
+    snprintf(what, sizeof what, "experts %s I=%u H=%u n=%u id out of range (wrong NaN pattern) %s",
+             t_kind_name(kind), I, H, n, grouped(c) ? "grouped" : slot_name(kind));
     t_check(what, wrong, 0);
     stacks_free(s);
 }
@@ -431,7 +434,7 @@ static void check_decode(kl_gpu_wkind kind)
             const double work = 3.0 * n * c.K * c.I * c.H;
             const uint32_t tstep = work > 2e8 ? (uint32_t)(work / 2e8) + 1 : 1;
             std::vector<double> ref = host_experts(s, c, x, idx, wt, y0, tstep, 0);
-            std::vector<float> y_first; /* the default path's */
+            std::vector<float> y_same; /* version 5's */
             for (const auto &p : paths) {
                 path_set(p);
                 std::vector<float> y = run_experts(s, c, x, idx, wt, y0);
@@ -441,13 +444,13 @@ static void check_decode(kl_gpu_wkind kind)
                 t_check(what, worst_error(y, ref, c, tstep), TOL);
                 if (kind != KL_GPU_W_MXFP4)
                     break; /* one per-slot path */
-                if (&p == paths) {
-                    y_first = y;
-                } else if (p.mx == 2) {
+                if (p.same && y_same.empty()) {
+                    y_same = y;
+                } else if (p.same) {
                     std::vector<double> r(y.begin(), y.end());
                     snprintf(what + strlen(what), sizeof what - strlen(what),
-                             " vs %s (same sums)", paths[0].name);
-                    t_check(what, worst_error(y_first, r, c, 1), 1e-6);
+                             " vs v3p (same sums)");
+                    t_check(what, worst_error(y_same, r, c, 1), 1e-6);
                 }
             }
             path_set(paths[0]);
@@ -499,7 +502,7 @@ template <class F> static double t_pdl_graph_s(F fn, int reps)
     return ms / 1e3 / reps;
 }
 
-/* Version 3 (path p: v3 or v3t) right after the router that writes its idx and wt, STEPS
+/* Versions 6, 5, 3 and 4 (path p) right after the router that writes its idx and wt, STEPS
  * times in one graph with programmatic edges (the down kernel reads idx before its grid wait:
  * a stale read would give step i the experts of step i - 1), each step on its own logits, x
  * and y, against the same steps launched plainly: equal to the bit (add_to_y 0, so the
@@ -670,10 +673,17 @@ int main(void)
          * rows of 65 blocks (3 rounds), a last down block of 8 rows out of 20 */
         check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 4, 2080, 4128, 3, 1, 0}, tiny_n, 1);
+        /* tc (whole quads of blocks; other shapes take v3p): gate/up groups without blocks
+         * (H = 128), down rows of 2 rounds (I = 640), a group with 1 quad (H = 640), top 40
+         * (5 rounds of slots) */
+        check_experts({KL_GPU_W_MXFP4, 6, 640, 128, 3, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 64, 256, 640, 40, 1, 0}, tiny_n, 2);
         check_bad_id(KL_GPU_W_MXFP4, 2);
+        check_bad_id(KL_GPU_W_MXFP4, 2, 128, 128);
         g_elsewhere = 1; /* expert parallel: some slots another rank's */
         check_experts({KL_GPU_W_MXFP4, 5, 96, 960, 3, 1, 0}, tiny_n, 2);
         check_experts({KL_GPU_W_MXFP4, 64, 64, 96, 40, 1, 0}, tiny_n, 2);
+        check_experts({KL_GPU_W_MXFP4, 64, 256, 640, 40, 1, 0}, tiny_n, 2);
         g_elsewhere = 0;
     }
     g_elsewhere = 1;
@@ -683,9 +693,8 @@ int main(void)
     path_set(paths[0]);
     check_decode(KL_GPU_W_MXFP4);
     check_decode(KL_GPU_W_BF16);
-    check_pdl(paths[0]);
-    check_pdl(paths[1]);
-    check_pdl(paths[2]);
+    for (int i = 0; i < 4; i++) /* v3p, tc, v3, v3t: their down kernels read idx early */
+        check_pdl(paths[i]);
     check_bad_id(KL_GPU_W_F32, 2);
     check_grouped_cases();
     for (const auto &p : paths)
