@@ -65,6 +65,9 @@
  *   (4 digits: ~2^-25 of the block's largest x), exact int32 sums, then the digits and the
  *   scale in fp32: ~2 operations a code.
  *
+ * Version 6 (KL_GPU_MOE_DECODE=tc, opt-in until it measures faster): the two launches of
+ * version 3 on the tensor cores; see its section below and kernels/mx_mma.cuh.
+ *
  * Chunks (n >= kl_gpu_experts_grouped_min(), version 3): a one-block stable counting sort of
  * the slots by expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate,
  * up and down (each expert's weight tile read once per chunk for all its rows), SiLU · up,
@@ -661,7 +664,8 @@ static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *er
  * Why so many groups: a group's quad is ~400 dependent-chained instructions (shuffles, the
  * decode, mmas), issued ~1 every 7 cycles; with 3 groups a gate_up block (11 a SM) the first
  * build ran at 1.2 TB/s, latency-bound (session 17, Nsight Compute: issue slots 33% busy,
- * DRAM 26%), so both launches split the rows' blocks further (~23 groups a SM). */
+ * DRAM 26%), so both launches split the rows' blocks further (~23 groups a SM; this form is
+ * not measured yet: docs/PERFORMANCE.md, session 17). */
 #define TC_SPLIT       6 /* gate_up: groups a block (H = 2304: 3 quads of 4 blocks each) */
 #define TC_DOWN_WARPS  8 /* down_sum: slots a block takes at once */
 #define TC_DOWN_SPLIT  2 /* down_sum: groups a slot (I = 1024: 4 quads each) */
