@@ -145,6 +145,7 @@ typedef struct gpu_be {
     int        graphs_on;
     int        gemm_on;                       /* tensor-core products for chunks */
     int        fuse_small;                    /* one-token glu and pair launches */
+    int        route_ride;                    /* router in the shared down's launch */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -1333,18 +1334,23 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     if (!rc)
         rc = part_done(g, KL_GPU_PART_MOE_PROJ, group_products(g, L, FUSE_MOE, g->xn, o3, err),
                        err);
-    if (!rc) {
-        kl_gpu_route_args ra = {
-            .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
-            .n_experts = g->d.E, .top_k = g->d.topk,
-            .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
-            .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
-            .idx = g->idx, .wt = g->wt, .first = L->expert0,
-            .held = L->ex[0].n < g->d.E ? L->ex[0].n : 0};   /* expert parallel: its ids */
-        rc = kl_gpu_route(&ra, g->st, err);
-        rc = part_done(g, KL_GPU_PART_MOE_ROUTE, rc, err);
-    }
-    if (!rc && shared)
+    kl_gpu_route_args ra = {
+        .logits = o3[2], .bias = L->vec[KL_ROLE_ROUTER_BIAS], .n = g->tok.n,
+        .n_experts = g->d.E, .top_k = g->d.topk,
+        .biased_weights = be->m->route_weights == KL_ROUTE_BIASED,
+        .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
+        .idx = g->idx, .wt = g->wt, .first = L->expert0,
+        .held = L->ex[0].n < g->d.E ? L->ex[0].n : 0};   /* expert parallel: its ids */
+    /* one-token steps: the router rides in the shared expert's down launch (profiling times
+     * the two apart) */
+    const int ride = shared && g->tok.n == 1 && g->fuse_small && g->route_ride && !g->prof.on;
+    if (!rc && !ride)
+        rc = part_done(g, KL_GPU_PART_MOE_ROUTE, kl_gpu_route(&ra, g->st, err), err);
+    if (!rc && ride)
+        rc = part_done(g, KL_GPU_PART_MOE_SHARED,
+                       kl_gpu_matmul_glu_route(&L->w[KL_ROLE_SHARED_DOWN], o3[0], o3[1], 1,
+                                               g->y, &ra, g->st, err), err);
+    else if (!rc && shared)
         rc = part_done(g, KL_GPU_PART_MOE_SHARED,
                        glu_down(g, o3[0], o3[1], &L->w[KL_ROLE_SHARED_DOWN], err), err);
     if (!rc) {
@@ -1706,6 +1712,8 @@ static void read_settings(gpu_be *g)
     if (!g->gemm_on)
         kl_gpu_experts_version_set(2);
     g->fuse_small = !(fs && !strcmp(fs, "0"));
+    const char *ride = getenv("KL_GPU_ROUTE_RIDE");   /* 0: the router's own launch */
+    g->route_ride = !(ride && !strcmp(ride, "0"));
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
 }
 

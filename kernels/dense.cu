@@ -12,6 +12,7 @@
  */
 #include "kernels/dense.h"
 #include "kernels/gemm.h"
+#include "kernels/route.cuh"
 #include "kernels/row_dot.cuh"
 #include "kernels/skinny.h"
 
@@ -235,19 +236,29 @@ typedef struct bf_job {
     float       *y;
 } bf_job;
 
-/* Blocks [0, nb_a) do job a, the rest job b (two products of one shape class, one launch). */
+/* Blocks [0, nr) route tokens (rt, a group a token: kl_gpu_matmul_glu_route), then blocks
+ * [nr, nr + nb_a) do job a and the rest job b (two products of one shape class, one launch). */
 __global__ static void __launch_bounds__(BF_THREADS, 2)
-    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G)
+    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, kl_gpu_route_args rt,
+                          unsigned nr)
 {
     KL_GPU_GRID_WAIT_LATER();
+    if (blockIdx.x < nr) { /* first in the grid: never in the products' last wave */
+        KL_GPU_GRID_WAIT();
+        const uint32_t t = blockIdx.x * BF_WARPS + threadIdx.x / KL_GPU_GROUP;
+        if (t < rt.n)
+            route_in_registers(rt, t, threadIdx.x % KL_GPU_GROUP);
+        return;
+    }
+    const unsigned b = blockIdx.x - nr;
     extern __shared__ float4 bf_sh[];
     __shared__ float red[BF_WARPS];
-    const int second = blockIdx.x >= nb_a;
+    const int second = b >= nb_a;
     const kl_gpu_mat w = second ? jb.w : ja.w;
     const float *x = second ? jb.x : ja.x, *gb = second ? jb.gb : ja.gb;
     float *y = second ? jb.y : ja.y;
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    const size_t row = (size_t)(blockIdx.x - (second ? nb_a : 0)) * (BF_WARPS / G) + wi / G;
+    const size_t row = (size_t)(b - (second ? nb_a : 0)) * (BF_WARPS / G) + wi / G;
     const uint32_t np = w.cols / 8, lanes = G * KL_GPU_GROUP, gl = wi % G * KL_GPU_GROUP + lane;
     const uint4 *p = row < w.rows ? (const uint4 *)w.data + row * np : NULL;
     uint4 q[BF_PIECES];
@@ -317,16 +328,18 @@ static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
 }
 
 /* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
- * SiLU(x) ⊙ gb. */
+ * SiLU(x) ⊙ gb; with rt, the router's top-k rides in the same launch (route_in_registers_ok). */
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
-                          int vec, hipStream_t st)
+                          int vec, const kl_gpu_route_args *rt, hipStream_t st)
 {
     const unsigned G = bf16_n1_groups(w, vec);
     if (!G)
         return 0;
     const bf_job j = {*w, x, gb, y};
-    const unsigned nb = bf16_n1_blocks(w, G);
-    matmul_bf16_n1_kernel<<<nb, BF_THREADS, w->cols * sizeof(float), st>>>(j, j, nb, G);
+    const unsigned nb = bf16_n1_blocks(w, G), nr = rt ? (rt->n + BF_WARPS - 1) / BF_WARPS : 0;
+    const kl_gpu_route_args none = {};
+    matmul_bf16_n1_kernel<<<nr + nb, BF_THREADS, w->cols * sizeof(float), st>>>(
+        j, j, nb, G, rt ? *rt : none, nr);
     return 1;
 }
 
@@ -352,7 +365,7 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
-    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, st))
+    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, NULL, st))
         return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
@@ -627,12 +640,15 @@ extern "C" int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *
     const bf_job a = {*wa, xa, NULL, ya}, b = {*wb, xb, NULL, yb};
     const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
     const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
-    matmul_bf16_n1_kernel<<<nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a, ga);
+    const kl_gpu_route_args none = {};
+    matmul_bf16_n1_kernel<<<nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a, ga, none,
+                                                                           0);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-extern "C" int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
-                                 float *y, kl_gpu_stream s, kl_err *err)
+/* kl_gpu_matmul_glu, with rt (or NULL) riding in the one-token launch when it can. */
+static int matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n, float *y,
+                      const kl_gpu_route_args *rt, kl_gpu_stream s, kl_err *err)
 {
     int rc = kl_row_mat_check(w, "matmul_glu", err);
     if (rc)
@@ -640,10 +656,31 @@ extern "C" int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, 
     if (!a || !b || !y || n == 0)
         return kl_fail(err, KL_E_USAGE, "matmul_glu: a, b or y is NULL, or n is 0");
     const int vec = kl_row_vec_ok(w, a, w->cols) && kl_row_vec_ok(w, b, w->cols);
-    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, (hipStream_t)s))
+    if (rt && !route_in_registers_ok(rt->n_experts)) {
+        if ((rc = kl_gpu_route(rt, s, err)))
+            return rc;
+        rt = NULL;
+    }
+    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, rt, (hipStream_t)s))
         return KL_GPU_CHECK(err, hipGetLastError());
+    if (rt && (rc = kl_gpu_route(rt, s, err)))
+        return rc;
     rc = kl_gpu_silu_mul(a, b, (size_t)n * w->cols, s, err);
     return rc ? rc : kl_gpu_matmul(w, a, n, y, s, err);
+}
+
+extern "C" int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
+                                 float *y, kl_gpu_stream s, kl_err *err)
+{
+    return matmul_glu(w, a, b, n, y, NULL, s, err);
+}
+
+extern "C" int kl_gpu_matmul_glu_route(const kl_gpu_mat *w, float *a, const float *b,
+                                       uint32_t n, float *y, const kl_gpu_route_args *route,
+                                       kl_gpu_stream s, kl_err *err)
+{
+    int rc = route_check(route, "matmul_glu_route", err);
+    return rc ? rc : matmul_glu(w, a, b, n, y, route, s, err);
 }
 
 /* ---- arg-max ----------------------------------------------------------------------------- */

@@ -1,12 +1,10 @@
 /*
  * kernels/moe.cu — router top-k and the routed experts on the GPU (see moe.h).
  *
- * kl_gpu_route: one group of 32 lanes per token; lane l owns experts l, l + 32, ... (their
- * scores in shared memory, touched by no other lane, so no barrier), and each of the top_k
- * rounds is a group arg-max by shuffles (kl_best_group: ties to the lowest id).  Up to 256
- * experts (Kimi-Linear's) the scores stay in registers and each lane keeps its best between
- * rounds, so a round is one group arg-max and the winner's lane rescanning its 8 (session
- * 16's trace: 6.0 us a decode step's router, one round a rescan of 8 shared loads a lane).
+ * kl_gpu_route: one group of 32 lanes per token (kernels/route.cuh); past 256 experts each
+ * lane's scores in shared memory, touched by no other lane, so no barrier (session 16's
+ * trace: 6.0 us a decode step's router before the scores moved into registers, 4.3 after).
+ * At decode it usually rides in the shared expert's down launch (kl_gpu_matmul_glu_route).
  *
  * kl_gpu_experts, three launches, each slot (token t, choice k) on its own:
  *   gate_up: a group per (slot, row of I): h[slot] = SiLU(w1_e x_t) ⊙ (w3_e x_t)
@@ -77,6 +75,7 @@
 #include "kernels/dense.h" /* kl_gpu_version, kl_gpu_silu_mul */
 #include "kernels/gemm.h"
 #include "kernels/mx_mma.cuh"
+#include "kernels/route.cuh"
 #include "kernels/row_dot.cuh"
 
 #include <math.h>
@@ -85,9 +84,6 @@
 
 #define THREADS     256
 #define ROUTE_WARPS 4    /* tokens per router block */
-#define ROUTE_MAX_E 1024 /* 2 floats per expert and token: 32 KiB of shared memory a block */
-#define ROUTE_MAX_K 64
-#define ROUTE_BATCH 8    /* logits a lane loads at once */
 #define GU_UNROLL   9  /* v3 gate_up: 16-byte loads per row and lane in flight (H = 2304: all 9) */
 #define GU_PIPE     3  /* v3p gate_up: 16-byte loads a row and lane a round, two rounds in flight */
 #define DS_THREADS  128 /* v3 down: 16 teams a block, 4 blocks an SM (128 registers) */
@@ -97,102 +93,6 @@
 #define DS_MAX_SHARED (46 * 1024) /* v3 down: h of a token's slots and the parts */
 
 /* ---- router ------------------------------------------------------------------------------ */
-
-/* Expert e's id on a rank holding experts [first, first + held) (held 0: every expert). */
-__device__ static int32_t held_id(uint32_t e, uint32_t first, uint32_t held)
-{
-    if (!held)
-        return (int32_t)e;   /* unsigned difference below: ids under first wrap past held */
-    return e - first < held ? (int32_t)(e - first) : KL_GPU_EXPERT_ELSEWHERE;
-}
-
-/* Choice k of token t is b: its id into idx, its weight (s, or s + bias with biased weights)
- * added to wsum and kept by lane k % 32 (w_lo for k < 32, w_hi for the next 32). */
-__device__ static inline void route_take(const kl_gpu_route_args &a, uint32_t t, uint32_t k,
-                                         kl_best b, unsigned lane, float *wsum, float *w_lo,
-                                         float *w_hi)
-{
-    const float w = a.biased_weights ? b.v : b.p;
-    *wsum += w;
-    *w_lo = k == lane ? w : *w_lo;
-    *w_hi = k == lane + KL_GPU_GROUP ? w : *w_hi;
-    if (lane == 0)
-        a.idx[(size_t)t * a.top_k + k] = held_id(b.i, a.first, a.held);
-}
-
-/* 4. renormalise (+1e-20 as HF), then the routed scaling factor */
-__device__ static inline void route_weights(const kl_gpu_route_args &a, uint32_t t,
-                                            unsigned lane, float wsum, float w_lo, float w_hi)
-{
-    float *wt = a.wt + (size_t)t * a.top_k;
-    for (uint32_t k = lane, h = 0; k < a.top_k && h < 2; k += KL_GPU_GROUP, h++) {
-        float w = h ? w_hi : w_lo;
-        if (a.renormalize)
-            w /= wsum + 1e-20f;
-        wt[k] = w * a.scaling;
-    }
-}
-
-/* The best of a lane's experts e = lane + 32 u (u < ROUTE_BATCH, e < E) by selection score q
- * (ties: the lower id), as the shared-memory loop scans them. */
-__device__ static inline kl_best route_lane_best(const float *q, const float *v, unsigned lane,
-                                                 uint32_t E)
-{
-    kl_best b = {-INFINITY, UINT32_MAX, 0.0f};
-#pragma unroll
-    for (int u = 0; u < ROUTE_BATCH; u++) {
-        const uint32_t e = lane + u * KL_GPU_GROUP;
-        const kl_best c = {q[u], e, v[u]};
-        if (e < E && kl_best_above(c, b))
-            b = c;
-    }
-    return b;
-}
-
-/* 1. sigmoid; selection score s + bias (NaN never wins, as in the CPU's strict >) of experts
- * e0 + 32 u (u < ROUTE_BATCH; past E: whatever, unused): every logit and bias is loaded before
- * any is used, one wait for memory per 256 experts instead of one per expert a lane owns. */
-__device__ static inline void route_scores(const kl_gpu_route_args &a, const float *lg,
-                                           uint32_t e0, float *v, float *q)
-{
-    const uint32_t E = a.n_experts;
-    float l[ROUTE_BATCH], b[ROUTE_BATCH];
-#pragma unroll
-    for (int u = 0; u < ROUTE_BATCH; u++) {
-        const uint32_t e = e0 + u * KL_GPU_GROUP;
-        l[u] = e < E ? lg[e] : 0.0f;
-        b[u] = e < E && a.bias ? a.bias[e] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < ROUTE_BATCH; u++) {
-        v[u] = 1.0f / (1.0f + expf(-l[u]));
-        const float s = v[u] + b[u];
-        q[u] = isnan(s) ? -INFINITY : s;
-    }
-}
-
-/* Token t's routing for E <= ROUTE_BATCH * 32 experts with each lane's scores in registers:
- * a lane's best is kept between rounds, and only the winner's lane finds its next best (the
- * shared-memory form rescans every expert each round).  The same choices and weights. */
-__device__ static void route_in_registers(const kl_gpu_route_args &a, uint32_t t, unsigned lane)
-{
-    const uint32_t E = a.n_experts;
-    float v[ROUTE_BATCH], q[ROUTE_BATCH];
-    route_scores(a, a.logits + (size_t)t * E, lane, v, q);
-    kl_best mine = route_lane_best(q, v, lane, E);
-    float wsum = 0.0f, w_lo = 0.0f, w_hi = 0.0f;
-    for (uint32_t k = 0; k < a.top_k; k++) {
-        const kl_best best = kl_best_group(mine);
-        if (best.i % KL_GPU_GROUP == lane) {
-#pragma unroll
-            for (int u = 0; u < ROUTE_BATCH; u++)
-                q[u] = (uint32_t)u == best.i / KL_GPU_GROUP ? -INFINITY : q[u];
-            mine = route_lane_best(q, v, lane, E);
-        }
-        route_take(a, t, k, best, lane, &wsum, &w_lo, &w_hi);
-    }
-    route_weights(a, t, lane, wsum, w_lo, w_hi);
-}
 
 __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     route_kernel(kl_gpu_route_args a, int early)
@@ -204,7 +104,7 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
     const uint32_t g = threadIdx.x / KL_GPU_GROUP, t = blockIdx.x * ROUTE_WARPS + g;
     if (t >= a.n)
         return;
-    if (E <= ROUTE_BATCH * KL_GPU_GROUP) {
+    if (route_in_registers_ok(E)) {
         route_in_registers(a, t, lane);
         return;
     }
@@ -240,18 +140,11 @@ __global__ static void __launch_bounds__(ROUTE_WARPS * KL_GPU_GROUP)
 
 extern "C" int kl_gpu_route(const kl_gpu_route_args *a, kl_gpu_stream s, kl_err *err)
 {
-    if (!a || !a->logits || !a->idx || !a->wt || a->n == 0 || a->n > 0x7fffffffu)
-        return kl_fail(err, KL_E_USAGE, "route: logits, idx or wt is NULL, or n is 0");
-    if (a->n_experts == 0 || a->n_experts > ROUTE_MAX_E || a->top_k == 0 ||
-        a->top_k > a->n_experts || a->top_k > ROUTE_MAX_K)
-        return kl_fail(err, KL_E_USAGE,
-                       "route: %u experts, top %u (need 1 <= top_k <= min(E, %d), E <= %d)",
-                       a->n_experts, a->top_k, ROUTE_MAX_K, ROUTE_MAX_E);
-    if (a->held && (a->first >= a->n_experts || a->held > a->n_experts - a->first))
-        return kl_fail(err, KL_E_USAGE, "route: experts [%u, %u) held of %u", a->first,
-                       a->first + a->held, a->n_experts);
+    int rc = route_check(a, "route", err);
+    if (rc)
+        return rc;
     const unsigned blocks = (a->n + ROUTE_WARPS - 1) / ROUTE_WARPS;
-    const size_t shared = a->n_experts <= ROUTE_BATCH * KL_GPU_GROUP ? 0 /* in registers */
+    const size_t shared = route_in_registers_ok(a->n_experts) ? 0 /* in registers */
                           : (size_t)ROUTE_WARPS * 2 * a->n_experts * sizeof(float);
     const int early = kl_gpu_early_dependents(blocks, ROUTE_WARPS * KL_GPU_GROUP);
     route_kernel<<<blocks, ROUTE_WARPS * KL_GPU_GROUP, shared, (hipStream_t)s>>>(*a, early);

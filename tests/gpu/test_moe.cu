@@ -67,9 +67,9 @@ static void host_route(const float *lg, const float *bias, const route_case &c, 
 
 /* Random logits with ties: token 0's experts 3, 17 and E-1 share the top logit (and bias);
  * token 1's logits are all equal. */
-static void check_route(const route_case &c, uint32_t held)
+static void route_inputs(const route_case &c, std::vector<float> &lg, std::vector<float> &bias)
 {
-    std::vector<float> lg = t_vec((size_t)c.n * c.E), bias = t_vec(c.E);
+    lg = t_vec((size_t)c.n * c.E), bias = t_vec(c.E);
     for (auto &v : lg)
         v *= 4.0f;
     for (auto &v : bias)
@@ -83,6 +83,12 @@ static void check_route(const route_case &c, uint32_t held)
     if (c.n > 1)
         for (uint32_t e = 0; e < c.E; e++)
             lg[c.E + e] = 0.5f;
+}
+
+static void check_route(const route_case &c, uint32_t held)
+{
+    std::vector<float> lg, bias;
+    route_inputs(c, lg, bias);
     float *dl = t_upload(lg), *db = t_upload(bias);
     int32_t *di = (int32_t *)t_alloc((size_t)c.n * c.K * 4);
     float *dw = (float *)t_alloc((size_t)c.n * c.K * 4);
@@ -115,6 +121,71 @@ static void check_route(const route_case &c, uint32_t held)
     t_check((w + " (weights)").c_str(), wt_err, 1e-6);
 }
 
+/* 4-byte values of two device buffers of n floats (or ids) that differ bitwise. */
+static double words_differ(const void *da, const void *db, size_t n)
+{
+    std::vector<uint32_t> x(n), y(n);
+    T_CHECK(hipMemcpy(x.data(), da, n * 4, hipMemcpyDeviceToHost));
+    T_CHECK(hipMemcpy(y.data(), db, n * 4, hipMemcpyDeviceToHost));
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += x[i] != y[i];
+    return d;
+}
+
+/* kl_gpu_matmul_glu_route (dense.h): the router riding in the shared expert's down launch
+ * (n = 1, E <= 256) or the two launches (otherwise) gives kl_gpu_route's idx and wt and
+ * kl_gpu_matmul_glu's y, bytewise; at Kimi-Linear's shapes (n = 1) both forms are timed in a
+ * graph. */
+static void check_route_rides(const route_case &c, uint32_t held, double copy_gbps)
+{
+    const size_t rows = 2304, cols = 1024, K = (size_t)c.n * c.K;
+    const t_mat m = t_mat_random(KL_GPU_W_BF16, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    std::vector<float> lg, bias;
+    route_inputs(c, lg, bias);
+    float *dl = t_upload(lg), *db = t_upload(bias), *da = t_upload(t_vec(c.n * cols));
+    float *dg = t_upload(t_vec(c.n * cols)), *dy[2], *dw[2];
+    int32_t *di[2];
+    for (int f = 0; f < 2; f++) {
+        dy[f] = (float *)t_alloc(c.n * rows * 4);
+        dw[f] = (float *)t_alloc(K * 4);
+        di[f] = (int32_t *)t_alloc(K * 4);
+    }
+    kl_gpu_route_args a[2];
+    for (int f = 0; f < 2; f++)
+        a[f] = {dl, c.bias ? db : NULL, c.n, c.E, c.K, c.biased, c.renorm, c.scaling, di[f],
+                dw[f], held ? c.E / 4 : 0, held};
+    kl_err err;
+    kl_err_clear(&err);
+    auto ride = [&](int, kl_gpu_stream st) {
+        t_ok(kl_gpu_matmul_glu_route(&d, da, dg, c.n, dy[0], &a[0], st, &err), &err,
+             "kl_gpu_matmul_glu_route");
+    };
+    auto apart = [&](int, kl_gpu_stream st) {
+        t_ok(kl_gpu_route(&a[1], st, &err), &err, "kl_gpu_route");
+        t_ok(kl_gpu_matmul_glu(&d, da, dg, c.n, dy[1], st, &err), &err, "kl_gpu_matmul_glu");
+    };
+    ride(0, NULL);
+    apart(0, NULL);
+    char what[128];
+    snprintf(what, sizeof what, "route riding the shared down E=%u top=%u n=%u held=%u "
+             "(values that differ from the two launches)", c.E, c.K, c.n, held);
+    t_check(what, words_differ(di[0], di[1], K * 4) + words_differ(dw[0], dw[1], K * 4) +
+                      words_differ(dy[0], dy[1], c.n * rows * 4), 0);
+    if (c.n == 1 && c.E == 256 && !held) {
+        const size_t bytes = rows * cols * 2;
+        t_time("shared down + route n=1 E=256, route riding", t_median_s(ride, 25),
+               t_graph_s(ride, 32), bytes, copy_gbps);
+        t_time("shared down + route n=1 E=256, two launches", t_median_s(apart, 25),
+               t_graph_s(apart, 32), bytes, copy_gbps);
+    }
+    for (void *p : {(void *)dl, (void *)db, (void *)da, (void *)dg, (void *)dy[0],
+                    (void *)dy[1], (void *)dw[0], (void *)dw[1], (void *)di[0], (void *)di[1]})
+        hipFree(p);
+    t_mat_free(d);
+}
+
 static void test_route(double copy_gbps)
 {
     static const route_case cases[] = {
@@ -142,6 +213,13 @@ static void test_route(double copy_gbps)
     auto call = [&](int, kl_gpu_stream st) { kl_gpu_route(&a, st, &err); };
     t_time("route n=1 E=256 top=8", t_median_s(call, 25), t_graph_s(call, 32), 256 * 4,
            copy_gbps);
+    static const route_case rides[] = { /* riding: the first two; the rest two launches */
+        {256, 8, 1, 1, 0, 1, 2.446f}, {40, 5, 1, 1, 1, 0, 1.5f}, {256, 8, 3, 1, 0, 1, 2.446f},
+        {257, 8, 1, 1, 0, 1, 1.0f}};
+    for (const auto &c : rides) {
+        check_route_rides(c, 0, copy_gbps);
+        check_route_rides(c, c.E / 4, copy_gbps);
+    }
 }
 
 /* ---- experts ----------------------------------------------------------------------------- */
