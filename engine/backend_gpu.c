@@ -145,7 +145,7 @@ typedef struct gpu_be {
     int        graphs_on;
     int        gemm_on;                       /* tensor-core products for chunks */
     int        fuse_small;                    /* one-token glu and pair launches */
-    int        route_ride;                    /* router in the shared down's launch */
+    int        ride;                          /* riders: router, conv (kernels/dense.h) */
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -1237,20 +1237,24 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = part_done(g, KL_GPU_PART_KDA_PROJ, group_products(g, L, FUSE_KDA, g->xn, o6, err),
                        err);
     float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
-    if (!rc) {
-        kl_gpu_kda_conv_args ca = {
-            .qkv = {q, k, v},
-            .taps = {L->vec[KL_ROLE_KDA_Q_CONV], L->vec[KL_ROLE_KDA_K_CONV],
-                     L->vec[KL_ROLE_KDA_V_CONV]},
-            .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
-        rc = part_done(g, KL_GPU_PART_KDA_CONV, kl_gpu_kda_conv(&ca, &g->tok, g->st, err), err);
-    }
-    if (!rc && g->tok.n == 1 && g->fuse_small)   /* the two low-rank expansions, one launch */
-        rc = kl_gpu_matmul_pair(&L->w[KL_ROLE_KDA_F_B], fa, g->f, &L->w[KL_ROLE_KDA_G_B], ga,
-                                g->g, 1, g->st, err);
-    else if (!rc) {
-        rc = mm(g, &L->w[KL_ROLE_KDA_F_B], fa, g->f, err);
-        if (!rc) rc = mm(g, &L->w[KL_ROLE_KDA_G_B], ga, g->g, err);
+    kl_gpu_kda_conv_args ca = {
+        .qkv = {q, k, v},
+        .taps = {L->vec[KL_ROLE_KDA_Q_CONV], L->vec[KL_ROLE_KDA_K_CONV],
+                 L->vec[KL_ROLE_KDA_V_CONV]},
+        .D = d->kD, .W = d->kw, .win = L->win, .win_stride = g->win_stride};
+    const kl_gpu_mat *fb = &L->w[KL_ROLE_KDA_F_B], *gb = &L->w[KL_ROLE_KDA_G_B];
+    if (!rc && g->tok.n == 1 && g->fuse_small && g->ride)   /* conv + the two expansions */
+        rc = kl_gpu_matmul_pair_conv(fb, fa, g->f, gb, ga, g->g, &ca, &g->tok, g->st, err);
+    else {
+        if (!rc)
+            rc = part_done(g, KL_GPU_PART_KDA_CONV, kl_gpu_kda_conv(&ca, &g->tok, g->st, err),
+                           err);
+        if (!rc && g->tok.n == 1 && g->fuse_small)   /* the two low-rank expansions, one launch */
+            rc = kl_gpu_matmul_pair(fb, fa, g->f, gb, ga, g->g, 1, g->st, err);
+        else if (!rc) {
+            rc = mm(g, fb, fa, g->f, err);
+            if (!rc) rc = mm(g, gb, ga, g->g, err);
+        }
     }
     rc = part_done(g, KL_GPU_PART_KDA_GATES, rc, err);
     if (!rc) {
@@ -1341,9 +1345,8 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
         .renormalize = c->moe_renormalize, .scaling = (float)c->routed_scaling_factor,
         .idx = g->idx, .wt = g->wt, .first = L->expert0,
         .held = L->ex[0].n < g->d.E ? L->ex[0].n : 0};   /* expert parallel: its ids */
-    /* one-token steps: the router rides in the shared expert's down launch (profiling times
-     * the two apart) */
-    const int ride = shared && g->tok.n == 1 && g->fuse_small && g->route_ride && !g->prof.on;
+    /* one-token steps: the router rides in the shared expert's down launch */
+    const int ride = shared && g->tok.n == 1 && g->fuse_small && g->ride;
     if (!rc && !ride)
         rc = part_done(g, KL_GPU_PART_MOE_ROUTE, kl_gpu_route(&ra, g->st, err), err);
     if (!rc && ride)
@@ -1712,8 +1715,10 @@ static void read_settings(gpu_be *g)
     if (!g->gemm_on)
         kl_gpu_experts_version_set(2);
     g->fuse_small = !(fs && !strcmp(fs, "0"));
-    const char *ride = getenv("KL_GPU_ROUTE_RIDE");   /* 0: the router's own launch */
-    g->route_ride = !(ride && !strcmp(ride, "0"));
+    /* one-token steps: the router and KDA's conv ride in products' launches (profiling times
+     * them apart); $KL_GPU_RIDE=0: their own launches */
+    const char *ride = getenv("KL_GPU_RIDE");
+    g->ride = !(ride && !strcmp(ride, "0")) && !g->prof.on;
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
 }
 

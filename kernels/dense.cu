@@ -12,6 +12,7 @@
  */
 #include "kernels/dense.h"
 #include "kernels/gemm.h"
+#include "kernels/kda_conv.cuh"
 #include "kernels/route.cuh"
 #include "kernels/row_dot.cuh"
 #include "kernels/skinny.h"
@@ -236,21 +237,46 @@ typedef struct bf_job {
     float       *y;
 } bf_job;
 
-/* Blocks [0, nr) route tokens (rt, a group a token: kl_gpu_matmul_glu_route), then blocks
- * [nr, nr + nb_a) do job a and the rest job b (two products of one shape class, one launch). */
-__global__ static void __launch_bounds__(BF_THREADS, 2)
-    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, kl_gpu_route_args rt,
-                          unsigned nr)
+/* A small job that rides in a one-token product's launch, independent of the product: its
+ * blocks come first in the grid (never in the products' last wave), one group of 32 lanes
+ * per unit of work.  At decode it saves the job's own launch and its wait on the critical
+ * path (kl_gpu_matmul_glu_route, kl_gpu_matmul_pair_conv). */
+struct bf_rider {
+    enum { NONE, ROUTE, CONV } kind;
+    unsigned             blocks;
+    kl_gpu_route_args    route;       /* ROUTE: a group per token */
+    kl_gpu_kda_conv_args conv;        /* CONV: a group per (run, q/k/v, 32 channels) */
+    const uint32_t      *run_start, *run_slot;
+    uint32_t             n_runs;
+};
+
+__device__ static void bf_ride(const bf_rider &r)
 {
-    KL_GPU_GRID_WAIT_LATER();
-    if (blockIdx.x < nr) { /* first in the grid: never in the products' last wave */
-        KL_GPU_GRID_WAIT();
-        const uint32_t t = blockIdx.x * BF_WARPS + threadIdx.x / KL_GPU_GROUP;
-        if (t < rt.n)
-            route_in_registers(rt, t, threadIdx.x % KL_GPU_GROUP);
+    const uint32_t u = blockIdx.x * BF_WARPS + threadIdx.x / KL_GPU_GROUP;
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
+    if (r.kind == bf_rider::ROUTE) {
+        if (u < r.route.n)
+            route_in_registers(r.route, u, lane);
         return;
     }
-    const unsigned b = blockIdx.x - nr;
+    const uint32_t cb = (r.conv.D + KL_GPU_GROUP - 1) / KL_GPU_GROUP, run = u / (3 * cb);
+    if (run < r.n_runs) /* one segment a run: each thread reads only what it writes */
+        kda_conv_thread(r.conv, r.run_start, r.run_slot, u % cb * KL_GPU_GROUP + lane,
+                        u / cb % 3, run, 0, 1, false);
+}
+
+/* Blocks [0, rider.blocks) do the rider's job, then blocks [.., + nb_a) job a and the rest
+ * job b (two products of one shape class, one launch). */
+__global__ static void __launch_bounds__(BF_THREADS, 2)
+    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, bf_rider rider)
+{
+    KL_GPU_GRID_WAIT_LATER();
+    if (blockIdx.x < rider.blocks) {
+        KL_GPU_GRID_WAIT();
+        bf_ride(rider);
+        return;
+    }
+    const unsigned b = blockIdx.x - rider.blocks;
     extern __shared__ float4 bf_sh[];
     __shared__ float red[BF_WARPS];
     const int second = b >= nb_a;
@@ -328,19 +354,30 @@ static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
 }
 
 /* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
- * SiLU(x) ⊙ gb; with rt, the router's top-k rides in the same launch (route_in_registers_ok). */
+ * SiLU(x) ⊙ gb; the rider (or NULL) in the same launch. */
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
-                          int vec, const kl_gpu_route_args *rt, hipStream_t st)
+                          int vec, const bf_rider *rider, hipStream_t st)
 {
     const unsigned G = bf16_n1_groups(w, vec);
     if (!G)
         return 0;
     const bf_job j = {*w, x, gb, y};
-    const unsigned nb = bf16_n1_blocks(w, G), nr = rt ? (rt->n + BF_WARPS - 1) / BF_WARPS : 0;
-    const kl_gpu_route_args none = {};
-    matmul_bf16_n1_kernel<<<nr + nb, BF_THREADS, w->cols * sizeof(float), st>>>(
-        j, j, nb, G, rt ? *rt : none, nr);
+    const unsigned nb = bf16_n1_blocks(w, G);
+    const bf_rider none = {};
+    const bf_rider &r = rider ? *rider : none;
+    matmul_bf16_n1_kernel<<<r.blocks + nb, BF_THREADS, w->cols * sizeof(float), st>>>(j, j, nb,
+                                                                                     G, r);
     return 1;
+}
+
+/* The rider of route's n tokens (E <= 256: route_in_registers_ok). */
+static bf_rider route_rider(const kl_gpu_route_args *route)
+{
+    bf_rider r = {};
+    r.kind = bf_rider::ROUTE;
+    r.blocks = (route->n + BF_WARPS - 1) / BF_WARPS;
+    r.route = *route;
+    return r;
 }
 
 extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y,
@@ -620,9 +657,11 @@ extern "C" int kl_gpu_silu_mul(float *a, const float *b, size_t count, kl_gpu_st
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
-extern "C" int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya,
-                                  const kl_gpu_mat *wb, const float *xb, float *yb, uint32_t n,
-                                  kl_gpu_stream s, kl_err *err)
+/* kl_gpu_matmul_pair, with conv (or NULL) riding in the one launch when the pair takes one
+ * and every run is one token (else its own launch first). */
+static int matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const kl_gpu_mat *wb,
+                       const float *xb, float *yb, uint32_t n, const kl_gpu_kda_conv_args *conv,
+                       const kl_gpu_tokens *t, kl_gpu_stream s, kl_err *err)
 {
     int rc = kl_row_mat_check(wa, "matmul_pair", err);
     if (!rc)
@@ -633,17 +672,48 @@ extern "C" int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *
         return kl_fail(err, KL_E_USAGE, "matmul_pair: an x or y is NULL, or n is 0");
     const unsigned ga = n == 1 ? bf16_n1_groups(wa, kl_row_vec_ok(wa, xa, wa->cols)) : 0;
     const unsigned gb = n == 1 ? bf16_n1_groups(wb, kl_row_vec_ok(wb, xb, wb->cols)) : 0;
+    const int ride = conv && ga && ga == gb && t->max_run == 1;
+    if (conv && !ride && (rc = kl_gpu_kda_conv(conv, t, s, err)))
+        return rc;
     if (!ga || ga != gb) {
         rc = kl_gpu_matmul(wa, xa, n, ya, s, err);
         return rc ? rc : kl_gpu_matmul(wb, xb, n, yb, s, err);
     }
+    bf_rider r = {};
+    if (ride) {
+        const uint32_t groups = (conv->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP * 3 * t->n_runs;
+        r.kind = bf_rider::CONV;
+        r.blocks = (groups + BF_WARPS - 1) / BF_WARPS;
+        r.conv = *conv;
+        r.run_start = t->run_start;
+        r.run_slot = t->run_slot;
+        r.n_runs = t->n_runs;
+    }
     const bf_job a = {*wa, xa, NULL, ya}, b = {*wb, xb, NULL, yb};
     const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
     const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
-    const kl_gpu_route_args none = {};
-    matmul_bf16_n1_kernel<<<nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a, ga, none,
-                                                                           0);
+    matmul_bf16_n1_kernel<<<r.blocks + nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a,
+                                                                                      ga, r);
     return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya,
+                                  const kl_gpu_mat *wb, const float *xb, float *yb, uint32_t n,
+                                  kl_gpu_stream s, kl_err *err)
+{
+    return matmul_pair(wa, xa, ya, wb, xb, yb, n, NULL, NULL, s, err);
+}
+
+extern "C" int kl_gpu_matmul_pair_conv(const kl_gpu_mat *wa, const float *xa, float *ya,
+                                       const kl_gpu_mat *wb, const float *xb, float *yb,
+                                       const kl_gpu_kda_conv_args *conv, const kl_gpu_tokens *t,
+                                       kl_gpu_stream s, kl_err *err)
+{
+    if (kda_conv_check(conv, t, err))
+        return err->code;
+    if (t->n_runs == 0 || t->n == 0)
+        return kl_fail(err, KL_E_USAGE, "matmul_pair_conv: no tokens");
+    return matmul_pair(wa, xa, ya, wb, xb, yb, t->n, conv, t, s, err);
 }
 
 /* kl_gpu_matmul_glu, with rt (or NULL) riding in the one-token launch when it can. */
@@ -661,7 +731,8 @@ static int matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
             return rc;
         rt = NULL;
     }
-    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, rt, (hipStream_t)s))
+    const bf_rider r = rt ? route_rider(rt) : bf_rider{};
+    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, rt ? &r : NULL, (hipStream_t)s))
         return KL_GPU_CHECK(err, hipGetLastError());
     if (rt && (rc = kl_gpu_route(rt, s, err)))
         return rc;

@@ -11,6 +11,7 @@
 #define KL_KERNELS_DENSE_H
 
 #include "kernels/gpu_api.h"
+#include "kernels/kda.h" /* kl_gpu_kda_conv_args */
 #include "kernels/moe.h" /* kl_gpu_route_args */
 
 #ifdef __cplusplus
@@ -65,15 +66,23 @@ int kl_gpu_matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const k
 int kl_gpu_matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n, float *y,
                       kl_gpu_stream s, kl_err *err);
 
-/* kl_gpu_route (kernels/moe.h) of route->n tokens and kl_gpu_matmul_glu: the router's top-k
- * rides in the product's launch (a block of groups ahead of the product's) when the one-token
- * kernel takes the product and the scores fit in registers (E <= 256); otherwise the two
- * launches.  Either way the same idx, wt and y as the two calls.  At decode the router's
- * launch and its wait on the critical path go (the shared expert's down product needs only
- * the router's input, not its output). */
+/* Riders: a small job independent of a one-token product, done by groups of 32 lanes in
+ * blocks ahead of the product's in its launch.  At decode that saves the job's own launch and
+ * its wait on the critical path; otherwise (or when the product takes another kernel) the
+ * job gets its own launch first.  Either way the same outputs as the separate calls.
+ *
+ * kl_gpu_route (kernels/moe.h) of route->n tokens with kl_gpu_matmul_glu: rides when the
+ * scores fit in registers (E <= 256), as the router with the shared expert's down product. */
 int kl_gpu_matmul_glu_route(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
                             float *y, const kl_gpu_route_args *route, kl_gpu_stream s,
                             kl_err *err);
+
+/* kl_gpu_kda_conv (kernels/kda.h) with kl_gpu_matmul_pair of t->n tokens: rides when every
+ * run is one token, as KDA's conv with its two low-rank gate expansions. */
+int kl_gpu_matmul_pair_conv(const kl_gpu_mat *wa, const float *xa, float *ya,
+                            const kl_gpu_mat *wb, const float *xb, float *yb,
+                            const kl_gpu_kda_conv_args *conv, const kl_gpu_tokens *t,
+                            kl_gpu_stream s, kl_err *err);
 
 /* x[i] += y[i] for i < count (fp32, one rounding: what a host loop adds). */
 int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream s, kl_err *err);

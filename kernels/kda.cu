@@ -36,6 +36,7 @@
  */
 #include "kernels/gpu.h"
 #include "kernels/kda.h"
+#include "kernels/kda_conv.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/tokens.h"
 
@@ -44,7 +45,6 @@
 
 #define CONV_SEGS     8                    /* token segments of a run, for runs of ... */
 #define CONV_SEG_MIN  64u                  /* ... this many tokens at least */
-#define CONV_MAX_W    8                    /* taps per channel at most */
 #define RECUR_GROUPS  16                   /* groups of KL_GPU_GROUP lanes per block */
 #define RECUR_THREADS (RECUR_GROUPS * KL_GPU_GROUP)
 #define MAX_K         128                  /* head_dim at most */
@@ -81,75 +81,22 @@ __device__ static inline float softplus(float z)
 /* ------------------------------------------------------------------------------------------ */
 /* Short conv                                                                                 */
 
-/* grid (channel blocks of 32, 3, runs), blockDim.x = 32 S: channel c of x = qkv[blockIdx.y]
- * over run blockIdx.z, cut into S segments of consecutive tokens, one per group of 32 lanes.
- * Each thread first reads the W - 1 inputs before its segment (the slot's window before the
- * run), then, after the block's barrier (no input is overwritten before every thread has
- * read what it needs), walks its segment in order, exactly as short_conv does; the thread of
- * the last token writes the window back. */
+/* grid (channel blocks of 32, 3, runs), blockDim.x = 32 S: kda_conv_thread (kda_conv.cuh)
+ * for channel c of qkv[blockIdx.y] over run blockIdx.z, segment threadIdx.x / 32 of S. */
 __global__ static void conv_kernel(kl_gpu_kda_conv_args a, const uint32_t *run_start,
                                    const uint32_t *run_slot, int early)
 {
     KL_GPU_GRID_WAIT();
     KL_GPU_EARLY_DEPENDENTS(early);
     const uint32_t c = blockIdx.x * KL_GPU_GROUP + threadIdx.x % KL_GPU_GROUP;
-    const uint32_t which = blockIdx.y, W = a.W, r = blockIdx.z;
-    const uint32_t S = blockDim.x / KL_GPU_GROUP, seg = threadIdx.x / KL_GPU_GROUP;
-    const uint32_t t0 = run_start[r], len = run_start[r + 1] - t0, L = (len + S - 1) / S;
-    const uint32_t s0 = t0 + (seg * L < len ? seg * L : len);
-    const uint32_t s1 = t0 + ((seg + 1) * L < len ? (seg + 1) * L : len);
-    const bool on = c < a.D;
-    /* selects, not a[which]: a dynamic index into the parameters copies them to the stack */
-    float *x = which == 0 ? a.qkv[0] : which == 1 ? a.qkv[1] : a.qkv[2];
-    const float *w = (which == 0 ? a.taps[0] : which == 1 ? a.taps[1] : a.taps[2]) +
-                     (size_t)(on ? c : 0) * W;
-    float *st = a.win + run_slot[r] * a.win_stride + ((size_t)which * a.D + c) * (W - 1);
-    float win[CONV_MAX_W]; /* unrolled with guards, so it stays in registers */
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_W - 1; j++) { /* input at token s0 - (W - 1) + j */
-        const int64_t at = (int64_t)s0 - (int64_t)(W - 1) + j;
-        win[j] = !on || j + 1 >= (int)W ? 0.0f
-                 : at < (int64_t)t0      ? st[j + (s0 - t0)]
-                                         : x[(size_t)at * a.D + c];
-    }
-    __syncthreads();
-    if (!on)
-        return;
-    for (uint32_t t = s0; t < s1; t++) {
-        const float in = x[(size_t)t * a.D + c];
-        float acc = w[W - 1] * in; /* tap W-1: the current token */
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_W - 1; j++)
-            if (j + 1 < (int)W)
-                acc += w[j] * win[j];
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_W - 1; j++) /* slide: drop the oldest, append `in` */
-            if (j + 1 < (int)W)
-                win[j] = j + 2 < (int)W ? win[j + 1] : in;
-        x[(size_t)t * a.D + c] = silu(acc);
-    }
-    if (len && s0 < s1 && s1 == t0 + len)
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_W - 1; j++)
-            if (j + 1 < (int)W)
-                st[j] = win[j];
+    kda_conv_thread(a, run_start, run_slot, c, blockIdx.y, blockIdx.z,
+                    threadIdx.x / KL_GPU_GROUP, blockDim.x / KL_GPU_GROUP, true);
 }
 
 extern "C" int kl_gpu_kda_conv(const kl_gpu_kda_conv_args *a, const kl_gpu_tokens *t,
                                kl_gpu_stream s, kl_err *err)
 {
-    if (!a || !a->win)
-        return kl_fail(err, KL_E_USAGE, "kda conv: arguments or window pool NULL");
-    for (int i = 0; i < 3; i++)
-        if (!a->qkv[i] || !a->taps[i])
-            return kl_fail(err, KL_E_USAGE, "kda conv: input %d or its taps NULL", i);
-    if (a->D == 0 || a->W == 0 || a->W > CONV_MAX_W)
-        return kl_fail(err, KL_E_USAGE, "kda conv: D %u, W %u (need D >= 1, 1 <= W <= %d)",
-                       a->D, a->W, CONV_MAX_W);
-    if (a->win_stride < 3 * (size_t)a->D * (a->W - 1))
-        return kl_fail(err, KL_E_USAGE, "kda conv: window stride %zu < 3 * D * (W - 1)",
-                       a->win_stride);
-    if (kl_gpu_tokens_check("kda conv", t, 0, err))
+    if (kda_conv_check(a, t, err))
         return err->code;
     if (t->n_runs == 0)
         return 0;

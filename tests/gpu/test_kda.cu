@@ -13,6 +13,7 @@
  * full-shape runs of up to 8,192 tokens (several runs with tails, two calls) without the
  * reference; both timed at 8,192.  Exit 0 pass, 1 fail, 77 no GPU; one JSON line.
  */
+#include "kernels/dense.h" /* kl_gpu_matmul_pair_conv */
 #include "kernels/kda.h"
 #include "tests/gpu/gpu_testutil.h"
 
@@ -293,6 +294,50 @@ static void run_case(const kda_case &c, kda_errs e[3], double *v3_v2, bool *appl
     *apply_same = same_bits(e[2].out, e31.out) && same_bits(e[2].state_out, e31.state_out);
 }
 
+/* ---- the conv riding in the gate expansions' launch ------------------------------------ */
+
+/* kl_gpu_matmul_pair_conv (dense.h) on the case, the conv riding in the pair's launch (one
+ * run of one token, D <= the products' rows) or not, against kl_gpu_kda_conv then
+ * kl_gpu_matmul_pair (f_b and g_b's shapes, [4096, 128] BF16): true when q, k, v, the
+ * windows and both products agree bit for bit. */
+static bool conv_rides(const kda_case &c)
+{
+    const size_t rows = 4096, cols = 128;
+    kda_host x;
+    make_host(c, x);
+    kda_dev d[2];
+    upload(x, d[0]);
+    upload(x, d[1]);
+    const t_mat ma = t_mat_random(KL_GPU_W_BF16, rows, cols);
+    const t_mat mb = t_mat_random(KL_GPU_W_BF16, rows, cols);
+    const kl_gpu_mat wa = t_mat_upload(ma), wb = t_mat_upload(mb);
+    float *xa = t_keep(t_upload(t_vec(x.n * cols))), *xb = t_keep(t_upload(t_vec(x.n * cols)));
+    float *y[2][2];
+    for (auto &f : y)
+        for (auto &p : f)
+            p = t_keep((float *)t_alloc(x.n * rows * sizeof(float)));
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_matmul_pair_conv(&wa, xa, y[0][0], &wb, xb, y[0][1], &d[0].conv, &d[0].tok,
+                                 NULL, &err), &err, "kl_gpu_matmul_pair_conv");
+    t_ok(kl_gpu_kda_conv(&d[1].conv, &d[1].tok, NULL, &err), &err, "kl_gpu_kda_conv");
+    t_ok(kl_gpu_matmul_pair(&wa, xa, y[1][0], &wb, xb, y[1][1], x.n, NULL, &err), &err,
+         "kl_gpu_matmul_pair");
+    bool same = same_bits(t_download(d[0].conv.win, x.win.size()),
+                          t_download(d[1].conv.win, x.win.size()));
+    for (int w = 0; w < 3; w++)
+        same = same && same_bits(t_download(d[0].conv.qkv[w], (size_t)x.n * x.D),
+                                 t_download(d[1].conv.qkv[w], (size_t)x.n * x.D));
+    for (int p = 0; p < 2; p++)
+        same = same && same_bits(t_download(y[0][p], x.n * rows), t_download(y[1][p], x.n * rows));
+    t_mat_free(wa);
+    t_mat_free(wb);
+    t_free_kept();
+    fprintf(stderr, "test_kda: %-16s conv riding == its own launch: %s\n", c.name,
+            same ? "yes" : "NO");
+    return same;
+}
+
 /* ---- v3's apply kernels, bitwise, at full shapes (no reference: the runs are long) --------- */
 
 /* The case's recurrence (after the conv, once) with v3 and each apply kernel, from the same
@@ -524,6 +569,18 @@ int main(void)
         ab_same[i] = apply_ab(ab[i]);
         all_same = all_same && ab_same[i];
     }
+    /* the conv riding (one token, D = 4096 and 120, windows of 3 and 1) and not (3 runs) */
+    const kda_case rides[] = {
+        {"ride_full_n1", 32, 128, 4, 2, {{1, 1}}},
+        {"ride_K40_W2_n1", 3, 40, 2, 2, {{0, 1}}},
+        {"ride_runs3", 32, 128, 4, 3, {{0, 5}, {2, 1}, {1, 3}}},
+    };
+    const size_t nr = sizeof rides / sizeof rides[0];
+    bool ride_same[nr], rides_same = true;
+    for (size_t i = 0; i < nr; i++) {
+        ride_same[i] = conv_rides(rides[i]);
+        rides_same = rides_same && ride_same[i];
+    }
     kda_times tm;
     prefill_time pf[3];
     const uint32_t pn[3] = {256, 1024, 8192};
@@ -532,7 +589,7 @@ int main(void)
     for (int i = 0; i < 3; i++)
         time_prefill(pn[i], &pf[i]);
     const double all = std::max({worst[0], worst[1], worst[2], worst_v3_v2});
-    const int ok = refused && all < 1e-4 && all_same;
+    const int ok = refused && all < 1e-4 && all_same && rides_same;
     printf("{\"test\":\"kda\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
            "\"max_v3_vs_v2\":%.3g,\"apply_bitwise\":%s,\"cases\":[", ok ? "true" : "false",
            refused ? "true" : "false", all, worst_v3_v2, all_same ? "true" : "false");
@@ -541,6 +598,10 @@ int main(void)
                "\"apply_same\":%s}%s", cases[i].name, case_err[2][i], case_err[1][i],
                case_err[0][i], case_v3_v2[i], case_same[i] ? "true" : "false",
                i + 1 < nc ? "," : "],");
+    printf("\"conv_rides\":[");
+    for (size_t i = 0; i < nr; i++)
+        printf("{\"case\":\"%s\",\"same\":%s}%s", rides[i].name,
+               ride_same[i] ? "true" : "false", i + 1 < nr ? "," : "],");
     printf("\"apply_ab\":[");
     for (size_t i = 0; i < nab; i++)
         printf("{\"case\":\"%s\",\"same\":%s}%s", ab[i].name, ab_same[i] ? "true" : "false",
