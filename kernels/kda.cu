@@ -62,11 +62,6 @@
 #define C_TOKENS      (KDA_C / C_GROUPS)   /* chunk tokens per group in the state products */
 #define C_ROWS        (MAX_K / C_GROUPS)   /* state rows per thread in the update */
 
-__device__ static inline float silu(float z)
-{
-    return z / (1.0f + expf(-z));
-}
-
 __device__ static inline float sigmoid(float z)
 {
     return 1.0f / (1.0f + expf(-z));
