@@ -135,6 +135,7 @@ typedef struct gpu_be {
     uint32_t      run_len[GPU_CHUNK_MAX];
     /* scratch */
     float *x, *xn, *y, *q, *k, *v, *f, *g, *o, *lr, *lr2, *beta, *h1, *h2, *hs1, *hs2;
+    float *x2;                                /* x's other buffer (norm_in_product swaps them) */
     float *router, *wt, *xw, *logits, *ex_scratch, *mla_scratch, *kda_scratch;
     float *fz;                                /* [fused rows]: a fused product's outputs */
     uint16_t *parts;                          /* a product's input as bf16 parts (gemm.h) */
@@ -146,6 +147,11 @@ typedef struct gpu_be {
     int        gemm_on;                       /* tensor-core products for chunks */
     int        fuse_small;                    /* one-token glu and pair launches */
     int        ride;                          /* riders: router, conv (kernels/dense.h) */
+    int        norm_in_product;               /* one-token add_norms in the next product */
+    struct {                                  /* an add_norm left to the next product */
+        int          on;
+        const float *r, *w;                   /* x += r; xn = w ⊙ rmsnorm(x) */
+    } pend;
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -691,7 +697,7 @@ static int alloc_scratch(gpu_be *g, kl_err *err)
         {&g->lr2, T * d->low}, {&g->beta, T * max2u(d->kh, 1)}, {&g->h1, T * max2u(d->ffn, 1)},
         {&g->h2, T * max2u(d->ffn, 1)}, {&g->router, T * max2u(d->E, 1)},
         {&g->wt, T * max2u(d->topk, 1)}, {&g->xw, T * H}, {&g->logits, T * d->vocab},
-        {&g->fz, fused_rows(g)},
+        {&g->fz, fused_rows(g)}, {&g->x2, T * H},
         {&g->kda_scratch, d->kh ? kl_gpu_kda_scratch(g->chunk, d->kh, d->kd) : 1},
         {&g->ex_scratch, d->inter ? kl_gpu_experts_scratch(g->chunk, d->topk, d->inter, H)
                                   : 1},
@@ -972,13 +978,23 @@ static void abandon_capture(gpu_be *g)
 }
 
 /* The start of every operation that enqueues work: profiling, the stream drained first. */
-static int op_start(gpu_be *g, kl_err *err)
+static int norm_flush(gpu_be *g, kl_err *err);
+
+/* The start of every operation: an add_norm left pending runs first, unless `taking` (the
+ * operation's group_products takes it). */
+static int op_begin(gpu_be *g, int taking, kl_err *err)
 {
-    if (!g->prof.on)
-        return 0;
-    int rc = kl_gpu_stream_sync(g->st, err);
+    int rc = taking ? 0 : norm_flush(g, err);
+    if (rc || !g->prof.on)
+        return rc;
+    rc = kl_gpu_stream_sync(g->st, err);
     g->prof_t0 = g->prof_tp = kl_now_s();
     return rc;
+}
+
+static int op_start(gpu_be *g, kl_err *err)
+{
+    return op_begin(g, 0, err);
 }
 
 /* The end of a step inside an operation: profiling, the time since the step before (or the
@@ -1115,11 +1131,41 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
         ys[ny++] = g->y;
     g->sum_in_norm = 0;
     int rc = op_start(g, err);
-    if (!rc)
+    if (!rc && ny == 1 && g->tok.n == 1 && g->norm_in_product && g->grp_n <= 1 &&
+        which != KL_NORM_FINAL) {
+        g->pend.on = 1;   /* the next operation's group_products makes it (or norm_flush) */
+        g->pend.r = ys[0];
+        g->pend.w = norm_weight(g, which, layer);
+    } else if (!rc)
         rc = kl_gpu_sum_add_rmsnorm(g->x, ys, ny, norm_weight(g, which, layer), g->tok.n,
                                     g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st,
                                     err);
     return op_done(g, KL_GPU_OP_NORM, rc, err);
+}
+
+/* The pending add_norm in its own launch. */
+static int norm_flush(gpu_be *g, kl_err *err)
+{
+    if (!g->pend.on)
+        return 0;
+    g->pend.on = 0;
+    return kl_gpu_add_rmsnorm(g->x, g->pend.r, g->pend.w, 1, g->d.hidden,
+                              (float)g->base.m->cfg.rms_norm_eps, g->xn, g->st, err);
+}
+
+/* The pending add_norm inside the one-token product y = xn Wᵀ when the kernel takes it (x + r
+ * then lives in x2, which becomes x); 1 when it did (rc in *rc), else 0. */
+static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, int *rc, kl_err *err)
+{
+    if (!g->pend.on || !kl_gpu_matmul_norm_takes(w, g->x, g->pend.r, g->pend.w, g->x2, g->xn))
+        return 0;
+    g->pend.on = 0;
+    *rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w, (float)g->base.m->cfg.rms_norm_eps,
+                             g->x2, g->xn, y, g->st, err);
+    float *t = g->x;
+    g->x = g->x2;
+    g->x2 = t;
+    return 1;
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
@@ -1201,17 +1247,20 @@ static int skinny_group(gpu_be *g, const gpu_layer *L, int grp, const float *x, 
 static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x, float **out,
                           kl_err *err)
 {
-    if (skinny_fused(g, L, grp, x))
-        return skinny_group(g, L, grp, x, out, err);
+    if (skinny_fused(g, L, grp, x))   /* chunks of 2 or more: no pending add_norm */
+        return norm_flush(g, err) ? err->code : skinny_group(g, L, grp, x, out, err);
     if (fused(g, L, grp)) {
         float *p = g->fz;
         for (int i = 0; fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
             out[i] = p;
             p += L->w[fuse_roles[grp][i]].rows;
         }
-        return mm(g, &L->fused[grp], x, g->fz, err);
+        int rc = 0;
+        if (x == g->xn && norm_in_product(g, &L->fused[grp], g->fz, &rc, err))
+            return rc;
+        return norm_flush(g, err) ? err->code : mm(g, &L->fused[grp], x, g->fz, err);
     }
-    int rc = 0, split_done = 0;   /* the members share one split of x */
+    int rc = norm_flush(g, err), split_done = 0;   /* the members share one split of x */
     for (int i = 0; !rc && fuse_roles[grp][i] != KL_ROLE_COUNT; i++) {
         const kl_gpu_mat *w = &L->w[fuse_roles[grp][i]];
         if (w->kind == KL_GPU_W_NONE)
@@ -1232,7 +1281,7 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
     const gpu_dims *d = &g->d;
     /* q, k, v, f_a, g_a, b: fuse_roles[FUSE_KDA] order */
     float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
-    int rc = op_start(g, err);
+    int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
         rc = part_done(g, KL_GPU_PART_KDA_PROJ, group_products(g, L, FUSE_KDA, g->xn, o6, err),
                        err);
@@ -1280,7 +1329,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     gpu_layer *L = &g->L[layer];
     kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
-    int rc = op_start(g, err);
+    int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
         rc = part_done(g, KL_GPU_PART_MLA_PROJ, group_products(g, L, FUSE_MLA, g->xn, o2, err),
                        err);
@@ -1317,7 +1366,7 @@ static int gpu_mlp(kl_backend *be, uint32_t layer, kl_err *err)
         return 0;
     gpu_layer *L = &g->L[layer];
     float *o2[2] = {g->h1, g->h2};   /* gate, up */
-    int rc = op_start(g, err);
+    int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
         rc = group_products(g, L, FUSE_MLP, g->xn, o2, err);
     if (!rc)
@@ -1334,7 +1383,7 @@ static int gpu_moe(kl_backend *be, uint32_t layer, kl_err *err)
     const kl_config *c = &be->m->cfg;
     int shared = L->w[KL_ROLE_SHARED_GATE].kind != KL_GPU_W_NONE;
     float *o3[3] = {g->h1, g->h2, g->router};   /* shared gate, shared up, router */
-    int rc = op_start(g, err);
+    int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
         rc = part_done(g, KL_GPU_PART_MOE_PROJ, group_products(g, L, FUSE_MOE, g->xn, o3, err),
                        err);
@@ -1719,6 +1768,10 @@ static void read_settings(gpu_be *g)
      * them apart); $KL_GPU_RIDE=0: their own launches */
     const char *ride = getenv("KL_GPU_RIDE");
     g->ride = !(ride && !strcmp(ride, "0")) && !g->prof.on;
+    /* one-token steps: an add_norm made inside the next block's first product (its blocks
+     * stage xn themselves); $KL_GPU_NORM_IN_PRODUCT=0: its own launch */
+    const char *nip = getenv("KL_GPU_NORM_IN_PRODUCT");
+    g->norm_in_product = !(nip && !strcmp(nip, "0")) && !g->prof.on;
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
 }
 

@@ -237,6 +237,59 @@ typedef struct bf_job {
     float       *y;
 } bf_job;
 
+/* The residual add and RMSNorm of the token a one-token product multiplies, made as its
+ * blocks stage x (kl_gpu_matmul_norm): xn = nw ⊙ (v / rms(v)), v = x + r; block 0 also writes
+ * v to x_out and xn to xn_out for the kernels after.  x NULL: x is staged as it is. */
+struct bf_norm {
+    const float *x, *r, *nw;
+    float       *x_out, *xn_out;
+    float        eps;
+};
+
+/* Sum of v over the block (BF_THREADS threads) on every thread, the groups' sums added in
+ * group order; red is free again after the caller's next barrier. */
+__device__ static float bf_block_sum(float v, float *red)
+{
+    v = kl_gpu_group_sum(v);
+    if (threadIdx.x % KL_GPU_GROUP == 0)
+        red[threadIdx.x / KL_GPU_GROUP] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int g = 0; g < BF_WARPS; g++)
+        s += red[g];
+    return s;
+}
+
+/* x of a one-token product into shared memory with the norm of nm (n4 float4s): each thread
+ * stages v = x + r, the block sums v², then each thread scales its own entries (so no barrier
+ * between); block `writer` also writes v and xn out. */
+__device__ static void bf_stage_norm(const bf_norm &nm, float4 *sh, uint32_t n4, bool writer,
+                                     float *red)
+{
+    const float4 *x4 = (const float4 *)nm.x, *r4 = (const float4 *)nm.r;
+    float ss = 0.0f;
+    for (uint32_t f = threadIdx.x; f < n4; f += BF_THREADS) {
+        const float4 a = x4[f], b = r4[f];
+        const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        sh[f ^ ((f >> 3) & 1u)] = v;
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+        if (writer)
+            ((float4 *)nm.x_out)[f] = v;
+    }
+    const float inv = 1.0f / sqrtf(bf_block_sum(ss, red) / (float)(4 * n4) + nm.eps);
+    for (uint32_t f = threadIdx.x; f < n4; f += BF_THREADS) {
+        const float4 v = sh[f ^ ((f >> 3) & 1u)], w = ((const float4 *)nm.nw)[f];
+        const float4 o = make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv),
+                                     w.w * (v.w * inv));
+        sh[f ^ ((f >> 3) & 1u)] = o;
+        if (writer)
+            ((float4 *)nm.xn_out)[f] = o;
+    }
+}
+
 /* A small job that rides in a one-token product's launch, independent of the product: its
  * blocks come first in the grid (never in the products' last wave), one group of 32 lanes
  * per unit of work.  At decode it saves the job's own launch and its wait on the critical
@@ -268,7 +321,8 @@ __device__ static void bf_ride(const bf_rider &r)
 /* Blocks [0, rider.blocks) do the rider's job, then blocks [.., + nb_a) job a and the rest
  * job b (two products of one shape class, one launch). */
 __global__ static void __launch_bounds__(BF_THREADS, 2)
-    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, bf_rider rider)
+    matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, bf_rider rider,
+                          bf_norm nm)
 {
     KL_GPU_GRID_WAIT_LATER();
     if (blockIdx.x < rider.blocks) {
@@ -291,7 +345,9 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
     bf_load(q, p, np, gl, lanes); /* weights: written before the step's first kernel */
     KL_GPU_GRID_WAIT();
     const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)gb;
-    for (uint32_t f = threadIdx.x; f < w.cols / 4; f += BF_THREADS) {
+    if (nm.x)
+        bf_stage_norm(nm, bf_sh, w.cols / 4, b == 0, red);
+    for (uint32_t f = threadIdx.x; !nm.x && f < w.cols / 4; f += BF_THREADS) {
         float4 v = x4[f];
         if (g4) {
             const float4 u = g4[f];
@@ -356,7 +412,8 @@ static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
 /* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
  * SiLU(x) ⊙ gb; the rider (or NULL) in the same launch. */
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
-                          int vec, const bf_rider *rider, hipStream_t st)
+                          int vec, const bf_rider *rider, hipStream_t st,
+                          const bf_norm &nm = bf_norm{})
 {
     const unsigned G = bf16_n1_groups(w, vec);
     if (!G)
@@ -366,7 +423,7 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, 
     const bf_rider none = {};
     const bf_rider &r = rider ? *rider : none;
     matmul_bf16_n1_kernel<<<r.blocks + nb, BF_THREADS, w->cols * sizeof(float), st>>>(j, j, nb,
-                                                                                     G, r);
+                                                                                     G, r, nm);
     return 1;
 }
 
@@ -692,8 +749,8 @@ static int matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const k
     const bf_job a = {*wa, xa, NULL, ya}, b = {*wb, xb, NULL, yb};
     const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
     const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
-    matmul_bf16_n1_kernel<<<r.blocks + nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(a, b, nb_a,
-                                                                                      ga, r);
+    matmul_bf16_n1_kernel<<<r.blocks + nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(
+        a, b, nb_a, ga, r, bf_norm{});
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -714,6 +771,29 @@ extern "C" int kl_gpu_matmul_pair_conv(const kl_gpu_mat *wa, const float *xa, fl
     if (t->n_runs == 0 || t->n == 0)
         return kl_fail(err, KL_E_USAGE, "matmul_pair_conv: no tokens");
     return matmul_pair(wa, xa, ya, wb, xb, yb, t->n, conv, t, s, err);
+}
+
+extern "C" int kl_gpu_matmul_norm_takes(const kl_gpu_mat *w, const float *x, const float *r,
+                                        const float *nw, float *x_out, float *xn_out)
+{
+    return x && r && nw && x_out && xn_out && x_out != x && kl_aligned16(x) &&
+           kl_aligned16(r) && kl_aligned16(nw) && kl_aligned16(x_out) && kl_aligned16(xn_out) &&
+           w->cols % 4 == 0 && bf16_n1_groups(w, kl_row_vec_ok(w, x, w->cols)) != 0;
+}
+
+extern "C" int kl_gpu_matmul_norm(const kl_gpu_mat *w, const float *x, const float *r,
+                                  const float *nw, float eps, float *x_out, float *xn_out,
+                                  float *y, kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(w, "matmul_norm", err);
+    if (rc)
+        return rc;
+    if (!y || !kl_gpu_matmul_norm_takes(w, x, r, nw, x_out, xn_out))
+        return kl_fail(err, KL_E_USAGE, "matmul_norm: the one-token BF16 kernel does not take "
+                       "this product (kl_gpu_matmul_norm_takes), or y is NULL");
+    const bf_norm nm = {x, r, nw, x_out, xn_out, eps};
+    matmul_bf16_n1(w, xn_out, NULL, y, 1, NULL, (hipStream_t)s, nm);
+    return KL_GPU_CHECK(err, hipGetLastError());
 }
 
 /* kl_gpu_matmul_glu, with rt (or NULL) riding in the one-token launch when it can. */

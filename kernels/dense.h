@@ -84,6 +84,18 @@ int kl_gpu_matmul_pair_conv(const kl_gpu_mat *wa, const float *xa, float *ya,
                             const kl_gpu_kda_conv_args *conv, const kl_gpu_tokens *t,
                             kl_gpu_stream s, kl_err *err);
 
+/* One token: y = xn Wᵀ with xn = nw ⊙ rmsnorm(x + r) made inside the product's launch (the
+ * residual add and norm of kl_gpu_add_rmsnorm, h = w->cols floats; every block stages it, so
+ * the norm's own launch and its wait leave the decode step's critical path); x + r is also
+ * written to x_out (which must not alias x: every block reads x) and xn to xn_out for the
+ * kernels after.  Only where kl_gpu_matmul_norm_takes (the one-token BF16 kernel, 16-byte
+ * aligned vectors); the sums of the norm in another order than kl_gpu_add_rmsnorm's (~1 ulp). */
+int kl_gpu_matmul_norm_takes(const kl_gpu_mat *w, const float *x, const float *r,
+                             const float *nw, float *x_out, float *xn_out);
+int kl_gpu_matmul_norm(const kl_gpu_mat *w, const float *x, const float *r, const float *nw,
+                       float eps, float *x_out, float *xn_out, float *y, kl_gpu_stream s,
+                       kl_err *err);
+
 /* x[i] += y[i] for i < count (fp32, one rounding: what a host loop adds). */
 int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream s, kl_err *err);
 

@@ -557,8 +557,9 @@ static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *er
  * Why so many groups: a group's quad is ~400 dependent-chained instructions (shuffles, the
  * decode, mmas), issued ~1 every 7 cycles; with 3 groups a gate_up block (11 a SM) the first
  * build ran at 1.2 TB/s, latency-bound (session 17, Nsight Compute: issue slots 33% busy,
- * DRAM 26%), so both launches split the rows' blocks further (~23 groups a SM; this form is
- * not measured yet: docs/PERFORMANCE.md, session 17). */
+ * DRAM 26%), so both launches split the rows' blocks further (~23 groups a SM): measured in
+ * session 18 no faster (27.5 against version 5's 22.5 us a layer, docs/PERFORMANCE.md), so
+ * more warps alone do not fix it; fewer instructions a code is what is left to try. */
 #define TC_SPLIT       6 /* gate_up: groups a block (H = 2304: 3 quads of 4 blocks each) */
 #define TC_DOWN_WARPS  8 /* down_sum: slots a block takes at once */
 #define TC_DOWN_SPLIT  2 /* down_sum: groups a slot (I = 1024: 4 quads each) */

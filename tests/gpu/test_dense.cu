@@ -235,6 +235,67 @@ static void check_add_rmsnorm(uint32_t n, uint32_t h, int with_y)
     t_check(what, x_bad, 0);
 }
 
+/* kl_gpu_matmul_norm (one token, BF16 [rows, cols]) against kl_gpu_add_rmsnorm then
+ * kl_gpu_matmul: x_out is x + r bit for bit, xn_out and y agree to the norm's sum order
+ * (~1 ulp); with copy_gbps, both forms timed in a graph. */
+static void check_matmul_norm(size_t rows, size_t cols, double copy_gbps)
+{
+    const float eps = 1e-6f;
+    const t_mat m = t_mat_random(KL_GPU_W_BF16, rows, cols);
+    const kl_gpu_mat d = t_mat_upload(m);
+    std::vector<float> x = t_vec(cols), r = t_vec(cols), w = t_vec(cols);
+    float *dx = t_upload(x), *dr = t_upload(r), *dw = t_upload(w), *dx2 = t_upload(x);
+    float *dxo = (float *)t_alloc(cols * 4), *dn = (float *)t_alloc(cols * 4);
+    float *dn2 = (float *)t_alloc(cols * 4), *dy = (float *)t_alloc(rows * 4);
+    float *dy2 = (float *)t_alloc(rows * 4);
+    kl_err err;
+    kl_err_clear(&err);
+    t_check("matmul_norm takes the one-token BF16 shapes",
+            !kl_gpu_matmul_norm_takes(&d, dx, dr, dw, dxo, dn), 0);
+    t_check("matmul_norm refuses x_out == x", kl_gpu_matmul_norm_takes(&d, dx, dr, dw, dx, dn),
+            0);
+    auto fused = [&](int, kl_gpu_stream st) {
+        t_ok(kl_gpu_matmul_norm(&d, dx, dr, dw, eps, dxo, dn, dy, st, &err), &err,
+             "kl_gpu_matmul_norm");
+    };
+    auto apart = [&](int, kl_gpu_stream st) {   /* dx2 grows by r each call: only timed */
+        t_ok(kl_gpu_add_rmsnorm(dx2, dr, dw, 1, (uint32_t)cols, eps, dn2, st, &err), &err,
+             "kl_gpu_add_rmsnorm");
+        t_ok(kl_gpu_matmul(&d, dn2, 1, dy2, st, &err), &err, "kl_gpu_matmul");
+    };
+    fused(0, NULL);
+    apart(0, NULL);
+    std::vector<float> xo = t_download(dxo, cols), n1 = t_download(dn, cols);
+    std::vector<float> n2 = t_download(dn2, cols), y1 = t_download(dy, rows);
+    std::vector<float> y2 = t_download(dy2, rows);
+    double x_bad = 0;
+    for (size_t i = 0; i < cols; i++) {
+        const float v = x[i] + r[i];
+        x_bad += memcmp(&v, &xo[i], 4) != 0;
+    }
+    const std::vector<double> n2d(n2.begin(), n2.end()), y2d(y2.begin(), y2.end());
+    char what[96];
+    snprintf(what, sizeof what, "matmul_norm %zux%zu (x_out != x + r)", rows, cols);
+    t_check(what, x_bad, 0);
+    snprintf(what, sizeof what, "matmul_norm %zux%zu xn vs add_rmsnorm", rows, cols);
+    t_check(what, t_rel_l2(n1.data(), n2d.data(), cols), 1e-6);
+    snprintf(what, sizeof what, "matmul_norm %zux%zu y vs add_rmsnorm + matmul", rows, cols);
+    t_check(what, t_rel_l2(y1.data(), y2d.data(), rows), 1e-6);
+    if (copy_gbps > 0) {
+        const size_t bytes = rows * cols * 2;
+        snprintf(what, sizeof what, "add_rmsnorm + matmul bf16 %zux%zu n=1, in one launch",
+                 rows, cols);
+        t_time(what, t_median_s(fused, 25), t_graph_s(fused, 32), bytes, copy_gbps);
+        snprintf(what, sizeof what, "add_rmsnorm + matmul bf16 %zux%zu n=1, two launches",
+                 rows, cols);
+        t_time(what, t_median_s(apart, 25), t_graph_s(apart, 32), bytes, copy_gbps);
+    }
+    for (void *p : {(void *)dx, (void *)dr, (void *)dw, (void *)dx2, (void *)dxo, (void *)dn,
+                    (void *)dn2, (void *)dy, (void *)dy2})
+        hipFree(p);
+    t_mat_free(d);
+}
+
 /* kl_gpu_sum_add_rmsnorm of ny buffers against their sum made first (kl_gpu_add in order)
  * and then kl_gpu_add_rmsnorm: x and xn bit for bit (the tensor-parallel norm's promise). */
 static void check_sum_add_rmsnorm(uint32_t n, uint32_t h, unsigned ny)
@@ -452,6 +513,11 @@ int main(void)
     check_pair(4096, 2304, 128, 1);   /* two shapes in one launch */
     check_pair(4096, 4096, 2304, 1);
     const double copy = t_copy_gbps();
+    /* the add_norm inside the next product: KDA's, MLA's and the MoE's fused inputs, the
+     * dense MLP's gate + up (G 1, 2 and 4 groups a row) */
+    for (const auto &sh : {std::pair<size_t, size_t>{12576, 2304}, {6720, 2304}, {2816, 2304},
+                           {18432, 2304}, {512, 2304}})
+        check_matmul_norm(sh.first, sh.second, sh.first == 12576 || sh.first == 2816 ? copy : 0);
     /* ... and the fused input products: KDA q/k/v/f_a/g_a/b, MLA q + kv_a, shared gate + up
      * + router */
     static const size_t bf16_shapes[][2] = {{163840, 2304}, {9216, 2304}, {2304, 9216},
