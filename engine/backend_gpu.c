@@ -1078,6 +1078,7 @@ static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
     g->mode = EAGER;
     g->head_done = 0;
     g->sum_in_norm = 0;
+    g->pend.on = 0;   /* nothing left from a step that failed midway */
     return rc;
 }
 
