@@ -171,8 +171,8 @@ static void check_route_rides(const route_case &c, uint32_t held, double copy_gb
     char what[128];
     snprintf(what, sizeof what, "route riding the shared down E=%u top=%u n=%u held=%u "
              "(values that differ from the two launches)", c.E, c.K, c.n, held);
-    t_check(what, words_differ(di[0], di[1], K * 4) + words_differ(dw[0], dw[1], K * 4) +
-                      words_differ(dy[0], dy[1], c.n * rows * 4), 0);
+    t_check(what, words_differ(di[0], di[1], K) + words_differ(dw[0], dw[1], K) +
+                      words_differ(dy[0], dy[1], c.n * rows), 0);
     if (c.n == 1 && c.E == 256 && !held) {
         const size_t bytes = rows * cols * 2;
         t_time("shared down + route n=1 E=256, route riding", t_median_s(ride, 25),
