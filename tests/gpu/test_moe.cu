@@ -144,10 +144,12 @@ static void check_route_rides(const route_case &c, uint32_t held, double copy_gb
     const kl_gpu_mat d = t_mat_upload(m);
     std::vector<float> lg, bias;
     route_inputs(c, lg, bias);
-    float *dl = t_upload(lg), *db = t_upload(bias), *da = t_upload(t_vec(c.n * cols));
-    float *dg = t_upload(t_vec(c.n * cols)), *dy[2], *dw[2];
+    const std::vector<float> a0 = t_vec(c.n * cols);
+    float *dl = t_upload(lg), *db = t_upload(bias), *dg = t_upload(t_vec(c.n * cols));
+    float *da[2], *dy[2], *dw[2];   /* a: each form its own (n > 1 gates it in place) */
     int32_t *di[2];
     for (int f = 0; f < 2; f++) {
+        da[f] = t_upload(a0);
         dy[f] = (float *)t_alloc(c.n * rows * 4);
         dw[f] = (float *)t_alloc(K * 4);
         di[f] = (int32_t *)t_alloc(K * 4);
@@ -159,12 +161,12 @@ static void check_route_rides(const route_case &c, uint32_t held, double copy_gb
     kl_err err;
     kl_err_clear(&err);
     auto ride = [&](int, kl_gpu_stream st) {
-        t_ok(kl_gpu_matmul_glu_route(&d, da, dg, c.n, dy[0], &a[0], st, &err), &err,
+        t_ok(kl_gpu_matmul_glu_route(&d, da[0], dg, c.n, dy[0], &a[0], st, &err), &err,
              "kl_gpu_matmul_glu_route");
     };
     auto apart = [&](int, kl_gpu_stream st) {
         t_ok(kl_gpu_route(&a[1], st, &err), &err, "kl_gpu_route");
-        t_ok(kl_gpu_matmul_glu(&d, da, dg, c.n, dy[1], st, &err), &err, "kl_gpu_matmul_glu");
+        t_ok(kl_gpu_matmul_glu(&d, da[1], dg, c.n, dy[1], st, &err), &err, "kl_gpu_matmul_glu");
     };
     ride(0, NULL);
     apart(0, NULL);
@@ -180,8 +182,9 @@ static void check_route_rides(const route_case &c, uint32_t held, double copy_gb
         t_time("shared down + route n=1 E=256, two launches", t_median_s(apart, 25),
                t_graph_s(apart, 32), bytes, copy_gbps);
     }
-    for (void *p : {(void *)dl, (void *)db, (void *)da, (void *)dg, (void *)dy[0],
-                    (void *)dy[1], (void *)dw[0], (void *)dw[1], (void *)di[0], (void *)di[1]})
+    for (void *p : {(void *)dl, (void *)db, (void *)da[0], (void *)da[1], (void *)dg,
+                    (void *)dy[0], (void *)dy[1], (void *)dw[0], (void *)dw[1], (void *)di[0],
+                    (void *)di[1]})
         hipFree(p);
     t_mat_free(d);
 }
