@@ -977,11 +977,10 @@ static void abandon_capture(gpu_be *g)
     }
 }
 
-/* The start of every operation that enqueues work: profiling, the stream drained first. */
 static int norm_flush(gpu_be *g, kl_err *err);
 
-/* The start of every operation: an add_norm left pending runs first, unless `taking` (the
- * operation's group_products takes it). */
+/* The start of every operation that enqueues work: an add_norm left pending runs first,
+ * unless `taking` (the operation's group_products takes it); profiling, the stream drained. */
 static int op_begin(gpu_be *g, int taking, kl_err *err)
 {
     int rc = taking ? 0 : norm_flush(g, err);
