@@ -33,6 +33,11 @@ export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets 
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
 BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
+# binaries carried packed (scripts/gpu/carry.sh): unpacked over what the folder holds
+if [ -f build/carry/gpu-cuda.tar.xz ]; then
+    mkdir -p "$BG" && xz -dc build/carry/gpu-cuda.tar.xz | tar -C "$BG" -xf - ||
+        { echo "engine.sh: cannot unpack build/carry/gpu-cuda.tar.xz"; exit 1; }
+fi
 STAGES=${STAGES:-"tests golden pdl full"}
 # shared libraries this machine may lack (copied beside the binary by hand into
 # build/gpu-cuda/fallback-libs: used only when the loader reports one missing)
