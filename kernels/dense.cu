@@ -17,6 +17,7 @@
 #include "kernels/row_dot.cuh"
 #include "kernels/skinny.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +389,25 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
         y[row] = acc;
 }
 
+static unsigned bf16_groups_forced = UINT_MAX; /* 0: the default; UINT_MAX: env unread */
+
+extern "C" unsigned kl_gpu_bf16_groups(void)
+{
+    if (bf16_groups_forced == UINT_MAX) {
+        const char *e = getenv("KL_GPU_BF16_GROUPS");
+        const int g = e ? atoi(e) : 0;
+        bf16_groups_forced = g == 1 || g == 2 || g == 4 || g == 8 ? (unsigned)g : 0;
+    }
+    return bf16_groups_forced;
+}
+
+extern "C" void kl_gpu_bf16_groups_set(unsigned groups)
+{
+    bf16_groups_forced = groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups
+                         : groups == 0                                            ? UINT_MAX
+                                                                                  : 0;
+}
+
 /* The warps per row for the one-token BF16 kernel (version 2, 16-byte aligned, the shapes
  * above), or 0 when it does not apply. */
 static unsigned bf16_n1_groups(const kl_gpu_mat *w, int vec)
@@ -395,8 +415,13 @@ static unsigned bf16_n1_groups(const kl_gpu_mat *w, int vec)
     if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BF_MAX_COLS || w->rows < 512 || w->rows > 65536)
         return 0;
+    if (kl_gpu_bf16_groups())
+        return kl_gpu_bf16_groups();
     /* at least 256 blocks: 2 an SM (measured at decode, the full geometry: 2304-row matrices
-     * with G = 1 (144 blocks) as fast as G = 2 (288), G = 4 (576) 10% slower overall) */
+     * with G = 1 (144 blocks) as fast as G = 2 (288), G = 4 (576) 10% slower overall).  At 2304
+     * columns a lane with G = 1 has 9 pieces of a row, one more than a round (BF_PIECES): the
+     * ninth waits for the first eight's sums; kl_gpu_bf16_groups_set measures G = 2's one
+     * round against it (test_dense). */
     unsigned G = 1;
     while (G < 8 && (size_t)w->rows * G / BF_WARPS < 256)
         G *= 2;

@@ -33,6 +33,13 @@ typedef enum kl_gpu_kernels { KL_GPU_K_MX, KL_GPU_K_BF16, KL_GPU_K_ARGMAX } kl_g
 int  kl_gpu_version(kl_gpu_kernels which);
 void kl_gpu_version_set(kl_gpu_kernels which, int version);
 
+/* Warps per row of the one-token BF16 kernel (version 2) forced for every matrix: 1, 2, 4 or
+ * 8 from $KL_GPU_BF16_GROUPS (read once), or 0: chosen per matrix (>= 256 blocks).
+ * kl_gpu_bf16_groups_set overrides it (0: the environment again; anything else not 1, 2, 4
+ * or 8: chosen per matrix). */
+unsigned kl_gpu_bf16_groups(void);
+void     kl_gpu_bf16_groups_set(unsigned groups);
+
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32; the table holds the
  * vocabulary rows [row0, row0 + table->rows) (row0 0: all of them).  An id outside: zeros
  * when part (a tensor-parallel rank's vocabulary part: the ranks' rows are summed after), else

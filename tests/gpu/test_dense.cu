@@ -23,9 +23,14 @@ extern "C" {
 /* " v1" or " v2": the kernel version kl_gpu_matmul uses now for kind (F32: ""). */
 static const char *version_tag(kl_gpu_wkind kind)
 {
+    static char tag[32];
     const int v = kind == KL_GPU_W_MXFP4 ? kl_gpu_version(KL_GPU_K_MX)
                   : kind == KL_GPU_W_BF16 ? kl_gpu_version(KL_GPU_K_BF16) : 0;
-    return v == 1 ? " v1" : v == 2 ? " v2" : "";
+    const unsigned g = kind == KL_GPU_W_BF16 && v == 2 ? kl_gpu_bf16_groups() : 0;
+    snprintf(tag, sizeof tag, "%s", v == 1 ? " v1" : v == 2 ? " v2" : "");
+    if (g) /* warps per row forced (kl_gpu_bf16_groups_set) */
+        snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " G%u", g);
+    return tag;
 }
 
 /* The largest over the n tokens of the relative L2 error of Y = X Wᵀ, rows r % step == 0
@@ -531,6 +536,18 @@ int main(void)
             time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
     }
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
+    /* warps per row forced: at 2304 columns G = 1 leaves a lane a ninth piece in a second,
+     * dependent round; G = 2 has one round (the KDA input, o, MoE input and MLA input) */
+    kl_gpu_version_set(KL_GPU_K_BF16, 2);
+    for (unsigned G : {1u, 2u, 4u}) {
+        kl_gpu_bf16_groups_set(G);
+        for (const auto &sh : {std::pair<size_t, size_t>{12576, 2304}, {2304, 4096},
+                               {2304, 2304}, {6720, 2304}})
+            time_matmul(KL_GPU_W_BF16, sh.first, sh.second, 1, copy);
+    }
+    kl_gpu_bf16_groups_set(99); /* chosen per matrix again */
+    t_check("bf16 groups: the default after set(99)", kl_gpu_bf16_groups(), 0);
+    kl_gpu_bf16_groups_set(0);
     for (int v = 2; v >= 1; v--) {
         kl_gpu_version_set(KL_GPU_K_MX, v);
         time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
