@@ -1153,19 +1153,24 @@ static int norm_flush(gpu_be *g, kl_err *err)
                               (float)g->base.m->cfg.rms_norm_eps, g->xn, g->st, err);
 }
 
-/* The pending add_norm inside the one-token product y = xn Wᵀ when the kernel takes it (x + r
- * then lives in x2, which becomes x); 1 when it did (rc in *rc), else 0. */
-static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, int *rc, kl_err *err)
+/* Whether a pending add_norm can be made inside the one-token product by w. */
+static int norm_in_product_takes(const gpu_be *g, const kl_gpu_mat *w)
 {
-    if (!g->pend.on || !kl_gpu_matmul_norm_takes(w, g->x, g->pend.r, g->pend.w, g->x2, g->xn))
-        return 0;
+    return g->pend.on && kl_gpu_matmul_norm_takes(w, g->x, g->pend.r, g->pend.w, g->x2, g->xn);
+}
+
+/* The pending add_norm inside the one-token product y = xn Wᵀ (norm_in_product_takes): x + r
+ * then lives in x2, which becomes x. */
+static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err)
+{
     g->pend.on = 0;
-    *rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w, (float)g->base.m->cfg.rms_norm_eps,
-                             g->x2, g->xn, y, g->st, err);
+    const int rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w,
+                                      (float)g->base.m->cfg.rms_norm_eps, g->x2, g->xn, y,
+                                      g->st, err);
     float *t = g->x;
     g->x = g->x2;
     g->x2 = t;
-    return 1;
+    return rc;
 }
 
 static int gpu_norm(kl_backend *be, kl_norm_which which, uint32_t layer, kl_err *err)
@@ -1255,9 +1260,8 @@ static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x
             out[i] = p;
             p += L->w[fuse_roles[grp][i]].rows;
         }
-        int rc = 0;
-        if (x == g->xn && norm_in_product(g, &L->fused[grp], g->fz, &rc, err))
-            return rc;
+        if (x == g->xn && norm_in_product_takes(g, &L->fused[grp]))
+            return norm_in_product(g, &L->fused[grp], g->fz, err);
         return norm_flush(g, err) ? err->code : mm(g, &L->fused[grp], x, g->fz, err);
     }
     int rc = norm_flush(g, err), split_done = 0;   /* the members share one split of x */

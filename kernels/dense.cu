@@ -391,21 +391,24 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 
 static unsigned bf16_groups_forced = UINT_MAX; /* 0: the default; UINT_MAX: env unread */
 
+/* g when it is a count of groups a row the kernel takes (1, 2, 4, 8), else 0 */
+static unsigned bf16_groups_valid(long g)
+{
+    return g == 1 || g == 2 || g == 4 || g == 8 ? (unsigned)g : 0;
+}
+
 extern "C" unsigned kl_gpu_bf16_groups(void)
 {
     if (bf16_groups_forced == UINT_MAX) {
         const char *e = getenv("KL_GPU_BF16_GROUPS");
-        const int g = e ? atoi(e) : 0;
-        bf16_groups_forced = g == 1 || g == 2 || g == 4 || g == 8 ? (unsigned)g : 0;
+        bf16_groups_forced = bf16_groups_valid(e ? atol(e) : 0);
     }
     return bf16_groups_forced;
 }
 
 extern "C" void kl_gpu_bf16_groups_set(unsigned groups)
 {
-    bf16_groups_forced = groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups
-                         : groups == 0                                            ? UINT_MAX
-                                                                                  : 0;
+    bf16_groups_forced = groups ? bf16_groups_valid(groups) : UINT_MAX;
 }
 
 /* The warps per row for the one-token BF16 kernel (version 2, 16-byte aligned, the shapes
@@ -435,9 +438,9 @@ static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
 }
 
 /* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
- * SiLU(x) ⊙ gb; the rider (or NULL) in the same launch. */
+ * SiLU(x) ⊙ gb; the rider's job and the norm nm in the same launch. */
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
-                          int vec, const bf_rider *rider, hipStream_t st,
+                          int vec, hipStream_t st, const bf_rider &rider = bf_rider{},
                           const bf_norm &nm = bf_norm{})
 {
     const unsigned G = bf16_n1_groups(w, vec);
@@ -445,10 +448,8 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, 
         return 0;
     const bf_job j = {*w, x, gb, y};
     const unsigned nb = bf16_n1_blocks(w, G);
-    const bf_rider none = {};
-    const bf_rider &r = rider ? *rider : none;
-    matmul_bf16_n1_kernel<<<r.blocks + nb, BF_THREADS, w->cols * sizeof(float), st>>>(j, j, nb,
-                                                                                     G, r, nm);
+    matmul_bf16_n1_kernel<<<rider.blocks + nb, BF_THREADS, w->cols * sizeof(float), st>>>(
+        j, j, nb, G, rider, nm);
     return 1;
 }
 
@@ -459,6 +460,20 @@ static bf_rider route_rider(const kl_gpu_route_args *route)
     r.kind = bf_rider::ROUTE;
     r.blocks = (route->n + BF_WARPS - 1) / BF_WARPS;
     r.route = *route;
+    return r;
+}
+
+/* The rider of conv over t's runs (each one token: one segment a run). */
+static bf_rider conv_rider(const kl_gpu_kda_conv_args *conv, const kl_gpu_tokens *t)
+{
+    const uint32_t groups = (conv->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP * 3 * t->n_runs;
+    bf_rider r = {};
+    r.kind = bf_rider::CONV;
+    r.blocks = (groups + BF_WARPS - 1) / BF_WARPS;
+    r.conv = *conv;
+    r.run_start = t->run_start;
+    r.run_slot = t->run_slot;
+    r.n_runs = t->n_runs;
     return r;
 }
 
@@ -484,7 +499,7 @@ extern "C" int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, fl
         matmul_mxfp4_xreg(w, x, y, st);
         return KL_GPU_CHECK(err, hipGetLastError());
     }
-    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, NULL, st))
+    if (n == 1 && matmul_bf16_n1(w, x, NULL, y, vec, st))
         return KL_GPU_CHECK(err, hipGetLastError());
     const uint32_t nt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* more groups per row while each lane keeps >= 4 pieces and the groups stay few enough */
@@ -761,16 +776,7 @@ static int matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const k
         rc = kl_gpu_matmul(wa, xa, n, ya, s, err);
         return rc ? rc : kl_gpu_matmul(wb, xb, n, yb, s, err);
     }
-    bf_rider r = {};
-    if (ride) {
-        const uint32_t groups = (conv->D + KL_GPU_GROUP - 1) / KL_GPU_GROUP * 3 * t->n_runs;
-        r.kind = bf_rider::CONV;
-        r.blocks = (groups + BF_WARPS - 1) / BF_WARPS;
-        r.conv = *conv;
-        r.run_start = t->run_start;
-        r.run_slot = t->run_slot;
-        r.n_runs = t->n_runs;
-    }
+    const bf_rider r = ride ? conv_rider(conv, t) : bf_rider{};
     const bf_job a = {*wa, xa, NULL, ya}, b = {*wb, xb, NULL, yb};
     const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
     const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
@@ -817,7 +823,7 @@ extern "C" int kl_gpu_matmul_norm(const kl_gpu_mat *w, const float *x, const flo
         return kl_fail(err, KL_E_USAGE, "matmul_norm: the one-token BF16 kernel does not take "
                        "this product (kl_gpu_matmul_norm_takes), or y is NULL");
     const bf_norm nm = {x, r, nw, x_out, xn_out, eps};
-    matmul_bf16_n1(w, xn_out, NULL, y, 1, NULL, (hipStream_t)s, nm);
+    matmul_bf16_n1(w, xn_out, NULL, y, 1, (hipStream_t)s, bf_rider{}, nm);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -836,8 +842,8 @@ static int matmul_glu(const kl_gpu_mat *w, float *a, const float *b, uint32_t n,
             return rc;
         rt = NULL;
     }
-    const bf_rider r = rt ? route_rider(rt) : bf_rider{};
-    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, rt ? &r : NULL, (hipStream_t)s))
+    if (n == 1 && matmul_bf16_n1(w, a, b, y, vec, (hipStream_t)s,
+                                 rt ? route_rider(rt) : bf_rider{}))
         return KL_GPU_CHECK(err, hipGetLastError());
     if (rt && (rc = kl_gpu_route(rt, s, err)))
         return rc;
