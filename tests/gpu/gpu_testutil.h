@@ -10,6 +10,7 @@
 
 #include "kernels/gpu.h"
 #include "kernels/gpu_api.h"
+#include "kernels/runtime.h" /* t_pdl_graph_s: graphs with programmatic edges */
 
 #include "common/mxfp4_format.h"
 
@@ -357,6 +358,40 @@ static inline double t_copy_gbps(size_t bytes = (size_t)1 << 30)
     hipFree(src);
     hipFree(dst);
     return 2.0 * bytes / s / 1e9;
+}
+
+/* A kl_gpu_stream, or exit 1. */
+static inline kl_gpu_stream t_stream(void)
+{
+    kl_gpu_stream st;
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_stream_create(&st, &err), &err, "kl_gpu_stream_create");
+    return st;
+}
+
+/* Seconds per call of fn(i, st), i < reps, captured once as the decode step is
+ * (kernels/runtime.h: programmatic kernel-to-kernel edges unless KL_GPU_PDL=0), replayed after
+ * a warm-up replay. */
+template <class F> static double t_pdl_graph_s(F fn, int reps)
+{
+    kl_gpu_stream st = t_stream();
+    kl_gpu_graph g;
+    kl_err err;
+    kl_err_clear(&err);
+    t_ok(kl_gpu_capture_begin(st, &err), &err, "kl_gpu_capture_begin");
+    for (int i = 0; i < reps; i++)
+        fn(i, st);
+    t_ok(kl_gpu_capture_end(st, &g, NULL, 1, &err), &err, "kl_gpu_capture_end");
+    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
+    kl_gpu_timer tm;
+    double ms = 0;
+    t_ok(kl_gpu_timer_begin(&tm, st, &err), &err, "kl_gpu_timer_begin");
+    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
+    t_ok(kl_gpu_timer_end(tm, st, &ms, &err), &err, "kl_gpu_timer_end");
+    kl_gpu_graph_destroy(g);
+    kl_gpu_stream_destroy(st);
+    return ms / 1e3 / reps;
 }
 
 /* ---- results: checks and timings, printed as one JSON line ------------------------------- */

@@ -549,40 +549,6 @@ static void timing_free(std::initializer_list<void *> bufs, stacks &s)
     stacks_free(s);
 }
 
-/* A kl_gpu_stream, or exit 1. */
-static kl_gpu_stream t_stream(void)
-{
-    kl_gpu_stream st;
-    kl_err err;
-    kl_err_clear(&err);
-    t_ok(kl_gpu_stream_create(&st, &err), &err, "kl_gpu_stream_create");
-    return st;
-}
-
-/* Seconds per call of fn(i, st), i < reps, captured once as the decode step is
- * (kernels/runtime.h: programmatic kernel-to-kernel edges unless KL_GPU_PDL=0), replayed after
- * a warm-up replay. */
-template <class F> static double t_pdl_graph_s(F fn, int reps)
-{
-    kl_gpu_stream st = t_stream();
-    kl_gpu_graph g;
-    kl_err err;
-    kl_err_clear(&err);
-    t_ok(kl_gpu_capture_begin(st, &err), &err, "kl_gpu_capture_begin");
-    for (int i = 0; i < reps; i++)
-        fn(i, st);
-    t_ok(kl_gpu_capture_end(st, &g, NULL, 1, &err), &err, "kl_gpu_capture_end");
-    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
-    kl_gpu_timer tm;
-    double ms = 0;
-    t_ok(kl_gpu_timer_begin(&tm, st, &err), &err, "kl_gpu_timer_begin");
-    t_ok(kl_gpu_graph_launch(g, st, &err), &err, "kl_gpu_graph_launch");
-    t_ok(kl_gpu_timer_end(tm, st, &ms, &err), &err, "kl_gpu_timer_end");
-    kl_gpu_graph_destroy(g);
-    kl_gpu_stream_destroy(st);
-    return ms / 1e3 / reps;
-}
-
 /* Versions 6, 5, 3 and 4 (path p) right after the router that writes its idx and wt, STEPS
  * times in one graph with programmatic edges (the down kernel reads idx before its grid wait:
  * a stale read would give step i the experts of step i - 1), each step on its own logits, x
@@ -655,12 +621,18 @@ static void time_experts(double copy_gbps, const slot_path &p)
         t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
     };
     const double bytes = 3.0 * c.K * c.I * c.H * (0.5 + 1.0 / 32);
-    char what[96];
+    char what[160];
     snprintf(what, sizeof what, "experts mxfp4 E=256 I=1024 H=2304 top=8 n=1 %s", p.name);
     const double one = t_median_s(call, 32);
     t_time(what, one, t_graph_s(call, 32), bytes, copy_gbps);
     strncat(what, " pdl", sizeof what - strlen(what) - 1);
     t_time(what, one, t_pdl_graph_s(call, 32), bytes, copy_gbps);
+    auto same = [&](int, kl_gpu_stream st) { /* the same 8 experts: their 30 MB from L2 */
+        kl_gpu_experts_args a = {&s.d1, &s.d2, &s.d3, dx, 1, c.K, di, dw, scratch, dy, 1};
+        t_ok(kl_gpu_experts(&a, st, &err), &err, "kl_gpu_experts");
+    };
+    strncat(what, ", the same experts every call (from L2)", sizeof what - strlen(what) - 1);
+    t_time(what, t_median_s(same, 32), t_pdl_graph_s(same, 32), bytes, copy_gbps);
     timing_free({dx, dw, dy, di, scratch}, s);
     path_set(paths[0]);
 }
