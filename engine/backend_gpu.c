@@ -1276,19 +1276,6 @@ static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x
     return rc;
 }
 
-/* The input products of a one-token step, x by group grp, asking the L2 for the weights of
- * the block's output product `next` (kernels/dense.h, kl_gpu_l2_hint): DRAM streams them
- * during the latency-bound kernels between (KDA's recurrence and norm, MLA's attention). */
-static int input_products(gpu_be *g, const gpu_layer *L, int grp, float **out,
-                          const kl_gpu_mat *next, kl_err *err)
-{
-    if (g->tok.n == 1 && next->kind == KL_GPU_W_BF16)
-        kl_gpu_l2_hint(next->data, (size_t)next->rows * next->cols * 2);
-    const int rc = group_products(g, L, grp, g->xn, out, err);
-    kl_gpu_l2_hint(NULL, 0);   /* taken by the launch, or by none */
-    return rc;
-}
-
 static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
 {
     gpu_be *g = impl(be);
@@ -1300,8 +1287,8 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
     float *o6[6] = {g->q, g->k, g->v, g->lr, g->lr2, g->beta};
     int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
-        rc = part_done(g, KL_GPU_PART_KDA_PROJ,
-                       input_products(g, L, FUSE_KDA, o6, &L->w[KL_ROLE_KDA_O], err), err);
+        rc = part_done(g, KL_GPU_PART_KDA_PROJ, group_products(g, L, FUSE_KDA, g->xn, o6, err),
+                       err);
     float *q = o6[0], *k = o6[1], *v = o6[2], *fa = o6[3], *ga = o6[4], *beta = o6[5];
     kl_gpu_kda_conv_args ca = {
         .qkv = {q, k, v},
@@ -1348,8 +1335,8 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
     int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)
-        rc = part_done(g, KL_GPU_PART_MLA_PROJ,
-                       input_products(g, L, FUSE_MLA, o2, &L->w[KL_ROLE_MLA_O], err), err);
+        rc = part_done(g, KL_GPU_PART_MLA_PROJ, group_products(g, L, FUSE_MLA, g->xn, o2, err),
+                       err);
     if (!rc) {
         kl_gpu_mla_append_args aa = {md, o2[1], L->vec[KL_ROLE_MLA_KV_A_NORM], L->cache_d};
         rc = part_done(g, KL_GPU_PART_MLA_APPEND, kl_gpu_mla_append(&aa, &g->tok, g->st, err),

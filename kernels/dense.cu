@@ -291,38 +291,6 @@ __device__ static void bf_stage_norm(const bf_norm &nm, float4 *sh, uint32_t n4,
     }
 }
 
-/* A hint to the L2: bytes a later kernel of the step reads (the next products' weights), asked
- * for by a one-token product's blocks as they finish their own loads, so that DRAM, idle
- * during the latency-bound kernels between (KDA's recurrence and norm, MLA's attention),
- * streams them then (kl_gpu_l2_hint).  Each block asks for its slice of the span.  CUDA sm_90
- * only (the bulk form is the Hopper copy engine's); elsewhere nothing. */
-struct bf_prefetch {
-    const char *p;
-    size_t      bytes;
-    unsigned    mode; /* KL_GPU_PREFETCH_BULK or _LINES; 0: none */
-};
-
-__device__ static void bf_prefetch_part(const bf_prefetch &pf, size_t part, size_t parts)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
-    const size_t n16 = pf.bytes / 16, per = (n16 + parts - 1) / parts;
-    const size_t a = part * per * 16, e = (part + 1) * per < n16 ? (part + 1) * per * 16 : n16 * 16;
-    if (pf.mode == KL_GPU_PREFETCH_BULK) {
-        if (threadIdx.x == 0)
-            for (size_t o = a; o < e; o += 65536) {
-                const unsigned len = e - o < 65536 ? (unsigned)(e - o) : 65536u;
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.p + o), "r"(len)
-                             : "memory");
-            }
-        return;
-    }
-    for (size_t o = (a & ~(size_t)127) + (size_t)threadIdx.x * 128; o < e; o += blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p + o));
-#else
-    (void)pf, (void)part, (void)parts;
-#endif
-}
-
 /* A small job that rides in a one-token product's launch, independent of the product: its
  * blocks come first in the grid (never in the products' last wave), one group of 32 lanes
  * per unit of work.  At decode it saves the job's own launch and its wait on the critical
@@ -355,7 +323,7 @@ __device__ static void bf_ride(const bf_rider &r)
  * job b (two products of one shape class, one launch). */
 __global__ static void __launch_bounds__(BF_THREADS, 2)
     matmul_bf16_n1_kernel(bf_job ja, bf_job jb, unsigned nb_a, unsigned G, bf_rider rider,
-                          bf_norm nm, bf_prefetch pf)
+                          bf_norm nm)
 {
     KL_GPU_GRID_WAIT_LATER();
     if (blockIdx.x < rider.blocks) {
@@ -408,8 +376,6 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
                 acc = fmaf(wv[i], xv[i], acc);
         }
     }
-    if (pf.mode) /* this block's loads are all in */
-        bf_prefetch_part(pf, b, gridDim.x - rider.blocks);
     acc = kl_gpu_group_sum(acc);
     if (G > 1) { /* the same for the whole block */
         if (lane == 0)
@@ -471,58 +437,6 @@ static unsigned bf16_n1_blocks(const kl_gpu_mat *w, unsigned G)
     return (w->rows + per_block - 1) / per_block;
 }
 
-static unsigned    prefetch_mode = UINT_MAX; /* UINT_MAX: $KL_GPU_PREFETCH not read yet */
-static thread_local bf_prefetch l2_hint;     /* kl_gpu_l2_hint's, for the next launch */
-
-extern "C" unsigned kl_gpu_prefetch_mode(void)
-{
-    if (prefetch_mode == UINT_MAX) {
-        const char *e = getenv("KL_GPU_PREFETCH");
-        prefetch_mode = !e || !strcmp(e, "bulk") ? KL_GPU_PREFETCH_BULK
-                        : !strcmp(e, "lines")    ? KL_GPU_PREFETCH_LINES
-                                                 : KL_GPU_PREFETCH_OFF;
-    }
-    return prefetch_mode;
-}
-
-extern "C" void kl_gpu_prefetch_mode_set(unsigned mode)
-{
-    prefetch_mode = mode <= KL_GPU_PREFETCH_LINES ? mode : UINT_MAX;
-}
-
-extern "C" void kl_gpu_l2_hint(const void *p, size_t bytes)
-{
-    const unsigned mode = p && bytes >= 16 ? kl_gpu_prefetch_mode() : 0;
-    l2_hint = bf_prefetch{(const char *)p, mode ? bytes / 16 * 16 : 0, mode};
-}
-
-/* The hint for this launch, cleared: each is taken once. */
-static bf_prefetch take_hint(void)
-{
-    const bf_prefetch h = l2_hint;
-    l2_hint = bf_prefetch{};
-    return h;
-}
-
-__global__ static void prefetch_l2_kernel(bf_prefetch pf)
-{
-    KL_GPU_GRID_WAIT();
-    bf_prefetch_part(pf, blockIdx.x, gridDim.x);
-}
-
-extern "C" int kl_gpu_prefetch_l2(const void *p, size_t bytes, unsigned blocks, kl_gpu_stream s,
-                                  kl_err *err)
-{
-    if (!p || blocks == 0)
-        return kl_fail(err, KL_E_USAGE, "prefetch_l2: p is NULL or blocks is 0");
-    const unsigned mode = kl_gpu_prefetch_mode();
-    if (!mode || bytes < 16)
-        return 0;
-    prefetch_l2_kernel<<<blocks, 128, 0, (hipStream_t)s>>>(
-        bf_prefetch{(const char *)p, bytes / 16 * 16, mode});
-    return KL_GPU_CHECK(err, hipGetLastError());
-}
-
 /* 1 when version 2 took the product (bf16_n1_groups); with gb (16-byte aligned too), of
  * SiLU(x) ⊙ gb; the rider's job and the norm nm in the same launch. */
 static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, float *y,
@@ -535,7 +449,7 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, 
     const bf_job j = {*w, x, gb, y};
     const unsigned nb = bf16_n1_blocks(w, G);
     matmul_bf16_n1_kernel<<<rider.blocks + nb, BF_THREADS, w->cols * sizeof(float), st>>>(
-        j, j, nb, G, rider, nm, take_hint());
+        j, j, nb, G, rider, nm);
     return 1;
 }
 
@@ -867,7 +781,7 @@ static int matmul_pair(const kl_gpu_mat *wa, const float *xa, float *ya, const k
     const unsigned nb_a = bf16_n1_blocks(wa, ga), nb_b = bf16_n1_blocks(wb, ga);
     const size_t sh = (wa->cols > wb->cols ? wa->cols : wb->cols) * sizeof(float);
     matmul_bf16_n1_kernel<<<r.blocks + nb_a + nb_b, BF_THREADS, sh, (hipStream_t)s>>>(
-        a, b, nb_a, ga, r, bf_norm{}, take_hint());
+        a, b, nb_a, ga, r, bf_norm{});
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

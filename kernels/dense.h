@@ -40,21 +40,6 @@ void kl_gpu_version_set(kl_gpu_kernels which, int version);
 unsigned kl_gpu_bf16_groups(void);
 void     kl_gpu_bf16_groups_set(unsigned groups);
 
-/* L2 prefetch, a hint for the weights a later kernel of a decode step reads: the one-token
- * BF16 product launched next by the calling thread (kl_gpu_matmul and the fused forms, where
- * they take the one-token BF16 kernel) asks the L2 for [p, p + bytes) as its blocks finish
- * their own loads, so DRAM streams those bytes during the latency-bound kernels that follow.
- * Each hint is taken by one launch (NULL: none).  $KL_GPU_PREFETCH (read once): "bulk" (the
- * default: cp.async.bulk.prefetch.L2, CUDA sm_90), "lines" (a prefetch per 128-byte line) or
- * "0" (off); nothing on HIP.  kl_gpu_prefetch_l2 asks for it in a launch of its own (blocks
- * blocks), for measurements. */
-enum { KL_GPU_PREFETCH_OFF, KL_GPU_PREFETCH_BULK, KL_GPU_PREFETCH_LINES };
-unsigned kl_gpu_prefetch_mode(void);
-void     kl_gpu_prefetch_mode_set(unsigned mode); /* > LINES: the environment again */
-void     kl_gpu_l2_hint(const void *p, size_t bytes);
-int kl_gpu_prefetch_l2(const void *p, size_t bytes, unsigned blocks, kl_gpu_stream s,
-                       kl_err *err);
-
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32; the table holds the
  * vocabulary rows [row0, row0 + table->rows) (row0 0: all of them).  An id outside: zeros
  * when part (a tensor-parallel rank's vocabulary part: the ranks' rows are summed after), else
