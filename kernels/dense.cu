@@ -11,6 +11,7 @@
  * tensor-core kernel of skinny.h where it applies (KL_GPU_SKINNY=0 switches it off).
  */
 #include "kernels/dense.h"
+#include "kernels/bulk.cuh"
 #include "kernels/gemm.h"
 #include "kernels/kda_conv.cuh"
 #include "kernels/route.cuh"
@@ -163,20 +164,21 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, KL_MX2_MIN_BLOCKS)
 }
 
 static int versions[3]; /* by kl_gpu_kernels; 0: not read from the environment yet */
+static const int newest[3] = {2, 3, 2};
 
 extern "C" int kl_gpu_version(kl_gpu_kernels which)
 {
     static const char *const names[3] = {"KL_GPU_MX", "KL_GPU_BF16", "KL_GPU_ARGMAX"};
     if (!versions[which]) {
         const char *v = getenv(names[which]);
-        versions[which] = v && !strcmp(v, "v1") ? 1 : 2;
+        kl_gpu_version_set(which, v && v[0] == 'v' ? atoi(v + 1) : 0);
     }
     return versions[which];
 }
 
 extern "C" void kl_gpu_version_set(kl_gpu_kernels which, int version)
 {
-    versions[which] = version == 1 ? 1 : 2;
+    versions[which] = version >= 1 && version <= newest[which] ? version : newest[which];
 }
 
 /* Version 2 takes MXFP4 at n = 1 when selected, x fits in shared memory and the rows give
@@ -247,29 +249,30 @@ struct bf_norm {
     float        eps;
 };
 
-/* Sum of v over the block (BF_THREADS threads) on every thread, the groups' sums added in
- * group order; red is free again after the caller's next barrier. */
-__device__ static float bf_block_sum(float v, float *red)
+/* Sum of v over the block (T threads) on every thread, the groups' sums added in group order;
+ * red is free again after the caller's next barrier. */
+template <int T> __device__ static float bf_block_sum(float v, float *red)
 {
     v = kl_gpu_group_sum(v);
     if (threadIdx.x % KL_GPU_GROUP == 0)
         red[threadIdx.x / KL_GPU_GROUP] = v;
     __syncthreads();
     float s = 0.0f;
-    for (int g = 0; g < BF_WARPS; g++)
+    for (int g = 0; g < T / KL_GPU_GROUP; g++)
         s += red[g];
     return s;
 }
 
-/* x of a one-token product into shared memory with the norm of nm (n4 float4s): each thread
- * stages v = x + r, the block sums v², then each thread scales its own entries (so no barrier
- * between); block `writer` also writes v and xn out. */
+/* x of a one-token product into shared memory with the norm of nm (n4 float4s), by the
+ * block's T threads: each stages v = x + r, the block sums v², then each thread scales its own
+ * entries (so no barrier between); block `writer` also writes v and xn out. */
+template <int T>
 __device__ static void bf_stage_norm(const bf_norm &nm, float4 *sh, uint32_t n4, bool writer,
                                      float *red)
 {
     const float4 *x4 = (const float4 *)nm.x, *r4 = (const float4 *)nm.r;
     float ss = 0.0f;
-    for (uint32_t f = threadIdx.x; f < n4; f += BF_THREADS) {
+    for (uint32_t f = threadIdx.x; f < n4; f += T) {
         const float4 a = x4[f], b = r4[f];
         const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         sh[f ^ ((f >> 3) & 1u)] = v;
@@ -280,8 +283,8 @@ __device__ static void bf_stage_norm(const bf_norm &nm, float4 *sh, uint32_t n4,
         if (writer)
             ((float4 *)nm.x_out)[f] = v;
     }
-    const float inv = 1.0f / sqrtf(bf_block_sum(ss, red) / (float)(4 * n4) + nm.eps);
-    for (uint32_t f = threadIdx.x; f < n4; f += BF_THREADS) {
+    const float inv = 1.0f / sqrtf(bf_block_sum<T>(ss, red) / (float)(4 * n4) + nm.eps);
+    for (uint32_t f = threadIdx.x; f < n4; f += T) {
         const float4 v = sh[f ^ ((f >> 3) & 1u)], w = ((const float4 *)nm.nw)[f];
         const float4 o = make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv),
                                      w.w * (v.w * inv));
@@ -347,7 +350,7 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
     KL_GPU_GRID_WAIT();
     const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)gb;
     if (nm.x)
-        bf_stage_norm(nm, bf_sh, w.cols / 4, b == 0, red);
+        bf_stage_norm<BF_THREADS>(nm, bf_sh, w.cols / 4, b == 0, red);
     for (uint32_t f = threadIdx.x; !nm.x && f < w.cols / 4; f += BF_THREADS) {
         float4 v = x4[f];
         if (g4) {
@@ -389,42 +392,150 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
         y[row] = acc;
 }
 
-static unsigned bf16_groups_forced = UINT_MAX; /* 0: the default; UINT_MAX: env unread */
+/* BF16 at n = 1, version 3: rows streamed through shared memory by the copy engine.
+ * Why: version 2 runs a block's rows in one or two rounds of register loads, in waves of two
+ * blocks an SM, and after the grid wait each wave is a chain of DRAM latency, x's staging and
+ * sums; session 19 measured [2304, 4096] at ~10 us with its weights in L2 against ~11.5 from
+ * DRAM (4.4 us of bytes): the chain, not the bytes, bounds it.  Version 3: one block an SM
+ * takes a contiguous range of rows (the grid one wave, rows split evenly) and streams them
+ * through a ring of stages of BS_WARPS rows (kernels/bulk.cuh: one copy a stage); the whole
+ * ring is asked for before the grid wait (the weights never change within a step), so a
+ * matrix of up to ~25 MB is in flight before its input exists; x, or the norm of it
+ * (bf_norm), is staged once a block; a warp sums a row, each lane its pieces lane, lane + 32,
+ * .. in order (version 2's order at one group a row). */
+#define BS_THREADS    256
+#define BS_WARPS      (BS_THREADS / KL_GPU_GROUP)
+#define BS_MAX_COLS   4096
+#define BS_MAX_SLOTS  8
+#define BS_MIN_SLOTS  2
 
-/* g when it is a count of groups a row the kernel takes (1, 2, 4, 8), else 0 */
-static unsigned bf16_groups_valid(long g)
+__global__ static void __launch_bounds__(BS_THREADS, 1)
+    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots, bf_norm nm)
 {
-    return g == 1 || g == 2 || g == 4 || g == 8 ? (unsigned)g : 0;
-}
-
-extern "C" unsigned kl_gpu_bf16_groups(void)
-{
-    if (bf16_groups_forced == UINT_MAX) {
-        const char *e = getenv("KL_GPU_BF16_GROUPS");
-        bf16_groups_forced = bf16_groups_valid(e ? atol(e) : 0);
+    KL_GPU_GRID_WAIT_LATER();
+    extern __shared__ float4 bs_sh[]; /* x (cols floats), then the ring's slots */
+    __shared__ uint64_t bar[BS_MAX_SLOTS];
+    __shared__ float red[BS_WARPS];
+    const uint32_t np = w.cols / 8, row_bytes = w.cols * 2, slot_bytes = BS_WARPS * row_bytes;
+    const size_t r0 = (size_t)blockIdx.x * w.rows / gridDim.x;
+    const size_t r1 = (size_t)(blockIdx.x + 1) * w.rows / gridDim.x;
+    const uint32_t n_stages = (uint32_t)((r1 - r0 + BS_WARPS - 1) / BS_WARPS);
+    uint8_t *ring = (uint8_t *)(bs_sh + w.cols / 4);
+    const uint8_t *src = (const uint8_t *)w.data + r0 * row_bytes;
+    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short */
+        const size_t rows = r1 - r0 - (size_t)k * BS_WARPS;
+        return (uint32_t)(rows < BS_WARPS ? rows : BS_WARPS) * row_bytes;
+    };
+    if (threadIdx.x == 0) {
+        bulk_init(bar, slots);
+        for (uint32_t k = 0; k < slots && k < n_stages; k++) /* weights: before the wait */
+            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k]);
     }
-    return bf16_groups_forced;
+    KL_GPU_GRID_WAIT();
+    if (nm.x)
+        bf_stage_norm<BS_THREADS>(nm, bs_sh, w.cols / 4, blockIdx.x == 0, red);
+    for (uint32_t f = threadIdx.x; !nm.x && f < w.cols / 4; f += BS_THREADS)
+        bs_sh[f ^ ((f >> 3) & 1u)] = ((const float4 *)x)[f];
+    __syncthreads(); /* x staged; the barriers initialised */
+    const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    for (uint32_t k = 0; k < n_stages; k++) {
+        const uint32_t s = k % slots;
+        uint8_t *slot = ring + s * slot_bytes;
+        bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
+        const size_t row = r0 + (size_t)k * BS_WARPS + wi;
+        if (row < r1) {
+            const uint4 *p = (const uint4 *)(slot + (size_t)wi * row_bytes);
+            float acc = 0.0f;
+#pragma unroll 4
+            for (uint32_t c = lane; c < np; c += KL_GPU_GROUP) {
+                float wv[8];
+                kl_row_unpack(p[c], wv, 1);
+                const float4 a = bf_x(bs_sh, 2 * c), b = bf_x(bs_sh, 2 * c + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc = fmaf(wv[i], xv[i], acc);
+            }
+            acc = kl_gpu_group_sum(acc);
+            if (lane == 0)
+                y[row] = acc;
+        }
+        __syncthreads(); /* every read of slot s done */
+        if (threadIdx.x == 0 && k + slots < n_stages)
+            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s]);
+    }
 }
 
-extern "C" void kl_gpu_bf16_groups_set(unsigned groups)
+/* The ring's slots version 3 takes w with (0: it does not: another version, too wide, or too
+ * little shared memory on this device for BS_MIN_SLOTS), and the shared memory it asks for. */
+static uint32_t bs_slots(const kl_gpu_mat *w, int vec, size_t *shared)
 {
-    bf16_groups_forced = groups ? bf16_groups_valid(groups) : UINT_MAX;
+    static int optin = -1;
+    if (optin < 0) {
+        int dev = 0, v = 0;
+        optin = hipGetDevice(&dev) == hipSuccess &&
+                        hipDeviceGetAttribute(&v, hipDeviceAttributeSharedMemPerBlockOptin,
+                                              dev) == hipSuccess
+                    ? v
+                    : 0;
+    }
+    if (kl_gpu_version(KL_GPU_K_BF16) != 3 || w->kind != KL_GPU_W_BF16 || !vec ||
+        w->cols > BS_MAX_COLS || w->cols % 8 || w->rows < 512 || w->rows > 65536)
+        return 0;
+    const size_t x_bytes = (size_t)w->cols * sizeof(float), slot = (size_t)BS_WARPS * w->cols * 2;
+    const size_t room = (size_t)optin - 1024; /* the static barriers and sums */
+    uint32_t slots = room > x_bytes ? (uint32_t)((room - x_bytes) / slot) : 0;
+    slots = slots > BS_MAX_SLOTS ? BS_MAX_SLOTS : slots;
+    *shared = x_bytes + slots * slot;
+    return slots >= BS_MIN_SLOTS ? slots : 0;
+}
+
+/* The device's multiprocessors (read once): version 3's grid. */
+static unsigned bs_blocks(void)
+{
+    static unsigned n;
+    int dev = 0, v = 0;
+    if (!n)
+        n = hipGetDevice(&dev) == hipSuccess &&
+                    hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, dev) ==
+                        hipSuccess && v > 0
+                ? (unsigned)v
+                : 132;
+    return n;
+}
+
+/* 1 when version 3 took the product (launched with the norm nm, or x as it is). */
+static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int vec,
+                              hipStream_t st, const bf_norm &nm)
+{
+    static size_t opted; /* the shared memory the kernel may ask for, set once it grows */
+    size_t shared = 0;
+    const uint32_t slots = bs_slots(w, vec, &shared);
+    if (!slots)
+        return 0;
+    if (shared > opted) { /* a setting of the function, not a stream operation */
+        if (hipFuncSetAttribute((const void *)matmul_bf16_stream_kernel,
+                                hipFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)shared) != hipSuccess)
+            return 0;
+        opted = shared;
+    }
+    const unsigned blocks = w->rows < bs_blocks() ? w->rows : bs_blocks();
+    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, nm);
+    return 1;
 }
 
 /* The warps per row for the one-token BF16 kernel (version 2, 16-byte aligned, the shapes
  * above), or 0 when it does not apply. */
 static unsigned bf16_n1_groups(const kl_gpu_mat *w, int vec)
 {
-    if (kl_gpu_version(KL_GPU_K_BF16) != 2 || w->kind != KL_GPU_W_BF16 || !vec ||
+    if (kl_gpu_version(KL_GPU_K_BF16) < 2 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BF_MAX_COLS || w->rows < 512 || w->rows > 65536)
         return 0;
-    if (kl_gpu_bf16_groups())
-        return kl_gpu_bf16_groups();
     /* at least 256 blocks: 2 an SM (measured at decode, the full geometry: 2304-row matrices
      * with G = 1 (144 blocks) as fast as G = 2 (288), G = 4 (576) 10% slower overall).  At 2304
-     * columns a lane with G = 1 has 9 pieces of a row, one more than a round (BF_PIECES): the
-     * ninth waits for the first eight's sums; kl_gpu_bf16_groups_set measures G = 2's one
-     * round against it (test_dense). */
+     * columns a lane with G = 1 has 9 pieces of a row, one more than a round (BF_PIECES), yet
+     * G = 2 forced everywhere measured 386 against 400 tok/s (session 19). */
     unsigned G = 1;
     while (G < 8 && (size_t)w->rows * G / BF_WARPS < 256)
         G *= 2;
@@ -443,6 +554,8 @@ static int matmul_bf16_n1(const kl_gpu_mat *w, const float *x, const float *gb, 
                           int vec, hipStream_t st, const bf_rider &rider = bf_rider{},
                           const bf_norm &nm = bf_norm{})
 {
+    if (!gb && rider.kind == bf_rider::NONE && matmul_bf16_stream(w, x, y, vec, st, nm))
+        return 1;
     const unsigned G = bf16_n1_groups(w, vec);
     if (!G)
         return 0;

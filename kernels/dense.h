@@ -23,22 +23,16 @@ extern "C" {
 int kl_gpu_matmul(const kl_gpu_mat *w, const float *x, uint32_t n, float *y, kl_gpu_stream s,
                   kl_err *err);
 
-/* Kernel versions kept side by side: 2 (round two's, the default) or 1 (round one's, to
- * compare and fall back on), chosen by an environment variable of value "v1", read once per
- * process: KL_GPU_MX (MXFP4 at n = 1: kl_gpu_matmul, kl_gpu_experts), KL_GPU_BF16 (BF16 at
- * n = 1: kl_gpu_matmul), KL_GPU_ARGMAX (kl_gpu_argmax).  kl_gpu_version_set (1 or 2)
- * overrides the environment (the device tests run both). */
+/* Kernel versions kept side by side, chosen by an environment variable of value "vN", read
+ * once per process (anything else: the newest): KL_GPU_MX (MXFP4 at n = 1: kl_gpu_matmul,
+ * kl_gpu_experts; 1 or 2), KL_GPU_BF16 (BF16 at n = 1: kl_gpu_matmul and the fused forms;
+ * 3 streams rows through shared memory where the device has room (plain products and the
+ * norm inside; riders, gating and pairs take 2), 2 or 1), KL_GPU_ARGMAX (kl_gpu_argmax; 1
+ * or 2).  kl_gpu_version_set overrides the environment (the device tests run each). */
 typedef enum kl_gpu_kernels { KL_GPU_K_MX, KL_GPU_K_BF16, KL_GPU_K_ARGMAX } kl_gpu_kernels;
 
 int  kl_gpu_version(kl_gpu_kernels which);
 void kl_gpu_version_set(kl_gpu_kernels which, int version);
-
-/* Warps per row of the one-token BF16 kernel (version 2) forced for every matrix: 1, 2, 4 or
- * 8 from $KL_GPU_BF16_GROUPS (read once), or 0: chosen per matrix (>= 256 blocks).
- * kl_gpu_bf16_groups_set overrides it (0: the environment again; anything else not 1, 2, 4
- * or 8: chosen per matrix). */
-unsigned kl_gpu_bf16_groups(void);
-void     kl_gpu_bf16_groups_set(unsigned groups);
 
 /* x [n, table->cols] = rows ids[0..n) of table (F32 or BF16), as fp32; the table holds the
  * vocabulary rows [row0, row0 + table->rows) (row0 0: all of them).  An id outside: zeros

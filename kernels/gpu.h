@@ -57,6 +57,7 @@
 #define hipGetDevice            cudaGetDevice
 #define hipDeviceGetAttribute   cudaDeviceGetAttribute
 #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipMemGetInfo           cudaMemGetInfo
 #define hipMemsetAsync          cudaMemsetAsync
 #define hipHostMalloc           cudaHostAlloc

@@ -20,16 +20,16 @@ extern "C" {
 
 /* ---- matmul ------------------------------------------------------------------------------ */
 
-/* " v1" or " v2": the kernel version kl_gpu_matmul uses now for kind (F32: ""). */
+/* " v1", " v2" or " v3": the kernel version kl_gpu_matmul uses now for kind (F32: ""). */
 static const char *version_tag(kl_gpu_wkind kind)
 {
     static char tag[32];
     const int v = kind == KL_GPU_W_MXFP4 ? kl_gpu_version(KL_GPU_K_MX)
                   : kind == KL_GPU_W_BF16 ? kl_gpu_version(KL_GPU_K_BF16) : 0;
-    const unsigned g = kind == KL_GPU_W_BF16 && v == 2 ? kl_gpu_bf16_groups() : 0;
-    snprintf(tag, sizeof tag, "%s", v == 1 ? " v1" : v == 2 ? " v2" : "");
-    if (g) /* warps per row forced (kl_gpu_bf16_groups_set) */
-        snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " G%u", g);
+    if (v)
+        snprintf(tag, sizeof tag, " v%d", v);
+    else
+        tag[0] = 0;
     return tag;
 }
 
@@ -121,13 +121,13 @@ static void test_matmul(void)
         }
     }
     /* the projections, dense MLP, fused input products and lm_head of Kimi-Linear (lm_head
-     * rows sampled); BF16 at n = 1 with both kernel versions (2, and KL_GPU_BF16=v1's) */
+     * rows sampled); BF16 at n = 1 with every kernel version (3, 2 and 1: KL_GPU_BF16=vN) */
     static const size_t shapes[][2] = {{4096, 2304},  {2304, 4096}, {128, 2304},
                                        {8192, 512},   {9216, 2304}, {2304, 9216},
                                        {12576, 2304}, {6720, 2304}, {2304, 2304},
                                        {2056, 808},   {163840, 2304}, {1028, 2304},
                                        {516, 1152}};
-    for (int v = 2; v >= 1; v--) {
+    for (int v = 3; v >= 1; v--) {
         kl_gpu_version_set(KL_GPU_K_BF16, v);
         for (const auto &sh : shapes)
             check_matmul(KL_GPU_W_BF16, sh[0], sh[1], real_n, 2, sh[0] > 10000 ? 41 : 1, 0);
@@ -463,8 +463,9 @@ static void time_from_l2(size_t rows, size_t cols, double copy_gbps)
             t_ok(kl_gpu_matmul(&w[hot ? 0 : i % w.size()], x, 1, y, st, &err), &err, "matmul");
         };
         char what[128];
-        snprintf(what, sizeof what, "matmul bf16 %zux%zu n=1, graph with programmatic edges%s",
-                 rows, cols, hot ? ", its weights in L2" : "");
+        snprintf(what, sizeof what, "matmul bf16 %zux%zu n=1%s, graph with programmatic "
+                 "edges%s", rows, cols, version_tag(KL_GPU_W_BF16),
+                 hot ? ", its weights in L2" : "");
         t_time(what, t_median_s(call, 25), t_pdl_graph_s(call, 32), t_mat_bytes(m), copy_gbps);
     }
     T_CHECK(hipDeviceSynchronize());
@@ -545,38 +546,32 @@ int main(void)
     check_pair(4096, 2304, 128, 1);   /* two shapes in one launch */
     check_pair(4096, 4096, 2304, 1);
     const double copy = t_copy_gbps();
-    /* the add_norm inside the next product (the one-token kernel's version 2): KDA's, MLA's
-     * and the MoE's fused inputs, the dense MLP's gate + up (G 1, 2 and 4 groups a row) */
-    kl_gpu_version_set(KL_GPU_K_BF16, 2);
-    for (const auto &sh : {std::pair<size_t, size_t>{12576, 2304}, {6720, 2304}, {2816, 2304},
-                           {18432, 2304}, {512, 2304}})
-        check_matmul_norm(sh.first, sh.second, sh.first == 12576 || sh.first == 2816 ? copy : 0);
+    /* the add_norm inside the next product (the one-token kernel's versions 3 and 2): KDA's,
+     * MLA's and the MoE's fused inputs, the dense MLP's gate + up (version 2: G 1, 2 and 4
+     * groups a row; version 3 takes up to 4096 columns) */
+    for (int v = 3; v >= 2; v--) {
+        kl_gpu_version_set(KL_GPU_K_BF16, v);
+        for (const auto &sh : {std::pair<size_t, size_t>{12576, 2304}, {6720, 2304},
+                               {2816, 2304}, {18432, 2304}, {512, 2304}})
+            check_matmul_norm(sh.first, sh.second,
+                              sh.first == 12576 || sh.first == 2816 ? copy : 0);
+    }
     /* ... and the fused input products: KDA q/k/v/f_a/g_a/b, MLA q + kv_a, shared gate + up
      * + router */
     static const size_t bf16_shapes[][2] = {{163840, 2304}, {9216, 2304}, {2304, 9216},
                                             {4096, 2304},   {2304, 4096}, {8192, 512},
                                             {128, 2304},    {12576, 2304}, {6720, 2304},
                                             {2304, 2304},   {1024, 2304}, {512, 2304}};
-    for (int v = 2; v >= 1; v--) {
+    for (int v = 3; v >= 1; v--) {
         kl_gpu_version_set(KL_GPU_K_BF16, v);
         for (const auto &sh : bf16_shapes)
             time_matmul(KL_GPU_W_BF16, sh[0], sh[1], 1, copy);
+        if (v >= 2) {
+            time_from_l2(2304, 4096, copy);
+            time_from_l2(12576, 2304, copy);
+        }
     }
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
-    time_from_l2(2304, 4096, copy);
-    time_from_l2(12576, 2304, copy);
-    /* warps per row forced: at 2304 columns G = 1 leaves a lane a ninth piece in a second,
-     * dependent round; G = 2 has one round (the KDA input, o, MoE input and MLA input) */
-    kl_gpu_version_set(KL_GPU_K_BF16, 2);
-    for (unsigned G : {1u, 2u, 4u}) {
-        kl_gpu_bf16_groups_set(G);
-        for (const auto &sh : {std::pair<size_t, size_t>{12576, 2304}, {2304, 4096},
-                               {2304, 2304}, {6720, 2304}})
-            time_matmul(KL_GPU_W_BF16, sh.first, sh.second, 1, copy);
-    }
-    kl_gpu_bf16_groups_set(99); /* chosen per matrix again */
-    t_check("bf16 groups: the default after set(99)", kl_gpu_bf16_groups(), 0);
-    kl_gpu_bf16_groups_set(0);
     for (int v = 2; v >= 1; v--) {
         kl_gpu_version_set(KL_GPU_K_MX, v);
         time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
