@@ -366,7 +366,7 @@ stage_ncukernel() {
         --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$NCU_STALLS \
         "$KL" run "$D" --device gpu --ids "$ids" -n 1 -q > "$W/ncuk.txt" 2> "$W/ncuk.err" ||
         { row "ncu failed: $(tail -3 "$W/ncuk.err")"; return; }
-    grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More|issue_stalled" | cut -c1-150 | tee -a "$TABLE"
+    grep -v "^==PROF==" "$W/ncuk.txt" | grep -E "mt_|gemm|${NCU_KERNELS:-mt_}|Duration|Throughput|Pipe|hmma|Issue|Stall|Warp Cycles|Eligible|Active Warps|Occupancy|bank|inst_executed|Registers|Shared Memory|Block Limit|No Eligible|One or More|issue_stalled" | cut -c1-150 | tee -a "$TABLE"
 }
 
 # CPU batching (issue 11) on this machine's cores: the server on CPUS_SERVER (with
