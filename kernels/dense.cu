@@ -410,7 +410,8 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MIN_SLOTS  2
 
 __global__ static void __launch_bounds__(BS_THREADS, 1)
-    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots, bf_norm nm)
+    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots,
+                              uint32_t piece, bf_norm nm)
 {
     KL_GPU_GRID_WAIT_LATER();
     extern __shared__ float4 bs_sh[]; /* x (cols floats), then the ring's slots */
@@ -429,7 +430,8 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     if (threadIdx.x == 0) {
         bulk_init(bar, slots);
         for (uint32_t k = 0; k < slots && k < n_stages; k++) /* weights: before the wait */
-            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k]);
+            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k],
+                      piece);
     }
     KL_GPU_GRID_WAIT();
     if (nm.x)
@@ -462,7 +464,8 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
         }
         __syncthreads(); /* every read of slot s done */
         if (threadIdx.x == 0 && k + slots < n_stages)
-            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s]);
+            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s],
+                      piece);
     }
 }
 
@@ -488,6 +491,19 @@ static uint32_t bs_slots(const kl_gpu_mat *w, int vec, size_t *shared)
     slots = slots > BS_MAX_SLOTS ? BS_MAX_SLOTS : slots;
     *shared = x_bytes + slots * slot;
     return slots >= BS_MIN_SLOTS ? slots : 0;
+}
+
+/* The largest copy version 3 asks for at once: $KL_GPU_BF16_PIECE_KB KiB (read once; a stage
+ * in several copies), else a whole stage in one. */
+static uint32_t bs_piece(void)
+{
+    static uint32_t piece;
+    if (!piece) {
+        const char *e = getenv("KL_GPU_BF16_PIECE_KB");
+        const long kb = e ? atol(e) : 0;
+        piece = kb > 0 && kb <= 256 ? (uint32_t)kb * 1024 : UINT32_MAX / 32 * 16;
+    }
+    return piece;
 }
 
 /* The device's multiprocessors (read once): version 3's grid. */
@@ -521,7 +537,8 @@ static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int
         opted = shared;
     }
     const unsigned blocks = w->rows < bs_blocks() ? w->rows : bs_blocks();
-    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, nm);
+    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, bs_piece(),
+                                                                   nm);
     return 1;
 }
 
