@@ -14,7 +14,9 @@
 #include "kernels/bulk.cuh"
 #include "kernels/gemm.h"
 #include "kernels/kda_conv.cuh"
+#include "kernels/mma.cuh" /* copy16: cp.async */
 #include "kernels/route.cuh"
+#include "kernels/runtime.h" /* kl_gpu_sm_count, kl_gpu_shared_optin */
 #include "kernels/row_dot.cuh"
 #include "kernels/skinny.h"
 
@@ -216,6 +218,20 @@ __device__ static inline float4 bf_x(const float4 *sh, uint32_t f)
     return sh[f ^ ((f >> 3) & 1u)];
 }
 
+/* acc plus the dot product of BF16 piece q (8 weights) and x's floats 8c .. 8c + 8 (x in
+ * shared memory as bf_x lays it out), in order. */
+__device__ static inline float bf_piece_dot(uint4 q, const float4 *sh, uint32_t c, float acc)
+{
+    float wv[8];
+    kl_row_unpack(q, wv, 1);
+    const float4 a = bf_x(sh, 2 * c), b = bf_x(sh, 2 * c + 1);
+    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        acc = fmaf(wv[i], xv[i], acc);
+    return acc;
+}
+
 /* The lane's round of pieces c0 + u * lanes of row p (np pieces; none when p is NULL). */
 __device__ static inline void bf_load(uint4 *q, const uint4 *p, uint32_t np, uint32_t c0,
                                       uint32_t lanes)
@@ -368,15 +384,8 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #pragma unroll
         for (int u = 0; u < BF_PIECES; u++) {
             const uint32_t c = c0 + u * lanes;
-            if (c >= np)
-                continue;
-            float wv[8];
-            kl_row_unpack(q[u], wv, 1);
-            const float4 a = bf_x(bf_sh, 2 * c), b = bf_x(bf_sh, 2 * c + 1);
-            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                acc = fmaf(wv[i], xv[i], acc);
+            if (c < np)
+                acc = bf_piece_dot(q[u], bf_sh, c, acc);
         }
     }
     acc = kl_gpu_group_sum(acc);
@@ -409,6 +418,37 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MAX_SLOTS  8
 #define BS_MIN_SLOTS  2
 
+/* Stage bytes at src into slot: by the copy engine (thread 0, copies of at most piece bytes)
+ * or, ASYNC, by every thread's 16-byte cp.async copies in one commit group (empty when bytes
+ * is 0: past the last stage, so that the groups in flight stay `slots`). */
+template <bool ASYNC>
+__device__ static void bs_issue(uint8_t *slot, const uint8_t *src, uint32_t bytes, uint64_t *bar,
+                                uint32_t piece)
+{
+    if (ASYNC) {
+        for (uint32_t i = threadIdx.x; i < bytes / 16; i += BS_THREADS)
+            copy16(slot + 16 * i, src + 16 * i, 16);
+        copy_commit();
+    } else if (threadIdx.x == 0 && bytes) {
+        bulk_load(slot, src, bytes, bar, piece);
+    }
+}
+
+/* Until at most `ahead` of this thread's cp.async groups are in flight (1 .. BS_MAX_SLOTS - 1). */
+__device__ static void bs_copy_wait(uint32_t ahead)
+{
+    switch (ahead) {
+    case 1: copy_wait<1>(); break;
+    case 2: copy_wait<2>(); break;
+    case 3: copy_wait<3>(); break;
+    case 4: copy_wait<4>(); break;
+    case 5: copy_wait<5>(); break;
+    case 6: copy_wait<6>(); break;
+    default: copy_wait<7>(); break;
+    }
+}
+
+template <bool ASYNC>
 __global__ static void __launch_bounds__(BS_THREADS, 1)
     matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots,
                               uint32_t piece, bf_norm nm)
@@ -423,16 +463,15 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     const uint32_t n_stages = (uint32_t)((r1 - r0 + BS_WARPS - 1) / BS_WARPS);
     uint8_t *ring = (uint8_t *)(bs_sh + w.cols / 4);
     const uint8_t *src = (const uint8_t *)w.data + r0 * row_bytes;
-    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short */
-        const size_t rows = r1 - r0 - (size_t)k * BS_WARPS;
+    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short; 0 past it */
+        const size_t done = (size_t)k * BS_WARPS, rows = r1 - r0 > done ? r1 - r0 - done : 0;
         return (uint32_t)(rows < BS_WARPS ? rows : BS_WARPS) * row_bytes;
     };
-    if (threadIdx.x == 0) {
+    if (!ASYNC && threadIdx.x == 0)
         bulk_init(bar, slots);
-        for (uint32_t k = 0; k < slots && k < n_stages; k++) /* weights: before the wait */
-            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k],
-                      piece);
-    }
+    for (uint32_t k = 0; k < slots; k++) /* weights: asked for before the wait */
+        bs_issue<ASYNC>(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k],
+                        piece);
     KL_GPU_GRID_WAIT();
     if (nm.x)
         bf_stage_norm<BS_THREADS>(nm, bs_sh, w.cols / 4, blockIdx.x == 0, red);
@@ -443,29 +482,26 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     for (uint32_t k = 0; k < n_stages; k++) {
         const uint32_t s = k % slots;
         uint8_t *slot = ring + s * slot_bytes;
-        bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
+        if (ASYNC) {
+            bs_copy_wait(slots - 1);
+            __syncthreads(); /* every thread's copies of stage k landed */
+        } else {
+            bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
+        }
         const size_t row = r0 + (size_t)k * BS_WARPS + wi;
         if (row < r1) {
             const uint4 *p = (const uint4 *)(slot + (size_t)wi * row_bytes);
             float acc = 0.0f;
 #pragma unroll 4
-            for (uint32_t c = lane; c < np; c += KL_GPU_GROUP) {
-                float wv[8];
-                kl_row_unpack(p[c], wv, 1);
-                const float4 a = bf_x(bs_sh, 2 * c), b = bf_x(bs_sh, 2 * c + 1);
-                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    acc = fmaf(wv[i], xv[i], acc);
-            }
+            for (uint32_t c = lane; c < np; c += KL_GPU_GROUP)
+                acc = bf_piece_dot(p[c], bs_sh, c, acc);
             acc = kl_gpu_group_sum(acc);
             if (lane == 0)
                 y[row] = acc;
         }
         __syncthreads(); /* every read of slot s done */
-        if (threadIdx.x == 0 && k + slots < n_stages)
-            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s],
-                      piece);
+        bs_issue<ASYNC>(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s],
+                        piece);
     }
 }
 
@@ -473,20 +509,11 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
  * little shared memory on this device for BS_MIN_SLOTS), and the shared memory it asks for. */
 static uint32_t bs_slots(const kl_gpu_mat *w, int vec, size_t *shared)
 {
-    static int optin = -1;
-    if (optin < 0) {
-        int dev = 0, v = 0;
-        optin = hipGetDevice(&dev) == hipSuccess &&
-                        hipDeviceGetAttribute(&v, hipDeviceAttributeSharedMemPerBlockOptin,
-                                              dev) == hipSuccess
-                    ? v
-                    : 0;
-    }
     if (kl_gpu_version(KL_GPU_K_BF16) != 3 || w->kind != KL_GPU_W_BF16 || !vec ||
         w->cols > BS_MAX_COLS || w->cols % 8 || w->rows < 512 || w->rows > 65536)
         return 0;
     const size_t x_bytes = (size_t)w->cols * sizeof(float), slot = (size_t)BS_WARPS * w->cols * 2;
-    const size_t room = (size_t)optin - 1024; /* the static barriers and sums */
+    const size_t room = kl_gpu_shared_optin() - 1024; /* the static barriers and sums */
     uint32_t slots = room > x_bytes ? (uint32_t)((room - x_bytes) / slot) : 0;
     slots = slots > BS_MAX_SLOTS ? BS_MAX_SLOTS : slots;
     *shared = x_bytes + slots * slot;
@@ -506,18 +533,16 @@ static uint32_t bs_piece(void)
     return piece;
 }
 
-/* The device's multiprocessors (read once): version 3's grid. */
-static unsigned bs_blocks(void)
+/* How version 3 fills its stages: the copy engine (0, the default) or, with
+ * $KL_GPU_BF16_COPY=async, every thread's cp.async copies (1); read once. */
+static int bs_async(void)
 {
-    static unsigned n;
-    int dev = 0, v = 0;
-    if (!n)
-        n = hipGetDevice(&dev) == hipSuccess &&
-                    hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, dev) ==
-                        hipSuccess && v > 0
-                ? (unsigned)v
-                : 132;
-    return n;
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("KL_GPU_BF16_COPY");
+        mode = e && !strcmp(e, "async");
+    }
+    return mode;
 }
 
 /* 1 when version 3 took the product (launched with the norm nm, or x as it is). */
@@ -529,16 +554,21 @@ static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int
     const uint32_t slots = bs_slots(w, vec, &shared);
     if (!slots)
         return 0;
-    if (shared > opted) { /* a setting of the function, not a stream operation */
-        if (hipFuncSetAttribute((const void *)matmul_bf16_stream_kernel,
-                                hipFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)shared) != hipSuccess)
-            return 0;
+    if (shared > opted) { /* a setting of the functions, not a stream operation */
+        for (const void *fn : {(const void *)matmul_bf16_stream_kernel<false>,
+                               (const void *)matmul_bf16_stream_kernel<true>})
+            if (hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)shared) != hipSuccess)
+                return 0;
         opted = shared;
     }
-    const unsigned blocks = w->rows < bs_blocks() ? w->rows : bs_blocks();
-    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, bs_piece(),
-                                                                   nm);
+    const unsigned blocks = w->rows < kl_gpu_sm_count() ? w->rows : kl_gpu_sm_count();
+    if (bs_async())
+        matmul_bf16_stream_kernel<true><<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots,
+                                                                            bs_piece(), nm);
+    else
+        matmul_bf16_stream_kernel<false><<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots,
+                                                                             bs_piece(), nm);
     return 1;
 }
 

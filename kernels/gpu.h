@@ -56,6 +56,7 @@
 #define hipGetDeviceProperties  cudaGetDeviceProperties
 #define hipGetDevice            cudaGetDevice
 #define hipDeviceGetAttribute   cudaDeviceGetAttribute
+#define hipDeviceAttribute_t    cudaDeviceAttr
 #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipMemGetInfo           cudaMemGetInfo

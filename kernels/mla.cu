@@ -96,6 +96,7 @@
 #include "kernels/gemm.h"
 #include "kernels/mla.h"
 #include "kernels/mma.cuh"
+#include "kernels/runtime.h" /* kl_gpu_sm_count */
 #include "kernels/tokens.h"
 
 #include <stdlib.h>
@@ -1500,7 +1501,6 @@ attend3s_kernel(kl_gpu_mla_attend_args a, attend_ctx x, kl_gpu_tokens tk)
 #define T4_SLD       40     /* row stride (floats) of the score partials: 8 mod 32 */
 #define T4_PLD       36     /* row stride (words) of the weights' bf16 pairs: 4 mod 32 */
 #define T4_MIN_TILES 2      /* tiles per split at least */
-#define T4_SMS       132    /* multiprocessors when the runtime does not say (an H200's) */
 
 static_assert(T4_ROWS == 32 && T4_KEYS == 32 && T4_THREADS == 8 * T4_ROWS,
               "2 x 16 query rows, 4 x 8 keys per tile, 8 threads per row in the softmax");
@@ -2480,26 +2480,13 @@ static int attend_v3(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, bo
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
-/* The device's multiprocessors (read once; T4_SMS where the runtime does not say). */
-static uint32_t sm_count(void)
-{
-    static uint32_t n;
-    int dev = 0, v = 0;
-    if (!n)
-        n = hipGetDevice(&dev) == hipSuccess &&
-                    hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, dev) ==
-                        hipSuccess && v > 0
-                ? (uint32_t)v
-                : T4_SMS;
-    return n;
-}
 
 /* v4's splits per token: one wave of blocks (1 per multiprocessor) over the n tokens, at most
  * one per T4_MIN_TILES tiles of the longest span, and never more than the scratch holds (v2's
  * count). */
 static uint32_t splits4(uint32_t n, uint32_t max_span)
 {
-    const uint32_t sms = sm_count(), wave = n < sms ? sms / n : 1;
+    const uint32_t sms = kl_gpu_sm_count(), wave = n < sms ? sms / n : 1;
     const uint32_t b = splits_bound(max_span, T4_MIN_TILES * T4_KEYS / TILE);
     const uint32_t s = wave < b ? wave : b, s2 = splits2(n, max_span);
     return s < s2 ? s : s2;

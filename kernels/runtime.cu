@@ -22,6 +22,34 @@ extern "C" int kl_gpu_device_count(void)
     return n;
 }
 
+/* Attribute a of the current device, or fallback when the runtime does not say. */
+static int device_attribute(hipDeviceAttribute_t a, int fallback)
+{
+    int dev = 0, v = 0;
+    if (hipGetDevice(&dev) != hipSuccess || hipDeviceGetAttribute(&v, a, dev) != hipSuccess ||
+        v <= 0) {
+        (void)hipGetLastError();
+        return fallback;
+    }
+    return v;
+}
+
+extern "C" unsigned kl_gpu_sm_count(void)
+{
+    static unsigned n;
+    if (!n)
+        n = (unsigned)device_attribute(hipDeviceAttributeMultiprocessorCount, 132);
+    return n;
+}
+
+extern "C" size_t kl_gpu_shared_optin(void)
+{
+    static size_t n;
+    if (!n)
+        n = (size_t)device_attribute(hipDeviceAttributeSharedMemPerBlockOptin, 227 * 1024);
+    return n;
+}
+
 extern "C" int kl_gpu_device_open(int dev, char *name, size_t name_len, kl_err *err)
 {
     int rc = KL_GPU_CHECK(err, hipSetDevice(dev));

@@ -21,6 +21,10 @@ int  kl_gpu_device_count(void);
 /* Makes dev current for this thread; name (may be NULL) receives its name. */
 int  kl_gpu_device_open(int dev, char *name, size_t name_len, kl_err *err);
 int  kl_gpu_mem_info(size_t *free_bytes, size_t *total_bytes, kl_err *err);
+/* The current device's multiprocessors and the shared memory a block may opt in to, read once
+ * per process (132 and 227 KiB, an H200's, where the runtime does not say). */
+unsigned kl_gpu_sm_count(void);
+size_t   kl_gpu_shared_optin(void);
 
 /* Device memory: KL_E_NOMEM names the bytes asked and what the device has free. */
 int  kl_gpu_alloc(void **p, size_t bytes, kl_err *err);
