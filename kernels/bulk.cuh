@@ -36,11 +36,10 @@ __device__ static inline void bulk_init(uint64_t *bar, unsigned n)
 #endif
 }
 
-/* Asks for bytes at src into dst, counted on bar (thread 0 only), in copies of at most
- * piece bytes (a multiple of 16).  A slot read before by the block's threads is ordered
- * before the copies' writes by the caller's block barrier and the proxy fence here. */
-__device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar,
-                                        uint32_t piece)
+/* Asks for bytes at src into dst, counted on bar (thread 0 only).  A slot read before by the
+ * block's threads is ordered before the copy's writes by the caller's block barrier and the
+ * proxy fence here. */
+__device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if KL_BULK_ENGINE
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
@@ -48,15 +47,12 @@ __device__ static inline void bulk_load(void *dst, const void *src, uint32_t byt
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
                  : "memory");
-    for (uint32_t o = 0; o < bytes; o += piece) {
-        const uint32_t n = bytes - o < piece ? bytes - o : piece;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                     "[%0], [%1], %2, [%3];" ::"r"(d + o),
-                     "l"((const char *)src + o), "r"(n), "r"(b)
-                     : "memory");
-    }
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1], %2, [%3];" ::"r"(d),
+                 "l"(src), "r"(bytes), "r"(b)
+                 : "memory");
 #else
-    (void)dst, (void)src, (void)bytes, (void)bar, (void)piece;
+    (void)dst, (void)src, (void)bytes, (void)bar;
 #endif
 }
 

@@ -14,7 +14,6 @@
 #include "kernels/bulk.cuh"
 #include "kernels/gemm.h"
 #include "kernels/kda_conv.cuh"
-#include "kernels/mma.cuh" /* copy16: cp.async */
 #include "kernels/route.cuh"
 #include "kernels/runtime.h" /* kl_gpu_sm_count, kl_gpu_shared_optin */
 #include "kernels/row_dot.cuh"
@@ -418,40 +417,8 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MAX_SLOTS  8
 #define BS_MIN_SLOTS  2
 
-/* Stage bytes at src into slot: by the copy engine (thread 0, copies of at most piece bytes)
- * or, ASYNC, by every thread's 16-byte cp.async copies in one commit group (empty when bytes
- * is 0: past the last stage, so that the groups in flight stay `slots`). */
-template <bool ASYNC>
-__device__ static void bs_issue(uint8_t *slot, const uint8_t *src, uint32_t bytes, uint64_t *bar,
-                                uint32_t piece)
-{
-    if (ASYNC) {
-        for (uint32_t i = threadIdx.x; i < bytes / 16; i += BS_THREADS)
-            copy16(slot + 16 * i, src + 16 * i, 16);
-        copy_commit();
-    } else if (threadIdx.x == 0 && bytes) {
-        bulk_load(slot, src, bytes, bar, piece);
-    }
-}
-
-/* Until at most `ahead` of this thread's cp.async groups are in flight (1 .. BS_MAX_SLOTS - 1). */
-__device__ static void bs_copy_wait(uint32_t ahead)
-{
-    switch (ahead) {
-    case 1: copy_wait<1>(); break;
-    case 2: copy_wait<2>(); break;
-    case 3: copy_wait<3>(); break;
-    case 4: copy_wait<4>(); break;
-    case 5: copy_wait<5>(); break;
-    case 6: copy_wait<6>(); break;
-    default: copy_wait<7>(); break;
-    }
-}
-
-template <bool ASYNC>
 __global__ static void __launch_bounds__(BS_THREADS, 1)
-    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots,
-                              uint32_t piece, bf_norm nm)
+    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots, bf_norm nm)
 {
     KL_GPU_GRID_WAIT_LATER();
     extern __shared__ float4 bs_sh[]; /* x (cols floats), then the ring's slots */
@@ -463,15 +430,15 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     const uint32_t n_stages = (uint32_t)((r1 - r0 + BS_WARPS - 1) / BS_WARPS);
     uint8_t *ring = (uint8_t *)(bs_sh + w.cols / 4);
     const uint8_t *src = (const uint8_t *)w.data + r0 * row_bytes;
-    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short; 0 past it */
-        const size_t done = (size_t)k * BS_WARPS, rows = r1 - r0 > done ? r1 - r0 - done : 0;
+    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short */
+        const size_t rows = r1 - r0 - (size_t)k * BS_WARPS;
         return (uint32_t)(rows < BS_WARPS ? rows : BS_WARPS) * row_bytes;
     };
-    if (!ASYNC && threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         bulk_init(bar, slots);
-    for (uint32_t k = 0; k < slots; k++) /* weights: asked for before the wait */
-        bs_issue<ASYNC>(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k],
-                        piece);
+        for (uint32_t k = 0; k < slots && k < n_stages; k++) /* weights: before the wait */
+            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k]);
+    }
     KL_GPU_GRID_WAIT();
     if (nm.x)
         bf_stage_norm<BS_THREADS>(nm, bs_sh, w.cols / 4, blockIdx.x == 0, red);
@@ -482,12 +449,7 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     for (uint32_t k = 0; k < n_stages; k++) {
         const uint32_t s = k % slots;
         uint8_t *slot = ring + s * slot_bytes;
-        if (ASYNC) {
-            bs_copy_wait(slots - 1);
-            __syncthreads(); /* every thread's copies of stage k landed */
-        } else {
-            bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
-        }
+        bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
         const size_t row = r0 + (size_t)k * BS_WARPS + wi;
         if (row < r1) {
             const uint4 *p = (const uint4 *)(slot + (size_t)wi * row_bytes);
@@ -500,8 +462,8 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
                 y[row] = acc;
         }
         __syncthreads(); /* every read of slot s done */
-        bs_issue<ASYNC>(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s],
-                        piece);
+        if (threadIdx.x == 0 && k + slots < n_stages)
+            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s]);
     }
 }
 
@@ -520,31 +482,6 @@ static uint32_t bs_slots(const kl_gpu_mat *w, int vec, size_t *shared)
     return slots >= BS_MIN_SLOTS ? slots : 0;
 }
 
-/* The largest copy version 3 asks for at once: $KL_GPU_BF16_PIECE_KB KiB (read once; a stage
- * in several copies), else a whole stage in one. */
-static uint32_t bs_piece(void)
-{
-    static uint32_t piece;
-    if (!piece) {
-        const char *e = getenv("KL_GPU_BF16_PIECE_KB");
-        const long kb = e ? atol(e) : 0;
-        piece = kb > 0 && kb <= 256 ? (uint32_t)kb * 1024 : UINT32_MAX / 32 * 16;
-    }
-    return piece;
-}
-
-/* How version 3 fills its stages: the copy engine (0, the default) or, with
- * $KL_GPU_BF16_COPY=async, every thread's cp.async copies (1); read once. */
-static int bs_async(void)
-{
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("KL_GPU_BF16_COPY");
-        mode = e && !strcmp(e, "async");
-    }
-    return mode;
-}
-
 /* 1 when version 3 took the product (launched with the norm nm, or x as it is). */
 static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int vec,
                               hipStream_t st, const bf_norm &nm)
@@ -554,21 +491,15 @@ static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int
     const uint32_t slots = bs_slots(w, vec, &shared);
     if (!slots)
         return 0;
-    if (shared > opted) { /* a setting of the functions, not a stream operation */
-        for (const void *fn : {(const void *)matmul_bf16_stream_kernel<false>,
-                               (const void *)matmul_bf16_stream_kernel<true>})
-            if (hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)shared) != hipSuccess)
-                return 0;
+    if (shared > opted) { /* a setting of the function, not a stream operation */
+        if (hipFuncSetAttribute((const void *)matmul_bf16_stream_kernel,
+                                hipFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)shared) != hipSuccess)
+            return 0;
         opted = shared;
     }
     const unsigned blocks = w->rows < kl_gpu_sm_count() ? w->rows : kl_gpu_sm_count();
-    if (bs_async())
-        matmul_bf16_stream_kernel<true><<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots,
-                                                                            bs_piece(), nm);
-    else
-        matmul_bf16_stream_kernel<false><<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots,
-                                                                             bs_piece(), nm);
+    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, nm);
     return 1;
 }
 
