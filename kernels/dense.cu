@@ -410,7 +410,10 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
  * ring is asked for before the grid wait (the weights never change within a step), so a
  * matrix of up to ~25 MB is in flight before its input exists; x, or the norm of it
  * (bf_norm), is staged once a block; a warp sums a row, each lane its pieces lane, lane + 32,
- * .. in order (version 2's order at one group a row). */
+ * .. in order (version 2's order at one group a row).  Measured (docs/PERFORMANCE.md session
+ * 19): decode +2%, [2304, 4096] 8.2 us against 9.6; the marginal rate 0.89 of the copy rate
+ * against 0.84, the fixed ~4 us a product (launch, first latency, x, tail) unchanged; filling
+ * the stages by every thread's cp.async, or in 4 KiB copies, was slower. */
 #define BS_THREADS    256
 #define BS_WARPS      (BS_THREADS / KL_GPU_GROUP)
 #define BS_MAX_COLS   4096
