@@ -288,7 +288,8 @@ __device__ static void bf_stage_norm(const bf_norm &nm, float4 *sh, uint32_t n4,
     const float4 *x4 = (const float4 *)nm.x, *r4 = (const float4 *)nm.r;
     float ss = 0.0f;
     for (uint32_t f = threadIdx.x; f < n4; f += T) {
-        const float4 a = x4[f], b = r4[f];
+        const float4 a = KL_LOAD_L2(&x4[f]), b = KL_LOAD_L2(&r4[f]); /* r: maybe written in
+                                                                        this launch (chains) */
         const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         sh[f ^ ((f >> 3) & 1u)] = v;
         ss = fmaf(v.x, v.x, ss);
@@ -420,42 +421,110 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MAX_SLOTS  8
 #define BS_MIN_SLOTS  2
 
+/* One product of a version-3 launch: y = W x, x staged as it is or (x NULL) as the norm nm;
+ * this block's rows [r0, r1) in stages of BS_WARPS. */
+struct bs_phase {
+    kl_gpu_mat   w;
+    const float *x;
+    float       *y;
+    bf_norm      nm;
+};
+
+__device__ static inline size_t bs_row0(const kl_gpu_mat &w, unsigned b)
+{
+    return (size_t)b * w.rows / gridDim.x;
+}
+
+/* Stage j of this block's rows of w: its source and bytes (the last stage short). */
+__device__ static inline const uint8_t *bs_stage(const kl_gpu_mat &w, uint32_t j, uint32_t *bytes)
+{
+    const size_t r0 = bs_row0(w, blockIdx.x), r1 = bs_row0(w, blockIdx.x + 1);
+    const size_t row = r0 + (size_t)j * BS_WARPS, left = r1 - row;
+    *bytes = (uint32_t)(left < BS_WARPS ? left : BS_WARPS) * w.cols * 2;
+    return (const uint8_t *)w.data + row * w.cols * 2;
+}
+
+__device__ static inline uint32_t bs_stages(const kl_gpu_mat &w)
+{
+    return (uint32_t)((bs_row0(w, blockIdx.x + 1) - bs_row0(w, blockIdx.x) + BS_WARPS - 1) /
+                      BS_WARPS);
+}
+
+/* The grid barrier's counter, one a device, zero when the module loads; it only grows. */
+__device__ static unsigned long long bs_barrier;
+
+/* Every block of the grid here before any goes on (all of them resident: one an SM), the
+ * writes before it visible after.  The counter only grows: a barrier's target is the next
+ * multiple of the grid's size, so launches of one grid size share it one at a time (one
+ * stream a device: the engine chains no products when ranks share a device). */
+__device__ static void bs_grid_sync(void)
+{
+    unsigned long long *ctr = &bs_barrier;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long old = atomicAdd(ctr, 1ull);
+        const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+        while (*(volatile unsigned long long *)ctr < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* x of phase ph into shared memory (x as it is, or its norm), by the block. */
+__device__ static void bs_stage_x(const bs_phase &ph, float4 *sh, float *red)
+{
+    if (ph.nm.x)
+        bf_stage_norm<BS_THREADS>(ph.nm, sh, ph.w.cols / 4, blockIdx.x == 0, red);
+    for (uint32_t f = threadIdx.x; !ph.nm.x && f < ph.w.cols / 4; f += BS_THREADS)
+        sh[f ^ ((f >> 3) & 1u)] = ((const float4 *)ph.x)[f];
+    __syncthreads();
+}
+
+/* Products a, then b (b.w.rows 0: none) whose input reads a's output (its norm's r), with a
+ * grid-wide barrier on ctr between; the ring streams a's stages then b's, so b's first stages
+ * are in flight while a finishes. */
 __global__ static void __launch_bounds__(BS_THREADS, 1)
-    matmul_bf16_stream_kernel(kl_gpu_mat w, const float *x, float *y, uint32_t slots, bf_norm nm)
+    matmul_bf16_stream_kernel(bs_phase a, bs_phase b, uint32_t slots, uint32_t slot_bytes,
+                              uint32_t x_floats)
 {
     KL_GPU_GRID_WAIT_LATER();
-    extern __shared__ float4 bs_sh[]; /* x (cols floats), then the ring's slots */
+    extern __shared__ float4 bs_sh[]; /* x (x_floats), then the ring's slots */
     __shared__ uint64_t bar[BS_MAX_SLOTS];
     __shared__ float red[BS_WARPS];
-    const uint32_t np = w.cols / 8, row_bytes = w.cols * 2, slot_bytes = BS_WARPS * row_bytes;
-    const size_t r0 = (size_t)blockIdx.x * w.rows / gridDim.x;
-    const size_t r1 = (size_t)(blockIdx.x + 1) * w.rows / gridDim.x;
-    const uint32_t n_stages = (uint32_t)((r1 - r0 + BS_WARPS - 1) / BS_WARPS);
-    uint8_t *ring = (uint8_t *)(bs_sh + w.cols / 4);
-    const uint8_t *src = (const uint8_t *)w.data + r0 * row_bytes;
-    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short */
-        const size_t rows = r1 - r0 - (size_t)k * BS_WARPS;
-        return (uint32_t)(rows < BS_WARPS ? rows : BS_WARPS) * row_bytes;
+    uint8_t *ring = (uint8_t *)(bs_sh + x_floats / 4);
+    const uint32_t na = bs_stages(a.w), n = na + (b.w.rows ? bs_stages(b.w) : 0);
+    auto issue = [&](uint32_t k) { /* thread 0: stage k into its slot */
+        uint32_t bytes;
+        const kl_gpu_mat w = k < na ? a.w : b.w;
+        const uint8_t *src = bs_stage(w, k < na ? k : k - na, &bytes);
+        bulk_load(ring + (k % slots) * slot_bytes, src, bytes, &bar[k % slots]);
     };
     if (threadIdx.x == 0) {
         bulk_init(bar, slots);
-        for (uint32_t k = 0; k < slots && k < n_stages; k++) /* weights: before the wait */
-            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k]);
+        for (uint32_t k = 0; k < slots && k < n; k++) /* weights: before the wait */
+            issue(k);
     }
     KL_GPU_GRID_WAIT();
-    if (nm.x)
-        bf_stage_norm<BS_THREADS>(nm, bs_sh, w.cols / 4, blockIdx.x == 0, red);
-    for (uint32_t f = threadIdx.x; !nm.x && f < w.cols / 4; f += BS_THREADS)
-        bs_sh[f ^ ((f >> 3) & 1u)] = ((const float4 *)x)[f];
-    __syncthreads(); /* x staged; the barriers initialised */
+    bs_stage_x(a, bs_sh, red); /* and the barriers initialised */
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    for (uint32_t k = 0; k < n_stages; k++) {
-        const uint32_t s = k % slots;
+    for (uint32_t k = 0; k < n; k++) {
+        if (k == na) { /* b's input is made of a's output, every block's */
+            bs_grid_sync();
+            bs_stage_x(b, bs_sh, red);
+        }
+        const kl_gpu_mat w = k < na ? a.w : b.w; /* copies: no local memory for a or b */
+        float *y = k < na ? a.y : b.y;
+        const uint32_t j = k < na ? k : k - na, s = k % slots;
+        uint32_t bytes;
+        const uint8_t *src = bs_stage(w, j, &bytes);
         uint8_t *slot = ring + s * slot_bytes;
-        bulk_wait(&bar[s], k / slots, slot, src + (size_t)k * slot_bytes, bytes_of(k));
-        const size_t row = r0 + (size_t)k * BS_WARPS + wi;
-        if (row < r1) {
-            const uint4 *p = (const uint4 *)(slot + (size_t)wi * row_bytes);
+        bulk_wait(&bar[s], k / slots, slot, src, bytes);
+        const size_t row = bs_row0(w, blockIdx.x) + (size_t)j * BS_WARPS + wi;
+        if (row < bs_row0(w, blockIdx.x + 1)) {
+            const uint32_t np = w.cols / 8;
+            const uint4 *p = (const uint4 *)(slot + (size_t)wi * w.cols * 2);
             float acc = 0.0f;
 #pragma unroll 4
             for (uint32_t c = lane; c < np; c += KL_GPU_GROUP)
@@ -465,34 +534,30 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
                 y[row] = acc;
         }
         __syncthreads(); /* every read of slot s done */
-        if (threadIdx.x == 0 && k + slots < n_stages)
-            bulk_load(slot, src + (size_t)(k + slots) * slot_bytes, bytes_of(k + slots), &bar[s]);
+        if (threadIdx.x == 0 && k + slots < n)
+            issue(k + slots);
     }
 }
 
-/* The ring's slots version 3 takes w with (0: it does not: another version, too wide, or too
- * little shared memory on this device for BS_MIN_SLOTS), and the shared memory it asks for. */
-static uint32_t bs_slots(const kl_gpu_mat *w, int vec, size_t *shared)
+/* Whether version 3 takes w (16-byte aligned x: vec). */
+static int bs_takes(const kl_gpu_mat *w, int vec)
 {
-    if (kl_gpu_version(KL_GPU_K_BF16) != 3 || w->kind != KL_GPU_W_BF16 || !vec ||
-        w->cols > BS_MAX_COLS || w->cols % 8 || w->rows < 512 || w->rows > 65536)
-        return 0;
-    const size_t x_bytes = (size_t)w->cols * sizeof(float), slot = (size_t)BS_WARPS * w->cols * 2;
+    return kl_gpu_version(KL_GPU_K_BF16) == 3 && w->kind == KL_GPU_W_BF16 && vec &&
+           w->cols <= BS_MAX_COLS && w->cols % 8 == 0 && w->rows >= 512 && w->rows <= 65536;
+}
+
+/* The launch of version 3 for products a and b (b.w.rows 0: a alone): 1 when it took them, 0
+ * when the device's shared memory holds fewer than BS_MIN_SLOTS stages of the wider. */
+static int bs_launch(const bs_phase &a, const bs_phase &b, hipStream_t st)
+{
+    static size_t opted; /* the shared memory the kernel may ask for, set once it grows */
+    const uint32_t cols = b.w.rows && b.w.cols > a.w.cols ? b.w.cols : a.w.cols;
+    const size_t x_bytes = (size_t)cols * sizeof(float), slot = (size_t)BS_WARPS * cols * 2;
     const size_t room = kl_gpu_shared_optin() - 1024; /* the static barriers and sums */
     uint32_t slots = room > x_bytes ? (uint32_t)((room - x_bytes) / slot) : 0;
     slots = slots > BS_MAX_SLOTS ? BS_MAX_SLOTS : slots;
-    *shared = x_bytes + slots * slot;
-    return slots >= BS_MIN_SLOTS ? slots : 0;
-}
-
-/* 1 when version 3 took the product (launched with the norm nm, or x as it is). */
-static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int vec,
-                              hipStream_t st, const bf_norm &nm)
-{
-    static size_t opted; /* the shared memory the kernel may ask for, set once it grows */
-    size_t shared = 0;
-    const uint32_t slots = bs_slots(w, vec, &shared);
-    if (!slots)
+    const size_t shared = x_bytes + slots * slot;
+    if (slots < BS_MIN_SLOTS)
         return 0;
     if (shared > opted) { /* a setting of the function, not a stream operation */
         if (hipFuncSetAttribute((const void *)matmul_bf16_stream_kernel,
@@ -501,9 +566,18 @@ static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int
             return 0;
         opted = shared;
     }
-    const unsigned blocks = w->rows < kl_gpu_sm_count() ? w->rows : kl_gpu_sm_count();
-    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(*w, x, y, slots, nm);
+    const uint32_t rows = b.w.rows && b.w.rows < a.w.rows ? b.w.rows : a.w.rows;
+    const unsigned blocks = rows < kl_gpu_sm_count() ? rows : kl_gpu_sm_count();
+    matmul_bf16_stream_kernel<<<blocks, BS_THREADS, shared, st>>>(a, b, slots, (uint32_t)slot,
+                                                                  cols);
     return 1;
+}
+
+/* 1 when version 3 took the product (launched with the norm nm, or x as it is). */
+static int matmul_bf16_stream(const kl_gpu_mat *w, const float *x, float *y, int vec,
+                              hipStream_t st, const bf_norm &nm)
+{
+    return bs_takes(w, vec) && bs_launch(bs_phase{*w, nm.x ? NULL : x, y, nm}, bs_phase{}, st);
 }
 
 /* The warps per row for the one-token BF16 kernel (version 2, 16-byte aligned, the shapes
@@ -918,6 +992,37 @@ extern "C" int kl_gpu_matmul_norm(const kl_gpu_mat *w, const float *x, const flo
                        "this product (kl_gpu_matmul_norm_takes), or y is NULL");
     const bf_norm nm = {x, r, nw, x_out, xn_out, eps};
     matmul_bf16_n1(w, xn_out, NULL, y, 1, (hipStream_t)s, bf_rider{}, nm);
+    return KL_GPU_CHECK(err, hipGetLastError());
+}
+
+extern "C" int kl_gpu_matmul_chain_takes(const kl_gpu_mat *wa, const float *xa,
+                                         const kl_gpu_mat *wb, const float *r, const float *nw,
+                                         float *x_out, float *xn_out)
+{
+    return wa->cols % 4 == 0 && bs_takes(wa, kl_row_vec_ok(wa, xa, wa->cols)) &&
+           kl_gpu_matmul_norm_takes(wb, r, r, nw, x_out, xn_out) &&
+           bs_takes(wb, 1) && wa->rows == wb->cols;
+}
+
+extern "C" int kl_gpu_matmul_chain(const kl_gpu_mat *wa, const float *xa, float *ya,
+                                   const float *r, const float *nw, float eps, float *x_out,
+                                   float *xn_out, const kl_gpu_mat *wb, float *yb,
+                                   kl_gpu_stream s, kl_err *err)
+{
+    int rc = kl_row_mat_check(wa, "matmul_chain", err);
+    if (!rc)
+        rc = kl_row_mat_check(wb, "matmul_chain", err);
+    if (rc)
+        return rc;
+    if (!ya || !yb || !kl_aligned16(ya) ||
+        !kl_gpu_matmul_chain_takes(wa, xa, wb, r, nw, x_out, xn_out))
+        return kl_fail(err, KL_E_USAGE, "matmul_chain: version 3 does not take these products "
+                       "(kl_gpu_matmul_chain_takes), or ya (16-byte aligned) or yb is NULL");
+    const bs_phase a = {*wa, xa, ya, bf_norm{}};
+    const bs_phase b = {*wb, NULL, yb, bf_norm{r, ya, nw, x_out, xn_out, eps}};
+    if (!bs_launch(a, b, (hipStream_t)s))
+        return kl_fail(err, KL_E_USAGE, "matmul_chain: the device's shared memory holds too few "
+                       "stages");
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 

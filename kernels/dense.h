@@ -97,6 +97,20 @@ int kl_gpu_matmul_norm(const kl_gpu_mat *w, const float *x, const float *r, cons
                        float eps, float *x_out, float *xn_out, float *y, kl_gpu_stream s,
                        kl_err *err);
 
+/* Two dependent one-token products in one launch: ya = Wa xa, then v = r + ya (written to
+ * x_out), xn = nw ⊙ v / rms(v) (to xn_out), yb = Wb xn: a block's output product, its residual
+ * add and norm, and the next block's first product (version 3 of the one-token BF16 kernel:
+ * its blocks, one an SM, meet at a grid-wide barrier between the two, and Wb's first stages
+ * stream in while the first product finishes).  Only where kl_gpu_matmul_chain_takes (version
+ * 3 takes both, wa->rows == wb->cols, the vectors 16-byte aligned, x_out not r); one launch
+ * on a device at a time (its barrier's counter is the device's).  yb equals
+ * kl_gpu_matmul_norm(wb, r, ya, ...) after kl_gpu_matmul(wa, xa) to the bit. */
+int kl_gpu_matmul_chain_takes(const kl_gpu_mat *wa, const float *xa, const kl_gpu_mat *wb,
+                              const float *r, const float *nw, float *x_out, float *xn_out);
+int kl_gpu_matmul_chain(const kl_gpu_mat *wa, const float *xa, float *ya, const float *r,
+                        const float *nw, float eps, float *x_out, float *xn_out,
+                        const kl_gpu_mat *wb, float *yb, kl_gpu_stream s, kl_err *err);
+
 /* x[i] += y[i] for i < count (fp32, one rounding: what a host loop adds). */
 int kl_gpu_add(float *x, const float *y, size_t count, kl_gpu_stream s, kl_err *err);
 

@@ -447,6 +447,83 @@ static void check_pair(size_t rows_a, size_t rows_b, size_t cols, uint32_t n)
     t_mat_free(db);
 }
 
+/* Values of a and b [n] that differ to the bit. */
+static double bits_differ(const std::vector<float> &a, const std::vector<float> &b)
+{
+    double n = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        n += memcmp(&a[i], &b[i], 4) != 0;
+    return n;
+}
+
+/* kl_gpu_matmul_chain (version 3): a block's output product [ra, ca], the residual add and
+ * norm, and the next block's first product [rb, ra] in one launch, against the same made by
+ * kl_gpu_matmul and kl_gpu_matmul_norm: every output equal to the bit, once and after 32
+ * chains in a graph with programmatic edges (the grid barrier's counter across launches);
+ * with copy_gbps, both timed there, the weights rotated over >= 512 MB. */
+static void check_chain(size_t ra, size_t ca, size_t rb, double copy_gbps)
+{
+    const float eps = 1e-6f;
+    const t_mat ma = t_mat_random(KL_GPU_W_BF16, ra, ca), mb = t_mat_random(KL_GPU_W_BF16, rb, ra);
+    const std::vector<kl_gpu_mat> wa = t_mat_rotation(ma), wb = t_mat_rotation(mb);
+    float *xa = t_upload(t_vec(ca)), *r = t_upload(t_vec(ra)), *nw = t_upload(t_vec(ra));
+    float *out[2][4]; /* [chain, apart][ya, x_out, xn_out, yb] */
+    for (auto &o : out)
+        for (int i = 0; i < 4; i++)
+            o[i] = (float *)t_alloc((i == 3 ? rb : ra) * 4);
+    kl_err err;
+    kl_err_clear(&err);
+    char what[128];
+    snprintf(what, sizeof what, "matmul_chain %zux%zu then %zux%zu: taken", ra, ca, rb, ra);
+    t_check(what, !kl_gpu_matmul_chain_takes(&wa[0], xa, &wb[0], r, nw, out[0][1], out[0][2]),
+            0);
+    auto chain = [&](int i, kl_gpu_stream st) {
+        float *const *o = out[0];
+        t_ok(kl_gpu_matmul_chain(&wa[i % wa.size()], xa, o[0], r, nw, eps, o[1], o[2],
+                                 &wb[i % wb.size()], o[3], st, &err), &err, "matmul_chain");
+    };
+    auto apart = [&](int i, kl_gpu_stream st) {
+        float *const *o = out[1];
+        t_ok(kl_gpu_matmul(&wa[i % wa.size()], xa, 1, o[0], st, &err), &err, "matmul");
+        t_ok(kl_gpu_matmul_norm(&wb[i % wb.size()], r, o[0], nw, eps, o[1], o[2], o[3], st,
+                                &err), &err, "matmul_norm");
+    };
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) {
+            chain(0, NULL);
+            apart(0, NULL);
+        } else {
+            T_CHECK(hipMemset(out[0][3], 0xff, rb * 4)); /* NaN: written again, or seen */
+            const double s = t_pdl_graph_s(chain, 32);
+            if (copy_gbps > 0) {
+                const double bytes = (double)(ra * ca + rb * ra) * 2;
+                snprintf(what, sizeof what, "matmul_chain %zux%zu then %zux%zu n=1, one launch",
+                         ra, ca, rb, ra);
+                t_time(what, t_median_s(chain, 25), s, bytes, copy_gbps);
+                snprintf(what, sizeof what, "matmul %zux%zu + matmul_norm %zux%zu n=1, two "
+                         "launches", ra, ca, rb, ra);
+                t_time(what, t_median_s(apart, 25), t_pdl_graph_s(apart, 32), bytes, copy_gbps);
+            }
+        }
+        static const char *const names[4] = {"ya", "x_out", "xn_out", "yb"};
+        for (int i = 0; i < 4; i++) {
+            const size_t n = i == 3 ? rb : ra;
+            snprintf(what, sizeof what, "matmul_chain %zux%zu then %zux%zu %s%s (values that "
+                     "differ)", ra, ca, rb, ra, names[i], pass ? " after a graph" : "");
+            t_check(what, bits_differ(t_download(out[0][i], n), t_download(out[1][i], n)), 0);
+        }
+    }
+    T_CHECK(hipDeviceSynchronize());
+    for (auto &o : out)
+        for (float *p : o)
+            hipFree(p);
+    for (float *p : {xa, r, nw})
+        hipFree(p);
+    for (const auto *w : {&wa, &wb})
+        for (const auto &c : *w)
+            t_mat_free(c);
+}
+
 /* A one-token product alone with its weights from DRAM (rotated over >= 512 MB) and from L2
  * (the same copy every call), in a graph with programmatic edges as the decode step runs:
  * what the kernel spends beyond its bytes (session 19: the output product [2304, 4096] takes
@@ -572,6 +649,12 @@ int main(void)
         }
     }
     time_matmul(KL_GPU_W_BF16, 163840, 2304, 5, copy);
+    /* a block's output product, its add and norm, the next block's input (version 3): KDA or
+     * MLA output into the MoE input (shared gate + up + router), and into the KDA input */
+    kl_gpu_version_set(KL_GPU_K_BF16, 3);
+    check_chain(2304, 4096, 2304, copy);
+    check_chain(2304, 4096, 12576, copy);
+    check_chain(2304, 2304, 2304, 0);
     for (int v = 2; v >= 1; v--) {
         kl_gpu_version_set(KL_GPU_K_MX, v);
         time_matmul(KL_GPU_W_MXFP4, 131072, 8192, 1, copy);
