@@ -152,6 +152,13 @@ typedef struct gpu_be {
         int          on;
         const float *r, *w;                   /* x += r; xn = w ⊙ rmsnorm(x) */
     } pend;
+    int        chain;                         /* $KL_GPU_CHAIN=1: output products chained */
+    struct {                                  /* a block's output product left pending */
+        int          on;
+        kl_gpu_mat   w;
+        const float *x;
+        float       *y;                       /* y = W x */
+    } pend_out;
     gpu_graph  graph[GPU_SLOTS];
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
@@ -978,6 +985,8 @@ static void abandon_capture(gpu_be *g)
 }
 
 static int norm_flush(gpu_be *g, kl_err *err);
+static int mm(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err);
+static int out_flush(gpu_be *g, kl_err *err);
 
 /* The start of every operation that enqueues work: an add_norm left pending runs first,
  * unless `taking` (the operation's group_products takes it); profiling, the stream drained. */
@@ -1078,6 +1087,7 @@ static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
     g->head_done = 0;
     g->sum_in_norm = 0;
     g->pend.on = 0;   /* nothing left from a step that failed midway */
+    g->pend_out.on = 0;
     return rc;
 }
 
@@ -1130,13 +1140,15 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
     else if (add)
         ys[ny++] = g->y;
     g->sum_in_norm = 0;
-    int rc = op_start(g, err);
-    if (!rc && ny == 1 && g->tok.n == 1 && g->norm_in_product && g->grp_n <= 1 &&
-        which != KL_NORM_FINAL) {
+    const int defer = ny == 1 && g->tok.n == 1 && g->norm_in_product && g->grp_n <= 1 &&
+                      which != KL_NORM_FINAL;
+    /* deferred, it may chain with the output product left pending (out_product) */
+    int rc = defer && !g->pend.on ? op_begin(g, 1, err) : op_start(g, err);
+    if (!rc && defer) {
         g->pend.on = 1;   /* the next operation's group_products makes it (or norm_flush) */
         g->pend.r = ys[0];
         g->pend.w = norm_weight(g, which, layer);
-    } else if (!rc)
+    } else if (!rc && !(rc = out_flush(g, err)))
         rc = kl_gpu_sum_add_rmsnorm(g->x, ys, ny, norm_weight(g, which, layer), g->tok.n,
                                     g->d.hidden, (float)be->m->cfg.rms_norm_eps, g->xn, g->st,
                                     err);
@@ -1144,10 +1156,36 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
 }
 
 /* The pending add_norm in its own launch. */
+/* A block's output product, y = W x: left pending on a one-token step when chains are on
+ * (the next block's first product may make it in its own launch, kl_gpu_matmul_chain), else
+ * launched. */
+static int out_product(gpu_be *g, const kl_gpu_mat *w, const float *x, float *y, kl_err *err)
+{
+    if (g->chain && g->tok.n == 1 && g->grp_n <= 1 && w->kind == KL_GPU_W_BF16) {
+        g->pend_out.on = 1;
+        g->pend_out.w = *w;
+        g->pend_out.x = x;
+        g->pend_out.y = y;
+        return 0;
+    }
+    return mm(g, w, x, y, err);
+}
+
+/* The pending output product, launched. */
+static int out_flush(gpu_be *g, kl_err *err)
+{
+    if (!g->pend_out.on)
+        return 0;
+    g->pend_out.on = 0;
+    return mm(g, &g->pend_out.w, g->pend_out.x, g->pend_out.y, err);
+}
+
+/* What is pending, launched in order: the output product, then the add_norm. */
 static int norm_flush(gpu_be *g, kl_err *err)
 {
-    if (!g->pend.on)
-        return 0;
+    const int rc = out_flush(g, err);
+    if (rc || !g->pend.on)
+        return rc;
     g->pend.on = 0;
     return kl_gpu_add_rmsnorm(g->x, g->pend.r, g->pend.w, 1, g->d.hidden,
                               (float)g->base.m->cfg.rms_norm_eps, g->xn, g->st, err);
@@ -1163,10 +1201,33 @@ static int norm_in_product_takes(const gpu_be *g, const kl_gpu_mat *w)
  * then lives in x2, which becomes x. */
 static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err)
 {
+    int rc = out_flush(g, err);   /* the norm adds its output */
     g->pend.on = 0;
-    const int rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w,
-                                      (float)g->base.m->cfg.rms_norm_eps, g->x2, g->xn, y,
-                                      g->st, err);
+    if (!rc)
+        rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w,
+                                (float)g->base.m->cfg.rms_norm_eps, g->x2, g->xn, y, g->st,
+                                err);
+    float *t = g->x;
+    g->x = g->x2;
+    g->x2 = t;
+    return rc;
+}
+
+/* Whether the pending output product, the pending add_norm of its output and w's product
+ * run as one chain (kernels/dense.h, kl_gpu_matmul_chain). */
+static int chain_takes(const gpu_be *g, const kl_gpu_mat *w)
+{
+    return g->pend_out.on && g->pend.on && g->pend.r == g->pend_out.y &&
+           kl_gpu_matmul_chain_takes(&g->pend_out.w, g->pend_out.x, w, g->x, g->pend.w, g->x2,
+                                     g->xn);
+}
+
+static int chain_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err)
+{
+    g->pend.on = g->pend_out.on = 0;
+    const int rc = kl_gpu_matmul_chain(&g->pend_out.w, g->pend_out.x, g->pend_out.y, g->x,
+                                       g->pend.w, (float)g->base.m->cfg.rms_norm_eps, g->x2,
+                                       g->xn, w, y, g->st, err);
     float *t = g->x;
     g->x = g->x2;
     g->x2 = t;
@@ -1260,6 +1321,8 @@ static int group_products(gpu_be *g, const gpu_layer *L, int grp, const float *x
             out[i] = p;
             p += L->w[fuse_roles[grp][i]].rows;
         }
+        if (x == g->xn && chain_takes(g, &L->fused[grp]))
+            return chain_in_product(g, &L->fused[grp], g->fz, err);
         if (x == g->xn && norm_in_product_takes(g, &L->fused[grp]))
             return norm_in_product(g, &L->fused[grp], g->fz, err);
         return norm_flush(g, err) ? err->code : mm(g, &L->fused[grp], x, g->fz, err);
@@ -1320,8 +1383,9 @@ static int gpu_kda(kl_backend *be, uint32_t layer, kl_err *err)
         rc = part_done(g, KL_GPU_PART_KDA_RECUR, kl_gpu_kda_recur(&ra, &g->tok, g->st, err),
                        err);
     }
-    if (!rc) rc = part_done(g, KL_GPU_PART_KDA_OUT, mm(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err),
-                            err);
+    if (!rc)
+        rc = part_done(g, KL_GPU_PART_KDA_OUT,
+                       out_product(g, &L->w[KL_ROLE_KDA_O], g->o, g->y, err), err);
     return op_done(g, KL_GPU_OP_KDA, rc, err);
 }
 
@@ -1348,8 +1412,9 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
         rc = part_done(g, KL_GPU_PART_MLA_ATTEND, kl_gpu_mla_attend(&at, &g->tok, g->st, err),
                        err);
     }
-    if (!rc) rc = part_done(g, KL_GPU_PART_MLA_OUT, mm(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err),
-                            err);
+    if (!rc)
+        rc = part_done(g, KL_GPU_PART_MLA_OUT,
+                       out_product(g, &L->w[KL_ROLE_MLA_O], g->o, g->y, err), err);
     return op_done(g, KL_GPU_OP_MLA, rc, err);
 }
 
@@ -1776,6 +1841,10 @@ static void read_settings(gpu_be *g)
      * stage xn themselves); $KL_GPU_NORM_IN_PRODUCT=0: its own launch */
     const char *nip = getenv("KL_GPU_NORM_IN_PRODUCT");
     g->norm_in_product = !(nip && !strcmp(nip, "0")) && !g->prof.on;
+    /* ... and a block's output product chained with them (kl_gpu_matmul_chain): opt-in with
+     * $KL_GPU_CHAIN=1 until measured on a GPU */
+    const char *chain = getenv("KL_GPU_CHAIN");
+    g->chain = chain && !strcmp(chain, "1") && g->norm_in_product;
     g->graphs_on = !(graphs && !strcmp(graphs, "0")) && !g->prof.on;
 }
 
