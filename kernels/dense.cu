@@ -483,8 +483,8 @@ __device__ static void bs_stage_x(const bs_phase &ph, float4 *sh, float *red)
 }
 
 /* Products a, then b (b.w.rows 0: none) whose input reads a's output (its norm's r), with a
- * grid-wide barrier on ctr between; the ring streams a's stages then b's, so b's first stages
- * are in flight while a finishes. */
+ * grid-wide barrier (bs_grid_sync) between; the ring streams a's stages then b's, so b's
+ * first stages are in flight while a finishes. */
 __global__ static void __launch_bounds__(BS_THREADS, 1)
     matmul_bf16_stream_kernel(bs_phase a, bs_phase b, uint32_t slots, uint32_t slot_bytes,
                               uint32_t x_floats)
