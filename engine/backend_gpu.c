@@ -1155,7 +1155,6 @@ static int norm_op(kl_backend *be, kl_norm_which which, uint32_t layer, int add,
     return op_done(g, KL_GPU_OP_NORM, rc, err);
 }
 
-/* The pending add_norm in its own launch. */
 /* A block's output product, y = W x: left pending on a one-token step when chains are on
  * (the next block's first product may make it in its own launch, kl_gpu_matmul_chain), else
  * launched. */
@@ -1202,11 +1201,11 @@ static int norm_in_product_takes(const gpu_be *g, const kl_gpu_mat *w)
 static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err)
 {
     int rc = out_flush(g, err);   /* the norm adds its output */
+    if (rc)
+        return rc;
     g->pend.on = 0;
-    if (!rc)
-        rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w,
-                                (float)g->base.m->cfg.rms_norm_eps, g->x2, g->xn, y, g->st,
-                                err);
+    rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w, (float)g->base.m->cfg.rms_norm_eps,
+                            g->x2, g->xn, y, g->st, err);
     float *t = g->x;
     g->x = g->x2;
     g->x2 = t;
