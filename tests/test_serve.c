@@ -1085,13 +1085,23 @@ START_TEST(test_queued_stream_waits)
     int main_port = g_port;
     pid_t pid;
     g_port = start_server_with("1", "4", &pid);
-    int busy = long_stream();
-    char *b = chat_body("queued", 4, 1), f[16];
+    /* the one slot busy, and two more long streams queued ahead: the tiny model's longest
+     * greedy reply (~2,100 ids, then its end token) takes ~1 s on a development VM, so the
+     * queued request waits ~3 s, three keep-alive periods, on a machine like it */
+    int busy[3] = {long_stream(), -1, -1};
+    char *b = chat_body("hello there", 30000, 1), f[16];
+    for (int i = 1; i < 3; i++) {
+        busy[i] = connect_server();
+        send_request(busy[i], "POST", "/v1/chat/completions", KEY, b, strlen(b));
+    }
+    free(b);
+    b = chat_body("queued", 4, 1);
     int fd = connect_server();
     send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
     struct timespec ts = {1, 600 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    close(busy);
+    for (int i = 0; i < 3; i++)   /* gone clients: their jobs cancelled */
+        close(busy[i]);
     resp r = read_response(fd);
     ck_assert_msg(strstr(r.body, ": waiting\n\n"), "no keep-alive while queued: %.300s", r.body);
     free(stream_content(&r, f, sizeof f));
