@@ -1095,6 +1095,13 @@ START_TEST(test_queued_stream_waits)
         send_request(busy[i], "POST", "/v1/chat/completions", KEY, b, strlen(b));
     }
     free(b);
+    /* both in the queue before the last request (connections are served in any order) */
+    int queued = -1;
+    for (int i = 0; i < 200 && (queued = (int)metric_now("kl_queue_depth")) < 2; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(queued, 2);
     b = chat_body("queued", 4, 1);
     int fd = connect_server();
     send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
