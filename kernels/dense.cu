@@ -422,7 +422,7 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MIN_SLOTS  2
 
 /* One product of a version-3 launch: y = W x, x staged as it is or (x NULL) as the norm nm;
- * this block's rows [r0, r1) in stages of BS_WARPS. */
+ * each block takes its share of the rows (bs_row0) in stages of BS_WARPS. */
 struct bs_phase {
     kl_gpu_mat   w;
     const float *x;
