@@ -422,7 +422,7 @@ __global__ static void __launch_bounds__(BF_THREADS, 2)
 #define BS_MIN_SLOTS  2
 
 /* One product of a version-3 launch: y = W x, x staged as it is or (x NULL) as the norm nm;
- * each block takes its share of the rows (bs_row0) in stages of BS_WARPS. */
+ * each block takes its share of the rows (bs_span_of) in stages of BS_WARPS. */
 struct bs_phase {
     kl_gpu_mat   w;
     const float *x;
@@ -430,24 +430,30 @@ struct bs_phase {
     bf_norm      nm;
 };
 
-__device__ static inline size_t bs_row0(const kl_gpu_mat &w, unsigned b)
+/* This block's share of a phase's rows (even split, one block an SM), worked out once a
+ * launch: a stage's address and size are then 32-bit products, not 64-bit divisions (those,
+ * per stage, cost version 3 ~20%: session 20). */
+struct bs_span {
+    const uint8_t *src; /* the block's first row */
+    float         *y;   /* its output */
+    uint32_t       rows, row_bytes, stages;
+};
+
+__device__ static inline bs_span bs_span_of(const bs_phase &ph)
 {
-    return (size_t)b * w.rows / gridDim.x;
+    const size_t r0 = (size_t)blockIdx.x * ph.w.rows / gridDim.x;
+    const size_t r1 = (size_t)(blockIdx.x + 1) * ph.w.rows / gridDim.x;
+    const uint32_t rows = (uint32_t)(r1 - r0), row_bytes = ph.w.cols * 2;
+    return bs_span{(const uint8_t *)ph.w.data + r0 * row_bytes, ph.y + r0, rows, row_bytes,
+                   (rows + BS_WARPS - 1) / BS_WARPS};
 }
 
-/* Stage j of this block's rows of w: its source and bytes (the last stage short). */
-__device__ static inline const uint8_t *bs_stage(const kl_gpu_mat &w, uint32_t j, uint32_t *bytes)
+/* Stage j of span sp: its source, and its bytes (the last stage short). */
+__device__ static inline const uint8_t *bs_stage(const bs_span &sp, uint32_t j, uint32_t *bytes)
 {
-    const size_t r0 = bs_row0(w, blockIdx.x), r1 = bs_row0(w, blockIdx.x + 1);
-    const size_t row = r0 + (size_t)j * BS_WARPS, left = r1 - row;
-    *bytes = (uint32_t)(left < BS_WARPS ? left : BS_WARPS) * w.cols * 2;
-    return (const uint8_t *)w.data + row * w.cols * 2;
-}
-
-__device__ static inline uint32_t bs_stages(const kl_gpu_mat &w)
-{
-    return (uint32_t)((bs_row0(w, blockIdx.x + 1) - bs_row0(w, blockIdx.x) + BS_WARPS - 1) /
-                      BS_WARPS);
+    const uint32_t left = sp.rows - j * BS_WARPS;
+    *bytes = (left < BS_WARPS ? left : BS_WARPS) * sp.row_bytes;
+    return sp.src + (size_t)j * BS_WARPS * sp.row_bytes;
 }
 
 /* The grid barrier's counter, one a device, zero when the module loads; it only grows. */
@@ -494,11 +500,12 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     __shared__ uint64_t bar[BS_MAX_SLOTS];
     __shared__ float red[BS_WARPS];
     uint8_t *ring = (uint8_t *)(bs_sh + x_floats / 4);
-    const uint32_t na = bs_stages(a.w), n = na + (b.w.rows ? bs_stages(b.w) : 0);
+    const bs_span sa = bs_span_of(a), sb = bs_span_of(b); /* b.w.rows 0: no stages */
+    const uint32_t n = sa.stages + sb.stages;
     auto issue = [&](uint32_t k) { /* thread 0: stage k into its slot */
         uint32_t bytes;
-        const kl_gpu_mat w = k < na ? a.w : b.w;
-        const uint8_t *src = bs_stage(w, k < na ? k : k - na, &bytes);
+        const uint8_t *src = k < sa.stages ? bs_stage(sa, k, &bytes)
+                                           : bs_stage(sb, k - sa.stages, &bytes);
         bulk_load(ring + (k % slots) * slot_bytes, src, bytes, &bar[k % slots]);
     };
     if (threadIdx.x == 0) {
@@ -510,28 +517,27 @@ __global__ static void __launch_bounds__(BS_THREADS, 1)
     bs_stage_x(a, bs_sh, red); /* and the barriers initialised */
     const unsigned wi = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
     for (uint32_t k = 0; k < n; k++) {
-        if (k == na) { /* b's input is made of a's output, every block's */
+        if (k == sa.stages) { /* b's input is made of a's output, every block's */
             bs_grid_sync();
             bs_stage_x(b, bs_sh, red);
         }
-        const kl_gpu_mat w = k < na ? a.w : b.w; /* copies: no local memory for a or b */
-        float *y = k < na ? a.y : b.y;
-        const uint32_t j = k < na ? k : k - na, s = k % slots;
+        const bs_span sp = k < sa.stages ? sa : sb; /* a copy: no local memory */
+        const uint32_t j = k < sa.stages ? k : k - sa.stages, s = k % slots;
         uint32_t bytes;
-        const uint8_t *src = bs_stage(w, j, &bytes);
+        const uint8_t *src = bs_stage(sp, j, &bytes);
         uint8_t *slot = ring + s * slot_bytes;
         bulk_wait(&bar[s], k / slots, slot, src, bytes);
-        const size_t row = bs_row0(w, blockIdx.x) + (size_t)j * BS_WARPS + wi;
-        if (row < bs_row0(w, blockIdx.x + 1)) {
-            const uint32_t np = w.cols / 8;
-            const uint4 *p = (const uint4 *)(slot + (size_t)wi * w.cols * 2);
+        const uint32_t row = j * BS_WARPS + wi; /* within the span */
+        if (row < sp.rows) {
+            const uint32_t np = sp.row_bytes / 16;
+            const uint4 *p = (const uint4 *)(slot + wi * sp.row_bytes);
             float acc = 0.0f;
 #pragma unroll 4
             for (uint32_t c = lane; c < np; c += KL_GPU_GROUP)
                 acc = bf_piece_dot(p[c], bs_sh, c, acc);
             acc = kl_gpu_group_sum(acc);
             if (lane == 0)
-                y[row] = acc;
+                sp.y[row] = acc;
         }
         __syncthreads(); /* every read of slot s done */
         if (threadIdx.x == 0 && k + slots < n)
