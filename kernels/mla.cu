@@ -2374,6 +2374,156 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
     return 0;
 }
 
+/* v5: decode (runs of one token) over spans up to W5_MAX_SPAN, on the CUDA cores, a warp a row.
+ * Why: at short spans attend2 and attend4 are chains of block-wide phases (rows staged, then
+ * scores, softmax, context, four barriers a tile) with little work in each; session 18's
+ * trace: attend2 21 us a layer at spans 1-64.  Here a block takes W5_HEADS heads of one split;
+ * each of its warps runs its own rows (u_begin + w, + W5_WARPS, ..) with its own online
+ * softmax, its queries and a row in registers (lane l: float4 columns l, l + 32, ..), so no
+ * barrier until the warps' partial results meet once in shared memory at the end.  Per row
+ * and warp: W5_HEADS dot products of R + dr (sums by shuffles), W5_HEADS x R multiply-adds
+ * into the contexts. The block writes its split's partial (max, sum, context) as attend4 does
+ * (rows per split in rp), so combine2 and vb2 follow unchanged. */
+#define W5_HEADS     4      /* heads a block (and each of its warps) */
+#define W5_WARPS     8
+#define W5_F4        5      /* float4 of a cache row a lane at most: R + dr <= 640 */
+#define W5_RF4       4      /* float4 of the latent a lane at most: R <= 512 */
+#define W5_MAX_SPAN  4096   /* longer spans run v4 */
+
+__device__ static inline float4 w5_axpby(float4 a, float al, float p, float4 v)
+{
+    return make_float4(a.x * al + p * v.x, a.y * al + p * v.y, a.z * al + p * v.z,
+                       a.w * al + p * v.w);
+}
+
+/* Row u of the cache into v (lane's float4 columns; past the row 0). */
+__device__ static inline void w5_row(const float4 *cache, uint32_t u, uint32_t c4,
+                                     float4 (&v)[W5_F4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
+#pragma unroll
+    for (int f = 0; f < W5_F4; f++)
+        v[f] = lane + 32 * f < c4 ? cache[(size_t)u * c4 + lane + 32 * f]
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+/* The warp's online softmax and contexts take in row v (its scores against heads < nh). */
+__device__ static inline void w5_take(const float4 (&q)[W5_HEADS][W5_F4], const float4 (&v)[W5_F4],
+                                      uint32_t nh, uint32_t r4, float scale, float (&m)[W5_HEADS],
+                                      float (&l)[W5_HEADS], float4 (&acc)[W5_HEADS][W5_RF4])
+{
+    const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
+#pragma unroll
+    for (int i = 0; i < W5_HEADS; i++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int f = 0; f < W5_F4; f++)
+            s += q[i][f].x * v[f].x + q[i][f].y * v[f].y + q[i][f].z * v[f].z +
+                 q[i][f].w * v[f].w;
+        s = kl_gpu_group_sum(s) * scale;
+        if ((uint32_t)i >= nh)
+            continue;
+        const float mn = fmaxf(m[i], s), al = expf(m[i] - mn), p = expf(s - mn);
+        m[i] = mn;
+        l[i] = l[i] * al + p;
+#pragma unroll
+        for (int f = 0; f < W5_RF4; f++)
+            if (lane + 32 * f < r4)
+                acc[i][f] = w5_axpby(acc[i][f], al, p, v[f]);
+    }
+}
+
+/* grid (splits, n, head groups of W5_HEADS): split blockIdx.x of token blockIdx.y's span (whole
+ * multiples of W5_WARPS rows, written to rp), heads W5_HEADS blockIdx.z ..; shared memory
+ * w5_shared: each warp's contexts [W5_WARPS][W5_HEADS][R], then maxima and sums. */
+__global__ static void __launch_bounds__(W5_WARPS * KL_GPU_GROUP, 1)
+attend5_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
+{
+    KL_GPU_GRID_WAIT();
+    extern __shared__ float4 shared4[];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t t = blockIdx.y, c4 = (d.R + d.dr) / 4, r4 = d.R / 4;
+    const uint32_t h0 = blockIdx.z * W5_HEADS, nh = d.nh - h0 < W5_HEADS ? d.nh - h0 : W5_HEADS;
+    const uint32_t span = x.tok_pos[t] + 1;
+    const uint32_t rows_per = split_rows(span, gridDim.x, W5_WARPS, 1);
+    const uint32_t u_begin = blockIdx.x * rows_per;
+    if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0)
+        x.sc.rp[t] = rows_per;
+    if (u_begin >= span)
+        return;
+    const uint32_t u_end = span - u_begin < rows_per ? span : u_begin + rows_per;
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const float4 *qf = (const float4 *)(x.sc.ql + ((size_t)t * d.nh + h0) * (d.R + d.dr));
+    float4 q[W5_HEADS][W5_F4], acc[W5_HEADS][W5_RF4];
+    float m[W5_HEADS], l[W5_HEADS];
+#pragma unroll
+    for (int i = 0; i < W5_HEADS; i++) {
+#pragma unroll
+        for (int f = 0; f < W5_F4; f++)
+            q[i][f] = (uint32_t)i < nh && lane + 32 * f < c4
+                          ? qf[i * c4 + lane + 32 * f]
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int f = 0; f < W5_RF4; f++)
+            acc[i][f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        m[i] = -INFINITY, l[i] = 0.0f;
+    }
+    const float4 *cache = (const float4 *)a.cache[x.tok_slot[t]];
+    for (uint32_t u = u_begin + w; u < u_end; u += 2 * W5_WARPS) { /* two rows in flight */
+        float4 v0[W5_F4], v1[W5_F4];
+        const bool two = u + W5_WARPS < u_end;
+        w5_row(cache, u, c4, v0);
+        if (two)
+            w5_row(cache, u + W5_WARPS, c4, v1);
+        w5_take(q, v0, nh, r4, x.scale, m, l, acc);
+        if (two)
+            w5_take(q, v1, nh, r4, x.scale, m, l, acc);
+    }
+    /* the warps meet: contexts [W5_WARPS][W5_HEADS][r4], then maxima and sums */
+    float4 *cs = shared4;
+    float *ms = (float *)(cs + (size_t)W5_WARPS * W5_HEADS * r4), *ls = ms + W5_WARPS * W5_HEADS;
+#pragma unroll
+    for (int i = 0; i < W5_HEADS; i++) {
+        if (lane == 0)
+            ms[w * W5_HEADS + i] = m[i], ls[w * W5_HEADS + i] = l[i];
+#pragma unroll
+        for (int f = 0; f < W5_RF4; f++)
+            if (lane + 32 * f < r4)
+                cs[(w * W5_HEADS + i) * r4 + lane + 32 * f] = acc[i][f];
+    }
+    __syncthreads();
+    const size_t part = (size_t)t * gridDim.x + blockIdx.x; /* this block's partial result */
+    for (uint32_t e = threadIdx.x; e < nh * r4; e += blockDim.x) {
+        const uint32_t i = e / r4, c = e % r4;
+        float mx = -INFINITY;
+        for (uint32_t k = 0; k < W5_WARPS; k++)
+            mx = fmaxf(mx, ms[k * W5_HEADS + i]);
+        float sum = 0.0f; /* a warp without rows: max -inf, weight 0 (mx is finite) */
+        float4 ctx = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (uint32_t k = 0; k < W5_WARPS; k++) {
+            const float wt = expf(ms[k * W5_HEADS + i] - mx);
+            sum += wt * ls[k * W5_HEADS + i];
+            ctx = w5_axpby(ctx, 1.0f, wt, cs[(k * W5_HEADS + i) * r4 + c]);
+        }
+        if (c == 0) {
+            x.sc.pm[part * d.nh + h0 + i] = mx;
+            x.sc.pl[part * d.nh + h0 + i] = sum;
+        }
+        ((float4 *)(x.sc.pc + (part * d.nh + h0 + i) * d.R))[c] = ctx;
+    }
+}
+
+static size_t w5_shared(const kl_gpu_mla_dims *d)
+{
+    return (size_t)W5_WARPS * W5_HEADS * (d->R + 2) * sizeof(float);
+}
+
+static bool v5_fits(const kl_gpu_mla_dims *d)
+{
+    return d->nh <= H2_MAX && d->R % 4 == 0 && d->dr % 4 == 0 && d->R <= 128 * W5_RF4 &&
+           d->R + d->dr <= 128 * W5_F4 && w5_shared(d) <= MAX_SHARED;
+}
+
 /* Raises kernel fn's dynamic shared memory limit to `need` bytes when *set is below it.  The
  * opt-in is a setting of the function, not a stream operation: made when a launch first needs
  * more than before, so a captured decode step makes none. */
@@ -2507,6 +2657,28 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
+/* v5: decode, every run one token over spans up to W5_MAX_SPAN: absorb2, attend5 (a wave of
+ * blocks: splits x head groups about the multiprocessors, within v2's scratch), combine2,
+ * vb2. */
+static int attend_v5(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
+                     kl_err *err)
+{
+    const uint32_t groups = (a->d.nh + W5_HEADS - 1) / W5_HEADS, blocks = t->n * groups;
+    const uint32_t wave = blocks < kl_gpu_sm_count() ? kl_gpu_sm_count() / blocks : 1;
+    const uint32_t by_rows = (t->max_span + W5_WARPS - 1) / W5_WARPS;
+    const uint32_t s2 = splits2(t->n, t->max_span);
+    uint32_t splits = wave < by_rows ? wave : by_rows;
+    splits = splits < s2 ? splits : s2;
+    const attend_ctx x = make_ctx(a, t, splits, 0);
+    static size_t shared_set;
+    if (allow_shared((const void *)attend5_kernel, &shared_set, w5_shared(&a->d), err))
+        return err->code;
+    absorb2(a, t, &x, st);
+    attend5_kernel<<<dim3(splits, t->n, groups), W5_WARPS * KL_GPU_GROUP, w5_shared(&a->d), st>>>(
+        *a, x);
+    return combine_vb2(a, t, &x, splits, true, st, err);
+}
+
 static int mha_version; /* 0: not chosen yet; 1 mha_kernel, 2 mha2_kernel */
 
 extern "C" void kl_gpu_mla_mha_set(int version)
@@ -2619,11 +2791,11 @@ static bool mha_applies(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
            prefill_mha() && mha_fits(d);
 }
 
-static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast) or 5 (v4) */
+static int mla_version; /* 0: not chosen yet; else 1, 2, 3, 4 (v3fast), 5 (v4) or 6 (v5) */
 
 extern "C" void kl_gpu_mla_select(int version)
 {
-    mla_version = version >= 1 && version <= 5 ? version : 0;
+    mla_version = version >= 1 && version <= 6 ? version : 0;
 }
 
 static bool v2_fits(const kl_gpu_mla_dims *d)
@@ -2645,9 +2817,10 @@ static bool v4_fits(const kl_gpu_mla_dims *d)
            (d->R + d->dr + 15) / 16 <= T4_WARPS * T4_QSTEPS && attend4_shared(d) <= MAX_SHARED;
 }
 
-/* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast|v4 in the environment (read at the first
- * call; v4 otherwise) or kl_gpu_mla_select's (4: v3fast, 5: v4); a version whose limits d
- * passes falls back to the next lower one that fits (v4: v3, v3 and v3fast: v2). */
+/* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast|v4|v5 in the environment (read at the first
+ * call; v5 otherwise) or kl_gpu_mla_select's (4: v3fast, 5: v4, 6: v5); a version whose limits
+ * d passes falls back to the next lower one that fits (v4: v3, v3 and v3fast: v2).  v5 is v4
+ * but for decode over spans up to W5_MAX_SPAN (kl_gpu_mla_attend): this returns 5 for it. */
 static int version_for(const kl_gpu_mla_dims *d)
 {
     if (!mla_version) {
@@ -2656,11 +2829,13 @@ static int version_for(const kl_gpu_mla_dims *d)
                       : e && !strcmp(e, "v2")     ? 2
                       : e && !strcmp(e, "v3")     ? 3
                       : e && !strcmp(e, "v3fast") ? 4
-                                                  : 5;
+                      : e && !strcmp(e, "v4")     ? 5
+                                                  : 6;
     }
-    if (mla_version == 5 && v4_fits(d))
+    const int top = mla_version == 6 ? 5 : mla_version;
+    if (top == 5 && v4_fits(d))
         return 5;
-    const int v = mla_version == 5 ? 3 : mla_version;
+    const int v = top == 5 ? 3 : top;
     if (v >= 3 && v3_fits(d, v == 3))
         return v;
     return v >= 2 && v2_fits(d) ? 2 : 1;
@@ -2674,6 +2849,8 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     if (t->n == 0)
         return 0;
     int v = version_for(&a->d);
+    if (mla_version == 6 && t->max_run == 1 && t->max_span <= W5_MAX_SPAN && v5_fits(&a->d))
+        return attend_v5(a, t, (hipStream_t)s, err);
     if (v == 5 && t->max_run > 1) { /* chunks of a prompt: the MHA form, else v3, else v2 */
         if (t->n_runs == 1 && a->kv_b->kind == KL_GPU_W_BF16 &&
             mha_applies(&a->d, t->n, t->max_span))

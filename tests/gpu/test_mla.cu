@@ -8,9 +8,11 @@
  * in different slots with differing spans, decode of 4 and 6 slots at spans 1 .. 64K in one
  * launch and prefill runs of 64 and 256 tokens on caches of 0 and 4K rows (the reference for
  * every few tokens of those); the full-shape cases timed, with bytes read / time beside a
- * device-to-device copy and TFLOPS.  Every case runs the five kernel versions (v4, decode on
- * mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and v3fast with
- * bf16 ones; all three compared also with v2; v2; round 1's v1; kl_gpu_mla_select).  Before
+ * device-to-device copy and TFLOPS.  Every case runs the six kernel versions (v5, decode over
+ * spans up to 4,096 a warp a cache row, its o differing from v4's where that shows it ran;
+ * v4, decode on mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and
+ * v3fast with bf16 ones; the four compared also with v2; v2; round 1's v1;
+ * kl_gpu_mla_select).  Before
  * the GPU: v3's and v3fast's algorithms emulated and v4's mirrored on the host (splits, fp32
  * partials, softmax and combine).  The prefill in MHA form ("mha": v4 with
  * kl_gpu_mla_prefill_set(1); the other columns run with it off) on the prompts of one run: its
@@ -620,23 +622,25 @@ static void upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, 
 
 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 (prompts: v3, the prefill
  * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only; its v2
- * kernel, kl_gpu_mla_mha_set(2)), 7 the same with the MHA form's v1 kernel */
-#define MLA_VERSIONS 7
+ * kernel, kl_gpu_mla_mha_set(2)), 7 the same with the MHA form's v1 kernel, 8 v5
+ * (kl_gpu_mla_select(6): decode over spans up to 4,096 a warp a row; else as v4) */
+#define MLA_VERSIONS 8
 #define MLA_MHA      6
 #define MLA_MHA_V1   7
+#define MLA_V5       8
 #define V3_MHA       (1u << 2 | 1u << (MLA_MHA - 1) | 1u << (MLA_MHA_V1 - 1)) /* a case's
                                                        versions: v3 and the MHA form's two */
 #define MHA_ONLY     (1u << (MLA_MHA - 1) | 1u << (MLA_MHA_V1 - 1))
 
-static const char *const version_name[MLA_VERSIONS] = {"v1",     "v2", "v3",    "v3fast",
-                                                       "v4",     "mha", "mha_v1"};
+static const char *const version_name[MLA_VERSIONS] = {"v1", "v2",  "v3",     "v3fast",
+                                                       "v4", "mha", "mha_v1", "v5"};
 
 /* Per case; [v - 1]: attend's kernels v (kl_gpu_mla_select). */
 struct mla_result {
-    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30}; /* rel.
-                                               L2: per appended row, (token, head) */
-    double vs_v2[MLA_VERSIONS] = {}; /* v3's, v3fast's and v4's o against v2's, max rel. L2
-                                        over every (token, head) */
+    double append = 1e30, o[MLA_VERSIONS] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
+                                               /* rel. L2: per appended row, (token, head) */
+    double vs_v2[MLA_VERSIONS] = {}; /* v3's .. v5's o against v2's, max rel. L2 over every
+                                        (token, head) */
     double us[MLA_VERSIONS] = {}, gbps[MLA_VERSIONS] = {}, tflops[MLA_VERSIONS] = {};
     size_t bytes = 0;     /* timed: the caches' rows read once and kv_b */
     double flop = 0;      /* timed: scores and contexts, 2 nh span (R + dr + R) per token */
@@ -645,6 +649,7 @@ struct mla_result {
     double expand_us = 0; /* the MHA form's expansion alone (kl_gpu_gemm_p) */
     bool mha_ran = true;  /* the "mha" columns' o differ from v3's, "mha"'s from "mha_v1"'s
                              (no silent fallback) */
+    bool v5_ran = true;   /* decode over 16 .. 4,096 rows: v5's o differs from v4's */
 };
 
 /* Whether the case is a prompt the MHA form takes: one run of 64 tokens or more, kv_b BF16. */
@@ -709,8 +714,9 @@ static void attend_version(const mla_case &c, const mla_host &x, mla_dev &d,
 {
     kl_err err;
     kl_err_clear(&err);
-    kl_gpu_mla_select(v >= MLA_MHA ? 5 : v);
-    kl_gpu_mla_prefill_set(v >= MLA_MHA ? 1 : 2);
+    const bool mha = v == MLA_MHA || v == MLA_MHA_V1;
+    kl_gpu_mla_select(v == MLA_V5 ? 6 : mha ? 5 : v);
+    kl_gpu_mla_prefill_set(mha ? 1 : 2);
     kl_gpu_mla_mha_set(v == MLA_MHA_V1 ? 1 : 2);
     T_CHECK(hipMemset(d.attend.o, 0xff, ref_o.size() * sizeof(float))); /* NaN */
     t_ok(kl_gpu_mla_attend(&d.attend, &d.tok, NULL, &err), &err, "kl_gpu_mla_attend");
@@ -765,7 +771,7 @@ static void run_case(const mla_case &c, mla_result *res)
     fprintf(stderr, "test_mla: %-22s append %.2e", c.name, res->append);
     for (int v = MLA_VERSIONS; v >= 1; v--) {
         const bool run = (!c.versions || c.versions & 1u << (v - 1)) &&
-                         (v < MLA_MHA || mha_case(c));
+                         (v < MLA_MHA || v == MLA_V5 || mha_case(c));
         if (!run)
             res->o[v - 1] = 0;
         else
@@ -774,6 +780,13 @@ static void run_case(const mla_case &c, mla_result *res)
     kl_gpu_mla_select(0);
     kl_gpu_mla_prefill_set(0);
     kl_gpu_mla_mha_set(0);
+    bool decode = true;
+    for (const mla_run &u : c.runs)
+        decode = decode && u.len == 1;
+    const uint32_t span = std::max(c.launch_span, x.max_span);
+    if (decode && span >= 16 && span <= 4096 && !res->out[MLA_V5 - 1].empty() &&
+        !res->out[4].empty())
+        res->v5_ran = res->out[MLA_V5 - 1] != res->out[4];
     fprintf(stderr, "\n");
 }
 
@@ -879,6 +892,15 @@ int main(void)
         {"full_span512", full, true, true, 1, {{0, 511, 1}}},
         {"full_span4096", full, true, true, 1, {{0, 4095, 1}}},
         {"full_span8192", full, true, true, 1, {{0, 8191, 1}}},
+        /* v5: decode at the spans of a first reply (a cache of 256 rows), 3,000 of 4,096, a
+         * batch of 4 within 4,096, heads not a multiple of W5_HEADS with a narrow latent */
+        {"full_span64_cap256", full, true, true, 1, {{0, 63, 1}}, 256},
+        {"full_span256", full, true, true, 1, {{0, 255, 1}}},
+        {"full_span3000_cap4096", full, true, true, 1, {{0, 2999, 1}}, 4096},
+        {"decode_4slots_4k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 1000, 1},
+         {3, 4095, 1}}},
+        {"tiny_decode_nh5", {5, 8, 4, 12, 16}, true, false, 3, {{0, 0, 1}, {1, 8, 1},
+         {2, 299, 1}}},
         {"full_3runs", full, true, false, 3, {{1, 0, 4}, {0, 1500, 1}, {2, 300, 6}}},
         {"full_f32_2runs", full, false, false, 2, {{1, 20, 2}, {0, 5000, 3}}},
         {"tiny_5runs_cap", {4, 12, 4, 8, 24}, true, false, 3,
@@ -912,7 +934,8 @@ int main(void)
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
     double worst = 0, worst3 = 0, worst3f = 0, worst4 = 0, worst_mha = 0, worst_mha1 = 0;
-    bool mha_ran = true;
+    double worst5 = 0;
+    bool mha_ran = true, v5_ran = true;
     for (size_t i = 0; i < n_cases; i++) {
         kl_gpu_mla_mha_span_set(cases[i].mha_span);
         run_case(cases[i], &res[i]);
@@ -922,19 +945,23 @@ int main(void)
         worst4 = std::max({worst4, res[i].o[4], res[i].vs_v2[4]});
         worst_mha = std::max({worst_mha, res[i].o[5], res[i].vs_v2[5]});
         worst_mha1 = std::max({worst_mha1, res[i].o[6], res[i].vs_v2[6]});
+        worst5 = std::max({worst5, res[i].o[MLA_V5 - 1], res[i].vs_v2[MLA_V5 - 1]});
         mha_ran = mha_ran && res[i].mha_ran;
+        v5_ran = v5_ran && res[i].v5_ran;
         t_free_kept();
     }
     const bool refused = refusals();
     t_free_kept();
     const double copy_gbps = t_copy_gbps((size_t)256 << 20);
     const int ok = refused && worst < 1e-4 && worst3 < V3_TOL && worst3f < V3FAST_TOL &&
-                   worst4 < V4_TOL && worst_mha < MHA_TOL && worst_mha1 < MHA_TOL && mha_ran;
+                   worst4 < V4_TOL && worst_mha < MHA_TOL && worst_mha1 < MHA_TOL && mha_ran &&
+                   worst5 < 1e-4 && v5_ran;
     printf("{\"test\":\"mla\",\"ok\":%s,\"refusals\":%s,\"max_rel_l2\":%.3g,"
            "\"v3_max_rel_l2\":%.3g,\"v3fast_max_rel_l2\":%.3g,\"v4_max_rel_l2\":%.3g,"
            "\"mha_max_rel_l2\":%.3g,\"mha_v1_max_rel_l2\":%.3g,\"mha_ran\":%s,"
-           "\"timed\":[", ok ? "true" : "false", refused ? "true" : "false", worst, worst3,
-           worst3f, worst4, worst_mha, worst_mha1, mha_ran ? "true" : "false");
+           "\"v5_max_rel_l2\":%.3g,\"v5_ran\":%s,\"timed\":[", ok ? "true" : "false",
+           refused ? "true" : "false", worst, worst3, worst3f, worst4, worst_mha, worst_mha1,
+           mha_ran ? "true" : "false", worst5, v5_ran ? "true" : "false");
     const char *sep = "";
     for (size_t i = 0; i < n_cases; i++) {
         if (!cases[i].timed)
@@ -945,9 +972,9 @@ int main(void)
             n += u.len, span = std::max(span, u.pos0 + u.len);
         printf("%s{\"case\":\"%s\",\"n\":%u,\"span\":%u,\"launch_span\":%u,"
                "\"bytes\":%zu,\"gflop\":%.3f,\"v3_vs_v2\":%.3g,\"v3fast_vs_v2\":%.3g,"
-               "\"v4_vs_v2\":%.3g", sep, cases[i].name, n, span,
+               "\"v4_vs_v2\":%.3g,\"v5_vs_v2\":%.3g", sep, cases[i].name, n, span,
                std::max(cases[i].launch_span, span), r.bytes, r.flop / 1e9, r.vs_v2[2],
-               r.vs_v2[3], r.vs_v2[4]);
+               r.vs_v2[3], r.vs_v2[4], r.vs_v2[MLA_V5 - 1]);
         for (int v = MLA_VERSIONS; v >= 1; v--)
             printf(",\"%s\":{\"o_err\":%.3g,\"attend_us\":%.2f,\"gbps\":%.1f,"
                    "\"tflops\":%.2f,\"ratio_to_copy\":%.3f}", version_name[v - 1], r.o[v - 1],
