@@ -107,6 +107,7 @@ enum { TOK_IDS, TOK_SLOT, TOK_POS, TOK_RUN_START, TOK_RUN_SLOT, TOK_ARRAYS };
 typedef struct gpu_graph {
     kl_gpu_graph  exec;          /* NULL: none */
     size_t        cap;           /* the slot's MLA capacity then */
+    uint32_t      span;          /* the attention's max_span then (kl_gpu_mla_graph_span) */
     const float  *mla_scratch;   /* the attention scratch then */
 } gpu_graph;
 
@@ -790,10 +791,16 @@ static int reserve_mla(gpu_be *g, uint32_t s, size_t need, kl_err *err)
     return 0;
 }
 
+static kl_gpu_mla_dims mla_dims(const gpu_be *g)
+{
+    const kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
+    return md;
+}
+
 /* MLA attention scratch for the chunk's longest span. */
 static int reserve_mla_scratch(gpu_be *g, kl_err *err)
 {
-    kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
+    const kl_gpu_mla_dims md = mla_dims(g);
     size_t need = kl_gpu_mla_scratch(&md, g->tok.n, g->tok.max_span);
     if (need <= g->mla_scratch_floats)
         return 0;
@@ -1041,7 +1048,8 @@ static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
     for (unsigned r = 0; r < g->grp_n; r++) {
         gpu_be *m = g->grp[r];
         const gpu_graph *gr = m->cur = &m->graph[slot];
-        same &= gr->cap == m->mla_cap[slot] && gr->mla_scratch == m->mla_scratch &&
+        same &= gr->cap == m->mla_cap[slot] && gr->span == m->tok.max_span &&
+                gr->mla_scratch == m->mla_scratch &&
                 (gr->exec || !stream_owner(g, r));
     }
     int rc = 0;
@@ -1049,7 +1057,7 @@ static int choose_graph(gpu_be *g, uint32_t slot, kl_err *err)
         gpu_be *m = g->grp[r];
         if (!same) {
             kl_gpu_graph_destroy(m->cur->exec);
-            *m->cur = (gpu_graph){NULL, m->mla_cap[slot], m->mla_scratch};
+            *m->cur = (gpu_graph){NULL, m->mla_cap[slot], m->tok.max_span, m->mla_scratch};
             if (stream_owner(g, r) && !(rc = member_dev(m, err)))
                 rc = kl_gpu_capture_begin(m->st, err);
         }
@@ -1076,8 +1084,12 @@ static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
         uint32_t s = tok_array(g, g->host_tok, TOK_RUN_SLOT)[r];
         rc = reserve_mla(g, s, g->base.slot_len[s] + g->run_len[r], err);
     }
-    if (graph)   /* attention sized for the capacity: the graph holds until the cache grows */
-        g->tok.max_span = (uint32_t)g->mla_cap[c->slot[0]];
+    if (graph) { /* attention sized for the capacity (or a bound that picks faster kernels):
+                    the graph holds until the cache grows or the span passes the bound */
+        const kl_gpu_mla_dims md = mla_dims(g);
+        g->tok.max_span = kl_gpu_mla_graph_span(&md, g->tok.max_span,
+                                                (uint32_t)g->mla_cap[c->slot[0]]);
+    }
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
@@ -1394,7 +1406,7 @@ static int gpu_mla(kl_backend *be, uint32_t layer, kl_err *err)
     if (g->mode == REPLAY)
         return 0;
     gpu_layer *L = &g->L[layer];
-    kl_gpu_mla_dims md = {g->d.nh, g->d.dn, g->d.dr, g->d.dv, g->d.R};
+    const kl_gpu_mla_dims md = mla_dims(g);
     float *o2[2] = {g->q, g->lr};   /* q, kv_a */
     int rc = op_begin(g, 1, err);   /* group_products takes a pending add_norm */
     if (!rc)

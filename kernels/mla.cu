@@ -2841,6 +2841,14 @@ static int version_for(const kl_gpu_mla_dims *d)
     return v >= 2 && v2_fits(d) ? 2 : 1;
 }
 
+extern "C" uint32_t kl_gpu_mla_graph_span(const kl_gpu_mla_dims *d, uint32_t span, uint32_t cap)
+{
+    version_for(d); /* mla_version chosen */
+    return mla_version == 6 && v5_fits(d) && span <= W5_MAX_SPAN && cap > W5_MAX_SPAN
+               ? W5_MAX_SPAN
+               : cap;
+}
+
 extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
                                  kl_gpu_stream s, kl_err *err)
 {

@@ -70,6 +70,12 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
  * the device tests and benchmarks that compare them. */
 void   kl_gpu_mla_select(int version);
 
+/* The max_span a captured one-token step's attention is sized for (kl_gpu_tokens), given the
+ * token's span now and its cache's capacity: cap, or a shorter bound where that selects
+ * faster kernels which serve every span up to it (v5: 4,096 while the span is within it).  A
+ * graph captured with it holds while the value stays the same. */
+uint32_t kl_gpu_mla_graph_span(const kl_gpu_mla_dims *d, uint32_t span, uint32_t cap);
+
 /* The prefill of one prompt (a chunk of one run of 64 tokens or more) in MHA form, by default
  * where it applies (CUDA; kv_b BF16; span <= 16,384; dn + dr a multiple of 16 up to 192, dv of
  * 8 up to 128, R of 32), whatever the decode kernels' version unless KL_GPU_MLA picks one
