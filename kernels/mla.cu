@@ -93,6 +93,7 @@
  * staged from L2: ~1.5 ms at ~55% of mma.sync's peak, ~2.0 ms with the expansion.
  */
 #include "kernels/gpu.h"
+#include "kernels/bulk.cuh"
 #include "kernels/gemm.h"
 #include "kernels/mla.h"
 #include "kernels/mma.cuh"
@@ -2374,21 +2375,26 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
     return 0;
 }
 
-/* v5: decode (runs of one token) over spans up to W5_MAX_SPAN, on the CUDA cores, a warp a row.
+/* v5: decode (runs of one token) where n x max_span <= W5_MAX_SPAN, on the CUDA cores, a warp a
+ * row.
  * Why: at short spans attend2 and attend4 are chains of block-wide phases (rows staged, then
  * scores, softmax, context, four barriers a tile) with little work in each; session 18's
  * trace: attend2 21 us a layer at spans 1-64.  Here a block takes W5_HEADS heads of one split;
- * each of its warps runs its own rows (u_begin + w, + W5_WARPS, ..) with its own online
- * softmax, its queries and a row in registers (lane l: float4 columns l, l + 32, ..), so no
- * barrier until the warps' partial results meet once in shared memory at the end.  Per row
- * and warp: W5_HEADS dot products of R + dr (sums by shuffles), W5_HEADS x R multiply-adds
- * into the contexts. The block writes its split's partial (max, sum, context) as attend4 does
- * (rows per split in rp), so combine2 and vb2 follow unchanged. */
+ * its split's rows (contiguous in the cache) stream through a ring of W5_SLOTS stages of
+ * W5_ROWS rows in shared memory, one copy a stage (kernels/bulk.cuh), and each warp takes two
+ * rows of every stage with its own online softmax, its queries in registers (lane l: float4
+ * columns l, l + 32, ..): a block barrier a stage, and the warps' partial results meet once
+ * at the end.  Per row and warp: W5_HEADS dot products of R + dr (sums by shuffles),
+ * W5_HEADS x R multiply-adds into the contexts.  The block writes its split's partial (max,
+ * sum, context) as attend4 does (rows per split in rp), so combine2 and vb2 follow
+ * unchanged. */
 #define W5_HEADS     4      /* heads a block (and each of its warps) */
 #define W5_WARPS     8
+#define W5_ROWS      (2 * W5_WARPS) /* rows a stage */
+#define W5_SLOTS     4      /* stages in flight */
 #define W5_F4        5      /* float4 of a cache row a lane at most: R + dr <= 640 */
 #define W5_RF4       4      /* float4 of the latent a lane at most: R <= 512 */
-#define W5_MAX_SPAN  4096   /* longer spans run v4 */
+#define W5_MAX_SPAN  4096   /* n x max_span at most (longer: v4) */
 
 __device__ static inline float4 w5_axpby(float4 a, float al, float p, float4 v)
 {
@@ -2396,15 +2402,13 @@ __device__ static inline float4 w5_axpby(float4 a, float al, float p, float4 v)
                        a.w * al + p * v.w);
 }
 
-/* Row u of the cache into v (lane's float4 columns; past the row 0). */
-__device__ static inline void w5_row(const float4 *cache, uint32_t u, uint32_t c4,
-                                     float4 (&v)[W5_F4])
+/* A row of c4 float4 in shared memory into v (the lane's float4 columns; past the row 0). */
+__device__ static inline void w5_row(const float4 *row, uint32_t c4, float4 (&v)[W5_F4])
 {
     const uint32_t lane = threadIdx.x % KL_GPU_GROUP;
 #pragma unroll
     for (int f = 0; f < W5_F4; f++)
-        v[f] = lane + 32 * f < c4 ? cache[(size_t)u * c4 + lane + 32 * f]
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[f] = lane + 32 * f < c4 ? row[lane + 32 * f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 /* The warp's online softmax and contexts take in row v (its scores against heads < nh). */
@@ -2433,66 +2437,13 @@ __device__ static inline void w5_take(const float4 (&q)[W5_HEADS][W5_F4], const 
     }
 }
 
-/* grid (splits, n, head groups of W5_HEADS): split blockIdx.x of token blockIdx.y's span (whole
- * multiples of W5_WARPS rows, written to rp), heads W5_HEADS blockIdx.z ..; shared memory
- * w5_shared: each warp's contexts [W5_WARPS][W5_HEADS][R], then maxima and sums. */
-__global__ static void __launch_bounds__(W5_WARPS * KL_GPU_GROUP, 1)
-attend5_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
+/* The warps' partial results [W5_WARPS] (in shared memory: contexts cs [warp][head][r4], then
+ * maxima ms and sums ls [warp][head]) met into the split's: max, sum and context per head. */
+__device__ static void w5_meet(const attend_ctx &x, const kl_gpu_mla_dims &d, size_t part,
+                               uint32_t h0, uint32_t nh, const float4 *cs, const float *ms,
+                               const float *ls)
 {
-    KL_GPU_GRID_WAIT();
-    extern __shared__ float4 shared4[];
-    const kl_gpu_mla_dims d = a.d;
-    const uint32_t t = blockIdx.y, c4 = (d.R + d.dr) / 4, r4 = d.R / 4;
-    const uint32_t h0 = blockIdx.z * W5_HEADS, nh = d.nh - h0 < W5_HEADS ? d.nh - h0 : W5_HEADS;
-    const uint32_t span = x.tok_pos[t] + 1;
-    const uint32_t rows_per = split_rows(span, gridDim.x, W5_WARPS, 1);
-    const uint32_t u_begin = blockIdx.x * rows_per;
-    if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0)
-        x.sc.rp[t] = rows_per;
-    if (u_begin >= span)
-        return;
-    const uint32_t u_end = span - u_begin < rows_per ? span : u_begin + rows_per;
-    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
-    const float4 *qf = (const float4 *)(x.sc.ql + ((size_t)t * d.nh + h0) * (d.R + d.dr));
-    float4 q[W5_HEADS][W5_F4], acc[W5_HEADS][W5_RF4];
-    float m[W5_HEADS], l[W5_HEADS];
-#pragma unroll
-    for (int i = 0; i < W5_HEADS; i++) {
-#pragma unroll
-        for (int f = 0; f < W5_F4; f++)
-            q[i][f] = (uint32_t)i < nh && lane + 32 * f < c4
-                          ? qf[i * c4 + lane + 32 * f]
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int f = 0; f < W5_RF4; f++)
-            acc[i][f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        m[i] = -INFINITY, l[i] = 0.0f;
-    }
-    const float4 *cache = (const float4 *)a.cache[x.tok_slot[t]];
-    for (uint32_t u = u_begin + w; u < u_end; u += 2 * W5_WARPS) { /* two rows in flight */
-        float4 v0[W5_F4], v1[W5_F4];
-        const bool two = u + W5_WARPS < u_end;
-        w5_row(cache, u, c4, v0);
-        if (two)
-            w5_row(cache, u + W5_WARPS, c4, v1);
-        w5_take(q, v0, nh, r4, x.scale, m, l, acc);
-        if (two)
-            w5_take(q, v1, nh, r4, x.scale, m, l, acc);
-    }
-    /* the warps meet: contexts [W5_WARPS][W5_HEADS][r4], then maxima and sums */
-    float4 *cs = shared4;
-    float *ms = (float *)(cs + (size_t)W5_WARPS * W5_HEADS * r4), *ls = ms + W5_WARPS * W5_HEADS;
-#pragma unroll
-    for (int i = 0; i < W5_HEADS; i++) {
-        if (lane == 0)
-            ms[w * W5_HEADS + i] = m[i], ls[w * W5_HEADS + i] = l[i];
-#pragma unroll
-        for (int f = 0; f < W5_RF4; f++)
-            if (lane + 32 * f < r4)
-                cs[(w * W5_HEADS + i) * r4 + lane + 32 * f] = acc[i][f];
-    }
-    __syncthreads();
-    const size_t part = (size_t)t * gridDim.x + blockIdx.x; /* this block's partial result */
+    const uint32_t r4 = d.R / 4;
     for (uint32_t e = threadIdx.x; e < nh * r4; e += blockDim.x) {
         const uint32_t i = e / r4, c = e % r4;
         float mx = -INFINITY;
@@ -2513,9 +2464,93 @@ attend5_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
     }
 }
 
+/* grid (splits, n, head groups of W5_HEADS): split blockIdx.x of token blockIdx.y's span (whole
+ * multiples of W5_WARPS rows, written to rp), heads W5_HEADS blockIdx.z ..; shared memory
+ * w5_shared: the ring, then (the same bytes) the warps' partial results for w5_meet. */
+__global__ static void __launch_bounds__(W5_WARPS * KL_GPU_GROUP, 1)
+attend5_kernel(kl_gpu_mla_attend_args a, attend_ctx x)
+{
+    KL_GPU_GRID_WAIT(); /* the span's last row is the append's */
+    extern __shared__ float4 shared4[];
+    __shared__ uint64_t bar[W5_SLOTS];
+    const kl_gpu_mla_dims d = a.d;
+    const uint32_t t = blockIdx.y, c4 = (d.R + d.dr) / 4, r4 = d.R / 4;
+    const uint32_t h0 = blockIdx.z * W5_HEADS, nh = d.nh - h0 < W5_HEADS ? d.nh - h0 : W5_HEADS;
+    const uint32_t span = x.tok_pos[t] + 1;
+    const uint32_t rows_per = split_rows(span, gridDim.x, W5_WARPS, 1);
+    const uint32_t u_begin = blockIdx.x * rows_per;
+    if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0)
+        x.sc.rp[t] = rows_per;
+    if (u_begin >= span)
+        return;
+    const uint32_t rows = (span - u_begin < rows_per ? span : u_begin + rows_per) - u_begin;
+    const uint32_t row_bytes = c4 * 16, slot_bytes = W5_ROWS * row_bytes;
+    const uint32_t stages = (rows + W5_ROWS - 1) / W5_ROWS;
+    const uint8_t *src = (const uint8_t *)a.cache[x.tok_slot[t]] + (size_t)u_begin * row_bytes;
+    uint8_t *ring = (uint8_t *)shared4;
+    auto bytes_of = [&](uint32_t k) { /* stage k's rows, the last one short */
+        const uint32_t left = rows - k * W5_ROWS;
+        return (left < W5_ROWS ? left : W5_ROWS) * row_bytes;
+    };
+    if (threadIdx.x == 0) {
+        bulk_init(bar, W5_SLOTS);
+        for (uint32_t k = 0; k < W5_SLOTS && k < stages; k++)
+            bulk_load(ring + k * slot_bytes, src + (size_t)k * slot_bytes, bytes_of(k), &bar[k]);
+    }
+    const uint32_t w = threadIdx.x / KL_GPU_GROUP, lane = threadIdx.x % KL_GPU_GROUP;
+    const float4 *qf = (const float4 *)(x.sc.ql + ((size_t)t * d.nh + h0) * (d.R + d.dr));
+    float4 q[W5_HEADS][W5_F4], acc[W5_HEADS][W5_RF4];
+    float m[W5_HEADS], l[W5_HEADS];
+#pragma unroll
+    for (int i = 0; i < W5_HEADS; i++) {
+#pragma unroll
+        for (int f = 0; f < W5_F4; f++)
+            q[i][f] = (uint32_t)i < nh && lane + 32 * f < c4
+                          ? qf[i * c4 + lane + 32 * f]
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int f = 0; f < W5_RF4; f++)
+            acc[i][f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        m[i] = -INFINITY, l[i] = 0.0f;
+    }
+    __syncthreads(); /* the barriers initialised */
+    for (uint32_t k = 0; k < stages; k++) {
+        const uint32_t s = k % W5_SLOTS, r0 = k * W5_ROWS + w;
+        uint8_t *slot = ring + s * slot_bytes;
+        bulk_wait(&bar[s], k / W5_SLOTS, slot, src + (size_t)k * slot_bytes, bytes_of(k));
+        float4 v0[W5_F4], v1[W5_F4];
+        w5_row((const float4 *)(slot + w * row_bytes), c4, v0);
+        w5_row((const float4 *)(slot + (w + W5_WARPS) * row_bytes), c4, v1);
+        if (r0 < rows)
+            w5_take(q, v0, nh, r4, x.scale, m, l, acc);
+        if (r0 + W5_WARPS < rows)
+            w5_take(q, v1, nh, r4, x.scale, m, l, acc);
+        __syncthreads(); /* every read of slot s done */
+        if (threadIdx.x == 0 && k + W5_SLOTS < stages)
+            bulk_load(slot, src + (size_t)(k + W5_SLOTS) * slot_bytes, bytes_of(k + W5_SLOTS),
+                      &bar[s]);
+    }
+    /* the ring's bytes (every copy waited for, every read done) take the partial results */
+    float4 *cs = shared4;
+    float *ms = (float *)(cs + (size_t)W5_WARPS * W5_HEADS * r4), *ls = ms + W5_WARPS * W5_HEADS;
+#pragma unroll
+    for (int i = 0; i < W5_HEADS; i++) {
+        if (lane == 0)
+            ms[w * W5_HEADS + i] = m[i], ls[w * W5_HEADS + i] = l[i];
+#pragma unroll
+        for (int f = 0; f < W5_RF4; f++)
+            if (lane + 32 * f < r4)
+                cs[(w * W5_HEADS + i) * r4 + lane + 32 * f] = acc[i][f];
+    }
+    __syncthreads();
+    w5_meet(x, d, (size_t)t * gridDim.x + blockIdx.x, h0, nh, cs, ms, ls);
+}
+
 static size_t w5_shared(const kl_gpu_mla_dims *d)
 {
-    return (size_t)W5_WARPS * W5_HEADS * (d->R + 2) * sizeof(float);
+    const size_t ring = (size_t)W5_SLOTS * W5_ROWS * (d->R + d->dr) * sizeof(float);
+    const size_t meet = (size_t)W5_WARPS * W5_HEADS * (d->R + 2) * sizeof(float);
+    return ring > meet ? ring : meet;
 }
 
 static bool v5_fits(const kl_gpu_mla_dims *d)
@@ -2657,7 +2692,7 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
-/* v5: decode, every run one token over spans up to W5_MAX_SPAN: absorb2, attend5 (a wave of
+/* v5: decode, every run one token, n x max_span <= W5_MAX_SPAN: absorb2, attend5 (a wave of
  * blocks: splits x head groups about the multiprocessors, within v2's scratch), combine2,
  * vb2. */
 static int attend_v5(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
@@ -2820,7 +2855,7 @@ static bool v4_fits(const kl_gpu_mla_dims *d)
 /* The kernels to run: KL_GPU_MLA=v1|v2|v3|v3fast|v4|v5 in the environment (read at the first
  * call; v5 otherwise) or kl_gpu_mla_select's (4: v3fast, 5: v4, 6: v5); a version whose limits
  * d passes falls back to the next lower one that fits (v4: v3, v3 and v3fast: v2).  v5 is v4
- * but for decode over spans up to W5_MAX_SPAN (kl_gpu_mla_attend): this returns 5 for it. */
+ * but for decode where n x max_span <= W5_MAX_SPAN (kl_gpu_mla_attend): this returns 5 for it. */
 static int version_for(const kl_gpu_mla_dims *d)
 {
     if (!mla_version) {
@@ -2857,7 +2892,8 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     if (t->n == 0)
         return 0;
     int v = version_for(&a->d);
-    if (mla_version == 6 && t->max_run == 1 && t->max_span <= W5_MAX_SPAN && v5_fits(&a->d))
+    if (mla_version == 6 && t->max_run == 1 && (uint64_t)t->n * t->max_span <= W5_MAX_SPAN &&
+        v5_fits(&a->d)) /* a block's rows: ~ n max_span W5_HEADS / (nh sms) */
         return attend_v5(a, t, (hipStream_t)s, err);
     if (v == 5 && t->max_run > 1) { /* chunks of a prompt: the MHA form, else v3, else v2 */
         if (t->n_runs == 1 && a->kv_b->kind == KL_GPU_W_BF16 &&

@@ -64,7 +64,7 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
  * a captured graph's, stays on 3 or 4); 5 v4: decode (every run one token) exact as v3 on
  * mma.sync, one wave of split blocks streaming the cache (also nh <= 32, R <= 512,
  * R + dr <= 640; else v3), chunks with longer runs on v3 (else v2), spans < 512 as v3; 6 v5:
- * v4, but decode over spans (max_span) up to 4,096 on the CUDA cores, a warp a cache row and
+ * v4, but decode where n x max_span <= 4,096 on the CUDA cores, a warp a cache row and
  * W5_HEADS heads a block (nh <= 32, R <= 512, R + dr <= 640, both multiples of 4); 0 the
  * default: KL_GPU_MLA=v1|v2|v3|v3fast|v4|v5 from the environment (read once), else 6.  For
  * the device tests and benchmarks that compare them. */

@@ -9,7 +9,7 @@
  * launch and prefill runs of 64 and 256 tokens on caches of 0 and 4K rows (the reference for
  * every few tokens of those); the full-shape cases timed, with bytes read / time beside a
  * device-to-device copy and TFLOPS.  Every case runs the six kernel versions (v5, decode over
- * spans up to 4,096 a warp a cache row, its o differing from v4's where that shows it ran;
+ * n x span up to 4,096 a warp a cache row, its o differing from v4's where that shows it ran;
  * v4, decode on mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and
  * v3fast with bf16 ones; the four compared also with v2; v2; round 1's v1;
  * kl_gpu_mla_select).  Before
@@ -623,7 +623,7 @@ static void upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, 
 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 (prompts: v3, the prefill
  * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only; its v2
  * kernel, kl_gpu_mla_mha_set(2)), 7 the same with the MHA form's v1 kernel, 8 v5
- * (kl_gpu_mla_select(6): decode over spans up to 4,096 a warp a row; else as v4) */
+ * (kl_gpu_mla_select(6): decode where n x span <= 4,096 a warp a row; else as v4) */
 #define MLA_VERSIONS 8
 #define MLA_MHA      6
 #define MLA_MHA_V1   7
@@ -649,7 +649,7 @@ struct mla_result {
     double expand_us = 0; /* the MHA form's expansion alone (kl_gpu_gemm_p) */
     bool mha_ran = true;  /* the "mha" columns' o differ from v3's, "mha"'s from "mha_v1"'s
                              (no silent fallback) */
-    bool v5_ran = true;   /* decode over 16 .. 4,096 rows: v5's o differs from v4's */
+    bool v5_ran = true;   /* decode, 16 <= span, n x span <= 4,096: v5's o differs from v4's */
 };
 
 /* Whether the case is a prompt the MHA form takes: one run of 64 tokens or more, kv_b BF16. */
@@ -784,7 +784,7 @@ static void run_case(const mla_case &c, mla_result *res)
     for (const mla_run &u : c.runs)
         decode = decode && u.len == 1;
     const uint32_t span = std::max(c.launch_span, x.max_span);
-    if (decode && span >= 16 && span <= 4096 && !res->out[MLA_V5 - 1].empty() &&
+    if (decode && span >= 16 && (uint64_t)x.n * span <= 4096 && !res->out[MLA_V5 - 1].empty() &&
         !res->out[4].empty())
         res->v5_ran = res->out[MLA_V5 - 1] != res->out[4];
     fprintf(stderr, "\n");
@@ -892,11 +892,14 @@ int main(void)
         {"full_span512", full, true, true, 1, {{0, 511, 1}}},
         {"full_span4096", full, true, true, 1, {{0, 4095, 1}}},
         {"full_span8192", full, true, true, 1, {{0, 8191, 1}}},
-        /* v5: decode at the spans of a first reply (a cache of 256 rows), 3,000 of 4,096, a
-         * batch of 4 within 4,096, heads not a multiple of W5_HEADS with a narrow latent */
+        /* v5: decode at the spans of a first reply (a cache of 256 rows), 3,000 of 4,096,
+         * batches of 4 within 4 x 1,024 (v5) and 4 x 4,096 (v4), heads not a multiple of
+         * W5_HEADS with a narrow latent */
         {"full_span64_cap256", full, true, true, 1, {{0, 63, 1}}, 256},
         {"full_span256", full, true, true, 1, {{0, 255, 1}}},
         {"full_span3000_cap4096", full, true, true, 1, {{0, 2999, 1}}, 4096},
+        {"decode_4slots_1k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 500, 1},
+         {3, 1000, 1}}},
         {"decode_4slots_4k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 1000, 1},
          {3, 4095, 1}}},
         {"tiny_decode_nh5", {5, 8, 4, 12, 16}, true, false, 3, {{0, 0, 1}, {1, 8, 1},
