@@ -2394,7 +2394,9 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
 #define W5_SLOTS     4      /* stages in flight */
 #define W5_F4        5      /* float4 of a cache row a lane at most: R + dr <= 640 */
 #define W5_RF4       4      /* float4 of the latent a lane at most: R <= 512 */
-#define W5_MAX_SPAN  4096   /* n x max_span at most (longer: v4) */
+#define W5_MAX_SPAN  1536   /* n x max_span at most (longer: v4; session 20: v5 ~27 us
+                                   at 1,000 rows against v4's ~33, ~41.5 at 3,000 against
+                                   ~34.5, the same near 1,900) */
 
 __device__ static inline float4 w5_axpby(float4 a, float al, float p, float4 v)
 {

@@ -64,7 +64,7 @@ int    kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t
  * a captured graph's, stays on 3 or 4); 5 v4: decode (every run one token) exact as v3 on
  * mma.sync, one wave of split blocks streaming the cache (also nh <= 32, R <= 512,
  * R + dr <= 640; else v3), chunks with longer runs on v3 (else v2), spans < 512 as v3; 6 v5:
- * v4, but decode where n x max_span <= 4,096 on the CUDA cores, a warp a cache row and
+ * v4, but decode where n x max_span <= 1,536 on the CUDA cores, a warp a cache row and
  * W5_HEADS heads a block (nh <= 32, R <= 512, R + dr <= 640, both multiples of 4); 0 the
  * default: KL_GPU_MLA=v1|v2|v3|v3fast|v4|v5 from the environment (read once), else 6.  For
  * the device tests and benchmarks that compare them. */
@@ -72,7 +72,7 @@ void   kl_gpu_mla_select(int version);
 
 /* The max_span a captured one-token step's attention is sized for (kl_gpu_tokens), given the
  * token's span now and its cache's capacity: cap, or a shorter bound where that selects
- * faster kernels which serve every span up to it (v5: 4,096 while the span is within it).  A
+ * faster kernels which serve every span up to it (v5: 1,536 while the span is within it).  A
  * graph captured with it holds while the value stays the same. */
 uint32_t kl_gpu_mla_graph_span(const kl_gpu_mla_dims *d, uint32_t span, uint32_t cap);
 

@@ -9,9 +9,9 @@
  * launch and prefill runs of 64 and 256 tokens on caches of 0 and 4K rows (the reference for
  * every few tokens of those); the full-shape cases timed, with bytes read / time beside a
  * device-to-device copy and TFLOPS.  Every case runs the six kernel versions (v5, decode over
- * n x span up to 4,096 a warp a cache row, its o differing from v4's where that shows it ran;
- * v4, decode on mma.sync with hi + lo operands; v3 on tensor cores with hi + lo operands and
- * v3fast with bf16 ones; the four compared also with v2; v2; round 1's v1;
+ * n x span up to V5_MAX_SPAN a warp a cache row, its o differing from v4's where that shows
+ * it ran; v4, decode on mma.sync with hi + lo operands; v3 on tensor cores with hi + lo
+ * operands and v3fast with bf16 ones; the four compared also with v2; v2; round 1's v1;
  * kl_gpu_mla_select).  Before
  * the GPU: v3's and v3fast's algorithms emulated and v4's mirrored on the host (splits, fp32
  * partials, softmax and combine).  The prefill in MHA form ("mha": v4 with
@@ -623,11 +623,12 @@ static void upload(const mla_host &x, bool bf16, uint32_t launch_span, bool v1, 
 /* kl_gpu_mla_select: 1 v1, 2 v2, 3 v3 (split), 4 v3fast, 5 v4 (prompts: v3, the prefill
  * latent), 6 here: v4 with the prefill in MHA form (run for prompts of one run only; its v2
  * kernel, kl_gpu_mla_mha_set(2)), 7 the same with the MHA form's v1 kernel, 8 v5
- * (kl_gpu_mla_select(6): decode where n x span <= 4,096 a warp a row; else as v4) */
+ * (kl_gpu_mla_select(6): decode where n x span <= V5_MAX_SPAN a warp a row; else as v4) */
 #define MLA_VERSIONS 8
 #define MLA_MHA      6
 #define MLA_MHA_V1   7
 #define MLA_V5       8
+#define V5_MAX_SPAN  1536 /* mla.cu's W5_MAX_SPAN */
 #define V3_MHA       (1u << 2 | 1u << (MLA_MHA - 1) | 1u << (MLA_MHA_V1 - 1)) /* a case's
                                                        versions: v3 and the MHA form's two */
 #define MHA_ONLY     (1u << (MLA_MHA - 1) | 1u << (MLA_MHA_V1 - 1))
@@ -649,7 +650,8 @@ struct mla_result {
     double expand_us = 0; /* the MHA form's expansion alone (kl_gpu_gemm_p) */
     bool mha_ran = true;  /* the "mha" columns' o differ from v3's, "mha"'s from "mha_v1"'s
                              (no silent fallback) */
-    bool v5_ran = true;   /* decode, 16 <= span, n x span <= 4,096: v5's o differs from v4's */
+    bool v5_ran = true;   /* decode, 16 <= span, n x span <= V5_MAX_SPAN: v5's o differs from
+                             v4's */
 };
 
 /* Whether the case is a prompt the MHA form takes: one run of 64 tokens or more, kv_b BF16. */
@@ -784,7 +786,8 @@ static void run_case(const mla_case &c, mla_result *res)
     for (const mla_run &u : c.runs)
         decode = decode && u.len == 1;
     const uint32_t span = std::max(c.launch_span, x.max_span);
-    if (decode && span >= 16 && (uint64_t)x.n * span <= 4096 && !res->out[MLA_V5 - 1].empty() &&
+    if (decode && span >= 16 && (uint64_t)x.n * span <= V5_MAX_SPAN &&
+        !res->out[MLA_V5 - 1].empty() &&
         !res->out[4].empty())
         res->v5_ran = res->out[MLA_V5 - 1] != res->out[4];
     fprintf(stderr, "\n");
@@ -892,18 +895,6 @@ int main(void)
         {"full_span512", full, true, true, 1, {{0, 511, 1}}},
         {"full_span4096", full, true, true, 1, {{0, 4095, 1}}},
         {"full_span8192", full, true, true, 1, {{0, 8191, 1}}},
-        /* v5: decode at the spans of a first reply (a cache of 256 rows), 3,000 of 4,096,
-         * batches of 4 within 4 x 1,024 (v5) and 4 x 4,096 (v4), heads not a multiple of
-         * W5_HEADS with a narrow latent */
-        {"full_span64_cap256", full, true, true, 1, {{0, 63, 1}}, 256},
-        {"full_span256", full, true, true, 1, {{0, 255, 1}}},
-        {"full_span3000_cap4096", full, true, true, 1, {{0, 2999, 1}}, 4096},
-        {"decode_4slots_1k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 500, 1},
-         {3, 1000, 1}}},
-        {"decode_4slots_4k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 1000, 1},
-         {3, 4095, 1}}},
-        {"tiny_decode_nh5", {5, 8, 4, 12, 16}, true, false, 3, {{0, 0, 1}, {1, 8, 1},
-         {2, 299, 1}}},
         {"full_3runs", full, true, false, 3, {{1, 0, 4}, {0, 1500, 1}, {2, 300, 6}}},
         {"full_f32_2runs", full, false, false, 2, {{1, 20, 2}, {0, 5000, 3}}},
         {"tiny_5runs_cap", {4, 12, 4, 8, 24}, true, false, 3,
@@ -933,6 +924,18 @@ int main(void)
          * is 1.1e-4 of the reference, above V3_TOL: measured on the H200, not checked) */
         {"prefill_256_on_65280", full, true, true, 1, {{0, 65280, 256}}, 0, 64, MHA_ONLY,
          65536},
+        /* v5 (at the end: the cases before keep their random data): decode at the spans of a
+         * first reply (a cache of 256 rows), 1,500 of a launch for 1,536, batches of 4 within
+         * 4 x 384 (v5) and beyond (v4), heads not a multiple of W5_HEADS, a narrow latent */
+        {"full_span64_cap256", full, true, true, 1, {{0, 63, 1}}, 256},
+        {"full_span256", full, true, true, 1, {{0, 255, 1}}},
+        {"full_span1500_cap1536", full, true, true, 1, {{0, 1499, 1}}, 1536},
+        {"decode_4slots_300", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 200, 1},
+         {3, 299, 1}}},
+        {"decode_4slots_1k", full, true, true, 4, {{0, 0, 1}, {1, 99, 1}, {2, 500, 1},
+         {3, 1000, 1}}},
+        {"tiny_decode_nh5", {5, 8, 4, 12, 16}, true, false, 3, {{0, 0, 1}, {1, 8, 1},
+         {2, 299, 1}}},
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     std::vector<mla_result> res(n_cases);
