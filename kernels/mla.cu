@@ -2394,9 +2394,8 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
 #define W5_SLOTS     4      /* stages in flight */
 #define W5_F4        5      /* float4 of a cache row a lane at most: R + dr <= 640 */
 #define W5_RF4       4      /* float4 of the latent a lane at most: R <= 512 */
-#define W5_MAX_SPAN  1536   /* n x max_span at most (longer: v4; session 20: v5 ~27 us
-                                   at 1,000 rows against v4's ~33, ~41.5 at 3,000 against
-                                   ~34.5, the same near 1,900) */
+#define W5_MAX_SPAN  1536   /* n x max_span at most (longer: v4; session 20: v5 ~27 us at
+                               1,000 rows against v4's ~33, ~41.5 at 3,000 against ~34.5) */
 
 __device__ static inline float4 w5_scale(float4 a, float al)
 {
@@ -2708,22 +2707,29 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
 /* v5: decode, every run one token, n x max_span <= W5_MAX_SPAN: absorb2, attend5 (a wave of
  * blocks: splits x head groups about the multiprocessors, within v2's scratch), combine2,
  * vb2. */
+/* v5's splits a token: a wave of blocks (n x groups of heads each), W5_WARPS rows each at
+ * least, within v2's scratch (splits2). */
+static uint32_t splits5(uint32_t n, uint32_t groups, uint32_t max_span)
+{
+    const uint32_t blocks = n * groups, sms = kl_gpu_sm_count();
+    const uint32_t wave = blocks < sms ? sms / blocks : 1;
+    const uint32_t by_rows = (max_span + W5_WARPS - 1) / W5_WARPS, s2 = splits2(n, max_span);
+    const uint32_t s = wave < by_rows ? wave : by_rows;
+    return s < s2 ? s : s2;
+}
+
 static int attend_v5(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                      kl_err *err)
 {
-    const uint32_t groups = (a->d.nh + W5_HEADS - 1) / W5_HEADS, blocks = t->n * groups;
-    const uint32_t wave = blocks < kl_gpu_sm_count() ? kl_gpu_sm_count() / blocks : 1;
-    const uint32_t by_rows = (t->max_span + W5_WARPS - 1) / W5_WARPS;
-    const uint32_t s2 = splits2(t->n, t->max_span);
-    uint32_t splits = wave < by_rows ? wave : by_rows;
-    splits = splits < s2 ? splits : s2;
+    const uint32_t groups = (a->d.nh + W5_HEADS - 1) / W5_HEADS;
+    const uint32_t splits = splits5(t->n, groups, t->max_span);
     const attend_ctx x = make_ctx(a, t, splits, 0);
+    const size_t shared = w5_shared(&a->d);
     static size_t shared_set;
-    if (allow_shared((const void *)attend5_kernel, &shared_set, w5_shared(&a->d), err))
+    if (allow_shared((const void *)attend5_kernel, &shared_set, shared, err))
         return err->code;
     absorb2(a, t, &x, st);
-    attend5_kernel<<<dim3(splits, t->n, groups), W5_WARPS * KL_GPU_GROUP, w5_shared(&a->d), st>>>(
-        *a, x);
+    attend5_kernel<<<dim3(splits, t->n, groups), W5_WARPS * KL_GPU_GROUP, shared, st>>>(*a, x);
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
