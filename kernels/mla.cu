@@ -2397,14 +2397,10 @@ static int check_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
 #define W5_MAX_SPAN  1536   /* n x max_span at most (longer: v4; session 20: v5 ~27 us at
                                1,000 rows against v4's ~33, ~41.5 at 3,000 against ~34.5) */
 
-__device__ static inline float4 w5_scale(float4 a, float al)
+__device__ static inline float4 w5_axpby(float4 a, float al, float p, float4 v)
 {
-    return make_float4(a.x * al, a.y * al, a.z * al, a.w * al);
-}
-
-__device__ static inline float4 w5_fma(float p, float4 v, float4 a) /* a + p v */
-{
-    return make_float4(fmaf(p, v.x, a.x), fmaf(p, v.y, a.y), fmaf(p, v.z, a.z), fmaf(p, v.w, a.w));
+    return make_float4(a.x * al + p * v.x, a.y * al + p * v.y, a.z * al + p * v.z,
+                       a.w * al + p * v.w);
 }
 
 /* A row of c4 float4 in shared memory into v (the lane's float4 columns; past the row 0). */
@@ -2429,23 +2425,16 @@ __device__ static inline void w5_take(const float4 (&q)[W5_HEADS][W5_F4], const 
         for (int f = 0; f < W5_F4; f++)
             s += q[i][f].x * v[f].x + q[i][f].y * v[f].y + q[i][f].z * v[f].z +
                  q[i][f].w * v[f].w;
-        s = kl_gpu_group_sum(s) * scale; /* the same on every lane (the butterfly's sums) */
+        s = kl_gpu_group_sum(s) * scale;
         if ((uint32_t)i >= nh)
             continue;
-        if (s > m[i]) { /* a new maximum (the warp together): rescale what is summed */
-            const float al = expf(m[i] - s); /* 0 at the first row (m -inf) */
-            m[i] = s;
-            l[i] *= al;
-#pragma unroll
-            for (int f = 0; f < W5_RF4; f++)
-                acc[i][f] = w5_scale(acc[i][f], al);
-        }
-        const float p = expf(s - m[i]);
-        l[i] += p;
+        const float mn = fmaxf(m[i], s), al = expf(m[i] - mn), p = expf(s - mn);
+        m[i] = mn;
+        l[i] = l[i] * al + p;
 #pragma unroll
         for (int f = 0; f < W5_RF4; f++)
             if (lane + 32 * f < r4)
-                acc[i][f] = w5_fma(p, v[f], acc[i][f]);
+                acc[i][f] = w5_axpby(acc[i][f], al, p, v[f]);
     }
 }
 
@@ -2466,7 +2455,7 @@ __device__ static void w5_meet(const attend_ctx &x, const kl_gpu_mla_dims &d, si
         for (uint32_t k = 0; k < W5_WARPS; k++) {
             const float wt = expf(ms[k * W5_HEADS + i] - mx);
             sum += wt * ls[k * W5_HEADS + i];
-            ctx = w5_fma(wt, cs[(k * W5_HEADS + i) * r4 + c], ctx);
+            ctx = w5_axpby(ctx, 1.0f, wt, cs[(k * W5_HEADS + i) * r4 + c]);
         }
         if (c == 0) {
             x.sc.pm[part * d.nh + h0 + i] = mx;
