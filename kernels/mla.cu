@@ -2693,9 +2693,6 @@ static int attend_v4(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hi
     return combine_vb2(a, t, &x, splits, true, st, err);
 }
 
-/* v5: decode, every run one token, n x max_span <= W5_MAX_SPAN: absorb2, attend5 (a wave of
- * blocks: splits x head groups about the multiprocessors, within v2's scratch), combine2,
- * vb2. */
 /* v5's splits a token: a wave of blocks (n x groups of heads each), W5_WARPS rows each at
  * least, within v2's scratch (splits2). */
 static uint32_t splits5(uint32_t n, uint32_t groups, uint32_t max_span)
@@ -2707,6 +2704,8 @@ static uint32_t splits5(uint32_t n, uint32_t groups, uint32_t max_span)
     return s < s2 ? s : s2;
 }
 
+/* v5: decode, every run one token, n x max_span <= W5_MAX_SPAN: absorb2, attend5 (splits5),
+ * combine2, vb2. */
 static int attend_v5(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t, hipStream_t st,
                      kl_err *err)
 {
