@@ -27,8 +27,8 @@
 static const char serve_synopsis[] =
     "usage: kl serve MODEL [--host 127.0.0.1] [--port 8000] [--device cpu|gpu|auto]\n"
     "                [--api-key KEY] [--max-seqs N] [--max-queue N] [--cache-mb N]\n"
-    "                [--ctx N] [--served-model-name NAME] [--threads N] [--tp N]\n"
-    "                [--expert-parallel] [--json] [-q]\n";
+    "                [--ctx N] [--served-model-name NAME] [--keepalive-ms N] [--threads N]\n"
+    "                [--tp N] [--expert-parallel] [--json] [-q]\n";
 
 static const char serve_about[] =
     "Serves the checkpoint in MODEL over an OpenAI-compatible HTTP API: POST\n"
@@ -45,7 +45,7 @@ static const char serve_footer[] =
 
 typedef struct serve_args {
     const char *model, *host, *api_key, *name;
-    unsigned long long port, max_seqs, max_queue, ctx, cache_mb;
+    unsigned long long port, max_seqs, max_queue, ctx, cache_mb, keepalive_ms;
     kl_gen_flags gen;   /* --threads, --route-weights, -q, --ignore-memory-check, --device */
     int json;
 } serve_args;
@@ -62,9 +62,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->max_seqs = 16;
     a->max_queue = 64;
     a->cache_mb = 2048;
+    a->keepalive_ms = 1000;
     kl_opt gen[KL_GEN_FLAG_ROWS];
     kl_gen_flag_rows(&a->gen, "", gen);
-    enum { N_OWN = 9, N_GEN = KL_GEN_FLAG_ROWS - GEN_FIRST_LOAD_ROW };
+    enum { N_OWN = 10, N_GEN = KL_GEN_FLAG_ROWS - GEN_FIRST_LOAD_ROW };
     kl_opt opts[N_OWN + N_GEN + 1] = {
         KL_VALUE("--host", 0, KL_OPT_STR, &a->host, "ADDR",
                  "address to listen on (default 127.0.0.1: this machine only)"),
@@ -85,6 +86,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
                  "at most 32K)", .lo = 2, .hi = (double)(1u << 30)),
         KL_VALUE("--served-model-name", 0, KL_OPT_STR, &a->name, "NAME",
                  "the model's name in the API (default: MODEL as given)"),
+        KL_VALUE("--keepalive-ms", 0, KL_OPT_U64, &a->keepalive_ms, "N",
+                 "a streamed reply's keep-alive comment (\": waiting\") after N ms without\n"
+                 "tokens, e.g. while it waits in the queue (default 1000)", .lo = 10,
+                 .hi = 600000),
         KL_FLAG("--json", 0, &a->json, "print where it listens as one JSON object on stdout"),
     };
     memcpy(opts + N_OWN, gen + GEN_FIRST_LOAD_ROW, N_GEN * sizeof *gen);
@@ -210,7 +215,8 @@ static int serve(const serve_args *a, serve_ctx *c, kl_err *err)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     kl_http_opts ho = {.host = a->host, .port = (uint16_t)a->port, .api_key = a->api_key,
-                       .model_name = a->name ? a->name : a->model, .ctx = context_of(a, c->m)};
+                       .model_name = a->name ? a->name : a->model, .ctx = context_of(a, c->m),
+                       .keepalive_ms = (unsigned)a->keepalive_ms};
     if ((rc = kl_engine_start(&c->e, c->m, (uint32_t)a->max_seqs, (size_t)a->max_queue,
                               (size_t)a->cache_mb << 20, err)) ||
         (rc = warm_up(c->e, err)) || (rc = kl_http_start(&c->h, c->e, c->tok, &ho, err)))

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_MS 1000           /* a stream's keep-alive comment after this long without ids */
+#define CHECK_MS 1000          /* a whole reply's client checked this often */
 
 struct kl_http {
     struct MHD_Daemon  *d;
@@ -334,7 +334,7 @@ static enum MHD_Result answer_whole(kl_answer *a, struct MHD_Connection *c)
     int over = 0, status = 500, rc = 0;
     char *json = NULL;
     while (!rc && !over) {
-        rc = kl_answer_pump(a, WAIT_MS, &over, &err);
+        rc = kl_answer_pump(a, CHECK_MS, &over, &err);
         if (!rc && !over && client_gone(c)) {
             kl_answer_free(a);
             return MHD_NO;
@@ -350,9 +350,16 @@ static enum MHD_Result answer_whole(kl_answer *a, struct MHD_Connection *c)
     return r;
 }
 
+/* A stream's response callbacks' state: its answer and the keep-alive period. */
+typedef struct stream_ctx {
+    kl_answer *a;
+    int        keepalive_ms;
+} stream_ctx;
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    kl_answer *a = cls;
+    stream_ctx *sc = cls;
+    kl_answer *a = sc->a;
     kl_err err;
     kl_err_clear(&err);
     size_t k;
@@ -360,7 +367,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     while (!(k = kl_answer_bytes(a, buf, max))) {
         if (over)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        if (kl_answer_pump(a, WAIT_MS, &over, &err))
+        if (kl_answer_pump(a, sc->keepalive_ms, &over, &err))
             return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     return (ssize_t)k;
@@ -368,16 +375,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void stream_done(void *cls)
 {
-    kl_answer_free(cls);
+    stream_ctx *sc = cls;
+    kl_answer_free(sc->a);
+    kl_free(sc);
 }
 
 /* Starts the SSE response; a is the response's from here on. */
-static enum MHD_Result answer_stream(kl_answer *a, struct MHD_Connection *c)
+static enum MHD_Result answer_stream(const kl_http *h, kl_answer *a, struct MHD_Connection *c)
 {
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, a, stream_done);
-    if (!r) {
+    stream_ctx *sc = kl_malloc(sizeof *sc);
+    if (!sc) {
         kl_answer_free(a);
+        return MHD_NO;
+    }
+    *sc = (stream_ctx){a, (int)h->o.keepalive_ms};
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, sc, stream_done);
+    if (!r) {
+        stream_done(sc);
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -421,7 +436,7 @@ static enum MHD_Result gen_run(kl_http *h, struct MHD_Connection *c, const kl_re
     if (kl_answer_new(&a, job, r, h->tok, h->model, atomic_fetch_add(&h->next_id, 1), n_prompt,
                       &err))
         return fail(c, 500, "server_error", NULL, NULL, "%s", err.msg);
-    return r->stream ? answer_stream(a, c) : answer_whole(a, c);
+    return r->stream ? answer_stream(h, a, c) : answer_whole(a, c);
 }
 
 /* POST /v1/chat/completions (parse: kl_req_chat_parse) or /v1/completions. */
@@ -579,6 +594,8 @@ static int http_init(kl_http *h, const kl_http_opts *o, kl_err *err)
         h->o.max_body = 4u << 20;
     if (!h->o.max_conns)
         h->o.max_conns = 256;
+    if (!h->o.keepalive_ms)
+        h->o.keepalive_ms = 1000;
     if (!o->model_name || !*o->model_name || o->ctx < 2)
         return kl_fail(err, KL_E_USAGE, "the server needs a model name and a context >= 2");
     h->model = kl_strdup(o->model_name);

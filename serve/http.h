@@ -39,6 +39,8 @@ typedef struct kl_http_opts {
     size_t      max_body;      /* bytes; 0 = 4 MiB */
     size_t      ctx;           /* tokens per sequence, prompt and reply (>= 2) */
     unsigned    max_conns;     /* 0 = 256 */
+    unsigned    keepalive_ms;  /* a stream's keep-alive comment after this long without ids;
+                                  0 = 1000 */
 } kl_http_opts;
 
 typedef struct kl_http kl_http;

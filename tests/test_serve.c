@@ -46,6 +46,7 @@
 static char g_root[512], g_model[600];
 static pid_t g_pid;
 static int g_port;
+static const char *g_keepalive_ms = "1000"; /* kl serve --keepalive-ms for servers started */
 static kl_tokenizer *g_tok;
 static size_t g_run_specials;    /* special ids among the ids of the last `kl run` */
 static time_t g_rcv_timeout_s = 60;   /* receive timeout of the test's connections */
@@ -66,7 +67,8 @@ static int start_server_cache(const char *max_seqs, const char *max_queue,
         close(p[1]);
         execl(t_kl_bin(), "kl", "serve", g_model, "--port", "0", "--json", "--threads", "2",
               "--max-seqs", max_seqs, "--max-queue", max_queue, "--api-key", KEY,
-              "--served-model-name", "tiny", "--cache-mb", cache_mb, "-q", (char *)NULL);
+              "--served-model-name", "tiny", "--cache-mb", cache_mb, "--keepalive-ms",
+              g_keepalive_ms, "-q", (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -1078,37 +1080,29 @@ START_TEST(test_queue_full)
 }
 END_TEST
 
-/* A request queued behind a busy slot for over a second gets keep-alive comments (its job has
- * no ids yet), then its whole stream once the slot is free. */
+/* A request queued behind a busy slot gets keep-alive comments (its job has no ids yet) every
+ * --keepalive-ms (20 here: ten periods while it waits), then its whole stream once the slot is
+ * free. */
 START_TEST(test_queued_stream_waits)
 {
     int main_port = g_port;
     pid_t pid;
+    g_keepalive_ms = "20";
     g_port = start_server_with("1", "4", &pid);
-    /* the one slot busy, and two more long streams queued ahead: the tiny model's longest
-     * greedy reply (~2,100 ids, then its end token) takes ~1 s on a development VM, so the
-     * queued request waits ~3 s, three keep-alive periods, on a machine like it */
-    int busy[3] = {long_stream(), -1, -1};
-    char *b = chat_body("hello there", 30000, 1), f[16];
-    for (int i = 1; i < 3; i++) {
-        busy[i] = connect_server();
-        send_request(busy[i], "POST", "/v1/chat/completions", KEY, b, strlen(b));
-    }
-    free(b);
-    /* both in the queue before the last request (connections are served in any order) */
+    g_keepalive_ms = "1000";
+    int busy = long_stream(); /* the one slot busy: ~2,100 ids, ~1 s on a development VM */
+    char *b = chat_body("queued", 4, 1), f[16];
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
     int queued = -1;
-    for (int i = 0; i < 200 && (queued = (int)metric_now("kl_queue_depth")) < 2; i++) {
+    for (int i = 0; i < 200 && (queued = (int)metric_now("kl_queue_depth")) < 1; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    ck_assert_int_eq(queued, 2);
-    b = chat_body("queued", 4, 1);
-    int fd = connect_server();
-    send_request(fd, "POST", "/v1/chat/completions", KEY, b, strlen(b));
-    struct timespec ts = {1, 600 * 1000 * 1000};
+    ck_assert_int_eq(queued, 1);
+    struct timespec ts = {0, 200 * 1000 * 1000}; /* ten keep-alive periods in the queue */
     nanosleep(&ts, NULL);
-    for (int i = 0; i < 3; i++)   /* gone clients: their jobs cancelled */
-        close(busy[i]);
+    close(busy); /* a gone client: its job cancelled, the queued one runs */
     resp r = read_response(fd);
     ck_assert_msg(strstr(r.body, ": waiting\n\n"), "no keep-alive while queued: %.300s", r.body);
     free(stream_content(&r, f, sizeof f));
