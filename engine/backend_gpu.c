@@ -1208,6 +1208,14 @@ static int norm_in_product_takes(const gpu_be *g, const kl_gpu_mat *w)
     return g->pend.on && kl_gpu_matmul_norm_takes(w, g->x, g->pend.r, g->pend.w, g->x2, g->xn);
 }
 
+/* The product that made the add_norm wrote the residual into x2: x2 becomes x. */
+static void swap_residual(gpu_be *g)
+{
+    float *t = g->x;
+    g->x = g->x2;
+    g->x2 = t;
+}
+
 /* The pending add_norm inside the one-token product y = xn Wᵀ (norm_in_product_takes): x + r
  * then lives in x2, which becomes x. */
 static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err)
@@ -1218,9 +1226,7 @@ static int norm_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *err
     g->pend.on = 0;
     rc = kl_gpu_matmul_norm(w, g->x, g->pend.r, g->pend.w, (float)g->base.m->cfg.rms_norm_eps,
                             g->x2, g->xn, y, g->st, err);
-    float *t = g->x;
-    g->x = g->x2;
-    g->x2 = t;
+    swap_residual(g);
     return rc;
 }
 
@@ -1239,9 +1245,7 @@ static int chain_in_product(gpu_be *g, const kl_gpu_mat *w, float *y, kl_err *er
     const int rc = kl_gpu_matmul_chain(&g->pend_out.w, g->pend_out.x, g->pend_out.y, g->x,
                                        g->pend.w, (float)g->base.m->cfg.rms_norm_eps, g->x2,
                                        g->xn, w, y, g->st, err);
-    float *t = g->x;
-    g->x = g->x2;
-    g->x2 = t;
+    swap_residual(g);
     return rc;
 }
 

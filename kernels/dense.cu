@@ -1005,6 +1005,7 @@ extern "C" int kl_gpu_matmul_chain_takes(const kl_gpu_mat *wa, const float *xa,
                                          const kl_gpu_mat *wb, const float *r, const float *nw,
                                          float *x_out, float *xn_out)
 {
+    /* the norm's x is r, its r ya (not known here: kl_gpu_matmul_chain checks it) */
     return wa->cols % 4 == 0 && bs_takes(wa, kl_row_vec_ok(wa, xa, wa->cols)) &&
            kl_gpu_matmul_norm_takes(wb, r, r, nw, x_out, xn_out) &&
            bs_takes(wb, 1) && wa->rows == wb->cols;

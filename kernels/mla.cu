@@ -2883,12 +2883,17 @@ static int version_for(const kl_gpu_mla_dims *d)
     return v >= 2 && v2_fits(d) ? 2 : 1;
 }
 
-extern "C" uint32_t kl_gpu_mla_graph_span(const kl_gpu_mla_dims *d, uint32_t span, uint32_t cap)
+/* Whether v5 runs n tokens of runs of one over spans up to max_span (a block's rows: ~ n
+ * max_span W5_HEADS / (nh sms)). */
+static bool v5_takes(const kl_gpu_mla_dims *d, uint32_t n, uint32_t max_span)
 {
     version_for(d); /* mla_version chosen */
-    return mla_version == 6 && v5_fits(d) && span <= W5_MAX_SPAN && cap > W5_MAX_SPAN
-               ? W5_MAX_SPAN
-               : cap;
+    return mla_version == 6 && (uint64_t)n * max_span <= W5_MAX_SPAN && v5_fits(d);
+}
+
+extern "C" uint32_t kl_gpu_mla_graph_span(const kl_gpu_mla_dims *d, uint32_t span, uint32_t cap)
+{
+    return v5_takes(d, 1, span) && cap > W5_MAX_SPAN ? W5_MAX_SPAN : cap;
 }
 
 extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_tokens *t,
@@ -2899,8 +2904,7 @@ extern "C" int kl_gpu_mla_attend(const kl_gpu_mla_attend_args *a, const kl_gpu_t
     if (t->n == 0)
         return 0;
     int v = version_for(&a->d);
-    if (mla_version == 6 && t->max_run == 1 && (uint64_t)t->n * t->max_span <= W5_MAX_SPAN &&
-        v5_fits(&a->d)) /* a block's rows: ~ n max_span W5_HEADS / (nh sms) */
+    if (t->max_run == 1 && v5_takes(&a->d, t->n, t->max_span))
         return attend_v5(a, t, (hipStream_t)s, err);
     if (v == 5 && t->max_run > 1) { /* chunks of a prompt: the MHA form, else v3, else v2 */
         if (t->n_runs == 1 && a->kv_b->kind == KL_GPU_W_BF16 &&
