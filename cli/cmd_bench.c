@@ -283,10 +283,11 @@ static int time_decode(kl_model *m, const decode_args *a, decode_result *res, kl
     res->ttft_s = kl_process_age_s();
     kl_backend_gpu_profile(m->be, &res->prof_prefill, 1);
     t0 = kl_now_s();
-    /* greedy, as kl run decodes: each step's argmax where the backend computed it */
+    /* greedy, as kl run decodes: each step's argmax where the backend computed it (the row
+       of logits stays there: a greedy step needs only its argmax) */
     kl_token id = kl_sample_argmax(logits, V), next;
     for (size_t i = 0; i < a->tokens && !rc; i++, id = next)
-        rc = kl_forward_argmax(m, &st, &id, 1, logits, &next, err);
+        rc = kl_forward_argmax(m, &st, &id, 1, NULL, &next, err);
     res->decode_s = kl_now_s() - t0;
     kl_backend_gpu_profile(m->be, &res->prof_decode, 1);
     res->peak_rss = peak_rss_bytes();
@@ -322,7 +323,7 @@ static int time_decode_at(kl_model *m, const decode_args *a, size_t ctx, decode_
     id = kl_sample_argmax(logits, V);
     kl_token next;
     for (size_t i = 0; i < a->tokens && !rc; i++, id = next)
-        rc = kl_forward_argmax(m, &st, &id, 1, logits, &next, err);
+        rc = kl_forward_argmax(m, &st, &id, 1, NULL, &next, err);
     out->tok_s = per_s((double)a->tokens, kl_now_s() - t0);
     out->cache_bytes = (double)(ctx + 1) * (double)kl_config_mla_token_bytes(&m->cfg, 4) *
                        (double)kl_config_count_attn(&m->cfg, KL_ATTN_MLA);

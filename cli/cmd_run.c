@@ -258,6 +258,7 @@ static int generate(run_ctx *c, const run_args *a, kl_err *err)
                 .ids = c->gen,
                 .emit = emit_cb,
                 .on_fed = fed_cb,
+                .keep_logits = c->logits_on,   /* --logits-out writes every fed id's row */
                 .user = c,
                 .cancel = &kl_cli_interrupted};
     c->args = a;

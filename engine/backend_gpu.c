@@ -129,8 +129,10 @@ typedef struct gpu_be {
     size_t        n_allocs, cap_allocs;
     /* the chunk */
     uint32_t      chunk;                      /* tokens per chunk at most */
-    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of chunk + 1 */
+    uint32_t     *host_tok;                   /* pinned: TOK_ARRAYS arrays of tok_stride */
     uint32_t     *dev_tok;
+    uint32_t      tok_stride;                 /* this chunk's tokens + 1: a one-token step
+                                                 uploads 40 bytes, not TOK_ARRAYS chunks */
     kl_gpu_tokens tok;
     uint32_t      n_want, want[GPU_CHUNK_MAX];
     uint32_t      run_len[GPU_CHUNK_MAX];
@@ -164,7 +166,9 @@ typedef struct gpu_be {
     graph_mode mode;
     gpu_graph *cur;                           /* the graph of this chunk (CAPTURE, REPLAY) */
     int        head_done;                     /* head() ran for this chunk */
-    float     *host_logits;                   /* pinned [vocab]: a graph's logits */
+    int        logits_copied;                 /* host_logits hold this chunk's logits */
+    float     *host_logits;                   /* pinned [vocab]: a graph step's logits, copied
+                                                 after the graph when head() wants them */
     kl_gpu_load_info load;                    /* how the weights came */
     kl_gpu_profile   prof;                    /* graph size; per-operation times */
     double           prof_t0;                 /* start of the operation being timed */
@@ -913,12 +917,13 @@ static int gpu_slot_fill(kl_backend *be, uint32_t slot, size_t n, kl_err *err)
 
 static uint32_t *tok_array(const gpu_be *g, uint32_t *base, int which)
 {
-    return base + (size_t)which * (g->chunk + 1);
+    return base + (size_t)which * g->tok_stride;
 }
 
 /* Runs, positions and wanted rows of the chunk into host_tok and g->tok (host counts). */
 static void describe_chunk(gpu_be *g, const kl_batch *c)
 {
+    g->tok_stride = (uint32_t)c->n + 1;   /* the arrays packed for this chunk */
     uint32_t *ids = tok_array(g, g->host_tok, TOK_IDS);
     uint32_t *ts = tok_array(g, g->host_tok, TOK_SLOT), *tp = tok_array(g, g->host_tok, TOK_POS);
     uint32_t *rs = tok_array(g, g->host_tok, TOK_RUN_START);
@@ -1093,10 +1098,11 @@ static int prepare_chunk(gpu_be *g, const kl_batch *c, int graph, kl_err *err)
     if (!rc)
         rc = reserve_mla_scratch(g, err);
     if (!rc)
-        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * (g->chunk + 1) * sizeof(uint32_t),
+        rc = kl_gpu_h2d(g->dev_tok, g->host_tok, TOK_ARRAYS * g->tok_stride * sizeof(uint32_t),
                         g->st, err);
     g->mode = EAGER;
     g->head_done = 0;
+    g->logits_copied = 0;
     g->sum_in_norm = 0;
     g->pend.on = 0;   /* nothing left from a step that failed midway */
     g->pend_out.on = 0;
@@ -1535,7 +1541,7 @@ static int end_capture(gpu_be *g, kl_err *err)
     for (unsigned r = 0; r < g->grp_n && !rc; r++) {
         gpu_be *m = g->grp[r];
         if (!(rc = member_dev(m, err)))
-            rc = enqueue_head(m, m->host_logits, m->host_amax, err);
+            rc = enqueue_head(m, NULL, m->host_amax, err);   /* logits: run_graph */
     }
     size_t nodes = 0;   /* kernels and copies of the whole step */
     for (unsigned r = 0; r < g->grp_n && !rc; r++) {
@@ -1553,9 +1559,21 @@ static int end_capture(gpu_be *g, kl_err *err)
     return rc;
 }
 
-/* The step's graphs (captured first, when CAPTURE) launched on every stream and waited for;
- * g's device current again. */
-static int run_graph(gpu_be *g, kl_err *err)
+/* m's wanted row of logits into its pinned host_logits, on its stream (a graph step's head). */
+static int copy_logits(gpu_be *m, kl_err *err)
+{
+    int rc = member_dev(m, err);
+    if (!rc)
+        rc = kl_gpu_d2h(m->host_logits, m->logits, (size_t)m->n_want * m->d.vocab * sizeof(float),
+                        m->st, err);
+    m->logits_copied = !rc;
+    return rc;
+}
+
+/* The step's graphs (captured first, when CAPTURE) launched on every stream and waited for,
+ * each member's logits copied into its host_logits after them when logits is set (outside the
+ * graph: a greedy step copies back only its argmax); g's device current again. */
+static int run_graph(gpu_be *g, int logits, kl_err *err)
 {
     int rc = g->mode == CAPTURE ? end_capture(g, err) : 0;
     if (rc)
@@ -1567,6 +1585,8 @@ static int run_graph(gpu_be *g, kl_err *err)
         if (stream_owner(g, r) && !(rc = member_dev(m, err)))
             rc = kl_gpu_graph_launch(m->cur->exec, m->st, err);
     }
+    for (unsigned r = 0; r < g->grp_n && !rc && logits; r++)
+        rc = copy_logits(g->grp[r], err);
     for (unsigned r = 0; r < g->grp_n && !rc; r++)
         if (stream_owner(g, r))
             rc = kl_gpu_stream_sync(g->grp[r]->st, err);
@@ -1583,7 +1603,9 @@ static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
         rc = op_done(g, KL_GPU_OP_HEAD, rc, err);
         return rc ? rc : kl_gpu_stream_sync(g->st, err);
     }
-    int rc = g->head_done ? 0 : run_graph(g, err);   /* a one-token chunk: one wanted row */
+    int rc = g->head_done ? 0 : run_graph(g, logits != NULL, err);   /* one wanted row */
+    if (!rc && logits && !g->logits_copied && !(rc = copy_logits(g, err)))
+        rc = kl_gpu_stream_sync(g->st, err);   /* the graph ran for a head without logits */
     if (!rc && logits)
         memcpy(logits, g->host_logits, (size_t)g->d.vocab * sizeof *logits);
     if (!rc && argmax)
@@ -1594,7 +1616,7 @@ static int gpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err
 static int gpu_end(kl_backend *be, kl_err *err)
 {
     gpu_be *g = impl(be);
-    int rc = g->mode != EAGER && !g->head_done ? run_graph(g, err) : 0;
+    int rc = g->mode != EAGER && !g->head_done ? run_graph(g, 0, err) : 0;
     g->mode = EAGER;
     if (!rc)
         rc = kl_gpu_stream_sync(g->st, err);

@@ -21,7 +21,9 @@ static int is_stop(const kl_token *stop, size_t n_stop, kl_token id)
 int kl_generate(kl_gen *g, kl_err *err)
 {
     g->n_ids = g->n_fed = 0;
-    g->stopped = g->cancelled = 0;
+    g->stopped = g->cancelled = g->logits_stale = 0;
+    /* the row of logits after a fed id: only where the sampler or the caller reads it */
+    float *fed_logits = g->keep_logits || !kl_sampler_greedy(g->samp) ? g->logits : NULL;
     kl_token stop[KL_CHAT_MAX_STOP];
     size_t n_stop = 0;
     int rc = kl_chat_stop_ids(g->tok, stop, &n_stop, err);
@@ -39,7 +41,7 @@ int kl_generate(kl_gen *g, kl_err *err)
             g->cancelled = 1;
             break;
         }
-        rc = g->n_fed ? kl_sampler_sample_best(g->samp, g->logits, best, &id, err)
+        rc = g->n_fed ? kl_sampler_sample_best(g->samp, fed_logits, best, &id, err)
                       : kl_sampler_sample(g->samp, g->logits, &id, err);
         if (rc)
             goto out;
@@ -53,10 +55,11 @@ int kl_generate(kl_gen *g, kl_err *err)
         if (step + 1 == g->n_predict)
             break;
         /* feed it: the next step samples from the logits after it */
-        if ((rc = kl_forward_argmax(g->m, g->st, &id, 1, g->logits, &best, err)))
+        if ((rc = kl_forward_argmax(g->m, g->st, &id, 1, fed_logits, &best, err)))
             goto out;
         g->n_fed++;
-        if (g->on_fed && (rc = g->on_fed(g->user, g->logits, err)))
+        g->logits_stale = !fed_logits;
+        if (g->on_fed && (rc = g->on_fed(g->user, fed_logits, err)))
             goto out;
     }
     kl_tok_stream_flush(&ts, &s, &n);

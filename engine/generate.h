@@ -5,7 +5,10 @@
  * state so the logits follow the sequence.
  *
  * After kl_generate, g->st has processed its previous tokens plus ids[0..n_fed), and g->logits
- * hold the logits after the last fed id (or the prompt's when nothing was fed).  The last
+ * hold the logits after the last fed id (or the prompt's when nothing was fed), unless
+ * g->logits_stale: a greedy sampler without keep_logits feeds each id asking the backend for
+ * the argmax alone (the GPU then copies back 4 bytes a step, not the 655 KB row), and the
+ * logits stay those of the prompt.  The last
  * sampled id is not fed (nothing would read its logits); a stop id is never stored nor fed.
  * A cancel flag that turns nonzero ends the loop before the next sample, with no error.
  *
@@ -28,7 +31,8 @@
 
 /* Receives text bytes as they become safe to show (whole UTF-8 sequences); 0 or an error. */
 typedef int (*kl_gen_emit_fn)(void *user, const char *text, size_t len, kl_err *err);
-/* Called after each fed id with the logits after it; 0 or an error. */
+/* Called after each fed id with the logits after it (NULL unless keep_logits or the sampler
+ * is not greedy); 0 or an error. */
 typedef int (*kl_gen_fed_fn)(void *user, const float *logits, kl_err *err);
 
 typedef struct kl_gen {
@@ -42,6 +46,7 @@ typedef struct kl_gen {
     kl_token           *ids;       /* [n_predict] out: generated ids (no stop id) */
     kl_gen_emit_fn      emit;      /* may be NULL */
     kl_gen_fed_fn       on_fed;    /* may be NULL */
+    int                 keep_logits; /* 1: g->logits follow every fed id even when greedy */
     void               *user;      /* passed to the callbacks */
     const volatile sig_atomic_t *cancel; /* NULL, or nonzero: stop before the next sample
                                             (a SIGINT handler's flag) */
@@ -50,6 +55,7 @@ typedef struct kl_gen {
     size_t              n_fed;     /* ids fed to st (n_ids or n_ids - 1) */
     int                 stopped;   /* 1: ended at a stop id; 0: at n_predict or cancelled */
     int                 cancelled; /* 1: ended by the cancel flag */
+    int                 logits_stale; /* 1: ids were fed without their logits (see above) */
 } kl_gen;
 
 /* Runs the loop described above; the outputs are zeroed first. */

@@ -162,14 +162,24 @@ int kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err *
 int kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl_token *id,
                            kl_err *err)
 {
-    const kl_sampler_opts *o = &s->opts;
+    if (!logits && !kl_sampler_greedy(s))
+        return kl_fail(err, KL_E_USAGE, "sampling needs the logits (only a greedy pick goes "
+                       "by the argmax alone)");
+    if (!logits && best >= s->n_vocab)
+        return kl_fail(err, KL_E_USAGE, "argmax %u outside the vocabulary (%u)", (unsigned)best,
+                       (unsigned)s->n_vocab);
     /* a non-NaN logit at the argmax: not every logit is NaN, and the pick is greedy */
-    if ((o->temperature == 0 || o->top_k == 1) && best < s->n_vocab && !isnan(logits[best])) {
+    if (kl_sampler_greedy(s) && best < s->n_vocab && (!logits || !isnan(logits[best]))) {
         (void)kl_rng_uniform(&s->rng);   /* one draw per call, as kl_sampler_sample */
         *id = best;
         return 0;
     }
     return kl_sampler_sample(s, logits, id, err);
+}
+
+int kl_sampler_greedy(const kl_sampler *s)
+{
+    return s->opts.temperature == 0 || s->opts.top_k == 1;
 }
 
 void kl_sampler_free(kl_sampler *s)

@@ -73,9 +73,14 @@ int  kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err 
 
 /* kl_sampler_sample when best == kl_sample_argmax(logits) is known already (e.g. computed on
  * the GPU: kl_forward_argmax): the same id, error and draw, without the passes over the row
- * that a greedy pick otherwise makes (~0.1 ms a token at Kimi's 163,840 ids). */
+ * that a greedy pick otherwise makes (~0.1 ms a token at Kimi's 163,840 ids).  logits may be
+ * NULL for a greedy sampler (the row was never copied back): best is taken as it is, so a row
+ * of NaN is not noticed (best is then 0); KL_E_USAGE for a sampler that is not greedy. */
 int  kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl_token *id,
                             kl_err *err);
+
+/* 1 if the sampler picks the argmax whatever the draw (temperature 0 or top_k 1). */
+int  kl_sampler_greedy(const kl_sampler *s);
 
 void kl_sampler_free(kl_sampler *s);
 

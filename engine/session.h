@@ -53,7 +53,8 @@ typedef struct kl_session {
     kl_state   snap;          /* the state at the end of the last prompt (snapshots on) */
     kl_id_seq  live_ids;      /* ids held by live */
     kl_id_seq  snap_ids;      /* ids held by snap (n 0: no snapshot) */
-    float     *logits;        /* [vocab] fp32: after the last id fed to live */
+    float     *logits;        /* [vocab] fp32: after the last id fed to live (after a greedy
+                                 kl_session_generate: see g->logits_stale) */
     int        snapshots;     /* 1: keep a snapshot at the end of each prompt */
 } kl_session;
 

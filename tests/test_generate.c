@@ -217,6 +217,102 @@ START_TEST(live_state_after_generate_matches_fresh_prefill)
 }
 END_TEST
 
+/* Counts on_fed calls, and those that got a row of logits. */
+typedef struct fed_count {
+    size_t calls, with_logits;
+} fed_count;
+
+static int count_fed(void *user, const float *logits, kl_err *err)
+{
+    (void)err;
+    fed_count *f = user;
+    f->calls++;
+    f->with_logits += logits != NULL;
+    return 0;
+}
+
+/* Greedy: the same ids whether each fed id's logits come back or only its argmax; without
+ * keep_logits on_fed gets NULL and the logits are marked stale, with it they follow the last
+ * fed id (as a fresh feed gives them). */
+START_TEST(greedy_generation_needs_only_the_argmax)
+{
+    eng e;
+    eng_open(&e);
+    kl_err err;
+    kl_err_clear(&err);
+    kl_chat_msg msg = {.role = "user", .content = "Name three colours."};
+    uint32_t *t1;
+    size_t n1 = render_ids(&e, &msg, 1, &t1);
+    kl_sampler samp;
+    kl_sampler_opts so = {.top_p = 1};
+    ck_assert(kl_sampler_init(&samp, e.vocab, &so, &err) == 0);
+    float *lg = calloc(e.vocab, sizeof *lg), *ref = calloc(e.vocab, sizeof *ref);
+    uint32_t gen[2][8];
+    size_t n_ids[2];
+    for (int keep = 0; keep < 2; keep++) {
+        kl_state st;
+        state_init(&e, &st);
+        feed(&e, &st, t1, n1, lg);
+        fed_count fc = {0};
+        kl_gen g = {.m = e.m, .st = &st, .samp = &samp, .tok = e.tok, .logits = lg,
+                    .n_predict = 8, .ids = gen[keep], .on_fed = count_fed, .user = &fc,
+                    .keep_logits = keep};
+        int rc = kl_generate(&g, &err);
+        ck_assert_msg(rc == 0, "kl_generate (keep_logits %d): %s", keep, t_fmt_err(&err));
+        n_ids[keep] = g.n_ids;
+        ck_assert_msg(g.n_fed > 0, "nothing fed (%zu ids, stopped %d)", g.n_ids, g.stopped);
+        ck_assert_msg(fc.calls == g.n_fed && fc.with_logits == (keep ? g.n_fed : 0),
+                      "keep_logits %d: %zu on_fed calls (%zu with logits) for %zu fed ids",
+                      keep, fc.calls, fc.with_logits, g.n_fed);
+        ck_assert_msg(g.logits_stale == !keep, "keep_logits %d: logits_stale %d", keep,
+                      g.logits_stale);
+        if (keep) {   /* the logits after the last fed id, as a fresh feed gives them */
+            kl_state fresh;
+            state_init(&e, &fresh);
+            feed(&e, &fresh, t1, n1, NULL);
+            feed(&e, &fresh, gen[keep], g.n_fed, ref);
+            double rel = t_rel_l2(lg, ref, e.vocab);
+            ck_assert_msg(rel <= 1e-5, "logits after generate vs fresh: rel L2 %g", rel);
+            kl_state_free(&fresh);
+        }
+        kl_state_free(&st);
+    }
+    ck_assert_msg(n_ids[0] == n_ids[1] && !memcmp(gen[0], gen[1], n_ids[0] * sizeof gen[0][0]),
+                  "greedy ids differ with and without the logits (%zu and %zu ids)", n_ids[0],
+                  n_ids[1]);
+    free(lg);
+    free(ref);
+    kl_free(t1);
+    kl_sampler_free(&samp);
+    eng_close(&e);
+}
+END_TEST
+
+/* kl_sampler_sample_best without logits: greedy takes best; anything else, or a best outside
+ * the vocabulary, is refused. */
+START_TEST(sample_best_without_logits)
+{
+    kl_err err;
+    kl_err_clear(&err);
+    kl_sampler s;
+    kl_sampler_opts greedy = {.top_p = 1}, hot = {.temperature = 0.7f, .top_p = 1};
+    kl_token id = 0;
+    ck_assert(kl_sampler_init(&s, 100, &greedy, &err) == 0);
+    ck_assert(kl_sampler_greedy(&s));
+    ck_assert_int_eq(kl_sampler_sample_best(&s, NULL, 42, &id, &err), 0);
+    ck_assert_uint_eq(id, 42);
+    ck_assert_int_eq(kl_sampler_sample_best(&s, NULL, 100, &id, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "outside the vocabulary"), "message: %s", err.msg);
+    kl_sampler_free(&s);
+    kl_err_clear(&err);
+    ck_assert(kl_sampler_init(&s, 100, &hot, &err) == 0);
+    ck_assert(!kl_sampler_greedy(&s));
+    ck_assert_int_eq(kl_sampler_sample_best(&s, NULL, 42, &id, &err), KL_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "needs the logits"), "message: %s", err.msg);
+    kl_sampler_free(&s);
+}
+END_TEST
+
 START_TEST(state_copy_onto_itself_is_a_no_op)
 {
     eng e;
@@ -433,6 +529,8 @@ static Suite *generate_suite(void)
     tcase_add_test(tc, resumed_turn_from_snapshot_matches_fresh_prefill);
     tcase_add_test(tc, live_state_after_generate_matches_fresh_prefill);
     tcase_add_test(tc, state_copy_onto_itself_is_a_no_op);
+    tcase_add_test(tc, greedy_generation_needs_only_the_argmax);
+    tcase_add_test(tc, sample_best_without_logits);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
