@@ -22,16 +22,126 @@ static int cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Unnormalised probabilities of cand[0..n) into p; returns their sum.  z_max is the largest
- * z (finite: the caller handles +inf and all -inf). */
-static double softmax_unnorm(const kl_sample_cand *cand, size_t n, float z_max, double *p)
+/* 2^(j/32), j = 0..31 (exp_nonpos). */
+static const double EXP2_32THS[32] = {
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
+
+/* e^x for x <= 0, and 0 below -708 (where e^x would be subnormal, < 1e-307): the sampler's
+ * own rather than libm's, so that every machine gets the same bits whatever its C library,
+ * and short (libm's exp took ~6 ns an id: ~1 ms a token at Kimi's 163,840).  x = (k / 32) ln 2
+ * + r with k = round(32 x / ln 2) (by the 1.5 * 2^52 shift, whose low bits then hold k) and
+ * |r| <= ln 2 / 64 (ln 2 / 32 in two parts, the first of 37 bits, so k * LN2_HI is exact);
+ * e^x = 2^(k >> 5) * 2^((k & 31) / 32) * e^r, e^r by its Taylor series to degree 5 (the next
+ * term is below 3e-15 of it), 2^(k >> 5) built from its exponent bits. */
+static double exp_nonpos(double x)
 {
+    const double INV_LN2_32 = 0x1.71547652b82fep+5, LN2_HI = 0x1.62e42fefa0000p-6,
+                 LN2_LO = 0x1.cf79abc9e3b3ap-45, SHIFT = 0x1.8p52;
+    const double xc = x < -708.0 ? -708.0 : x;
+    const double kd = xc * INV_LN2_32 + SHIFT, k = kd - SHIFT;
+    const double r = (xc - k * LN2_HI) - k * LN2_LO, r2 = r * r;
+    const double e = (1.0 + r) + r2 * ((0.5 + r * (1.0 / 6.0)) +
+                                       r2 * ((1.0 / 24.0) + r * (1.0 / 120.0)));
+    uint64_t kb;
+    memcpy(&kb, &kd, sizeof kb);
+    /* kb's low 32 bits: k as a two's-complement int32 (k >= -32,704) */
+    const int32_t ki = (int32_t)(uint32_t)kb;
+    const uint64_t sb = (uint64_t)(int64_t)(((ki - (ki & 31)) / 32) + 1023) << 52;
+    double scale;
+    memcpy(&scale, &sb, sizeof scale);
+    return x < -708.0 ? 0.0 : e * EXP2_32THS[ki & 31] * scale;
+}
+
+/* p[i] = e^(z_i - z_max) of cand[0..n), in their order; returns their sum in that order. */
+static double weigh(const kl_sample_cand *cand, size_t n, float z_max, double *p)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = exp_nonpos((double)cand[i].z - (double)z_max);
     double sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        p[i] = exp((double)cand[i].z - (double)z_max);
+    for (size_t i = 0; i < n; i++)
         sum += p[i];
-    }
     return sum;
+}
+
+/* Buckets of z in its order (the top 12 bits of an order-keeping key): a histogram finds where
+ * the first k candidates, or the first mass, of the sorted order end without sorting all. */
+#define SAMPLE_BUCKETS 4096
+
+static uint32_t bucket_of(float z)
+{
+    uint32_t b;
+    memcpy(&b, &z, sizeof b);
+    b = b & 0x80000000u ? ~b : b | 0x80000000u;   /* ascending with z */
+    return b >> 20;
+}
+
+/* Moves the candidates of cand[0..n) (and their p) whose bucket is c or above to the front,
+ * sorts them (cand_cmp), and recomputes their p in that order; returns how many. */
+static size_t sort_from_bucket(kl_sample_cand *cand, double *p, size_t n, uint32_t c,
+                               float z_max)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (bucket_of(cand[i].z) >= c) {
+            kl_sample_cand t = cand[m];
+            cand[m++] = cand[i];
+            cand[i] = t;
+        }
+    qsort(cand, m, sizeof *cand, cand_cmp);
+    weigh(cand, m, z_max, p);
+    return m;
+}
+
+/* The first k candidates of the sorted order, sorted, at the front of cand (p: theirs). */
+static void sort_top_k(kl_sampler *s, size_t n, size_t k, float z_max)
+{
+    uint32_t *count = s->hist;
+    memset(count, 0, SAMPLE_BUCKETS * sizeof *count);
+    for (size_t i = 0; i < n; i++)
+        count[bucket_of(s->cand[i].z)]++;
+    uint32_t c = SAMPLE_BUCKETS - 1;
+    for (size_t seen = count[c]; seen < k && c > 0;)
+        seen += count[--c];
+    sort_from_bucket(s->cand, s->p, n, c, z_max);
+}
+
+/* The nucleus: the shortest prefix of the sorted order whose running sum of p (in that order)
+ * reaches need, sorted at the front of cand; returns its length and its sum in *kept.  The
+ * buckets' masses (summed in another order) pick which candidates to sort, with a margin of
+ * 1e-9 of total for their rounding; should the sorted ones still fall short, all are sorted. */
+static size_t sort_nucleus(kl_sampler *s, size_t n, double need, double total, float z_max,
+                           double *kept)
+{
+    double *mass = s->mass;
+    memset(mass, 0, SAMPLE_BUCKETS * sizeof *mass);
+    for (size_t i = 0; i < n; i++)
+        mass[bucket_of(s->cand[i].z)] += s->p[i];
+    uint32_t c = SAMPLE_BUCKETS - 1;
+    for (double acc = mass[c]; acc < need + 1e-9 * total && c > 0;)
+        acc += mass[--c];
+    for (int pass = 0; pass < 2; pass++, c = 0) {
+        size_t m = sort_from_bucket(s->cand, s->p, n, c, z_max);
+        double acc = 0;
+        for (size_t i = 0; i < m; i++) {
+            acc += s->p[i];
+            if (acc >= need) {
+                *kept = acc;
+                return i + 1;
+            }
+        }
+        *kept = acc;
+        if (m == n)
+            return n;
+    }
+    return n;
 }
 
 /* ---- public API --------------------------------------------------------------------------- */
@@ -55,7 +165,9 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
         return kl_fail(err, KL_E_USAGE, "min-p %g: want a value in [0, 1]", (double)opts.min_p);
     s->cand = kl_calloc(n_vocab, sizeof *s->cand);
     s->p = kl_calloc(n_vocab, sizeof *s->p);
-    if (!s->cand || !s->p) {
+    s->hist = kl_calloc(SAMPLE_BUCKETS, sizeof *s->hist);
+    s->mass = kl_calloc(SAMPLE_BUCKETS, sizeof *s->mass);
+    if (!s->cand || !s->p || !s->hist || !s->mass) {
         kl_sampler_free(s);
         return kl_fail(err, KL_E_NOMEM, "sampler scratch for %u ids", (unsigned)n_vocab);
     }
@@ -95,7 +207,7 @@ int kl_sampler_pick(kl_sampler *s, const float *logits, double u, kl_token *id, 
         *id = best;
         return 0;
     }
-    /* 1-2. temperature-scaled candidates */
+    /* 1-2. temperature-scaled candidates, in id order */
     kl_sample_cand *cand = s->cand;
     n = 0;
     for (uint32_t i = 0; i < n_vocab; i++)
@@ -106,24 +218,27 @@ int kl_sampler_pick(kl_sampler *s, const float *logits, double u, kl_token *id, 
         *id = best;
         return 0;
     }
-    /* qsort of the whole vocabulary: O(V log V) per token, small next to a forward pass */
-    if (o->top_k > 0 || o->top_p < 1)
-        qsort(cand, n, sizeof *cand, cand_cmp);
-    /* 3. top-k */
-    if (o->top_k > 0 && o->top_k < n)
+    /* 3. top-k: its k candidates sorted (their sum in that order); else all, in id order */
+    const int sorted = o->top_k > 0 && o->top_k < n;
+    if (sorted) {
+        sort_top_k(s, n, o->top_k, z_max);
         n = o->top_k;
-    double *p = s->p;
-    double total = softmax_unnorm(cand, n, z_max, p);
-    /* 4. top-p: shortest prefix of mass >= top_p */
+    }
+    double *p = s->p, total = weigh(cand, n, z_max, p);
+    /* 4. top-p: the shortest sorted prefix of mass >= top_p */
     if (o->top_p < 1) {
         double need = (double)o->top_p * total, acc = 0;
-        size_t keep = 0;
-        while (keep < n) {
-            acc += p[keep++];
-            if (acc >= need)
-                break;
+        if (sorted) {
+            size_t keep = 0;
+            while (keep < n) {
+                acc += p[keep++];
+                if (acc >= need)
+                    break;
+            }
+            n = keep;
+        } else {
+            n = sort_nucleus(s, n, need, total, z_max, &acc);
         }
-        n = keep;
         total = acc;
     }
     /* 5. min-p: p_max = exp(0) = 1 unnormalised (the argmax is always kept) */
@@ -186,7 +301,11 @@ void kl_sampler_free(kl_sampler *s)
 {
     kl_free(s->cand);
     kl_free(s->p);
+    kl_free(s->hist);
+    kl_free(s->mass);
     s->cand = NULL;
     s->p = NULL;
+    s->hist = NULL;
+    s->mass = NULL;
     s->n_vocab = 0;
 }

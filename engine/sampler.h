@@ -5,17 +5,20 @@
  * Order of operations (kl_sampler_pick), on the logits of one position:
  *   1. temperature: temperature == 0 (or top_k == 1) is greedy: the argmax, lowest id on ties,
  *      and nothing below applies.  Otherwise z_i = logit_i / temperature.
- *   2. candidates: every id with a non-NaN logit, ordered by z descending, id ascending on ties
- *      (the order is only materialised when top-k or top-p needs it).
- *   3. top-k (top_k > 0): keep the first top_k candidates.
- *   4. top-p (top_p < 1): softmax over the kept candidates; keep the shortest prefix whose
- *      probability mass reaches top_p (always at least one candidate).
+ *   2. candidates: every id with a non-NaN logit, in id order; the sorted order is z
+ *      descending, id ascending on ties (only the part that top-k or top-p needs is sorted).
+ *   3. top-k (0 < top_k < candidates): keep the first top_k of the sorted order, sorted.
+ *   4. top-p (top_p < 1): keep the shortest prefix of the sorted order whose probability mass,
+ *      summed in that order, reaches top_p times the mass of the candidates of step 3 (summed
+ *      in their order: sorted after a top-k, else id order); always at least one candidate.
  *   5. min-p (min_p > 0): keep candidates with p >= min_p * p_max.  min-p is a ratio to the most
  *      likely candidate, so it does not matter whether p is renormalised after steps 3-4.
  *   6. sample: renormalise the kept probabilities and walk their cumulative sum in candidate
- *      order to the first one that exceeds u * total, u uniform in [0, 1).
- * Probabilities are computed in double: exp(z_i - z_max).  An id whose logit is -inf has
- * probability 0 and is never sampled unless every logit is -inf (then the lowest such id).
+ *      order (sorted after steps 3-4, else id order) to the first one that exceeds u * total,
+ *      u uniform in [0, 1).
+ * Probabilities are computed in double: exp(z_i - z_max) by the sampler's own exp (the same
+ * bits on every machine; 0 below e^-708).  An id whose logit is -inf has probability 0 and is
+ * never sampled unless every logit is -inf (then the lowest such id).
  *
  * kl_sampler_pick is a pure function of (options, logits, u): the sampler only lends scratch
  * memory.  kl_sampler_sample draws u from the sampler's stream (kl_rng_seed(seed, 0)), exactly
@@ -56,6 +59,8 @@ typedef struct kl_sampler {
     kl_rng          rng;
     kl_sample_cand *cand;  /* [n_vocab] candidates, scratch */
     double         *p;     /* [n_vocab] unnormalised probabilities of cand, scratch */
+    uint32_t       *hist;  /* [4096] candidates per bucket of z, scratch */
+    double         *mass;  /* [4096] probability per bucket of z, scratch */
 } kl_sampler;
 
 /* Validates o (NULL = greedy defaults) and allocates scratch for n_vocab logits. */

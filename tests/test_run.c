@@ -242,6 +242,115 @@ START_TEST(sampler_top_p_keeps_the_smallest_nucleus)
 }
 END_TEST
 
+/* The sampler's steps written plainly (sampler.h), libm's exp and a whole qsort: the sampler
+ * (own exp, a histogram to sort only what top-k or top-p needs) must pick the same ids. */
+typedef struct ref_cand {
+    float    z;
+    uint32_t id;
+    double   p;
+} ref_cand;
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->z != y->z)
+        return x->z > y->z ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static uint32_t ref_pick(const float *l, uint32_t V, const kl_sampler_opts *o, double u)
+{
+    ref_cand *c = malloc(V * sizeof *c);
+    size_t n = 0;
+    uint32_t best = kl_sample_argmax(l, V);
+    for (uint32_t i = 0; i < V; i++)
+        if (!isnan(l[i]))
+            c[n++] = (ref_cand){l[i] / o->temperature, i, 0};
+    const float z_max = l[best] / o->temperature;
+    const int sorted = o->top_k > 0 && o->top_k < n, need_sort = sorted || o->top_p < 1;
+    if (need_sort)   /* the sums below stay in the order the sampler sums them */
+        qsort(c, n, sizeof *c, ref_cmp);
+    if (sorted)
+        n = o->top_k;
+    double total = 0, acc = 0;
+    for (size_t i = 0; i < n; i++)
+        c[i].p = exp((double)c[i].z - (double)z_max);
+    if (sorted || o->top_p >= 1) {
+        for (size_t i = 0; i < n; i++)
+            total += c[i].p;
+    } else {   /* the mass of every candidate, summed in id order */
+        for (uint32_t i = 0; i < V; i++)
+            if (!isnan(l[i]))
+                total += exp((double)(l[i] / o->temperature) - (double)z_max);
+    }
+    if (o->top_p < 1) {
+        size_t keep = 0;
+        while (keep < n) {
+            acc += c[keep++].p;
+            if (acc >= (double)o->top_p * total)
+                break;
+        }
+        n = keep;
+        total = acc;
+    }
+    if (o->min_p > 0) {
+        size_t k = 0;
+        total = 0;
+        for (size_t i = 0; i < n; i++)
+            if (c[i].p >= (double)o->min_p) {
+                c[k++] = c[i];
+                total += c[i].p;
+            }
+        n = k;
+    }
+    uint32_t id = c[n - 1].id;
+    acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc += c[i].p;
+        if (u * total < acc) {
+            id = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return id;
+}
+
+START_TEST(sampler_equals_its_steps_written_plainly)
+{
+    enum { V = 2000 };
+    static float l[V];
+    fill_logits(l, V, 11);
+    for (uint32_t i = 0; i < V; i++)   /* a wider spread, some NaN and -inf */
+        l[i] = i % 97 == 5 ? NAN : i % 89 == 7 ? -INFINITY : 4.0f * l[i] * l[i] * l[i];
+    const float temps[] = {0.7f, 1.3f}, top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
+    const uint32_t top_ks[] = {0, 2, 7, 300, 1900, 2500};
+    const float min_ps[] = {0.0f, 0.05f};
+    size_t cases = 0;
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 4; b++)
+            for (size_t k = 0; k < 6; k++)
+                for (size_t m = 0; m < 2; m++) {
+                    kl_sampler_opts o = {.temperature = temps[a], .top_p = top_ps[b],
+                                         .top_k = top_ks[k], .min_p = min_ps[m]};
+                    kl_sampler s;
+                    ck_assert_int_eq(kl_sampler_init(&s, V, &o, NULL), 0);
+                    for (int d = 0; d < 16; d++) {
+                        const double u = (d + 0.37) / 16.0;
+                        uint32_t id, want = ref_pick(l, V, &o, u);
+                        ck_assert_int_eq(kl_sampler_pick(&s, l, u, &id, NULL), 0);
+                        ck_assert_msg(id == want, "T %g top-p %g top-k %u min-p %g u %g: id %u, "
+                                      "the plain steps give %u", (double)o.temperature,
+                                      (double)o.top_p, (unsigned)o.top_k, (double)o.min_p, u,
+                                      (unsigned)id, (unsigned)want);
+                        cases++;
+                    }
+                    kl_sampler_free(&s);
+                }
+    ck_assert_uint_eq(cases, 2 * 4 * 6 * 2 * 16);
+}
+END_TEST
+
 START_TEST(sampler_bad_options_are_refused)
 {
     kl_sampler s;
@@ -605,6 +714,7 @@ static Suite *run_suite(void)
     tcase_add_test(tc, sampler_min_p_never_returns_a_filtered_id);
     tcase_add_test(tc, sampler_top_p_keeps_the_smallest_nucleus);
     tcase_add_test(tc, sampler_bad_options_are_refused);
+    tcase_add_test(tc, sampler_equals_its_steps_written_plainly);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
