@@ -26,9 +26,10 @@ import urllib.request
 CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
 
 
-def one_request(url, model, prompt, max_tokens, key):
+def one_request(url, model, prompt, max_tokens, key, temperature=0.0, top_p=1.0):
     body = json.dumps({
-        "model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+        "model": model, "stream": True, "max_tokens": max_tokens,
+        "temperature": temperature, "top_p": top_p,
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": prompt}]}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", data=body,
@@ -69,7 +70,8 @@ def run_level(a, streams):
 
     def client():
         for _ in range(a.requests):
-            r = one_request(a.url, a.model, a.prompt, a.max_tokens, a.api_key)
+            r = one_request(a.url, a.model, a.prompt, a.max_tokens, a.api_key,
+                            a.temperature, a.top_p)
             with lock:
                 results.append(r)
 
@@ -99,13 +101,16 @@ def main():
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     p.add_argument("--api-key", default="")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus of every request (1: off)")
     a = p.parse_args()
     levels = [run_level(a, int(s)) for s in a.streams.split(",")]
     base = levels[0]["output_tok_s"] or 1.0
     for lv in levels:
         lv["speedup_vs_first"] = lv["output_tok_s"] / base
     print(json.dumps({"url": a.url, "model": a.model, "max_tokens": a.max_tokens,
-                      "levels": levels}))
+                      "temperature": a.temperature, "top_p": a.top_p, "levels": levels}))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ set -u
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/engine.log") 2>&1
-BG="$PWD/build/gpu-cuda"; KL="$BG/kl"; W=${W:-/tmp/klgpu}; mkdir -p "$W"
+BG="$PWD/build/gpu-cuda"; KL=${KL:-$BG/kl}; W=${W:-/tmp/klgpu}; mkdir -p "$W"
 # binaries carried packed (scripts/gpu/carry.sh): unpacked over what the folder holds
 if [ -f build/carry/gpu-cuda.tar.xz ]; then
     mkdir -p "$BG" && xz -dc build/carry/gpu-cuda.tar.xz | tar -C "$BG" -xf - ||
@@ -210,7 +210,9 @@ stage_pdl() {
 
 # kl serve on the GPU with the full geometry: one streamed request, then 1, 4 and 8
 # concurrent streams (scripts/bench_serve.py); the server stopped with SIGINT.  SERVE_ARGS:
-# more kl serve flags (e.g. --tp 2); SERVE_TAG names the copied bench-serve json
+# more kl serve flags (e.g. --tp 2); SERVE_TAG names the copied bench-serve json;
+# SERVE_SAMPLING: bench_serve.py's sampling flags (e.g. "--temperature 1 --top-p 0.95"); KL:
+# another kl binary (default build/gpu-cuda/kl)
 stage_serve() {
     local D="$W/full-mxfp4" pid port
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
@@ -238,7 +240,8 @@ print("serve reuse: turn 2 prompt %d tokens, cached %d; turn 1 %.3f s, turn 2 %.
       % (u["prompt_tokens"], u.get("prompt_tokens_details", {}).get("cached_tokens", 0), ta, tb))
 PY
     python3 scripts/bench_serve.py --url "http://127.0.0.1:$port" --model "$D" \
-        --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 > "$W/bench-serve.json" &&
+        --streams ${SERVE_STREAMS:-1,4,8} --requests 2 --max-tokens 64 ${SERVE_SAMPLING:-} \
+        > "$W/bench-serve.json" &&
         python3 - "$W/bench-serve.json" <<'PY' | tee -a "$TABLE"
 import json, sys
 for lv in json.load(open(sys.argv[1]))["levels"]:
