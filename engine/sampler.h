@@ -57,7 +57,8 @@ typedef struct kl_sampler {
     kl_sampler_opts opts;
     uint32_t        n_vocab;
     kl_rng          rng;
-    kl_sample_cand *cand;  /* [n_vocab] candidates, scratch */
+    kl_sample_cand *cand;  /* [n_vocab] candidates in id order, scratch */
+    kl_sample_cand *sorted, *tmp; /* [n_vocab] those top-k or top-p sorts, and the sort's */
     double         *p;     /* [n_vocab] unnormalised probabilities of cand, scratch */
     uint32_t       *hist;  /* [4096] candidates per bucket of z, scratch */
     double         *mass;  /* [4096] probability per bucket of z, scratch */

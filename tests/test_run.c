@@ -323,6 +323,8 @@ START_TEST(sampler_equals_its_steps_written_plainly)
     fill_logits(l, V, 11);
     for (uint32_t i = 0; i < V; i++)   /* a wider spread, some NaN and -inf */
         l[i] = i % 97 == 5 ? NAN : i % 89 == 7 ? -INFINITY : 4.0f * l[i] * l[i] * l[i];
+    for (uint32_t i = 100; i < 160; i++)   /* ties: the sorted order puts them in id order */
+        l[i] = i % 3 ? 1.5f : i % 2 ? -0.0f : 0.0f;
     const float temps[] = {0.7f, 1.3f}, top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
     const uint32_t top_ks[] = {0, 2, 7, 300, 1900, 2500};
     const float min_ps[] = {0.0f, 0.05f};
