@@ -66,6 +66,10 @@
  * Version 6 (KL_GPU_MOE_DECODE=tc, opt-in until it measures faster): the two launches of
  * version 3 on the tensor cores; see its section below and kernels/mx_mma.cuh.
  *
+ * Version 7 (KL_GPU_MOE_DECODE=i8, opt-in until measured): version 5 with gate/up's codes
+ * multiplied by integer dot products, x staged as three int8 digits (kernels/mx_int8.cuh:
+ * ~2.4 instructions a code where the fp32 form spends ~5); down as version 5.
+ *
  * Chunks (n >= kl_gpu_experts_grouped_min(), version 3): a one-block stable counting sort of
  * the slots by expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate,
  * up and down (each expert's weight tile read once per chunk for all its rows), SiLU · up,
@@ -74,6 +78,7 @@
 #include "kernels/moe.h"
 #include "kernels/dense.h" /* kl_gpu_version, kl_gpu_silu_mul */
 #include "kernels/gemm.h"
+#include "kernels/mx_int8.cuh"
 #include "kernels/mx_mma.cuh"
 #include "kernels/route.cuh"
 #include "kernels/row_dot.cuh"
@@ -353,8 +358,9 @@ __device__ static int64_t experts_mx2_expert(const experts_k &k)
  * GU, gate_up's form: GU_V2 that of version 2; GU_WHOLE (version 3) GU_UNROLL blocks of each
  * row per lane in flight (the whole row at H = 2304), 2 blocks an SM, with k.trigger the down
  * kernel let in early (see the top); GU_PIPE_ROUNDS (version 5, v3p) rounds of GU_PIPE blocks,
- * the next round's loads in flight while a round is multiplied (kl_mx2_rows_pipe). */
-enum { GU_V2, GU_WHOLE, GU_PIPE_ROUNDS };
+ * the next round's loads in flight while a round is multiplied (kl_mx2_rows_pipe); GU_INT8
+ * (version 7, KL_GPU_MOE_DECODE=i8) those rounds on integer dot products (mx_int8.cuh). */
+enum { GU_V2, GU_WHOLE, GU_PIPE_ROUNDS, GU_INT8 };
 template <int DOWN, int GU>
 __global__ static void __launch_bounds__(KL_MX2_THREADS, GU != GU_V2 ? 2 : KL_MX2_MIN_BLOCKS)
     experts_mx2_kernel(experts_k k)
@@ -384,8 +390,14 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, GU != GU_V2 ? 2 : KL_MX
     }
     const float *x = DOWN ? k.h + slot * k.I : k.x + slot / k.top_k * k.H;
     float d[2];
-    constexpr int U = GU == GU_WHOLE ? GU_UNROLL : GU == GU_PIPE_ROUNDS ? GU_PIPE : KL_MX2_UNROLL;
-    kl_mx2_block_dot<2, U, GU == GU_PIPE_ROUNDS>(rows, scales, x, DOWN ? k.I : k.H, mx2_x, tl, d);
+    constexpr int U = GU == GU_WHOLE ? GU_UNROLL
+                      : GU == GU_PIPE_ROUNDS || GU == GU_INT8 ? GU_PIPE
+                                                              : KL_MX2_UNROLL;
+    if (GU == GU_INT8)
+        kl_mxi_block_dot<2, U>(rows, scales, x, DOWN ? k.I : k.H, (uint8_t *)mx2_x, tl, d);
+    else
+        kl_mx2_block_dot<2, U, GU == GU_PIPE_ROUNDS>(rows, scales, x, DOWN ? k.I : k.H, mx2_x,
+                                                     tl, d);
     if (tl != 0)
         return;
     const float nan = no_expert(-1);
@@ -400,7 +412,8 @@ __global__ static void __launch_bounds__(KL_MX2_THREADS, GU != GU_V2 ? 2 : KL_MX
 template <int GU> static int mx2_gate_up(const experts_k &k, hipStream_t st, kl_err *err)
 {
     const dim3 g((k.I + KL_MX2_TEAMS - 1) / KL_MX2_TEAMS, k.n_slots);
-    experts_mx2_kernel<0, GU><<<g, KL_MX2_THREADS, k.H * sizeof(float), st>>>(k);
+    const size_t sh = GU == GU_INT8 ? kl_mxi_x_bytes(k.H) : k.H * sizeof(float);
+    experts_mx2_kernel<0, GU><<<g, KL_MX2_THREADS, sh, st>>>(k);
     return KL_GPU_CHECK(err, hipGetLastError());
 }
 
@@ -533,8 +546,10 @@ static int experts_v3_ok(const experts_k &k)
 
 static int experts_v3(const experts_k &k, uint32_t n, hipStream_t st, kl_err *err)
 {
-    int rc = kl_gpu_experts_decode_version() == 5 ? mx2_gate_up<GU_PIPE_ROUNDS>(k, st, err)
-                                                  : mx2_gate_up<GU_WHOLE>(k, st, err);
+    const int v = kl_gpu_experts_decode_version();
+    int rc = v == 5   ? mx2_gate_up<GU_PIPE_ROUNDS>(k, st, err)
+             : v == 7 ? mx2_gate_up<GU_INT8>(k, st, err)
+                      : mx2_gate_up<GU_WHOLE>(k, st, err);
     if (rc)
         return rc;
     const uint32_t rb = ds_rows(k.top_k);
@@ -799,7 +814,7 @@ __global__ static void combine_kernel(experts_k k, const uint32_t *packed)
 static int experts_ver, decode_ver; /* 0: KL_GPU_MOE, KL_GPU_MOE_DECODE not read yet */
 
 /* *ver, read from $name the first time: 2 when it says v2; else for decode (its later
- * versions) 3 for v3, 4 for v3t, 6 for tc, otherwise 5; else 3. */
+ * versions) 3 for v3, 4 for v3t, 6 for tc, 7 for i8, otherwise 5; else 3. */
 static int env_version(int *ver, const char *name, int decode)
 {
     if (!*ver) {
@@ -812,6 +827,8 @@ static int env_version(int *ver, const char *name, int decode)
             *ver = 4;
         else if (decode && v && !strcmp(v, "tc"))
             *ver = 6;
+        else if (decode && v && !strcmp(v, "i8"))
+            *ver = 7;
         else
             *ver = decode ? 5 : 3;
     }
@@ -851,7 +868,7 @@ extern "C" int kl_gpu_experts_decode_version(void)
 
 extern "C" void kl_gpu_experts_decode_version_set(int version)
 {
-    decode_ver = version == 2 || version == 4 || version == 5 || version == 6 ? version : 3;
+    decode_ver = version == 2 || (version >= 4 && version <= 7) ? version : 3;
 }
 
 /* Where the grouped path keeps its arrays in the scratch: gate, up [P, I], down [P, H],

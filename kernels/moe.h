@@ -92,8 +92,10 @@ void kl_gpu_experts_version_set(int version);
  * down launch let in while gate/up still runs (to measure; see moe.cu).
  * KL_GPU_MOE_DECODE=tc (version 6): version 3's launches on the tensor cores (kernels/
  * mx_mma.cuh; H and I multiples of 128, otherwise version 5 runs): sums equal to fp32 ones up
- * to rounding, not the same order.
- * kl_gpu_experts_decode_version_set (2, 3, 4, 5 or 6) overrides the environment. */
+ * to rounding, not the same order.  KL_GPU_MOE_DECODE=i8 (version 7): version 5 with
+ * gate/up on integer dot products (kernels/mx_int8.cuh: x as three int8 digits under a
+ * per-32-block exponent, to fp32's precision; sums equal to fp32 ones up to rounding).
+ * kl_gpu_experts_decode_version_set (2 .. 7) overrides the environment. */
 int  kl_gpu_experts_decode_version(void);
 void kl_gpu_experts_decode_version_set(int version);
 

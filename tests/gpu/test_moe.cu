@@ -3,9 +3,9 @@
  * (the CPU engine's route_token rule in float: idx exactly, weights to 1e-6, with ties, bias,
  * both weight modes, renormalisation on and off) and kl_gpu_experts (double: every kind, tiny
  * odd shapes, add_to_y both ways, an expert id out of range; MXFP4 through each per-slot path:
- * decode version 5 (the default), 6, 3, 4, KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1;
+ * decode version 5 (the default), 6, 7, 3, 4, KL_GPU_MOE_DECODE=v2, and v2 with KL_GPU_MX=v1;
  * Kimi-Linear's E = 256, I = 1024, H = 2304, top 8 at n = 1, 2, 7 and 15 in MXFP4 (every path,
- * and 3, 4, 2 against version 5: the same sums) and BF16; versions 6, 5, 3 and 4 replayed in
+ * and 3, 4, 2 against version 5: the same sums) and BF16; versions 6, 7, 5, 3 and 4 replayed in
  * a graph with programmatic edges right after the router that writes its idx, against plain
  * launches; the grouped chunks path in both X forms of kernels/gemm.h (split against fp32,
  * bf16 X against a bf16-rounding host)).  Then n = 1 timed for each path with events (median
@@ -235,8 +235,9 @@ struct slot_path {
     int decode, mx, same;
     const char *name;
 };
-static const slot_path paths[] = {{5, 2, 1, "v3p"}, {6, 2, 0, "tc"},  {3, 2, 1, "v3"},
-                                  {4, 2, 1, "v3t"}, {2, 2, 1, "v2"},  {2, 1, 0, "v2 mx=v1"}};
+static const slot_path paths[] = {{5, 2, 1, "v3p"}, {6, 2, 0, "tc"}, {7, 2, 0, "i8"},
+                                  {3, 2, 1, "v3"},  {4, 2, 1, "v3t"}, {2, 2, 1, "v2"},
+                                  {2, 1, 0, "v2 mx=v1"}};
 static const slot_path *cur_path = &paths[0];
 
 static void path_set(const slot_path &p)
@@ -746,7 +747,7 @@ int main(void)
     path_set(paths[0]);
     check_decode(KL_GPU_W_MXFP4);
     check_decode(KL_GPU_W_BF16);
-    for (int i = 0; i < 4; i++) /* v3p, tc, v3, v3t: their down kernels read idx early */
+    for (int i = 0; i < 5; i++) /* v3p, tc, i8, v3, v3t: their down kernels read idx early */
         check_pdl(paths[i]);
     check_bad_id(KL_GPU_W_F32, 2);
     check_grouped_cases();
