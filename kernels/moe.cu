@@ -66,9 +66,14 @@
  * Version 6 (KL_GPU_MOE_DECODE=tc, opt-in until it measures faster): the two launches of
  * version 3 on the tensor cores; see its section below and kernels/mx_mma.cuh.
  *
- * Version 7 (KL_GPU_MOE_DECODE=i8, opt-in until measured): version 5 with gate/up's codes
+ * Version 7 (KL_GPU_MOE_DECODE=i8, opt-in: measured slower): version 5 with gate/up's codes
  * multiplied by integer dot products, x staged as three int8 digits (kernels/mx_int8.cuh:
- * ~2.4 instructions a code where the fp32 form spends ~5); down as version 5.
+ * ~2.4 instructions a code where the fp32 form spends ~5); down as version 5.  Exact to fp32
+ * (test_moe 2.7e-7 against double) but the layer took 24.1 us against version 5's 22.3
+ * (docs/PERFORMANCE.md, session 21, run 10): fewer instructions did not move a kernel whose
+ * warps mostly wait for their loads (long scoreboard); each block also stages the digits of
+ * x itself.  Kept for when the loads are streamed (a copy-engine ring, as the BF16 products'
+ * version 3), where the arithmetic would be what is left.
  *
  * Chunks (n >= kl_gpu_experts_grouped_min(), version 3): a one-block stable counting sort of
  * the slots by expert (seg, x_row, packed), the grouped products of kernels/gemm.h for gate,

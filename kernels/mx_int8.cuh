@@ -20,6 +20,7 @@
  * Loads are the fp32 form's (kl_mx2_buf, kl_mx2_load: a team of KL_MX2_TEAM lanes, each a
  * 16-byte block of codes and its scale byte, rounds in flight); only x's staging and the
  * arithmetic differ, so the sums differ from the fp32 form's by fp32 rounding only.
+ * Measured (session 21): exact, but no faster in the experts' gate/up (moe.cu, version 7).
  */
 #ifndef KL_KERNELS_MX_INT8_CUH
 #define KL_KERNELS_MX_INT8_CUH
@@ -156,39 +157,9 @@ __device__ static inline void kl_mxi_dot(const kl_mx2_buf<R, U> &w, const uint8_
     }
 }
 
-/* out[i] = row i · x over nb 32-blocks, on every lane of the team (kl_mx2_rows_pipe's rounds:
- * the next round's loads in flight while one is multiplied); w holds the first round. */
-template <int R, int U>
-__device__ static inline void kl_mxi_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
-                                               const uint8_t *const *scales, uint32_t nb,
-                                               const uint8_t *xs, unsigned tl, float *out)
-{
-    constexpr uint32_t STEP = KL_MX2_TEAM * U;
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        acc[i] = 0.0f;
-    kl_mx2_buf<R, U> n;
-    for (uint32_t b0 = tl; b0 < nb; b0 += 2 * STEP) {
-        if (b0 + STEP < nb)
-            kl_mx2_load<R, U>(n, rows, scales, nb, b0 + STEP);
-        kl_mxi_dot<R, U>(w, xs, nb, b0, acc);
-        if (b0 + STEP >= nb)
-            break;
-        if (b0 + 2 * STEP < nb)
-            kl_mx2_load<R, U>(w, rows, scales, nb, b0 + 2 * STEP);
-        kl_mxi_dot<R, U>(n, xs, nb, b0 + STEP, acc);
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        for (int o = KL_MX2_TEAM / 2; o > 0; o /= 2)
-            acc[i] += kl_gpu_shfl_xor(acc[i], o);
-        out[i] = acc[i];
-    }
-}
-
 /* A block's one-pass product: each team's first loads, x [cols] staged into sh (every thread
- * of the block: no thread may leave before), the barrier, then the team's R rows. */
+ * of the block: no thread may leave before), the barrier, then the team's R rows in
+ * kl_mx2_rounds_pipe's rounds. */
 template <int R, int U>
 __device__ static inline void kl_mxi_block_dot(const uint8_t *const *rows,
                                                const uint8_t *const *scales, const float *x,
@@ -200,7 +171,12 @@ __device__ static inline void kl_mxi_block_dot(const uint8_t *const *rows,
     kl_mx2_load<R, U>(w, rows, scales, nb, tl);
     kl_mxi_x_fill(sh, x, cols);
     __syncthreads();
-    kl_mxi_rows_pipe<R, U>(w, rows, scales, nb, sh, tl, out);
+    kl_mx2_rounds_pipe<R, U>(
+        w, rows, scales, nb, tl, out,
+        [&](const kl_mx2_buf<R, U> &b, uint32_t b0, float *acc) {
+            kl_mxi_dot<R, U>(b, sh, nb, b0, acc);
+        },
+        1.0f);
 }
 
 #endif

@@ -449,15 +449,16 @@ __device__ static inline void kl_mx2_dot(const kl_mx2_buf<R, U> &w, const float4
     }
 }
 
-/* out[i] = the team's sum of acc[i] times 2^14 (the codes were decoded as 2^-14 E2M1), on every
- * lane of the team. */
-template <int R> __device__ static inline void kl_mx2_team_sums(float *acc, float *out)
+/* out[i] = the team's sum of acc[i] times unit (2^14 for kl_mx2_dot's sums: the codes were
+ * decoded as 2^-14 E2M1), on every lane of the team. */
+template <int R>
+__device__ static inline void kl_mx2_team_sums(float *acc, float *out, float unit = 16384.0f)
 {
 #pragma unroll
     for (int i = 0; i < R; i++) {
         for (int o = KL_MX2_TEAM / 2; o > 0; o /= 2)
             acc[i] += kl_gpu_shfl_xor(acc[i], o);
-        out[i] = acc[i] * 16384.0f;
+        out[i] = acc[i] * unit;
     }
 }
 
@@ -482,13 +483,14 @@ __device__ static inline void kl_mx2_rows(kl_mx2_buf<R, U> &w, const uint8_t *co
     kl_mx2_team_sums<R>(acc, out);
 }
 
-/* kl_mx2_rows with each round's loads issued before the round before it is multiplied (two
- * buffers), so a lane's loads and its arithmetic overlap instead of taking turns; the same
- * sums in the same order, so bitwise the same out. */
-template <int R, int U = KL_MX2_UNROLL>
-__device__ static inline void kl_mx2_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
-                                               const uint8_t *const *scales, uint32_t nb,
-                                               const float4 *xs, unsigned tl, float *out)
+/* The rounds of a team's R rows with each round's loads issued before the round before it is
+ * multiplied (two buffers), so a lane's loads and its arithmetic overlap instead of taking
+ * turns: dot(buf, b0, acc) multiplies a round (kl_mx2_dot, or mx_int8.cuh's integer form),
+ * out[i] = the team's sums times unit.  w holds the first round. */
+template <int R, int U, typename Dot>
+__device__ static inline void kl_mx2_rounds_pipe(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
+                                                 const uint8_t *const *scales, uint32_t nb,
+                                                 unsigned tl, float *out, Dot dot, float unit)
 {
     constexpr uint32_t STEP = KL_MX2_TEAM * U;
     float acc[R];
@@ -499,14 +501,29 @@ __device__ static inline void kl_mx2_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_
     for (uint32_t b0 = tl; b0 < nb; b0 += 2 * STEP) {
         if (b0 + STEP < nb)
             kl_mx2_load<R, U>(n, rows, scales, nb, b0 + STEP);
-        kl_mx2_dot<R, U>(w, xs, nb, b0, acc);
+        dot(w, b0, acc);
         if (b0 + STEP >= nb)
             break;
         if (b0 + 2 * STEP < nb)
             kl_mx2_load<R, U>(w, rows, scales, nb, b0 + 2 * STEP);
-        kl_mx2_dot<R, U>(n, xs, nb, b0 + STEP, acc);
+        dot(n, b0 + STEP, acc);
     }
-    kl_mx2_team_sums<R>(acc, out);
+    kl_mx2_team_sums<R>(acc, out, unit);
+}
+
+/* kl_mx2_rows with the rounds pipelined (kl_mx2_rounds_pipe): the same sums in the same
+ * order, so bitwise the same out. */
+template <int R, int U = KL_MX2_UNROLL>
+__device__ static inline void kl_mx2_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_t *const *rows,
+                                               const uint8_t *const *scales, uint32_t nb,
+                                               const float4 *xs, unsigned tl, float *out)
+{
+    kl_mx2_rounds_pipe<R, U>(
+        w, rows, scales, nb, tl, out,
+        [&](const kl_mx2_buf<R, U> &b, uint32_t b0, float *acc) {
+            kl_mx2_dot<R, U>(b, xs, nb, b0, acc);
+        },
+        16384.0f);
 }
 
 /* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
