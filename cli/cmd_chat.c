@@ -336,6 +336,7 @@ static int chat(const chat_args *a, chat_ctx *c, kl_err *err)
     if ((rc = kl_session_init(&c->sess, c->m, 1, err)) ||
         (rc = kl_sampler_init(&c->samp, vocab, &a->gen.samp, err)))
         return rc;
+    kl_sampler_set_pool(&c->samp, c->m->pool);   /* idle between forward passes */
     if (a->system && (rc = add_msg(c, "system", a->system, err)))
         return rc;
     c->n_fixed = c->n_msgs;

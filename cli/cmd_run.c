@@ -353,6 +353,7 @@ static int run(const run_args *a, run_ctx *c, kl_err *err)
         (rc = kl_sampler_init(&c->samp, c->vocab, &a->gen.samp, err)) ||
         (rc = prefill(c, a, err)))
         return rc;
+    kl_sampler_set_pool(&c->samp, c->m->pool);   /* idle between forward passes */
     /* decode: teacher forcing or sampling */
     double t0 = kl_now_s();
     if (a->force_ids) {

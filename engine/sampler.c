@@ -161,6 +161,73 @@ static size_t sort_nucleus(kl_sampler *s, size_t n, double need, double total, f
     return n;
 }
 
+/* The plain distribution (temperature, maybe min-p; no top-k or top-p): p per id in chunks of
+ * SAMPLE_CHUNK ids, each chunk's sum in id order, on the sampler's pool when it has one (the
+ * chunks are fixed, so the sums and the pick do not depend on the threads). */
+#define SAMPLE_CHUNK 4096
+
+typedef struct plain_job {
+    kl_sampler  *s;
+    const float *logits;
+    float        z_max;
+} plain_job;
+
+/* Chunk c: p[i] = e^(z_i - z_max), 0 for a NaN logit or one under min-p; its sum. */
+static void weigh_chunk(void *ctx, size_t c)
+{
+    const plain_job *j = ctx;
+    const kl_sampler *s = j->s;
+    const uint32_t i0 = (uint32_t)c * SAMPLE_CHUNK;
+    const uint32_t i1 = s->n_vocab - i0 < SAMPLE_CHUNK ? s->n_vocab : i0 + SAMPLE_CHUNK;
+    const float t = s->opts.temperature;
+    const double thr = (double)s->opts.min_p;
+    double sum = 0;
+    for (uint32_t i = i0; i < i1; i++) {
+        const float l = j->logits[i];
+        double p = isnan(l) ? 0.0 : exp_nonpos((double)(l / t) - (double)j->z_max);
+        p = p >= thr ? p : 0.0;
+        s->p[i] = p;
+        sum += p;
+    }
+    s->chunk_sum[c] = sum;
+}
+
+/* The id at u of the plain distribution: the cumulative sum walked chunk by chunk (before
+ * chunk c: its predecessors' sums in order; inside it: its own p in id order); rounding that
+ * leaves u past every chunk takes the last id with p > 0. */
+static kl_token pick_plain(kl_sampler *s, const float *logits, float z_max, double u)
+{
+    const size_t chunks = (s->n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    plain_job job = {s, logits, z_max};
+    if (s->pool && kl_pool_threads(s->pool) > 1)
+        kl_pool_run(s->pool, chunks, weigh_chunk, &job);
+    else
+        for (size_t c = 0; c < chunks; c++)
+            weigh_chunk(&job, c);
+    double total = 0;
+    for (size_t c = 0; c < chunks; c++)
+        total += s->chunk_sum[c];
+    const double target = u * total;
+    double before = 0;
+    for (size_t c = 0; c < chunks; c++) {
+        const double t = target - before;
+        if (t < s->chunk_sum[c]) {
+            const uint32_t i0 = (uint32_t)c * SAMPLE_CHUNK;
+            double acc = 0;
+            for (uint32_t i = i0; i < s->n_vocab && i < i0 + SAMPLE_CHUNK; i++) {
+                acc += s->p[i];
+                if (t < acc)
+                    return i;
+            }
+        }
+        before += s->chunk_sum[c];
+    }
+    kl_token last = 0;
+    for (uint32_t i = 0; i < s->n_vocab; i++)
+        last = s->p[i] > 0 ? i : last;
+    return last;
+}
+
 /* ---- public API --------------------------------------------------------------------------- */
 
 int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, kl_err *err)
@@ -185,8 +252,9 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
     s->sorted = kl_calloc(n_vocab, sizeof *s->sorted);
     s->tmp = kl_calloc(n_vocab, sizeof *s->tmp);
     s->hist = kl_calloc(SAMPLE_BUCKETS, sizeof *s->hist);
+    s->chunk_sum = kl_calloc((n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, sizeof *s->chunk_sum);
     s->mass = kl_calloc(SAMPLE_BUCKETS, sizeof *s->mass);
-    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->hist || !s->mass) {
+    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->hist || !s->mass || !s->chunk_sum) {
         kl_sampler_free(s);
         return kl_fail(err, KL_E_NOMEM, "sampler scratch for %u ids", (unsigned)n_vocab);
     }
@@ -226,6 +294,10 @@ static int pick_from(kl_sampler *s, const float *logits, kl_token best, double u
     const float z_max = logits[best] / o->temperature;
     if (!isfinite(z_max)) { /* a tiny temperature overflowed: the limit is greedy */
         *id = best;
+        return 0;
+    }
+    if (o->top_p >= 1 && (o->top_k == 0 || o->top_k >= n_vocab)) {
+        *id = pick_plain(s, logits, z_max, u);
         return 0;
     }
     /* 1-2. temperature-scaled candidates in id order, with their p and its sum but for a
@@ -337,6 +409,11 @@ int kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl
     return kl_sampler_sample(s, logits, id, err);
 }
 
+void kl_sampler_set_pool(kl_sampler *s, kl_pool *pool)
+{
+    s->pool = pool;
+}
+
 int kl_sampler_greedy(const kl_sampler *s)
 {
     return s->opts.temperature == 0 || s->opts.top_k == 1;
@@ -349,12 +426,14 @@ void kl_sampler_free(kl_sampler *s)
     kl_free(s->sorted);
     kl_free(s->tmp);
     kl_free(s->hist);
+    kl_free(s->chunk_sum);
     kl_free(s->mass);
     s->cand = NULL;
     s->p = NULL;
     s->sorted = NULL;
     s->tmp = NULL;
     s->hist = NULL;
+    s->chunk_sum = NULL;
     s->mass = NULL;
     s->n_vocab = 0;
 }

@@ -15,7 +15,8 @@
  *      likely candidate, so it does not matter whether p is renormalised after steps 3-4.
  *   6. sample: renormalise the kept probabilities and walk their cumulative sum in candidate
  *      order (sorted after steps 3-4, else id order) to the first one that exceeds u * total,
- *      u uniform in [0, 1).
+ *      u uniform in [0, 1).  Without top-k and top-p the sums go by chunks of 4,096 ids (each
+ *      chunk's in id order, the chunks' in order), so a pool can share the pass.
  * Probabilities are computed in double: exp(z_i - z_max) by the sampler's own exp (the same
  * bits on every machine; 0 below e^-708).  An id whose logit is -inf has probability 0 and is
  * never sampled unless every logit is -inf (then the lowest such id).
@@ -33,6 +34,7 @@
 #define KL_ENGINE_SAMPLER_H
 
 #include "common/err.h"
+#include "common/pool.h"
 #include "common/rng.h"
 #include "engine/token.h"
 
@@ -61,6 +63,8 @@ typedef struct kl_sampler {
     kl_sample_cand *sorted, *tmp; /* [n_vocab] those top-k or top-p sorts, and the sort's */
     double         *p;     /* [n_vocab] unnormalised probabilities of cand, scratch */
     uint32_t       *hist;  /* [4096] candidates per bucket of z, scratch */
+    double         *chunk_sum; /* [n_vocab / 4096, rounded up] a chunk's mass, scratch */
+    kl_pool        *pool;  /* borrowed, or NULL (kl_sampler_set_pool) */
     double         *mass;  /* [4096] probability per bucket of z, scratch */
 } kl_sampler;
 
@@ -84,6 +88,11 @@ int  kl_sampler_sample(kl_sampler *s, const float *logits, kl_token *id, kl_err 
  * of NaN is not noticed (best is then 0); KL_E_USAGE for a sampler that is not greedy. */
 int  kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, kl_token *id,
                             kl_err *err);
+
+/* Lends the sampler a pool for its passes over the vocabulary (NULL: the calling thread
+ * only); the ids do not depend on it.  No other kl_pool_run may be running on it during a
+ * pick (pools are not re-entrant): not from inside one of its own items. */
+void kl_sampler_set_pool(kl_sampler *s, kl_pool *pool);
 
 /* 1 if the sampler picks the argmax whatever the draw (temperature 0 or top_k 1). */
 int  kl_sampler_greedy(const kl_sampler *s);

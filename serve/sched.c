@@ -416,7 +416,13 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
     snapshot(s, n_want);
     s->n_best = n_want;
     n_want = whole_rows(s, n_want);
-    kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
+    if (n_want == 1) {   /* one row: its own passes share the pool */
+        kl_sampler_set_pool(&s->owner[0]->samp, s->m->pool);
+        pick_row(s, 0);
+        kl_sampler_set_pool(&s->owner[0]->samp, NULL);
+    } else {
+        kl_pool_run(s->m->pool, n_want, pick_row, s);   /* vocab-wide passes, one per row */
+    }
     for (size_t r = 0; r < n_want; r++)
         sample(s, r);
     if (n_tokens)

@@ -258,8 +258,47 @@ static int ref_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* Without top-k and top-p: p per id, the sums by chunks of 4,096 ids (sampler.h, step 6). */
+static uint32_t ref_pick_plain(const float *l, uint32_t V, const kl_sampler_opts *o, double u,
+                               float z_max)
+{
+    enum { CH = 4096 };
+    double *p = malloc(V * sizeof *p), sums[64] = {0}, total = 0, before = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        p[i] = isnan(l[i]) ? 0 : exp((double)(l[i] / o->temperature) - (double)z_max);
+        p[i] = p[i] >= (double)o->min_p ? p[i] : 0;
+        sums[i / CH] += p[i];
+    }
+    const uint32_t chunks = (V + CH - 1) / CH;
+    for (uint32_t c = 0; c < chunks; c++)
+        total += sums[c];
+    uint32_t id = V;
+    for (uint32_t c = 0; c < chunks && id == V; c++) {
+        const double t = u * total - before;
+        double acc = 0;
+        for (uint32_t i = c * CH; t < sums[c] && i < V && i < (c + 1) * CH; i++) {
+            acc += p[i];
+            if (t < acc) {
+                id = i;
+                break;
+            }
+        }
+        before += sums[c];
+    }
+    if (id == V) { /* rounding left u past every chunk: the last id with p > 0 */
+        id = 0;
+        for (uint32_t i = 0; i < V; i++)
+            if (p[i] > 0)
+                id = i;
+    }
+    free(p);
+    return id;
+}
+
 static uint32_t ref_pick(const float *l, uint32_t V, const kl_sampler_opts *o, double u)
 {
+    if (o->top_p >= 1 && (o->top_k == 0 || o->top_k >= V))
+        return ref_pick_plain(l, V, o, u, l[kl_sample_argmax(l, V)] / o->temperature);
     ref_cand *c = malloc(V * sizeof *c);
     size_t n = 0;
     uint32_t best = kl_sample_argmax(l, V);
@@ -350,6 +389,44 @@ START_TEST(sampler_equals_its_steps_written_plainly)
                     kl_sampler_free(&s);
                 }
     ck_assert_uint_eq(cases, 2 * 4 * 6 * 2 * 16);
+}
+END_TEST
+
+/* The plain distribution over several chunks of 4,096 ids: the same ids as the plain steps,
+ * with a pool of 3 threads and without. */
+START_TEST(sampler_plain_chunks_with_and_without_a_pool)
+{
+    enum { V = 10000 };
+    static float l[V];
+    fill_logits(l, V, 13);
+    for (uint32_t i = 0; i < V; i++)
+        l[i] = i % 101 == 3 ? NAN : i % 103 == 9 ? -INFINITY : 3.0f * l[i];
+    kl_pool *pool;
+    ck_assert_int_eq(kl_pool_create(&pool, 3, NULL), 0);
+    const kl_sampler_opts opts[] = {{.temperature = 0.8f, .top_p = 1},
+                                    {.temperature = 1.5f, .top_p = 1, .min_p = 0.02f},
+                                    {.temperature = 1.0f, .top_p = 1, .top_k = V}};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        kl_sampler a, b;
+        ck_assert_int_eq(kl_sampler_init(&a, V, &opts[k], NULL), 0);
+        ck_assert_int_eq(kl_sampler_init(&b, V, &opts[k], NULL), 0);
+        kl_sampler_set_pool(&b, pool);
+        int seen_late = 0;
+        for (int d = 0; d < 48; d++) {
+            const double u = (d + 0.41) / 48.0;
+            uint32_t x, y, want = ref_pick(l, V, &opts[k], u);
+            ck_assert_int_eq(kl_sampler_pick(&a, l, u, &x, NULL), 0);
+            ck_assert_int_eq(kl_sampler_pick(&b, l, u, &y, NULL), 0);
+            ck_assert_msg(x == want && y == want, "options %zu u %g: %u alone, %u on the pool, "
+                          "the plain steps give %u", k, u, (unsigned)x, (unsigned)y,
+                          (unsigned)want);
+            seen_late |= x >= 2 * 4096;
+        }
+        ck_assert_msg(seen_late, "options %zu: no pick in the third chunk", k);
+        kl_sampler_free(&a);
+        kl_sampler_free(&b);
+    }
+    kl_pool_destroy(pool);
 }
 END_TEST
 
@@ -717,6 +794,7 @@ static Suite *run_suite(void)
     tcase_add_test(tc, sampler_top_p_keeps_the_smallest_nucleus);
     tcase_add_test(tc, sampler_bad_options_are_refused);
     tcase_add_test(tc, sampler_equals_its_steps_written_plainly);
+    tcase_add_test(tc, sampler_plain_chunks_with_and_without_a_pool);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
