@@ -139,8 +139,10 @@ __device__ static inline void kl_mxi_dot(const kl_mx2_buf<R, U> &w, const uint8_
                                p1 = kl_prmt(KL_MXI_T0, KL_MXI_T1, q >> 16),
                                n0 = kl_prmt(KL_MXI_T0, KL_MXI_T1, qn),
                                n1 = kl_prmt(KL_MXI_T0, KL_MXI_T1, qn >> 16);
-                pos[0] = kl_dp4a<true>(p1, dg[0][2 * v + 1], kl_dp4a<true>(p0, dg[0][2 * v], pos[0]));
-                neg[0] = kl_dp4a<true>(n1, dg[0][2 * v + 1], kl_dp4a<true>(n0, dg[0][2 * v], neg[0]));
+                pos[0] = kl_dp4a<true>(p1, dg[0][2 * v + 1],
+                                       kl_dp4a<true>(p0, dg[0][2 * v], pos[0]));
+                neg[0] = kl_dp4a<true>(n1, dg[0][2 * v + 1],
+                                       kl_dp4a<true>(n0, dg[0][2 * v], neg[0]));
 #pragma unroll
                 for (int g = 1; g < 3; g++) {
                     pos[g] = kl_dp4a<false>(p1, dg[g][2 * v + 1],
