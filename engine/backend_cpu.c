@@ -175,7 +175,9 @@ typedef struct cpu_be {
                                  scores_cap]: one row per token of a group */
     size_t      scores_cap;   /* tokens per row of scores (>= every MLA cache's cap) */
     size_t      scores_rows;  /* tokens of a chunk that attend together (1..KL_FORWARD_CHUNK) */
-    float      *row_logits;   /* [vocab] one token's logits when only its argmax is wanted */
+    float      *row_logits;   /* [rows_cap, vocab] the wanted rows' logits when only their
+                                 argmax is wanted (grown to the rows of a step) */
+    size_t      rows_cap;
     cpu_slot   *slots;        /* [max_slots] (open ones: be.slot_used) */
     /* the chunk between begin and end */
     kl_batch    chunk;        /* borrowed from the caller */
@@ -1151,18 +1153,22 @@ static int cpu_mlp(kl_backend *be, uint32_t l, kl_err *err)
 
 static int cpu_head(kl_backend *be, float *logits, kl_token *argmax, kl_err *err)
 {
-    (void)err;
     cpu_be *c = cpu(be);
     kl_model *m = be->m;
-    size_t nw = c->n_want, H = c->d.hidden;
+    size_t nw = c->n_want;
     uint32_t V = m->cfg.vocab_size;
-    if (logits)
-        kl_wmat_matmul(&m->lm_head, c->b.xn, nw, logits, m->pool);
-    for (size_t k = 0; argmax && k < nw; k++) {
-        if (!logits)
-            kl_wmat_matvec(&m->lm_head, c->b.xn + k * H, c->row_logits, m->pool);
-        argmax[k] = kl_sample_argmax(logits ? logits + k * V : c->row_logits, V);
+    if (!logits && argmax && nw > c->rows_cap) {   /* the rows in one product: lm_head read once */
+        float *p = kl_realloc(c->row_logits, nw * V * sizeof *p);
+        if (!p)
+            return kl_fail(err, KL_E_NOMEM, "out of memory for %zu rows of logits", nw);
+        c->row_logits = p;
+        c->rows_cap = nw;
     }
+    float *rows = logits ? logits : c->row_logits;
+    if (logits || argmax)
+        kl_wmat_matmul(&m->lm_head, c->b.xn, nw, rows, m->pool);
+    for (size_t k = 0; argmax && k < nw; k++)
+        argmax[k] = kl_sample_argmax(rows + k * V, V);
     return 0;
 }
 
@@ -1307,6 +1313,7 @@ int kl_backend_cpu_create(kl_backend **out, kl_model *m, kl_err *err)
     c->scratch = kl_calloc(carve(NULL, &c->d, &c->b), sizeof(float));
     c->route = kl_calloc(route_ints(&c->d), sizeof *c->route);
     c->row_logits = kl_calloc(m->cfg.vocab_size ? m->cfg.vocab_size : 1, sizeof(float));
+    c->rows_cap = 1;
     c->runs = kl_calloc(CHUNK, sizeof *c->runs);
     c->slots = kl_calloc(CPU_SLOTS, sizeof *c->slots);
     be->slot_len = kl_calloc(CPU_SLOTS, sizeof *be->slot_len);

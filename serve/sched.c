@@ -53,6 +53,7 @@ struct kl_sched {
     float     *logits;         /* [max_seqs, vocab] */
     kl_token  *best;           /* [max_seqs] each forward row's argmax, from the backend */
     size_t     n_best;         /* rows of this step with one (the cached whole prompts' not) */
+    int        rows_copied;    /* the step's rows of logits came back (else its argmax only) */
     kl_token  *pick;           /* [max_seqs] each wanted row's sampled id */
     int       *pick_rc;        /* [max_seqs] its sampler's result */
     kl_err    *pick_err;       /* [max_seqs] */
@@ -359,9 +360,9 @@ static void pick_row(void *ctx, size_t r)
     if (q->heading)
         mask_heads(q, logits, V);
     /* the backend's argmax spares a greedy pick its passes over the row (not once masked) */
-    s->pick_rc[r] = r < s->n_best && !q->heading
-                        ? kl_sampler_sample_best(&q->samp, logits, s->best[r], &s->pick[r],
-                                                 &s->pick_err[r])
+    const int best = r < s->n_best && !q->heading;
+    s->pick_rc[r] = best ? kl_sampler_sample_best(&q->samp, s->rows_copied ? logits : NULL,
+                                                  s->best[r], &s->pick[r], &s->pick_err[r])
                         : kl_sampler_sample(&q->samp, logits, &s->pick[r], &s->pick_err[r]);
 }
 
@@ -397,6 +398,20 @@ static void sample(kl_sched *s, size_t r)
     q->last = id;
 }
 
+/* Whether a wanted row of this step needs its logits on the host: a sampler that is not
+ * greedy, a forced choice's mask, logprobs, or the prefix cache's snapshot of a prompt's end.
+ * When none does, the GPU copies back 4 bytes a row (the argmax) instead of 655 KB. */
+static int rows_needed(const kl_sched *s, size_t n_want)
+{
+    for (size_t r = 0; r < n_want; r++) {
+        const seq *q = s->owner[r];
+        if (!kl_sampler_greedy(&q->samp) || q->heading || q->req.on_logits ||
+            (s->cache && !q->snapped))
+            return 1;
+    }
+    return 0;
+}
+
 int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
 {
     if (n_tokens)
@@ -404,7 +419,10 @@ int kl_sched_step(kl_sched *s, size_t *n_tokens, kl_err *err)
     admit(s);
     kl_batch b;
     size_t n_want = build(s, &b);
-    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->logits, s->best, err) : 0;
+    s->rows_copied = rows_needed(s, n_want);
+    int rc = b.n ? kl_backend_forward(s->m->be, &b, s->rows_copied ? s->logits : NULL, s->best,
+                                      err)
+                 : 0;
     if (rc) {   /* the slots' states are unspecified now: every running request ends */
         for (seq *q = s->head, *nx; q; q = nx) {
             nx = q->next;
