@@ -159,26 +159,24 @@ __device__ static inline void kl_mxi_dot(const kl_mx2_buf<R, U> &w, const uint8_
     }
 }
 
-/* A block's one-pass product: each team's first loads, x [cols] staged into sh (every thread
- * of the block: no thread may leave before), the barrier, then the team's R rows in
- * kl_mx2_rounds_pipe's rounds. */
+/* kl_mx2_block_run with x [cols] staged into sh by kl_mxi_x_fill and the team's R rows in
+ * kl_mx2_rounds_pipe's rounds by kl_mxi_dot. */
 template <int R, int U>
 __device__ static inline void kl_mxi_block_dot(const uint8_t *const *rows,
                                                const uint8_t *const *scales, const float *x,
                                                uint32_t cols, uint8_t *sh, unsigned tl,
                                                float *out)
 {
-    const uint32_t nb = cols / KL_MXFP4_BLOCK;
-    kl_mx2_buf<R, U> w;
-    kl_mx2_load<R, U>(w, rows, scales, nb, tl);
-    kl_mxi_x_fill(sh, x, cols);
-    __syncthreads();
-    kl_mx2_rounds_pipe<R, U>(
-        w, rows, scales, nb, tl, out,
-        [&](const kl_mx2_buf<R, U> &b, uint32_t b0, float *acc) {
-            kl_mxi_dot<R, U>(b, sh, nb, b0, acc);
-        },
-        1.0f);
+    kl_mx2_block_run<R, U>(
+        rows, scales, cols, tl, [&] { kl_mxi_x_fill(sh, x, cols); },
+        [&](kl_mx2_buf<R, U> &w, uint32_t nb) {
+            kl_mx2_rounds_pipe<R, U>(
+                w, rows, scales, nb, tl, out,
+                [&](const kl_mx2_buf<R, U> &b, uint32_t b0, float *acc) {
+                    kl_mxi_dot<R, U>(b, sh, nb, b0, acc);
+                },
+                1.0f);
+        });
 }
 
 #endif

@@ -526,24 +526,38 @@ __device__ static inline void kl_mx2_rows_pipe(kl_mx2_buf<R, U> &w, const uint8_
         16384.0f);
 }
 
-/* A block's one-pass v2 product: each team's first loads, x [cols] into shared sh (every
- * thread of the block: no thread may leave before), the barrier, then the team's R rows
- * (PIPE: by kl_mx2_rows_pipe). */
+/* A block's one-pass product: each team's first loads (into w), fill() staging x in shared
+ * memory (every thread of the block: no thread may leave before), the barrier, then
+ * multiply(w, nb): the team's R rows.  cols: x's length. */
+template <int R, int U, typename Fill, typename Multiply>
+__device__ static inline void kl_mx2_block_run(const uint8_t *const *rows,
+                                               const uint8_t *const *scales, uint32_t cols,
+                                               unsigned tl, Fill fill, Multiply multiply)
+{
+    const uint32_t nb = cols / KL_MXFP4_BLOCK;
+    kl_mx2_buf<R, U> w;
+    kl_mx2_load<R, U>(w, rows, scales, nb, tl);
+    fill();
+    __syncthreads();
+    multiply(w, nb);
+}
+
+/* kl_mx2_block_run of the v2 product: x [cols] into shared sh (kl_mx2_x_fill), the rows by
+ * kl_mx2_rows (PIPE: kl_mx2_rows_pipe). */
 template <int R, int U = KL_MX2_UNROLL, bool PIPE = false>
 __device__ static inline void kl_mx2_block_dot(const uint8_t *const *rows,
                                                const uint8_t *const *scales, const float *x,
                                                uint32_t cols, float4 *sh, unsigned tl,
                                                float *out)
 {
-    const uint32_t nb = cols / KL_MXFP4_BLOCK;
-    kl_mx2_buf<R, U> w;
-    kl_mx2_load<R, U>(w, rows, scales, nb, tl);
-    kl_mx2_x_fill(sh, x, cols);
-    __syncthreads();
-    if (PIPE)
-        kl_mx2_rows_pipe<R, U>(w, rows, scales, nb, sh, tl, out);
-    else
-        kl_mx2_rows<R, U>(w, rows, scales, nb, sh, tl, out);
+    kl_mx2_block_run<R, U>(
+        rows, scales, cols, tl, [&] { kl_mx2_x_fill(sh, x, cols); },
+        [&](kl_mx2_buf<R, U> &w, uint32_t nb) {
+            if (PIPE)
+                kl_mx2_rows_pipe<R, U>(w, rows, scales, nb, sh, tl, out);
+            else
+                kl_mx2_rows<R, U>(w, rows, scales, nb, sh, tl, out);
+        });
 }
 
 /* 0, or KL_E_USAGE naming what: a matrix a launcher can multiply (MXFP4: cols % 32 == 0,
