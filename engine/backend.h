@@ -163,12 +163,15 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:
- * ring (default: N load threads pread the files into N + 4 pinned buffers, each copied as it
- * fills), ring-direct (the same with O_DIRECT where allowed), mapped (windows of the file
- * mapped and page-locked), read (the staged reader, buffered), direct (the staged reader,
- * O_DIRECT where allowed); host is the CLI's (the whole model read into memory first).
+ * ring (default: N load threads copy the files, mapped read-only, into N + 4 pinned buffers
+ * by non-temporal stores, each buffer copied to the GPU as it fills), ring-read (the same
+ * threads pread the files instead), ring-direct (pread with O_DIRECT where allowed), mapped
+ * (windows of the file mapped and page-locked), read (the staged reader, buffered), direct
+ * (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole model read into
+ * memory first).
  * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
- * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default 8) load threads; mapped (1-8, default 4):
+ * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default a thread a core, 8 to 16) load threads;
+ * mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight);
  * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4).  KL_GPU_LOAD=hybrid: the
  * ring on the first part of the files and mapped windows on the rest at once

@@ -43,6 +43,7 @@ const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
 #ifdef KL_GPU
 
 #include "common/clock.h"
+#include "common/cpu.h"
 #include "common/mem.h"
 #include "kernels/collective.h"
 #include "kernels/dense.h"
@@ -325,17 +326,22 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 static const char *fill_options(const char *how, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
-    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-direct");
+    int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-read") ||
+               !strcmp(how, "ring-direct");
     *o = (kl_fill_opts){.mode = ring ? KL_FILL_RING : KL_FILL_MAPPED};
     if (win && atoi(win) > 0 && atoi(win) <= 1024)
         o->window_bytes = (size_t)atoi(win) << 20;
     if (ring) {
-        o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_SLOTS, 8);
+        /* a thread a core, 8 to 16: the host copy bounds the ring (test_hostcopy on the H200
+         * machine: 8 threads 0.75 of the pinned copy rate, 12 and 16 ~0.82) */
+        unsigned cores = kl_cpu_count(16);
+        o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_SLOTS, cores < 8 ? 8 : cores);
         unsigned nb = o->threads + 4 < KL_FILL_MAX_SLOTS ? o->threads + 4 : KL_FILL_MAX_SLOTS;
         o->windows = env_count("KL_GPU_LOAD_BUFFERS", KL_FILL_MAX_SLOTS, nb);
         o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)16 << 20;
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
-        return o->direct == KL_DIRECT_ON ? "ring-direct" : "ring";
+        o->from_mapping = !how || !strcmp(how, "ring");
+        return o->direct == KL_DIRECT_ON ? "ring-direct" : o->from_mapping ? "ring" : "ring-read";
     }
     /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest mapped
      * case of test_load on the H200 machine, docs/PERFORMANCE.md); windows: 2 per thread */

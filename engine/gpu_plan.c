@@ -9,6 +9,7 @@
 #include "common/clock.h"
 
 #include "common/mem.h"
+#include "common/streamcopy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -329,6 +330,10 @@ typedef struct filler {
     int               *fd;         /* [n_fd] one per shard, -1 when unused */
     uint32_t           n_fd;
     int                oflags;     /* RING: O_DIRECT when asked */
+    int                from_mapping;   /* RING: spans copied out of mapped shards */
+    uint8_t          **map;        /* RING from_mapping: [n_fd] each shard mapped whole, or
+                                      NULL (not opened, or empty) */
+    uint64_t          *map_len;
     const char *const *paths;
     /* RING */
     ring_buf          *rb;
@@ -466,6 +471,22 @@ static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
     return copy_span(f, k, f->win[slot].map, f->win[slot].pinned, slot, err);
 }
 
+/* RING from_mapping: shard s mapped whole, read-only (2 MiB pages asked for: a file in the
+ * page cache on large folios maps by PMDs). */
+static int map_shard(filler *f, const char *path, uint32_t s, uint64_t size, kl_err *err)
+{
+    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd[s], 0);
+    if (m == MAP_FAILED) {
+        int rc = kl_fail_sys(err, KL_E_IO, errno, "mapping a checkpoint shard");
+        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
+        return rc;
+    }
+    (void)madvise(m, (size_t)size, MADV_HUGEPAGE);
+    f->map[s] = m;
+    f->map_len[s] = size;
+    return 0;
+}
+
 /* Opens shard s (once) and checks that pieces fit; its size in *size. */
 static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, kl_err *err)
 {
@@ -480,7 +501,7 @@ static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, k
         return rc;
     }
     *size = (uint64_t)sb.st_size;
-    return 0;
+    return f->map && !f->map[s] && *size ? map_shard(f, path, s, *size, err) : 0;
 }
 
 /* The end of a span from ws at most we (below the shard's size): the last piece byte it
@@ -669,15 +690,26 @@ static int spans_begin(filler *f, const char *const *paths, uint64_t align, kl_e
     int rc = f->fd ? 0 : kl_fail(err, KL_E_NOMEM, "out of memory");
     for (uint32_t i = 0; !rc && i < n_fd; i++)
         f->fd[i] = -1;
+    if (!rc && f->from_mapping &&
+        (!(f->map = kl_calloc(n_fd, sizeof *f->map)) ||
+         !(f->map_len = kl_calloc(n_fd, sizeof *f->map_len))))
+        rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     f->n_fd = rc ? 0 : n_fd;
     return rc ? rc : walk_windows(f, paths, align, err);
 }
 
 static void spans_end(filler *f)
 {
-    for (uint32_t i = 0; i < f->n_fd; i++)
+    for (uint32_t i = 0; i < f->n_fd; i++) {
         if (f->fd[i] >= 0)
             close(f->fd[i]);
+        if (f->map && f->map[i])
+            munmap(f->map[i], (size_t)f->map_len[i]);
+    }
+    kl_free(f->map);
+    kl_free(f->map_len);
+    f->map = NULL;
+    f->map_len = NULL;
     kl_free(f->fd);
     kl_free(f->spans);
 }
@@ -696,10 +728,24 @@ static int fill_mapped(filler *f, const char *const *paths, unsigned threads, kl
     return rc;
 }
 
+/* RING from_mapping: span sp copied out of its shard's mapping, whose page-table entries for
+ * it are then dropped (host RSS bounded by the spans in flight; the pages stay cached). */
+static void copy_span_mapped(filler *f, const wspan *sp, uint8_t *mem)
+{
+    const uint8_t *src = f->map[sp->shard] + sp->ws;   /* ws: a multiple of RING_ALIGN */
+    size_t len = (size_t)(sp->we - sp->ws);
+    kl_copy_streaming(mem, src, len);
+    (void)madvise((void *)src, (len + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN, MADV_DONTNEED);
+}
+
 /* RING: span k read into mem (its length rounded up to RING_ALIGN: O_DIRECT's reads). */
 static int read_span(filler *f, size_t k, uint8_t *mem, kl_err *err)
 {
     const wspan *sp = &f->spans[k];
+    if (f->map) {
+        copy_span_mapped(f, sp, mem);
+        return 0;
+    }
     size_t want = (size_t)(sp->we - sp->ws), got = 0;
     size_t len = (want + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
     while (got < want) {
@@ -937,6 +983,7 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     f.n_win = ring && !o.windows && f.n_win > most ? most : f.n_win;
     f.n_rb = ring ? f.n_win : 0;
     f.oflags = ring && o.direct == KL_DIRECT_ON ? O_DIRECT : 0;
+    f.from_mapping = ring && o.from_mapping && !f.oflags;
     if (f.n_win > most || threads > most)
         return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
                        ring ? "load buffers" : "windows in flight");

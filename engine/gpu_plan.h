@@ -136,6 +136,13 @@ typedef struct kl_fill_opts {
                                            aligned), pinned: used instead of host_alloc and
                                            left to the caller, every copy from them waited
                                            for when the fill returns */
+    int            from_mapping;        /* RING without O_DIRECT: each shard mapped read-only
+                                           and each span copied out of the mapping by
+                                           kl_copy_streaming (then its page-table entries
+                                           dropped: the pages stay cached, host RSS stays the
+                                           ring's), not read with pread.  The shards must not
+                                           shrink during the fill (a mapping read past a
+                                           file's end faults) */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {

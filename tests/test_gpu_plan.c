@@ -611,7 +611,8 @@ END_TEST
 
 /* The ring of buffers: byte-identical to the staged reader's fill (which check_filled also
  * holds it to), with 1, 3 and 8 threads, buffers from 4 KiB (pieces split) to the default,
- * fewer buffers than threads, pinned (host_alloc) and plain, buffered and O_DIRECT. */
+ * fewer buffers than threads, pinned (host_alloc) and plain, read buffered, copied out of the
+ * mapped shards, and O_DIRECT (which the mapping gives way to). */
 START_TEST(test_fill_ring)
 {
     kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
@@ -623,7 +624,8 @@ START_TEST(test_fill_ring)
         for (unsigned t = 0; t < 3; t++) {
             for (unsigned nb = 0; nb <= 2; nb += 2) {   /* default (threads + 4) and 2 */
                 kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = bufs[i], .windows = nb,
-                                  .threads = threads[t], .direct = KL_DIRECT_OFF};
+                                  .threads = threads[t], .direct = KL_DIRECT_OFF,
+                                  .from_mapping = nb == 2};   /* copied out of mapped shards */
                 fill_and_check(m, full, &o, 1);
                 fill_and_check(m, full, &o, 0);
             }
@@ -631,6 +633,8 @@ START_TEST(test_fill_ring)
     }
     kl_fill_opts dio = {.mode = KL_FILL_RING, .window_bytes = 65536, .threads = 3,
                         .direct = KL_DIRECT_ON};
+    fill_and_check(m, full, &dio, 1);
+    dio.from_mapping = 1;   /* O_DIRECT asked: pread, not the mapping */
     fill_and_check(m, full, &dio, 1);
     for (unsigned t = 0; t < 3; t++) {   /* the caller's buffers (the GPU's prepared ring) */
         kl_fill_opts g = {.mode = KL_FILL_RING, .window_bytes = _i == 2 ? 65536 : 8192,
@@ -866,14 +870,15 @@ static kl_model *own_model(const char *name, char dir[700], kl_gpu_plan *p, uint
     return m;
 }
 
-/* A RING fill of 8 KiB buffers through d; its result, err holding its error. */
+/* A RING fill of 8 KiB buffers through d (spans copied out of the mapped shards when
+ * mapping); its result, err holding its error. */
 static int ring_fill(const kl_gpu_plan *p, const kl_model *m, uint8_t **a, cpu_dev *d,
-                     unsigned threads, unsigned buffers, kl_err *err)
+                     unsigned threads, unsigned buffers, int mapping, kl_err *err)
 {
     kl_fill_ops ops = g_ops;
     ops.ctx = d;
     kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = buffers,
-                      .threads = threads, .direct = KL_DIRECT_OFF};
+                      .threads = threads, .direct = KL_DIRECT_OFF, .from_mapping = mapping};
     kl_err_clear(err);
     int rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, err);
     ck_assert_uint_eq(d->allocs, d->frees);
@@ -882,7 +887,8 @@ static int ring_fill(const kl_gpu_plan *p, const kl_model *m, uint8_t **a, cpu_d
 
 /* RING: pinned memory refused after 1 buffer (the fill goes on with it) or at once (its
  * error); a wait failing on a load thread (its error, threads joined, buffers freed); a shard
- * truncated after the model was opened (KL_E_IO naming the file). */
+ * truncated after the model was opened (KL_E_IO naming the file, before any mapping is read);
+ * each with spans read and copied out of the mapped shards. */
 START_TEST(test_fill_ring_fails)
 {
     kl_gpu_plan p;
@@ -892,7 +898,7 @@ START_TEST(test_fill_ring_fails)
     kl_err err;
     for (long most = 0; most <= 1; most++) {
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};
-        int rc = ring_fill(&p, m, a, &d, 3, 0, &err);
+        int rc = ring_fill(&p, m, a, &d, 3, 0, (int)most, &err);
         ck_assert_msg(rc == (most ? 0 : KL_E_NOMEM), "%d %s", rc, t_fmt_err(&err));
         if (!rc)
             check_filled(&p, a, full);
@@ -922,7 +928,7 @@ START_TEST(test_fill_ring_fails)
             ck_assert_int_eq(truncate(last, 4096), 0);
         for (unsigned t = 1; t <= 8; t += 7) {
             cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_wait = 3 - trunc};
-            int rc = ring_fill(&p, m, a, &d, t, 2, &err);
+            int rc = ring_fill(&p, m, a, &d, t, 2, t == 8, &err);
             ck_assert_msg(rc == (trunc ? KL_E_IO : KL_E_GPU), "%d %s", rc, t_fmt_err(&err));
             if (trunc)
                 ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
