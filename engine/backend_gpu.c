@@ -51,6 +51,7 @@ const char *const kl_gpu_part_names[KL_GPU_PARTS] = {
 #include "kernels/kda.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
+#include "kernels/place.h"
 #include "kernels/runtime.h"
 #include "kernels/skinny.h"
 
@@ -257,11 +258,26 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
     gl->expert0 = pl->expert0;
 }
 
+/* A ring fill staged on the device (kl_fill_ops.places and .stage; $KL_GPU_LOAD_STAGE=0: a
+ * copy per tensor instead): every place of the fill in device memory, room for STAGE_ROOMS
+ * spans, and a stream of its own placing each span (kernels/place.h) while the backend's
+ * stream copies the next ones in. */
+#define STAGE_ROOMS 4u
+typedef struct fill_stage {
+    kl_gpu_place *places;                  /* device */
+    uint8_t      *room;                    /* device: STAGE_ROOMS x most bytes */
+    size_t        most;                    /* the longest span */
+    kl_gpu_stream st;
+    kl_gpu_event  copied[STAGE_ROOMS], placed[STAGE_ROOMS];
+    unsigned      spans;                   /* staged so far */
+} fill_stage;
+
 /* The fill's function table on the GPU: copies on the backend's stream, mapped windows
  * page-locked read-only, ring buffers pinned, an event per window slot or ring buffer. */
 typedef struct gpu_fill {
     gpu_be      *g;
     kl_gpu_event ev[KL_FILL_MAX_SLOTS];
+    fill_stage   stage;                    /* zero until places */
 } gpu_fill;
 
 static int fill_copy(void *ctx, void *dst, const void *src, size_t bytes, int pinned,
@@ -310,6 +326,69 @@ static int fill_wait(void *ctx, unsigned slot, kl_err *err)
 {
     gpu_fill *f = ctx;
     return kl_gpu_event_sync(f->ev[slot], err);
+}
+
+static int fill_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most, kl_err *err)
+{
+    gpu_fill *f = ctx;
+    fill_stage *s = &f->stage;
+    s->most = most;
+    int rc = kl_gpu_alloc((void **)&s->places, (n ? n : 1) * sizeof *all, err);
+    if (!rc && n)   /* pageable: consumed when the call returns */
+        rc = kl_gpu_h2d(s->places, all, n * sizeof *all, f->g->st, err);
+    if (!rc)
+        rc = kl_gpu_alloc((void **)&s->room, STAGE_ROOMS * (most ? most : 1), err);
+    if (!rc)
+        rc = kl_gpu_stream_create(&s->st, err);
+    for (unsigned i = 0; !rc && i < STAGE_ROOMS; i++)
+        if (!(rc = kl_gpu_event_create(&s->copied[i], err)))
+            rc = kl_gpu_event_create(&s->placed[i], err);
+    return rc;
+}
+
+/* Span bytes at src into the next room (once its last places are done), then placed from
+ * there on the stage's stream. */
+static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first, size_t count,
+                           kl_err *err)
+{
+    gpu_fill *f = ctx;
+    fill_stage *s = &f->stage;
+    const unsigned r = s->spans % STAGE_ROOMS;
+    uint8_t *room = s->room + r * s->most;
+    int rc = s->spans >= STAGE_ROOMS ? kl_gpu_stream_wait(f->g->st, s->placed[r], err) : 0;
+    s->spans++;
+    if (!rc)
+        rc = kl_gpu_h2d(room, src, len, f->g->st, err);
+    if (!rc)
+        rc = kl_gpu_event_record(s->copied[r], f->g->st, err);
+    if (!rc)
+        rc = kl_gpu_stream_wait(s->st, s->copied[r], err);
+    if (!rc)
+        rc = kl_gpu_place_span(room, s->places, (uint32_t)first, (uint32_t)count, s->st, err);
+    if (!rc)
+        rc = kl_gpu_event_record(s->placed[r], s->st, err);
+    return rc;
+}
+
+/* The stage's places all done (unless rc already failed), then its memory and stream freed;
+ * the first error. */
+static int fill_stage_end(gpu_fill *f, int rc, kl_err *err)
+{
+    fill_stage *s = &f->stage;
+    if (s->st) {
+        kl_err e;
+        int r = kl_gpu_stream_sync(s->st, rc ? &e : err);
+        rc = rc ? rc : r;
+    }
+    for (unsigned i = 0; i < STAGE_ROOMS; i++) {
+        kl_gpu_event_destroy(s->copied[i]);
+        kl_gpu_event_destroy(s->placed[i]);
+    }
+    kl_gpu_stream_destroy(s->st);
+    kl_gpu_free(s->room);
+    kl_gpu_free(s->places);
+    memset(s, 0, sizeof *s);
+    return rc;
 }
 
 /* $name as a number in [1, most], else dflt. */
@@ -498,14 +577,19 @@ typedef struct fill_job {
 static void *fill_job_main(void *arg)
 {
     fill_job *j = arg;
-    kl_fill_ops ops = {&j->f, fill_copy, fill_pin, fill_unpin, fill_mark, fill_wait,
-                       fill_host_alloc, fill_host_free, fill_copy_rows};
+    const char *stage = getenv("KL_GPU_LOAD_STAGE");
+    const int staged = !stage || strcmp(stage, "0");
+    kl_fill_ops ops = {&j->f,          fill_copy,      fill_pin,
+                       fill_unpin,     fill_mark,      fill_wait,
+                       fill_host_alloc, fill_host_free, fill_copy_rows,
+                       staged ? fill_places : NULL, staged ? fill_stage_span : NULL};
     const kl_model *m = j->f.g->base.m;
     kl_err_clear(&j->err);
     j->rc = kl_gpu_device_open(j->f.g->dev, NULL, 0, &j->err);   /* current on this thread */
     if (!j->rc)
         j->rc = kl_gpu_fill(j->p, (const char *const *)m->shard_paths, j->arena, &ops, &j->o,
                             &j->st, &j->err);
+    j->rc = fill_stage_end(&j->f, j->rc, &j->err);
     return NULL;
 }
 
@@ -2065,8 +2149,9 @@ static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *e
     kl_fill_opts o;
     kl_gpu_load_info *li = &g[0]->load;
     li->how = ranks_options(&o);
-    kl_fill_ops ops = {f,         ranks_copy, fill_pin,        fill_unpin,     ranks_mark,
-                       ranks_wait, fill_host_alloc, fill_host_free, ranks_copy_rows};
+    kl_fill_ops ops = {f,          ranks_copy,      fill_pin,       fill_unpin,
+                       ranks_mark, ranks_wait,      fill_host_alloc, fill_host_free,
+                       ranks_copy_rows, NULL, NULL};   /* not staged: copies to each rank */
     kl_fill_stats st = {0};
     double t0 = kl_now_s();
     if (!rc)

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 
+#include "common/grow.h"
 #include "common/mem.h"
 #include "common/streamcopy.h"
 
@@ -331,6 +332,11 @@ typedef struct filler {
     uint32_t           n_fd;
     int                oflags;     /* RING: O_DIRECT when asked */
     int                from_mapping;   /* RING: spans copied out of mapped shards */
+    /* RING staged on the device (ops->places, ops->stage) */
+    kl_gpu_place      *pl;         /* every span's places, span after span */
+    size_t             n_pl, cap_pl;
+    size_t            *span_first; /* [n_spans + 1]: span k's places start; NULL: not staged */
+    int                recording;  /* the walk records places instead of copying */
     uint8_t          **map;        /* RING from_mapping: [n_fd] each shard mapped whole, or
                                       NULL (not opened, or empty) */
     uint64_t          *map_len;
@@ -352,45 +358,59 @@ typedef struct filler {
     kl_err             prep_err;
 } filler;
 
-/* Bytes [from, from + len) of piece pc, whose source is at src. */
-static int copy_part(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *src,
-                     uint64_t len, int pinned, kl_err *err)
-{
-    f->st.bytes += len;
-    return f->ops->copy(f->ops->ctx, f->arena[pc->arena] + pc->dst + from, src, (size_t)len,
-                        pinned, err);
-}
-
 uint64_t kl_plan_piece_end(const kl_plan_piece *pc)
 {
     return pc->pitch && pc->bytes ? pc->src + (pc->bytes / pc->width - 1) * pc->pitch + pc->width
                                   : pc->src + pc->bytes;
 }
 
-/* Rows [i, i + n) of piece pc (which has a pitch), whose source is at src. */
+/* A piece part's place in the span being recorded (RING staged on the device). */
+static int record(filler *f, uint64_t at, uint8_t *dst, uint64_t width, uint64_t pitch,
+                  uint64_t rows, kl_err *err)
+{
+    if (kl_grow(&f->pl, &f->cap_pl, f->n_pl + 1, sizeof *f->pl))
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    f->pl[f->n_pl++] = (kl_gpu_place){at, dst, width, pitch, rows};
+    return 0;
+}
+
+/* Bytes [from, from + len) of piece pc, whose source is base + at (recorded: at alone). */
+static int copy_part(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *base,
+                     uint64_t at, uint64_t len, int pinned, kl_err *err)
+{
+    uint8_t *dst = f->arena[pc->arena] + pc->dst + from;
+    if (f->recording)
+        return record(f, at, dst, len, 0, 1, err);
+    f->st.bytes += len;
+    return f->ops->copy(f->ops->ctx, dst, base + at, (size_t)len, pinned, err);
+}
+
+/* Rows [i, i + n) of piece pc (which has a pitch), whose source is base + at. */
 static int copy_rows(filler *f, const kl_plan_piece *pc, uint64_t i, uint64_t n,
-                     const uint8_t *src, int pinned, kl_err *err)
+                     const uint8_t *base, uint64_t at, int pinned, kl_err *err)
 {
     const uint64_t w = pc->width;
+    if (f->recording)
+        return record(f, at, f->arena[pc->arena] + pc->dst + i * w, w, pc->pitch, n, err);
     if (!f->ops->copy_rows) {
         int rc = 0;
         for (uint64_t k = 0; !rc && k < n; k++)
-            rc = copy_part(f, pc, (i + k) * w, src + k * pc->pitch, w, pinned, err);
+            rc = copy_part(f, pc, (i + k) * w, base, at + k * pc->pitch, w, pinned, err);
         return rc;
     }
     f->st.bytes += n * w;
-    return f->ops->copy_rows(f->ops->ctx, f->arena[pc->arena] + pc->dst + i * w, src, (size_t)w,
-                             (size_t)pc->pitch, (size_t)n, pinned, err);
+    return f->ops->copy_rows(f->ops->ctx, f->arena[pc->arena] + pc->dst + i * w, base + at,
+                             (size_t)w, (size_t)pc->pitch, (size_t)n, pinned, err);
 }
 
-/* Bytes [from, from + len) of piece pc's span in the file, at src: a contiguous piece's bytes
- * from `from`; of a piece with a pitch, the parts of its rows in that range (row i: its bytes
- * [i * pitch, i * pitch + width) go to i * width): whole rows together, cut ones alone. */
-static int copy_range(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *src,
-                      uint64_t len, int pinned, kl_err *err)
+/* Bytes [from, from + len) of piece pc's span in the file, at base + at: a contiguous piece's
+ * bytes from `from`; of a piece with a pitch, the parts of its rows in that range (row i: its
+ * bytes [i * pitch, i * pitch + width) go to i * width): whole rows together, cut ones alone. */
+static int copy_range(filler *f, const kl_plan_piece *pc, uint64_t from, const uint8_t *base,
+                      uint64_t at, uint64_t len, int pinned, kl_err *err)
 {
     if (!pc->pitch)
-        return copy_part(f, pc, from, src, len, pinned, err);
+        return copy_part(f, pc, from, base, at, len, pinned, err);
     const uint64_t P = pc->pitch, w = pc->width, rows = pc->bytes / w, end = from + len;
     int rc = 0;
     for (uint64_t i = from / P; !rc && i < rows && i * P < end;) {
@@ -398,12 +418,13 @@ static int copy_range(filler *f, const kl_plan_piece *pc, uint64_t from, const u
         uint64_t whole = lo == r0 && end >= r0 + w ? (end - r0 - w) / P + 1 : 0;
         whole = whole < rows - i ? whole : rows - i;
         if (whole > 1) {
-            rc = copy_rows(f, pc, i, whole, src + (r0 - from), pinned, err);
+            rc = copy_rows(f, pc, i, whole, base, at + (r0 - from), pinned, err);
             i += whole;
             continue;
         }
         if (hi > lo)
-            rc = copy_part(f, pc, i * w + (lo - r0), src + (lo - from), hi - lo, pinned, err);
+            rc = copy_part(f, pc, i * w + (lo - r0), base, at + (lo - from), hi - lo, pinned,
+                           err);
         i++;
     }
     return rc;
@@ -442,24 +463,61 @@ static int prep_window(filler *f, size_t k, unsigned slot, kl_err *err)
     return 0;
 }
 
-/* The copies of span k, whose bytes are at base (a window or a ring buffer): the pieces
- * wholly inside and the parts of those that run over its ends; then the slot's mark. */
-static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsigned slot,
-                     kl_err *err)
+/* The piece parts of span k, whose bytes are at base (a window or a ring buffer; recorded:
+ * none): the pieces wholly inside and the parts of those that run over its ends. */
+static int walk_span(filler *f, size_t k, const uint8_t *base, int pinned, kl_err *err)
 {
     const kl_plan_piece *pc = f->p->pieces;
     const wspan *sp = &f->spans[k];
     int rc = 0;
-    f->st.windows++;
-    f->st.pinned += (uint64_t)pinned;
-    f->st.read_bytes += sp->we - sp->ws;
     for (size_t j = sp->j; !rc && j < f->p->n_file && pc[j].shard == sp->shard &&
                            pc[j].src < sp->we; j++) {
         uint64_t lo = pc[j].src > sp->ws ? pc[j].src : sp->ws;
         uint64_t end = kl_plan_piece_end(&pc[j]), hi = end < sp->we ? end : sp->we;
         if (hi > lo)
-            rc = copy_range(f, &pc[j], lo - pc[j].src, base + (lo - sp->ws), hi - lo, pinned,
+            rc = copy_range(f, &pc[j], lo - pc[j].src, base, lo - sp->ws, hi - lo, pinned,
                             err);
+    }
+    return rc;
+}
+
+/* RING staged on the device: every span's places recorded (span k's are [span_first[k],
+ * span_first[k + 1]) of f->pl) and handed to ops->places with the longest span. */
+static int record_places(filler *f, kl_err *err)
+{
+    f->span_first = kl_malloc((f->n_spans + 1) * sizeof *f->span_first);
+    if (!f->span_first)
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    uint64_t most = 0;
+    int rc = 0;
+    f->recording = 1;
+    for (size_t k = 0; !rc && k < f->n_spans; k++) {
+        f->span_first[k] = f->n_pl;
+        rc = walk_span(f, k, NULL, 1, err);
+        most = f->spans[k].we - f->spans[k].ws > most ? f->spans[k].we - f->spans[k].ws : most;
+    }
+    f->recording = 0;
+    f->span_first[f->n_spans] = f->n_pl;
+    return rc ? rc : f->ops->places(f->ops->ctx, f->pl, f->n_pl, (size_t)most, err);
+}
+
+/* Span k's bytes at base to the device: one staged copy and its places (f->span_first), or a
+ * copy per piece part; then the slot's mark. */
+static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsigned slot,
+                     kl_err *err)
+{
+    const wspan *sp = &f->spans[k];
+    int rc;
+    f->st.windows++;
+    f->st.pinned += (uint64_t)pinned;
+    f->st.read_bytes += sp->we - sp->ws;
+    if (f->span_first) {
+        const size_t a = f->span_first[k], n = f->span_first[k + 1] - a;
+        for (size_t i = a; i < a + n; i++)
+            f->st.bytes += f->pl[i].width * f->pl[i].rows;
+        rc = f->ops->stage(f->ops->ctx, base, (size_t)(sp->we - sp->ws), a, n, err);
+    } else {
+        rc = walk_span(f, k, base, pinned, err);
     }
     if (!rc && f->ops->mark)
         rc = f->ops->mark(f->ops->ctx, slot, err);
@@ -909,17 +967,21 @@ static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_e
         rc = kl_fail(err, KL_E_NOMEM, "out of memory");
     for (unsigned b = 0; !rc && f->rb_given && b < f->n_rb; b++)   /* all there at once */
         f->rb[f->n_alloc++] = (ring_buf){f->rb_given[b], 0, RB_FREE, 0};
+    if (!rc && f->rb_pinned && f->ops->places && f->ops->stage)
+        rc = record_places(f, err);
     if (!rc)
         rc = with_threads(f, threads, ring_main, ring_copy_all, err);
     rc = ring_free(f, rc, err);
     spans_end(f);
+    kl_free(f->pl);
+    kl_free(f->span_first);
     return rc;
 }
 
 static int read_cb(void *ctx, size_t ext_idx, uint64_t ext_off, const uint8_t *data, size_t len)
 {
     filler *f = ctx;
-    f->cb_rc = copy_range(f, &f->p->pieces[ext_idx], ext_off, data, len, 0, f->cb_err);
+    f->cb_rc = copy_range(f, &f->p->pieces[ext_idx], ext_off, data, 0, len, 0, f->cb_err);
     return f->cb_rc;
 }
 
@@ -992,7 +1054,7 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
         return rc;
     f.rb_given = ring ? o.buffers : NULL;
     for (size_t i = p->n_file; !rc && i < p->n_pieces; i++)
-        rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, p->pieces[i].bytes, 0, err);
+        rc = copy_part(&f, &p->pieces[i], 0, p->pieces[i].host, 0, p->pieces[i].bytes, 0, err);
     if (!rc && p->n_file)
         rc = o.mode == KL_FILL_READ ? fill_read(&f, shard_paths, o.direct, err)
              : ring                 ? fill_ring(&f, shard_paths, threads, err)

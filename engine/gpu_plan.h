@@ -40,6 +40,7 @@
 
 #include "common/err.h"
 #include "engine/model.h"
+#include "kernels/place.h" /* kl_gpu_place: where a piece part of a staged span goes */
 #include "loader/arena.h" /* kl_plan_mat, kl_plan_layer, KL_PLAN_ALIGN, fusion groups */
 #include "loader/reader.h"
 
@@ -111,6 +112,17 @@ typedef struct kl_fill_ops {
     /* rows of width bytes, pitch apart at src, packed at dst; NULL: a copy per row */
     int  (*copy_rows)(void *ctx, void *dst, const void *src, size_t width, size_t pitch,
                       size_t rows, int pinned, kl_err *err);
+    /* RING with pinned buffers, both or neither (NULL: a copy per piece part): each span
+     * staged whole on the device.  places(ctx, all, n, most) once before any read, with the
+     * places of every span in span order (offsets within the span; the array is the fill's,
+     * valid during the call) and the longest span's bytes; then, instead of a filled buffer's
+     * copies, stage(ctx, src, len, first, count): its len bytes copied to the device in one
+     * copy, then places [first, first + count) filled from there.  The buffer's mark follows
+     * (its wait then means the buffer may be refilled; the places may still be running:
+     * the caller makes the fill's end wait for them). */
+    int  (*places)(void *ctx, const kl_gpu_place *all, size_t n, size_t most, kl_err *err);
+    int  (*stage)(void *ctx, const void *src, size_t len, size_t first, size_t count,
+                  kl_err *err);
 } kl_fill_ops;
 
 typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ, KL_FILL_RING } kl_fill_mode;

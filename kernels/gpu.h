@@ -44,6 +44,7 @@
 #define hipEventDestroy         cudaEventDestroy
 #define hipEventCreateWithFlags cudaEventCreateWithFlags
 #define hipEventDisableTiming   cudaEventDisableTiming
+#define hipStreamWaitEvent      cudaStreamWaitEvent
 #define hipHostRegister         cudaHostRegister
 #define hipHostUnregister       cudaHostUnregister
 #define hipHostRegisterDefault  cudaHostRegisterDefault

@@ -207,6 +207,11 @@ extern "C" int kl_gpu_event_sync(kl_gpu_event e, kl_err *err)
     return KL_GPU_CHECK(err, hipEventSynchronize((hipEvent_t)e));
 }
 
+extern "C" int kl_gpu_stream_wait(kl_gpu_stream s, kl_gpu_event e, kl_err *err)
+{
+    return KL_GPU_CHECK(err, hipStreamWaitEvent(STREAM(s), (hipEvent_t)e, 0));
+}
+
 extern "C" int kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err)
 {
     return KL_GPU_CHECK(err, hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, STREAM(s)));

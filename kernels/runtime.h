@@ -55,6 +55,8 @@ int  kl_gpu_event_create(kl_gpu_event *e, kl_err *err);
 void kl_gpu_event_destroy(kl_gpu_event e);         /* NULL ok */
 int  kl_gpu_event_record(kl_gpu_event e, kl_gpu_stream s, kl_err *err);
 int  kl_gpu_event_sync(kl_gpu_event e, kl_err *err);
+/* Work enqueued on s after this call waits until e's point of its stream has run. */
+int  kl_gpu_stream_wait(kl_gpu_stream s, kl_gpu_event e, kl_err *err);
 
 /* Copies on a stream (h2d / d2h / d2d); asynchronous only when the host side is pinned. */
 int  kl_gpu_h2d(void *dst, const void *src, size_t bytes, kl_gpu_stream s, kl_err *err);

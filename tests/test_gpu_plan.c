@@ -101,6 +101,9 @@ typedef struct cpu_dev {
     long           waits_total, fail_wait;   /* fail_wait > 0: that wait fails */
     long           pins, unpins, waits, allocs, frees;
     long           alloc_max;           /* > 0: host_alloc refuses beyond that many */
+    kl_gpu_place  *places;              /* staged (dev_places): a copy of the fill's */
+    size_t         n_places, most;
+    long           stages;
 } cpu_dev;
 
 static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, const uint8_t *p,
@@ -275,9 +278,45 @@ static int dev_copy_rows(void *ctx, void *dst, const void *src, size_t width, si
     return rc;
 }
 
+/* Staged spans: the places kept; called once, before any span. */
+static int dev_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    ck_assert_ptr_null(d->places);
+    ck_assert_int_eq(d->stages, 0);
+    d->places = kl_memdup(all, n * sizeof *all);
+    ck_assert_ptr_nonnull(d->places);
+    d->n_places = n;
+    d->most = most;
+    return 0;
+}
+
+/* A staged span: each place's rows as pinned copies out of the buffer (done at the slot's
+ * wait, as the device's one copy of the span would be: the buffer must stay until then). */
+static int dev_stage(void *ctx, const void *src, size_t len, size_t first, size_t count,
+                     kl_err *err)
+{
+    cpu_dev *d = ctx;
+    ck_assert_ptr_nonnull(d->places);
+    ck_assert_uint_le(first + count, d->n_places);
+    ck_assert_uint_le(len, d->most);
+    d->stages++;
+    int rc = 0;
+    for (size_t i = first; !rc && i < first + count; i++) {
+        const kl_gpu_place *pl = &d->places[i];
+        ck_assert_uint_ge(pl->rows, 1);
+        ck_assert_uint_le(pl->off + (pl->rows - 1) * pl->pitch + pl->width, len);
+        for (uint64_t r = 0; !rc && r < pl->rows; r++)
+            rc = dev_copy(ctx, (uint8_t *)pl->dst + r * pl->width,
+                          (const uint8_t *)src + pl->off + r * pl->pitch, pl->width, 1, err);
+    }
+    return rc;
+}
+
 static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait,
-                                  dev_host_alloc, dev_host_free, dev_copy_rows};
+                                  dev_host_alloc, dev_host_free, dev_copy_rows, NULL, NULL};
 static int g_no_copy_rows;   /* 1: the fills get no copy_rows (a copy per row) */
+static int g_staged;         /* 1: ring fills staged (dev_places, dev_stage) */
 
 /* Arenas for p, filled with a byte no tensor is made of throughout. */
 static uint8_t **alloc_arenas(const kl_gpu_plan *p)
@@ -427,6 +466,8 @@ static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_op
     kl_fill_ops ops = g_ops;
     ops.ctx = &d;
     ops.copy_rows = g_no_copy_rows ? NULL : ops.copy_rows;
+    ops.places = g_staged ? dev_places : NULL;
+    ops.stage = g_staged ? dev_stage : NULL;
     if (!pin_ok) {
         ops.host_alloc = NULL;
         ops.host_free = NULL;
@@ -467,7 +508,10 @@ static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_op
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq(d.pins, 0);
         ck_assert(pin_ok || give ? d.allocs > 0 : d.allocs == 0);
+        /* staged when asked and pinned: a stage a span */
+        ck_assert_uint_eq((uint64_t)d.stages, g_staged && (pin_ok || give) ? st.windows : 0);
     }
+    kl_free(d.places);
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
 }
@@ -612,7 +656,8 @@ END_TEST
 /* The ring of buffers: byte-identical to the staged reader's fill (which check_filled also
  * holds it to), with 1, 3 and 8 threads, buffers from 4 KiB (pieces split) to the default,
  * fewer buffers than threads, pinned (host_alloc) and plain, read buffered, copied out of the
- * mapped shards, and O_DIRECT (which the mapping gives way to). */
+ * mapped shards, and O_DIRECT (which the mapping gives way to); staged on the device a span at
+ * a time (pinned and the caller's buffers; plain ones copy as before). */
 START_TEST(test_fill_ring)
 {
     kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
@@ -641,6 +686,22 @@ START_TEST(test_fill_ring)
                           .windows = t + 2, .threads = threads[t], .direct = KL_DIRECT_OFF};
         fill_check(m, full, &g, 0, 1);
     }
+    /* staged: each pinned buffer's span one stage, its places from the buffer (plain
+     * buffers: copies) */
+    g_staged = 1;
+    for (size_t i = _i == 2; i < sizeof bufs / sizeof *bufs; i++) {
+        for (unsigned t = 0; t < 3; t++) {
+            kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = bufs[i],
+                              .threads = threads[t], .direct = KL_DIRECT_OFF,
+                              .from_mapping = t == 1};
+            fill_and_check(m, full, &o, 1);
+            fill_and_check(m, full, &o, 0);
+            o.windows = t + 2;   /* the caller's buffers (of a size given) */
+            if (bufs[i])
+                fill_check(m, full, &o, 0, 1);
+        }
+    }
+    g_staged = 0;
     kl_model_close(m);
     kl_model_close(full);
 }
@@ -649,8 +710,9 @@ END_TEST
 /* A tensor-parallel rank's cut model (engine/tp_model.h) made from the checkpoint's files (the
  * whole model opened vectors_only: every piece a file piece, column cuts with a pitch) fills
  * exactly the arenas the same cut of the host-read model does, ranks of every valid size up to
- * 4, mapped windows, the ring (buffers smaller than a tensor: rows cut at their ends) and the
- * staged reader, with copy_rows and without it (a copy per row). */
+ * 4, mapped windows, the ring (buffers smaller than a tensor: rows cut at their ends; staged
+ * too: places of several rows) and the staged reader, with copy_rows and without it (a copy
+ * per row). */
 START_TEST(test_fill_tp_cut_from_files)
 {
     kl_model *full = t_open_model(g_dir[_i], 0), *m = t_open_model(g_dir[_i], 1);
@@ -675,6 +737,9 @@ START_TEST(test_fill_tp_cut_from_files)
                 kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 12288, .threads = 3,
                                   .direct = KL_DIRECT_OFF};
                 fill_and_check(cf, ch, &o, 1);
+                g_staged = !g_no_copy_rows;   /* staged: rows placed from the span */
+                fill_and_check(cf, ch, &o, 1);
+                g_staged = 0;
                 kl_fill_opts rd = {.mode = KL_FILL_READ, .direct = KL_DIRECT_OFF};
                 fill_and_check(cf, ch, &rd, 1);
             }

@@ -180,11 +180,11 @@ static void run_fill(const char *where, const char *how, const char *path, const
     if (mapped_part)   /* as the backend's KL_GPU_LOAD=hybrid: both at once */
         second = std::thread([&] {
             kl_fill_ops ops = {&f[1], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc,
-                               f_host_free, f_copy_rows};
+                               f_host_free, f_copy_rows, NULL, NULL};
             rc2 = kl_gpu_fill(&part[1], paths, arenas, &ops, mapped_part, &st2, &err2);
         });
-    kl_fill_ops ops = {&f[0], f_copy,       f_pin,       f_unpin,    f_mark,
-                       f_wait,  f_host_alloc, f_host_free, f_copy_rows};
+    kl_fill_ops ops = {&f[0],  f_copy,       f_pin,       f_unpin,     f_mark,
+                       f_wait, f_host_alloc, f_host_free, f_copy_rows, NULL, NULL};
     t_ok(kl_gpu_fill(&part[0], paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
     if (mapped_part)
         second.join();
