@@ -23,11 +23,12 @@
  * call from another thread than copy and mark, concurrently with them); copies and marks stay
  * on the calling thread, in file order.  Mode RING: a ring of host buffers (ops->host_alloc,
  * allocated once per fill and freed with ops->host_free; plain aligned memory when host_alloc
- * is NULL) filled with pread by load threads (O_DIRECT when direct is ON), each buffer holding
- * one span of a shard (the windows as above, buffer-sized, 4 KiB aligned); the calling thread
- * copies every filled buffer's piece parts (pinned when host_alloc is given) and marks the
- * buffer's slot; a load thread waits for that slot (ops->wait, from its thread) before it
- * reads into the buffer again.  Spans are read in file order and copied as they are filled.
+ * is NULL) filled by load threads with pread (O_DIRECT when direct is ON) or, from_mapping,
+ * out of the shards mapped read-only, each buffer holding one span of a shard (the windows as
+ * above, buffer-sized, 4 KiB aligned); the calling thread copies every filled buffer's piece
+ * parts (pinned when host_alloc is given; or stages the span whole: ops->places, ops->stage)
+ * and marks the buffer's slot; a load thread waits for that slot (ops->wait, from its thread)
+ * before it fills the buffer again.  Spans are read in file order and copied as they are filled.
  * On an error every thread is joined and every marked buffer waited for.  Mode READ: the staged
  * reader (loader/reader.h, direct as given) delivers file order chunks copied plainly (the copy
  * must have consumed its source when it returns, as a pageable cudaMemcpyAsync has).
