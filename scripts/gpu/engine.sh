@@ -27,7 +27,8 @@
 #   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
 #   row per run (see stage_loadsweep).  STAGES=trace: the kernel timeline of greedy decode
-#   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).
+#   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).  STAGES=sampled: kl run's decode rate and ids
+#   under sampling flags (SAMPLED_FLAGS, KL_OLD: see stage_sampled).
 set -u
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
@@ -250,6 +251,27 @@ for lv in json.load(open(sys.argv[1]))["levels"]:
 PY
     kill -INT $pid; wait $pid; row "serve stopped: rc $?"
     cp "$W/bench-serve.json" "$OUT/bench-serve${SERVE_TAG:-}.json" 2>/dev/null
+}
+
+# kl run on the GPU with the full geometry, 128 tokens from one 64-id prompt and seed, once per
+# flag set of SAMPLED_FLAGS (";" between sets; default temperature 0.8, top-p 0.95, top-k 40
+# and greedy), SAMPLED_REPS (2) rounds; with KL_OLD (another kl binary, beside build/gpu-cuda
+# for its libraries) that binary too, each set in turn: a row per run with decode tok/s and
+# the md5 of the generated ids (equal ids: the same sampling)
+stage_sampled() {
+    local D="$W/full-mxfp4" p IFS=';' flags bin r args
+    [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
+    p=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1, 160000)) for _ in range(64)))")
+    for ((r = 0; r < ${SAMPLED_REPS:-2}; r++)); do
+        for flags in ${SAMPLED_FLAGS:-"--temp 0.8;--temp 1 --top-p 0.95;--temp 0.7 --top-k 40;--temp 0"}; do
+            IFS=' ' read -ra args <<< "$flags"
+            for bin in "$KL" ${KL_OLD:-}; do
+                "$bin" run "$D" --device gpu --ids "$p" -n 128 --seed 7 "${args[@]}" --json -q \
+                    > "$W/sampled.json" 2> "$W/sampled.err" || { row "sampled $(basename "$bin") [$flags] FAILED: $(tail -1 "$W/sampled.err")"; continue; }
+                row "sampled $(basename "$bin") [$flags] $(python3 -c "import hashlib,json,sys; d=json.load(open(sys.argv[1])); print('%.1f tok/s ids %s' % (d['decode_tok_s'], hashlib.md5(str(d['generated_ids']).encode()).hexdigest()[:8]))" "$W/sampled.json")"
+            done
+        done
+    done
 }
 
 # the full geometry, GPU against CPU on a FULL_PROMPT-token prompt (64) once per configuration of
