@@ -258,12 +258,13 @@ PY
 # and greedy), SAMPLED_REPS (2) rounds; with KL_OLD (another kl binary, beside build/gpu-cuda
 # for its libraries) that binary too, each set in turn: a row per run with decode tok/s and
 # the md5 of the generated ids (equal ids: the same sampling)
+SAMPLED_FLAGS_DEFAULT="--temp 0.8;--temp 1 --top-p 0.95;--temp 0.7 --top-k 40;--temp 0"
 stage_sampled() {
     local D="$W/full-mxfp4" p IFS=';' flags bin r args
     [ -f "$D/config.json" ] || "$KL" synth "$D" --preset full --format mxfp4 --seed 11 -q
     p=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1, 160000)) for _ in range(64)))")
     for ((r = 0; r < ${SAMPLED_REPS:-2}; r++)); do
-        for flags in ${SAMPLED_FLAGS:-"--temp 0.8;--temp 1 --top-p 0.95;--temp 0.7 --top-k 40;--temp 0"}; do
+        for flags in ${SAMPLED_FLAGS:-$SAMPLED_FLAGS_DEFAULT}; do
             IFS=' ' read -ra args <<< "$flags"
             for bin in "$KL" ${KL_OLD:-}; do
                 "$bin" run "$D" --device gpu --ids "$p" -n 128 --seed 7 "${args[@]}" --json -q \
