@@ -1,12 +1,13 @@
 /*
  * tests/gpu/pattern_file.h — the file the load tests read: FILE_BYTES of a known pattern,
- * written once to a path, read once so it starts warm in the page cache.  Header only.
+ * written once to a path, read once so it starts warm in the page cache, mapped.  Header only.
  */
 #ifndef KL_TESTS_GPU_PATTERN_FILE_H
 #define KL_TESTS_GPU_PATTERN_FILE_H
 
 #include <fcntl.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,22 @@ static inline void read_once(const char *path)
         at += n;
     }
     close(fd);
+}
+
+/* The pattern file at path mapped read-only (MAP_SHARED, FILE_BYTES), 2 MiB pages advised
+ * when huge; NULL when it cannot be opened or mapped. */
+static inline uint8_t *map_pattern_file(const char *path, int huge)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    void *m = mmap(NULL, FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return NULL;
+    if (huge)
+        (void)madvise(m, FILE_BYTES, MADV_HUGEPAGE);
+    return (uint8_t *)m;
 }
 
 #endif

@@ -59,30 +59,24 @@ struct ring {
     hipEvent_t   ev[MAX_T][PER_T];
 };
 
+/* The file mapped (2 MiB pages advised), its page-table entries made first when populate. */
 static uint8_t *map_file(const char *path, int populate)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return NULL;
-    void *m = mmap(NULL, FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return NULL;
-    (void)madvise(m, FILE_BYTES, MADV_HUGEPAGE);
-    if (populate) {
+    uint8_t *m = map_pattern_file(path, 1);
+    if (m && populate) {
         std::vector<std::thread> th;
         const size_t piece = (size_t)256 << 20, n = (FILE_BYTES + piece - 1) / piece;
         std::atomic<size_t> next{0};
         for (unsigned t = 0; t < MAX_T; t++)
             th.emplace_back([&] {
                 for (size_t k; (k = next++) < n;)
-                    (void)madvise((uint8_t *)m + k * piece,
+                    (void)madvise(m + k * piece,
                                   std::min(piece, FILE_BYTES - k * piece), MADV_POPULATE_READ);
             });
         for (auto &x : th)
             x.join();
     }
-    return (uint8_t *)m;
+    return m;
 }
 
 /* One run: the seconds from the first chunk taken to the last device copy done. */

@@ -56,21 +56,6 @@ static void report(const char *where, const char *how, double s, double bytes, c
     fflush(stdout);
 }
 
-/* The file mapped read-only; its length is FILE_BYTES. */
-static uint8_t *map_file(const char *path, int huge)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return NULL;
-    void *m = mmap(NULL, FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return NULL;
-    if (huge)
-        (void)madvise(m, FILE_BYTES, MADV_HUGEPAGE);
-    return (uint8_t *)m;
-}
-
 /* Runs body(k) for k < n on T threads taking k from a shared counter. */
 template <class F> static void parallel(unsigned T, size_t n, F body)
 {
@@ -121,7 +106,7 @@ static long smaps_kb(const char *field)
 
 static void case_populate(const char *where, const char *path, unsigned T, int huge)
 {
-    uint8_t *m = map_file(path, huge);
+    uint8_t *m = map_pattern_file(path, huge);
     if (!m)
         return;
     double t0 = kl_now_s();
@@ -162,7 +147,7 @@ static double unlock_all(uint8_t *m, size_t w, unsigned T)
 /* register-T-W (warm: entries populated first). */
 static void case_register(const char *where, const char *path, unsigned T, size_t wmib, int warm)
 {
-    uint8_t *m = map_file(path, 0);
+    uint8_t *m = map_pattern_file(path, 0);
     if (!m)
         return;
     if (warm)
@@ -194,7 +179,7 @@ static void check_arena(const char *where, const char *how, const uint8_t *arena
 /* dma: copies from windows locked ahead, alone. */
 static void case_dma(const char *where, const char *path, uint8_t *arena, hipStream_t st)
 {
-    uint8_t *m = map_file(path, 0);
+    uint8_t *m = map_pattern_file(path, 0);
     if (!m)
         return;
     const size_t w = (size_t)256 << 20;
@@ -235,7 +220,7 @@ static void case_interference(const char *where, const char *path, uint8_t *aren
     };
     double alone = copies();
     alone = std::min(alone, copies());
-    uint8_t *m = map_file(path, 0);
+    uint8_t *m = map_pattern_file(path, 0);
     const size_t w = (size_t)64 << 20;
     std::atomic<int> stop{0};
     std::atomic<size_t> cycles{0};
@@ -275,7 +260,7 @@ static void case_lock_during_copies(const char *where, const char *path, uint8_t
     void *h = NULL;
     T_CHECK(hipHostMalloc(&h, gib, hipHostMallocDefault));
     memset(h, 1, gib);
-    uint8_t *m = map_file(path, 0);
+    uint8_t *m = map_pattern_file(path, 0);
     if (!m) {
         T_CHECK(hipHostFree(h));
         return;
@@ -380,7 +365,7 @@ static void case_pipeline(const char *where, const char *path, unsigned T, size_
     p.populate = populate;
     p.per_window = per_window;
     p.fd = open(path, O_RDONLY);
-    p.m = per_window ? NULL : map_file(path, 0);
+    p.m = per_window ? NULL : map_pattern_file(path, 0);
     if (p.fd < 0 || (!per_window && !p.m)) {
         if (p.fd >= 0)
             close(p.fd);
