@@ -173,9 +173,10 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
  * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default a thread a core, 8 to 16) load threads;
  * mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight);
- * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4); the ring copies each
- * filled buffer to the device in one copy and a kernel puts its tensors in place
- * (kernels/place.h), $KL_GPU_LOAD_STAGE=0: a copy per tensor instead.  KL_GPU_LOAD=hybrid: the
+ * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4), a copy per tensor out of
+ * them; $KL_GPU_LOAD_STAGE=1: each filled buffer to the device in one copy and a kernel puts
+ * its tensors in place (kernels/place.h; a faster load, a slower decode after it: not the
+ * default).  KL_GPU_LOAD=hybrid: the
  * ring on the first part of the files and mapped windows on the rest at once
  * ($KL_GPU_LOAD_MAPPED_PERCENT of the bytes, default 35; $KL_GPU_LOAD_MAPPED_THREADS, default
  * 4): the ring's copies through pinned buffers cost host memory bandwidth, the mapped windows'

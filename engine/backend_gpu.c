@@ -258,10 +258,11 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
     gl->expert0 = pl->expert0;
 }
 
-/* A ring fill staged on the device (kl_fill_ops.places and .stage; $KL_GPU_LOAD_STAGE=0: a
- * copy per tensor instead): every place of the fill in device memory, room for STAGE_ROOMS
- * spans, and a stream of its own placing each span (kernels/place.h) while the backend's
- * stream copies the next ones in. */
+/* A ring fill staged on the device (kl_fill_ops.places and .stage; only with
+ * $KL_GPU_LOAD_STAGE=1: the load gains ~5% but decode afterwards lost 3.4% on the H200, cause
+ * not found, docs/PERFORMANCE.md session 22): every place of the fill in device memory, room
+ * for STAGE_ROOMS spans, and a stream of its own placing each span (kernels/place.h) while the
+ * backend's stream copies the next ones in. */
 #define STAGE_ROOMS 4u
 typedef struct fill_stage {
     kl_gpu_place *places;                  /* device */
@@ -578,7 +579,7 @@ static void *fill_job_main(void *arg)
 {
     fill_job *j = arg;
     const char *stage = getenv("KL_GPU_LOAD_STAGE");
-    const int staged = !stage || strcmp(stage, "0");
+    const int staged = stage && !strcmp(stage, "1");
     kl_fill_ops ops = {&j->f,          fill_copy,      fill_pin,
                        fill_unpin,     fill_mark,      fill_wait,
                        fill_host_alloc, fill_host_free, fill_copy_rows,
