@@ -338,7 +338,7 @@ typedef struct filler {
     size_t            *span_first; /* [n_spans + 1]: span k's places start; NULL: not staged */
     int                recording;  /* the walk records places instead of copying */
     uint8_t          **map;        /* RING from_mapping: [n_fd] each shard mapped whole, or
-                                      NULL (not opened, or empty) */
+                                      NULL (not opened, empty, or refused: pread) */
     uint64_t          *map_len;
     const char *const *paths;
     /* RING */
@@ -530,19 +530,16 @@ static int copy_window(filler *f, size_t k, unsigned slot, kl_err *err)
 }
 
 /* RING from_mapping: shard s mapped whole, read-only (2 MiB pages asked for: a file in the
- * page cache on large folios maps by PMDs). */
-static int map_shard(filler *f, const char *path, uint32_t s, uint64_t size, kl_err *err)
+ * page cache on large folios maps by PMDs); where the file system refuses the mapping, its
+ * spans are read with pread instead. */
+static void map_shard(filler *f, uint32_t s, uint64_t size)
 {
     void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd[s], 0);
-    if (m == MAP_FAILED) {
-        int rc = kl_fail_sys(err, KL_E_IO, errno, "mapping a checkpoint shard");
-        kl_err_context(err, path, NULL, KL_NO_OFFSET, NULL);
-        return rc;
-    }
+    if (m == MAP_FAILED)
+        return;
     (void)madvise(m, (size_t)size, MADV_HUGEPAGE);
     f->map[s] = m;
     f->map_len[s] = size;
-    return 0;
 }
 
 /* Opens shard s (once) and checks that pieces fit; its size in *size. */
@@ -559,7 +556,9 @@ static int open_shard(filler *f, const char *path, uint32_t s, uint64_t *size, k
         return rc;
     }
     *size = (uint64_t)sb.st_size;
-    return f->map && !f->map[s] && *size ? map_shard(f, path, s, *size, err) : 0;
+    if (f->map && !f->map[s] && *size)
+        map_shard(f, s, *size);
+    return 0;
 }
 
 /* The end of a span from ws at most we (below the shard's size): the last piece byte it
@@ -800,7 +799,7 @@ static void copy_span_mapped(filler *f, const wspan *sp, uint8_t *mem)
 static int read_span(filler *f, size_t k, uint8_t *mem, kl_err *err)
 {
     const wspan *sp = &f->spans[k];
-    if (f->map) {
+    if (f->map && f->map[sp->shard]) {
         copy_span_mapped(f, sp, mem);
         return 0;
     }

@@ -152,8 +152,9 @@ typedef struct kl_fill_opts {
     int            from_mapping;        /* RING without O_DIRECT: each shard mapped read-only
                                            and each span copied out of the mapping by
                                            kl_copy_streaming (then its page-table entries
-                                           dropped: the pages stay cached, host RSS stays the
-                                           ring's), not read with pread.  The shards must not
+                                           dropped: the pages stay cached, host RSS grows only
+                                           by the spans in flight), not read with pread (still where a file
+                                           system refuses the mapping).  The shards must not
                                            shrink during the fill (a mapping read past a
                                            file's end faults) */
 } kl_fill_opts;

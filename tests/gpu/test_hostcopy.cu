@@ -6,10 +6,10 @@
  * 16 MiB chunks in turn; each thread owns two pinned buffers, a stream and an event per
  * buffer: it waits for the buffer's last device copy, fills it with the chunk, and queues the
  * chunk's copy to its place in a device arena.  How a chunk reaches the buffer:
- *   pread        the kernel copies from the page cache (kl's ring today)
+ *   pread        the kernel copies from the page cache (KL_GPU_LOAD=ring-read)
  *   memcpy       from the file mapped read-only (populated first, not timed), glibc's memcpy
- *   streaming    the same by kl_copy_streaming (common/streamcopy.h): non-temporal stores,
- *                the buffer's lines written without being read first
+ *   streaming    the same by kl_copy_streaming (common/streamcopy.h, the ring's default):
+ *                non-temporal stores, the buffer's lines written without being read first
  *   streaming-fresh  the same from a mapping made inside the timed part (its page faults
  *                counted)
  *   none         no host copy (the device copies alone: the ring's ceiling)
