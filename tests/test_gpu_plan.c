@@ -838,6 +838,9 @@ START_TEST(test_fill_tp_merged)
         for (unsigned tp = 2; tp <= 4; tp *= 2)
             if (kl_tp_size_ok(&m->cfg, ep, tp)) {
                 fill_merged(m, full, tp, ep, &ring);
+                ring.from_mapping = 1;   /* the ranks' shared bytes copied out of the mapping */
+                fill_merged(m, full, tp, ep, &ring);
+                ring.from_mapping = 0;
                 fill_merged(m, full, tp, ep, &map);
             }
     kl_model_close(m);
