@@ -53,14 +53,43 @@ static double exp_nonpos(double x)
     return x < -708.0 ? 0.0 : e * EXP2_32THS[ki & 31] * scale;
 }
 
-/* p[i] = e^(z_i - z_max) of cand[0..n), in their order; returns their sum in that order. */
-static double weigh(const kl_sample_cand *cand, size_t n, float z_max, double *p)
+/* Work of n items in fixed pieces of SAMPLE_CHUNK on the sampler's pool (or here): each piece
+ * writes only its own part, so the result never depends on the threads. */
+#define SAMPLE_CHUNK 4096
+
+static void run_pieces(const kl_sampler *s, size_t n, void (*fn)(void *, size_t), void *ctx)
 {
-    for (size_t i = 0; i < n; i++)
-        p[i] = exp_nonpos((double)cand[i].z - (double)z_max);
+    const size_t pieces = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    if (s->pool && kl_pool_threads(s->pool) > 1 && pieces > 1)
+        kl_pool_run(s->pool, pieces, fn, ctx);
+    else
+        for (size_t c = 0; c < pieces; c++)
+            fn(ctx, c);
+}
+
+typedef struct weigh_job {
+    const kl_sample_cand *cand;
+    size_t                n;
+    float                 z_max;
+    double               *p;
+} weigh_job;
+
+static void weigh_piece(void *ctx, size_t c)
+{
+    const weigh_job *j = ctx;
+    const size_t end = j->n - c * SAMPLE_CHUNK < SAMPLE_CHUNK ? j->n : (c + 1) * SAMPLE_CHUNK;
+    for (size_t i = c * SAMPLE_CHUNK; i < end; i++)
+        j->p[i] = exp_nonpos((double)j->cand[i].z - (double)j->z_max);
+}
+
+/* s->p[i] = e^(z_i - z_max) of cand[0..n); returns their sum in their order. */
+static double weigh(const kl_sampler *s, const kl_sample_cand *cand, size_t n, float z_max)
+{
+    weigh_job j = {cand, n, z_max, s->p};
+    run_pieces(s, n, weigh_piece, &j);
     double sum = 0;
     for (size_t i = 0; i < n; i++)
-        sum += p[i];
+        sum += s->p[i];
     return sum;
 }
 
@@ -83,10 +112,80 @@ static uint32_t bucket_of(float z)
     return z_key(z) >> 20;
 }
 
+/* One pass of the radix sort over parts of the range: each part counts its digits, then
+ * (after the counts become each (digit, part)'s first place) scatters its items in order. */
+#define RADIX_SIZE  (1u << RADIX_BITS)
+#define RADIX_PARTS 16u         /* at most (the sampler's radix scratch: parts x RADIX_SIZE) */
+#define RADIX_SMALL 16384       /* fewer items: one part */
+
+typedef struct radix_job {
+    const kl_sample_cand *src;
+    kl_sample_cand       *dst;
+    size_t                m;
+    unsigned              parts, shift;
+    uint32_t             *count;   /* [parts][RADIX_SIZE] */
+} radix_job;
+
+static uint32_t radix_digit(const radix_job *j, size_t i)
+{
+    return (~z_key(j->src[i].z) >> j->shift) & (RADIX_SIZE - 1);   /* descending */
+}
+
+static void radix_bounds(const radix_job *j, size_t part, size_t *lo, size_t *hi)
+{
+    *lo = j->m * part / j->parts;
+    *hi = j->m * (part + 1) / j->parts;
+}
+
+static void radix_count(void *ctx, size_t part)
+{
+    const radix_job *j = ctx;
+    uint32_t *count = j->count + part * RADIX_SIZE;
+    size_t lo, hi;
+    radix_bounds(j, part, &lo, &hi);
+    memset(count, 0, RADIX_SIZE * sizeof *count);
+    for (size_t i = lo; i < hi; i++)
+        count[radix_digit(j, i)]++;
+}
+
+static void radix_scatter(void *ctx, size_t part)
+{
+    const radix_job *j = ctx;
+    uint32_t *at = j->count + part * RADIX_SIZE;
+    size_t lo, hi;
+    radix_bounds(j, part, &lo, &hi);
+    for (size_t i = lo; i < hi; i++)
+        j->dst[at[radix_digit(j, i)]++] = j->src[i];
+}
+
+/* A pass's counts into first places: digit by digit, part by part (so the order stays stable
+ * whatever the parts). */
+static void radix_places(const radix_job *j)
+{
+    uint32_t at = 0;
+    for (uint32_t d = 0; d < RADIX_SIZE; d++)
+        for (unsigned part = 0; part < j->parts; part++) {
+            const uint32_t k = j->count[part * RADIX_SIZE + d];
+            j->count[part * RADIX_SIZE + d] = at;
+            at += k;
+        }
+}
+
+static void radix_run(const kl_sampler *s, unsigned parts, void (*fn)(void *, size_t),
+                      radix_job *j)
+{
+    if (s->pool && kl_pool_threads(s->pool) > 1 && parts > 1)
+        kl_pool_run(s->pool, parts, fn, j);
+    else
+        for (unsigned part = 0; part < parts; part++)
+            fn(j, part);
+}
+
 /* The candidates of cand[0..n) (in id order) whose bucket is c or above, into s->sorted in
  * the sorted order, their p into s->p; returns how many.  A stable LSD radix sort by z's key
  * (3 passes of 11 bits, descending), so equal z stay in id order: O(m), where qsort of a
- * large nucleus took ~25 ms. */
+ * large nucleus took ~25 ms.  Large sorts run in parts on the pool, a part a thread: a
+ * stable sort's result is unique, so the parts never change it. */
 static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max)
 {
     kl_sample_cand *src = s->tmp, *dst = s->sorted;
@@ -94,26 +193,20 @@ static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max)
     for (size_t i = 0; i < n; i++)
         if (bucket_of(s->cand[i].z) >= c)
             src[m++] = s->cand[i];
-    uint32_t *count = s->hist;   /* 2^RADIX_BITS <= SAMPLE_BUCKETS */
+    const unsigned threads = s->pool ? kl_pool_threads(s->pool) : 1;
+    const unsigned parts = m < RADIX_SMALL ? 1 : threads < RADIX_PARTS ? threads : RADIX_PARTS;
     for (unsigned shift = 0; shift < 32; shift += RADIX_BITS) {
-        const uint32_t mask = (1u << RADIX_BITS) - 1;
-        memset(count, 0, ((size_t)mask + 1) * sizeof *count);
-        for (size_t i = 0; i < m; i++)
-            count[(~z_key(src[i].z) >> shift) & mask]++;
-        for (uint32_t d = 0, at = 0; d <= mask; d++) {
-            const uint32_t k = count[d];
-            count[d] = at;
-            at += k;
-        }
-        for (size_t i = 0; i < m; i++)
-            dst[count[(~z_key(src[i].z) >> shift) & mask]++] = src[i];
+        radix_job j = {src, dst, m, parts, shift, s->radix};
+        radix_run(s, parts, radix_count, &j);
+        radix_places(&j);
+        radix_run(s, parts, radix_scatter, &j);
         kl_sample_cand *t = src;
         src = dst;
         dst = t;
     }
     if (src != s->sorted)
         memcpy(s->sorted, src, m * sizeof *src);
-    weigh(s->sorted, m, z_max, s->p);
+    weigh(s, s->sorted, m, z_max);
     return m;
 }
 
@@ -164,7 +257,6 @@ static size_t sort_nucleus(kl_sampler *s, size_t n, double need, double total, f
 /* The plain distribution (temperature, maybe min-p; no top-k or top-p): p per id in chunks of
  * SAMPLE_CHUNK ids, each chunk's sum in id order, on the sampler's pool when it has one (the
  * chunks are fixed, so the sums and the pick do not depend on the threads). */
-#define SAMPLE_CHUNK 4096
 
 typedef struct plain_job {
     kl_sampler  *s;
@@ -199,11 +291,7 @@ static kl_token pick_plain(kl_sampler *s, const float *logits, float z_max, doub
 {
     const size_t chunks = (s->n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
     plain_job job = {s, logits, z_max};
-    if (s->pool && kl_pool_threads(s->pool) > 1)
-        kl_pool_run(s->pool, chunks, weigh_chunk, &job);
-    else
-        for (size_t c = 0; c < chunks; c++)
-            weigh_chunk(&job, c);
+    run_pieces(s, s->n_vocab, weigh_chunk, &job);
     double total = 0;
     for (size_t c = 0; c < chunks; c++)
         total += s->chunk_sum[c];
@@ -254,7 +342,10 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
     s->hist = kl_calloc(SAMPLE_BUCKETS, sizeof *s->hist);
     s->chunk_sum = kl_calloc((n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, sizeof *s->chunk_sum);
     s->mass = kl_calloc(SAMPLE_BUCKETS, sizeof *s->mass);
-    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->hist || !s->mass || !s->chunk_sum) {
+    s->chunk_n = kl_calloc((n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, sizeof *s->chunk_n);
+    s->radix = kl_calloc((size_t)RADIX_PARTS * RADIX_SIZE, sizeof *s->radix);
+    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->hist || !s->mass || !s->chunk_sum ||
+        !s->chunk_n || !s->radix) {
         kl_sampler_free(s);
         return kl_fail(err, KL_E_NOMEM, "sampler scratch for %u ids", (unsigned)n_vocab);
     }
@@ -279,6 +370,54 @@ kl_token kl_sample_argmax(const float *logits, uint32_t n)
     return best;
 }
 
+typedef struct cand_job {
+    kl_sampler  *s;
+    const float *logits;
+    float        z_max;
+    int          weigh;
+} cand_job;
+
+/* Chunk c of the vocabulary: its ids with a logit (not NaN) as candidates from the chunk's own
+ * start in cand (and their p when weighing); their count in chunk_n[c]. */
+static void cand_chunk(void *ctx, size_t c)
+{
+    const cand_job *j = ctx;
+    kl_sampler *s = j->s;
+    const uint32_t i0 = (uint32_t)c * SAMPLE_CHUNK;
+    const uint32_t i1 = s->n_vocab - i0 < SAMPLE_CHUNK ? s->n_vocab : i0 + SAMPLE_CHUNK;
+    const float t = s->opts.temperature;
+    uint32_t k = i0;
+    for (uint32_t i = i0; i < i1; i++) {
+        if (isnan(j->logits[i]))
+            continue;
+        const float z = j->logits[i] / t;
+        s->cand[k] = (kl_sample_cand){z, i};
+        if (j->weigh)
+            s->p[k] = exp_nonpos((double)z - (double)j->z_max);
+        k++;
+    }
+    s->chunk_n[c] = k - i0;
+}
+
+/* The candidates in id order at the front of cand (and their p in s->p when weigh), made by
+ * chunks on the pool and then moved together; returns how many. */
+static size_t candidates(kl_sampler *s, const float *logits, float z_max, int weigh)
+{
+    cand_job j = {s, logits, z_max, weigh};
+    run_pieces(s, s->n_vocab, cand_chunk, &j);
+    size_t n = 0;
+    for (size_t c = 0; c * SAMPLE_CHUNK < s->n_vocab; c++) {
+        const size_t i0 = c * SAMPLE_CHUNK, k = s->chunk_n[c];
+        if (n != i0) {
+            memmove(s->cand + n, s->cand + i0, k * sizeof *s->cand);
+            if (weigh)
+                memmove(s->p + n, s->p + i0, k * sizeof *s->p);
+        }
+        n += k;
+    }
+    return n;
+}
+
 /* kl_sampler_pick once best, the argmax of a row with a non-NaN logit, is known: each pass
  * over the vocabulary does all it can (candidates, their p and its sum in one), since the
  * passes, not the arithmetic, are what a pick costs (~1-2 ms a token at 163,840 ids). */
@@ -300,24 +439,13 @@ static int pick_from(kl_sampler *s, const float *logits, kl_token best, double u
         *id = pick_plain(s, logits, z_max, u);
         return 0;
     }
-    /* 1-2. temperature-scaled candidates in id order, with their p and its sum but for a
-     * top-k (its own k only) */
-    kl_sample_cand *cand = s->cand, *c = cand;   /* the candidates in their order */
+    /* 1-2. temperature-scaled candidates in id order, with their p and its sum (in id order)
+     * but for a top-k (its own k only) */
+    kl_sample_cand *c = s->cand;   /* the candidates in their order */
     double *p = s->p, total = 0;
-    size_t n = 0;
-    if (o->top_k > 0) {
-        for (uint32_t i = 0; i < n_vocab; i++)
-            if (!isnan(logits[i]))
-                cand[n++] = (kl_sample_cand){logits[i] / o->temperature, i};
-    } else {
-        for (uint32_t i = 0; i < n_vocab; i++)
-            if (!isnan(logits[i])) {
-                const float z = logits[i] / o->temperature;
-                cand[n] = (kl_sample_cand){z, i};
-                p[n] = exp_nonpos((double)z - (double)z_max);
-                total += p[n++];
-            }
-    }
+    size_t n = candidates(s, logits, z_max, o->top_k == 0);
+    for (size_t i = 0; o->top_k == 0 && i < n; i++)
+        total += p[i];
     /* 3. top-k: its k candidates sorted (their sum in that order); else all, in id order */
     const int sorted = o->top_k > 0 && o->top_k < n;
     if (sorted) {
@@ -326,7 +454,7 @@ static int pick_from(kl_sampler *s, const float *logits, kl_token best, double u
         c = s->sorted;
     }
     if (o->top_k > 0)
-        total = weigh(c, n, z_max, p);
+        total = weigh(s, c, n, z_max);
     /* 4. top-p: the shortest sorted prefix of mass >= top_p */
     if (o->top_p < 1) {
         double need = (double)o->top_p * total, acc = 0;
@@ -428,6 +556,10 @@ void kl_sampler_free(kl_sampler *s)
     kl_free(s->hist);
     kl_free(s->chunk_sum);
     kl_free(s->mass);
+    kl_free(s->chunk_n);
+    kl_free(s->radix);
+    s->chunk_n = NULL;
+    s->radix = NULL;
     s->cand = NULL;
     s->p = NULL;
     s->sorted = NULL;

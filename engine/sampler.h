@@ -66,6 +66,8 @@ typedef struct kl_sampler {
     double         *chunk_sum; /* [n_vocab / 4096, rounded up] a chunk's mass, scratch */
     kl_pool        *pool;  /* borrowed, or NULL (kl_sampler_set_pool) */
     double         *mass;  /* [4096] probability per bucket of z, scratch */
+    uint32_t       *chunk_n;   /* [as chunk_sum] a chunk's candidates, scratch */
+    uint32_t       *radix;     /* [16 x 2048] the sort's counts per part, scratch */
 } kl_sampler;
 
 /* Validates o (NULL = greedy defaults) and allocates scratch for n_vocab logits. */
@@ -90,7 +92,8 @@ int  kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, k
                             kl_err *err);
 
 /* Lends the sampler a pool for its passes over the vocabulary (NULL: the calling thread
- * only); the ids do not depend on it.  No other kl_pool_run may be running on it during a
+ * only): the plain distribution's chunks, the candidates and their p, a large top-k or
+ * top-p's sort (in parts: a stable sort's result is unique); the ids do not depend on it.  No other kl_pool_run may be running on it during a
  * pick (pools are not re-entrant): not from inside one of its own items. */
 void kl_sampler_set_pool(kl_sampler *s, kl_pool *pool);
 

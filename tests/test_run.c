@@ -430,6 +430,42 @@ START_TEST(sampler_plain_chunks_with_and_without_a_pool)
 }
 END_TEST
 
+/* Top-p and top-k over a large nucleus (past the size at which the sort runs in parts, the
+ * candidates made by chunks of 4,096 ids with NaN left out and moved together): the same ids
+ * alone, on a pool of 3 threads and by the plain steps. */
+START_TEST(sampler_large_nucleus_with_and_without_a_pool)
+{
+    enum { V = 40000 };
+    static float l[V];
+    fill_logits(l, V, 17);
+    for (uint32_t i = 0; i < V; i++)   /* flat: most ids in the nucleus; ties; NaN; -inf */
+        l[i] = i % 97 == 5 ? NAN : i % 89 == 7 ? -INFINITY : i % 7 == 0 ? 0.25f : 0.5f * l[i];
+    kl_pool *pool;
+    ck_assert_int_eq(kl_pool_create(&pool, 3, NULL), 0);
+    const kl_sampler_opts opts[] = {{.temperature = 1.0f, .top_p = 0.95f},
+                                    {.temperature = 0.7f, .top_p = 0.5f, .min_p = 0.5f},
+                                    {.temperature = 1.2f, .top_p = 0.9f, .top_k = 30000}};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        kl_sampler a, b;
+        ck_assert_int_eq(kl_sampler_init(&a, V, &opts[k], NULL), 0);
+        ck_assert_int_eq(kl_sampler_init(&b, V, &opts[k], NULL), 0);
+        kl_sampler_set_pool(&b, pool);
+        for (int d = 0; d < 24; d++) {
+            const double u = (d + 0.29) / 24.0;
+            uint32_t x, y, want = ref_pick(l, V, &opts[k], u);
+            ck_assert_int_eq(kl_sampler_pick(&a, l, u, &x, NULL), 0);
+            ck_assert_int_eq(kl_sampler_pick(&b, l, u, &y, NULL), 0);
+            ck_assert_msg(x == want && y == want, "options %zu u %g: %u alone, %u on the pool, "
+                          "the plain steps give %u", k, u, (unsigned)x, (unsigned)y,
+                          (unsigned)want);
+        }
+        kl_sampler_free(&a);
+        kl_sampler_free(&b);
+    }
+    kl_pool_destroy(pool);
+}
+END_TEST
+
 START_TEST(sampler_bad_options_are_refused)
 {
     kl_sampler s;
@@ -795,6 +831,7 @@ static Suite *run_suite(void)
     tcase_add_test(tc, sampler_bad_options_are_refused);
     tcase_add_test(tc, sampler_equals_its_steps_written_plainly);
     tcase_add_test(tc, sampler_plain_chunks_with_and_without_a_pool);
+    tcase_add_test(tc, sampler_large_nucleus_with_and_without_a_pool);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_add_unchecked_fixture(tc, setup_model, teardown_model);
