@@ -267,7 +267,7 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
 typedef struct fill_stage {
     kl_gpu_place *places;                  /* device */
     uint8_t      *room;                    /* device: STAGE_ROOMS x most bytes */
-    size_t        most;                    /* the longest span */
+    size_t        most;                    /* the longest span, rounded up to 256 bytes */
     kl_gpu_stream st;
     kl_gpu_event  copied[STAGE_ROOMS], placed[STAGE_ROOMS];
     unsigned      spans;                   /* staged so far */
@@ -333,12 +333,12 @@ static int fill_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most
 {
     gpu_fill *f = ctx;
     fill_stage *s = &f->stage;
-    s->most = most;
+    s->most = (most + 255) / 256 * 256;   /* rooms aligned: the placing's 16-byte path */
     int rc = kl_gpu_alloc((void **)&s->places, (n ? n : 1) * sizeof *all, err);
     if (!rc && n)   /* pageable: consumed when the call returns */
         rc = kl_gpu_h2d(s->places, all, n * sizeof *all, f->g->st, err);
     if (!rc)
-        rc = kl_gpu_alloc((void **)&s->room, STAGE_ROOMS * (most ? most : 1), err);
+        rc = kl_gpu_alloc((void **)&s->room, STAGE_ROOMS * (s->most ? s->most : 256), err);
     if (!rc)
         rc = kl_gpu_stream_create(&s->st, err);
     for (unsigned i = 0; !rc && i < STAGE_ROOMS; i++)
@@ -401,8 +401,7 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 
 /* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
  * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are
- * sized and counted here (the fill's defaults: 8 threads, threads + 4 buffers of 16 MiB) as
- * they are allocated ahead. */
+ * sized and counted here (threads + 4 buffers of 16 MiB) as they are allocated ahead. */
 static const char *fill_options(const char *how, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
