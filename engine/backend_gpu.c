@@ -259,7 +259,7 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
 }
 
 /* A ring fill staged on the device (kl_fill_ops.places and .stage; only with
- * $KL_GPU_LOAD_STAGE=1: the load gains ~5% but decode afterwards lost 3.4% on the H200, cause
+ * $KL_GPU_LOAD_STAGE=1: the load gained 15% but decode afterwards lost 3.4% on the H200, cause
  * not found, docs/PERFORMANCE.md session 22): every place of the fill in device memory, room
  * for STAGE_ROOMS spans, and a stream of its own placing each span (kernels/place.h) while the
  * backend's stream copies the next ones in. */
@@ -390,6 +390,13 @@ static int fill_stage_end(gpu_fill *f, int rc, kl_err *err)
     kl_gpu_free(s->places);
     memset(s, 0, sizeof *s);
     return rc;
+}
+
+/* $KL_GPU_LOAD_STAGE=1: a ring fill staged on the device. */
+static int stage_asked(void)
+{
+    const char *v = getenv("KL_GPU_LOAD_STAGE");
+    return v && !strcmp(v, "1");
 }
 
 /* $name as a number in [1, most], else dflt. */
@@ -577,8 +584,7 @@ typedef struct fill_job {
 static void *fill_job_main(void *arg)
 {
     fill_job *j = arg;
-    const char *stage = getenv("KL_GPU_LOAD_STAGE");
-    const int staged = stage && !strcmp(stage, "1");
+    const int staged = stage_asked();
     kl_fill_ops ops = {&j->f,          fill_copy,      fill_pin,
                        fill_unpin,     fill_mark,      fill_wait,
                        fill_host_alloc, fill_host_free, fill_copy_rows,
@@ -732,8 +738,9 @@ static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
     }
     double t2 = kl_now_s();
     side_alloc side = {0};
-    if (!rc)
-        side_start(&side, g, pr->overlap && !pr->defer_fill);
+    if (!rc)   /* staged: pools and scratch before the fill's rooms (one suspect of the slower
+                  decode after a staged load, docs/PERFORMANCE.md session 22) */
+        side_start(&side, g, pr->overlap && !pr->defer_fill && !stage_asked());
     if (!rc && !pr->defer_fill)
         rc = fill_arenas(g, &p, arena, pr, err);
     double t3 = kl_now_s();
