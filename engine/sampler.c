@@ -182,11 +182,11 @@ static void radix_run(const kl_sampler *s, unsigned parts, void (*fn)(void *, si
 }
 
 /* The candidates of cand[0..n) (in id order) whose bucket is c or above, into s->sorted in
- * the sorted order, their p into s->p; returns how many.  A stable LSD radix sort by z's key
- * (3 passes of 11 bits, descending), so equal z stay in id order: O(m), where qsort of a
- * large nucleus took ~25 ms.  Large sorts run in parts on the pool, a part a thread: a
- * stable sort's result is unique, so the parts never change it. */
-static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max)
+ * the sorted order, their p into s->p (from s->p_id when by_id, else made); returns how many.
+ * A stable LSD radix sort by z's key (3 passes of 11 bits, descending), so equal z stay in id
+ * order: O(m), where qsort of a large nucleus took ~25 ms.  Large sorts run in parts on the
+ * pool, a part a thread: a stable sort's result is unique, so the parts never change it. */
+static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max, int by_id)
 {
     kl_sample_cand *src = s->tmp, *dst = s->sorted;
     size_t m = 0;
@@ -206,7 +206,11 @@ static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max)
     }
     if (src != s->sorted)
         memcpy(s->sorted, src, m * sizeof *src);
-    weigh(s, s->sorted, m, z_max);
+    if (by_id)   /* the candidates' p, already made: the same bits as weighing again */
+        for (size_t i = 0; i < m; i++)
+            s->p[i] = s->p_id[s->sorted[i].id];
+    else
+        weigh(s, s->sorted, m, z_max);
     return m;
 }
 
@@ -220,25 +224,26 @@ static void sort_top_k(kl_sampler *s, size_t n, size_t k, float z_max)
     uint32_t c = SAMPLE_BUCKETS - 1;
     for (size_t seen = count[c]; seen < k && c > 0;)
         seen += count[--c];
-    sort_from_bucket(s, n, c, z_max);
+    sort_from_bucket(s, n, c, z_max, 0);
 }
 
 /* The nucleus: the shortest prefix of the sorted order whose running sum of p (in that order)
  * reaches need, sorted at the front of cand; returns its length and its sum in *kept.  The
  * buckets' masses (summed in another order) pick which candidates to sort, with a margin of
- * 1e-9 of total for their rounding; should the sorted ones still fall short, all are sorted. */
+ * 1e-9 of total for their rounding; should the sorted ones still fall short, all are sorted.
+ * The candidates' p: by id in s->p_id when by_id, else by position in s->p. */
 static size_t sort_nucleus(kl_sampler *s, size_t n, double need, double total, float z_max,
-                           double *kept)
+                           int by_id, double *kept)
 {
     double *mass = s->mass;
     memset(mass, 0, SAMPLE_BUCKETS * sizeof *mass);
     for (size_t i = 0; i < n; i++)
-        mass[bucket_of(s->cand[i].z)] += s->p[i];
+        mass[bucket_of(s->cand[i].z)] += by_id ? s->p_id[s->cand[i].id] : s->p[i];
     uint32_t c = SAMPLE_BUCKETS - 1;
     for (double acc = mass[c]; acc < need + 1e-9 * total && c > 0;)
         acc += mass[--c];
     for (int pass = 0; pass < 2; pass++, c = 0) {
-        size_t m = sort_from_bucket(s, n, c, z_max);
+        size_t m = sort_from_bucket(s, n, c, z_max, by_id);
         double acc = 0;
         for (size_t i = 0; i < m; i++) {
             acc += s->p[i];
@@ -337,6 +342,7 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
         return kl_fail(err, KL_E_USAGE, "min-p %g: want a value in [0, 1]", (double)opts.min_p);
     s->cand = kl_calloc(n_vocab, sizeof *s->cand);
     s->p = kl_calloc(n_vocab, sizeof *s->p);
+    s->p_id = kl_calloc(n_vocab, sizeof *s->p_id);
     s->sorted = kl_calloc(n_vocab, sizeof *s->sorted);
     s->tmp = kl_calloc(n_vocab, sizeof *s->tmp);
     s->hist = kl_calloc(SAMPLE_BUCKETS, sizeof *s->hist);
@@ -344,7 +350,8 @@ int kl_sampler_init(kl_sampler *s, uint32_t n_vocab, const kl_sampler_opts *o, k
     s->mass = kl_calloc(SAMPLE_BUCKETS, sizeof *s->mass);
     s->chunk_n = kl_calloc((n_vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, sizeof *s->chunk_n);
     s->radix = kl_calloc((size_t)RADIX_PARTS * RADIX_SIZE, sizeof *s->radix);
-    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->hist || !s->mass || !s->chunk_sum ||
+    if (!s->cand || !s->sorted || !s->tmp || !s->p || !s->p_id || !s->hist || !s->mass ||
+        !s->chunk_sum ||
         !s->chunk_n || !s->radix) {
         kl_sampler_free(s);
         return kl_fail(err, KL_E_NOMEM, "sampler scratch for %u ids", (unsigned)n_vocab);
@@ -393,13 +400,13 @@ static void cand_chunk(void *ctx, size_t c)
         const float z = j->logits[i] / t;
         s->cand[k] = (kl_sample_cand){z, i};
         if (j->weigh)
-            s->p[k] = exp_nonpos((double)z - (double)j->z_max);
+            s->p_id[i] = exp_nonpos((double)z - (double)j->z_max);
         k++;
     }
     s->chunk_n[c] = k - i0;
 }
 
-/* The candidates in id order at the front of cand (and their p in s->p when weigh), made by
+/* The candidates in id order at the front of cand (and their p in s->p_id when weigh), made by
  * chunks on the pool and then moved together; returns how many. */
 static size_t candidates(kl_sampler *s, const float *logits, float z_max, int weigh)
 {
@@ -408,11 +415,8 @@ static size_t candidates(kl_sampler *s, const float *logits, float z_max, int we
     size_t n = 0;
     for (size_t c = 0; c * SAMPLE_CHUNK < s->n_vocab; c++) {
         const size_t i0 = c * SAMPLE_CHUNK, k = s->chunk_n[c];
-        if (n != i0) {
+        if (n != i0)
             memmove(s->cand + n, s->cand + i0, k * sizeof *s->cand);
-            if (weigh)
-                memmove(s->p + n, s->p + i0, k * sizeof *s->p);
-        }
         n += k;
     }
     return n;
@@ -445,7 +449,7 @@ static int pick_from(kl_sampler *s, const float *logits, kl_token best, double u
     double *p = s->p, total = 0;
     size_t n = candidates(s, logits, z_max, o->top_k == 0);
     for (size_t i = 0; o->top_k == 0 && i < n; i++)
-        total += p[i];
+        total += s->p_id[c[i].id];
     /* 3. top-k: its k candidates sorted (their sum in that order); else all, in id order */
     const int sorted = o->top_k > 0 && o->top_k < n;
     if (sorted) {
@@ -467,7 +471,7 @@ static int pick_from(kl_sampler *s, const float *logits, kl_token best, double u
             }
             n = keep;
         } else {
-            n = sort_nucleus(s, n, need, total, z_max, &acc);
+            n = sort_nucleus(s, n, need, total, z_max, o->top_k == 0, &acc);
             c = s->sorted;
         }
         total = acc;
@@ -551,6 +555,8 @@ void kl_sampler_free(kl_sampler *s)
 {
     kl_free(s->cand);
     kl_free(s->p);
+    kl_free(s->p_id);
+    s->p_id = NULL;
     kl_free(s->sorted);
     kl_free(s->tmp);
     kl_free(s->hist);

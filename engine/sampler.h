@@ -62,6 +62,7 @@ typedef struct kl_sampler {
     kl_sample_cand *cand;  /* [n_vocab] candidates in id order, scratch */
     kl_sample_cand *sorted, *tmp; /* [n_vocab] those top-k or top-p sorts, and the sort's */
     double         *p;     /* [n_vocab] unnormalised probabilities of cand, scratch */
+    double         *p_id;  /* [n_vocab] the same by id (top-p without top-k), scratch */
     uint32_t       *hist;  /* [4096] candidates per bucket of z, scratch */
     double         *chunk_sum; /* [n_vocab / 4096, rounded up] a chunk's mass, scratch */
     kl_pool        *pool;  /* borrowed, or NULL (kl_sampler_set_pool) */
@@ -93,8 +94,9 @@ int  kl_sampler_sample_best(kl_sampler *s, const float *logits, kl_token best, k
 
 /* Lends the sampler a pool for its passes over the vocabulary (NULL: the calling thread
  * only): the plain distribution's chunks, the candidates and their p, a large top-k or
- * top-p's sort (in parts: a stable sort's result is unique); the ids do not depend on it.  No other kl_pool_run may be running on it during a
- * pick (pools are not re-entrant): not from inside one of its own items. */
+ * top-p's sort (in parts: a stable sort's result is unique); the ids do not depend on it.
+ * No other kl_pool_run may be running on it during a pick (pools are not re-entrant): not
+ * from inside one of its own items. */
 void kl_sampler_set_pool(kl_sampler *s, kl_pool *pool);
 
 /* 1 if the sampler picks the argmax whatever the draw (temperature 0 or top_k 1). */
