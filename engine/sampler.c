@@ -57,14 +57,19 @@ static double exp_nonpos(double x)
  * writes only its own part, so the result never depends on the threads. */
 #define SAMPLE_CHUNK 4096
 
+/* fn(ctx, i) for i < count, on the sampler's pool when it has more than one thread. */
+static void run_items(const kl_sampler *s, size_t count, void (*fn)(void *, size_t), void *ctx)
+{
+    if (s->pool && kl_pool_threads(s->pool) > 1 && count > 1)
+        kl_pool_run(s->pool, count, fn, ctx);
+    else
+        for (size_t i = 0; i < count; i++)
+            fn(ctx, i);
+}
+
 static void run_pieces(const kl_sampler *s, size_t n, void (*fn)(void *, size_t), void *ctx)
 {
-    const size_t pieces = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
-    if (s->pool && kl_pool_threads(s->pool) > 1 && pieces > 1)
-        kl_pool_run(s->pool, pieces, fn, ctx);
-    else
-        for (size_t c = 0; c < pieces; c++)
-            fn(ctx, c);
+    run_items(s, (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK, fn, ctx);
 }
 
 typedef struct weigh_job {
@@ -171,16 +176,6 @@ static void radix_places(const radix_job *j)
         }
 }
 
-static void radix_run(const kl_sampler *s, unsigned parts, void (*fn)(void *, size_t),
-                      radix_job *j)
-{
-    if (s->pool && kl_pool_threads(s->pool) > 1 && parts > 1)
-        kl_pool_run(s->pool, parts, fn, j);
-    else
-        for (unsigned part = 0; part < parts; part++)
-            fn(j, part);
-}
-
 /* The candidates of cand[0..n) (in id order) whose bucket is c or above, into s->sorted in
  * the sorted order, their p into s->p (from s->p_id when by_id, else made); returns how many.
  * A stable LSD radix sort by z's key (3 passes of 11 bits, descending), so equal z stay in id
@@ -197,9 +192,9 @@ static size_t sort_from_bucket(kl_sampler *s, size_t n, uint32_t c, float z_max,
     const unsigned parts = m < RADIX_SMALL ? 1 : threads < RADIX_PARTS ? threads : RADIX_PARTS;
     for (unsigned shift = 0; shift < 32; shift += RADIX_BITS) {
         radix_job j = {src, dst, m, parts, shift, s->radix};
-        radix_run(s, parts, radix_count, &j);
+        run_items(s, parts, radix_count, &j);
         radix_places(&j);
-        radix_run(s, parts, radix_scatter, &j);
+        run_items(s, parts, radix_scatter, &j);
         kl_sample_cand *t = src;
         src = dst;
         dst = t;
