@@ -129,6 +129,9 @@ extern "C" void kl_gpu_host_unregister(void *p)
 }
 
 #define HUGE_PAGE ((size_t)2 << 20)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 static size_t huge_round(size_t bytes)
 {
@@ -157,22 +160,43 @@ static void *map_huge(size_t len, int *huge)
     return (void *)up;
 }
 
-extern "C" int kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_err *err)
+extern "C" int kl_gpu_host_map(void **p, size_t bytes, int *huge, kl_err *err)
 {
-    *p = NULL;
     *huge = 0;
     size_t len = huge_round(bytes);
     void *m = map_huge(len, huge);
+    *p = m;
     if (!m)
         return kl_fail_sys(err, KL_E_NOMEM, errno, "mapping %zu bytes of load buffers", len);
-    int rc = KL_GPU_CHECK(err, hipHostRegister(m, len, hipHostRegisterPortable));
-    if (rc) {
-        (void)hipGetLastError();
-        munmap(m, len);
-        return rc;
-    }
-    *p = m;
+    /* the pages made now (zeroed by the kernel), not inside the registration */
+    if (madvise(m, len, MADV_POPULATE_WRITE))
+        for (size_t at = 0; at < len; at += 4096)
+            ((volatile uint8_t *)m)[at] = 0;
     return 0;
+}
+
+extern "C" int kl_gpu_host_register_mapped(void *p, size_t bytes, kl_err *err)
+{
+    int rc = KL_GPU_CHECK(err, hipHostRegister(p, huge_round(bytes), hipHostRegisterPortable));
+    if (rc)
+        (void)hipGetLastError();
+    return rc;
+}
+
+extern "C" void kl_gpu_host_unmap(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, huge_round(bytes));
+}
+
+extern "C" int kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_err *err)
+{
+    int rc = kl_gpu_host_map(p, bytes, huge, err);
+    if (!rc && (rc = kl_gpu_host_register_mapped(*p, bytes, err))) {
+        kl_gpu_host_unmap(*p, bytes);
+        *p = NULL;
+    }
+    return rc;
 }
 
 extern "C" void kl_gpu_host_free_mapped(void *p, size_t bytes)
@@ -180,7 +204,7 @@ extern "C" void kl_gpu_host_free_mapped(void *p, size_t bytes)
     if (!p)
         return;
     (void)hipHostUnregister(p);
-    munmap(p, huge_round(bytes));
+    kl_gpu_host_unmap(p, bytes);
 }
 
 extern "C" int kl_gpu_event_create(kl_gpu_event *e, kl_err *err)

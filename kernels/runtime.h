@@ -41,6 +41,12 @@ void kl_gpu_host_free(void *p);                    /* NULL ok */
  * the mapping is gone again). */
 int  kl_gpu_host_alloc_mapped(void **p, size_t bytes, int *huge, kl_err *err);
 void kl_gpu_host_free_mapped(void *p, size_t bytes);   /* NULL ok */
+/* Its two steps apart, so that the host's part runs while the device starts: the mapping with
+ * its pages made (no device call; KL_E_NOMEM), then the registration (KL_E_GPU; the mapping
+ * left to the caller: kl_gpu_host_unmap). */
+int  kl_gpu_host_map(void **p, size_t bytes, int *huge, kl_err *err);
+int  kl_gpu_host_register_mapped(void *p, size_t bytes, kl_err *err);
+void kl_gpu_host_unmap(void *p, size_t bytes);        /* NULL ok */
 
 /* Page-locks host memory the process already has (e.g. a window of a file mapped PROT_READ:
  * read_only, where the runtime has that flag) so copies from it run asynchronously at the

@@ -15,8 +15,11 @@
  *   none         no host copy (the device copies alone: the ring's ceiling)
  * Each with the device copies and without them (the host copy alone), for 8, 12 and 16
  * threads; the best of two runs, GB/s of file and the ratio to the pinned host-to-device rate
- * of the same run.  Checked: the arena after every timed run with device copies, copied
- * back, equals the file.  One JSON line per case ({"test":"hostcopy-case",...}), then
+ * of the same run.  HOSTCOPY_CHUNKS_KIB (16384; a list: smaller chunks keep each thread's two
+ * buffers in the CPU's caches, where the device's reads may find them), HOSTCOPY_THREADS
+ * (8,12,16), HOSTCOPY_HOWS, HOSTCOPY_FILES (page-cache,tmpfs) pick the cases;
+ * HOSTCOPY_HOST_ONLY=0 skips the host copy alone.  Checked: the arena after every timed run
+ * with device copies, copied back, equals the file.  One JSON line per case ({"test":"hostcopy-case",...}), then
  * {"test":"hostcopy","ok":...}; exit 0 pass, 1 fail, 77 no GPU.
  */
 extern "C" {
@@ -36,20 +39,21 @@ extern "C" {
 #define MADV_POPULATE_READ 22
 #endif
 
-#define CHUNK ((size_t)16 << 20)
+#define MAX_CHUNK ((size_t)16 << 20)
 #define MAX_T 16u
 #define PER_T 2u
 
 static double g_h2d;
+static size_t g_chunk = MAX_CHUNK;   /* this case's chunk (HOSTCOPY_CHUNKS_KIB) */
 
 static size_t n_chunks(void)
 {
-    return (FILE_BYTES + CHUNK - 1) / CHUNK;
+    return (FILE_BYTES + g_chunk - 1) / g_chunk;
 }
 
 static size_t chunk_len(size_t k)
 {
-    return std::min(CHUNK, FILE_BYTES - k * CHUNK);
+    return std::min(g_chunk, FILE_BYTES - k * g_chunk);
 }
 
 
@@ -77,6 +81,39 @@ static uint8_t *map_file(const char *path, int populate)
             x.join();
     }
     return m;
+}
+
+/* $name's comma-separated numbers, each 1..MAX_T threads or a chunk in KiB (def if unset). */
+static std::vector<size_t> env_numbers(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    std::vector<size_t> out;
+    for (const char *p = v && *v ? v : def; *p;) {
+        char *end;
+        unsigned long n = strtoul(p, &end, 10);
+        if (end == p)
+            break;
+        if (n)
+            out.push_back(strcmp(name, "HOSTCOPY_THREADS") ? n : std::min<size_t>(n, MAX_T));
+        p = *end == ',' ? end + 1 : end;
+    }
+    return out;
+}
+
+/* Whether $name (a comma-separated list) names word; unset: every word, except for
+ * HOSTCOPY_HOST_ONLY, which says "1" when the host copy alone is timed too (the default). */
+static int env_has(const char *name, const char *word)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 1;
+    for (const char *p = v; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == strlen(word) && !strncmp(p, word, n))
+            return 1;
+        p += n + (p[n] == ',');
+    }
+    return 0;
 }
 
 /* One run: the seconds from the first chunk taken to the last device copy done. */
@@ -107,7 +144,7 @@ static double run_once(ring &r, const char *path, const char *how, unsigned T, i
                     failed = 1;
                 if (by_read) {
                     for (size_t got = 0; got < len;) {
-                        ssize_t n = pread(fd, dst + got, len - got, (off_t)(k * CHUNK + got));
+                        ssize_t n = pread(fd, dst + got, len - got, (off_t)(k * g_chunk + got));
                         if (n <= 0) {
                             failed = 1;
                             break;
@@ -115,11 +152,11 @@ static double run_once(ring &r, const char *path, const char *how, unsigned T, i
                         got += (size_t)n;
                     }
                 } else if (!strcmp(how, "memcpy")) {
-                    memcpy(dst, m + k * CHUNK, len);
+                    memcpy(dst, m + k * g_chunk, len);
                 } else if (strcmp(how, "none")) {
-                    kl_copy_streaming(dst, m + k * CHUNK, len);
+                    kl_copy_streaming(dst, m + k * g_chunk, len);
                 }
-                if (dma && (hipMemcpyAsync(arena + k * CHUNK, dst, len, hipMemcpyHostToDevice,
+                if (dma && (hipMemcpyAsync(arena + k * g_chunk, dst, len, hipMemcpyHostToDevice,
                                            r.st[t]) != hipSuccess ||
                             hipEventRecord(r.ev[t][b], r.st[t]) != hipSuccess))
                     failed = 1;
@@ -164,8 +201,9 @@ static void run_case(ring &r, const char *where, const char *path, const char *h
         check_arena(where, how, T, arena);
     double gbps = best > 0 ? FILE_BYTES / best / 1e9 : 0;
     printf("{\"test\":\"hostcopy-case\",\"file\":\"%s\",\"how\":\"%s\",\"threads\":%u,"
-           "\"device_copies\":%s,\"s\":%.4f,\"gbps\":%.2f,\"ratio_to_pinned_h2d\":%.3f}\n",
-           where, how, T, dma ? "true" : "false", best, gbps, gbps / g_h2d);
+           "\"chunk_kib\":%zu,\"device_copies\":%s,\"s\":%.4f,\"gbps\":%.2f,"
+           "\"ratio_to_pinned_h2d\":%.3f}\n",
+           where, how, T, g_chunk >> 10, dma ? "true" : "false", best, gbps, gbps / g_h2d);
     fflush(stdout);
 }
 
@@ -182,25 +220,33 @@ int main(void)
     for (unsigned t = 0; t < MAX_T; t++) {
         T_CHECK(hipStreamCreateWithFlags(&r.st[t], hipStreamNonBlocking));
         for (unsigned b = 0; b < PER_T; b++) {
-            T_CHECK(hipHostMalloc((void **)&r.buf[t][b], CHUNK, hipHostMallocDefault));
-            memset(r.buf[t][b], 0, CHUNK);
+            T_CHECK(hipHostMalloc((void **)&r.buf[t][b], MAX_CHUNK, hipHostMallocDefault));
+            memset(r.buf[t][b], 0, MAX_CHUNK);
             T_CHECK(hipEventCreateWithFlags(&r.ev[t][b], hipEventDisableTiming));
         }
     }
     const char *files[2][2] = {{"page-cache", "build/kl_test_hostcopy.bin"},
                                {"tmpfs", "/dev/shm/kl_test_hostcopy.bin"}};
     static const char *hows[] = {"none", "pread", "memcpy", "streaming", "streaming-fresh"};
+    const std::vector<size_t> chunks_kib = env_numbers("HOSTCOPY_CHUNKS_KIB", "16384");
+    const std::vector<size_t> threads = env_numbers("HOSTCOPY_THREADS", "8,12,16");
     for (const auto &fl : files) {
+        if (!env_has("HOSTCOPY_FILES", fl[0]))
+            continue;
         if (!write_file(fl[1])) {
             fprintf(stderr, "test_hostcopy: cannot write %s: %s skipped\n", fl[1], fl[0]);
             continue;
         }
         read_once(fl[1]);
-        for (const char *how : hows)
-            for (unsigned T : {8u, 12u, 16u})
-                for (int dma = 1; dma >= 0; dma--)
-                    if (dma || strcmp(how, "none"))
-                        run_case(r, fl[0], fl[1], how, T, dma, arena);
+        for (size_t kib : chunks_kib)
+            for (const char *how : hows)
+                for (size_t T : threads)
+                    for (int dma = 1; dma >= 0; dma--)
+                        if ((dma || strcmp(how, "none")) && env_has("HOSTCOPY_HOWS", how) &&
+                            (dma || env_has("HOSTCOPY_HOST_ONLY", "1"))) {
+                            g_chunk = std::min(MAX_CHUNK, kib << 10);
+                            run_case(r, fl[0], fl[1], how, (unsigned)T, dma, arena);
+                        }
         unlink(fl[1]);
     }
     for (unsigned t = 0; t < MAX_T; t++) {
