@@ -174,9 +174,8 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
  * mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight);
  * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4), a copy per tensor out of
- * them; $KL_GPU_LOAD_STAGE=1: each filled buffer to the device in one copy and a kernel puts
- * its tensors in place (kernels/place.h; a faster load, a slower decode after it: not the
- * default).  KL_GPU_LOAD=hybrid: the
+ * them with $KL_GPU_LOAD_STAGE=0, else each filled buffer to the device in one copy and a
+ * kernel puts its tensors in place (kernels/place.h).  KL_GPU_LOAD=hybrid: the
  * ring on the first part of the files and mapped windows on the rest at once
  * ($KL_GPU_LOAD_MAPPED_PERCENT of the bytes, default 35; $KL_GPU_LOAD_MAPPED_THREADS, default
  * 4): the ring's copies through pinned buffers cost host memory bandwidth, the mapped windows'

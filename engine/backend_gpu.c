@@ -258,17 +258,18 @@ static void bind_layer(gpu_layer *gl, const kl_plan_layer *pl, uint8_t *base)
     gl->expert0 = pl->expert0;
 }
 
-/* A ring fill staged on the device (kl_fill_ops.places and .stage; only with
- * $KL_GPU_LOAD_STAGE=1: the load gained 15% but decode afterwards lost 3.4% on the H200, cause
- * not found, docs/PERFORMANCE.md session 22): every place of the fill in device memory, room
- * for STAGE_ROOMS spans, and a stream of its own placing each span (kernels/place.h) while the
- * backend's stream copies the next ones in. */
+/* A ring fill staged on the device (kl_fill_ops.places and .stage; $KL_GPU_LOAD_STAGE=0: off):
+ * every place of the fill in device memory, room for STAGE_ROOMS spans; each span copied in on
+ * a stream of the stage's own while the backend's stream places the earlier ones
+ * (kernels/place.h).  Kernels stay on the backend's stream: a kernel run on another stream
+ * leaves the decode graphs replayed later without their programmatic early starts on the H200
+ * (3% of a step; docs/PERFORMANCE.md session 23). */
 #define STAGE_ROOMS 4u
 typedef struct fill_stage {
     kl_gpu_place *places;                  /* device */
     uint8_t      *room;                    /* device: STAGE_ROOMS x most bytes */
     size_t        most;                    /* the longest span, rounded up to 256 bytes */
-    kl_gpu_stream st;
+    kl_gpu_stream st;                      /* the spans' copies */
     kl_gpu_event  copied[STAGE_ROOMS], placed[STAGE_ROOMS];
     unsigned      spans;                   /* staged so far */
 } fill_stage;
@@ -347,8 +348,9 @@ static int fill_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most
     return rc;
 }
 
-/* Span bytes at src into the next room (once its last places are done), then placed from
- * there on the stage's stream. */
+/* Span bytes at src into the next room (once its last places are done) on the stage's
+ * stream, then placed from there on the backend's.  The ring's mark for the span's buffer,
+ * recorded on the backend's stream after this, follows the copy. */
 static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first, size_t count,
                            kl_err *err)
 {
@@ -356,18 +358,19 @@ static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first,
     fill_stage *s = &f->stage;
     const unsigned r = s->spans % STAGE_ROOMS;
     uint8_t *room = s->room + r * s->most;
-    int rc = s->spans >= STAGE_ROOMS ? kl_gpu_stream_wait(f->g->st, s->placed[r], err) : 0;
+    int rc = s->spans >= STAGE_ROOMS ? kl_gpu_stream_wait(s->st, s->placed[r], err) : 0;
     s->spans++;
     if (!rc)
-        rc = kl_gpu_h2d(room, src, len, f->g->st, err);
+        rc = kl_gpu_h2d(room, src, len, s->st, err);
     if (!rc)
-        rc = kl_gpu_event_record(s->copied[r], f->g->st, err);
+        rc = kl_gpu_event_record(s->copied[r], s->st, err);
     if (!rc)
-        rc = kl_gpu_stream_wait(s->st, s->copied[r], err);
+        rc = kl_gpu_stream_wait(f->g->st, s->copied[r], err);
     if (!rc)
-        rc = kl_gpu_place_span(room, s->places, (uint32_t)first, (uint32_t)count, s->st, err);
+        rc = kl_gpu_place_span(room, s->places, (uint32_t)first, (uint32_t)count, f->g->st,
+                               err);
     if (!rc)
-        rc = kl_gpu_event_record(s->placed[r], s->st, err);
+        rc = kl_gpu_event_record(s->placed[r], f->g->st, err);
     return rc;
 }
 
@@ -376,9 +379,11 @@ static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first,
 static int fill_stage_end(gpu_fill *f, int rc, kl_err *err)
 {
     fill_stage *s = &f->stage;
-    if (s->st) {
+    if (s->st) {   /* the copies, then the places */
         kl_err e;
         int r = kl_gpu_stream_sync(s->st, rc ? &e : err);
+        rc = rc ? rc : r;
+        r = kl_gpu_stream_sync(f->g->st, rc ? &e : err);
         rc = rc ? rc : r;
     }
     for (unsigned i = 0; i < STAGE_ROOMS; i++) {
@@ -392,11 +397,11 @@ static int fill_stage_end(gpu_fill *f, int rc, kl_err *err)
     return rc;
 }
 
-/* $KL_GPU_LOAD_STAGE=1: a ring fill staged on the device. */
+/* A ring fill staged on the device unless $KL_GPU_LOAD_STAGE=0. */
 static int stage_asked(void)
 {
     const char *v = getenv("KL_GPU_LOAD_STAGE");
-    return v && !strcmp(v, "1");
+    return !(v && !strcmp(v, "0"));
 }
 
 /* $name as a number in [1, most], else dflt. */
@@ -427,8 +432,6 @@ static const char *fill_options(const char *how, kl_fill_opts *o)
         o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)16 << 20;
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
         o->from_mapping = !how || !strcmp(how, "ring");
-        const char *copy = getenv("KL_GPU_LOAD_COPY");   /* "memcpy": kl_fill_opts.cached_copy */
-        o->cached_copy = copy && !strcmp(copy, "memcpy");
         return o->direct == KL_DIRECT_ON ? "ring-direct" : o->from_mapping ? "ring" : "ring-read";
     }
     /* mapped: 4 threads page-lock windows ahead of the copies unless told (the fastest mapped
@@ -770,8 +773,7 @@ static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
     }
     double t2 = kl_now_s();
     side_alloc side = {0};
-    if (!rc)   /* staged: pools and scratch before the fill's rooms (one suspect of the slower
-                  decode after a staged load, docs/PERFORMANCE.md session 22) */
+    if (!rc)   /* staged: pools and scratch before the fill's rooms (not beside them) */
         side_start(&side, g, pr->overlap && !pr->defer_fill && !stage_asked());
     if (!rc && !pr->defer_fill)
         rc = fill_arenas(g, &p, arena, pr, err);

@@ -332,7 +332,6 @@ typedef struct filler {
     uint32_t           n_fd;
     int                oflags;     /* RING: O_DIRECT when asked */
     int                from_mapping;   /* RING: spans copied out of mapped shards */
-    int                cached_copy;    /* RING from_mapping: by memcpy (kl_fill_opts) */
     /* RING staged on the device (ops->places, ops->stage) */
     kl_gpu_place      *pl;         /* every span's places, span after span */
     size_t             n_pl, cap_pl;
@@ -792,10 +791,7 @@ static void copy_span_mapped(filler *f, const wspan *sp, uint8_t *mem)
 {
     const uint8_t *src = f->map[sp->shard] + sp->ws;   /* ws: a multiple of RING_ALIGN */
     size_t len = (size_t)(sp->we - sp->ws);
-    if (f->cached_copy)
-        memcpy(mem, src, len);
-    else
-        kl_copy_streaming(mem, src, len);
+    kl_copy_streaming(mem, src, len);
     (void)madvise((void *)src, (len + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN, MADV_DONTNEED);
 }
 
@@ -1049,7 +1045,6 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     f.n_rb = ring ? f.n_win : 0;
     f.oflags = ring && o.direct == KL_DIRECT_ON ? O_DIRECT : 0;
     f.from_mapping = ring && o.from_mapping && !f.oflags;
-    f.cached_copy = o.cached_copy;
     if (f.n_win > most || threads > most)
         return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
                        ring ? "load buffers" : "windows in flight");

@@ -157,10 +157,6 @@ typedef struct kl_fill_opts {
                                            system refuses the mapping).  The shards must not
                                            shrink during the fill (a mapping read past a
                                            file's end faults) */
-    int            cached_copy;         /* RING from_mapping: spans copied by memcpy (the
-                                           buffer's lines left in the CPU's caches, where the
-                                           device's reads of small buffers may find them)
-                                           rather than by streaming stores */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {
