@@ -773,7 +773,7 @@ static int upload_model(gpu_be *g, const kl_gpu_prep *pr, kl_err *err)
     }
     double t2 = kl_now_s();
     side_alloc side = {0};
-    if (!rc)   /* staged: pools and scratch before the fill's rooms (not beside them) */
+    if (!rc)   /* pools and scratch beside the fill, or (staged) before it */
         side_start(&side, g, pr->overlap && !pr->defer_fill && !stage_asked());
     if (!rc && !pr->defer_fill)
         rc = fill_arenas(g, &p, arena, pr, err);
