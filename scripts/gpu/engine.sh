@@ -26,7 +26,8 @@
 #   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
 #   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
-#   row per run (see stage_loadsweep).  STAGES=trace: the kernel timeline of greedy decode
+#   row per run (see stage_loadsweep; a configuration naming HOLD_DEVICE=1 loads while another
+#   process holds the device, see hold_device_start).  STAGES=trace: the kernel timeline of greedy decode
 #   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).  STAGES=sampled: kl run's decode rate and ids
 #   under sampling flags (SAMPLED_FLAGS, KL_OLD: see stage_sampled).
 set -u
@@ -53,7 +54,7 @@ if [ -x "$BG/test_nccl" ] && ldd "$BG/test_nccl" | grep -q "libnccl.*not found";
 fi
 TABLE="$OUT/table.txt"; : > "$TABLE"
 row() { echo "$*" | tee -a "$TABLE"; }
-echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,persistence_mode --format=csv,noheader)"
 
 stage_tests() {
     for t in "$BG"/test_*; do
@@ -472,6 +473,20 @@ LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD_WINDOW_MB=4 KL_GPU_LOAD_BUFFERS=32;KL_GPU_LO
 LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=mapped;KL_GPU_LOAD=mapped KL_GPU_LOAD_THREADS=8"
 LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=hybrid;KL_GPU_LOAD=hybrid KL_GPU_LOAD_MAPPED_PERCENT=50"
 LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=hybrid KL_GPU_LOAD_MAPPED_PERCENT=20 KL_GPU_LOAD_THREADS=12"
+# another process holding a context on the device while a configuration naming HOLD_DEVICE=1
+# loads (what a persistence daemon or a running server gives: the driver's start without the
+# device's own initialisation); hold_device_stop ends it
+hold_device_start() {
+    rm -f "$W/hold.ready"
+    python3 -c "import sys, time, torch; torch.zeros(1, device='cuda'); open(sys.argv[1], 'w').write('ready'); time.sleep(3600)" "$W/hold.ready" &
+    HOLD_PID=$!
+    for ((t = 0; t < 300; t++)); do [ -f "$W/hold.ready" ] && return; sleep 0.1; done
+    row "loadsweep: the holding process did not start"
+}
+hold_device_stop() {
+    [ -n "${HOLD_PID:-}" ] || return 0
+    kill "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; HOLD_PID=
+}
 load_row() {  # where, configuration, bench json
     python3 - "$@" <<'PY' | tee -a "$TABLE"
 import json, sys
@@ -500,12 +515,14 @@ stage_loadsweep() {
         dir=$D; [ $where = tmpfs ] && dir=$S
         IFS=';'
         for cfg in ${LOAD_CONFIGS:-$LOAD_CONFIGS_DEFAULT}; do
+            case "$cfg" in *HOLD_DEVICE=1*) hold_device_start ;; esac
             for ((r = 0; r < ${REPS:-1}; r++)); do
                 i=$((i + 1))
                 IFS=' ' with_config "$cfg" "$KL" bench decode "$dir" --device gpu --prompt-tokens 64 --tokens 4 --json -q > "$W/loadsweep-$i.json" &&
                     IFS=' ' load_row "$where" "$cfg" "$W/loadsweep-$i.json" || row "loadsweep $where [$cfg] FAILED"
                 cp "$W/loadsweep-$i.json" "$OUT/" 2>/dev/null
             done
+            hold_device_stop
         done
     done
     rm -rf "$S"
