@@ -27,7 +27,8 @@
 #   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
 #   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
 #   row per run (see stage_loadsweep; a configuration naming HOLD_DEVICE=1 loads while another
-#   process holds the device, see hold_device_start).  STAGES=trace: the kernel timeline of greedy decode
+#   process holds the device, see hold_device_start).  STAGES=trace: the kernel timeline of
+#   greedy decode
 #   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).  STAGES=sampled: kl run's decode rate and ids
 #   under sampling flags (SAMPLED_FLAGS, KL_OLD: see stage_sampled).
 set -u
@@ -54,7 +55,8 @@ if [ -x "$BG/test_nccl" ] && ldd "$BG/test_nccl" | grep -q "libnccl.*not found";
 fi
 TABLE="$OUT/table.txt"; : > "$TABLE"
 row() { echo "$*" | tee -a "$TABLE"; }
-echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,persistence_mode --format=csv,noheader)"
+GPU_INFO=$(nvidia-smi --query-gpu=name,memory.total,persistence_mode --format=csv,noheader)
+echo "== $(date -u +%FT%TZ) $GPU_INFO"
 
 stage_tests() {
     for t in "$BG"/test_*; do
@@ -478,7 +480,8 @@ LOAD_CONFIGS_DEFAULT+=";KL_GPU_LOAD=hybrid KL_GPU_LOAD_MAPPED_PERCENT=20 KL_GPU_
 # device's own initialisation); hold_device_stop ends it
 hold_device_start() {
     rm -f "$W/hold.ready"
-    python3 -c "import sys, time, torch; torch.zeros(1, device='cuda'); open(sys.argv[1], 'w').write('ready'); time.sleep(3600)" "$W/hold.ready" &
+    python3 -c "import sys, time, torch; torch.zeros(1, device='cuda')
+open(sys.argv[1], 'w').write('ready'); time.sleep(3600)" "$W/hold.ready" &
     HOLD_PID=$!
     for ((t = 0; t < 300; t++)); do [ -f "$W/hold.ready" ] && return; sleep 0.1; done
     row "loadsweep: the holding process did not start"

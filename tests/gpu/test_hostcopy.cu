@@ -19,8 +19,9 @@
  * buffers in the CPU's caches, where the device's reads may find them), HOSTCOPY_THREADS
  * (8,12,16), HOSTCOPY_HOWS, HOSTCOPY_FILES (page-cache,tmpfs) pick the cases;
  * HOSTCOPY_HOST_ONLY=0 skips the host copy alone.  Checked: the arena after every timed run
- * with device copies, copied back, equals the file.  One JSON line per case ({"test":"hostcopy-case",...}), then
- * {"test":"hostcopy","ok":...}; exit 0 pass, 1 fail, 77 no GPU.
+ * with device copies, copied back, equals the file.  One JSON line per case
+ * ({"test":"hostcopy-case",...}), then {"test":"hostcopy","ok":...}; exit 0 pass, 1 fail, 77 no
+ * GPU.
  */
 extern "C" {
 #include "common/clock.h"
