@@ -3,34 +3,38 @@
 # build/gpu-cuda): the device tests, the GPU engine against the golden fixtures (transformers,
 # fp32) and against the CPU engine teacher-forced, then the full 48B geometry with synthetic
 # MXFP4 experts: GPU vs CPU on a 64-token prompt and kl bench decode.  Ends with a short table.
-#   STAGES="tests golden full" (default all three); W: work folder; KEEP=1 keeps the full model;
-#   PROMPT_TOKENS (8192), TOKENS (32: decoded per figure) and AT (0,8192,65536) shape the
-#   benchmark; FULL_PROMPT (64) the full-geometry comparison (STAGES=fullcmp) with the CPU
-#   engine; NOGRAPHS=1 adds a run without decode graphs; FULLCPU=0 skips the full-geometry
-#   comparison with the CPU engine.
-#   LOADS="host read": also bench the full model loaded those ways (KL_GPU_LOAD).
-#   PF (512,8192): prefill lengths timed; BT: numbers of sequences decoded together
-#   (--batch-at, e.g. 1,4,16,64); PROFILE=1: a run with per-operation times (a prompt of
-#   PROFILE_PROMPT tokens, default 2048);
-#   SHM=1: the model also loaded from /dev/shm; GOLDEN_CONFIGS: see golden_configs;
-#   BENCH_CONFIGS: the benchmark once per configuration (the same form); TESTS="test_mla ..."
-#   runs only those device tests.  STAGES=chunks: a long prompt in chunks of 256 against
-#   CHUNKS (KL_GPU_CHUNK values), GPU only.  STAGES=tpcheck: GPU tensor parallel (TPS,
-#   TP_CONFIG) against the CPU engine on the golden fixtures and their MXFP4 conversions;
-#   STAGES=tpbench: the full model's load, decode and prefill of TP_PREFILL tokens (8192) at
-#   each size of TPLOADS (TP_ARGS: more kl flags for both, e.g. --expert-parallel).  STAGES=ncu: Nsight Compute's time of every
-#   kernel of one-token steps (NCU_PROMPT=N: of an N-token prompt; KL_RUN_ARGS, e.g. --tp 2;
-#   NCU_TAG names its csv); STAGES=ncukernel: its
-#   sections for NCU_KERNELS (a regex); STAGES=cpubatch: kl serve on the CPU cores 0-7 against
-#   bench_serve.py on 8-15 (issue 11's batching; CPU_SERVE_ARGS, CPU_STREAMS).  RAWREAD=0 skips reading the shards once with cat (they are
-#   in the page cache anyway right after kl synth wrote them).  STAGES=loadsweep: the GPU
-#   load under LOAD_CONFIGS (";" between configurations; default a list of ring / mapped /
-#   hybrid settings) from the page cache and /dev/shm (LOAD_FROM), REPS times each: one table
-#   row per run (see stage_loadsweep; a configuration naming HOLD_DEVICE=1 loads while another
-#   process holds the device, see hold_device_start).  STAGES=trace: the kernel timeline of
-#   greedy decode
-#   (stage_trace; TRACE_CONFIGS, TRACE_TOKENS).  STAGES=sampled: kl run's decode rate and ids
-#   under sampling flags (SAMPLED_FLAGS, KL_OLD: see stage_sampled).
+# Settings (environment):
+#   STAGES    stages to run (default "tests golden full"); W: work folder; KEEP=1 keeps the
+#             full model.
+#   tests     the device tests; TESTS="test_mla ..." only those.
+#   golden    the golden fixtures; GOLDEN_CONFIGS: once per configuration ("A=1 B=2;C=3",
+#             see golden_configs).
+#   full      kl bench on the full geometry: PROMPT_TOKENS (8192), TOKENS (32 decoded a
+#             figure), AT (0,8192,65536), PF (512,8192: prefill lengths timed), BT (numbers of
+#             sequences decoded together, --batch-at), NOGRAPHS=1 (a run without decode
+#             graphs), LOADS="host read" (also loaded those ways), SHM=1 (also from
+#             /dev/shm), PROFILE=1 (per-operation times of a PROFILE_PROMPT-token prompt,
+#             2048), BENCH_CONFIGS (once per configuration), FULLCPU=0 (no comparison with
+#             the CPU engine), RAWREAD=0 (no cat of the shards first: cached after kl synth).
+#   fullcmp   GPU against CPU on a FULL_PROMPT-token prompt (64) of the full geometry.
+#   chunks    a long prompt in chunks of 256 against CHUNKS (KL_GPU_CHUNK values), GPU only.
+#   tpcheck   GPU tensor parallel (TPS, TP_CONFIG) against the CPU engine on the golden
+#             fixtures and their MXFP4 conversions.
+#   tpbench   the full model's load, decode and prefill of TP_PREFILL tokens (8192) at each
+#             size of TPLOADS (TP_ARGS: more kl flags for both, e.g. --expert-parallel).
+#   ncu       Nsight Compute's time of every kernel of one-token steps (NCU_PROMPT=N: of an
+#             N-token prompt; KL_RUN_ARGS, e.g. --tp 2; NCU_TAG names its csv).
+#   ncukernel its sections for NCU_KERNELS (a regex).
+#   cpubatch  kl serve on CPU cores 0-7 against bench_serve.py on 8-15 (CPU_SERVE_ARGS,
+#             CPU_STREAMS).
+#   loadsweep the GPU load under LOAD_CONFIGS (";" between configurations; default a list of
+#             ring / mapped / hybrid settings) from the page cache and /dev/shm (LOAD_FROM),
+#             REPS times each, a table row a run (stage_loadsweep); a configuration naming
+#             HOLD_DEVICE=1 loads while another process holds the device (hold_device_start).
+#   trace     the kernel timeline of greedy decode (TRACE_CONFIGS, TRACE_TOKENS).
+#   sampled   kl run's decode rate and ids under sampling flags (SAMPLED_FLAGS, KL_OLD).
+#   serve     kl serve streams (see stage_serve).
+#   pdl       teacher-forced logits with programmatic launches off and on, bytewise equal.
 set -u
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
