@@ -238,6 +238,22 @@ static double ceiling_gbps(const decode_result *r)
     return r->on_gpu ? r->gpu.hbm_gbps : r->ceiling.read_gbps;
 }
 
+/* The load's seconds after the device's start (context, stream, the ring's buffers) on its
+ * critical path: the part the link's rate bounds. */
+static double load_after_start_s(const kl_cli_load *l)
+{
+    const kl_gpu_load_info *g = &l->gpu_load;
+    double start = g->overlapped ? g->wait_s : g->device_s + g->buffers_s;
+    double s = l->load_s - l->open_s - start;
+    return s > 0 ? s : 0;
+}
+
+static double load_after_start_gbps(const kl_cli_load *l, uint64_t bytes)
+{
+    double s = load_after_start_s(l);
+    return s > 0 ? (double)bytes / s / 1e9 : 0;
+}
+
 /* The most resident memory this process has had, in bytes. */
 static uint64_t peak_rss_bytes(void)
 {
@@ -502,6 +518,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddStringToObject(j, "load_how", l->gpu_load.how ? l->gpu_load.how : "");
         cJSON_AddNumberToObject(j, "load_windows", (double)l->gpu_load.windows);
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
+        cJSON_AddNumberToObject(j, "load_windows_staged", (double)l->gpu_load.staged);
         /* bytes read from the checkpoint's files and copied to the GPU(s): with tensor
          * parallel, the ranks' pieces share bytes (read once, copied to each rank) */
         cJSON_AddNumberToObject(j, "load_read_bytes", (double)l->gpu_load.read_bytes);
@@ -510,6 +527,13 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         add_load_phases(j, l);
         cJSON_AddNumberToObject(j, "hbm_copy_gbps", r->gpu.hbm_gbps);
         cJSON_AddNumberToObject(j, "pinned_h2d_gbps", r->gpu.h2d_gbps);
+        double after = load_after_start_gbps(l, m->weight_bytes);
+        cJSON_AddNumberToObject(j, "load_ratio_to_pinned",
+                                r->gpu.h2d_gbps > 0 ? l->load_gbps / r->gpu.h2d_gbps : 0);
+        cJSON_AddNumberToObject(j, "load_after_device_start_s", load_after_start_s(l));
+        cJSON_AddNumberToObject(j, "load_after_device_start_gbps", after);
+        cJSON_AddNumberToObject(j, "load_after_device_start_ratio",
+                                r->gpu.h2d_gbps > 0 ? after / r->gpu.h2d_gbps : 0);
         cJSON_AddNumberToObject(j, "disk_read_gbps", r->disk_gbps);
         cJSON_AddNumberToObject(j, "host_copy_gbps", r->host_copy.read_gbps);
         cJSON_AddNumberToObject(j, "host_copy_threads", r->host_copy.threads);
@@ -580,6 +604,11 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
                l->open_s, l->gpu_load.device_s, l->gpu_load.buffers_s, l->gpu_load.wait_s,
                l->gpu_load.plan_s, l->gpu_load.alloc_s, l->gpu_load.fill_s,
                l->gpu_load.finish_s);
+    if (r->on_gpu && r->gpu.h2d_gbps > 0)
+        printf("           ratio to the pinned copy %.2f; after the device's start %.3f s, "
+               "%.2f GB/s, ratio %.2f\n", l->load_gbps / r->gpu.h2d_gbps,
+               load_after_start_s(l), load_after_start_gbps(l, m->weight_bytes),
+               load_after_start_gbps(l, m->weight_bytes) / r->gpu.h2d_gbps);
     if (r->on_gpu && kl_backend_tp_size(m->be))
         printf("  ranks    %u tensor-parallel: read %.3f GB from the files, sent %.3f GB to "
                "the GPUs; sums: %s\n", kl_backend_tp_size(m->be),

@@ -90,10 +90,10 @@ static int use_device(kl_cli_load *l, kl_model *m, kl_gpu_prep *prep, kl_err *er
     }
     if (!l->quiet)
         fprintf(stderr, "kl %s: on the GPU: weights uploaded in %.3f s (%s, %llu of %llu "
-                "windows page-locked); loaded %.3f GB in %.3f s (%.2f GB/s)\n", l->cmd,
-                l->upload_s, l->gpu_load.how, (unsigned long long)l->gpu_load.pinned,
-                (unsigned long long)l->gpu_load.windows, (double)m->weight_bytes / 1e9,
-                l->load_s, l->load_gbps);
+                "windows page-locked, %llu staged); loaded %.3f GB in %.3f s (%.2f GB/s)\n",
+                l->cmd, l->upload_s, l->gpu_load.how, (unsigned long long)l->gpu_load.pinned,
+                (unsigned long long)l->gpu_load.windows, (unsigned long long)l->gpu_load.staged,
+                (double)m->weight_bytes / 1e9, l->load_s, l->load_gbps);
     if (!l->quiet && l->opts.tp > 1)
         fprintf(stderr, "kl %s: %u tensor-parallel ranks on %d GPU(s); their sums: %s\n", l->cmd,
                 l->opts.tp, kl_backend_gpu_devices(), kl_backend_gpu_tp_sums(be));

@@ -263,6 +263,8 @@ typedef struct kl_gpu_load_info {
                                                 buffer's copies (summed over threads) */
     double      fill_idle_s, fill_issue_s;   /* RING: the copying thread waiting for a filled
                                                 buffer, issuing copies */
+    uint64_t    staged;                 /* RING: buffers staged on the device whole (0: a copy
+                                           a tensor; KL_GPU_LOAD_STAGE=0, or no device room) */
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 

@@ -670,6 +670,7 @@ static void note_fill(kl_gpu_load_info *li, const kl_fill_stats *a, const kl_fil
     li->read_bytes = a->read_bytes + b->read_bytes;
     li->windows = a->windows + b->windows;
     li->pinned = a->pinned + b->pinned;
+    li->staged = a->staged + b->staged;
     li->threads = o->threads;
     li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
     li->buffer_bytes = o->window_bytes;
@@ -2335,6 +2336,7 @@ int kl_backend_gpu_available(void)
 static void add_load_info(kl_gpu_load_info *s, const kl_gpu_load_info *r)
 {
     s->bytes += r->bytes, s->windows += r->windows, s->pinned += r->pinned;
+    s->staged += r->staged;
     double *sum[] = {&s->device_s, &s->buffers_s, &s->wait_s, &s->plan_s, &s->alloc_s,
                      &s->fill_s, &s->pools_s, &s->finish_s, &s->fill_read_s, &s->fill_wait_s,
                      &s->fill_idle_s, &s->fill_issue_s};

@@ -482,7 +482,9 @@ static int walk_span(filler *f, size_t k, const uint8_t *base, int pinned, kl_er
 }
 
 /* RING staged on the device: every span's places recorded (span k's are [span_first[k],
- * span_first[k + 1]) of f->pl) and handed to ops->places with the longest span. */
+ * span_first[k + 1]) of f->pl) and handed to ops->places with the longest span.  When the
+ * device has no memory for them (ops->places says KL_E_NOMEM) the fill goes on unstaged (a
+ * copy a piece part: span_first NULL). */
 static int record_places(filler *f, kl_err *err)
 {
     f->span_first = kl_malloc((f->n_spans + 1) * sizeof *f->span_first);
@@ -498,7 +500,19 @@ static int record_places(filler *f, kl_err *err)
     }
     f->recording = 0;
     f->span_first[f->n_spans] = f->n_pl;
-    return rc ? rc : f->ops->places(f->ops->ctx, f->pl, f->n_pl, (size_t)most, err);
+    if (rc)
+        return rc;
+    kl_err e;
+    kl_err_clear(&e);
+    rc = f->ops->places(f->ops->ctx, f->pl, f->n_pl, (size_t)most, &e);
+    if (rc == KL_E_NOMEM) {
+        kl_free(f->span_first);
+        f->span_first = NULL;
+        return 0;
+    }
+    if (rc)
+        *err = e;
+    return rc;
 }
 
 /* Span k's bytes at base to the device: one staged copy and its places (f->span_first), or a
@@ -516,6 +530,7 @@ static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsig
         for (size_t i = a; i < a + n; i++)
             f->st.bytes += f->pl[i].width * f->pl[i].rows;
         rc = f->ops->stage(f->ops->ctx, base, (size_t)(sp->we - sp->ws), a, n, err);
+        f->st.staged++;
     } else {
         rc = walk_span(f, k, base, pinned, err);
     }

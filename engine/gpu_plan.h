@@ -116,7 +116,8 @@ typedef struct kl_fill_ops {
     /* RING with pinned buffers, both or neither (NULL: a copy per piece part): each span
      * staged whole on the device.  places(ctx, all, n, most) once before any read, with the
      * places of every span in span order (offsets within the span; the array is the fill's,
-     * valid during the call) and the longest span's bytes; then, instead of a filled buffer's
+     * valid during the call) and the longest span's bytes (KL_E_NOMEM: no device memory for
+     * the staging, the fill goes on a copy a piece part); then, instead of a filled buffer's
      * copies, stage(ctx, src, len, first, count): its len bytes copied to the device in one
      * copy, then places [first, first + count) filled from there.  The buffer's mark follows
      * (its wait then means the buffer may be refilled; the places may still be running:
@@ -165,6 +166,8 @@ typedef struct kl_fill_stats {
                                            (READ: the pieces' spans in the files) */
     uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
                                            buffers filled, of them copied pinned */
+    uint64_t staged;                    /* RING: of the buffers, staged on the device whole
+                                           (ops->stage) */
     /* RING, where the time went (seconds; the load threads' summed over them): reads
      * bound the fill when the copying thread idles, the copies when the threads wait */
     double   read_s;                    /* load threads reading spans */

@@ -278,10 +278,14 @@ static int dev_copy_rows(void *ctx, void *dst, const void *src, size_t width, si
     return rc;
 }
 
+static int g_places_refused;  /* 1: dev_places refuses as a device without room (KL_E_NOMEM) */
+
 /* Staged spans: the places kept; called once, before any span. */
 static int dev_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most, kl_err *err)
 {
     cpu_dev *d = ctx;
+    if (g_places_refused)
+        return kl_fail(err, KL_E_NOMEM, "no device memory for the staging (test)");
     ck_assert_ptr_null(d->places);
     ck_assert_int_eq(d->stages, 0);
     d->places = kl_memdup(all, n * sizeof *all);
@@ -508,8 +512,10 @@ static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_op
         ck_assert_uint_gt(st.windows, 0);
         ck_assert_uint_eq(d.pins, 0);
         ck_assert(pin_ok || give ? d.allocs > 0 : d.allocs == 0);
-        /* staged when asked and pinned: a stage a span */
-        ck_assert_uint_eq((uint64_t)d.stages, g_staged && (pin_ok || give) ? st.windows : 0);
+        /* staged when asked, pinned and given room: a stage a span */
+        ck_assert_uint_eq((uint64_t)d.stages,
+                          g_staged && !g_places_refused && (pin_ok || give) ? st.windows : 0);
+        ck_assert_uint_eq(st.staged, (uint64_t)d.stages);
     }
     kl_free(d.places);
     free_arenas(&p, a);
@@ -701,6 +707,11 @@ START_TEST(test_fill_ring)
                 fill_check(m, full, &o, 0, 1);
         }
     }
+    g_places_refused = 1;   /* no device room for the staging: unstaged, the same bytes */
+    kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = bufs[0], .threads = threads[1],
+                      .direct = KL_DIRECT_OFF, .from_mapping = 1};
+    fill_and_check(m, full, &o, 1);
+    g_places_refused = 0;
     g_staged = 0;
     kl_model_close(m);
     kl_model_close(full);

@@ -502,9 +502,10 @@ d = json.load(open(path))
 ph = d.get("load_phases", {})
 pin = d.get("pinned_h2d_gbps", 0) or 1
 fd = d.get("load_fill_detail", {})
-print("loadsweep %-10s [%s] load %.3f s %.1f GB/s ratio %.2f (pinned %.1f, host memcpy %.1f) | %s | fill %.1f GB/s (%s) | %s %dx%dMiB %s threads %d | rss %.2f GB | ttft %.2f s"
+print("loadsweep %-10s [%s] load %.3f s %.1f GB/s ratio %.2f (pinned %.1f, host memcpy %.1f; after the device's start %.3f s, ratio %.2f) | %s | fill %.1f GB/s (%s) | %s %dx%dMiB %s threads %d | rss %.2f GB | ttft %.2f s"
       % (where, cfg.strip() or "defaults", d["load_s"], d["load_gbps"], d["load_gbps"] / pin, d.get("pinned_h2d_gbps", 0),
-         d.get("host_copy_gbps", 0),
+         d.get("host_copy_gbps", 0), d.get("load_after_device_start_s", 0),
+         d.get("load_after_device_start_ratio", 0),
          " ".join("%s %.3f" % kv for kv in ph.items()), d.get("load_fill_gbps", 0),
          " ".join("%s %.2f" % kv for kv in fd.items()), d.get("load_how", ""),
          d.get("load_buffers", 0), d.get("load_buffer_bytes", 0) >> 20, d.get("load_buffer_mem", ""),
