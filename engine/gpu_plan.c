@@ -530,7 +530,7 @@ static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsig
         for (size_t i = a; i < a + n; i++)
             f->st.bytes += f->pl[i].width * f->pl[i].rows;
         rc = f->ops->stage(f->ops->ctx, base, (size_t)(sp->we - sp->ws), a, n, err);
-        f->st.staged++;
+        f->st.staged += !rc;
     } else {
         rc = walk_span(f, k, base, pinned, err);
     }
