@@ -35,6 +35,7 @@
 #   sampled   kl run's decode rate and ids under sampling flags (SAMPLED_FLAGS, KL_OLD).
 #   serve     kl serve streams (see stage_serve).
 #   pdl       teacher-forced logits with programmatic launches off and on, bytewise equal.
+#   start     the device's start in fresh processes, step by step (START_CONFIGS, REPS).
 set -u
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent hosts (kl sets it too)
 OUT=${OUT:-/tmp/kl-out}; mkdir -p "$OUT"
@@ -535,6 +536,23 @@ stage_loadsweep() {
     done
     rm -rf "$S"
     [ -n "${KEEP:-}" ] || rm -rf "$D"
+}
+
+# the device's start in fresh processes (tests/gpu/test_start.cu), REPS (3) times under each
+# configuration of START_CONFIGS (default: as the environment is, and with another process
+# holding the device): a row a run, with the process's whole wall time beside its steps
+stage_start() {
+    local IFS=';' cfg r t0 t1
+    for cfg in ${START_CONFIGS:-" ;HOLD_DEVICE=1"}; do
+        case "$cfg" in *HOLD_DEVICE=1*) hold_device_start ;; esac
+        for ((r = 0; r < ${REPS:-3}; r++)); do
+            t0=$(date +%s.%N)
+            IFS=' ' with_config "$cfg" "$BG/test_start" > "$W/start.json" || { row "start [$cfg] FAILED"; continue; }
+            t1=$(date +%s.%N)
+            row "start [${cfg# }] process $(python3 -c "print('%.3f' % ($t1 - $t0))") s $(cat "$W/start.json")"
+        done
+        hold_device_stop
+    done
 }
 
 # the golden stage once per configuration of GOLDEN_CONFIGS ("A=1 B=2;C=3": environment
