@@ -519,6 +519,7 @@ static int print_decode_json(const decode_args *a, const kl_model *m, const deco
         cJSON_AddNumberToObject(j, "load_windows", (double)l->gpu_load.windows);
         cJSON_AddNumberToObject(j, "load_windows_pinned", (double)l->gpu_load.pinned);
         cJSON_AddNumberToObject(j, "load_windows_staged", (double)l->gpu_load.staged);
+        cJSON_AddNumberToObject(j, "load_lanes", l->gpu_load.lanes);
         /* bytes read from the checkpoint's files and copied to the GPU(s): with tensor
          * parallel, the ranks' pieces share bytes (read once, copied to each rank) */
         cJSON_AddNumberToObject(j, "load_read_bytes", (double)l->gpu_load.read_bytes);
@@ -595,11 +596,12 @@ static void print_decode_text(const decode_args *a, const kl_model *m, const dec
            "started)\n", a->prompt_tokens, r->prefill_s,
            per_s((double)a->prompt_tokens, r->prefill_s), r->ttft_s);
     if (r->on_gpu)
-        printf("  load     %.3f s: %.2f GB/s (%s); pinned host-to-GPU copy %.2f GB/s, raw "
-               "disk read %.2f GB/s, host memcpy %.2f GB/s (%u threads)\n           open "
+        printf("  load     %.3f s: %.2f GB/s (%s, %u lanes); pinned host-to-GPU copy %.2f GB/s, "
+               "raw disk read %.2f GB/s, host memcpy %.2f GB/s (%u threads)\n           open "
                "%.3f s, device %.3f s, buffers %.3f s, waited %.3f s, plan %.3f s, alloc "
                "%.3f s, fill %.3f s, finish %.3f s\n",
-               l->load_s, l->load_gbps, l->gpu_load.how, r->gpu.h2d_gbps, r->disk_gbps,
+               l->load_s, l->load_gbps, l->gpu_load.how, l->gpu_load.lanes, r->gpu.h2d_gbps,
+               r->disk_gbps,
                r->host_copy.read_gbps, r->host_copy.threads,
                l->open_s, l->gpu_load.device_s, l->gpu_load.buffers_s, l->gpu_load.wait_s,
                l->gpu_load.plan_s, l->gpu_load.alloc_s, l->gpu_load.fill_s,

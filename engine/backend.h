@@ -170,7 +170,7 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
  * (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole model read into
  * memory first).
  * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
- * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default a thread a core, 8 to 16) load threads;
+ * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default three for four cores, 8 to 16) load threads;
  * mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight);
  * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4), a copy per tensor out of
@@ -265,6 +265,8 @@ typedef struct kl_gpu_load_info {
                                                 buffer, issuing copies */
     uint64_t    staged;                 /* RING: buffers staged on the device whole (0: a copy
                                            a tensor; KL_GPU_LOAD_STAGE=0, or no device room) */
+    unsigned    lanes;                  /* RING staged: load threads that each copied their
+                                           own buffers (0: one copying thread for the ring) */
 } kl_gpu_load_info;
 void kl_backend_gpu_load_info(const kl_backend *be, kl_gpu_load_info *out);
 

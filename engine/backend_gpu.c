@@ -1711,7 +1711,7 @@ static const char *ranks_options(kl_fill_opts *o)
         how = "ring-direct";
     else if (how && (!strcmp(how, "read") || !strcmp(how, "hybrid")))
         how = "ring";
-    return kl_gpu_load_options(how, o);
+    return kl_gpu_load_options(how, 0, o);   /* copies to each rank: no lanes */
 }
 
 /* Every rank's pending arenas filled in one pass; the fill's figures go to rank 0's load, but
@@ -1742,7 +1742,7 @@ static int fill_ranks(gpu_be *const *g, unsigned n, const kl_model *m, kl_err *e
     li->how = ranks_options(&o);
     kl_fill_ops ops = {f,          ranks_copy, NULL, NULL, ranks_mark, ranks_wait,
                        NULL,       NULL,       ranks_copy_rows,
-                       NULL,       NULL};   /* not staged: copies to each rank */
+                       NULL,       NULL,       NULL, NULL};   /* not staged: copies to each rank */
     kl_gpu_load_host_ops(&ops);
     kl_fill_stats st = {0};
     double t0 = kl_now_s();

@@ -20,6 +20,18 @@
  * leaves the decode graphs replayed later without their programmatic early starts on the H200
  * (3% of a step; docs/PERFORMANCE.md session 23). */
 #define STAGE_ROOMS 4u
+#define LANE_ROOMS  3u
+
+/* A lane of a staged fill (kl_fill_ops.lanes): one load thread's spans copied on a stream of
+ * its own into LANE_ROOMS rooms, placed from there on the backend's stream. */
+typedef struct fill_lane {
+    kl_gpu_stream st;
+    uint8_t      *room;                    /* device: LANE_ROOMS x the stage's most bytes */
+    kl_gpu_event  copied[LANE_ROOMS], placed[LANE_ROOMS];
+    unsigned      spans;                   /* staged so far */
+    int           current;                 /* the device made current on the lane's thread */
+} fill_lane;
+
 typedef struct fill_stage {
     kl_gpu_place *places;                  /* device */
     uint8_t      *room;                    /* device: STAGE_ROOMS x most bytes */
@@ -27,6 +39,10 @@ typedef struct fill_stage {
     kl_gpu_stream st;                      /* the spans' copies */
     kl_gpu_event  copied[STAGE_ROOMS], placed[STAGE_ROOMS];
     unsigned      spans;                   /* staged so far */
+    fill_lane    *lane;                    /* [n_lanes], NULL: no lanes */
+    unsigned      n_lanes;
+    pthread_mutex_t mu;                    /* lanes: the backend's stream's wait, place and
+                                              mark for one span at a time */
 } fill_stage;
 
 /* The fill's function table on the GPU: copies on the backend's stream, mapped windows
@@ -105,6 +121,20 @@ static int fill_places(void *ctx, const kl_gpu_place *all, size_t n, size_t most
     return rc;
 }
 
+/* A room's places [first, first + count) on the backend's stream once its copy (event
+ * copied) is done; event placed after them. */
+static int place_room(gpu_fill *f, const uint8_t *room, kl_gpu_event copied,
+                      kl_gpu_event placed, size_t first, size_t count, kl_err *err)
+{
+    int rc = kl_gpu_stream_wait(f->st, copied, err);
+    if (!rc)
+        rc = kl_gpu_place_span(room, f->stage.places, (uint32_t)first, (uint32_t)count, f->st,
+                               err);
+    if (!rc)
+        rc = kl_gpu_event_record(placed, f->st, err);
+    return rc;
+}
+
 /* Span bytes at src into the next room (once its last places are done) on the stage's
  * stream, then placed from there on the backend's.  The ring's mark for the span's buffer,
  * recorded on the backend's stream after this, follows the copy. */
@@ -121,13 +151,81 @@ static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first,
         rc = kl_gpu_h2d(room, src, len, s->st, err);
     if (!rc)
         rc = kl_gpu_event_record(s->copied[r], s->st, err);
+    return rc ? rc : place_room(f, room, s->copied[r], s->placed[r], first, count, err);
+}
+
+/* The lanes' rooms, events and streams freed (nothing of theirs pending). */
+static void lanes_free(fill_stage *s)
+{
+    for (unsigned i = 0; i < s->n_lanes; i++) {
+        fill_lane *l = &s->lane[i];
+        for (unsigned j = 0; j < LANE_ROOMS; j++) {
+            kl_gpu_event_destroy(l->copied[j]);
+            kl_gpu_event_destroy(l->placed[j]);
+        }
+        kl_gpu_stream_destroy(l->st);
+        kl_gpu_free(l->room);
+    }
+    if (s->lane)
+        pthread_mutex_destroy(&s->mu);
+    kl_free(s->lane);
+    s->lane = NULL;
+    s->n_lanes = 0;
+}
+
+/* n lanes, each a stream, LANE_ROOMS rooms and their events (none left on an error). */
+static int fill_lanes(void *ctx, unsigned n, kl_err *err)
+{
+    fill_stage *s = &((gpu_fill *)ctx)->stage;
+    if (!(s->lane = kl_calloc(n, sizeof *s->lane)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory");
+    if (pthread_mutex_init(&s->mu, NULL)) {
+        kl_free(s->lane);
+        s->lane = NULL;
+        return kl_fail(err, KL_E_NOMEM, "cannot create a mutex");
+    }
+    s->n_lanes = n;
+    int rc = 0;
+    for (unsigned i = 0; !rc && i < n; i++) {
+        fill_lane *l = &s->lane[i];
+        rc = kl_gpu_alloc((void **)&l->room, LANE_ROOMS * s->most, err);
+        if (!rc)
+            rc = kl_gpu_stream_create(&l->st, err);
+        for (unsigned j = 0; !rc && j < LANE_ROOMS; j++)
+            if (!(rc = kl_gpu_event_create(&l->copied[j], err)))
+                rc = kl_gpu_event_create(&l->placed[j], err);
+    }
+    if (rc)
+        lanes_free(s);
+    return rc;
+}
+
+/* Lane's span bytes at src into its next room (once its last places are done) on the lane's
+ * stream, slot's mark after that copy, then placed from there on the backend's stream. */
+static int fill_stage_on(void *ctx, unsigned lane, unsigned slot, const void *src, size_t len,
+                         size_t first, size_t count, kl_err *err)
+{
+    gpu_fill *f = ctx;
+    fill_stage *s = &f->stage;
+    fill_lane *l = &s->lane[lane];
+    const unsigned r = l->spans % LANE_ROOMS;
+    uint8_t *room = l->room + r * s->most;
+    int rc = l->current ? 0 : kl_gpu_device_open(f->dev, NULL, 0, err);
+    l->current = !rc;
+    if (!rc && l->spans >= LANE_ROOMS)
+        rc = kl_gpu_stream_wait(l->st, l->placed[r], err);
+    l->spans++;
     if (!rc)
-        rc = kl_gpu_stream_wait(f->st, s->copied[r], err);
+        rc = kl_gpu_h2d(room, src, len, l->st, err);
     if (!rc)
-        rc = kl_gpu_place_span(room, s->places, (uint32_t)first, (uint32_t)count, f->st,
-                               err);
+        rc = kl_gpu_event_record(f->ev[slot], l->st, err);
     if (!rc)
-        rc = kl_gpu_event_record(s->placed[r], f->st, err);
+        rc = kl_gpu_event_record(l->copied[r], l->st, err);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    rc = place_room(f, room, l->copied[r], l->placed[r], first, count, err);
+    pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
@@ -136,13 +234,18 @@ static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first,
 static int fill_stage_end(gpu_fill *f, int rc, kl_err *err)
 {
     fill_stage *s = &f->stage;
-    if (s->st) {   /* the copies, then the places */
-        kl_err e;
+    kl_err e;
+    for (unsigned i = 0; i < s->n_lanes; i++) {   /* the copies, then the places */
+        int r = kl_gpu_stream_sync(s->lane[i].st, rc ? &e : err);
+        rc = rc ? rc : r;
+    }
+    if (s->st) {
         int r = kl_gpu_stream_sync(s->st, rc ? &e : err);
         rc = rc ? rc : r;
         r = kl_gpu_stream_sync(f->st, rc ? &e : err);
         rc = rc ? rc : r;
     }
+    lanes_free(s);
     for (unsigned i = 0; i < STAGE_ROOMS; i++) {
         kl_gpu_event_destroy(s->copied[i]);
         kl_gpu_event_destroy(s->placed[i]);
@@ -171,7 +274,7 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 /* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
  * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are
  * sized and counted here (threads + 4 buffers of 16 MiB) as they are allocated ahead. */
-const char *kl_gpu_load_options(const char *how, kl_fill_opts *o)
+const char *kl_gpu_load_options(const char *how, int lanes_ok, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
     int ring = !how || !strcmp(how, "ring") || !strcmp(how, "ring-read") ||
@@ -180,13 +283,25 @@ const char *kl_gpu_load_options(const char *how, kl_fill_opts *o)
     if (win && atoi(win) > 0 && atoi(win) <= 1024)
         o->window_bytes = (size_t)atoi(win) << 20;
     if (ring) {
-        /* a thread a core, 8 to 16: the host copy bounds the ring (test_hostcopy on the H200
-         * machine: 8 threads 0.75 of the pinned copy rate, 12 and 16 ~0.82) */
-        unsigned cores = kl_cpu_count(16);
-        o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_SLOTS, cores < 8 ? 8 : cores);
-        unsigned nb = o->threads + 4 < KL_FILL_MAX_SLOTS ? o->threads + 4 : KL_FILL_MAX_SLOTS;
+        /* three threads for four cores, 8 to 16: the host copy bounds the ring (test_hostcopy
+         * on the H200 machine: 8 threads 0.75 of the pinned copy rate, 12 and 16 ~0.82); on
+         * its 16 cores 12 threads filled as fast as 16 and started sooner (the device's start
+         * shares the cores: docs/PERFORMANCE.md sessions 22 and 24) */
+        unsigned cores = kl_cpu_count(64) * 3 / 4;
+        cores = cores < 8 ? 8 : cores > 16 ? 16 : cores;
+        o->threads = env_count("KL_GPU_LOAD_THREADS", KL_FILL_MAX_SLOTS, cores);
+        /* lanes unless $KL_GPU_LOAD_LANES=0: each thread copies its own two buffers of 4 MiB
+         * to the device as it fills them, by memcpy, so the device reads them from the CPU's
+         * caches (session 24: 0.91-0.92 of the pinned copy rate after the device's start,
+         * against 0.74-0.76 for the shared ring of 16 MiB buffers by streaming stores) */
+        const char *lanes = getenv("KL_GPU_LOAD_LANES"), *cached = getenv("KL_GPU_LOAD_CACHED");
+        o->lanes = lanes_ok && !(lanes && !strcmp(lanes, "0"));
+        unsigned nb = o->lanes ? 2 * o->threads : o->threads + 4;
+        nb = nb < KL_FILL_MAX_SLOTS ? nb : KL_FILL_MAX_SLOTS;
         o->windows = env_count("KL_GPU_LOAD_BUFFERS", KL_FILL_MAX_SLOTS, nb);
-        o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)16 << 20;
+        o->window_bytes = o->window_bytes ? o->window_bytes : (size_t)(o->lanes ? 4 : 16) << 20;
+        o->cached_copy = cached ? !strcmp(cached, "1")
+                                : o->lanes && o->window_bytes <= (size_t)8 << 20;
         o->direct = how && !strcmp(how, "ring-direct") ? KL_DIRECT_ON : KL_DIRECT_OFF;
         o->from_mapping = !how || !strcmp(how, "ring");
         return o->direct == KL_DIRECT_ON ? "ring-direct" : o->from_mapping ? "ring" : "ring-read";
@@ -219,10 +334,11 @@ kl_gpu_prep *kl_gpu_prep_new(void)
         return NULL;
     const char *how = getenv("KL_GPU_LOAD");
     pr->hybrid = how && !strcmp(how, "hybrid");
-    pr->how = pr->hybrid ? "hybrid" : kl_gpu_load_options(how, &pr->o);
+    const int staged = kl_gpu_load_staged();   /* lanes stage their spans */
+    pr->how = pr->hybrid ? "hybrid" : kl_gpu_load_options(how, staged, &pr->o);
     if (pr->hybrid) {   /* the ring's settings as set, the mapped part's own */
-        kl_gpu_load_options("ring", &pr->o);
-        kl_gpu_load_options("mapped", &pr->mo);
+        kl_gpu_load_options("ring", staged, &pr->o);
+        kl_gpu_load_options("mapped", 0, &pr->mo);
         pr->mo.threads = env_count("KL_GPU_LOAD_MAPPED_THREADS", KL_FILL_MAX_WINDOWS, 4);
         pr->mo.windows = 2 * pr->mo.threads < KL_FILL_MAX_WINDOWS ? 2 * pr->mo.threads
                                                                   : KL_FILL_MAX_WINDOWS;
@@ -352,7 +468,8 @@ static void *fill_job_main(void *arg)
     kl_fill_ops ops = {&j->f,          fill_copy,      fill_pin,
                        fill_unpin,     fill_mark,      fill_wait,
                        fill_host_alloc, fill_host_free, fill_copy_rows,
-                       staged ? fill_places : NULL, staged ? fill_stage_span : NULL};
+                       staged ? fill_places : NULL, staged ? fill_stage_span : NULL,
+                       staged ? fill_lanes : NULL,  staged ? fill_stage_on : NULL};
     kl_err_clear(&j->err);
     j->rc = kl_gpu_device_open(j->f.dev, NULL, 0, &j->err);   /* current on this thread */
     if (!j->rc)
@@ -398,6 +515,7 @@ void kl_gpu_load_note(kl_gpu_load_info *li, const kl_fill_stats *a, const kl_fil
     li->windows = a->windows + b->windows;
     li->pinned = a->pinned + b->pinned;
     li->staged = a->staged + b->staged;
+    li->lanes = a->lanes;
     li->threads = o->threads;
     li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
     li->buffer_bytes = o->window_bytes;

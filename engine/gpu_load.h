@@ -58,8 +58,8 @@ int  kl_gpu_prep_take(kl_gpu_prep *pr, kl_gpu_load_info *li, kl_err *err);
 void kl_gpu_prep_free(kl_gpu_prep *pr);
 
 /* How file bytes travel for how ($KL_GPU_LOAD but hybrid): the options, and the name the load
- * reports. */
-const char *kl_gpu_load_options(const char *how, kl_fill_opts *o);
+ * reports; lanes_ok: the fill's ops stage spans on lanes (kl_fill_ops.lanes). */
+const char *kl_gpu_load_options(const char *how, int lanes_ok, kl_fill_opts *o);
 /* Whether ring fills are staged on the device ($KL_GPU_LOAD_STAGE != 0). */
 int  kl_gpu_load_staged(void);
 /* Every piece of plan p into arena (one device allocation per arena) on stream st of device

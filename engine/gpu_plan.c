@@ -332,6 +332,10 @@ typedef struct filler {
     uint32_t           n_fd;
     int                oflags;     /* RING: O_DIRECT when asked */
     int                from_mapping;   /* RING: spans copied out of mapped shards */
+    int                cached;     /* RING from_mapping: by memcpy, not streaming stores */
+    int                lanes;      /* RING staged: each load thread stages its own spans */
+    unsigned           lane_next;  /* lanes: handed to the load threads so far */
+    size_t             span_done;  /* lanes: spans staged */
     /* RING staged on the device (ops->places, ops->stage) */
     kl_gpu_place      *pl;         /* every span's places, span after span */
     size_t             n_pl, cap_pl;
@@ -517,20 +521,33 @@ static int record_places(filler *f, kl_err *err)
 
 /* Span k's bytes at base to the device: one staged copy and its places (f->span_first), or a
  * copy per piece part; then the slot's mark. */
+static void count_span(filler *f, size_t k, int pinned)
+{
+    const wspan *sp = &f->spans[k];
+    f->st.windows++;
+    f->st.pinned += (uint64_t)pinned;
+    f->st.read_bytes += sp->we - sp->ws;
+}
+
+/* Staged span k counted: its places' bytes and the stage. */
+static void count_staged(filler *f, size_t k)
+{
+    for (size_t i = f->span_first[k]; i < f->span_first[k + 1]; i++)
+        f->st.bytes += f->pl[i].width * f->pl[i].rows;
+    f->st.staged++;
+}
+
 static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsigned slot,
                      kl_err *err)
 {
     const wspan *sp = &f->spans[k];
     int rc;
-    f->st.windows++;
-    f->st.pinned += (uint64_t)pinned;
-    f->st.read_bytes += sp->we - sp->ws;
+    count_span(f, k, pinned);
     if (f->span_first) {
         const size_t a = f->span_first[k], n = f->span_first[k + 1] - a;
-        for (size_t i = a; i < a + n; i++)
-            f->st.bytes += f->pl[i].width * f->pl[i].rows;
         rc = f->ops->stage(f->ops->ctx, base, (size_t)(sp->we - sp->ws), a, n, err);
-        f->st.staged += !rc;
+        if (!rc)
+            count_staged(f, k);
     } else {
         rc = walk_span(f, k, base, pinned, err);
     }
@@ -806,7 +823,10 @@ static void copy_span_mapped(filler *f, const wspan *sp, uint8_t *mem)
 {
     const uint8_t *src = f->map[sp->shard] + sp->ws;   /* ws: a multiple of RING_ALIGN */
     size_t len = (size_t)(sp->we - sp->ws);
-    kl_copy_streaming(mem, src, len);
+    if (f->cached)
+        memcpy(mem, src, len);
+    else
+        kl_copy_streaming(mem, src, len);
     (void)madvise((void *)src, (len + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN, MADV_DONTNEED);
 }
 
@@ -890,17 +910,23 @@ static void *ring_main(void *arg)
 
 /* One more buffer of the ring, from ops->host_alloc (pinned) or plain aligned memory, handed
  * to the load threads.  When one is allocated already, a refusal only ends the ring there. */
+static int ring_alloc(filler *f, void **m, kl_err *err)
+{
+    *m = NULL;
+    if (f->rb_pinned)
+        return f->ops->host_alloc(f->ops->ctx, m, (size_t)f->wbytes, err);
+    if (!(*m = kl_aligned_alloc(RING_ALIGN, (size_t)f->wbytes)))
+        return kl_fail(err, KL_E_NOMEM, "out of memory: a load buffer of %llu bytes",
+                       (unsigned long long)f->wbytes);
+    return 0;
+}
+
 static int ring_add(filler *f, kl_err *err)
 {
     kl_err e;
     kl_err_clear(&e);
     void *m = NULL;
-    int rc = 0;
-    if (f->rb_pinned)
-        rc = f->ops->host_alloc(f->ops->ctx, &m, (size_t)f->wbytes, &e);
-    else if (!(m = kl_aligned_alloc(RING_ALIGN, (size_t)f->wbytes)))
-        rc = kl_fail(&e, KL_E_NOMEM, "out of memory: a load buffer of %llu bytes",
-                     (unsigned long long)f->wbytes);
+    int rc = ring_alloc(f, &m, &e);
     if (rc && !f->n_alloc) {
         *err = e;
         return rc;
@@ -972,6 +998,94 @@ static int ring_free(filler *f, int rc, kl_err *err)
     return rc;
 }
 
+/* Lanes: a load thread with a lane of its own takes the next span, waits for the older of its
+ * two buffers' copy, reads the span into it and stages it from there at once. */
+static void *lane_main(void *arg)
+{
+    filler *f = arg;
+    kl_err e;
+    kl_err_clear(&e);
+    pthread_mutex_lock(&f->mu);
+    const unsigned lane = f->lane_next++;
+    for (unsigned i = 0; !f->stop && f->next < f->n_spans; i++) {
+        const size_t k = f->next++;
+        const unsigned b = 2 * lane + i % 2;
+        ring_buf *r = &f->rb[b];   /* this thread's alone */
+        const wspan *sp = &f->spans[k];
+        const size_t a = f->span_first[k], n = f->span_first[k + 1] - a;
+        pthread_mutex_unlock(&f->mu);
+        double t0 = kl_now_s();
+        int rc = r->marked ? f->ops->wait(f->ops->ctx, b, &e) : 0;
+        r->marked &= rc != 0;
+        double t1 = kl_now_s();
+        if (!rc)
+            rc = read_span(f, k, r->mem, &e);
+        double t2 = kl_now_s();
+        if (!rc) {
+            rc = f->ops->stage_on(f->ops->ctx, lane, b, r->mem, (size_t)(sp->we - sp->ws), a,
+                                  n, &e);
+            r->marked = 1;   /* its copy may be under way even when the mark failed */
+        }
+        double t3 = kl_now_s();
+        pthread_mutex_lock(&f->mu);
+        f->st.wait_s += t1 - t0;
+        f->st.read_s += t2 - t1;
+        f->st.issue_s += t3 - t2;
+        if (!rc) {
+            count_span(f, k, 1);
+            count_staged(f, k);
+            f->span_done++;
+        } else if (!f->stop) {
+            f->prep_rc = rc;
+            f->prep_err = e;
+        }
+        f->stop |= rc != 0;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* Lanes: the calling thread waits until every span is staged or a load thread stops. */
+static int lanes_wait(filler *f, kl_err *err)
+{
+    pthread_mutex_lock(&f->mu);
+    while (!f->stop && f->span_done < f->n_spans)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* Lanes for a staged ring when asked and the ops have them: two buffers a thread (threads
+ * lowered to fit the buffers there, every one allocated now), then ops->lanes.  f->lanes
+ * stays 1 when the fill runs on lanes; no room for them (KL_E_NOMEM) is not an error. */
+static int lanes_begin(filler *f, unsigned *threads, kl_err *err)
+{
+    f->lanes = f->lanes && f->span_first && f->ops->lanes && f->ops->stage_on &&
+               f->ops->wait && f->n_rb >= 2;
+    if (!f->lanes)
+        return 0;
+    unsigned t = *threads < f->n_rb / 2 ? *threads : f->n_rb / 2;
+    kl_err e;
+    kl_err_clear(&e);
+    int rc = 0;
+    while (!rc && f->n_alloc < 2 * t) {
+        void *m = NULL;
+        if (!(rc = ring_alloc(f, &m, &e)))
+            f->rb[f->n_alloc++] = (ring_buf){m, 0, RB_FREE, 0};
+    }
+    t = t < f->n_alloc / 2 ? t : f->n_alloc / 2;
+    rc = t ? f->ops->lanes(f->ops->ctx, t, &e) : KL_E_NOMEM;
+    f->lanes = !rc;
+    if (!rc)
+        *threads = t;
+    if (rc == KL_E_NOMEM)   /* the plain ring, with the buffers there */
+        return 0;
+    if (rc)
+        *err = e;
+    return rc;
+}
+
 static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_err *err)
 {
     int rc = spans_begin(f, paths, RING_ALIGN, err);
@@ -984,7 +1098,11 @@ static int fill_ring(filler *f, const char *const *paths, unsigned threads, kl_e
     if (!rc && f->rb_pinned && f->ops->places && f->ops->stage)
         rc = record_places(f, err);
     if (!rc)
-        rc = with_threads(f, threads, ring_main, ring_copy_all, err);
+        rc = lanes_begin(f, &threads, err);
+    if (!rc)
+        rc = f->lanes ? with_threads(f, threads, lane_main, lanes_wait, err)
+                      : with_threads(f, threads, ring_main, ring_copy_all, err);
+    f->st.lanes = f->lanes ? f->lane_next : 0;   /* the threads that started */
     rc = ring_free(f, rc, err);
     spans_end(f);
     kl_free(f->pl);
@@ -1060,6 +1178,8 @@ int kl_gpu_fill(const kl_gpu_plan *p, const char *const *shard_paths, uint8_t *c
     f.n_rb = ring ? f.n_win : 0;
     f.oflags = ring && o.direct == KL_DIRECT_ON ? O_DIRECT : 0;
     f.from_mapping = ring && o.from_mapping && !f.oflags;
+    f.cached = o.cached_copy;
+    f.lanes = ring && o.lanes;
     if (f.n_win > most || threads > most)
         return kl_fail(err, KL_E_USAGE, "at most %u %s and load threads", most,
                        ring ? "load buffers" : "windows in flight");

@@ -29,6 +29,9 @@
  * parts (pinned when host_alloc is given; or stages the span whole: ops->places, ops->stage)
  * and marks the buffer's slot; a load thread waits for that slot (ops->wait, from its thread)
  * before it fills the buffer again.  Spans are read in file order and copied as they are filled.
+ * RING with lanes (staged, ops->lanes and ops->stage_on): each load thread owns two buffers
+ * and a lane, and stages each span it fills itself at once (no copying thread between), so
+ * the device reads a buffer while its bytes may still be in the CPU's caches.
  * On an error every thread is joined and every marked buffer waited for.  Mode READ: the staged
  * reader (loader/reader.h, direct as given) delivers file order chunks copied plainly (the copy
  * must have consumed its source when it returns, as a pageable cudaMemcpyAsync has).
@@ -125,6 +128,14 @@ typedef struct kl_fill_ops {
     int  (*places)(void *ctx, const kl_gpu_place *all, size_t n, size_t most, kl_err *err);
     int  (*stage)(void *ctx, const void *src, size_t len, size_t first, size_t count,
                   kl_err *err);
+    /* RING staged with lanes, both or neither (NULL: no lanes): lanes(ctx, n) once after
+     * places, for n load threads (KL_E_NOMEM: no room, the fill goes on without lanes); then
+     * stage_on(ctx, lane, slot, ...) from lane's own thread (lane < n, one thread a lane,
+     * lanes concurrently): as stage, on the lane's own copies, with slot's mark recorded
+     * after the span's copy (no mark call follows). */
+    int  (*lanes)(void *ctx, unsigned n, kl_err *err);
+    int  (*stage_on)(void *ctx, unsigned lane, unsigned slot, const void *src, size_t len,
+                     size_t first, size_t count, kl_err *err);
 } kl_fill_ops;
 
 typedef enum kl_fill_mode { KL_FILL_MAPPED = 0, KL_FILL_READ, KL_FILL_RING } kl_fill_mode;
@@ -158,6 +169,13 @@ typedef struct kl_fill_opts {
                                            system refuses the mapping).  The shards must not
                                            shrink during the fill (a mapping read past a
                                            file's end faults) */
+    int            lanes;               /* RING staged: each thread copies its own two
+                                           buffers on a lane (ops->lanes; the buffers then
+                                           2 a thread: threads lowered to fit windows) */
+    int            cached_copy;         /* RING from_mapping: memcpy into the buffers (their
+                                           lines stay in the CPU's caches: for buffers of a
+                                           few MiB copied at once, lanes) instead of
+                                           streaming stores */
 } kl_fill_opts;
 
 typedef struct kl_fill_stats {
@@ -167,7 +185,8 @@ typedef struct kl_fill_stats {
     uint64_t windows, pinned;           /* MAPPED: windows mapped, of them pinned; RING:
                                            buffers filled, of them copied pinned */
     uint64_t staged;                    /* RING: of the buffers, staged on the device whole
-                                           (ops->stage) */
+                                           (ops->stage or ops->stage_on) */
+    unsigned lanes;                     /* RING: lanes the fill ran on (0: none) */
     /* RING, where the time went (seconds; the load threads' summed over them): reads
      * bound the fill when the copying thread idles, the copies when the threads wait */
     double   read_s;                    /* load threads reading spans */

@@ -104,6 +104,10 @@ typedef struct cpu_dev {
     kl_gpu_place  *places;              /* staged (dev_places): a copy of the fill's */
     size_t         n_places, most;
     long           stages;
+    unsigned       n_lanes;             /* dev_lanes: lanes made */
+    pthread_t      lane_thread[KL_FILL_MAX_SLOTS];
+    int            lane_used[KL_FILL_MAX_SLOTS];
+    unsigned       slot_lane[KL_FILL_MAX_SLOTS];   /* lane + 1 a slot was staged on, 0: none */
 } cpu_dev;
 
 static int in_range(const uint8_t *const *base, const size_t *len, unsigned n, const uint8_t *p,
@@ -304,7 +308,9 @@ static int dev_stage(void *ctx, const void *src, size_t len, size_t first, size_
     ck_assert_ptr_nonnull(d->places);
     ck_assert_uint_le(first + count, d->n_places);
     ck_assert_uint_le(len, d->most);
+    pthread_mutex_lock(&d->mu);   /* lanes stage from several threads */
     d->stages++;
+    pthread_mutex_unlock(&d->mu);
     int rc = 0;
     for (size_t i = first; !rc && i < first + count; i++) {
         const kl_gpu_place *pl = &d->places[i];
@@ -317,10 +323,50 @@ static int dev_stage(void *ctx, const void *src, size_t len, size_t first, size_
     return rc;
 }
 
+static int g_lanes_refused;   /* 1: dev_lanes refuses as a device without room (KL_E_NOMEM) */
+
+/* Lanes: n of them, after the places; each then staged from one thread only. */
+static int dev_lanes(void *ctx, unsigned n, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    if (g_lanes_refused)
+        return kl_fail(err, KL_E_NOMEM, "no device memory for the lanes (test)");
+    ck_assert_ptr_nonnull(d->places);
+    ck_assert_int_eq(d->n_lanes, 0);
+    ck_assert_uint_ge(n, 1);
+    ck_assert_uint_le(n, KL_FILL_MAX_SLOTS / 2);
+    d->n_lanes = n;
+    return 0;
+}
+
+/* A span staged on a lane: as dev_stage, then the slot's mark (its copies done at its wait);
+ * a lane always from the same thread, a slot always on the same lane. */
+static int dev_stage_on(void *ctx, unsigned lane, unsigned slot, const void *src, size_t len,
+                        size_t first, size_t count, kl_err *err)
+{
+    cpu_dev *d = ctx;
+    ck_assert_uint_lt(lane, d->n_lanes);
+    ck_assert_uint_lt(slot, KL_FILL_MAX_SLOTS);
+    pthread_mutex_lock(&d->mu);
+    pthread_t self = pthread_self();
+    int same = !d->lane_used[lane] || pthread_equal(d->lane_thread[lane], self);
+    d->lane_thread[lane] = self;
+    d->lane_used[lane] = 1;
+    int slot_ok = d->slot_lane[slot] == 0 || d->slot_lane[slot] == lane + 1;
+    d->slot_lane[slot] = lane + 1;
+    pthread_mutex_unlock(&d->mu);
+    ck_assert_msg(same, "lane %u staged from two threads", lane);
+    ck_assert_msg(slot_ok, "slot %u staged on two lanes", slot);
+    int rc = dev_stage(ctx, src, len, first, count, err);
+    return rc ? rc : dev_mark(ctx, slot, err);
+}
+
 static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait,
-                                  dev_host_alloc, dev_host_free, dev_copy_rows, NULL, NULL};
+                                  dev_host_alloc, dev_host_free, dev_copy_rows, NULL, NULL,
+                                  NULL, NULL};
 static int g_no_copy_rows;   /* 1: the fills get no copy_rows (a copy per row) */
 static int g_staged;         /* 1: ring fills staged (dev_places, dev_stage) */
+static int g_lanes;          /* 1: staged fills offered lanes (dev_lanes, dev_stage_on) */
 
 /* Arenas for p, filled with a byte no tensor is made of throughout. */
 static uint8_t **alloc_arenas(const kl_gpu_plan *p)
@@ -472,6 +518,8 @@ static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_op
     ops.copy_rows = g_no_copy_rows ? NULL : ops.copy_rows;
     ops.places = g_staged ? dev_places : NULL;
     ops.stage = g_staged ? dev_stage : NULL;
+    ops.lanes = g_staged && g_lanes ? dev_lanes : NULL;
+    ops.stage_on = g_staged && g_lanes ? dev_stage_on : NULL;
     if (!pin_ok) {
         ops.host_alloc = NULL;
         ops.host_free = NULL;
@@ -513,9 +561,18 @@ static void fill_check(const kl_model *m, const kl_model *full, const kl_fill_op
         ck_assert_uint_eq(d.pins, 0);
         ck_assert(pin_ok || give ? d.allocs > 0 : d.allocs == 0);
         /* staged when asked, pinned and given room: a stage a span */
-        ck_assert_uint_eq((uint64_t)d.stages,
-                          g_staged && !g_places_refused && (pin_ok || give) ? st.windows : 0);
+        int staged = g_staged && !g_places_refused && (pin_ok || give);
+        ck_assert_uint_eq((uint64_t)d.stages, staged ? st.windows : 0);
         ck_assert_uint_eq(st.staged, (uint64_t)d.stages);
+        /* lanes when asked, offered and given room: at most a lane a thread, half the
+         * buffers */
+        int lanes = staged && og.lanes && g_lanes && !g_lanes_refused;
+        unsigned nb = og.windows ? og.windows : (og.threads ? og.threads : 8) + 4;
+        ck_assert_uint_eq(d.n_lanes > 0, lanes);
+        ck_assert_uint_eq(st.lanes > 0, lanes);
+        ck_assert_uint_le(st.lanes, d.n_lanes);
+        ck_assert_uint_le(d.n_lanes, nb / 2);
+        ck_assert_uint_le(d.n_lanes, og.threads ? og.threads : 8);
     }
     kl_free(d.places);
     free_arenas(&p, a);
@@ -712,6 +769,28 @@ START_TEST(test_fill_ring)
                       .direct = KL_DIRECT_OFF, .from_mapping = 1};
     fill_and_check(m, full, &o, 1);
     g_places_refused = 0;
+    /* lanes: each thread stages its own two buffers (memcpy or streaming stores; pinned,
+     * the caller's, fewer buffers than two a thread, plain buffers: not staged, no lanes) */
+    g_lanes = 1;
+    for (size_t i = _i == 2; i < sizeof bufs / sizeof *bufs; i++) {
+        for (unsigned t = 0; t < 3; t++) {
+            kl_fill_opts ol = {.mode = KL_FILL_RING, .window_bytes = bufs[i],
+                               .threads = threads[t], .direct = KL_DIRECT_OFF,
+                               .from_mapping = t != 1, .lanes = 1, .cached_copy = t == 2,
+                               .windows = 2 * threads[t]};
+            fill_and_check(m, full, &ol, 1);
+            fill_and_check(m, full, &ol, 0);
+            ol.windows = t + 2;   /* the caller's buffers: fewer lanes than threads */
+            if (bufs[i])
+                fill_check(m, full, &ol, 0, 1);
+        }
+    }
+    g_lanes_refused = 1;   /* no device room for the lanes: the plain ring, the same bytes */
+    kl_fill_opts ol = {.mode = KL_FILL_RING, .window_bytes = bufs[0], .threads = threads[2],
+                       .direct = KL_DIRECT_OFF, .from_mapping = 1, .lanes = 1};
+    fill_and_check(m, full, &ol, 1);
+    g_lanes_refused = 0;
+    g_lanes = 0;
     g_staged = 0;
     kl_model_close(m);
     kl_model_close(full);
@@ -949,32 +1028,47 @@ static kl_model *own_model(const char *name, char dir[700], kl_gpu_plan *p, uint
     return m;
 }
 
+static int g_ring_lanes;   /* 1: ring_fill staged on lanes */
+
 /* A RING fill of 8 KiB buffers through d (spans copied out of the mapped shards when
- * mapping); its result, err holding its error. */
+ * mapping; staged on lanes with g_ring_lanes); its result, err holding its error. */
 static int ring_fill(const kl_gpu_plan *p, const kl_model *m, uint8_t **a, cpu_dev *d,
                      unsigned threads, unsigned buffers, int mapping, kl_err *err)
 {
     kl_fill_ops ops = g_ops;
     ops.ctx = d;
+    if (g_ring_lanes) {
+        ops.places = dev_places;
+        ops.stage = dev_stage;
+        ops.lanes = dev_lanes;
+        ops.stage_on = dev_stage_on;
+    }
     kl_fill_opts o = {.mode = KL_FILL_RING, .window_bytes = 8192, .windows = buffers,
-                      .threads = threads, .direct = KL_DIRECT_OFF, .from_mapping = mapping};
+                      .threads = threads, .direct = KL_DIRECT_OFF, .from_mapping = mapping,
+                      .lanes = g_ring_lanes};
     kl_err_clear(err);
     int rc = kl_gpu_fill(p, (const char *const *)m->shard_paths, a, &ops, &o, NULL, err);
     ck_assert_uint_eq(d->allocs, d->frees);
+    ck_assert_uint_eq(d->done, d->n_queue);   /* every pinned copy waited for */
+    kl_free(d->places);
+    d->places = NULL;
     return rc;
 }
 
 /* RING: pinned memory refused after 1 buffer (the fill goes on with it) or at once (its
  * error); a wait failing on a load thread (its error, threads joined, buffers freed); a shard
  * truncated after the model was opened (KL_E_IO naming the file, before any mapping is read);
- * each with spans read and copied out of the mapped shards. */
+ * each with spans read and copied out of the mapped shards; each on lanes too (_i = 1: one
+ * buffer is too few for a lane, the plain ring then; a copy failing on a lane's thread). */
 START_TEST(test_fill_ring_fails)
 {
     kl_gpu_plan p;
     uint8_t **a;
     char dir[700];
-    kl_model *m = own_model("short", dir, &p, &a), *full = t_open_model(dir, 0);
+    kl_model *m = own_model(_i ? "short-lanes" : "short", dir, &p, &a),
+             *full = t_open_model(dir, 0);
     kl_err err;
+    g_ring_lanes = _i;
     for (long most = 0; most <= 1; most++) {
         cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = most ? 1 : -1};
         int rc = ring_fill(&p, m, a, &d, 3, 0, (int)most, &err);
@@ -1013,6 +1107,22 @@ START_TEST(test_fill_ring_fails)
                 ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
         }
     }
+    if (_i) {   /* a lane's copy fails: its error, every thread joined, every copy waited for */
+        ck_assert_int_eq(truncate(last, 0), 0);
+        kl_model_close(m);
+        free_arenas(&p, a);
+        kl_gpu_plan_free(&p);
+        m = own_model("short-lanes", dir, &p, &a);
+        for (unsigned t = 1; t <= 8; t += 7) {
+            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,   /* past the host
+                         pieces' copies, made first */
+                         .fail_at = (long)(p.n_pieces - p.n_file) + 3};
+            int rc = ring_fill(&p, m, a, &d, t, 2 * t, 1, &err);
+            ck_assert_msg(rc == KL_E_GPU, "%d %s", rc, t_fmt_err(&err));
+            ck_assert_uint_eq(d.n_lanes, t);
+        }
+    }
+    g_ring_lanes = 0;
     free_arenas(&p, a);
     kl_gpu_plan_free(&p);
     kl_model_close(m);
@@ -1058,7 +1168,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_fill_read_and_host, 0, 3);
     tcase_add_loop_test(tc, test_fill_ring, 0, 3);
     tcase_add_test(tc, test_fill_copy_fails);
-    tcase_add_test(tc, test_fill_ring_fails);
+    tcase_add_loop_test(tc, test_fill_ring_fails, 0, 2);
     tcase_add_loop_test(tc, test_fill_split, 0, 3);
     tcase_add_loop_test(tc, test_fill_tp_cut_from_files, 0, 3);
     tcase_add_loop_test(tc, test_fill_tp_merged, 0, 3);

@@ -180,11 +180,11 @@ static void run_fill(const char *where, const char *how, const char *path, const
     if (mapped_part)   /* as the backend's KL_GPU_LOAD=hybrid: both at once */
         second = std::thread([&] {
             kl_fill_ops ops = {&f[1], f_copy, f_pin, f_unpin, f_mark, f_wait, f_host_alloc,
-                               f_host_free, f_copy_rows, NULL, NULL};
+                               f_host_free, f_copy_rows, NULL, NULL, NULL, NULL};
             rc2 = kl_gpu_fill(&part[1], paths, arenas, &ops, mapped_part, &st2, &err2);
         });
     kl_fill_ops ops = {&f[0],  f_copy,       f_pin,       f_unpin,     f_mark,
-                       f_wait, f_host_alloc, f_host_free, f_copy_rows, NULL, NULL};
+                       f_wait, f_host_alloc, f_host_free, f_copy_rows, NULL, NULL, NULL, NULL};
     t_ok(kl_gpu_fill(&part[0], paths, arenas, &ops, o, &st, &err), &err, "kl_gpu_fill");
     if (mapped_part)
         second.join();
@@ -291,15 +291,15 @@ static void run_prepared(const char *where, const char *path, const test_plan *t
             char how[64];
             snprintf(how, sizeof how, "ring-prepared-%u-threads-16MiB%s", t,
                      mapping ? "-from-mapping" : "");
-            kl_fill_opts o = {KL_FILL_RING, 16 * MiB, t + 4, t, KL_DIRECT_OFF, buf, mapping};
+            kl_fill_opts o = {KL_FILL_RING, 16 * MiB, t + 4, t, KL_DIRECT_OFF, buf, mapping, 0, 0};
             run_fill(where, how, path, tp[0], arena, &o, h2d);
         }
-    kl_fill_opts m16 = {KL_FILL_RING, 16 * MiB, 20, 16, KL_DIRECT_OFF, buf, 1};
+    kl_fill_opts m16 = {KL_FILL_RING, 16 * MiB, 20, 16, KL_DIRECT_OFF, buf, 1, 0, 0};
     run_fill(where, "ring-prepared-16-threads-16MiB-from-mapping", path, tp[1], arena, &m16, h2d);
-    kl_fill_opts o = {KL_FILL_RING, 16 * MiB, 12, 8, KL_DIRECT_OFF, buf, 0};
+    kl_fill_opts o = {KL_FILL_RING, 16 * MiB, 12, 8, KL_DIRECT_OFF, buf, 0, 0, 0};
     run_fill(where, "ring-prepared-8-threads-16MiB", path, tp[1], arena, &o, h2d);
     /* hybrid: the ring on the first part, 4 threads of mapped windows on the rest */
-    kl_fill_opts m4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL, 0};
+    kl_fill_opts m4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL, 0, 0, 0};
     static const double shares[] = {0.35, 0.5};
     for (double sh : shares) {
         char how[64];
@@ -322,21 +322,21 @@ static void run_file(const char *where, const char *path, const test_plan *tp, u
     for (unsigned t : ring_threads) {
         char how[32];
         snprintf(how, sizeof how, "ring-%u-threads", t);
-        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF, NULL, 0};
+        kl_fill_opts o = {KL_FILL_RING, 64 * MiB, 0, t, KL_DIRECT_OFF, NULL, 0, 0, 0};
         run_fill(where, how, path, p, arena, &o, h2d);
     }
-    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF, NULL, 0};
-    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON, NULL, 0};
-    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF, NULL, 0};
-    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL, 0};
-    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF, NULL, 0};
+    kl_fill_opts small = {KL_FILL_RING, 16 * MiB, 0, 8, KL_DIRECT_OFF, NULL, 0, 0, 0};
+    kl_fill_opts dio = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_ON, NULL, 0, 0, 0};
+    kl_fill_opts mapped = {KL_FILL_MAPPED, 256 * MiB, 3, 0, KL_DIRECT_OFF, NULL, 0, 0, 0};
+    kl_fill_opts t4 = {KL_FILL_MAPPED, 256 * MiB, 8, 4, KL_DIRECT_OFF, NULL, 0, 0, 0};
+    kl_fill_opts rd = {KL_FILL_READ, 0, 0, 0, KL_DIRECT_OFF, NULL, 0, 0, 0};
     run_fill(where, "ring-8-threads-16MiB", path, p, arena, &small, h2d);
     run_fill(where, "ring-direct-8-threads", path, p, arena, &dio, h2d);
     read_once(path);   /* O_DIRECT may have dropped cached pages */
     run_fill(where, "mapped", path, p, arena, &mapped, h2d);
     run_fill(where, "mapped-4-threads", path, p, arena, &t4, h2d);
     run_fill(where, "read", path, p, arena, &rd, h2d);
-    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF, NULL, 0};
+    kl_fill_opts r8 = {KL_FILL_RING, 64 * MiB, 0, 8, KL_DIRECT_OFF, NULL, 0, 0, 0};
     run_fill(where, "ring-8-threads", path, tp[1], arena, &r8, h2d);
     run_fill(where, "mapped-4-threads", path, tp[1], arena, &t4, h2d);
     run_prepared(where, path, tp, arena, h2d);
