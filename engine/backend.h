@@ -163,18 +163,24 @@ int  kl_backend_cpu_rank_bytes(const kl_backend *be, unsigned rank, uint32_t slo
 /* The GPU backend (engine/backend_gpu.c): puts m's weights on device 0 as engine/gpu_plan.h
  * lays them out, straight from the checkpoint's files (m opened vectors_only, or not) or from
  * the host model's memory when it read them.  $KL_GPU_LOAD picks how file bytes travel:
- * ring (default: N load threads copy the files, mapped read-only, into N + 4 pinned buffers
- * by non-temporal stores, each buffer copied to the GPU as it fills), ring-read (the same
- * threads pread the files instead), ring-direct (pread with O_DIRECT where allowed), mapped
+ * ring (default: N load threads copy the files, mapped read-only, into pinned buffers, each
+ * buffer copied to the GPU as it fills; lanes: each thread's own two buffers copied by memcpy
+ * and sent on its own stream at once, read by the device from the CPU's caches;
+ * $KL_GPU_LOAD_LANES=0: one ring of N + 4 buffers filled by non-temporal stores and sent by
+ * one copying thread; $KL_GPU_LOAD_CACHED=0|1: streaming stores or memcpy, default memcpy for
+ * lanes of buffers up to 8 MiB), ring-read (the same threads pread the files instead),
+ * ring-direct (pread with O_DIRECT where allowed), mapped
  * (windows of the file mapped and page-locked), read (the staged reader, buffered), direct
  * (the staged reader, O_DIRECT where allowed); host is the CLI's (the whole model read into
  * memory first).
- * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 16) or mapped window (default 256);
+ * $KL_GPU_LOAD_WINDOW_MB: the ring buffer (default 4 on lanes, else 16) or mapped window
+ * (default 256);
  * $KL_GPU_LOAD_THREADS=N: ring: N (1-32, default three for four cores, 8 to 16) load threads;
  * mapped (1-8, default 4):
  * N threads map and page-lock windows ahead of the copies (2N windows in flight);
- * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default threads + 4), a copy per tensor out of
- * them with $KL_GPU_LOAD_STAGE=0, else each filled buffer to the device in one copy and a
+ * $KL_GPU_LOAD_BUFFERS=N: ring buffers (1-32, default 2 a thread on lanes, else threads + 4;
+ * lanes: threads lowered to half of them), a copy per tensor out of them with
+ * $KL_GPU_LOAD_STAGE=0 (no lanes then), else each filled buffer to the device in one copy and a
  * kernel puts its tensors in place (kernels/place.h).  KL_GPU_LOAD=hybrid: the
  * ring on the first part of the files and mapped windows on the rest at once
  * ($KL_GPU_LOAD_MAPPED_PERCENT of the bytes, default 35; $KL_GPU_LOAD_MAPPED_THREADS, default
