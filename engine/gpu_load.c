@@ -23,7 +23,9 @@
 #define LANE_ROOMS  3u
 
 /* A lane of a staged fill (kl_fill_ops.lanes): one load thread's spans copied on a stream of
- * its own into LANE_ROOMS rooms, placed from there on the backend's stream. */
+ * its own into LANE_ROOMS rooms, placed from there on the backend's stream.  A copy into a room
+ * waits for that room's last place, queued on the backend's stream behind the other lanes':
+ * three rooms keep a lane copying while its two latest spans wait to be placed. */
 typedef struct fill_lane {
     kl_gpu_stream st;
     uint8_t      *room;                    /* device: LANE_ROOMS x the stage's most bytes */
@@ -41,8 +43,9 @@ typedef struct fill_stage {
     unsigned      spans;                   /* staged so far */
     fill_lane    *lane;                    /* [n_lanes], NULL: no lanes */
     unsigned      n_lanes;
-    pthread_mutex_t mu;                    /* lanes: the backend's stream's wait, place and
-                                              mark for one span at a time */
+    pthread_mutex_t mu;                    /* lanes: a span's wait and place adjacent on the
+                                              backend's stream (no place queued behind
+                                              another lane's wait for its copy) */
 } fill_stage;
 
 /* The fill's function table on the GPU: copies on the backend's stream, mapped windows

@@ -335,7 +335,7 @@ typedef struct filler {
     int                cached;     /* RING from_mapping: by memcpy, not streaming stores */
     int                lanes;      /* RING staged: each load thread stages its own spans */
     unsigned           lane_next;  /* lanes: handed to the load threads so far */
-    size_t             span_done;  /* lanes: spans staged */
+    size_t             spans_staged;   /* lanes: spans staged */
     /* RING staged on the device (ops->places, ops->stage) */
     kl_gpu_place      *pl;         /* every span's places, span after span */
     size_t             n_pl, cap_pl;
@@ -865,6 +865,20 @@ static unsigned ring_find(const filler *f, int st)
     return best;
 }
 
+/* A load thread's span done (f->mu held): its seconds waiting for a buffer's copies and
+ * reading counted, its error (rc) the fill's if it is the first, everyone woken. */
+static void span_done(filler *f, double wait_s, double read_s, int rc, const kl_err *e)
+{
+    f->st.wait_s += wait_s;
+    f->st.read_s += read_s;
+    if (rc && !f->stop) {
+        f->prep_rc = rc;
+        f->prep_err = *e;
+    }
+    f->stop |= rc != 0;
+    pthread_cond_broadcast(&f->cv);
+}
+
 /* A load thread: takes the next span and a free buffer, waits for the buffer's copies, reads
  * the span into it. */
 static void *ring_main(void *arg)
@@ -892,17 +906,10 @@ static void *ring_main(void *arg)
             rc = read_span(f, k, r->mem, &e);
         double t2 = kl_now_s();
         pthread_mutex_lock(&f->mu);
-        f->st.wait_s += t1 - t0;
-        f->st.read_s += t2 - t1;
         r->marked &= !waited;
         r->state = rc ? RB_FREE : RB_FILLED;
         r->span = k;
-        if (rc && !f->stop) {
-            f->prep_rc = rc;
-            f->prep_err = e;
-        }
-        f->stop |= rc != 0;
-        pthread_cond_broadcast(&f->cv);
+        span_done(f, t1 - t0, t2 - t1, rc, &e);
     }
     pthread_mutex_unlock(&f->mu);
     return NULL;
@@ -1028,19 +1035,13 @@ static void *lane_main(void *arg)
         }
         double t3 = kl_now_s();
         pthread_mutex_lock(&f->mu);
-        f->st.wait_s += t1 - t0;
-        f->st.read_s += t2 - t1;
         f->st.issue_s += t3 - t2;
         if (!rc) {
             count_span(f, k, 1);
             count_staged(f, k);
-            f->span_done++;
-        } else if (!f->stop) {
-            f->prep_rc = rc;
-            f->prep_err = e;
+            f->spans_staged++;
         }
-        f->stop |= rc != 0;
-        pthread_cond_broadcast(&f->cv);
+        span_done(f, t1 - t0, t2 - t1, rc, &e);
     }
     pthread_mutex_unlock(&f->mu);
     return NULL;
@@ -1050,7 +1051,7 @@ static void *lane_main(void *arg)
 static int lanes_wait(filler *f, kl_err *err)
 {
     pthread_mutex_lock(&f->mu);
-    while (!f->stop && f->span_done < f->n_spans)
+    while (!f->stop && f->spans_staged < f->n_spans)
         pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
     return 0;
