@@ -218,12 +218,15 @@ static int fill_stage_on(void *ctx, unsigned lane, unsigned slot, const void *sr
     if (!rc && l->spans >= LANE_ROOMS)
         rc = kl_gpu_stream_wait(l->st, l->placed[r], err);
     l->spans++;
-    if (!rc)
-        rc = kl_gpu_h2d(room, src, len, l->st, err);
+    int copying = !rc && !(rc = kl_gpu_h2d(room, src, len, l->st, err));
     if (!rc)
         rc = kl_gpu_event_record(f->ev[slot], l->st, err);
     if (!rc)
         rc = kl_gpu_event_record(l->copied[r], l->st, err);
+    if (rc && copying) {   /* the slot's mark may be missing: the buffer is free only now */
+        kl_err ignored;
+        (void)kl_gpu_stream_sync(l->st, &ignored);
+    }
     if (rc)
         return rc;
     pthread_mutex_lock(&s->mu);
@@ -275,8 +278,9 @@ static unsigned env_count(const char *name, unsigned most, unsigned dflt)
 }
 
 /* How file bytes travel for how ($KL_GPU_LOAD but hybrid; $KL_GPU_LOAD_WINDOW_MB,
- * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS: engine/backend.h).  The ring's buffers are
- * sized and counted here (threads + 4 buffers of 16 MiB) as they are allocated ahead. */
+ * $KL_GPU_LOAD_THREADS, $KL_GPU_LOAD_BUFFERS, $KL_GPU_LOAD_LANES, $KL_GPU_LOAD_CACHED:
+ * engine/backend.h).  The ring's buffers are sized and counted here (on lanes two of 4 MiB a
+ * thread, else threads + 4 of 16 MiB) as they are allocated ahead. */
 const char *kl_gpu_load_options(const char *how, int lanes_ok, kl_fill_opts *o)
 {
     const char *win = getenv("KL_GPU_LOAD_WINDOW_MB");
@@ -519,7 +523,7 @@ void kl_gpu_load_note(kl_gpu_load_info *li, const kl_fill_stats *a, const kl_fil
     li->pinned = a->pinned + b->pinned;
     li->staged = a->staged + b->staged;
     li->lanes = a->lanes;
-    li->threads = o->threads;
+    li->threads = a->lanes ? a->lanes : o->threads;   /* lanes: as many as the buffers allow */
     li->buffers = o->mode == KL_FILL_RING ? o->windows : 0;
     li->buffer_bytes = o->window_bytes;
     li->fill_read_s = a->read_s;

@@ -105,6 +105,8 @@ typedef struct cpu_dev {
     size_t         n_places, most;
     long           stages;
     unsigned       n_lanes;             /* dev_lanes: lanes made */
+    long           stage_ons, fail_stage_on;   /* fail_stage_on > 0: that stage_on fails
+                                                  after queueing its span's copies */
     pthread_t      lane_thread[KL_FILL_MAX_SLOTS];
     int            lane_used[KL_FILL_MAX_SLOTS];
     unsigned       slot_lane[KL_FILL_MAX_SLOTS];   /* lane + 1 a slot was staged on, 0: none */
@@ -339,8 +341,9 @@ static int dev_lanes(void *ctx, unsigned n, kl_err *err)
     return 0;
 }
 
-/* A span staged on a lane: as dev_stage, then the slot's mark (its copies done at its wait);
- * a lane always from the same thread, a slot always on the same lane. */
+/* A span staged on a lane: as dev_stage, then the slot's mark (its copies done at its wait;
+ * marked even when a copy failed partway, as the GPU's lanes leave no copy of a failed span
+ * pending); a lane always from the same thread, a slot always on the same lane. */
 static int dev_stage_on(void *ctx, unsigned lane, unsigned slot, const void *src, size_t len,
                         size_t first, size_t count, kl_err *err)
 {
@@ -357,8 +360,14 @@ static int dev_stage_on(void *ctx, unsigned lane, unsigned slot, const void *src
     pthread_mutex_unlock(&d->mu);
     ck_assert_msg(same, "lane %u staged from two threads", lane);
     ck_assert_msg(slot_ok, "slot %u staged on two lanes", slot);
+    pthread_mutex_lock(&d->mu);
+    int fail = ++d->stage_ons == d->fail_stage_on;
+    pthread_mutex_unlock(&d->mu);
     int rc = dev_stage(ctx, src, len, first, count, err);
-    return rc ? rc : dev_mark(ctx, slot, err);
+    dev_mark(ctx, slot, NULL);
+    if (!rc && fail)   /* as an event that failed to record after the copy was issued */
+        rc = kl_fail(err, KL_E_GPU, "injected failure after a span's copies");
+    return rc;
 }
 
 static const kl_fill_ops g_ops = {NULL, dev_copy, dev_pin, dev_unpin, dev_mark, dev_wait,
@@ -1077,6 +1086,16 @@ START_TEST(test_fill_ring_fails)
             check_filled(&p, a, full);
         ck_assert_uint_eq(d.allocs, (unsigned long)most);
     }
+    if (_i) {   /* pinned memory for 3 buffers of 6: one lane of two, the same bytes */
+        cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .alloc_max = 3};
+        free_arenas(&p, a);   /* fresh: the fill above wrote the same bytes */
+        a = alloc_arenas(&p);
+        int rc = ring_fill(&p, m, a, &d, 3, 0, 1, &err);
+        ck_assert_msg(rc == 0, "%d %s", rc, t_fmt_err(&err));
+        check_filled(&p, a, full);
+        ck_assert_uint_eq(d.n_lanes, 1);
+        ck_assert_uint_eq(d.allocs, 3);
+    }
     /* the caller's buffers: without their count, of a size that is no multiple of 4 KiB, or
      * misaligned: KL_E_USAGE before anything is read */
     static uint8_t raw[3 * 8192] __attribute__((aligned(4096)));
@@ -1101,7 +1120,7 @@ START_TEST(test_fill_ring_fails)
             ck_assert_int_eq(truncate(last, 4096), 0);
         for (unsigned t = 1; t <= 8; t += 7) {
             cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1, .fail_wait = 3 - trunc};
-            int rc = ring_fill(&p, m, a, &d, t, 2, t == 8, &err);
+            int rc = ring_fill(&p, m, a, &d, t, _i ? 2 * t : 2, t == 8, &err);   /* t lanes */
             ck_assert_msg(rc == (trunc ? KL_E_IO : KL_E_GPU), "%d %s", rc, t_fmt_err(&err));
             if (trunc)
                 ck_assert_msg(strstr(t_fmt_err(&err), last) != NULL, "%s", t_fmt_err(&err));
@@ -1114,12 +1133,16 @@ START_TEST(test_fill_ring_fails)
         kl_gpu_plan_free(&p);
         m = own_model("short-lanes", dir, &p, &a);
         for (unsigned t = 1; t <= 8; t += 7) {
-            cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,   /* past the host
-                         pieces' copies, made first */
-                         .fail_at = (long)(p.n_pieces - p.n_file) + 3};
-            int rc = ring_fill(&p, m, a, &d, t, 2 * t, 1, &err);
-            ck_assert_msg(rc == KL_E_GPU, "%d %s", rc, t_fmt_err(&err));
-            ck_assert_uint_eq(d.n_lanes, t);
+            for (int after = 0; after < 2; after++) {   /* a copy fails; a span's copies are
+                                                           issued, then its stage_on fails */
+                cpu_dev d = {.mu = PTHREAD_MUTEX_INITIALIZER, .pin_ok = 1,
+                             /* past the host pieces' copies, made first */
+                             .fail_at = after ? 0 : (long)(p.n_pieces - p.n_file) + 3,
+                             .fail_stage_on = after ? 3 : 0};
+                int rc = ring_fill(&p, m, a, &d, t, 2 * t, 1, &err);
+                ck_assert_msg(rc == KL_E_GPU, "%d %s", rc, t_fmt_err(&err));
+                ck_assert_uint_eq(d.n_lanes, t);
+            }
         }
     }
     g_ring_lanes = 0;
