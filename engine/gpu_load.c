@@ -138,6 +138,19 @@ static int place_room(gpu_fill *f, const uint8_t *room, kl_gpu_event copied,
     return rc;
 }
 
+/* len bytes at src into room on stream st, after the room's last places (event placed) when
+ * it was used before (reused); event copied after the copy. */
+static int room_copy(kl_gpu_stream st, uint8_t *room, int reused, kl_gpu_event placed,
+                     const void *src, size_t len, kl_gpu_event copied, kl_err *err)
+{
+    int rc = reused ? kl_gpu_stream_wait(st, placed, err) : 0;
+    if (!rc)
+        rc = kl_gpu_h2d(room, src, len, st, err);
+    if (!rc)
+        rc = kl_gpu_event_record(copied, st, err);
+    return rc;
+}
+
 /* Span bytes at src into the next room (once its last places are done) on the stage's
  * stream, then placed from there on the backend's.  The ring's mark for the span's buffer,
  * recorded on the backend's stream after this, follows the copy. */
@@ -148,12 +161,8 @@ static int fill_stage_span(void *ctx, const void *src, size_t len, size_t first,
     fill_stage *s = &f->stage;
     const unsigned r = s->spans % STAGE_ROOMS;
     uint8_t *room = s->room + r * s->most;
-    int rc = s->spans >= STAGE_ROOMS ? kl_gpu_stream_wait(s->st, s->placed[r], err) : 0;
-    s->spans++;
-    if (!rc)
-        rc = kl_gpu_h2d(room, src, len, s->st, err);
-    if (!rc)
-        rc = kl_gpu_event_record(s->copied[r], s->st, err);
+    int rc = room_copy(s->st, room, s->spans++ >= STAGE_ROOMS, s->placed[r], src, len,
+                       s->copied[r], err);
     return rc ? rc : place_room(f, room, s->copied[r], s->placed[r], first, count, err);
 }
 
@@ -215,20 +224,16 @@ static int fill_stage_on(void *ctx, unsigned lane, unsigned slot, const void *sr
     uint8_t *room = l->room + r * s->most;
     int rc = l->current ? 0 : kl_gpu_device_open(f->dev, NULL, 0, err);
     l->current = !rc;
-    if (!rc && l->spans >= LANE_ROOMS)
-        rc = kl_gpu_stream_wait(l->st, l->placed[r], err);
-    l->spans++;
-    int copying = !rc && !(rc = kl_gpu_h2d(room, src, len, l->st, err));
+    const int reused = l->spans++ >= LANE_ROOMS;
+    if (!rc)
+        rc = room_copy(l->st, room, reused, l->placed[r], src, len, l->copied[r], err);
     if (!rc)
         rc = kl_gpu_event_record(f->ev[slot], l->st, err);
-    if (!rc)
-        rc = kl_gpu_event_record(l->copied[r], l->st, err);
-    if (rc && copying) {   /* the slot's mark may be missing: the buffer is free only now */
+    if (rc) {   /* the slot's mark may be missing: the buffer is free once the lane drains */
         kl_err ignored;
         (void)kl_gpu_stream_sync(l->st, &ignored);
-    }
-    if (rc)
         return rc;
+    }
     pthread_mutex_lock(&s->mu);
     rc = place_room(f, room, l->copied[r], l->placed[r], first, count, err);
     pthread_mutex_unlock(&s->mu);

@@ -335,7 +335,6 @@ typedef struct filler {
     int                cached;     /* RING from_mapping: by memcpy, not streaming stores */
     int                lanes;      /* RING staged: each load thread stages its own spans */
     unsigned           lane_next;  /* lanes: handed to the load threads so far */
-    size_t             spans_staged;   /* lanes: spans staged */
     /* RING staged on the device (ops->places, ops->stage) */
     kl_gpu_place      *pl;         /* every span's places, span after span */
     size_t             n_pl, cap_pl;
@@ -519,8 +518,7 @@ static int record_places(filler *f, kl_err *err)
     return rc;
 }
 
-/* Span k's bytes at base to the device: one staged copy and its places (f->span_first), or a
- * copy per piece part; then the slot's mark. */
+/* Span k counted: a window (pinned or not) and its bytes read. */
 static void count_span(filler *f, size_t k, int pinned)
 {
     const wspan *sp = &f->spans[k];
@@ -537,6 +535,8 @@ static void count_staged(filler *f, size_t k)
     f->st.staged++;
 }
 
+/* Span k's bytes at base to the device: one staged copy and its places (f->span_first), or a
+ * copy per piece part; then the slot's mark. */
 static int copy_span(filler *f, size_t k, const uint8_t *base, int pinned, unsigned slot,
                      kl_err *err)
 {
@@ -915,8 +915,7 @@ static void *ring_main(void *arg)
     return NULL;
 }
 
-/* One more buffer of the ring, from ops->host_alloc (pinned) or plain aligned memory, handed
- * to the load threads.  When one is allocated already, a refusal only ends the ring there. */
+/* A ring buffer from ops->host_alloc (pinned) or plain aligned memory. */
 static int ring_alloc(filler *f, void **m, kl_err *err)
 {
     *m = NULL;
@@ -928,6 +927,8 @@ static int ring_alloc(filler *f, void **m, kl_err *err)
     return 0;
 }
 
+/* One more buffer of the ring (ring_alloc) handed to the load threads.  When one is allocated
+ * already, a refusal only ends the ring there. */
 static int ring_add(filler *f, kl_err *err)
 {
     kl_err e;
@@ -1039,7 +1040,6 @@ static void *lane_main(void *arg)
         if (!rc) {
             count_span(f, k, 1);
             count_staged(f, k);
-            f->spans_staged++;
         }
         span_done(f, t1 - t0, t2 - t1, rc, &e);
     }
@@ -1051,7 +1051,7 @@ static void *lane_main(void *arg)
 static int lanes_wait(filler *f, kl_err *err)
 {
     pthread_mutex_lock(&f->mu);
-    while (!f->stop && f->spans_staged < f->n_spans)
+    while (!f->stop && f->st.staged < f->n_spans)
         pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
     return 0;
